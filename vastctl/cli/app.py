@@ -1,0 +1,85 @@
+"""The root Typer app, global options, and the shared pieces every command uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .. import config as config_module
+from .. import db
+
+app = typer.Typer(
+    name="vastctl",
+    help="Keep a fleet of rented vast.ai GPU provers the right size, cheaply, and never lose track of one.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+@dataclass
+class Globals:
+    """What the root options say; the config is loaded once, on first use."""
+
+    config_path: str | None = None
+    db_path: str | None = None
+    debug: bool = False
+    _config: config_module.Config | None = field(default=None, repr=False)
+
+    @property
+    def config(self) -> config_module.Config:
+        if self._config is None:
+            self._config = config_module.load(self.config_path)
+            if self.db_path:
+                self._config.db = self.db_path
+        return self._config
+
+    def connect(self, *, create: bool = False) -> sqlite3.Connection:
+        return db.connect(self.config.db_path, create=create)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: Annotated[Optional[str], typer.Option("--config", help="YAML config file (beats $VASTCTL_CONFIG).")] = None,
+    db_path: Annotated[Optional[str], typer.Option("--db", help="SQLite state file (beats $VASTCTL_DB and the config).")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show a traceback on unexpected errors.")] = False,
+) -> None:
+    ctx.obj = Globals(config_path=config, db_path=db_path, debug=debug)
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
+
+
+def globals_of(ctx: typer.Context) -> Globals:
+    return ctx.find_root().obj
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """The one table renderer: plain text, headers, no colour."""
+    from tabulate import tabulate
+
+    if not rows:
+        return
+    sys.stdout.write(tabulate([[row.get(c) for c in columns] for row in rows], headers=columns, tablefmt="plain",
+                              missingval="-", disable_numparse=True) + "\n")
+
+
+def say(text: str) -> None:
+    """Talk goes to stderr; stdout is for data."""
+    sys.stderr.write(text + "\n")
+
+
+def env_flag(name: str) -> str | None:
+    return os.environ.get(name) or None

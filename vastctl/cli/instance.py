@@ -1,0 +1,83 @@
+"""Commands a rented machine's boot script runs: register, params-done, bench-report, running, heartbeat.
+
+On the manager host they write the state file; with VASTCTL_SERVER set they
+report over HTTP instead (and never open or create a file).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..reports import LocalReports, Reports
+from .app import app, globals_of
+
+UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="This machine's uuid ($VASTCTL_UUID).")]
+
+
+def reports_for(ctx: typer.Context) -> Reports:
+    """Local reports against the state file (remote mode is chosen here when VASTCTL_SERVER is set)."""
+    g = globals_of(ctx)
+    return LocalReports(g.connect(), g.config)
+
+
+@app.command("register")
+def register_cmd(
+    ctx: typer.Context,
+    uuid: UuidOpt,
+    label: Annotated[Optional[str], typer.Option("--label", envvar="VASTCTL_LABEL", help="Human label ($VASTCTL_LABEL).")] = None,
+    vast_id: Annotated[Optional[int], typer.Option("--vast-id", min=0, help="vast.ai instance id.")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU model, e.g. 'RTX 4090'.")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option("--num-gpus", min=1, help="GPUs on this machine.")] = None,
+) -> None:
+    """The boot script started (an unknown uuid is adopted; a live one records a restart).
+
+    Example: vastctl register --uuid "$VASTCTL_UUID" --label "$VASTCTL_LABEL" --gpu "RTX 4090"
+    """
+    result = reports_for(ctx).register(uuid, label=label, vast_id=vast_id, gpu_name=gpu, num_gpus=num_gpus)
+    typer.echo(result["state"])
+
+
+@app.command("params-done")
+def params_done_cmd(ctx: typer.Context, uuid: UuidOpt) -> None:
+    """Proving parameters are fetched; the benchmark starts.
+
+    Example: vastctl params-done --uuid "$VASTCTL_UUID"
+    """
+    typer.echo(reports_for(ctx).params_done(uuid)["state"])
+
+
+@app.command("bench-report")
+def bench_report_cmd(
+    ctx: typer.Context,
+    uuid: UuidOpt,
+    rate: Annotated[str, typer.Option("--rate", help="Measured proofs per hour (a finite number ≥ 0).")],
+) -> None:
+    """Report the benchmark: at or above the gate → bench_done (exit 0); below → killed (exit 5).
+
+    Example: vastctl bench-report --uuid "$VASTCTL_UUID" --rate 68.2
+    """
+    typer.echo(reports_for(ctx).bench_report(uuid, rate)["state"])
+
+
+@app.command("running")
+def running_cmd(ctx: typer.Context, uuid: UuidOpt) -> None:
+    """The prover is up and taking work.
+
+    Example: vastctl running --uuid "$VASTCTL_UUID"
+    """
+    typer.echo(reports_for(ctx).running(uuid)["state"])
+
+
+@app.command("heartbeat")
+def heartbeat_cmd(
+    ctx: typer.Context,
+    uuid: UuidOpt,
+    proofs_done: Annotated[Optional[int], typer.Option("--proofs-done", min=0, help="Cumulative proofs finished.")] = None,
+) -> None:
+    """Say this machine is alive, with its cumulative proof count (not a state change).
+
+    Example: vastctl heartbeat --uuid "$VASTCTL_UUID" --proofs-done 117
+    """
+    typer.echo(reports_for(ctx).heartbeat(uuid, proofs_done)["state"])

@@ -1,0 +1,181 @@
+"""Operator commands on the state file: init, fleet, events, kill, notify, settings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Optional
+
+import typer
+
+from .. import clock, fleet, lifecycle, settings, tokens
+from .app import JsonOpt, app, globals_of, print_json, print_table, say
+
+
+@app.command("init")
+def init_cmd(ctx: typer.Context) -> None:
+    """Create the state file and the machine-token secret (safe to run again).
+
+    Example: VASTCTL_DB=/var/lib/vastctl/vastctl.db vastctl init
+    """
+    g = globals_of(ctx)
+    g.connect(create=True).close()
+    made = tokens.ensure_secret(g.config.secret_path)
+    say(f"state file {g.config.db_path} ready; token secret {g.config.secret_path} {'created' if made else 'kept'}")
+
+
+def _age(iso: str | None, now: datetime) -> str:
+    moment = clock.from_iso(iso)
+    if moment is None:
+        return "-"
+    seconds = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@app.command("fleet")
+def fleet_cmd(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    include_killed: Annotated[bool, typer.Option("--all", help="Include killed machines.")] = False,
+) -> None:
+    """Every machine we pay for, our state beside vast's, and a summary line.
+
+    Example: vastctl fleet --json | jq '.summary'
+    """
+    g = globals_of(ctx)
+    view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed)
+    if as_json:
+        print_json(view)
+        return
+    now = clock.utcnow()
+    rows = [
+        {
+            "label": i["label"], "state": i["state"], "vast": i["vast_status"] or "-",
+            "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
+            "$/h": _num(i["dph"], 3), "bench": _num(i["bench_rate"]), "proofs/h": _num(i["proofs_per_hour"]),
+            "for": _age(i["state_since"], now), "heartbeat": _age(i["last_heartbeat_at"], now),
+            "why": i["kill_reason"] or "",
+        }
+        for i in view["instances"]
+    ]
+    print_table(rows, ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "why"])
+    s = view["summary"]
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"
+    typer.echo(
+        f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
+        f" · ${s['spend_per_hour']:.2f}/h"
+    )
+
+
+@app.command("events")
+def events_cmd(
+    ctx: typer.Context,
+    since: Annotated[Optional[int], typer.Option("--since", min=0, help="Only events after this id.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Keep the newest N.")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """State changes, notes and settings changes, oldest first.
+
+    Example: vastctl events --since 120 --json
+    """
+    items = fleet.events(globals_of(ctx).connect(), since=since, limit=limit)
+    if as_json:
+        print_json(items)
+        return
+    rows = [
+        {**e, "change": f"{e['from_state'] or '∅'} → {e['to_state']}" if e["to_state"] else e["kind"],
+         "label": e["label"] or "-", "reason": e["reason"] + (f" [{e['code']}]" if e["code"] else "")}
+        for e in items
+    ]
+    print_table(rows, ["id", "at", "label", "change", "source", "reason"])
+
+
+@app.command("kill")
+def kill_cmd(
+    ctx: typer.Context,
+    instance: Annotated[str, typer.Argument(help="Label or uuid.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why, for the event log.")],
+) -> None:
+    """Kill a machine: it is marked killed (terminal) with your reason.
+
+    Example: vastctl kill vastctl-3f2a --reason "GPU errors in dmesg"
+    """
+    if not reason.strip():
+        raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
+    conn = globals_of(ctx).connect()
+    row = lifecycle.resolve(conn, instance)
+    lifecycle.kill(conn, row["uuid"], f"operator: {reason.strip()}", source="operator", code="operator")
+    typer.echo(f"{row['label']} killed")
+
+
+@app.command("notify")
+def notify_cmd(ctx: typer.Context, text: Annotated[str, typer.Argument(help="The note.")]) -> None:
+    """Leave a note the agent reads at its next step.
+
+    Example: vastctl notify "Curio maintenance 02:00-03:00 UTC, expect an empty queue"
+    """
+    event_id = fleet.notify(globals_of(ctx).connect(), text)
+    typer.echo(str(event_id))
+
+
+settings_app = typer.Typer(help="Runtime settings: list, get KEY, set KEY VALUE.", no_args_is_help=False)
+app.add_typer(settings_app, name="settings")
+
+
+@settings_app.callback(invoke_without_command=True)
+def settings_root(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Runtime settings (target, gate, limits); with no sub-command, list them.
+
+    Example: vastctl settings set target_proofs_per_hour 400
+    """
+    if ctx.invoked_subcommand is None:
+        _list_settings(ctx, as_json)
+
+
+def _list_settings(ctx: typer.Context, as_json: bool) -> None:
+    g = globals_of(ctx)
+    items = settings.listing(g.connect(), g.config)
+    if as_json:
+        print_json({item["key"]: item["value"] for item in items})
+    else:
+        print_table(items, ["key", "value", "source", "updated_at"])
+
+
+@settings_app.command("list")
+def settings_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List every runtime setting with where its value comes from.
+
+    Example: vastctl settings list --json
+    """
+    _list_settings(ctx, as_json)
+
+
+@settings_app.command("get")
+def settings_get(ctx: typer.Context, key: Annotated[str, typer.Argument(help="Setting name.")]) -> None:
+    """Print one setting's value.
+
+    Example: vastctl settings get min_bench_rate
+    """
+    g = globals_of(ctx)
+    typer.echo(f"{settings.get(g.connect(), g.config, key):g}")
+
+
+@settings_app.command("set")
+def settings_set(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="Setting name.")],
+    value: Annotated[str, typer.Argument(help="New value (a number ≥ 0).")],
+) -> None:
+    """Change a setting; the change is an event the agent sees.
+
+    Example: vastctl settings set max_instances 12
+    """
+    g = globals_of(ctx)
+    changed = settings.set_value(g.connect(), g.config, key, value)
+    say(f"{key} = {settings.parse_value(key, value):g}" + ("" if changed else " (unchanged)"))

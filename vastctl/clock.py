@@ -1,0 +1,36 @@
+"""Time in one place: aware UTC datetimes in code, ISO-8601 strings ending in Z in the file.
+
+Functions that decide anything take `now` as an argument so tests and the
+simulator can drive time; `utcnow()` is only the default.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def to_iso(moment: datetime | None) -> str | None:
+    """Render as `2026-11-30T05:02:13.123456Z` (sortable as text, readable in sqlite3)."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def from_iso(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def display_iso(text: str | None) -> str | None:
+    """The contract's JSON shape: whole seconds, trailing Z."""
+    moment = from_iso(text)
+    if moment is None:
+        return None
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,245 @@
+"""One typed Config from the YAML file, the environment and built-in defaults.
+
+Precedence: command-line flag > environment > config file > default. Flags are
+applied by the CLI on top of what `load()` returns. Every key is optional; an
+unknown key or a bad value is a BadInput naming the key, so a typo never
+silently falls back to a default that spends money.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import BadInput
+
+DURATION = {"duration": True}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """`90s`, `30m`, `2h`, `1d` or a number of seconds → seconds."""
+    if isinstance(value, bool):
+        raise BadInput(f"{key}: expected a duration like 90s, 30m or 2h, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION_RE.match(str(value))
+        if not match:
+            raise BadInput(f"{key}: expected a duration like 90s, 30m or 2h, got {value!r}")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise BadInput(f"{key}: a duration must be a finite number of seconds ≥ 0, got {value!r}")
+    return seconds
+
+
+@dataclass
+class VastSection:
+    label_prefix: str = "vastctl-"
+    blocklist_ttl: float = field(default=24 * 3600, metadata=DURATION)
+
+
+@dataclass
+class FleetSection:
+    target_proofs_per_hour: float = 0.0
+    min_bench_rate: float = 40.0
+    max_instances: int = 10
+    max_hourly_spend: float = 10.0
+    max_dph: float = 1.0
+    default_rate: float = 60.0
+    gpus: list = field(default_factory=lambda: ["RTX 4090", "RTX 5090"])
+    min_cpu_ram_gb: float = 256.0
+    min_inet_down_mbps: float = 500.0
+
+
+@dataclass
+class LaunchSection:
+    image: str = "nvidia/cuda:12.8.1-devel-ubuntu24.04"
+    disk_gb: float = 150.0
+    onstart: str = ""
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class TimeoutsSection:
+    launching: float = field(default=20 * 60, metadata=DURATION)
+    registered: float = field(default=30 * 60, metadata=DURATION)
+    params_done: float = field(default=90 * 60, metadata=DURATION)
+    bench_done: float = field(default=30 * 60, metadata=DURATION)
+    heartbeat: float = field(default=10 * 60, metadata=DURATION)
+
+
+@dataclass
+class ReconcileSection:
+    disappear_confirmations: int = 2
+    max_vanish_fraction: float = 0.5
+
+
+@dataclass
+class AgentSection:
+    policy: str = "auto"
+    model: str = "claude-haiku-5-5"
+    interval: float = field(default=5 * 60, metadata=DURATION)
+    max_actions_per_step: int = 5
+    max_context_tokens: int = 12000
+
+
+@dataclass
+class DemandSection:
+    command: str = ""
+    stale_after: float = field(default=15 * 60, metadata=DURATION)
+
+
+@dataclass
+class ServerSection:
+    url: str = ""
+    admin_token: str = ""
+    secret_file: str = ""
+
+
+_CHOICES = {
+    ("root", "provider"): ("vast", "sim"),
+    ("agent", "policy"): ("auto", "rules", "llm"),
+}
+
+
+@dataclass
+class Config:
+    db: str = ""
+    provider: str = "vast"
+    vast: VastSection = field(default_factory=VastSection)
+    fleet: FleetSection = field(default_factory=FleetSection)
+    launch: LaunchSection = field(default_factory=LaunchSection)
+    timeouts: TimeoutsSection = field(default_factory=TimeoutsSection)
+    reconcile: ReconcileSection = field(default_factory=ReconcileSection)
+    agent: AgentSection = field(default_factory=AgentSection)
+    demand: DemandSection = field(default_factory=DemandSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    source: str = field(default="", metadata={"internal": True})
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.db).expanduser()
+
+    @property
+    def secret_path(self) -> Path:
+        """The HMAC secret for machine tokens: configured, else beside the state file."""
+        if self.server.secret_file:
+            return Path(self.server.secret_file).expanduser()
+        return self.db_path.with_name(self.db_path.name + ".secret")
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    return Path(env.get("HOME", "~")).expanduser() / ".config" / "vastctl" / "config.yaml"
+
+
+def default_db_path(env: Mapping[str, str]) -> str:
+    data_home = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
+    return str(Path(data_home) / "vastctl" / "vastctl.db")
+
+
+def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read the config (explicit path, else $VASTCTL_CONFIG, else the default file if it exists).
+
+    An explicitly named file that does not exist is an error; a missing default
+    file just means built-in defaults.
+    """
+    env = os.environ if env is None else env
+    explicit = path or env.get("VASTCTL_CONFIG")
+    config_path = Path(explicit).expanduser() if explicit else default_config_path(env)
+    raw: dict = {}
+    if explicit and not config_path.is_file():
+        raise BadInput(f"config file {config_path} not found: fix VASTCTL_CONFIG or --config")
+    if config_path.is_file():
+        raw = _read_yaml(config_path)
+    config = from_mapping(raw)
+    config.source = str(config_path) if config_path.is_file() else ""
+    if env.get("VASTCTL_DB"):
+        config.db = env["VASTCTL_DB"]
+    if not config.db:
+        config.db = default_db_path(env)
+    return config
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml  # only when there is a file to read
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"config file {path} cannot be read: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise BadInput(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadInput(f"config file {path}: the top level must be a mapping of keys")
+    return data
+
+
+def from_mapping(raw: Mapping[str, Any]) -> Config:
+    """Build a Config from a parsed YAML mapping, validating every key and value."""
+    return _build(Config, raw, prefix="")
+
+
+def _build(cls, raw: Mapping[str, Any], prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    values = {}
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise BadInput(f"config key {name!r} is unknown (known here: {known})")
+        values[key] = _convert(fields[key], value, name, prefix)
+    return cls(**values)
+
+
+def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if dataclasses.is_dataclass(default):
+        if value is None:
+            return default
+        if not isinstance(value, dict):
+            raise BadInput(f"config key {name!r} must be a mapping of keys")
+        return _build(type(default), value, prefix=f"{name}.")
+    if f.metadata.get("duration"):
+        return parse_duration(value, name)
+    section = prefix.rstrip(".") or "root"
+    choices = _CHOICES.get((section, f.name))
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise BadInput(f"config key {name!r} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadInput(f"config key {name!r} must be a whole number ≥ 0, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise BadInput(f"config key {name!r} must be a number ≥ 0, got {value!r}")
+        if f.name == "max_vanish_fraction" and value > 1:
+            raise BadInput(f"config key {name!r} must be a fraction between 0 and 1, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise BadInput(f"config key {name!r} must be a string, got {value!r}")
+        if choices and value not in choices:
+            raise BadInput(f"config key {name!r} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    if isinstance(default, list):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise BadInput(f"config key {name!r} must be a list of strings, got {value!r}")
+        return value
+    if isinstance(default, dict):
+        if not isinstance(value, dict):
+            raise BadInput(f"config key {name!r} must be a mapping, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    raise BadInput(f"config key {name!r} has an unsupported value {value!r}")  # pragma: no cover

@@ -1,0 +1,361 @@
+"""The instance lifecycle: states, the one table of allowed moves, and transition().
+
+transition() is the only code that changes `instances.state`. In one
+transaction it does a compare-and-set UPDATE against the allowed sources and,
+only when a row changed, appends the event. So the primary path (a bench
+report) and the safety net (reconcile) can race for the same kill: exactly one
+wins and exactly one event exists.
+
+The instance reports (register, params_done, bench_report, running, heartbeat)
+are idempotent: a report delivered twice (a retry after a lost answer) changes
+nothing the second time and writes no second event.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from . import clock
+from .db import transaction
+from .errors import BadInput, BenchFailed, Refused, UnknownInstance
+
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10
+
+    class StrEnum(str, Enum):  # type: ignore[no-redef]
+        def __str__(self) -> str:
+            return self.value
+
+
+class State(StrEnum):
+    LAUNCHING = "launching"
+    REGISTERED = "registered"
+    PARAMS_DONE = "params_done"
+    BENCH_DONE = "bench_done"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    KILLED = "killed"
+
+
+S = State
+ALLOWED: dict[State, frozenset[State]] = {
+    S.LAUNCHING: frozenset({S.REGISTERED, S.STOPPED, S.KILLED}),
+    S.REGISTERED: frozenset({S.PARAMS_DONE, S.STOPPED, S.KILLED}),
+    S.PARAMS_DONE: frozenset({S.BENCH_DONE, S.REGISTERED, S.STOPPED, S.KILLED}),
+    S.BENCH_DONE: frozenset({S.RUNNING, S.REGISTERED, S.STOPPED, S.KILLED}),
+    S.RUNNING: frozenset({S.REGISTERED, S.STOPPED, S.KILLED}),
+    S.STOPPED: frozenset({S.LAUNCHING, S.REGISTERED, S.KILLED}),
+    S.KILLED: frozenset(),
+}
+LIVE_STATES = frozenset(s for s in State if s is not S.KILLED)
+SOURCES = ("instance", "reconcile", "agent", "operator")
+KILL_CODES = (
+    "bench_failed", "disappeared", "exited", "offline", "start_failed", "scheduling_timeout",
+    "timeout_launching", "timeout_registered", "timeout_params_done", "timeout_bench_done",
+    "heartbeat_timeout", "orphan", "operator", "agent",
+)
+RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
+
+
+def allowed_sources(to_state: State) -> list[str]:
+    return sorted(str(src) for src, targets in ALLOWED.items() if to_state in targets)
+
+
+def get(conn: sqlite3.Connection, uuid: str) -> dict[str, Any]:
+    row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+    if row is None:
+        raise UnknownInstance(f"no instance with uuid {uuid!r}: check --uuid (see `vastctl fleet --all`)")
+    return dict(row)
+
+
+def resolve(conn: sqlite3.Connection, label_or_uuid: str) -> dict[str, Any]:
+    """The row named by a label or a uuid (operators type labels)."""
+    row = conn.execute(
+        "SELECT * FROM instances WHERE label = ? OR uuid = ? ORDER BY label = ? DESC LIMIT 1",
+        (label_or_uuid, label_or_uuid, label_or_uuid),
+    ).fetchone()
+    if row is None:
+        raise UnknownInstance(f"no instance labelled or with uuid {label_or_uuid!r}: see `vastctl fleet --all`")
+    return dict(row)
+
+
+def record_event(
+    conn: sqlite3.Connection,
+    *,
+    kind: str,
+    source: str,
+    reason: str,
+    now: datetime,
+    uuid: str | None = None,
+    label: str | None = None,
+    from_state: str | None = None,
+    to_state: str | None = None,
+    code: str | None = None,
+) -> int:
+    """Append one event. Call inside the transaction that made the change."""
+    cursor = conn.execute(
+        "INSERT INTO events (at, kind, uuid, label, from_state, to_state, reason, source, code)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (clock.to_iso(now), kind, uuid, label, from_state, to_state, reason, source, code),
+    )
+    return cursor.lastrowid
+
+
+def transition(
+    conn: sqlite3.Connection,
+    uuid: str,
+    to_state: State,
+    reason: str,
+    source: str,
+    *,
+    code: str | None = None,
+    updates: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Move one instance to `to_state` and record the event, atomically.
+
+    Raises UnknownInstance when there is no row and Refused when the move is
+    not allowed from the row's current state; either way nothing changes.
+    Returns the row as it is after the move.
+    """
+    with transaction(conn):
+        return _transition_in_tx(conn, uuid, State(to_state), reason, source, code=code, updates=updates, now=now)
+
+
+def _transition_in_tx(conn, uuid, to_state, reason, source, *, code=None, updates=None, now=None):
+    if source not in SOURCES:
+        raise ValueError(f"unknown event source {source!r}")
+    now = now or clock.utcnow()
+    before = get(conn, uuid)
+    columns = {"state": str(to_state), "state_since": clock.to_iso(now), **(updates or {})}
+    if to_state is S.KILLED:
+        columns.update(kill_reason=reason, kill_code=code, killed_at=clock.to_iso(now))
+    sources = allowed_sources(to_state)
+    assignments = ", ".join(f"{name} = ?" for name in columns)
+    placeholders = ", ".join("?" for _ in sources)
+    cursor = conn.execute(
+        f"UPDATE instances SET {assignments} WHERE uuid = ? AND state IN ({placeholders})",
+        (*columns.values(), uuid, *sources),
+    )
+    if cursor.rowcount != 1:
+        raise Refused(
+            f"instance {before['label']} is {before['state']}; it cannot go to {to_state}"
+            f" (only from {', '.join(sources) or 'nowhere'})"
+        )
+    record_event(
+        conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=before["label"],
+        from_state=before["state"], to_state=str(to_state), code=code,
+    )
+    return get(conn, uuid)
+
+
+def create(
+    conn: sqlite3.Connection,
+    *,
+    uuid: str,
+    label: str,
+    state: State,
+    reason: str,
+    source: str,
+    now: datetime | None = None,
+    fields: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Insert a new row with its first event (a launch, or adoption of an unknown machine)."""
+    now = now or clock.utcnow()
+    with transaction(conn):
+        return _create_in_tx(conn, uuid=uuid, label=label, state=State(state), reason=reason, source=source,
+                             now=now, fields=fields)
+
+
+def _create_in_tx(conn, *, uuid, label, state, reason, source, now, fields=None):
+    taken = conn.execute("SELECT uuid FROM instances WHERE label = ? AND uuid != ?", (label, uuid)).fetchone()
+    if taken:
+        raise BadInput(f"label {label!r} already belongs to instance {taken['uuid']}: choose another label")
+    columns = {
+        "uuid": uuid, "label": label, "state": str(state),
+        "created_at": clock.to_iso(now), "state_since": clock.to_iso(now), **(fields or {}),
+    }
+    names = ", ".join(columns)
+    conn.execute(f"INSERT INTO instances ({names}) VALUES ({', '.join('?' for _ in columns)})", tuple(columns.values()))
+    record_event(conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=label,
+                 from_state=None, to_state=str(state))
+    return get(conn, uuid)
+
+
+# --- the reports a rented machine's boot script makes -------------------------------------------
+
+
+def register(
+    conn: sqlite3.Connection,
+    uuid: str,
+    *,
+    label: str | None = None,
+    vast_id: int | None = None,
+    gpu_name: str | None = None,
+    num_gpus: int | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The boot script started.
+
+    Unknown uuid: the row is created (a machine launched by hand is adopted).
+    A live row further along means the container restarted: it goes back to
+    `registered` and the event says so. A killed row is refused.
+    """
+    now = now or clock.utcnow()
+    _check_text(uuid, "--uuid")
+    details = {k: v for k, v in {"vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items() if v is not None}
+    with transaction(conn):
+        row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+        if row is None:
+            if not label:
+                raise BadInput(f"instance {uuid} is new here: register it with --label")
+            _check_text(label, "--label")
+            return _create_in_tx(conn, uuid=uuid, label=label, state=S.REGISTERED, source="instance", now=now,
+                                 reason="registered without a launch record: adopted", fields=details)
+        state = State(row["state"])
+        if state is S.KILLED:
+            raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
+        if state is S.REGISTERED:  # a repeated report: refresh the details, no event
+            if details:
+                _update(conn, uuid, details)
+            return get(conn, uuid)
+        if state in (S.LAUNCHING, S.STOPPED):
+            reason = "boot script started"
+            updates = details
+        else:
+            reason = f"container restarted (was {state})"
+            updates = {**details, "restarts": row["restarts"] + 1}
+        return _transition_in_tx(conn, uuid, S.REGISTERED, reason, "instance", updates=updates, now=now)
+
+
+def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime | None = None) -> dict[str, Any]:
+    """Proving parameters are fetched; the benchmark starts."""
+    with transaction(conn):
+        row = get(conn, uuid)
+        if row["state"] == S.PARAMS_DONE:
+            return row
+        return _transition_in_tx(conn, uuid, S.PARAMS_DONE, "proving parameters fetched", "instance", now=now)
+
+
+def validate_rate(rate: Any) -> float:
+    """A benchmark rate is a finite number ≥ 0 (proofs per hour)."""
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        raise BadInput(f"--rate must be a number of proofs per hour, got {rate!r}") from None
+    if isinstance(rate, bool) or not math.isfinite(value) or value < 0:
+        raise BadInput(f"--rate must be a finite number ≥ 0 (proofs per hour), got {rate!r}")
+    return value
+
+
+def bench_report(
+    conn: sqlite3.Connection, uuid: str, rate: Any, *, gate: float, now: datetime | None = None
+) -> dict[str, Any]:
+    """The benchmark gate: at or above `gate` → bench_done; below → killed, and BenchFailed is raised.
+
+    BenchFailed carries the row in `.row`; the kill is committed before it is raised.
+    """
+    rate = validate_rate(rate)
+    with transaction(conn):
+        row = get(conn, uuid)
+        repeated = row["bench_rate"] == rate and (
+            row["state"] == S.BENCH_DONE or (row["state"] == S.KILLED and row["kill_code"] == "bench_failed")
+        )
+        if repeated:  # the same report again: answer as before, no second event
+            result = row
+        elif rate >= gate:
+            result = _transition_in_tx(conn, uuid, S.BENCH_DONE, f"bench rate {rate:g} meets gate {gate:g}",
+                                       "instance", updates={"bench_rate": rate}, now=now)
+        else:
+            result = _transition_in_tx(conn, uuid, S.KILLED, f"bench rate {rate:g} below gate {gate:g}", "instance",
+                                       code="bench_failed", updates={"bench_rate": rate}, now=now)
+    if result["state"] == S.BENCH_DONE:
+        return result
+    error = BenchFailed(f"instance {result['label']}: {result['kill_reason']}; it is being killed, do not prove")
+    error.row = result
+    raise error
+
+
+def running(conn: sqlite3.Connection, uuid: str, *, now: datetime | None = None) -> dict[str, Any]:
+    """The prover is up and taking work."""
+    with transaction(conn):
+        row = get(conn, uuid)
+        if row["state"] == S.RUNNING:
+            return row
+        return _transition_in_tx(conn, uuid, S.RUNNING, "proving", "instance", now=now)
+
+
+def validate_proofs(proofs_done: Any) -> int:
+    if isinstance(proofs_done, bool) or not isinstance(proofs_done, int) or proofs_done < 0:
+        raise BadInput(f"--proofs-done must be a whole number ≥ 0 (the cumulative count), got {proofs_done!r}")
+    return proofs_done
+
+
+def heartbeat(
+    conn: sqlite3.Connection, uuid: str, *, proofs_done: int | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """Keep the machine's liveness and cumulative proof counter fresh. Not a transition, so no event.
+
+    proofs_per_hour is an exponentially weighted rate over the counter's
+    increments; a counter that went down (the prover restarted) starts a new
+    baseline instead of producing a negative rate.
+    """
+    now = now or clock.utcnow()
+    if proofs_done is not None:
+        validate_proofs(proofs_done)
+    with transaction(conn):
+        row = get(conn, uuid)
+        if row["state"] == S.KILLED:
+            raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): stop proving and shut down")
+        updates: dict[str, Any] = {"last_heartbeat_at": clock.to_iso(now)}
+        if proofs_done is not None:
+            updates["proofs_done"] = proofs_done
+            updates["proofs_per_hour"] = _smoothed_rate(row, proofs_done, now)
+        _update(conn, uuid, updates)
+        return get(conn, uuid)
+
+
+def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime) -> float | None:
+    last = clock.from_iso(row["last_heartbeat_at"])
+    previous_rate = row["proofs_per_hour"]
+    if last is None or row["state"] != S.RUNNING:
+        return previous_rate
+    elapsed = (now - last).total_seconds()
+    increment = proofs_done - (row["proofs_done"] or 0)
+    if elapsed < 1 or increment < 0:
+        return previous_rate
+    sample = increment * 3600.0 / elapsed
+    if previous_rate is None:
+        return sample
+    weight = 1 - math.exp(-elapsed / RATE_TIME_CONSTANT_S)
+    return previous_rate + weight * (sample - previous_rate)
+
+
+def kill(
+    conn: sqlite3.Connection,
+    uuid: str,
+    reason: str,
+    *,
+    source: str,
+    code: str,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Mark killed (terminal). Destroying the machine at the provider is the caller's next step."""
+    if code not in KILL_CODES:
+        raise ValueError(f"unknown kill code {code!r}")
+    return transition(conn, uuid, S.KILLED, reason, source, code=code, now=now)
+
+
+def _update(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
+    assignments = ", ".join(f"{name} = ?" for name in columns)
+    conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
+
+
+def _check_text(value: str, flag: str) -> None:
+    if not value or len(value) > 256 or any(ord(ch) < 32 for ch in value):
+        raise BadInput(f"{flag} must be 1 to 256 printable characters, got {value!r}")

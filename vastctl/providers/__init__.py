@@ -1,0 +1,1 @@
+"""GPU markets behind one narrow interface (base.Provider)."""

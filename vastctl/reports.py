@@ -1,0 +1,57 @@
+"""The five reports a rented machine's boot script makes, as one interface.
+
+`LocalReports` writes the state file directly (the manager host, the
+simulator, `vastctl serve`); a remote implementation speaks HTTP to `serve`.
+Each method returns `{"state": …}` (bench_report adds `passed`) or raises the
+typed error whose exit code the contract names.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Any, Protocol
+
+from . import lifecycle, settings
+from .config import Config
+
+
+class Reports(Protocol):
+    def register(self, uuid: str, *, label: str | None, vast_id: int | None, gpu_name: str | None,
+                 num_gpus: int | None) -> dict[str, Any]: ...
+
+    def params_done(self, uuid: str) -> dict[str, Any]: ...
+
+    def bench_report(self, uuid: str, rate: float) -> dict[str, Any]: ...
+
+    def running(self, uuid: str) -> dict[str, Any]: ...
+
+    def heartbeat(self, uuid: str, proofs_done: int | None) -> dict[str, Any]: ...
+
+
+class LocalReports:
+    """Reports applied to the state file through lifecycle."""
+
+    def __init__(self, conn: sqlite3.Connection, config: Config, now: datetime | None = None):
+        self.conn = conn
+        self.config = config
+        self.now = now
+
+    def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
+        row = lifecycle.register(self.conn, uuid, label=label, vast_id=vast_id, gpu_name=gpu_name,
+                                 num_gpus=num_gpus, now=self.now)
+        return {"state": row["state"]}
+
+    def params_done(self, uuid):
+        return {"state": lifecycle.params_done(self.conn, uuid, now=self.now)["state"]}
+
+    def bench_report(self, uuid, rate):
+        gate = settings.get(self.conn, self.config, "min_bench_rate")
+        row = lifecycle.bench_report(self.conn, uuid, rate, gate=gate, now=self.now)
+        return {"state": row["state"], "passed": True}
+
+    def running(self, uuid):
+        return {"state": lifecycle.running(self.conn, uuid, now=self.now)["state"]}
+
+    def heartbeat(self, uuid, proofs_done=None):
+        return {"state": lifecycle.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]}

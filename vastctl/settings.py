@@ -1,0 +1,94 @@
+"""Runtime settings: values an operator (or the agent) changes while the fleet runs.
+
+The config file's `fleet:` section gives the initial values; a `settings set`
+stores an override in the file and records an event, so the agent sees every
+change at its next step.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from . import clock
+from .config import Config
+from .db import transaction
+from .errors import BadInput
+from .lifecycle import record_event
+
+KEYS: dict[str, type] = {
+    "target_proofs_per_hour": float,
+    "min_bench_rate": float,
+    "max_instances": int,
+    "max_hourly_spend": float,
+    "max_dph": float,
+}
+
+
+def _check_key(key: str) -> None:
+    if key not in KEYS:
+        raise BadInput(f"unknown setting {key!r}: one of {', '.join(KEYS)}")
+
+
+def parse_value(key: str, text: Any) -> float | int:
+    """A setting's value: a finite number ≥ 0 (a whole number for max_instances)."""
+    _check_key(key)
+    kind = KEYS[key]
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (kind is int and not value.is_integer()):
+        wanted = "a whole number ≥ 0" if kind is int else "a finite number ≥ 0"
+        raise BadInput(f"{key} must be {wanted}, got {text!r}")
+    return int(value) if kind is int else value
+
+
+def effective(conn: sqlite3.Connection, config: Config) -> dict[str, float | int]:
+    """Every runtime setting: the stored override, else the config's initial value."""
+    values: dict[str, float | int] = {key: getattr(config.fleet, key) for key in KEYS}
+    for row in conn.execute("SELECT key, value FROM settings"):
+        if row["key"] in KEYS:
+            values[row["key"]] = KEYS[row["key"]](float(row["value"]))
+    return values
+
+
+def listing(conn: sqlite3.Connection, config: Config) -> list[dict[str, Any]]:
+    stored = {row["key"]: row["updated_at"] for row in conn.execute("SELECT key, updated_at FROM settings")}
+    return [
+        {"key": key, "value": value, "source": "settings" if key in stored else "config",
+         "updated_at": clock.display_iso(stored.get(key))}
+        for key, value in effective(conn, config).items()
+    ]
+
+
+def get(conn: sqlite3.Connection, config: Config, key: str) -> float | int:
+    _check_key(key)
+    return effective(conn, config)[key]
+
+
+def set_value(
+    conn: sqlite3.Connection,
+    config: Config,
+    key: str,
+    text: Any,
+    *,
+    source: str = "operator",
+    now: datetime | None = None,
+) -> bool:
+    """Store a new value and record the change as an event; False when the value is unchanged."""
+    value = parse_value(key, text)
+    now = now or clock.utcnow()
+    with transaction(conn):
+        old = effective(conn, config)[key]
+        if old == value:
+            return False
+        conn.execute(
+            "INSERT INTO settings (key, value, updated_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            (key, repr(value), clock.to_iso(now)),
+        )
+        record_event(conn, kind="setting", source=source, now=now, reason=f"{key} {old:g} → {value:g}")
+    return True
