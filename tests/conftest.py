@@ -1,0 +1,81 @@
+"""Every test runs isolated: a temp HOME, a temp state file, no real keys or servers in the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vastctl import config as config_module
+from vastctl import db
+
+SCRUBBED = (
+    "VAST_API_KEY", "VAST_API_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "VASTCTL_DB", "VASTCTL_CONFIG",
+    "VASTCTL_SERVER", "VASTCTL_TOKEN", "VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_RETRY_FOR", "XDG_DATA_HOME",
+    "XDG_CONFIG_HOME",
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    for name in SCRUBBED:
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("VASTCTL_DB", str(tmp_path / "vastctl.db"))
+    yield
+
+
+@pytest.fixture
+def db_path(tmp_path) -> Path:
+    return tmp_path / "vastctl.db"
+
+
+@pytest.fixture
+def config(db_path) -> config_module.Config:
+    return config_module.load()
+
+
+@pytest.fixture
+def conn(db_path):
+    connection = db.connect(db_path, create=True)
+    yield connection
+    connection.close()
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `vastctl ARGS…` in this process; returns exit code, stdout and stderr."""
+    from vastctl.cli import main
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def run_vastctl(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run vastctl as a real process (for concurrency and import checks)."""
+    return subprocess.run(
+        [sys.executable, "-m", "vastctl", *map(str, args)],
+        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )

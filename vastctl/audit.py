@@ -1,0 +1,38 @@
+"""The `actions` table: every call to a provider that spends or stops spending money, with its result.
+
+Who asked (reconcile, agent, operator), what, for which machine, and what the
+market answered. Never the API key: requests are recorded as the body we sent.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from . import clock
+from .db import transaction
+
+
+def record_action(
+    conn: sqlite3.Connection,
+    *,
+    actor: str,
+    kind: str,
+    ok: bool,
+    result: str,
+    uuid: str | None = None,
+    label: str | None = None,
+    vast_id: int | None = None,
+    request: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> int:
+    with transaction(conn):
+        cursor = conn.execute(
+            "INSERT INTO actions (at, actor, kind, uuid, label, vast_id, request, ok, result)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (clock.to_iso(now or clock.utcnow()), actor, kind, uuid, label, vast_id,
+             json.dumps(request, sort_keys=True) if request is not None else None, int(ok), result),
+        )
+        return cursor.lastrowid

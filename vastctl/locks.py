@@ -1,0 +1,72 @@
+"""Named leases in the state file: one reconcile pass, one launch, at a time.
+
+A lease expires, and a holder on this host whose process is gone is ignored,
+so a crashed pass never blocks the next one for long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sqlite3
+from datetime import datetime, timedelta
+from typing import Iterator
+
+from . import clock
+from .db import transaction
+from .errors import Unavailable
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _holder_is_dead(holder: str) -> bool:
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def acquire(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None,
+            holder: str | None = None) -> str | None:
+    """Take the lease; returns the holder string, or None when someone alive holds it."""
+    now = now or clock.utcnow()
+    holder = holder or _holder()
+    with transaction(conn):
+        row = conn.execute("SELECT * FROM locks WHERE name = ?", (name,)).fetchone()
+        if row is not None:
+            expired = clock.from_iso(row["expires_at"]) <= now
+            if not expired and row["holder"] != holder and not _holder_is_dead(row["holder"]):
+                return None
+        conn.execute(
+            "INSERT OR REPLACE INTO locks (name, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?)",
+            (name, holder, clock.to_iso(now), clock.to_iso(now + timedelta(seconds=ttl_s))),
+        )
+    return holder
+
+
+def release(conn: sqlite3.Connection, name: str, holder: str) -> None:
+    with transaction(conn):
+        conn.execute("DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder))
+
+
+@contextlib.contextmanager
+def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None) -> Iterator[str]:
+    """Hold the lease for the block, or raise Unavailable (exit 1: retry later)."""
+    holder = acquire(conn, name, ttl_s=ttl_s, now=now)
+    if holder is None:
+        row = conn.execute("SELECT holder, acquired_at FROM locks WHERE name = ?", (name,)).fetchone()
+        since = clock.display_iso(row["acquired_at"]) if row else "?"
+        raise Unavailable(f"another {name} is running ({row['holder'] if row else '?'} since {since}): retry later")
+    try:
+        yield holder
+    finally:
+        release(conn, name, holder)
