@@ -359,3 +359,11 @@ def _update(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> Non
 def _check_text(value: str, flag: str) -> None:
     if not value or len(value) > 256 or any(ord(ch) < 32 for ch in value):
         raise BadInput(f"{flag} must be 1 to 256 printable characters, got {value!r}")
+
+
+def validate_text(value: Any, flag: str) -> str:
+    """A uuid or label: 1 to 256 printable characters (what register accepts)."""
+    if not isinstance(value, str):
+        raise BadInput(f"{flag} must be text, got {value!r}")
+    _check_text(value, flag)
+    return value

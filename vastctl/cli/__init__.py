@@ -18,14 +18,19 @@ def main(argv: list[str] | None = None) -> None:
         result = app(args=args, prog_name="vastctl", standalone_mode=False)
     except VastctlError as exc:
         _fail(str(exc), exc.exit_code, debug)
-    except typer.TyperException as exc:  # usage errors: bad option, missing argument, bad value
-        message = exc.format_message().replace("\n", " ")
-        _fail(f"{message} (see `vastctl --help`)", getattr(exc, "exit_code", 2), debug)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 1, False)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a line, not a traceback
+        if _is_usage_error(exc):
+            message = exc.format_message().replace("\n", " ")
+            _fail(f"{message} (see `vastctl --help`)", exc.exit_code, debug)
         _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1, debug)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _is_usage_error(exc: Exception) -> bool:
+    """Typer's parse errors (bad option, missing argument, bad value) carry a message and an exit code."""
+    return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
 
 
 def _fail(message: str, code: int, debug: bool) -> None:

@@ -18,7 +18,11 @@ class ProviderError(Unavailable):
     """The market did not answer, or answered something we cannot trust. Exit 1: retry later."""
 
 
-class OfferGone(ProviderError):
+class ProviderRejected(ProviderError):
+    """The market answered and refused the call, so it had no effect (unlike a timeout, whose outcome is unknown)."""
+
+
+class OfferGone(ProviderRejected):
     """The offer was taken or withdrawn between search and create (vast 404/410 no_such_ask)."""
 
 
@@ -64,6 +68,7 @@ class OfferQuery:
     min_reliability: float | None = None
     disk_gb: float = 150.0
     limit: int = 20
+    offer_id: int | None = None  # look up one offer by id (the other filters are then not applied)
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""config: precedence flag > environment > file > default, durations, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from vastctl import config as config_module
+from vastctl.config import parse_duration
+from vastctl.errors import BadInput
+
+
+def write(tmp_path, text, name="config.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), (45, 45),
+                                          ("1.5h", 5400), ("600", 600), (" 5m ", 300)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5 minutes", "-1", "h", "", True, "1w", "nan"])
+def test_bad_durations(text):
+    with pytest.raises(BadInput, match="timeouts.launching"):
+        parse_duration(text, "timeouts.launching")
+
+
+def test_defaults_without_any_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("VASTCTL_DB")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    config = config_module.load()
+    assert config.fleet.min_bench_rate == 40
+    assert config.timeouts.params_done == 90 * 60
+    assert config.vast.label_prefix == "vastctl-"
+    assert config.launch.disk_gb == 150
+    assert config.db == str(tmp_path / "data" / "vastctl" / "vastctl.db")
+    assert config.source == ""
+
+
+def test_file_beats_default_and_env_beats_file(tmp_path, monkeypatch):
+    path = write(tmp_path, "db: /from/file.db\nfleet:\n  min_bench_rate: 55\ntimeouts:\n  heartbeat: 2m\n")
+    monkeypatch.setenv("VASTCTL_CONFIG", str(path))
+    monkeypatch.setenv("VASTCTL_DB", "/from/env.db")
+    config = config_module.load()
+    assert config.fleet.min_bench_rate == 55.0
+    assert config.timeouts.heartbeat == 120
+    assert config.db == "/from/env.db"
+    monkeypatch.delenv("VASTCTL_DB")
+    assert config_module.load().db == "/from/file.db"
+
+
+def test_explicit_path_beats_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("VASTCTL_CONFIG", str(write(tmp_path, "fleet: {max_instances: 3}", "a.yaml")))
+    explicit = write(tmp_path, "fleet: {max_instances: 7}", "b.yaml")
+    assert config_module.load(str(explicit)).fleet.max_instances == 7
+
+
+def test_the_default_file_is_read_when_it_exists(tmp_path):
+    home_config = tmp_path / "home" / ".config" / "vastctl"
+    home_config.mkdir(parents=True)
+    (home_config / "config.yaml").write_text("agent:\n  interval: 10m\n")
+    config = config_module.load()
+    assert config.agent.interval == 600
+    assert config.source.endswith("config.yaml")
+
+
+def test_cli_flag_beats_env_for_the_db(tmp_path, monkeypatch, cli):
+    flag_db = tmp_path / "flag.db"
+    assert cli("--db", str(flag_db), "init").code == 0
+    assert flag_db.exists()
+    assert not (tmp_path / "vastctl.db").exists()  # what VASTCTL_DB names
+
+
+def test_example_config_is_valid_and_documents_every_key():
+    from pathlib import Path
+
+    import yaml
+
+    example = Path(__file__).resolve().parents[1] / "config.example.yaml"
+    raw = yaml.safe_load(example.read_text())
+    config = config_module.from_mapping(raw)
+    assert config.fleet.min_bench_rate == 40
+    defaults = config_module.Config()
+    for section in ("vast", "fleet", "launch", "timeouts", "reconcile", "agent", "demand", "server"):
+        assert set(raw[section]) == set(vars(getattr(defaults, section))), section
+
+
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("fleet:\n  min_bench_rte: 3\n", "fleet.min_bench_rte"),
+        ("nonsense: 1\n", "nonsense"),
+        ("fleet:\n  max_instances: -1\n", "fleet.max_instances"),
+        ("fleet:\n  max_instances: 2.5\n", "fleet.max_instances"),
+        ("fleet:\n  max_dph: cheap\n", "fleet.max_dph"),
+        ("fleet:\n  gpus: RTX 4090\n", "fleet.gpus"),
+        ("timeouts:\n  launching: soon\n", "timeouts.launching"),
+        ("provider: aws\n", "provider"),
+        ("agent:\n  policy: yolo\n", "agent.policy"),
+        ("reconcile:\n  max_vanish_fraction: 1.5\n", "reconcile.max_vanish_fraction"),
+        ("fleet: 3\n", "fleet"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key(tmp_path, text, key):
+    with pytest.raises(BadInput, match=key.replace(".", r"\.")):
+        config_module.load(str(write(tmp_path, text)))
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    with pytest.raises(BadInput, match="not valid YAML"):
+        config_module.load(str(write(tmp_path, "fleet: [unclosed\n")))
+    with pytest.raises(BadInput, match="not found"):
+        config_module.load(str(tmp_path / "missing.yaml"))
+
+
+def test_bad_config_reaches_the_user_as_one_line_exit_2(tmp_path, cli):
+    path = write(tmp_path, "fleet:\n  min_bench_rte: 3\n")
+    result = cli("--config", str(path), "fleet")
+    assert result.code == 2
+    assert result.err.startswith("error: config key 'fleet.min_bench_rte' is unknown")
+    assert result.err.count("\n") == 1

@@ -1,0 +1,120 @@
+"""db: the schema is pinned, migrations upgrade a file that has data, and the file is plain SQLite."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from vastctl import db
+from vastctl.errors import BadInput
+
+# The columns of every table, in order. A change here means a new migration.
+PINNED = {
+    "instances": [
+        "uuid", "label", "state", "vast_id", "machine_id", "offer_id", "gpu_name", "num_gpus", "dph", "bench_rate",
+        "proofs_done", "proofs_per_hour", "restarts", "created_at", "state_since", "last_heartbeat_at",
+        "kill_reason", "kill_code", "killed_at", "destroyed_at",
+        "vast_status", "vast_status_msg", "vast_seen_at", "vast_missing", "resumed_at", "destroy_attempts",
+        "destroy_error",
+    ],
+    "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],
+    "settings": ["key", "value", "updated_at"],
+    "migrations": ["id", "name", "applied_at"],
+    "vast_listings": ["id", "at", "ok", "instances", "error"],
+    "vast_cache": [
+        "vast_id", "label", "actual_status", "intended_status", "cur_state", "status_msg", "machine_id", "gpu_name",
+        "num_gpus", "dph", "first_seen_at", "seen_at",
+    ],
+    "actions": ["id", "at", "actor", "kind", "uuid", "label", "vast_id", "request", "ok", "result"],
+    "blocklist": ["machine_id", "reason", "until"],
+    "locks": ["name", "holder", "acquired_at", "expires_at"],
+}
+
+
+def columns(conn, table):
+    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def tables(conn):
+    return {
+        row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        if not row[0].startswith("sqlite_")
+    }
+
+
+def test_fresh_file_has_the_pinned_schema(conn):
+    assert tables(conn) == set(PINNED)
+    for table, expected in PINNED.items():
+        assert columns(conn, table) == expected, table
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
+    assert [r[0] for r in conn.execute("SELECT id FROM migrations ORDER BY id")] == list(range(1, db.SCHEMA_VERSION + 1))
+
+
+def test_wal_and_busy_timeout(conn):
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 10_000
+
+
+def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for statement in db._statements(db.MIGRATIONS[0][1]):
+        raw.execute(statement)
+    raw.execute("INSERT INTO migrations VALUES (1, 'x', '2026-01-01T00:00:00Z')")
+    raw.execute("PRAGMA user_version = 1")
+    raw.execute(
+        "INSERT INTO instances (uuid, label, state, created_at, state_since, bench_rate)"
+        " VALUES ('u1', 'vastctl-old', 'running', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', 55.5)"
+    )
+    raw.execute("INSERT INTO events (at, kind, uuid, label, to_state, reason, source) VALUES ('t', 'transition', 'u1', 'vastctl-old', 'running', 'r', 'instance')")
+    raw.close()
+
+    conn = db.connect(db_path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
+    row = conn.execute("SELECT * FROM instances WHERE uuid = 'u1'").fetchone()
+    assert (row["label"], row["state"], row["bench_rate"], row["vast_missing"], row["destroy_attempts"]) == (
+        "vastctl-old", "running", 55.5, 0, 0)
+    assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 1
+    for table, expected in PINNED.items():
+        assert columns(conn, table) == expected, table
+
+
+def test_connect_twice_does_not_reapply_migrations(db_path):
+    db.connect(db_path, create=True).close()
+    conn = db.connect(db_path)
+    assert conn.execute("SELECT count(*) FROM migrations").fetchone()[0] == db.SCHEMA_VERSION
+
+
+def test_missing_file_is_an_error_unless_creating(tmp_path):
+    path = tmp_path / "sub" / "state.db"
+    with pytest.raises(BadInput, match="vastctl init"):
+        db.connect(path)
+    assert not path.exists()
+    db.connect(path, create=True).close()
+    assert path.exists()
+
+
+def test_a_file_that_is_not_sqlite_is_bad_input(tmp_path):
+    path = tmp_path / "junk.db"
+    path.write_text("not a database at all, just text " * 100)
+    with pytest.raises(BadInput, match="not a vastctl SQLite database"):
+        db.connect(path)
+
+
+def test_transaction_rolls_back_on_error(conn):
+    with pytest.raises(RuntimeError):
+        with db.transaction(conn):
+            conn.execute("INSERT INTO settings VALUES ('k', 'v', 't')")
+            raise RuntimeError("boom")
+    assert conn.execute("SELECT count(*) FROM settings").fetchone()[0] == 0
+
+
+def test_sqlite_utils_reads_the_file_with_plain_column_names(conn, db_path, cli):
+    cli("register", "--uuid", "u1", "--label", "vastctl-a", "--gpu", "RTX 4090")
+    import sqlite_utils
+    database = sqlite_utils.Database(db_path)
+    (row,) = list(database["instances"].rows)
+    assert (row["label"], row["state"], row["gpu_name"]) == ("vastctl-a", "registered", "RTX 4090")
+    assert row["created_at"].endswith("Z")
+    assert [e["to_state"] for e in database["events"].rows] == ["registered"]

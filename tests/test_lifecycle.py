@@ -1,0 +1,215 @@
+"""lifecycle: every allowed and refused move, the reports' semantics, one event per real change."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from vastctl import clock, lifecycle
+from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
+from vastctl.lifecycle import ALLOWED, State
+
+T0 = clock.from_iso("2026-11-30T00:00:00Z")
+
+
+def make(conn, state: State, uuid="u1", label="vastctl-u1"):
+    return lifecycle.create(conn, uuid=uuid, label=label, state=state, reason="test", source="operator", now=T0)
+
+
+def events(conn):
+    return [dict(r) for r in conn.execute("SELECT * FROM events ORDER BY id")]
+
+
+ALL_MOVES = [(a, b) for a in State for b in State]
+
+
+@pytest.mark.parametrize("from_state,to_state", ALL_MOVES, ids=[f"{a}->{b}" for a, b in ALL_MOVES])
+def test_every_move_is_allowed_or_refused_per_table(conn, from_state, to_state):
+    make(conn, from_state)
+    before = events(conn)
+    if to_state in ALLOWED[from_state]:
+        row = lifecycle.transition(conn, "u1", to_state, "why", "operator", now=T0 + timedelta(minutes=1))
+        assert row["state"] == to_state
+        after = events(conn)
+        assert len(after) == len(before) + 1
+        assert after[-1]["from_state"] == from_state and after[-1]["to_state"] == to_state
+        assert after[-1]["label"] == "vastctl-u1" and after[-1]["reason"] == "why"
+        assert row["state_since"] == clock.to_iso(T0 + timedelta(minutes=1))
+    else:
+        with pytest.raises(Refused, match=f"is {from_state}; it cannot go to {to_state}"):
+            lifecycle.transition(conn, "u1", to_state, "why", "operator")
+        assert events(conn) == before
+        assert lifecycle.get(conn, "u1")["state"] == from_state
+
+
+def test_killed_is_terminal_and_every_live_state_can_be_killed():
+    assert ALLOWED[State.KILLED] == frozenset()
+    assert all(State.KILLED in ALLOWED[s] for s in lifecycle.LIVE_STATES)
+
+
+def test_transition_of_unknown_uuid_is_bad_input(conn):
+    with pytest.raises(UnknownInstance):
+        lifecycle.transition(conn, "nope", State.KILLED, "x", "operator")
+    assert events(conn) == []
+
+
+def test_kill_records_reason_code_and_time(conn):
+    make(conn, State.RUNNING)
+    row = lifecycle.kill(conn, "u1", "no heartbeat for 12m", source="reconcile", code="heartbeat_timeout", now=T0)
+    assert (row["state"], row["kill_reason"], row["kill_code"]) == ("killed", "no heartbeat for 12m", "heartbeat_timeout")
+    assert row["killed_at"] == clock.to_iso(T0)
+    assert events(conn)[-1]["code"] == "heartbeat_timeout" and events(conn)[-1]["source"] == "reconcile"
+
+
+def test_second_kill_is_refused_and_makes_no_event(conn):
+    make(conn, State.RUNNING)
+    lifecycle.kill(conn, "u1", "first", source="instance", code="bench_failed")
+    with pytest.raises(Refused):
+        lifecycle.kill(conn, "u1", "second", source="reconcile", code="exited")
+    assert [e["reason"] for e in events(conn) if e["to_state"] == "killed"] == ["first"]
+    assert lifecycle.get(conn, "u1")["kill_reason"] == "first"
+
+
+def test_register_unknown_uuid_adopts_it(conn):
+    row = lifecycle.register(conn, "u9", label="hand-made", vast_id=42, gpu_name="RTX 4090", num_gpus=1, now=T0)
+    assert (row["state"], row["label"], row["vast_id"], row["gpu_name"]) == ("registered", "hand-made", 42, "RTX 4090")
+    (event,) = events(conn)
+    assert event["from_state"] is None and event["to_state"] == "registered" and "adopted" in event["reason"]
+
+
+def test_register_unknown_uuid_needs_a_label(conn):
+    with pytest.raises(BadInput, match="--label"):
+        lifecycle.register(conn, "u9")
+    assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+
+
+def test_register_refuses_a_label_that_belongs_to_another_machine(conn):
+    make(conn, State.RUNNING, uuid="u1", label="vastctl-a")
+    with pytest.raises(BadInput, match="already belongs"):
+        lifecycle.register(conn, "u2", label="vastctl-a")
+
+
+def test_register_after_launch_moves_to_registered(conn):
+    make(conn, State.LAUNCHING)
+    row = lifecycle.register(conn, "u1", gpu_name="RTX 5090")
+    assert row["state"] == "registered" and row["gpu_name"] == "RTX 5090" and row["restarts"] == 0
+    assert events(conn)[-1]["reason"] == "boot script started"
+
+
+@pytest.mark.parametrize("state", [State.PARAMS_DONE, State.BENCH_DONE, State.RUNNING])
+def test_register_of_a_live_row_records_a_restart(conn, state):
+    make(conn, state)
+    row = lifecycle.register(conn, "u1")
+    assert row["state"] == "registered" and row["restarts"] == 1
+    assert events(conn)[-1]["reason"] == f"container restarted (was {state})"
+
+
+def test_register_twice_is_one_event(conn):
+    lifecycle.register(conn, "u1", label="a")
+    lifecycle.register(conn, "u1", label="a", vast_id=7)
+    assert len(events(conn)) == 1
+    assert lifecycle.get(conn, "u1")["vast_id"] == 7
+
+
+def test_register_of_a_killed_row_is_refused(conn):
+    make(conn, State.KILLED)
+    with pytest.raises(Refused, match="was killed"):
+        lifecycle.register(conn, "u1")
+    assert lifecycle.get(conn, "u1")["state"] == "killed"
+
+
+def test_bench_at_the_gate_passes(conn):
+    make(conn, State.PARAMS_DONE)
+    row = lifecycle.bench_report(conn, "u1", 40.0, gate=40.0)
+    assert (row["state"], row["bench_rate"]) == ("bench_done", 40.0)
+
+
+def test_bench_below_the_gate_kills_with_rate_and_gate_in_the_reason(conn):
+    make(conn, State.PARAMS_DONE)
+    with pytest.raises(BenchFailed) as failure:
+        lifecycle.bench_report(conn, "u1", 3.1, gate=10)
+    assert failure.value.exit_code == 5
+    row = lifecycle.get(conn, "u1")
+    assert (row["state"], row["kill_code"], row["bench_rate"]) == ("killed", "bench_failed", 3.1)
+    assert row["kill_reason"] == "bench rate 3.1 below gate 10"
+
+
+@pytest.mark.parametrize("rate", [True, "abc", -1, float("nan"), float("inf"), "-inf", None])
+def test_bad_rates_are_bad_input_and_change_nothing(conn, rate):
+    make(conn, State.PARAMS_DONE)
+    with pytest.raises(BadInput):
+        lifecycle.bench_report(conn, "u1", rate, gate=10)
+    assert lifecycle.get(conn, "u1")["state"] == "params_done"
+    assert len(events(conn)) == 1
+
+
+@pytest.mark.parametrize("rate,state", [(50.0, "bench_done"), (5.0, "killed")])
+def test_a_repeated_bench_report_answers_the_same_without_a_second_event(conn, rate, state):
+    make(conn, State.PARAMS_DONE)
+    for _ in range(3):
+        try:
+            row = lifecycle.bench_report(conn, "u1", rate, gate=10)
+        except BenchFailed as failure:
+            row = failure.row
+        assert row["state"] == state
+    assert len(events(conn)) == 2
+
+
+def test_bench_report_from_registered_is_refused(conn):
+    make(conn, State.REGISTERED)
+    with pytest.raises(Refused):
+        lifecycle.bench_report(conn, "u1", 50, gate=10)
+
+
+def test_params_done_and_running_are_idempotent(conn):
+    make(conn, State.REGISTERED)
+    lifecycle.params_done(conn, "u1")
+    lifecycle.params_done(conn, "u1")
+    lifecycle.bench_report(conn, "u1", 50, gate=10)
+    lifecycle.running(conn, "u1")
+    lifecycle.running(conn, "u1")
+    assert [e["to_state"] for e in events(conn)] == ["registered", "params_done", "bench_done", "running"]
+
+
+def test_heartbeat_is_not_an_event_and_keeps_liveness(conn):
+    make(conn, State.RUNNING)
+    row = lifecycle.heartbeat(conn, "u1", proofs_done=3, now=T0)
+    assert row["last_heartbeat_at"] == clock.to_iso(T0) and row["proofs_done"] == 3
+    assert len(events(conn)) == 1
+
+
+def test_heartbeat_rate_follows_the_counter(conn):
+    make(conn, State.RUNNING)
+    for minute in range(0, 121):
+        lifecycle.heartbeat(conn, "u1", proofs_done=minute, now=T0 + timedelta(minutes=minute))
+    assert lifecycle.get(conn, "u1")["proofs_per_hour"] == pytest.approx(60.0, rel=1e-6)
+
+
+def test_heartbeat_counter_reset_does_not_go_negative(conn):
+    make(conn, State.RUNNING)
+    lifecycle.heartbeat(conn, "u1", proofs_done=100, now=T0)
+    lifecycle.heartbeat(conn, "u1", proofs_done=110, now=T0 + timedelta(minutes=10))
+    row = lifecycle.heartbeat(conn, "u1", proofs_done=2, now=T0 + timedelta(minutes=20))
+    assert row["proofs_per_hour"] == pytest.approx(60.0) and row["proofs_done"] == 2
+
+
+def test_heartbeat_of_a_killed_row_is_refused(conn):
+    make(conn, State.KILLED)
+    with pytest.raises(Refused):
+        lifecycle.heartbeat(conn, "u1", proofs_done=1)
+    assert lifecycle.get(conn, "u1")["last_heartbeat_at"] is None
+
+
+def test_heartbeat_rejects_a_negative_count(conn):
+    make(conn, State.RUNNING)
+    with pytest.raises(BadInput):
+        lifecycle.heartbeat(conn, "u1", proofs_done=-1)
+
+
+def test_resolve_by_label_or_uuid(conn):
+    make(conn, State.RUNNING, uuid="u1", label="vastctl-a")
+    assert lifecycle.resolve(conn, "vastctl-a")["uuid"] == "u1"
+    assert lifecycle.resolve(conn, "u1")["label"] == "vastctl-a"
+    with pytest.raises(UnknownInstance):
+        lifecycle.resolve(conn, "vastctl-zzz")

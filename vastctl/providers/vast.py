@@ -1,0 +1,382 @@
+"""The vast.ai REST API behind the Provider interface (facts: vast-api.md).
+
+This module owns the HTTP policy: one session, a timeout on every call,
+bounded retries with backoff on 429/502/503/504 and transport errors, the key
+only in the `Authorization` header, and strict parsing. A listing that failed,
+stopped half-way or cannot be parsed raises ProviderError; it is never
+returned as an empty or partial fleet (a listing read as "no machines" is a
+mass kill).
+
+A create (renting an offer) is retried only when the request surely did not
+take effect (a 429, a connect timeout); any other failure of a create is an
+unknown outcome and raises plain ProviderError, so the caller keeps its row
+and finds the machine by label later instead of renting a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import requests
+
+from .base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
+
+DEFAULT_URL = "https://console.vast.ai"
+PAGE_SIZE = 25  # the API's maximum for /api/v1/instances/
+MAX_PAGES = 400
+TIMEOUT_S = (10.0, 60.0)  # (connect, read)
+ATTEMPTS = 4
+BACKOFF_S = 0.5
+BACKOFF_FACTOR = 2.0
+MAX_RETRY_AFTER_S = 60.0
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+USER_AGENT = "vastctl"
+
+
+def find_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The key the way the official client finds it: $VAST_API_KEY, else its key files.
+
+    Files, in order: `$XDG_CONFIG_HOME/vastai/vast_api_key` (default
+    `~/.config/vastai/vast_api_key`), the legacy `~/.vast_api_key`, and last
+    the CLI's 2FA session key `vast_tfa_key` (it expires, so it comes last).
+    """
+    env = os.environ if env is None else env
+    if env.get("VAST_API_KEY", "").strip():
+        return env["VAST_API_KEY"].strip()
+    home = Path(env.get("HOME") or "~").expanduser()
+    config_home = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else home / ".config"
+    for path in (config_home / "vastai" / "vast_api_key", home / ".vast_api_key",
+                 config_home / "vastai" / "vast_tfa_key"):
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if key:
+            return key
+    return None
+
+
+class VastProvider:
+    """vast.ai through `requests`. Construct with `from_env()` or `providers.get_provider(config)`."""
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float | tuple[float, float] = TIMEOUT_S,
+        attempts: int = ATTEMPTS,
+        backoff_s: float = BACKOFF_S,
+        sleep: Callable[[float], None] | None = None,
+    ):
+        if not api_key:
+            raise ValueError("an API key is required")
+        self._key = api_key
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self._sleep = sleep or time.sleep
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT,
+                                     "Accept": "application/json"})
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> "VastProvider | None":
+        """From $VAST_API_URL and the key (see find_api_key); None when no key is configured."""
+        env = os.environ if env is None else env
+        key = find_api_key(env)
+        if key is None:
+            return None
+        return cls(key, env.get("VAST_API_URL") or DEFAULT_URL, **kwargs)
+
+    def __repr__(self) -> str:  # never the key
+        return f"VastProvider({self.base_url!r})"
+
+    # --- the Provider interface ------------------------------------------------------------------
+
+    def list_instances(self) -> list[RemoteInstance]:
+        """Every instance of ours, all pages of /api/v1/instances/ (ordered by id), or ProviderError."""
+        found: dict[int, RemoteInstance] = {}
+        token: str | None = None
+        seen_tokens: set[str] = set()
+        total: Any = None
+        for _page in range(MAX_PAGES):
+            params = {"select_filters": json.dumps({}), "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+                      "limit": PAGE_SIZE}
+            if token is not None:
+                params["after_token"] = token
+            body = self._call("GET", "/api/v1/instances/", params=params)
+            rows = body.get("instances")
+            if not isinstance(rows, list):
+                raise ProviderError("vast listing: the answer has no list of instances; not trusting it")
+            for raw in rows:
+                instance = _instance(raw, "vast listing")
+                found[instance.id] = instance
+            total = body.get("total_instances", total)
+            token = body.get("next_token")
+            if token in (None, ""):
+                break
+            if not isinstance(token, str) or token in seen_tokens:
+                raise ProviderError("vast listing: the page cursor repeats or is not a string; not trusting it")
+            seen_tokens.add(token)
+        else:
+            raise ProviderError(f"vast listing: more than {MAX_PAGES} pages; not trusting it")
+        if isinstance(total, int) and not isinstance(total, bool) and len(found) < total:
+            raise ProviderError(f"vast listing: got {len(found)} of {total} instances (partial); not trusting it")
+        return sorted(found.values(), key=lambda item: item.id)
+
+    def show_instance(self, vast_id: int) -> RemoteInstance | None:
+        try:
+            body = self._call("GET", f"/api/v0/instances/{int(vast_id)}/", params={"owner": "me"})
+        except _NotFound:
+            return None
+        if "instances" not in body:
+            raise ProviderError(f"vast show instance {vast_id}: the answer has no `instances`; not trusting it")
+        raw = body["instances"]
+        if raw is None:
+            return None
+        if isinstance(raw, list):  # tolerate the list form some versions answered with
+            if not raw:
+                return None
+            raw = raw[0]
+        return _instance(raw, f"vast show instance {vast_id}")
+
+    def search_offers(self, query: OfferQuery) -> list[Offer]:
+        body = self._call("POST", "/api/v0/bundles/", json=offer_search_body(query))
+        rows = body.get("offers")
+        if not isinstance(rows, list):
+            raise ProviderError("vast offer search: the answer has no list of offers; not trusting it")
+        offers = [offer for offer in (_offer(raw) for raw in rows) if offer is not None]
+        if query.offer_id is not None:
+            offers = [offer for offer in offers if offer.id == query.offer_id]
+        return sorted(offers, key=lambda offer: offer.dph_total)
+
+    def create_instance(self, request: CreateRequest) -> int:
+        path = f"/api/v0/asks/{int(request.offer_id)}/"
+        try:
+            body = self._call("PUT", path, json=create_body(request), idempotent=False)
+        except _NotFound as exc:
+            raise OfferGone(f"offer {request.offer_id} is no longer available ({exc})") from None
+        contract = body.get("new_contract")
+        if isinstance(contract, bool) or not isinstance(contract, int):
+            # the rental may exist: say "unknown", not "refused"
+            raise ProviderError(f"vast create on offer {request.offer_id}: answered without an instance id;"
+                                " the outcome is unknown")
+        return contract
+
+    def destroy_instance(self, vast_id: int) -> None:
+        """DELETE; an instance vast no longer has (confirmed by a show) counts as destroyed."""
+        try:
+            self._call("DELETE", f"/api/v0/instances/{int(vast_id)}/", json={})
+            return
+        except (_NotFound, ProviderRejected) as exc:
+            refusal = exc
+        remote = self.show_instance(vast_id)
+        if remote is None or remote.cur_state == "unloaded":
+            return
+        raise ProviderRejected(f"vast destroy of instance {vast_id} refused: {refusal}")
+
+    def stop_instance(self, vast_id: int) -> None:
+        self._manage(vast_id, {"state": "stopped"}, "stop")
+
+    def start_instance(self, vast_id: int) -> None:
+        self._manage(vast_id, {"state": "running"}, "start")
+
+    def set_label(self, vast_id: int, label: str) -> None:
+        self._manage(vast_id, {"label": label}, "label")
+
+    # --- HTTP policy -----------------------------------------------------------------------------
+
+    def _manage(self, vast_id: int, body: dict[str, Any], what: str) -> None:
+        try:
+            self._call("PUT", f"/api/v0/instances/{int(vast_id)}/", json=body)
+        except _NotFound as exc:
+            raise ProviderRejected(f"vast {what} of instance {vast_id}: no such instance ({exc})") from None
+
+    def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+              json: Any = None, idempotent: bool = True) -> dict[str, Any]:
+        """One API call with the retry policy; the parsed JSON object of a successful answer."""
+        what = f"vast {method} {path}"
+        delay = self.backoff_s
+        for attempt in range(1, self.attempts + 1):
+            last = attempt == self.attempts
+            try:
+                response = self.session.request(method, self.base_url + path, params=params, json=json,
+                                                timeout=self.timeout, allow_redirects=False)
+            except requests.ConnectTimeout as exc:  # never connected: nothing was sent
+                if last:
+                    raise ProviderError(f"{what}: could not connect ({self._scrub(exc)}): retry later") from None
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                if not idempotent:
+                    raise ProviderError(f"{what}: {type(exc).__name__} ({self._scrub(exc)}); the outcome is"
+                                        " unknown") from None
+                if last:
+                    raise ProviderError(f"{what}: unreachable after {attempt} attempts"
+                                        f" ({type(exc).__name__}): retry later") from None
+            except requests.RequestException as exc:
+                raise ProviderError(f"{what}: {type(exc).__name__} ({self._scrub(exc)})") from None
+            else:
+                status = response.status_code
+                if status not in RETRY_STATUSES:
+                    return self._answer(response, what)
+                code, message = _error_of(response)
+                if status == 429 and code == "search_quota_exceeded":
+                    reset = response.headers.get("X-RateLimit-Reset", "UTC midnight")
+                    raise ProviderRejected(f"{what}: the daily search quota is used up (resets {reset})")
+                retryable = status == 429 or idempotent
+                if last or not retryable:
+                    text = self._scrub(message or code or response.reason or "")
+                    if status == 429:
+                        raise ProviderRejected(f"{what}: still rate-limited (429) after {attempt} attempts: {text}")
+                    raise ProviderError(f"{what}: HTTP {status} {text}"
+                                        + ("; retry later" if idempotent else "; the outcome is unknown"))
+                delay = max(delay, _retry_after(response) or 0.0)
+            self._sleep(delay)
+            delay *= BACKOFF_FACTOR
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _answer(self, response: requests.Response, what: str) -> dict[str, Any]:
+        status = response.status_code
+        if 300 <= status < 400:
+            raise ProviderError(f"{what}: redirected (HTTP {status}); not following it with the key:"
+                                " check VAST_API_URL")
+        if status >= 400:
+            code, message = _error_of(response)
+            text = self._scrub(message or code or response.reason or "")
+            if status in (404, 410) and code in ("no_such_ask", "no_such_instance"):
+                raise _NotFound(f"HTTP {status} {code}: {text}")
+            if status == 401 or (status == 404 and "user key" in text.lower()):
+                raise ProviderRejected(f"{what}: vast refused the API key (HTTP {status} {text}):"
+                                       " check VAST_API_KEY")
+            if status >= 500:
+                raise ProviderError(f"{what}: HTTP {status} {text}: retry later")
+            raise ProviderRejected(f"{what}: HTTP {status} {code + ': ' if code else ''}{text}")
+        try:
+            body = response.json()
+        except ValueError:
+            raise ProviderError(f"{what}: the answer is not valid JSON (truncated?); not trusting it") from None
+        if not isinstance(body, dict):
+            raise ProviderError(f"{what}: the answer is not a JSON object; not trusting it")
+        if body.get("success") is False:
+            code = str(body.get("error") or "")
+            text = self._scrub(str(body.get("msg") or body.get("message") or code or "no reason given"))
+            if code in ("no_such_ask", "no_such_instance"):
+                raise _NotFound(f"{code}: {text}")
+            raise ProviderRejected(f"{what}: vast said no ({text})")
+        return body
+
+    def _scrub(self, text: Any) -> str:
+        """Error text as we pass it on: one line, bounded, and never the key."""
+        text = " ".join(str(text).split())
+        if self._key:
+            text = text.replace(self._key, "***")
+        return text[:300]
+
+
+class _NotFound(ProviderRejected):
+    """vast says the ask or instance does not exist (404/410 no_such_*)."""
+
+
+def _error_of(response: requests.Response) -> tuple[str, str]:
+    try:
+        body = response.json()
+    except ValueError:
+        return "", response.text[:200]
+    if not isinstance(body, dict):
+        return "", str(body)[:200]
+    return str(body.get("error") or ""), str(body.get("msg") or body.get("message") or body.get("detail") or "")
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    try:
+        value = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return value if 0 <= value <= MAX_RETRY_AFTER_S else None
+
+
+def offer_search_body(query: OfferQuery) -> dict[str, Any]:
+    """The POST /api/v0/bundles/ body (vast-api.md §4): filters as {op: value}, cheapest first."""
+    body: dict[str, Any] = {"rentable": {"eq": True}}
+    if query.offer_id is not None:
+        body["id"] = {"eq": int(query.offer_id)}
+    else:
+        body.update({"verified": {"eq": True}, "external": {"eq": False}})
+        names = list(query.gpu_names)
+        if len(names) == 1:
+            body["gpu_name"] = {"eq": names[0]}
+        elif names:
+            body["gpu_name"] = {"in": names}
+        if query.max_dph is not None:
+            body["dph_total"] = {"lte": query.max_dph}
+        if query.min_cpu_ram_gb:
+            body["cpu_ram"] = {"gte": round(query.min_cpu_ram_gb * 1000)}  # GB → MB, as the official CLI does
+        if query.min_inet_down_mbps:
+            body["inet_down"] = {"gte": query.min_inet_down_mbps}
+        if query.min_reliability is not None:
+            body["reliability"] = {"gte": query.min_reliability}
+    body.update({"order": [["dph_total", "asc"]], "type": "on-demand", "limit": int(query.limit),
+                 "allocated_storage": float(query.disk_gb)})
+    return body
+
+
+def create_body(request: CreateRequest) -> dict[str, Any]:
+    """The PUT /api/v0/asks/{id}/ body (vast-api.md §5), on-demand.
+
+    cancel_unavail is true: an offer that cannot start now must be an error,
+    not a stopped instance that bills storage.
+    """
+    return {
+        "client_id": "me", "image": request.image, "disk": float(request.disk_gb), "label": request.label,
+        "onstart": request.onstart, "env": dict(request.env), "runtype": "ssh", "price": None,
+        "image_login": None, "cancel_unavail": True,
+    }
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _integer(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) else None
+
+
+def _instance(raw: Any, what: str) -> RemoteInstance:
+    if not isinstance(raw, dict) or _integer(raw.get("id")) is None:
+        raise ProviderError(f"{what}: an instance without an id; not trusting the answer")
+    return RemoteInstance(
+        id=raw["id"], label=_text(raw.get("label")), actual_status=_text(raw.get("actual_status")),
+        intended_status=_text(raw.get("intended_status")), cur_state=_text(raw.get("cur_state")),
+        status_msg=_text(raw.get("status_msg")), machine_id=_integer(raw.get("machine_id")),
+        gpu_name=_text(raw.get("gpu_name")), num_gpus=_integer(raw.get("num_gpus")),
+        dph_total=_number(raw.get("dph_total")), start_date=_number(raw.get("start_date")), raw=raw,
+    )
+
+
+def _offer(raw: Any) -> Offer | None:
+    """One offer, or None for a row too incomplete to rent from (skipped)."""
+    if not isinstance(raw, dict):
+        return None
+    offer_id, dph = _integer(raw.get("id")), _number(raw.get("dph_total"))
+    if offer_id is None or dph is None:
+        return None
+    ram_mb = _number(raw.get("cpu_ram"))
+    return Offer(
+        id=offer_id, machine_id=_integer(raw.get("machine_id")), gpu_name=_text(raw.get("gpu_name")) or "?",
+        num_gpus=_integer(raw.get("num_gpus")) or 1, dph_total=dph,
+        cpu_ram_gb=None if ram_mb is None else ram_mb / 1000, inet_down_mbps=_number(raw.get("inet_down")),
+        reliability=_number(raw.get("reliability")), raw=raw,
+    )

@@ -1,0 +1,310 @@
+"""`vastctl serve`: the HTTP endpoint rented machines report to.
+
+A small WSGI app maps each request onto reports.LocalReports, the same
+functions the local commands call, so a report over HTTP behaves exactly like
+one typed on the manager: same validation, same idempotence, one event per
+real change. waitress serves it: its event loop reads each request in full
+before a worker thread sees it, so slow clients hold no worker, and it caps
+header and body sizes before anything is buffered.
+
+Decisions the contract leaves open:
+- Order of checks: route (404/405), token (401/403), body (413/400), then the
+  lifecycle (404 unknown uuid, 409 refused). A rejected request changes nothing.
+- A token that is not the path uuid's is 403 when it belongs to another known
+  instance and 401 otherwise: tokens are HMACs, so the only way to tell is to
+  compare against the known uuids (in constant time, on the failure path only).
+- `GET /v1/fleet` with `server.admin_token` empty is refused (403) whatever
+  the request carries: the fleet view is never open. `?all=1` adds killed rows.
+- Bodies over 64 KiB get a JSON 413 from the app; bodies over 1 MiB are
+  refused by waitress before they are read (its 413 body is plain text).
+- The access log is method, path, status and duration: never headers, query
+  strings or bodies, so no token reaches a log.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import sqlite3
+import threading
+import time
+from http import HTTPStatus
+from typing import Any, Callable, Iterable
+from urllib.parse import parse_qs, unquote
+
+from . import db, fleet, lifecycle, tokens
+from .config import Config
+from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance, VastctlError
+from .reports import LocalReports
+
+MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
+WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
+MAX_HEADERS = 16 * 1024
+MAX_INT = 2**63 - 1  # SQLite INTEGER
+DEFAULT_PORT = 8080
+DEFAULT_THREADS = 4
+DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit idle or half-sent before it is closed
+REPORTS = ("register", "params-done", "bench-report", "running", "heartbeat")
+
+access_log = logging.getLogger("vastctl.serve")
+
+# Body fields each report accepts: name → (kind, minimum). Unknown fields are a 400, so a typo is never ignored.
+_FIELDS: dict[str, dict[str, tuple[str, int]]] = {
+    "register": {"label": ("text", 0), "vast_id": ("int", 0), "gpu_name": ("text", 0), "num_gpus": ("int", 1)},
+    "params-done": {},
+    "bench-report": {"rate": ("number", 0)},
+    "running": {},
+    "heartbeat": {"proofs_done": ("int", 0)},
+}
+
+
+class HTTPError(Exception):
+    """An answer other than 200, with the message for `{"error": …}`."""
+
+    def __init__(self, status: int, message: str, headers: Iterable[tuple[str, str]] = ()):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = list(headers)
+
+
+class App:
+    """The WSGI application: routing, auth, JSON in and out, typed errors → status codes."""
+
+    def __init__(self, config: Config, secret: bytes):
+        self.config = config
+        self.secret = secret
+        self.admin_token = config.server.admin_token.encode()
+        self._local = threading.local()  # sqlite3 connections are per thread
+
+    def connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = db.connect(self.config.db_path)
+        return conn
+
+    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
+        started = time.perf_counter()
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = _raw_path(environ)
+        headers: list[tuple[str, str]] = []
+        try:
+            status, body = self.handle(environ, method, path)
+        except HTTPError as exc:
+            status, body, headers = exc.status, {"error": _short(exc.message)}, exc.headers
+        except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
+            status, body = _status_of(exc), {"error": _short(str(exc))}
+            if status == 503:
+                headers = [("Retry-After", "1")]
+            elif status == 500:
+                access_log.exception("unexpected error answering %s %s", method, _loggable(path))
+                body = {"error": "internal error: see the manager's log"}
+        payload = json.dumps(body).encode()
+        start_response(
+            f"{status} {HTTPStatus(status).phrase}",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(payload))), *headers],
+        )
+        access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, _loggable(path), status,
+                        (time.perf_counter() - started) * 1000)
+        return [payload]
+
+    def handle(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
+        if path == "/healthz":
+            _allow(method, "GET")
+            self.connection().execute("SELECT 1").fetchone()
+            return 200, {"ok": True}
+        if path == "/v1/fleet":
+            _allow(method, "GET")
+            self.check_admin(environ)
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            include_killed = query.get("all", ["0"])[-1].lower() in ("1", "true", "yes")
+            return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed)
+        uuid, report = _report_route(path)
+        _allow(method, "POST")
+        self.check_machine(environ, uuid)
+        body = _read_json(environ)
+        return 200, self.report(report, uuid, _fields(report, body))
+
+    def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
+        reports = LocalReports(self.connection(), self.config)
+        if report == "register":
+            return reports.register(uuid, label=body.get("label"), vast_id=body.get("vast_id"),
+                                    gpu_name=body.get("gpu_name"), num_gpus=body.get("num_gpus"))
+        if report == "params-done":
+            return reports.params_done(uuid)
+        if report == "bench-report":
+            if "rate" not in body:
+                raise BadInput("bench-report needs {\"rate\": proofs per hour}")
+            try:
+                return reports.bench_report(uuid, body["rate"])
+            except BenchFailed as exc:  # a below-gate bench is an answer, not an error: the machine must stop
+                return {"state": exc.row["state"], "passed": False, "reason": str(exc)}
+        if report == "running":
+            return reports.running(uuid)
+        return reports.heartbeat(uuid, body.get("proofs_done"))
+
+    def check_machine(self, environ: dict, uuid: str) -> None:
+        """401 without a token or with one of no known machine; 403 with another machine's token."""
+        token = _bearer(environ)
+        if token is None:
+            raise HTTPError(401, "missing bearer token: send 'Authorization: Bearer <token>'"
+                                 " (the manager prints it with `vastctl token --uuid U`)", _CHALLENGE)
+        if token.isascii() and tokens.token_matches(self.secret, uuid, token):
+            return
+        if token.isascii() and self._token_owner(token) is not None:
+            raise HTTPError(403, f"this token belongs to another machine, not to {uuid}: check the uuid and VASTCTL_TOKEN")
+        raise HTTPError(401, "invalid token: use the one `vastctl token --uuid U` prints for this uuid", _CHALLENGE)
+
+    def _token_owner(self, token: str) -> str | None:
+        owner = None
+        for (uuid,) in self.connection().execute("SELECT uuid FROM instances"):
+            if tokens.token_matches(self.secret, uuid, token):
+                owner = uuid
+        return owner
+
+    def check_admin(self, environ: dict) -> None:
+        if not self.admin_token:
+            raise HTTPError(403, "GET /v1/fleet is disabled: set server.admin_token in the manager's config and restart serve")
+        token = _bearer(environ)
+        if token is None or not hmac.compare_digest(token.encode("latin-1"), self.admin_token):
+            raise HTTPError(401, "GET /v1/fleet needs 'Authorization: Bearer <server.admin_token>'", _CHALLENGE)
+
+
+_CHALLENGE = [("WWW-Authenticate", 'Bearer realm="vastctl"')]
+
+
+def _status_of(exc: Exception) -> int:
+    if isinstance(exc, UnknownInstance):
+        return 404
+    if isinstance(exc, BadInput):
+        return 400
+    if isinstance(exc, (Refused, GuardRefused)):
+        return 409
+    if isinstance(exc, Unavailable):
+        return 503
+    return 500
+
+
+def _raw_path(environ: dict) -> str:
+    """The path as sent (percent-escapes intact), so a uuid may hold any printable character."""
+    raw = environ.get("REQUEST_URI")
+    if raw:
+        return raw.split("?", 1)[0]
+    return environ.get("PATH_INFO", "")
+
+
+def _report_route(path: str) -> tuple[str, str]:
+    parts = path.split("/")
+    if len(parts) == 5 and parts[0] == "" and parts[1:3] == ["v1", "instances"] and parts[4] in REPORTS and parts[3]:
+        uuid = unquote(parts[3].encode("latin-1").decode("utf-8", "replace"))
+        return uuid, parts[4]
+    raise HTTPError(404, f"no such endpoint {_loggable(path)}: see the HTTP API in CONTRACT.md")
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise HTTPError(405, f"use {allowed} here, not {method}", [("Allow", allowed)])
+
+
+def _bearer(environ: dict) -> str | None:
+    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def _read_json(environ: dict) -> dict[str, Any]:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise HTTPError(400, "Content-Length is not a number") from None
+    if length > MAX_BODY:
+        raise HTTPError(413, f"body of {length} bytes is over the {MAX_BODY // 1024} KiB limit")
+    raw = environ["wsgi.input"].read(length) if length > 0 else b""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise HTTPError(400, "body is not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:
+        raise HTTPError(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise HTTPError(400, f"body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number")
+
+
+def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Check the body's fields against the report's schema; null means absent."""
+    schema = _FIELDS[report]
+    for key in body:
+        if key not in schema:
+            allowed = ", ".join(schema) or "none"
+            raise BadInput(f"unknown field {_short(key, 60)!r} for {report} (allowed: {allowed})")
+    values = {}
+    for key, (kind, minimum) in schema.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
+                raise BadInput(f"{key} must be a whole number ≥ {minimum}, got {_short(repr(value), 60)}")
+        elif kind == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise BadInput(f"{key} must be a finite number ≥ 0, got {_short(repr(value), 60)}")
+        else:
+            lifecycle.validate_text(value, key)
+        values[key] = value
+    return values
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _loggable(path: str) -> str:
+    return _short(path.encode("unicode_escape").decode("ascii"), 300)
+
+
+# --- running it ------------------------------------------------------------------------------------
+
+
+def make_server(
+    config: Config,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    threads: int = DEFAULT_THREADS,
+    timeout: float = DEFAULT_TIMEOUT,
+):
+    """A waitress server bound and ready for `.run()`; checks the state file and the token secret first."""
+    from waitress.server import create_server  # only `serve` needs it: keep other commands fast
+
+    secret = tokens.read_secret(config.secret_path)
+    db.connect(config.db_path).close()  # a missing or broken file fails here, not at the first report
+    app = App(config, secret)
+    try:
+        return create_server(
+            app, host=host, port=port, threads=threads, ident="vastctl",
+            channel_timeout=timeout, cleanup_interval=max(1.0, min(30.0, timeout / 2)),
+            max_request_body_size=WAITRESS_MAX_BODY, max_request_header_size=MAX_HEADERS,
+            expose_tracebacks=False, log_untrusted_proxy_headers=False,
+        )
+    except OSError as exc:
+        raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+                          " (another serve running? choose --host/--port)") from exc
+    except ValueError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc}") from exc
+
+
+def listen_urls(server) -> list[str]:
+    """Where the server listens, with the real port when it was asked for port 0."""
+    pairs = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
+    return [f"http://[{h}]:{p}" if ":" in str(h) else f"http://{h}:{p}" for h, p in pairs]
