@@ -1,15 +1,31 @@
-"""Provider calls that spend or stop spending money, each audited and reflected in the state file."""
+"""Provider calls that spend or stop spending money, each audited and reflected in the state file.
+
+launch rents machines (the row is written before the create call, so a crash
+in between is recovered by label), stop/start pause and resume one, destroy
+ends the billing of a killed one. Callers pass who asks (`actor`: operator,
+reconcile or agent); it becomes the event source and the audit's actor.
+"""
 
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime
+import uuid as uuid_module
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from . import clock
+from . import blocklist, clock, lifecycle, locks, onstart, settings, tokens
 from .audit import record_action
+from .config import Config
 from .db import transaction
-from .providers.base import Provider, ProviderError
+from .errors import BadInput, GuardRefused, Refused, Unavailable
+from .lifecycle import State
+from .providers.base import CreateRequest, Offer, OfferGone, OfferQuery, Provider, ProviderError, ProviderRejected
+
+DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
+LAUNCH_LOCK_TTL_S = 15 * 60
+SEARCH_SLACK = 10  # extra offers fetched per launch, to skip blocklisted or vanished ones
+PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER")  # env values the audit may show
 
 
 def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *, actor: str,
@@ -47,3 +63,336 @@ def _mark(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
     assignments = ", ".join(f"{name} = ?" for name in columns)
     with transaction(conn):
         conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
+
+
+# --- offers -----------------------------------------------------------------------------------------
+
+
+def offer_query(conn: sqlite3.Connection, config: Config, *, gpu_names: list[str] | None = None,
+                max_dph: float | None = None, min_reliability: float | None = None, limit: int = 20) -> OfferQuery:
+    """What we would rent: the config's GPU models, RAM and bandwidth floors, and the max_dph setting."""
+    if limit < 1:
+        raise BadInput(f"--limit must be at least 1, got {limit}")
+    for name, value in (("--max-dph", max_dph), ("--min-reliability", min_reliability)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise BadInput(f"{name} must be a finite number ≥ 0, got {value!r}")
+    if max_dph is None:
+        max_dph = float(settings.get(conn, config, "max_dph"))
+    return OfferQuery(
+        gpu_names=list(gpu_names or config.fleet.gpus), max_dph=max_dph,
+        min_cpu_ram_gb=config.fleet.min_cpu_ram_gb, min_inet_down_mbps=config.fleet.min_inet_down_mbps,
+        min_reliability=DEFAULT_MIN_RELIABILITY if min_reliability is None else min_reliability,
+        disk_gb=config.launch.disk_gb, limit=limit,
+    )
+
+
+def find_offers(conn: sqlite3.Connection, provider: Provider, config: Config, *,
+                gpu_names: list[str] | None = None, max_dph: float | None = None,
+                min_reliability: float | None = None, limit: int = 20, now: datetime | None = None) -> list[Offer]:
+    """Rentable offers, cheapest first, without blocklisted machines (see offer_query for the filters)."""
+    query = offer_query(conn, config, gpu_names=gpu_names, max_dph=max_dph, min_reliability=min_reliability,
+                        limit=limit)
+    blocklist.refresh(conn, config.vast.blocklist_ttl, now)
+    blocked = blocklist.blocked(conn, now)
+    query.limit = limit + min(len(blocked), 100)
+    offers = [offer for offer in provider.search_offers(query) if offer.machine_id not in blocked]
+    return offers[:limit]
+
+
+def offer_view(offer: Offer) -> dict[str, Any]:
+    return {"id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name, "num_gpus": offer.num_gpus,
+            "dph_total": offer.dph_total, "cpu_ram_gb": offer.cpu_ram_gb, "inet_down_mbps": offer.inet_down_mbps,
+            "reliability": offer.reliability}
+
+
+# --- blocklist --------------------------------------------------------------------------------------
+
+
+def blocklist_machine(conn: sqlite3.Connection, config: Config, machine_id: int, reason: str, *,
+                      now: datetime | None = None) -> None:
+    """Keep a machine out of offers for `vast.blocklist_ttl` (an operator's or the agent's call)."""
+    until = (now or clock.utcnow()) + timedelta(seconds=config.vast.blocklist_ttl)
+    blocklist.block(conn, machine_id, reason, until)
+
+
+def blocklist_if_failed(conn: sqlite3.Connection, config: Config, row: dict[str, Any]) -> bool:
+    """After a kill: blocklist the row's machine when it failed the gate or died before its first proof.
+
+    Idempotent. Offer searches also derive these entries from recent kills, so
+    a kill that skipped this call still keeps its machine out.
+    """
+    return blocklist.block_row(conn, row, config.vast.blocklist_ttl)
+
+
+# --- launch -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class LaunchResult:
+    """What a launch did. `error` says why fewer than `wanted` machines were rented."""
+
+    wanted: int
+    launched: list[dict[str, Any]] = field(default_factory=list)  # rows, with their vast ids
+    failed: list[dict[str, Any]] = field(default_factory=list)  # create refused: row killed, nothing rented
+    unknown: list[dict[str, Any]] = field(default_factory=list)  # create outcome unknown: row left launching
+    error: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        keep = ("uuid", "label", "state", "vast_id", "offer_id", "machine_id", "gpu_name", "num_gpus", "dph")
+        return {"launched": [{k: row.get(k) for k in keep} for row in self.launched], "failed": self.failed,
+                "unknown": self.unknown, "error": self.error}
+
+
+def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offer_id: int | None = None,
+           gpu: str | None = None, count: int = 1, actor: str = "operator",
+           now: datetime | None = None) -> LaunchResult:
+    """Rent `count` machines: the offer `offer_id`, or the cheapest offers of model `gpu`.
+
+    One launch at a time (the `launch` lease). Limits (max_instances, max_dph,
+    max_hourly_spend, the blocklist) are checked before anything is written:
+    a refusal raises GuardRefused and changes nothing. Each machine's row is
+    written (state launching) before its create call. A create the market
+    refuses kills the row (code start_failed) and marks it destroyed; a
+    create whose outcome is unknown leaves the row launching for reconcile to
+    find by label, and stops the launch (never two machines for one intent).
+    """
+    if (offer_id is None) == (gpu is None) or (gpu is not None and not gpu.strip()):
+        raise BadInput("give exactly one of --offer ID or --gpu NAME")
+    if count < 1:
+        raise BadInput(f"--count must be at least 1, got {count}")
+    if offer_id is not None and count != 1:
+        raise BadInput("--offer rents that one offer: use --count 1, or --gpu NAME --count N")
+    if not config.server.url:
+        raise BadInput("server.url is not set in the config: launched machines would have nowhere to report")
+    secret = tokens.read_secret(config.secret_path)
+    with locks.held(conn, "launch", ttl_s=LAUNCH_LOCK_TTL_S, now=now):
+        limits = settings.effective(conn, config)
+        live = conn.execute("SELECT count(*) FROM instances WHERE state != 'killed'").fetchone()[0]
+        if live + count > limits["max_instances"]:
+            raise GuardRefused(f"launching {count} would make {live + count} machines; max_instances is"
+                               f" {limits['max_instances']} (vastctl settings set max_instances N)")
+        if offer_id is not None:
+            candidates = [_the_offer(conn, provider, config, offer_id, limits["max_dph"], now)]
+        else:
+            candidates = _distinct_machines(find_offers(conn, provider, config, gpu_names=[gpu],
+                                                        max_dph=limits["max_dph"], limit=count + SEARCH_SLACK,
+                                                        now=now))
+            if not candidates:
+                raise Unavailable(f"no {gpu} offer at or under ${limits['max_dph']:g}/h with ≥"
+                                  f"{config.fleet.min_cpu_ram_gb:g} GB RAM and ≥{config.fleet.min_inet_down_mbps:g}"
+                                  f" Mb/s down: see `vastctl offers --gpu '{gpu}'`, or retry later")
+        _check_spend(conn, limits, [offer.dph_total for offer in candidates[:count]])
+        return _launch_each(conn, provider, config, candidates, count, secret, actor=actor,
+                            retry_gone=offer_id is None, now=now)
+
+
+def _the_offer(conn, provider, config, offer_id, max_dph, now) -> Offer:
+    found = provider.search_offers(OfferQuery(offer_id=offer_id, disk_gb=config.launch.disk_gb, limit=1))
+    offer = next((offer for offer in found if offer.id == offer_id), None)
+    if offer is None:
+        raise BadInput(f"offer {offer_id} is not available (rented or withdrawn): see `vastctl offers`")
+    if offer.dph_total > max_dph:
+        raise GuardRefused(f"offer {offer_id} costs ${offer.dph_total:g}/h; max_dph is ${max_dph:g}/h"
+                           " (vastctl settings set max_dph X)")
+    blocklist.refresh(conn, config.vast.blocklist_ttl, now)
+    entry = blocklist.blocked(conn, now).get(offer.machine_id)
+    if entry:
+        raise GuardRefused(f"machine {offer.machine_id} of offer {offer_id} is blocklisted until"
+                           f" {clock.display_iso(entry['until'])}: {entry['reason']}")
+    return offer
+
+
+def _distinct_machines(offers: list[Offer]) -> list[Offer]:
+    seen: set[int] = set()
+    kept = []
+    for offer in offers:
+        if offer.machine_id is not None and offer.machine_id in seen:
+            continue
+        seen.add(offer.machine_id)
+        kept.append(offer)
+    return kept
+
+
+def _spend_now(conn: sqlite3.Connection) -> float:
+    """$/h of the machines billing GPU time now (live and not stopped)."""
+    value = conn.execute("SELECT sum(dph) FROM instances WHERE state NOT IN ('killed', 'stopped')").fetchone()[0]
+    return float(value or 0.0)
+
+
+def _check_spend(conn: sqlite3.Connection, limits: dict[str, Any], extra: list[float]) -> None:
+    spend = _spend_now(conn)
+    after = spend + sum(extra)
+    if after > limits["max_hourly_spend"] + 1e-9:
+        raise GuardRefused(f"this would bring spend to ${after:.2f}/h (now ${spend:.2f}/h); max_hourly_spend is"
+                           f" ${limits['max_hourly_spend']:g}/h (vastctl settings set max_hourly_spend X)")
+
+
+def _launch_each(conn, provider, config, candidates, count, secret, *, actor, retry_gone, now) -> LaunchResult:
+    result = LaunchResult(wanted=count)
+    limits = settings.effective(conn, config)
+    script = onstart.script_for(config.launch.onstart)
+    offers = iter(candidates)
+    while len(result.launched) < count:
+        offer = next(offers, None)
+        if offer is None:
+            result.error = f"launched {len(result.launched)} of {count}: no more matching offers"
+            break
+        try:
+            _check_spend(conn, limits, [offer.dph_total])
+        except GuardRefused as exc:
+            result.error = f"launched {len(result.launched)} of {count}: {exc}"
+            break
+        outcome, row, why = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
+        if outcome == "launched":
+            result.launched.append(row)
+            continue
+        entry = {"label": row["label"], "uuid": row["uuid"], "offer_id": offer.id, "reason": why}
+        if outcome == "failed":
+            result.failed.append(entry)
+            if retry_gone and why.startswith("gone:"):
+                continue  # nothing was rented: the next cheapest offer serves the same intent
+            result.error = f"launched {len(result.launched)} of {count}: vast refused offer {offer.id}: {why}"
+        else:
+            result.unknown.append(entry)
+            result.error = (f"launched {len(result.launched)} of {count}: the create for {row['label']} on offer"
+                            f" {offer.id} has an unknown outcome ({why}); reconcile will find it by label")
+        break
+    return result
+
+
+def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes, *, actor: str,
+                now: datetime | None) -> tuple[str, dict[str, Any], str]:
+    """Write the row, then rent. Returns (launched|failed|unknown, row, why)."""
+    uuid, label = _new_identity(conn, config.vast.label_prefix)
+    row = lifecycle.create(
+        conn, uuid=uuid, label=label, state=State.LAUNCHING, source=actor, now=now,
+        reason=f"launching on offer {offer.id} ({offer.num_gpus}x {offer.gpu_name}, ${offer.dph_total:g}/h)",
+        fields={"offer_id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name,
+                "num_gpus": offer.num_gpus, "dph": offer.dph_total},
+    )
+    env = {**config.launch.env, "VASTCTL_UUID": uuid, "VASTCTL_LABEL": label,
+           "VASTCTL_TOKEN": tokens.machine_token(secret, uuid), "VASTCTL_SERVER": config.server.url}
+    request = CreateRequest(offer_id=offer.id, image=config.launch.image, disk_gb=config.launch.disk_gb,
+                            label=label, onstart=script, env=env)
+    audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label,
+             "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
+    try:
+        vast_id = provider.create_instance(request)
+    except ProviderRejected as exc:
+        why = f"gone: {exc}" if isinstance(exc, OfferGone) else str(exc)
+        record_action(conn, actor=actor, kind="launch", ok=False, result=f"refused: {exc}", uuid=uuid, label=label,
+                      request=audit, now=now)
+        lifecycle.kill(conn, uuid, f"vast refused the create: {exc}", source=actor, code="start_failed", now=now)
+        _mark(conn, uuid, {"destroyed_at": clock.to_iso(now or clock.utcnow())})  # nothing was rented
+        return "failed", lifecycle.get(conn, uuid), why
+    except ProviderError as exc:
+        record_action(conn, actor=actor, kind="launch", ok=False, result=f"outcome unknown: {exc}", uuid=uuid,
+                      label=label, request=audit, now=now)
+        return "unknown", row, str(exc)
+    record_action(conn, actor=actor, kind="launch", ok=True, result=f"instance {vast_id}", uuid=uuid, label=label,
+                  vast_id=vast_id, request=audit, now=now)
+    # destroyed_at cleared: a kill that raced the create must not hide the machine now rented
+    _mark(conn, uuid, {"vast_id": vast_id, "destroyed_at": None})
+    row = lifecycle.get(conn, uuid)
+    if row["state"] == State.KILLED:  # killed while the create was in flight: end the billing now
+        destroy(conn, provider, row, actor=actor, now=now)
+        row = lifecycle.get(conn, uuid)
+    return "launched", row, ""
+
+
+def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:
+    while True:
+        uuid = str(uuid_module.uuid4())
+        label = prefix + uuid.replace("-", "")[:8]
+        if conn.execute("SELECT 1 FROM instances WHERE label = ?", (label,)).fetchone() is None:
+            return uuid, label
+
+
+# --- stop / start -----------------------------------------------------------------------------------
+
+
+def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, actor: str = "operator",
+         now: datetime | None = None) -> dict[str, Any]:
+    """Stop a live machine at vast (it keeps its disk and bills storage), then mark it stopped."""
+    row = lifecycle.resolve(conn, label_or_uuid)
+    _check_move(row, State.STOPPED, "stopped")
+    _call(conn, provider, row, "stop", actor, now)
+    return lifecycle.transition(conn, row["uuid"], State.STOPPED, f"stopped by {actor}", actor,
+                                updates={"resumed_at": None}, now=now)
+
+
+def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, *,
+          actor: str = "operator", now: datetime | None = None) -> dict[str, Any]:
+    """Resume a stopped machine: vast start, then state launching with `resumed_at` set.
+
+    vast accepts a start even when the machine's GPU was taken (it then sits
+    in "scheduling"); reconcile enforces the deadline from `resumed_at`.
+    """
+    row = lifecycle.resolve(conn, label_or_uuid)
+    if row["state"] != State.STOPPED:
+        raise Refused(f"instance {row['label']} is {row['state']}: only a stopped machine can be started")
+    _check_move(row, State.LAUNCHING, "started")
+    _check_spend(conn, settings.effective(conn, config), [row["dph"] or 0.0])
+    _call(conn, provider, row, "start", actor, now)
+    moment = now or clock.utcnow()
+    return lifecycle.transition(conn, row["uuid"], State.LAUNCHING, f"resumed by {actor}", actor,
+                                updates={"resumed_at": clock.to_iso(moment)}, now=moment)
+
+
+def _check_move(row: dict[str, Any], to_state: State, verb: str) -> None:
+    if to_state not in lifecycle.ALLOWED[State(row["state"])]:
+        raise Refused(f"instance {row['label']} is {row['state']}: it cannot be {verb}")
+    if row["vast_id"] is None:
+        raise Refused(f"instance {row['label']} has no vast instance id yet: wait for reconcile, or kill it")
+
+
+def _call(conn, provider, row, kind: str, actor: str, now) -> None:
+    method = {"stop": provider.stop_instance, "start": provider.start_instance}[kind]
+    try:
+        method(row["vast_id"])
+    except ProviderError as exc:
+        record_action(conn, actor=actor, kind=kind, ok=False, result=str(exc), uuid=row["uuid"], label=row["label"],
+                      vast_id=row["vast_id"], now=now)
+        raise
+    record_action(conn, actor=actor, kind=kind, ok=True, result="accepted", uuid=row["uuid"], label=row["label"],
+                  vast_id=row["vast_id"], now=now)
+
+
+# --- kill -------------------------------------------------------------------------------------------
+
+
+def needs_provider_to_kill(row: dict[str, Any]) -> bool:
+    """Whether killing this row has to talk to the market (it has, or may have, a vast instance)."""
+    return row["vast_id"] is not None or row["state"] == State.LAUNCHING
+
+
+def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
+         actor: str = "operator", code: str | None = None, ttl_s: float | None = None,
+         now: datetime | None = None) -> tuple[dict[str, Any], str | None]:
+    """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
+
+    A failed destroy leaves `destroyed_at` empty: every reconcile pass retries.
+    A launching row without a vast id may have a machine whose create answer
+    was lost: it is looked up by label first. `ttl_s` (the blocklist TTL)
+    blocklists the machine when the kill says it failed.
+    """
+    row = lifecycle.resolve(conn, label_or_uuid)
+    was = row["state"]
+    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or actor, now=now)
+    if ttl_s is not None:
+        blocklist.block_row(conn, row, ttl_s)
+    if row["vast_id"] is None and was == State.LAUNCHING:
+        if provider is None:
+            return row, "no provider to look the machine up by label"
+        try:
+            match = [item for item in provider.list_instances() if item.label == row["label"]]
+        except ProviderError as exc:
+            return row, f"could not look {row['label']} up at vast: {exc}"
+        if match:
+            _mark(conn, row["uuid"], {"vast_id": match[0].id})
+            row = lifecycle.get(conn, row["uuid"])
+    if row["vast_id"] is not None and provider is None:
+        return row, "no provider to destroy the machine"
+    if not destroy(conn, provider, row, actor=actor, now=now):
+        return lifecycle.get(conn, row["uuid"]), lifecycle.get(conn, row["uuid"])["destroy_error"]
+    return lifecycle.get(conn, row["uuid"]), None

@@ -46,31 +46,40 @@ def fleet_cmd(
 ) -> None:
     """Every machine we pay for, our state beside vast's, and a summary line.
 
-    Example: vastctl fleet --json | jq '.summary'
+    vast's status comes from the last good listing (`vastctl reconcile`); its age ends the summary line,
+    and a `!` marks a machine where vast disagrees with us (the `why` column says how).
+
+    Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
     g = globals_of(ctx)
-    view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed)
+    now = clock.utcnow()
+    view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed, now=now)
     if as_json:
         print_json(view)
         return
-    now = clock.utcnow()
     rows = [
         {
-            "label": i["label"], "state": i["state"], "vast": i["vast_status"] or "-",
+            "label": i["label"], "state": i["state"],
+            "vast": ("missing" if i["vast_missing"] else i["vast_status"] or "-") + (" !" if i["disagreement"] else ""),
             "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
             "$/h": _num(i["dph"], 3), "bench": _num(i["bench_rate"]), "proofs/h": _num(i["proofs_per_hour"]),
             "for": _age(i["state_since"], now), "heartbeat": _age(i["last_heartbeat_at"], now),
-            "why": i["kill_reason"] or "",
+            "why": i["kill_reason"] or i["disagreement"] or "",
         }
         for i in view["instances"]
     ]
     print_table(rows, ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "why"])
     s = view["summary"]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"
+    listing = f" · vast listed {_age(s['listing_at'], now)} ago" if s["listing_at"] else ""
     typer.echo(
         f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
-        f" · ${s['spend_per_hour']:.2f}/h"
+        f" · ${s['spend_per_hour']:.2f}/h{listing}"
     )
+    if s["listing_error"]:
+        say(f"warning: the last vast listing failed: {s['listing_error']}")
+    elif not s["listing_at"] and view["instances"]:
+        say("vast has not been listed yet: vast statuses are unknown until `vastctl reconcile` runs")
 
 
 @app.command("events")
@@ -102,16 +111,27 @@ def kill_cmd(
     instance: Annotated[str, typer.Argument(help="Label or uuid.")],
     reason: Annotated[str, typer.Option("--reason", help="Why, for the event log.")],
 ) -> None:
-    """Kill a machine: it is marked killed (terminal) with your reason.
+    """Kill a machine: it is marked killed (terminal) with your reason, then destroyed at vast.
 
     Example: vastctl kill vastctl-3f2a --reason "GPU errors in dmesg"
     """
     if not reason.strip():
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
-    conn = globals_of(ctx).connect()
+    from .. import operations
+    from ..errors import Unavailable
+    from ..providers import get_provider
+
+    g = globals_of(ctx)
+    conn = g.connect()
     row = lifecycle.resolve(conn, instance)
-    lifecycle.kill(conn, row["uuid"], f"operator: {reason.strip()}", source="operator", code="operator")
+    provider = get_provider(g.config) if operations.needs_provider_to_kill(row) else None
+    row, error = operations.kill(conn, provider, row["uuid"], f"operator: {reason.strip()}", actor="operator",
+                                 code="operator")
     typer.echo(f"{row['label']} killed")
+    if error:
+        raise Unavailable(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")
+    if row["vast_id"] is not None:
+        say(f"vast instance {row['vast_id']} destroyed")
 
 
 @app.command("notify")

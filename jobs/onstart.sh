@@ -1,0 +1,1 @@
+../vastctl/templates/onstart.sh

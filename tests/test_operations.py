@@ -1,0 +1,423 @@
+"""launch / stop / start / kill against a fake market: rows written first, limits, blocklist, audit."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import responses
+
+from vastctl import blocklist, clock, config as config_module, lifecycle, onstart, operations, settings, tokens
+from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable
+from vastctl.lifecycle import State
+from vastctl.providers.base import Offer, OfferGone, ProviderError, ProviderRejected, RemoteInstance
+from vastctl.providers.vast import VastProvider
+
+NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
+
+
+def offer(oid, machine, dph=0.4, gpu="RTX 4090"):
+    return Offer(id=oid, machine_id=machine, gpu_name=gpu, num_gpus=1, dph_total=dph, cpu_ram_gb=512,
+                 inet_down_mbps=900, reliability=0.99)
+
+
+class FakeMarket:
+    """A Provider that records calls, and what the state file held at each create."""
+
+    def __init__(self, conn, offers=()):
+        self.conn = conn
+        self.offers = list(offers)
+        self.calls = []
+        self.rows_at_create = []
+        self.create_errors = {}  # offer id → exception
+        self.instances = []
+        self.fail = {}  # method name → exception
+        self.next_id = 1000
+
+    def search_offers(self, query):
+        self.calls.append(("search", query))
+        if query.offer_id is not None:
+            return [o for o in self.offers if o.id == query.offer_id]
+        return [o for o in self.offers if query.max_dph is None or o.dph_total <= query.max_dph][: query.limit]
+
+    def create_instance(self, request):
+        self.calls.append(("create", request))
+        self.rows_at_create.append([dict(r) for r in self.conn.execute("SELECT * FROM instances")])
+        if request.offer_id in self.create_errors:
+            raise self.create_errors[request.offer_id]
+        self.next_id += 1
+        return self.next_id
+
+    def _maybe_fail(self, name):
+        if name in self.fail:
+            raise self.fail[name]
+
+    def list_instances(self):
+        self.calls.append(("list",))
+        self._maybe_fail("list")
+        return self.instances
+
+    def show_instance(self, vast_id):
+        return None
+
+    def destroy_instance(self, vast_id):
+        self.calls.append(("destroy", vast_id))
+        self._maybe_fail("destroy")
+
+    def stop_instance(self, vast_id):
+        self.calls.append(("stop", vast_id))
+        self._maybe_fail("stop")
+
+    def start_instance(self, vast_id):
+        self.calls.append(("start", vast_id))
+        self._maybe_fail("start")
+
+    def set_label(self, vast_id, label):
+        self.calls.append(("label", vast_id, label))
+
+    def creates(self):
+        return [c[1] for c in self.calls if c[0] == "create"]
+
+
+@pytest.fixture
+def cfg(db_path):
+    config = config_module.from_mapping({
+        "db": str(db_path), "server": {"url": "https://manager.example:8443"},
+        "launch": {"image": "ghcr.io/x/cuzk:1", "disk_gb": 150, "env": {"CURIO_DB_HOST": "yb.internal"}},
+        "fleet": {"max_instances": 4, "max_dph": 1.0, "max_hourly_spend": 3.0},
+    })
+    tokens.ensure_secret(config.secret_path)
+    return config
+
+
+def rows(conn):
+    return [dict(r) for r in conn.execute("SELECT * FROM instances ORDER BY created_at, label")]
+
+
+def actions(conn):
+    return [dict(r) for r in conn.execute("SELECT * FROM actions ORDER BY id")]
+
+
+# --- launch -------------------------------------------------------------------------------------------
+
+
+def test_launch_writes_the_row_before_create_and_passes_env(conn, cfg):
+    market = FakeMarket(conn, [offer(11, 110, 0.5), offer(10, 100, 0.3)])
+    market.offers.sort(key=lambda o: o.dph_total)
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", now=NOW)
+    assert result.error is None and len(result.launched) == 1
+    before = market.rows_at_create[0]
+    assert len(before) == 1 and before[0]["state"] == "launching" and before[0]["vast_id"] is None
+    row = rows(conn)[0]
+    assert row["label"] == before[0]["label"] and row["label"].startswith("vastctl-") and len(row["label"]) == 16
+    assert (row["state"], row["vast_id"], row["offer_id"], row["machine_id"], row["gpu_name"], row["num_gpus"],
+            row["dph"]) == ("launching", 1001, 10, 100, "RTX 4090", 1, 0.3)
+    request = market.creates()[0]
+    secret = tokens.read_secret(cfg.secret_path)
+    assert request.offer_id == 10 and request.label == row["label"]
+    assert request.image == "ghcr.io/x/cuzk:1" and request.disk_gb == 150
+    assert request.env == {"CURIO_DB_HOST": "yb.internal", "VASTCTL_UUID": row["uuid"], "VASTCTL_LABEL": row["label"],
+                           "VASTCTL_TOKEN": tokens.machine_token(secret, row["uuid"]),
+                           "VASTCTL_SERVER": "https://manager.example:8443"}
+    assert request.onstart == onstart.default_script()
+    event = conn.execute("SELECT * FROM events").fetchone()
+    assert (event["to_state"], event["source"], event["label"]) == ("launching", "operator", row["label"])
+    audit = actions(conn)
+    assert [(a["kind"], a["actor"], a["ok"], a["vast_id"]) for a in audit] == [("launch", "operator", 1, 1001)]
+    assert request.env["VASTCTL_TOKEN"] not in audit[0]["request"]
+    assert json.loads(audit[0]["request"])["env"]["CURIO_DB_HOST"] == "***"
+
+
+def test_a_refused_create_kills_the_row_and_marks_it_destroyed(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100)])
+    market.create_errors[10] = ProviderRejected("vast PUT /api/v0/asks/10/: HTTP 400 invalid_args: bad image")
+    result = operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    assert result.launched == [] and result.error and "bad image" in result.error
+    row = rows(conn)[0]
+    assert market.rows_at_create[0][0]["uuid"] == row["uuid"]
+    assert (row["state"], row["kill_code"], row["vast_id"]) == ("killed", "start_failed", None)
+    assert "bad image" in row["kill_reason"] and row["destroyed_at"]
+    assert actions(conn)[0]["ok"] == 0
+
+
+def test_an_unknown_create_outcome_leaves_the_row_launching(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100), offer(11, 101)])
+    market.create_errors[10] = ProviderError("vast PUT /api/v0/asks/10/: ReadTimeout; the outcome is unknown")
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    assert result.launched == [] and len(result.unknown) == 1 and "unknown" in result.error
+    assert len(market.creates()) == 1  # never a second machine while the first may exist
+    row = rows(conn)[0]
+    assert (row["state"], row["vast_id"], row["destroyed_at"]) == ("launching", None, None)
+
+
+def test_a_gone_offer_falls_through_to_the_next(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100, 0.3), offer(11, 101, 0.4), offer(12, 102, 0.5)])
+    market.create_errors[10] = OfferGone("offer 10 is no longer available")
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    assert result.error is None
+    assert [r["offer_id"] for r in result.launched] == [11, 12] and len(result.failed) == 1
+    states = sorted(r["state"] for r in rows(conn))
+    assert states == ["killed", "launching", "launching"]
+
+
+def test_count_launches_one_machine_per_offer(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100, 0.3), offer(13, 100, 0.31), offer(11, 101, 0.4), offer(12, 102, 0.5)])
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=3, now=NOW)
+    assert [r["offer_id"] for r in result.launched] == [10, 11, 12]  # offer 13 is on machine 100 again
+    assert len({r["label"] for r in rows(conn)}) == 3 and len({r["uuid"] for r in rows(conn)}) == 3
+
+
+def test_fewer_offers_than_count(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100)])
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    assert len(result.launched) == 1 and "1 of 2" in result.error
+
+
+def test_no_offer_at_all_changes_nothing(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100, dph=2.0)])
+    with pytest.raises(Unavailable, match="no RTX 4090 offer"):
+        operations.launch(conn, market, cfg, gpu="RTX 4090", now=NOW)
+    assert rows(conn) == [] and market.creates() == []
+
+
+def test_search_uses_the_config_floors(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100)])
+    operations.launch(conn, market, cfg, gpu="RTX 5090", now=NOW)
+    query = market.calls[0][1]
+    assert query.gpu_names == ["RTX 5090"] and query.max_dph == 1.0 and query.min_cpu_ram_gb == 256
+    assert query.min_inet_down_mbps == 500 and query.disk_gb == 150 and query.min_reliability > 0
+
+
+def test_max_instances_refuses_and_changes_nothing(conn, cfg):
+    market = FakeMarket(conn, [offer(i, 100 + i, 0.1) for i in range(10)])
+    operations.launch(conn, market, cfg, gpu="RTX 4090", count=3, now=NOW)
+    with pytest.raises(GuardRefused, match="max_instances"):
+        operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    assert len(rows(conn)) == 3 and len(market.creates()) == 3
+
+
+def test_max_dph_refuses_an_explicit_offer(conn, cfg):
+    market = FakeMarket(conn, [offer(10, 100, dph=1.5)])
+    with pytest.raises(GuardRefused, match="max_dph"):
+        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    settings.set_value(conn, cfg, "max_dph", "0.2")
+    market.offers = [offer(10, 100, dph=0.3)]
+    with pytest.raises(GuardRefused):
+        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    assert rows(conn) == [] and market.creates() == []
+
+
+def test_max_hourly_spend_refuses(conn, cfg):
+    market = FakeMarket(conn, [offer(i, 100 + i, 0.9) for i in range(5)])
+    with pytest.raises(GuardRefused, match="max_hourly_spend"):
+        operations.launch(conn, market, cfg, gpu="RTX 4090", count=4, now=NOW)
+    assert rows(conn) == []
+
+
+def test_unknown_offer_is_bad_input(conn, cfg):
+    with pytest.raises(BadInput, match="offer 99"):
+        operations.launch(conn, FakeMarket(conn), cfg, offer_id=99, now=NOW)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"offer_id": 1, "gpu": "RTX 4090"}, {"offer_id": 1, "count": 2},
+                                    {"gpu": "RTX 4090", "count": 0}, {"gpu": " "}])
+def test_bad_launch_arguments(conn, cfg, kwargs):
+    with pytest.raises(BadInput):
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, **kwargs)
+    assert rows(conn) == []
+
+
+def test_launch_needs_a_server_url_and_a_secret(conn, cfg, tmp_path):
+    cfg.server.url = ""
+    with pytest.raises(BadInput, match="server.url"):
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1)
+    cfg.server.url = "https://m"
+    cfg.server.secret_file = str(tmp_path / "missing")
+    with pytest.raises(BadInput, match="init"):
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1)
+    assert rows(conn) == []
+
+
+def test_launch_is_serialised(conn, cfg):
+    from vastctl import locks
+
+    locks.acquire(conn, "launch", ttl_s=600, holder="otherhost:1")
+    with pytest.raises(Unavailable, match="another launch"):
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1)
+    assert rows(conn) == []
+
+
+def test_long_onstart_is_packed(conn, cfg):
+    cfg.launch.onstart = "#!/bin/bash\n" + "echo 'a fairly long line of boot script'\n" * 200
+    market = FakeMarket(conn, [offer(10, 100)])
+    operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    sent = market.creates()[0].onstart
+    assert len(sent) <= onstart.MAX_CHARS and "base64 -d | gunzip" in sent
+
+
+def test_default_onstart_fits_and_uses_only_remote_commands():
+    script = onstart.default_script()
+    assert len(script) <= onstart.MAX_CHARS and onstart.for_vast(script) == script
+    for command in ("register", "params-done", "bench-report", "running", "heartbeat"):
+        assert f"vastctl {command}" in script
+    assert "VASTCTL_DB" not in script
+
+
+# --- blocklist ----------------------------------------------------------------------------------------
+
+
+def killed_row(conn, cfg, machine, code, *, proofs=0, at=NOW):
+    uuid = f"u-{machine}-{code}"
+    lifecycle.create(conn, uuid=uuid, label=f"vastctl-{machine}{code[:3]}", state=State.LAUNCHING, reason="t",
+                     source="operator", now=at, fields={"machine_id": machine, "vast_id": machine * 10,
+                                                        "proofs_done": proofs})
+    return lifecycle.kill(conn, uuid, "x", source="reconcile", code=code, now=at)
+
+
+def test_blocklisted_machines_are_not_offered(conn, cfg):
+    killed_row(conn, cfg, 100, "bench_failed")
+    killed_row(conn, cfg, 101, "exited")
+    killed_row(conn, cfg, 102, "exited", proofs=50)  # died after proving: not the machine's fault
+    killed_row(conn, cfg, 103, "operator")
+    market = FakeMarket(conn, [offer(i, 100 + i, 0.1 + i / 100) for i in range(5)])
+    found = operations.find_offers(conn, market, cfg, gpu_names=["RTX 4090"], now=NOW + timedelta(hours=1))
+    assert [o.machine_id for o in found] == [102, 103, 104]
+    assert set(blocklist.blocked(conn, NOW)) == {100, 101}
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", now=NOW + timedelta(hours=1))
+    assert result.launched[0]["machine_id"] == 102
+    with pytest.raises(GuardRefused, match="blocklisted"):
+        operations.launch(conn, market, cfg, offer_id=0, now=NOW + timedelta(hours=1))
+
+
+def test_blocklist_expires(conn, cfg):
+    killed_row(conn, cfg, 100, "bench_failed")
+    later = NOW + timedelta(seconds=cfg.vast.blocklist_ttl + 1)
+    found = operations.find_offers(conn, FakeMarket(conn, [offer(0, 100)]), cfg, now=later)
+    assert [o.machine_id for o in found] == [100]
+
+
+def test_block_row_is_idempotent_and_anchored_at_the_kill(conn, cfg):
+    row = killed_row(conn, cfg, 100, "timeout_params_done")
+    assert blocklist.block_row(conn, row, 3600) and blocklist.block_row(conn, row, 3600)
+    entry = conn.execute("SELECT * FROM blocklist").fetchall()
+    assert len(entry) == 1 and entry[0]["until"] == clock.to_iso(NOW + timedelta(hours=1))
+    assert "died before its first proof" in entry[0]["reason"]
+
+
+def test_reason_for_skips_a_refused_create():
+    row = {"state": "killed", "kill_code": "start_failed", "machine_id": 5, "vast_id": None, "proofs_done": 0}
+    assert blocklist.reason_for(row) is None
+    assert blocklist.reason_for({**row, "vast_id": 9}) is not None
+
+
+# --- stop / start -------------------------------------------------------------------------------------
+
+
+def live_row(conn, state=State.RUNNING, vast_id=77, dph=0.5):
+    lifecycle.create(conn, uuid="u1", label="vastctl-a", state=State.LAUNCHING, reason="t", source="operator",
+                     fields={"vast_id": vast_id, "machine_id": 7, "dph": dph})
+    path = [State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE, State.RUNNING]
+    for step in path[: path.index(state) + 1] if state in path else []:
+        lifecycle.transition(conn, "u1", step, "t", "instance")
+    return lifecycle.get(conn, "u1")
+
+
+def test_stop_then_start(conn, cfg):
+    live_row(conn, State.REGISTERED)
+    market = FakeMarket(conn)
+    row = operations.stop(conn, market, "vastctl-a", now=NOW)
+    assert row["state"] == "stopped" and market.calls == [("stop", 77)]
+    row = operations.start(conn, market, cfg, "u1", now=NOW + timedelta(minutes=5))
+    assert row["state"] == "launching" and row["resumed_at"] == clock.to_iso(NOW + timedelta(minutes=5))
+    assert market.calls[-1] == ("start", 77)
+    assert [(a["kind"], a["ok"]) for a in actions(conn)] == [("stop", 1), ("start", 1)]
+    events = [(e["from_state"], e["to_state"], e["source"]) for e in conn.execute("SELECT * FROM events ORDER BY id")]
+    assert events[-2:] == [("registered", "stopped", "operator"), ("stopped", "launching", "operator")]
+
+
+def test_stop_refusals_change_nothing(conn, cfg):
+    live_row(conn, State.RUNNING)
+    market = FakeMarket(conn)
+    with pytest.raises(Refused):
+        operations.start(conn, market, cfg, "vastctl-a")  # running: not stopped
+    market.fail["stop"] = ProviderError("vast PUT: HTTP 503: retry later")
+    with pytest.raises(ProviderError):
+        operations.stop(conn, market, "vastctl-a")
+    assert lifecycle.get(conn, "u1")["state"] == "running"
+    assert actions(conn)[-1]["ok"] == 0
+    lifecycle.kill(conn, "u1", "x", source="operator", code="operator")
+    with pytest.raises(Refused):
+        operations.stop(conn, market, "vastctl-a")
+
+
+def test_stop_without_a_vast_id_is_refused(conn, cfg):
+    live_row(conn, State.LAUNCHING, vast_id=None)
+    with pytest.raises(Refused, match="no vast instance id"):
+        operations.stop(conn, FakeMarket(conn), "vastctl-a")
+
+
+# --- kill ---------------------------------------------------------------------------------------------
+
+
+def test_kill_destroys(conn, cfg):
+    live_row(conn, State.RUNNING)
+    market = FakeMarket(conn)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    assert error is None and row["state"] == "killed" and row["destroyed_at"]
+    assert market.calls == [("destroy", 77)]
+
+
+def test_kill_with_a_failed_destroy_leaves_destroyed_at_empty(conn, cfg):
+    live_row(conn, State.RUNNING)
+    market = FakeMarket(conn)
+    market.fail["destroy"] = ProviderError("vast DELETE: unreachable")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    assert "unreachable" in error and row["state"] == "killed" and row["destroyed_at"] is None
+
+
+def test_kill_of_a_launching_row_finds_its_machine_by_label(conn, cfg):
+    live_row(conn, State.LAUNCHING, vast_id=None)
+    market = FakeMarket(conn)
+    market.instances = [RemoteInstance(id=5, label="other"), RemoteInstance(id=6, label="vastctl-a")]
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", actor="operator")
+    assert error is None and row["vast_id"] == 6 and row["destroyed_at"]
+    assert market.calls[-1] == ("destroy", 6)
+
+
+def test_kill_of_a_launching_row_with_a_failed_listing_keeps_it_undestroyed(conn, cfg):
+    live_row(conn, State.LAUNCHING, vast_id=None)
+    market = FakeMarket(conn)
+    market.fail["list"] = ProviderError("listing failed")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", actor="operator")
+    assert error and row["state"] == "killed" and row["destroyed_at"] is None
+
+
+# --- against the real client, on the wire ------------------------------------------------------------
+
+
+def test_launch_on_the_wire(conn, cfg, monkeypatch):
+    monkeypatch.setenv("VAST_API_KEY", "k-123")
+    monkeypatch.setenv("VAST_API_URL", "https://vast.test")
+    provider = VastProvider.from_env(sleep=lambda s: None)
+    with responses.RequestsMock() as mocked:
+        mocked.post("https://vast.test/api/v0/bundles/", json={"offers": [
+            {"id": 31, "machine_id": 310, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.35}]})
+        mocked.put("https://vast.test/api/v0/asks/31/", json={"success": True, "new_contract": 4242})
+        result = operations.launch(conn, provider, cfg, gpu="RTX 4090", now=NOW)
+        sent = json.loads(mocked.calls[1].request.body)
+        url = mocked.calls[1].request.url
+    row = result.launched[0]
+    assert row["vast_id"] == 4242
+    assert sent["label"] == row["label"] and sent["env"]["VASTCTL_UUID"] == row["uuid"]
+    assert sent["env"]["VASTCTL_SERVER"] == "https://manager.example:8443" and sent["disk"] == 150.0
+    assert "k-123" not in url
+
+
+def test_blocklist_machine_and_if_failed(conn, cfg):
+    operations.blocklist_machine(conn, cfg, 555, "operator: flaky NIC", now=NOW)
+    assert blocklist.blocked(conn, NOW)[555]["reason"] == "operator: flaky NIC"
+    row = killed_row(conn, cfg, 100, "bench_failed")
+    assert operations.blocklist_if_failed(conn, cfg, row)
+    assert not operations.blocklist_if_failed(conn, cfg, killed_row(conn, cfg, 101, "agent"))
+    assert set(blocklist.blocked(conn, NOW)) == {555, 100}

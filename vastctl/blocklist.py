@@ -1,0 +1,81 @@
+"""Machines we do not rent again for a while (`vast.blocklist_ttl`).
+
+A machine whose instance failed the bench gate, or died before delivering its
+first proof (exited, went offline, vanished, timed out booting), is likely to
+do it again: its `machine_id` is kept out of offer searches until the entry
+expires. Entries are derived from killed rows, anchored at the kill time, so
+deriving them again (every launch, every reconcile pass) changes nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import clock
+from .db import transaction
+
+# kills that say nothing about the hardware: our own decisions, or the GPU being taken while stopped
+NOT_THE_MACHINE = frozenset({"operator", "agent", "orphan", "scheduling_timeout"})
+
+
+def reason_for(row: dict[str, Any]) -> str | None:
+    """Why this killed row's machine should not be rented again, or None. Pure."""
+    code = row.get("kill_code")
+    if row.get("state") != "killed" or row.get("machine_id") is None or code is None:
+        return None
+    if code == "bench_failed":
+        rate = row.get("bench_rate")
+        return f"failed the bench gate ({'rate ' + format(rate, 'g') if rate is not None else 'no rate'})"
+    if code in NOT_THE_MACHINE:
+        return None
+    if code == "start_failed" and row.get("vast_id") is None:  # the market refused the create: nothing ran
+        return None
+    if not row.get("proofs_done"):
+        return f"died before its first proof ({code}: {row.get('kill_reason') or 'no reason'})"
+    return None
+
+
+def block(conn: sqlite3.Connection, machine_id: int, reason: str, until: datetime) -> None:
+    """Keep `machine_id` out of offers until `until` (an existing later expiry is kept)."""
+    until_iso = clock.to_iso(until)
+    with transaction(conn):
+        conn.execute(
+            "INSERT INTO blocklist (machine_id, reason, until) VALUES (?, ?, ?)"
+            " ON CONFLICT(machine_id) DO UPDATE SET reason = excluded.reason, until = excluded.until"
+            " WHERE excluded.until > blocklist.until",
+            (int(machine_id), reason, until_iso),
+        )
+
+
+def block_row(conn: sqlite3.Connection, row: dict[str, Any], ttl_s: float) -> bool:
+    """Blocklist a killed row's machine if it failed (see reason_for); True when it qualifies.
+
+    Call it after a kill (reconcile, bench gate); it is idempotent.
+    """
+    reason = reason_for(row)
+    killed_at = clock.from_iso(row.get("killed_at"))
+    if reason is None or killed_at is None:
+        return False
+    block(conn, row["machine_id"], f"{row['label']}: {reason}", killed_at + timedelta(seconds=ttl_s))
+    return True
+
+
+def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime | None = None) -> int:
+    """Derive entries from every row killed within the TTL; returns how many rows qualified."""
+    now = now or clock.utcnow()
+    since = clock.to_iso(now - timedelta(seconds=ttl_s))
+    rows = conn.execute(
+        "SELECT * FROM instances WHERE state = 'killed' AND machine_id IS NOT NULL AND killed_at > ?", (since,)
+    ).fetchall()
+    return sum(block_row(conn, dict(row), ttl_s) for row in rows)
+
+
+def blocked(conn: sqlite3.Connection, now: datetime | None = None) -> dict[int, dict[str, str]]:
+    """machine_id → {"reason", "until"} for every entry still in force."""
+    now_iso = clock.to_iso(now or clock.utcnow())
+    return {
+        row["machine_id"]: {"reason": row["reason"], "until": row["until"]}
+        for row in conn.execute("SELECT * FROM blocklist WHERE until > ?", (now_iso,))
+    }

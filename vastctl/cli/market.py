@@ -1,0 +1,105 @@
+"""Operator commands that spend money at the market: offers, launch, stop, start."""
+
+from __future__ import annotations
+
+from typing import Annotated, List, Optional
+
+import typer
+
+from .. import lifecycle, operations
+from ..errors import Unavailable
+from ..providers import get_provider
+from .app import JsonOpt, app, globals_of, print_json, print_table, say
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@app.command("offers")
+def offers_cmd(
+    ctx: typer.Context,
+    gpu: Annotated[Optional[List[str]], typer.Option("--gpu", help="GPU model, e.g. 'RTX 4090' (repeatable; default: the config's fleet.gpus).")] = None,
+    max_dph: Annotated[Optional[float], typer.Option("--max-dph", help="Highest $/h (default: the max_dph setting).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="Show at most N offers.")] = 20,
+    min_reliability: Annotated[Optional[float], typer.Option("--min-reliability", min=0.0, max=1.0, help=f"Lowest vast reliability score (default {operations.DEFAULT_MIN_RELIABILITY}).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Offers we would rent, cheapest first (RAM, bandwidth floors applied; blocklisted machines left out).
+
+    Example: vastctl offers --gpu "RTX 4090" --max-dph 0.6 --limit 5
+    """
+    g = globals_of(ctx)
+    provider = get_provider(g.config)
+    found = operations.find_offers(g.connect(), provider, g.config, gpu_names=gpu, max_dph=max_dph,
+                                   min_reliability=min_reliability, limit=limit)
+    views = [operations.offer_view(offer) for offer in found]
+    if as_json:
+        print_json(views)
+        return
+    if not views:
+        say("no matching offers")
+        return
+    print_table(
+        [{"offer": v["id"], "machine": v["machine_id"], "gpu": f"{v['num_gpus']}x {v['gpu_name']}",
+          "$/h": _num(v["dph_total"], 3), "ram_gb": _num(v["cpu_ram_gb"], 0),
+          "down_mbps": _num(v["inet_down_mbps"], 0), "reliability": _num(v["reliability"], 3)} for v in views],
+        ["offer", "machine", "gpu", "$/h", "ram_gb", "down_mbps", "reliability"],
+    )
+
+
+@app.command("launch")
+def launch_cmd(
+    ctx: typer.Context,
+    offer: Annotated[Optional[int], typer.Option("--offer", min=0, help="Rent this offer id (from `vastctl offers`).")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Rent the cheapest offers of this GPU model.")] = None,
+    count: Annotated[int, typer.Option("--count", min=1, help="How many machines (one per offer).")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rent machines; each boots the vastctl boot script and reports back.
+
+    Example: vastctl launch --gpu "RTX 4090" --count 2
+    """
+    g = globals_of(ctx)
+    conn = g.connect()
+    provider = get_provider(g.config)
+    result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator")
+    if as_json:
+        print_json(result.view())
+    else:
+        print_table(
+            [{"label": row["label"], "vast_id": row["vast_id"], "offer": row["offer_id"],
+              "gpu": f"{row['num_gpus'] or 1}x {row['gpu_name']}", "$/h": _num(row["dph"], 3)}
+             for row in result.launched],
+            ["label", "vast_id", "offer", "gpu", "$/h"],
+        )
+        for item in result.failed:
+            say(f"{item['label']}: not rented ({item['reason']})")
+    if result.error:
+        raise Unavailable(result.error)
+
+
+@app.command("stop")
+def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="Label or uuid.")]) -> None:
+    """Stop a machine at vast: it keeps its disk (and bills storage) until started or killed.
+
+    Example: vastctl stop vastctl-3f2a9c1d
+    """
+    g = globals_of(ctx)
+    conn = g.connect()
+    lifecycle.resolve(conn, instance)  # an unknown name fails before the key is needed
+    row = operations.stop(conn, get_provider(g.config), instance, actor="operator")
+    typer.echo(f"{row['label']} {row['state']}")
+
+
+@app.command("start")
+def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="Label or uuid.")]) -> None:
+    """Resume a stopped machine; it must be scheduled and boot again within the launching timeout.
+
+    Example: vastctl start vastctl-3f2a9c1d
+    """
+    g = globals_of(ctx)
+    conn = g.connect()
+    lifecycle.resolve(conn, instance)  # an unknown name fails before the key is needed
+    row = operations.start(conn, get_provider(g.config), g.config, instance, actor="operator")
+    typer.echo(f"{row['label']} {row['state']} (resumed)")
