@@ -17,14 +17,58 @@ INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
-TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at")
+TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at")
+VAST_DEAD = frozenset({"exited", "unknown", "offline"})
+
+
+def disagreement(row: dict[str, Any]) -> str | None:
+    """Where our state and vast's (as of the last good listing) tell different stories, in words; else None."""
+    state, status = row.get("state"), row.get("vast_status")
+    missing = int(row.get("vast_missing") or 0)
+    if state == State.KILLED:
+        if row.get("destroyed_at"):
+            return None
+        if row.get("destroy_attempts"):
+            return f"killed but not destroyed at vast ({row['destroy_attempts']} failed: {row.get('destroy_error')})"
+        return "killed, destroy pending" if status and not missing else None
+    if missing:
+        return f"missing from vast ({missing} listing{'s' if missing > 1 else ''})"
+    if status is None:
+        return None
+    if state == State.STOPPED:
+        return "stopped here but vast says running (GPU billed)" if status == "running" else None
+    if status in VAST_DEAD:
+        return f"{state} here but vast says {status}"
+    if state == State.RUNNING and status != "running":
+        return f"running here but vast says {status}"
+    return None
 
 
 def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     view = {name: row.get(name) for name in INSTANCE_FIELDS}
+    missing = int(row.get("vast_missing") or 0)
+    if missing:  # vast says nothing about it now: do not show the last status it had as if current
+        view["vast_status"] = None
+    view["vast_missing"] = missing
+    view["vast_seen_at"] = row.get("vast_seen_at")
+    view["vast_status_msg"] = row.get("vast_status_msg")
+    view["disagreement"] = disagreement(row)
     for name in TIME_FIELDS:
         view[name] = clock.display_iso(view[name])
     return view
+
+
+def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+    """When vast was last listed successfully (the age of every vast_status shown), and the last failure if newer."""
+    good = conn.execute("SELECT at, instances FROM vast_listings WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
+    last = conn.execute("SELECT at, ok, error FROM vast_listings ORDER BY id DESC LIMIT 1").fetchone()
+    at = clock.from_iso(good["at"]) if good else None
+    return {
+        "listing_at": clock.display_iso(good["at"]) if good else None,
+        "listing_age_s": None if at is None else max(0, round((now - at).total_seconds())),
+        "listing_instances": good["instances"] if good else None,
+        "listing_error": last["error"] if last is not None and not last["ok"] else None,
+    }
 
 
 def expected_rate(row: dict[str, Any], default_rate: float) -> float:
@@ -35,8 +79,14 @@ def expected_rate(row: dict[str, Any], default_rate: float) -> float:
     return float(default_rate)
 
 
-def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False) -> dict[str, Any]:
-    """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary."""
+def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
+               now: datetime | None = None) -> dict[str, Any]:
+    """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
+
+    Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg` and
+    `disagreement`; in the summary `disagreements` and the age of the vast listing the statuses come from.
+    """
+    now = now or clock.utcnow()
     query = "SELECT * FROM instances"
     if not include_killed:
         query += " WHERE state != 'killed' OR destroyed_at IS NULL"
@@ -50,7 +100,10 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
         "target_proofs_per_hour": values["target_proofs_per_hour"],
         "spend_per_hour": round(sum(row["dph"] or 0.0 for row in billing), 4),
     }
-    return {"instances": [instance_view(row) for row in rows], "summary": summary}
+    instances = [instance_view(row) for row in rows]
+    summary["disagreements"] = sum(1 for view in instances if view["disagreement"])
+    summary.update(listing_status(conn, now))
+    return {"instances": instances, "summary": summary}
 
 
 def event_view(row: sqlite3.Row) -> dict[str, Any]:

@@ -1,0 +1,326 @@
+"""reconcile.plan: every rule, from plain snapshots and a fixed clock. No database, no mocks."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from vastctl import clock
+from vastctl.config import from_mapping
+from vastctl.providers.base import RemoteInstance
+from vastctl.reconcile import ListingDistrusted, match, plan
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+SETTINGS = {"min_bench_rate": 40.0, "target_proofs_per_hour": 0.0}
+
+
+def ago(**delta) -> str:
+    return clock.to_iso(NOW - timedelta(**delta))
+
+
+def row(label: str, state: str = "running", vast_id: int | None | str = "auto", **fields) -> dict:
+    number = int(label.rsplit("-", 1)[-1]) if label[-1].isdigit() else 0
+    base = {
+        "uuid": f"u-{label}", "label": label, "state": state, "vast_id": 100 + number if vast_id == "auto" else vast_id,
+        "machine_id": 9000 + number, "bench_rate": 68.0, "state_since": ago(hours=1),
+        "last_heartbeat_at": ago(minutes=1), "vast_status": "running", "vast_status_msg": None,
+        "vast_seen_at": ago(minutes=1), "vast_missing": 0, "resumed_at": None, "destroyed_at": None,
+        "killed_at": None, "kill_code": None, "kill_reason": None, "destroy_attempts": 0, "destroy_error": None,
+        "proofs_done": 10,
+    }
+    base.update(fields)
+    return base
+
+
+def seen(r: dict, status: str | None = "running", **fields) -> RemoteInstance:
+    return RemoteInstance(id=r["vast_id"], label=r["label"], actual_status=status,
+                          intended_status=fields.pop("intended_status", "running"), machine_id=r["machine_id"],
+                          **fields)
+
+
+def cfg(**sections):
+    return from_mapping(sections)
+
+
+def kills(actions):
+    return {(a.label, a.code) for a in actions if a.kind == "kill"}
+
+
+def destroys(actions):
+    return [(a.label, a.vast_id) for a in actions if a.kind == "destroy"]
+
+
+def test_a_healthy_fleet_needs_nothing():
+    rows = [row(f"vastctl-{n}") for n in range(5)]
+    assert plan(rows, [seen(r) for r in rows], SETTINGS, cfg(), NOW) == []
+
+
+# --- vanish: confirmations and distrust --------------------------------------------------------
+
+
+def test_vanished_only_after_the_configured_consecutive_listings():
+    rows = [row(f"vastctl-{n}") for n in range(4)]
+    listing = [seen(r) for r in rows[1:]]
+    assert plan(rows, listing, SETTINGS, cfg(), NOW) == []  # first miss: counted, not killed
+    rows[0]["vast_missing"] = 1
+    actions = plan(rows, listing, SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-0", "disappeared")}
+    kill = actions[0]
+    assert "missing from 2 consecutive listings" in kill.reason and "last seen 1m ago" in kill.reason
+    assert destroys(actions) == [("vastctl-0", 100)]  # destroy follows the kill (vast may have it billing somewhere)
+
+
+def test_confirmations_are_configurable():
+    rows = [row(f"vastctl-{n}") for n in range(4)]
+    rows[0]["vast_missing"] = 2
+    listing = [seen(r) for r in rows[1:]]
+    three = cfg(reconcile={"disappear_confirmations": 3})
+    assert kills(plan(rows, listing, SETTINGS, three, NOW)) == {("vastctl-0", "disappeared")}
+    rows[0]["vast_missing"] = 1
+    assert plan(rows, listing, SETTINGS, three, NOW) == []
+
+
+def test_a_reappearing_machine_is_not_killed():
+    rows = [row("vastctl-1", vast_missing=1), row("vastctl-2"), row("vastctl-3")]
+    assert plan(rows, [seen(r) for r in rows], SETTINGS, cfg(), NOW) == []
+
+
+def test_empty_listing_against_a_live_fleet_is_distrusted():
+    rows = [row(f"vastctl-{n}") for n in range(3)]
+    with pytest.raises(ListingDistrusted, match="3 of 3 live machines vanished at once"):
+        plan(rows, [], SETTINGS, cfg(), NOW)
+
+
+def test_even_confirmed_vanish_is_not_killed_from_a_distrusted_listing():
+    rows = [row(f"vastctl-{n}", vast_missing=0) for n in range(3)]
+    rows[0]["vast_missing"] = 5
+    with pytest.raises(ListingDistrusted):
+        plan(rows, [], SETTINGS, cfg(), NOW)
+
+
+def test_distrust_threshold_is_more_than_the_fraction():
+    rows = [row(f"vastctl-{n}", vast_missing=1) for n in range(4)]
+    for r in rows:
+        r["vast_missing"] = 0
+    listing = [seen(r) for r in rows[2:]]
+    plan(rows, listing, SETTINGS, cfg(), NOW)  # 2 of 4 = 0.5: not more than 0.5, trusted
+    with pytest.raises(ListingDistrusted):
+        plan(rows, listing[1:], SETTINGS, cfg(), NOW)  # 3 of 4
+    plan(rows, listing[1:], SETTINGS, cfg(reconcile={"max_vanish_fraction": 0.8}), NOW)
+
+
+def test_already_missing_machines_do_not_count_as_vanishing_at_once():
+    rows = [row(f"vastctl-{n}") for n in range(4)]
+    rows[0]["vast_missing"] = rows[1]["vast_missing"] = 1  # these went in an earlier, trusted listing
+    listing = [seen(r) for r in rows[3:]]  # and now vastctl-2 goes too: 1 of 4 at once
+    assert kills(plan(rows, listing, SETTINGS, cfg(), NOW)) == {("vastctl-0", "disappeared"),
+                                                              ("vastctl-1", "disappeared")}
+
+
+def test_a_fresh_launch_vast_does_not_list_yet_is_not_missing():
+    fresh = row("vastctl-1", state="launching", state_since=ago(minutes=1), vast_seen_at=None, vast_status=None,
+                last_heartbeat_at=None)
+    assert plan([fresh], [], SETTINGS, cfg(), NOW) == []
+
+
+def test_killed_rows_do_not_count_toward_distrust():
+    rows = [row("vastctl-1", state="killed", kill_code="operator", killed_at=ago(minutes=1)), row("vastctl-2")]
+    actions = plan(rows, [seen(rows[1])], SETTINGS, cfg(), NOW)
+    assert destroys(actions) == [("vastctl-1", 101)]
+
+
+# --- vast's status ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, code", [("exited", "exited"), ("unknown", "offline"), ("offline", "offline")])
+def test_dead_status_in_two_listings_kills(status, code):
+    r = row("vastctl-1", vast_status=status, vast_seen_at=ago(minutes=3))
+    actions = plan([r], [seen(r, status)], SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-1", code)}
+    assert actions[0].reason.startswith(f"vast status {status} for 3m")
+    assert destroys(actions) == [("vastctl-1", 101)]
+
+
+def test_dead_status_seen_once_waits_for_the_next_listing():
+    r = row("vastctl-1")
+    assert plan([r], [seen(r, "exited")], SETTINGS, cfg(), NOW) == []
+
+
+@pytest.mark.parametrize("msg", [
+    "OCI runtime create failed: runc create failed: unable to start container process",
+    "Error response from daemon: pull access denied",
+    "permission denied while mounting",
+])
+def test_start_failure_text_kills_at_once(msg):
+    r = row("vastctl-1", state="launching", state_since=ago(minutes=2), vast_status=None, last_heartbeat_at=None)
+    actions = plan([r], [seen(r, "created", status_msg=msg)], SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-1", "start_failed")}
+    assert "start failure" in actions[0].reason and msg[:20] in actions[0].reason
+
+
+def test_error_text_on_a_running_container_is_stale_not_a_start_failure():
+    r = row("vastctl-1")
+    assert plan([r], [seen(r, "running", status_msg="failed once, then success")], SETTINGS, cfg(), NOW) == []
+
+
+def test_resumed_machine_stuck_scheduling_past_its_deadline():
+    stuck = row("vastctl-1", state="launching", resumed_at=ago(minutes=6), state_since=ago(minutes=6),
+                vast_status="stopped", last_heartbeat_at=ago(hours=2))
+    actions = plan([stuck], [seen(stuck, "stopped", intended_status="running")], SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-1", "scheduling_timeout")}
+    assert "resumed 6m ago" in actions[0].reason and "stopped" in actions[0].reason
+    assert destroys(actions) == [("vastctl-1", 101)]
+
+
+def test_resumed_machine_within_its_deadline_or_loading_is_left_alone():
+    young = row("vastctl-1", state="launching", resumed_at=ago(minutes=2), state_since=ago(minutes=2))
+    loading = row("vastctl-2", state="launching", resumed_at=ago(minutes=9), state_since=ago(minutes=9))
+    listing = [seen(young, "stopped"), seen(loading, "loading")]
+    assert plan([young, loading], listing, SETTINGS, cfg(), NOW) == []
+
+
+def test_a_stopped_machine_we_stopped_is_not_scheduling():
+    r = row("vastctl-1", state="stopped", resumed_at=ago(hours=5), state_since=ago(hours=3), vast_status="stopped")
+    assert plan([r], [seen(r, "stopped", intended_status="stopped")], SETTINGS, cfg(), NOW) == []
+
+
+# --- timeouts and the gate ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state, minutes, reason", [
+    ("launching", 21, "launching for 21m (limit 20m)"),
+    ("registered", 31, "registered for 31m (limit 30m)"),
+    ("params_done", 91, "params_done for 1h31m (limit 1h30m)"),
+    ("bench_done", 31, "bench_done for 31m (limit 30m)"),
+])
+def test_stuck_in_a_state_past_its_timeout(state, minutes, reason):
+    r = row("vastctl-1", state=state, state_since=ago(minutes=minutes), bench_rate=68.0)
+    actions = plan([r], [seen(r, "loading" if state == "launching" else "running")], SETTINGS, cfg(), NOW)
+    assert [(a.kind, a.code, a.reason) for a in actions] == [
+        ("kill", f"timeout_{state}", reason), ("destroy", f"timeout_{state}", f"killed: {reason}")]
+
+
+def test_within_the_timeout_nothing_happens():
+    r = row("vastctl-1", state="params_done", state_since=ago(minutes=89))
+    assert plan([r], [seen(r)], SETTINGS, cfg(), NOW) == []
+
+
+def test_timeouts_come_from_the_config():
+    r = row("vastctl-1", state="registered", state_since=ago(minutes=6))
+    assert kills(plan([r], [seen(r)], SETTINGS, cfg(timeouts={"registered": "5m"}), NOW)) == {
+        ("vastctl-1", "timeout_registered")}
+
+
+def test_running_without_heartbeat():
+    r = row("vastctl-1", last_heartbeat_at=ago(minutes=14))
+    actions = plan([r], [seen(r)], SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-1", "heartbeat_timeout")}
+    assert actions[0].reason == "no heartbeat for 14m (limit 10m)"
+    never = row("vastctl-2", last_heartbeat_at=None, state_since=ago(minutes=12))
+    assert plan([never], [seen(never)], SETTINGS, cfg(), NOW)[0].reason == (
+        "running for 12m without a heartbeat (limit 10m)")
+    fresh = row("vastctl-3", last_heartbeat_at=ago(minutes=30), state_since=ago(minutes=2))  # beat is from before
+    assert plan([fresh], [seen(fresh)], SETTINGS, cfg(), NOW) == []
+
+
+def test_bench_done_below_the_current_gate():
+    low = row("vastctl-1", state="bench_done", bench_rate=31.0, state_since=ago(minutes=1))
+    ok = row("vastctl-2", state="bench_done", bench_rate=40.0, state_since=ago(minutes=1))
+    actions = plan([low, ok], [seen(low), seen(ok)], SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-1", "bench_failed")}
+    assert actions[0].reason.startswith("bench rate 31 below gate 40")
+    raised = {**SETTINGS, "min_bench_rate": 45.0}  # the gate is the runtime setting, not the config
+    assert kills(plan([low, ok], [seen(low), seen(ok)], raised, cfg(), NOW)) == {
+        ("vastctl-1", "bench_failed"), ("vastctl-2", "bench_failed")}
+
+
+def test_stopped_machines_have_no_timeout():
+    r = row("vastctl-1", state="stopped", state_since=ago(days=2), last_heartbeat_at=ago(days=2),
+            vast_status="stopped")
+    assert plan([r], [seen(r, "stopped", intended_status="stopped")], SETTINGS, cfg(), NOW) == []
+
+
+def test_one_kill_per_row_the_most_specific_rule_wins():
+    r = row("vastctl-1", last_heartbeat_at=ago(hours=1), vast_status="exited", vast_seen_at=ago(minutes=1))
+    assert kills(plan([r], [seen(r, "exited")], SETTINGS, cfg(), NOW)) == {("vastctl-1", "exited")}
+
+
+# --- killed rows, orphans, strangers ------------------------------------------------------------
+
+
+def test_killed_not_destroyed_is_destroyed_every_pass():
+    r = row("vastctl-1", state="killed", kill_code="bench_failed", killed_at=ago(minutes=5), destroy_attempts=3,
+            destroy_error="HTTP 500")
+    actions = plan([r], [seen(r, "running")], SETTINGS, cfg(), NOW)
+    assert [(a.kind, a.label, a.vast_id) for a in actions] == [("destroy", "vastctl-1", 101)]
+    assert "attempt 4" in actions[0].reason and "HTTP 500" in actions[0].reason
+
+
+def test_orphan_with_our_prefix_destroyed_after_the_grace():
+    orphan = RemoteInstance(id=555, label="vastctl-lost", actual_status="running")
+    assert plan([], [orphan], SETTINGS, cfg(), NOW) == []  # first seen now
+    young = {555: ago(minutes=19)}
+    assert plan([], [orphan], SETTINGS, cfg(), NOW, first_seen=young) == []
+    old = {555: ago(minutes=21)}
+    (action,) = plan([], [orphan], SETTINGS, cfg(), NOW, first_seen=old)
+    assert (action.kind, action.label, action.vast_id, action.code, action.uuid) == (
+        "destroy", "vastctl-lost", 555, "orphan", None)
+    assert "listed for 21m (grace 20m)" in action.reason
+
+
+def test_machines_without_our_prefix_are_never_touched():
+    strangers = [
+        RemoteInstance(id=1, label="training-job", actual_status="exited"),
+        RemoteInstance(id=2, label=None, actual_status="offline"),
+        RemoteInstance(id=3, label="VASTCTL-upper", actual_status="running"),
+        RemoteInstance(id=4, label="my-vastctl-x", actual_status="running"),
+    ]
+    first_seen = {i.id: ago(days=30) for i in strangers}
+    mine = row("vastctl-1")
+    assert plan([mine], [seen(mine), *strangers], SETTINGS, cfg(), NOW, first_seen=first_seen) == []
+    custom = cfg(vast={"label_prefix": "prover-"})
+    assert plan([], strangers, SETTINGS, custom, NOW, first_seen=first_seen) == []
+
+
+def test_label_recovers_the_vast_id_of_a_launch_that_crashed_after_create():
+    r = row("vastctl-1", state="launching", vast_id=None, state_since=ago(minutes=3), vast_seen_at=None,
+            last_heartbeat_at=None)
+    listed = RemoteInstance(id=777, label="vastctl-1", actual_status="loading")
+    matched = match([r], [listed])
+    assert matched.recovered == {"u-vastctl-1": 777} and matched.unclaimed == []
+    # not an orphan, even long after it appeared
+    assert plan([r], [listed], SETTINGS, cfg(), NOW, first_seen={777: ago(hours=1)}) == []
+    # and once it is stuck, the kill and destroy carry the recovered id
+    r["state_since"] = ago(minutes=25)
+    actions = plan([r], [listed], SETTINGS, cfg(), NOW)
+    assert destroys(actions) == [("vastctl-1", 777)]
+
+
+def test_a_second_instance_under_one_label_is_an_orphan():
+    r = row("vastctl-1", vast_id=101)
+    duplicate = RemoteInstance(id=102, label="vastctl-1", actual_status="running")
+    (action,) = plan([r], [seen(r), duplicate], SETTINGS, cfg(), NOW, first_seen={102: ago(hours=1)})
+    assert (action.vast_id, action.code) == (102, "orphan")
+
+
+def test_destroyed_but_still_listed_is_destroyed_again():
+    listed = RemoteInstance(id=101, label="vastctl-1", actual_status="running")
+    gone = {101: {"uuid": "u1", "label": "vastctl-1", "vast_id": 101, "kill_code": "exited",
+                  "destroyed_at": ago(minutes=10)}}
+    (action,) = plan([], [listed], SETTINGS, cfg(), NOW, history=gone)
+    assert (action.kind, action.vast_id, action.uuid) == ("destroy", 101, None)
+    assert "still lists" in action.reason
+    gone[101]["destroyed_at"] = ago(minutes=1)  # vast may lag a little
+    assert plan([], [listed], SETTINGS, cfg(), NOW, history=gone) == []
+
+
+
+@pytest.mark.parametrize("status, msg", [("exited", None), ("offline", None), ("stopped", "Error: container stopped")])
+def test_status_rules_spare_a_machine_we_stopped(status, msg):
+    r = row("vastctl-1", state="stopped", vast_status=status, state_since=ago(hours=3))
+    listed = seen(r, status, intended_status="stopped", status_msg=msg)
+    assert plan([r], [listed], SETTINGS, cfg(), NOW) == []
+    r["vast_missing"] = 1  # but a stopped machine vast no longer has is gone
+    assert kills(plan([r, row("vastctl-2"), row("vastctl-3")], [seen(row("vastctl-2")), seen(row("vastctl-3"))],
+                      SETTINGS, cfg(), NOW)) == {("vastctl-1", "disappeared")}

@@ -1,0 +1,51 @@
+"""`vastctl reconcile`: one pass of the safety net (cron runs it every minute)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from .app import JsonOpt, app, globals_of, print_json, print_table, say
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..providers.base import Provider
+
+
+def make_provider(config: "Config") -> "Provider":
+    """The market to reconcile against (tests replace this)."""
+    from ..providers import get_provider
+
+    return get_provider(config)
+
+
+@app.command("reconcile")
+def reconcile_cmd(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """List every vast instance, kill what is dead or stuck, destroy what we no longer pay for.
+
+    Exits 1, having killed nothing, when another pass holds the lease or the listing failed or
+    is distrusted; failed destroys are reported and retried by the next pass (exit 0).
+
+    Example: * * * * * vastctl reconcile --json >> /var/log/vastctl/reconcile.jsonl
+    """
+    from .. import reconcile
+
+    g = globals_of(ctx)
+    conn = g.connect()
+    result = reconcile.run_pass(conn, make_provider(g.config), g.config, dry_run=dry_run)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        print_table(result.actions, ["kind", "label", "result", "reason"])
+    kills = sum(1 for a in result.actions if a["kind"] == "kill")
+    destroys = sum(1 for a in result.actions if a["kind"] == "destroy")
+    prefix = "dry run: " if dry_run else ""
+    say(f"{prefix}{result.listed} vast instances listed; {kills} kill(s), {destroys} destroy(s)"
+        + (" planned" if dry_run else "") + (f"; {len(result.errors)} failed, retried next pass" if result.errors else ""))
+    for error in result.errors:
+        say(f"warning: {error}")
