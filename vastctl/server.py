@@ -30,13 +30,14 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from . import db, fleet, lifecycle, tokens
 from .config import Config
-from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance, VastctlError
+from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from .reports import LocalReports
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
@@ -44,7 +45,7 @@ WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading
 MAX_HEADERS = 16 * 1024
 MAX_INT = 2**63 - 1  # SQLite INTEGER
 DEFAULT_PORT = 8080
-DEFAULT_THREADS = 4
+DEFAULT_THREADS = 1  # every report writes the one SQLite file: more workers only queue on its lock
 DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit idle or half-sent before it is closed
 REPORTS = ("register", "params-done", "bench-report", "running", "heartbeat")
 
@@ -82,7 +83,11 @@ class App:
     def connection(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = db.connect(self.config.db_path)
+            try:
+                conn = self._local.conn = db.connect(self.config.db_path)
+            except Exception as exc:  # the manager's problem, not the caller's: 503 so boot scripts retry
+                access_log.error("cannot open the state file: %s", exc)
+                raise HTTPError(503, "the manager cannot open its state file: retry later", [("Retry-After", "5")]) from exc
         return conn
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
@@ -124,8 +129,7 @@ class App:
         uuid, report = _report_route(path)
         _allow(method, "POST")
         self.check_machine(environ, uuid)
-        body = _read_json(environ)
-        return 200, self.report(report, uuid, _fields(report, body))
+        return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
         reports = LocalReports(self.connection(), self.config)

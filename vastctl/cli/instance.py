@@ -6,20 +6,29 @@ report over HTTP instead (and never open or create a file).
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
 
 from ..reports import LocalReports, Reports
-from .app import app, globals_of
+from .app import app, env_flag, globals_of, say
 
 UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="This machine's uuid ($VASTCTL_UUID).")]
 
 
 def reports_for(ctx: typer.Context) -> Reports:
-    """Local reports against the state file (remote mode is chosen here when VASTCTL_SERVER is set)."""
+    """Remote reports when VASTCTL_SERVER is set (no state file is opened), else the local state file."""
+    if env_flag("VASTCTL_SERVER"):
+        from ..remote import RemoteReports
+
+        return RemoteReports.from_env(os.environ, on_retry=_say_retry)
     g = globals_of(ctx)
     return LocalReports(g.connect(), g.config)
+
+
+def _say_retry(problem: str, wait: float, remaining: float) -> None:
+    say(f"manager not answering ({problem}); retrying in {wait:.1f}s ({remaining:.0f}s left of VASTCTL_RETRY_FOR)")
 
 
 @app.command("register")

@@ -1,0 +1,109 @@
+"""A real `vastctl serve` process on 127.0.0.1 for the server and remote-mode tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vastctl import db, tokens
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+SCRUBBED = ("VASTCTL_SERVER", "VASTCTL_TOKEN", "VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_RETRY_FOR",
+            "VAST_API_KEY", "ANTHROPIC_API_KEY")
+
+
+def run_vastctl(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vastctl", *args], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Manager:
+    """A state file, its token secret and config in `home`, and `vastctl serve` over them."""
+
+    def __init__(self, home: Path, *, admin_token: str = ADMIN_TOKEN, gate: float = 40):
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.db_path = home / "manager.db"
+        self.config_path = home / "config.yaml"
+        self.config_path.write_text(f'server:\n  admin_token: "{admin_token}"\nfleet:\n  min_bench_rate: {gate}\n')
+        db.connect(self.db_path, create=True).close()
+        tokens.ensure_secret(Path(str(self.db_path) + ".secret"))
+        self.secret = tokens.read_secret(Path(str(self.db_path) + ".secret"))
+        self.log_path = home / "serve.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+        self.env.update(HOME=str(home), VASTCTL_DB=str(self.db_path), VASTCTL_CONFIG=str(self.config_path))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def token(self, uuid: str) -> str:
+        return tokens.machine_token(self.secret, uuid)
+
+    def start(self, port: int = 0, *extra: str) -> Manager:
+        with self.log_path.open("a") as log:
+            log.write("--- start\n")
+        offset = self.log_path.stat().st_size
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vastctl", "serve", "--port", str(port), *extra],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"),
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            match = re.search(r"serving on http://127\.0\.0\.1:(\d+)", self.log_path.read_text()[offset:])
+            if match:
+                self.port = int(match.group(1))
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.log_path.read_text()}")
+            time.sleep(0.02)
+        self.proc.kill()
+        raise AssertionError(f"serve did not start: {self.log_path.read_text()}")
+
+    def stop(self) -> int:
+        """SIGTERM, as systemd stops it; returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def rows(self) -> dict[str, dict]:
+        conn = sqlite3.connect(self.db_path)
+        conn.row_factory = sqlite3.Row
+        try:
+            return {row["uuid"]: dict(row) for row in conn.execute("SELECT * FROM instances")}
+        finally:
+            conn.close()
+
+    def events(self, uuid: str | None = None) -> list[dict]:
+        conn = sqlite3.connect(self.db_path)
+        conn.row_factory = sqlite3.Row
+        try:
+            query, args = "SELECT * FROM events ORDER BY id", ()
+            if uuid is not None:
+                query, args = "SELECT * FROM events WHERE uuid = ? ORDER BY id", (uuid,)
+            return [dict(row) for row in conn.execute(query, args)]
+        finally:
+            conn.close()

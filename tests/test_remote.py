@@ -1,0 +1,231 @@
+"""RemoteReports: the request that goes out, the answer → typed error mapping, and the retry loop (fake clock)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+import responses
+
+from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
+from vastctl.remote import DEFAULT_RETRY_FOR, MAX_DELAY, RemoteReports
+
+SERVER = "https://manager.example.test"
+TOKEN = "a" * 64
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def retried():
+    return []
+
+
+@pytest.fixture
+def remote(clock, retried):
+    def make(retry_for=60.0, server=SERVER):
+        return RemoteReports(server, TOKEN, retry_for=retry_for, sleep=clock.sleep, monotonic=clock.monotonic,
+                             jitter=lambda: 1.0, on_retry=lambda *args: retried.append(args))
+    return make
+
+
+def url(uuid, report):
+    return f"{SERVER}/v1/instances/{uuid}/{report}"
+
+
+@responses.activate
+def test_each_report_sends_the_contract_request(remote):
+    calls = [
+        (lambda r: r.register("u1", label="vastctl-a", vast_id=7, gpu_name="RTX 4090", num_gpus=1), "register",
+         {"label": "vastctl-a", "vast_id": 7, "gpu_name": "RTX 4090", "num_gpus": 1}, {"state": "registered"}),
+        (lambda r: r.register("u1", label="vastctl-a"), "register", {"label": "vastctl-a"}, {"state": "registered"}),
+        (lambda r: r.params_done("u1"), "params-done", {}, {"state": "params_done"}),
+        (lambda r: r.bench_report("u1", "68.5"), "bench-report", {"rate": 68.5}, {"state": "bench_done", "passed": True}),
+        (lambda r: r.running("u1"), "running", {}, {"state": "running"}),
+        (lambda r: r.heartbeat("u1", 12), "heartbeat", {"proofs_done": 12}, {"state": "running"}),
+        (lambda r: r.heartbeat("u1"), "heartbeat", {}, {"state": "running"}),
+    ]
+    reports = remote()
+    for call, report, body, answer in calls:
+        responses.post(url("u1", report), json=answer)
+        assert call(reports) == answer
+        sent = responses.calls[-1].request
+        assert sent.method == "POST"
+        assert sent.url == url("u1", report)
+        assert sent.headers["Authorization"] == f"Bearer {TOKEN}"
+        assert json.loads(sent.body) == body
+        assert TOKEN not in sent.url
+        assert sent.req_kwargs["timeout"] == (5.0, 30.0)
+
+
+@responses.activate
+def test_uuid_is_escaped_in_the_path(remote):
+    responses.post(f"{SERVER}/v1/instances/a%2Fb%20c/running", json={"state": "running"})
+    assert remote().running("a/b c") == {"state": "running"}
+
+
+@responses.activate
+def test_server_with_a_path_prefix_and_trailing_slash(remote):
+    responses.post(f"{SERVER}/vastctl/v1/instances/u1/running", json={"state": "running"})
+    assert remote(server=f"{SERVER}/vastctl/").running("u1") == {"state": "running"}
+
+
+@responses.activate
+def test_below_gate_bench_raises_bench_failed(remote):
+    reason = "instance vastctl-a: bench rate 3 below gate 40; it is being killed, do not prove"
+    responses.post(url("u1", "bench-report"), json={"state": "killed", "passed": False, "reason": reason})
+    with pytest.raises(BenchFailed) as caught:
+        remote().bench_report("u1", 3)
+    assert (caught.value.exit_code, str(caught.value)) == (5, reason)
+
+
+@pytest.mark.parametrize("status,error,exit_code,says", [
+    (400, BadInput, 2, "rate must be"),
+    (401, BadInput, 2, "VASTCTL_TOKEN"),
+    (403, BadInput, 2, "another machine"),
+    (404, UnknownInstance, 2, "no instance"),
+    (409, Refused, 3, "cannot go to running"),
+    (413, BadInput, 2, "64 KiB"),
+    (418, BadInput, 2, "418"),
+])
+@responses.activate
+def test_client_errors_map_to_exit_codes_without_retry(remote, clock, status, error, exit_code, says):
+    messages = {400: "rate must be a finite number", 401: "invalid token", 403: "this token belongs to another machine",
+                404: "no instance with uuid 'u1'", 409: "instance a is registered; it cannot go to running",
+                413: "body over the 64 KiB limit", 418: "teapot"}
+    responses.post(url("u1", "running"), status=status, json={"error": messages[status]})
+    with pytest.raises(error) as caught:
+        remote().running("u1")
+    assert caught.value.exit_code == exit_code
+    assert says in str(caught.value)
+    assert TOKEN not in str(caught.value)
+    assert len(responses.calls) == 1 and clock.sleeps == []
+
+
+@responses.activate
+def test_unreachable_then_up(remote, clock, retried):
+    responses.post(url("u1", "heartbeat"), body=requests.ConnectionError("Connection refused"))
+    responses.post(url("u1", "heartbeat"), body=requests.ConnectionError("Connection refused"))
+    responses.post(url("u1", "heartbeat"), json={"state": "running"})
+    assert remote().heartbeat("u1", 3) == {"state": "running"}
+    assert len(responses.calls) == 3
+    assert clock.sleeps == [0.5, 1.0]
+    assert "Connection refused" in retried[0][0]
+
+
+@responses.activate
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 429])
+def test_5xx_and_429_are_retried(remote, clock, status):
+    responses.post(url("u1", "params-done"), status=status, json={"error": "state file busy"})
+    responses.post(url("u1", "params-done"), json={"state": "params_done"})
+    assert remote().params_done("u1") == {"state": "params_done"}
+    assert len(clock.sleeps) == 1
+
+
+@responses.activate
+def test_read_timeout_is_retried(remote, clock):
+    responses.post(url("u1", "running"), body=requests.ReadTimeout("read timed out"))
+    responses.post(url("u1", "running"), json={"state": "running"})
+    assert remote().running("u1") == {"state": "running"}
+
+
+@responses.activate
+def test_gives_up_after_retry_for_with_exit_1(remote, clock, retried):
+    responses.post(url("u1", "heartbeat"), status=503, json={"error": "the state file stayed busy"})
+    with pytest.raises(Unavailable) as caught:
+        remote(retry_for=120).heartbeat("u1", 1)
+    assert caught.value.exit_code == 1
+    assert "did not take the report for 2m" in str(caught.value) and "HTTP 503" in str(caught.value)
+    assert clock.now == pytest.approx(1000 + 120)
+    assert max(clock.sleeps) == MAX_DELAY  # capped exponential backoff
+    assert clock.sleeps[:4] == [0.5, 1.0, 2.0, 4.0]
+    assert len(responses.calls) == len(clock.sleeps) + 1
+
+
+@responses.activate
+def test_retry_for_zero_tries_once(remote, clock):
+    responses.post(url("u1", "running"), body=requests.ConnectionError("Connection refused"))
+    with pytest.raises(Unavailable):
+        remote(retry_for=0).running("u1")
+    assert len(responses.calls) == 1 and clock.sleeps == []
+
+
+def test_jitter_spreads_the_waits(clock):
+    reports = RemoteReports(SERVER, TOKEN, retry_for=10, sleep=clock.sleep, monotonic=clock.monotonic,
+                            jitter=lambda: 0.0)
+    with responses.RequestsMock() as mock:
+        mock.post(url("u1", "running"), body=requests.ConnectionError("down"))
+        mock.post(url("u1", "running"), json={"state": "running"})
+        reports.running("u1")
+    assert clock.sleeps == [0.25]
+
+
+@responses.activate
+@pytest.mark.parametrize("call", [
+    lambda r: r.bench_report("u1", "fast"),
+    lambda r: r.bench_report("u1", "nan"),
+    lambda r: r.bench_report("u1", -1),
+    lambda r: r.heartbeat("u1", -3),
+    lambda r: r.running(""),
+    lambda r: r.running("bad\nuuid"),
+    lambda r: r.register("u1", label="x" * 300),
+])
+def test_bad_input_is_exit_2_without_a_request(remote, call):
+    with pytest.raises(BadInput) as caught:
+        call(remote())
+    assert caught.value.exit_code == 2
+    assert len(responses.calls) == 0
+
+
+@responses.activate
+def test_redirect_is_not_followed(remote):
+    responses.post(url("u1", "running"), status=301, headers={"Location": "https://elsewhere.test/v1"})
+    with pytest.raises(BadInput) as caught:
+        remote().running("u1")
+    assert "redirects to https://elsewhere.test/v1" in str(caught.value)
+    assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_an_answer_that_is_not_vastctl(remote):
+    responses.post(url("u1", "running"), body="<html>hello</html>", status=200)
+    with pytest.raises(BadInput) as caught:
+        remote().running("u1")
+    assert "is VASTCTL_SERVER the manager" in str(caught.value)
+
+
+def test_from_env_reads_and_checks_each_variable():
+    reports = RemoteReports.from_env({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN})
+    assert (reports.server, reports.retry_for) == (SERVER, DEFAULT_RETRY_FOR) and DEFAULT_RETRY_FOR == 300
+    assert RemoteReports.from_env({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN,
+                                   "VASTCTL_RETRY_FOR": "90s"}).retry_for == 90
+    cases = [
+        ({"VASTCTL_SERVER": SERVER}, "VASTCTL_TOKEN is not set"),
+        ({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": "two words"}, "VASTCTL_TOKEN must be"),
+        ({"VASTCTL_SERVER": "manager:8080", "VASTCTL_TOKEN": TOKEN}, "VASTCTL_SERVER must be"),
+        ({"VASTCTL_SERVER": "ftp://x", "VASTCTL_TOKEN": TOKEN}, "VASTCTL_SERVER must be"),
+        ({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN, "VASTCTL_RETRY_FOR": "soon"}, "VASTCTL_RETRY_FOR"),
+        ({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN, "VASTCTL_RETRY_FOR": "-5"}, "VASTCTL_RETRY_FOR"),
+    ]
+    for env, says in cases:
+        with pytest.raises(BadInput) as caught:
+            RemoteReports.from_env(env)
+        assert says in str(caught.value)
+        assert "two words" not in str(caught.value)

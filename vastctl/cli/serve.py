@@ -1,0 +1,140 @@
+"""The manager's HTTP endpoint (`serve`) and the machine tokens it checks (`token`)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import Annotated
+
+import typer
+
+from .. import lifecycle, tokens
+from .app import app, globals_of, say
+
+
+@app.command("serve")
+def serve_cmd(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to bind; keep loopback, TLS in front.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0 picks a free one).")] = 8080,
+    threads: Annotated[int, typer.Option(
+        "--threads", min=1, max=64, help="Worker threads (reports all write one file: 1 is fastest).")] = 1,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1, help="Seconds a silent or half-sent connection is kept.")] = 30.0,
+    access_log: Annotated[bool, typer.Option(
+        "--access-log/--no-access-log", help="Log each request (never its headers).")] = True,
+) -> None:
+    """Answer the boot scripts' reports over HTTP (machines set VASTCTL_SERVER and VASTCTL_TOKEN).
+
+    Example: vastctl serve --host 127.0.0.1 --port 8080   # behind a TLS proxy
+    """
+    from .. import server
+
+    g = globals_of(ctx)
+    srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout)
+    log_handler = _log_to_stderr(access_log)
+    if not g.config.server.admin_token:
+        say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
+    elif len(g.config.server.admin_token) < 16:
+        say("warning: server.admin_token is shorter than 16 characters: use a long random one")
+    signal.signal(signal.SIGTERM, _interrupt)
+    # Hand the GIL over after 1 ms instead of 5: each request is a few short steps between the
+    # event loop, a worker and SQLite, and waiting out the default interval at each hand-off
+    # measured a third slower.
+    sys.setswitchinterval(0.001)
+    say(f"serving on {', '.join(server.listen_urls(srv))} (state file {g.config.db_path}; stop with Ctrl-C or SIGTERM)")
+    try:
+        srv.run()  # returns after SIGINT/SIGTERM, once running requests have finished
+    finally:
+        log_handler.close()
+    say("stopped")
+
+
+@app.command("token")
+def token_cmd(
+    ctx: typer.Context,
+    uuid: Annotated[str, typer.Option("--uuid", help="The machine's uuid.")],
+) -> None:
+    """Print the bearer token a machine uses in remote mode (its VASTCTL_TOKEN).
+
+    Example: vastctl token --uuid 0f1c2d3e-…
+    """
+    lifecycle.validate_text(uuid, "--uuid")
+    g = globals_of(ctx)
+    typer.echo(tokens.machine_token(tokens.read_secret(g.config.secret_path), uuid))
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+class _UTCFormatter(logging.Formatter):
+    converter = time.gmtime
+
+    def formatTime(self, record, datefmt=None):
+        return time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+class _BatchedStream(logging.Handler):
+    """Format in the request's thread, write in batches from one thread a few times a second.
+
+    A request never waits on stderr, and the writer wakes five times a second
+    rather than once a request: every wake-up is a GIL hand-off the workers
+    pay for.
+    """
+
+    def __init__(self, stream, interval: float = 0.2):
+        super().__init__()
+        self.stream = stream
+        self.interval = interval
+        self.pending: collections.deque[str] = collections.deque(maxlen=100_000)  # a stalled stderr drops, not grows
+        self.stopping = threading.Event()
+        self.writer = threading.Thread(target=self._write_forever, name="vastctl-log", daemon=True)
+        self.writer.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.pending.append(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging's contract: never raise from emit
+            self.handleError(record)
+
+    def _write_forever(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        batch = []
+        try:
+            while True:
+                batch.append(self.pending.popleft())
+        except IndexError:
+            pass
+        if batch:
+            try:
+                self.stream.write("".join(batch))
+                self.stream.flush()
+            except (OSError, ValueError):  # stderr closed or gone: lose the lines, keep serving
+                pass
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.writer.join(timeout=5)
+        super().close()
+
+
+def _log_to_stderr(access_log: bool) -> _BatchedStream:
+    handler = _BatchedStream(sys.stderr)
+    handler.setFormatter(_UTCFormatter("%(asctime)s %(levelname)s %(message)s"))
+    levels = {"vastctl.serve": logging.INFO if access_log else logging.WARNING, "waitress": logging.WARNING,
+              "waitress.queue": logging.ERROR}  # waitress warns at every queued task under load: noise
+    for name, level in levels.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level)
+        logger.propagate = False
+    return handler

@@ -1,0 +1,218 @@
+"""Remote mode of the instance reports: HTTP to `vastctl serve` instead of the state file.
+
+Boot scripts report while the manager may be restarting, so an unreachable
+manager, a 5xx or a 429 is retried with capped, jittered exponential backoff
+for VASTCTL_RETRY_FOR (default 5m): a report made during a restart lands when
+the manager is back. Retrying is safe because every report is idempotent on
+the manager (the same report twice makes one event). Inputs are validated
+here first, so a bad value is exit 2 without a request. Answers map onto the
+contract's exit codes through the typed errors; the token travels only in the
+Authorization header and never appears in a message.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+from . import lifecycle
+from .config import parse_duration
+from .errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
+
+if TYPE_CHECKING:
+    import requests
+
+DEFAULT_RETRY_FOR = 5 * 60.0
+FIRST_DELAY = 0.5
+MAX_DELAY = 30.0
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 30.0
+
+
+class RemoteReports:
+    """The `Reports` protocol over HTTP, with retries for an unreachable or failing manager."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        retry_for: float = DEFAULT_RETRY_FOR,
+        session: requests.Session | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+        on_retry: Callable[[str, float, float], None] | None = None,
+    ):
+        self.server = _check_server(server)
+        self.token = _check_token(token)
+        self.retry_for = retry_for
+        if session is None:
+            import requests  # only remote mode pays for it
+
+            session = requests.Session()
+        self.session = session
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self.jitter = jitter
+        self.on_retry = on_retry
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **kwargs: Any) -> RemoteReports:
+        """VASTCTL_SERVER, VASTCTL_TOKEN and VASTCTL_RETRY_FOR, each checked with a message naming it."""
+        token = env.get("VASTCTL_TOKEN") or ""
+        if not token:
+            raise BadInput("VASTCTL_TOKEN is not set: remote mode (VASTCTL_SERVER) needs this machine's token"
+                           " (`vastctl token --uuid U` on the manager)")
+        retry_text = env.get("VASTCTL_RETRY_FOR") or ""
+        retry_for = parse_duration(retry_text, "VASTCTL_RETRY_FOR") if retry_text else DEFAULT_RETRY_FOR
+        return cls(env.get("VASTCTL_SERVER") or "", token, retry_for=retry_for, **kwargs)
+
+    # --- the five reports ---------------------------------------------------------------------
+
+    def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
+        lifecycle.validate_text(uuid, "--uuid")
+        if label is not None:
+            lifecycle.validate_text(label, "--label")
+        body = {k: v for k, v in {"label": label, "vast_id": vast_id, "gpu_name": gpu_name,
+                                  "num_gpus": num_gpus}.items() if v is not None}
+        return self._report(uuid, "register", body)
+
+    def params_done(self, uuid):
+        lifecycle.validate_text(uuid, "--uuid")
+        return self._report(uuid, "params-done", {})
+
+    def bench_report(self, uuid, rate):
+        lifecycle.validate_text(uuid, "--uuid")
+        answer = self._report(uuid, "bench-report", {"rate": lifecycle.validate_rate(rate)})
+        if answer.get("passed") is False:
+            error = BenchFailed(answer.get("reason") or f"instance {uuid}: bench rate below the gate;"
+                                " it is being killed, do not prove")
+            error.row = answer
+            raise error
+        return answer
+
+    def running(self, uuid):
+        lifecycle.validate_text(uuid, "--uuid")
+        return self._report(uuid, "running", {})
+
+    def heartbeat(self, uuid, proofs_done=None):
+        lifecycle.validate_text(uuid, "--uuid")
+        body = {} if proofs_done is None else {"proofs_done": lifecycle.validate_proofs(proofs_done)}
+        return self._report(uuid, "heartbeat", body)
+
+    # --- HTTP ----------------------------------------------------------------------------------
+
+    def _report(self, uuid: str, report: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.server}/v1/instances/{quote(uuid, safe='')}/{report}"
+        response = self._post_with_retries(url, body)
+        return _answer(response, self.server, uuid)
+
+    def _post_with_retries(self, url: str, body: dict[str, Any]):
+        import requests
+
+        deadline = self.monotonic() + self.retry_for
+        delay = FIRST_DELAY
+        while True:
+            try:
+                response = self.session.post(
+                    url, json=body, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), allow_redirects=False,
+                    headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+                )
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+                problem = _describe(exc)
+            except requests.RequestException as exc:
+                raise BadInput(f"cannot call the manager at {self.server}: {_describe(exc)}; check VASTCTL_SERVER") from None
+            else:
+                if response.status_code < 500 and response.status_code != 429:
+                    return response
+                problem = f"HTTP {response.status_code}{_error_suffix(response)}"
+            remaining = deadline - self.monotonic()
+            if remaining <= 0:
+                waited = f" for {_human(self.retry_for)}" if self.retry_for > 0 else ""
+                raise Unavailable(f"the manager at {self.server} did not take the report{waited} ({problem}):"
+                                  " retry later (VASTCTL_RETRY_FOR sets how long to keep trying)")
+            wait = min(delay * (0.5 + self.jitter() / 2), remaining)
+            if self.on_retry is not None:
+                self.on_retry(problem, wait, remaining)
+            self.sleep(wait)
+            delay = min(delay * 2, MAX_DELAY)
+
+
+def _answer(response, server: str, uuid: str) -> dict[str, Any]:
+    """The manager's answer → a result, or the typed error whose exit code the contract names."""
+    status = response.status_code
+    if 300 <= status < 400:
+        where = response.headers.get("Location", "elsewhere")
+        raise BadInput(f"the manager at {server} redirects to {where}: set VASTCTL_SERVER to the final URL")
+    if 200 <= status < 300:
+        answer = _json(response)
+        if not isinstance(answer, dict) or not isinstance(answer.get("state"), str):
+            raise BadInput(f"{server} answered {status} without a report result:"
+                           " is VASTCTL_SERVER the manager's `vastctl serve`?")
+        return answer
+    message = _error_text(response)
+    if status == 401:
+        raise BadInput(f"the manager refused the token ({message}): set VASTCTL_TOKEN to what"
+                       f" `vastctl token --uuid {uuid}` prints")
+    if status == 403:
+        raise BadInput(f"the manager refused the token for {uuid} ({message}): VASTCTL_TOKEN belongs to"
+                       " another machine; check --uuid/VASTCTL_UUID")
+    if status == 404:
+        raise UnknownInstance(f"the manager: {message}")
+    if status == 409:
+        raise Refused(f"the manager: {message}")
+    raise BadInput(f"the manager answered {status}: {message}")
+
+
+def _json(response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _error_text(response) -> str:
+    answer = _json(response)
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        return answer["error"][:500]
+    return f"HTTP {response.status_code} {response.reason or ''}".strip()
+
+
+def _error_suffix(response) -> str:
+    answer = _json(response)
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        return f": {answer['error'][:200]}"
+    return ""
+
+
+def _describe(exc: Exception) -> str:
+    """A short cause without the URL's noise (urllib3 nests the real reason deep inside)."""
+    text = str(exc)
+    for marker in ("Connection refused", "Name or service not known", "timed out", "Temporary failure in name resolution",
+                   "Connection reset", "Remote end closed connection", "certificate verify failed"):
+        if marker in text:
+            return f"{type(exc).__name__}: {marker}"
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _check_server(server: str) -> str:
+    parts = urlsplit(server.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise BadInput(f"VASTCTL_SERVER must be the manager's URL, like https://manager.example.com, got {server!r}")
+    return server.strip().rstrip("/")
+
+
+def _check_token(token: str) -> str:
+    if not token or len(token) > 1024 or not token.isascii() or not token.isprintable() or " " in token:
+        raise BadInput("VASTCTL_TOKEN must be the printable token `vastctl token --uuid U` prints (it is not)")
+    return token
+
+
+def _human(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
