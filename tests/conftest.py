@@ -48,6 +48,20 @@ def conn(db_path):
     connection.close()
 
 
+@pytest.fixture
+def ready(cli):
+    """An initialised state file, made the way an operator makes it."""
+    assert cli("init").code == 0
+
+
+@pytest.fixture
+def store(ready, db_path):
+    """An initialised state file and a connection to it."""
+    connection = db.connect(db_path)
+    yield connection
+    connection.close()
+
+
 @dataclass
 class Result:
     code: int

@@ -7,11 +7,6 @@ import sqlite3
 import pytest
 
 
-@pytest.fixture
-def ready(cli):
-    assert cli("init").code == 0
-
-
 def row(db_path, uuid="u1"):
     conn = sqlite3.connect(db_path)
     conn.row_factory = sqlite3.Row

@@ -9,11 +9,6 @@ import sqlite3
 import pytest
 
 
-@pytest.fixture
-def ready(cli):
-    assert cli("init").code == 0
-
-
 def lifecycle_to(cli, uuid, label, rate=68.0, running=True):
     cli("register", "--uuid", uuid, "--label", label, "--gpu", "RTX 4090")
     cli("params-done", "--uuid", uuid)

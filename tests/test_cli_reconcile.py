@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from vastctl import clock, db, lifecycle, locks
+from vastctl import clock, lifecycle, locks
 from vastctl.providers.base import ProviderError, RemoteInstance
 
 
@@ -36,14 +36,6 @@ def market(monkeypatch):
     fake = Market()
     monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config: fake)
     return fake
-
-
-@pytest.fixture
-def store(cli, db_path):
-    assert cli("init").code == 0
-    conn = db.connect(db_path)
-    yield conn
-    conn.close()
 
 
 def put(store, market, label, vast_id, state="running", status="running", minutes_ago=30, heartbeat_ago=1, **fields):

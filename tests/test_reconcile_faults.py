@@ -13,7 +13,7 @@ import pytest
 import requests
 import responses
 
-from vastctl import clock, db, lifecycle
+from vastctl import clock, lifecycle
 from vastctl.providers import get_provider
 
 API = "http://vast.test"
@@ -30,14 +30,6 @@ def api(monkeypatch):
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         mock.sleeps = sleeps
         yield mock
-
-
-@pytest.fixture
-def store(cli, db_path):
-    assert cli("init").code == 0
-    conn = db.connect(db_path)
-    yield conn
-    conn.close()
 
 
 def instance(vast_id, label, status="running", **extra):
