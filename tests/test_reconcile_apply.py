@@ -315,3 +315,21 @@ def test_apply_never_destroys_a_live_row(conn, config, market):
     bogus = reconcile.Action(kind="destroy", label="vastctl-a", reason="bug", uuid=uuid, vast_id=11)
     assert reconcile.apply(conn, market, [bogus], config, now=NOW).actions[0]["result"].startswith("skipped")
     assert market.destroy_calls == []
+
+
+def test_listing_history_is_pruned_after_a_week_but_the_last_good_one_is_kept(conn, config, market):
+    market.add(1, "stranger")
+    reconcile.run_pass(conn, market, config, now=at(-8 * 24 * 60))  # good, 8 days ago
+    market.list_error = ProviderError("vast listing: HTTP 500")
+    for days in (3, 1):
+        with pytest.raises(ProviderError):
+            reconcile.run_pass(conn, market, config, now=at(-days * 24 * 60))
+    with pytest.raises(ProviderError):
+        reconcile.run_pass(conn, market, config, now=NOW)
+    kept = [(r["ok"], r["at"]) for r in conn.execute("SELECT ok, at FROM vast_listings ORDER BY id")]
+    assert kept == [(1, clock.to_iso(at(-8 * 24 * 60))), (0, clock.to_iso(at(-3 * 24 * 60))),
+                    (0, clock.to_iso(at(-24 * 60))), (0, clock.to_iso(NOW))]
+    market.list_error = None
+    reconcile.run_pass(conn, market, config, now=at(5 * 24 * 60))  # the 8-day-old good one and the 3-day-old go
+    assert [(r["ok"], r["at"]) for r in conn.execute("SELECT ok, at FROM vast_listings ORDER BY id")] == [
+        (0, clock.to_iso(at(-24 * 60))), (0, clock.to_iso(NOW)), (1, clock.to_iso(at(5 * 24 * 60)))]

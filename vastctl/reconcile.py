@@ -38,7 +38,7 @@ import re
 import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import blocklist, clock, locks, operations, settings
@@ -53,6 +53,7 @@ LEASE = "reconcile"
 LEASE_TTL_S = 10 * 60  # longer than any sane pass; a crashed holder on this host is ignored at once (locks.py)
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
+LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
 DEAD_STATUSES = {"exited": "exited", "unknown": "offline", "offline": "offline"}  # vast status → kill code
 START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
 SCHEDULING_STATUSES = frozenset({None, "", "stopped", "created", "scheduling"})
@@ -419,6 +420,15 @@ def record_failed_listing(conn: sqlite3.Connection, error: str, now: datetime) -
     with transaction(conn):
         conn.execute("INSERT INTO vast_listings (at, ok, instances, error) VALUES (?, 0, NULL, ?)",
                      (clock.to_iso(now), error[:1000]))
+        _prune_listings(conn, now)
+
+
+def _prune_listings(conn: sqlite3.Connection, now: datetime) -> None:
+    """Keep a week of listing history; the newest good listing is kept whatever its age (fleet shows its age)."""
+    conn.execute(
+        "DELETE FROM vast_listings WHERE at < ? AND id != (SELECT coalesce(max(id), 0) FROM vast_listings WHERE ok = 1)",
+        (clock.to_iso(now - timedelta(seconds=LISTINGS_KEPT_S)),),
+    )
 
 
 def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance],
@@ -437,6 +447,7 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
                 missing.append((count, row["uuid"]))
     with transaction(conn):
         conn.execute("INSERT INTO vast_listings (at, ok, instances, error) VALUES (?, 1, ?, NULL)", (at, len(listing)))
+        _prune_listings(conn, now)
         conn.executemany(
             "INSERT INTO vast_cache (vast_id, label, actual_status, intended_status, cur_state, status_msg, machine_id,"
             " gpu_name, num_gpus, dph, first_seen_at, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
