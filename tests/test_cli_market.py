@@ -213,3 +213,16 @@ def test_kill_without_a_key_changes_nothing(ready, cli, db_path, monkeypatch):
     result = cli("kill", "vastctl-a", "--reason", "x")
     assert result.code == 2 and "VAST_API_KEY" in result.err
     assert rows(db_path)[0]["state"] == "registered"
+
+
+def test_launch_arguments_are_checked_before_the_key(cli, vast, db_path, monkeypatch, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("server:\n  url: https://manager.example\n")
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    assert cli("init").code == 0
+    result = cli("launch", "--offer", "1", "--gpu", "RTX 4090")  # no VAST_API_KEY here
+    assert result.code == 2 and result.err == "error: give exactly one of --offer ID or --gpu NAME\n"
+    config.write_text("")
+    result = cli("launch", "--gpu", "RTX 4090")
+    assert result.code == 2 and "server.url is not set" in result.err
+    assert rows(db_path) == [] and len(vast.calls) == 0

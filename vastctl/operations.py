@@ -143,6 +143,18 @@ class LaunchResult:
                 "unknown": self.unknown, "error": self.error}
 
 
+def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | None, count: int) -> None:
+    """The launch's own arguments and settings, checked before any key, lease or market is needed."""
+    if (offer_id is None) == (gpu is None) or (gpu is not None and not gpu.strip()):
+        raise BadInput("give exactly one of --offer ID or --gpu NAME")
+    if count < 1:
+        raise BadInput(f"--count must be at least 1, got {count}")
+    if offer_id is not None and count != 1:
+        raise BadInput("--offer rents that one offer: use --count 1, or --gpu NAME --count N")
+    if not config.server.url:
+        raise BadInput("server.url is not set in the config: launched machines would have nowhere to report")
+
+
 def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offer_id: int | None = None,
            gpu: str | None = None, count: int = 1, actor: str = "operator",
            now: datetime | None = None) -> LaunchResult:
@@ -156,14 +168,7 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
     create whose outcome is unknown leaves the row launching for reconcile to
     find by label, and stops the launch (never two machines for one intent).
     """
-    if (offer_id is None) == (gpu is None) or (gpu is not None and not gpu.strip()):
-        raise BadInput("give exactly one of --offer ID or --gpu NAME")
-    if count < 1:
-        raise BadInput(f"--count must be at least 1, got {count}")
-    if offer_id is not None and count != 1:
-        raise BadInput("--offer rents that one offer: use --count 1, or --gpu NAME --count N")
-    if not config.server.url:
-        raise BadInput("server.url is not set in the config: launched machines would have nowhere to report")
+    check_launch_request(config, offer_id=offer_id, gpu=gpu, count=count)
     secret = tokens.read_secret(config.secret_path)
     with locks.held(conn, "launch", ttl_s=LAUNCH_LOCK_TTL_S, now=now):
         limits = settings.effective(conn, config)

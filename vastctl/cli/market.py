@@ -61,6 +61,7 @@ def launch_cmd(
     Example: vastctl launch --gpu "RTX 4090" --count 2
     """
     g = globals_of(ctx)
+    operations.check_launch_request(g.config, offer_id=offer, gpu=gpu, count=count)
     conn = g.connect()
     provider = get_provider(g.config)
     result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator")
