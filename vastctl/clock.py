@@ -34,3 +34,19 @@ def display_iso(text: str | None) -> str | None:
     if moment is None:
         return None
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def human_duration(seconds: float) -> str:
+    """`45s`, `14m`, `2h`, `1h30m`: how event reasons and tables speak of time."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+
+
+def human_age(moment: datetime | None, now: datetime) -> str:
+    """How long ago `moment` was, or `?` when unknown."""
+    return "?" if moment is None else human_duration((now - moment).total_seconds())

@@ -230,7 +230,7 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
         needed = max(1, config.reconcile.disappear_confirmations)
         if missing >= needed:
             seen = clock.from_iso(row.get("vast_seen_at"))
-            last = f", last seen {_ago(now, seen)} ago" if seen else ", never seen"
+            last = f", last seen {clock.human_age(seen, now)} ago" if seen else ", never seen"
             return "disappeared", (f"disappeared from vast: instance {row.get('vast_id')} missing from {missing}"
                                    f" consecutive listings{last}")
     elif state is not State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
@@ -240,15 +240,15 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
         if status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at"):
             since = clock.from_iso(row["vast_seen_at"])
             detail = f": {_clip(entry.status_msg)}" if entry.status_msg else ""
-            return DEAD_STATUSES[status], f"vast status {status} for {_ago(now, since)} (2 listings){detail}"
+            return DEAD_STATUSES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
         if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
                 and (entry.intended_status in (None, "", "running"))):
             resumed = clock.from_iso(row["resumed_at"])
             deadline = min(SCHEDULING_DEADLINE_S, config.timeouts.launching)
             if (now - resumed).total_seconds() > deadline:
                 return "scheduling_timeout", (
-                    f"resumed {_ago(now, resumed)} ago but vast still has it {status or 'unscheduled'}"
-                    f" (limit {_fmt(deadline)}): its GPU is likely taken"
+                    f"resumed {clock.human_age(resumed, now)} ago but vast still has it {status or 'unscheduled'}"
+                    f" (limit {clock.human_duration(deadline)}): its GPU is likely taken"
                 )
     if state is State.BENCH_DONE and row.get("bench_rate") is not None:
         gate = float(settings["min_bench_rate"])
@@ -259,22 +259,22 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
         name = TIMED_STATES[state]
         limit = getattr(config.timeouts, name)
         if (now - since).total_seconds() > limit:
-            return f"timeout_{name}", f"{name} for {_ago(now, since)} (limit {_fmt(limit)})"
+            return f"timeout_{name}", f"{name} for {clock.human_age(since, now)} (limit {clock.human_duration(limit)})"
     if state is State.RUNNING:
         limit = config.timeouts.heartbeat
         beat = clock.from_iso(row.get("last_heartbeat_at"))
         if beat is None or beat < since:
             if (now - since).total_seconds() > limit:
-                return "heartbeat_timeout", f"running for {_ago(now, since)} without a heartbeat (limit {_fmt(limit)})"
+                return "heartbeat_timeout", f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
         elif (now - beat).total_seconds() > limit:
-            return "heartbeat_timeout", f"no heartbeat for {_ago(now, beat)} (limit {_fmt(limit)})"
+            return "heartbeat_timeout", f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
     return None
 
 
 def _destroy_row(row: Mapping[str, Any], vast_id: int | None, now: datetime) -> Action:
     killed = clock.from_iso(row.get("killed_at") or row.get("state_since"))
     attempts = int(row.get("destroy_attempts") or 0)
-    reason = f"killed {_ago(now, killed)} ago ({row.get('kill_code') or 'no code'}), not yet destroyed"
+    reason = f"killed {clock.human_age(killed, now)} ago ({row.get('kill_code') or 'no code'}), not yet destroyed"
     if attempts:
         reason += f"; attempt {attempts + 1}, last error: {_clip(row.get('destroy_error') or '?')}"
     return Action(kind="destroy", label=row["label"], reason=reason, uuid=row["uuid"], vast_id=vast_id,
@@ -294,7 +294,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
             if entry.cur_state != "unloaded" and (now - destroyed).total_seconds() > STILL_LISTED_GRACE_S:
                 actions.append(Action(
                     kind="destroy", label=gone["label"], vast_id=entry.id, code=gone.get("kill_code"),
-                    reason=(f"destroyed {_ago(now, destroyed)} ago but vast still lists instance {entry.id}"
+                    reason=(f"destroyed {clock.human_age(destroyed, now)} ago but vast still lists instance {entry.id}"
                             f" ({entry.actual_status or 'no status'})"),
                 ))
             continue
@@ -305,23 +305,9 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
             actions.append(Action(
                 kind="destroy", label=entry.label, vast_id=entry.id, code="orphan",
                 reason=(f"orphan: vast instance {entry.id} carries our prefix but has no row and never registered;"
-                        f" listed for {_ago(now, seen)} (grace {_fmt(grace)})"),
+                        f" listed for {clock.human_age(seen, now)} (grace {clock.human_duration(grace)})"),
             ))
     return actions
-
-
-def _fmt(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours}h{minutes}m" if minutes else f"{hours}h"
-
-
-def _ago(now: datetime, then: datetime | None) -> str:
-    return "?" if then is None else _fmt((now - then).total_seconds())
 
 
 def _clip(text: str, limit: int = 160) -> str:

@@ -78,6 +78,11 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
                               missingval="-", disable_numparse=True) + "\n")
 
 
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    """A table cell for an optional number."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def say(text: str) -> None:
     """Talk goes to stderr; stdout is for data."""
     sys.stderr.write(text + "\n")

@@ -9,11 +9,7 @@ import typer
 from .. import lifecycle, operations
 from ..errors import Unavailable
 from ..providers import get_provider
-from .app import JsonOpt, app, globals_of, print_json, print_table, say
-
-
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+from .app import JsonOpt, app, fmt_num, globals_of, print_json, print_table, say
 
 
 @app.command("offers")
@@ -42,8 +38,8 @@ def offers_cmd(
         return
     print_table(
         [{"offer": v["id"], "machine": v["machine_id"], "gpu": f"{v['num_gpus']}x {v['gpu_name']}",
-          "$/h": _num(v["dph_total"], 3), "ram_gb": _num(v["cpu_ram_gb"], 0),
-          "down_mbps": _num(v["inet_down_mbps"], 0), "reliability": _num(v["reliability"], 3)} for v in views],
+          "$/h": fmt_num(v["dph_total"], 3), "ram_gb": fmt_num(v["cpu_ram_gb"], 0),
+          "down_mbps": fmt_num(v["inet_down_mbps"], 0), "reliability": fmt_num(v["reliability"], 3)} for v in views],
         ["offer", "machine", "gpu", "$/h", "ram_gb", "down_mbps", "reliability"],
     )
 
@@ -70,7 +66,7 @@ def launch_cmd(
     else:
         print_table(
             [{"label": row["label"], "vast_id": row["vast_id"], "offer": row["offer_id"],
-              "gpu": f"{row['num_gpus'] or 1}x {row['gpu_name']}", "$/h": _num(row["dph"], 3)}
+              "gpu": f"{row['num_gpus'] or 1}x {row['gpu_name']}", "$/h": fmt_num(row["dph"], 3)}
              for row in result.launched],
             ["label", "vast_id", "offer", "gpu", "$/h"],
         )

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import clock, fleet, lifecycle, settings, tokens
-from .app import JsonOpt, app, globals_of, print_json, print_table, say
+from .app import JsonOpt, app, fmt_num, globals_of, print_json, print_table, say
 
 
 @app.command("init")
@@ -24,18 +24,7 @@ def init_cmd(ctx: typer.Context) -> None:
 
 
 def _age(iso: str | None, now: datetime) -> str:
-    moment = clock.from_iso(iso)
-    if moment is None:
-        return "-"
-    seconds = max(0, int((now - moment).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if iso is None else clock.human_age(clock.from_iso(iso), now)
 
 
 @app.command("fleet")
@@ -62,7 +51,7 @@ def fleet_cmd(
             "label": i["label"], "state": i["state"],
             "vast": ("missing" if i["vast_missing"] else i["vast_status"] or "-") + (" !" if i["disagreement"] else ""),
             "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
-            "$/h": _num(i["dph"], 3), "bench": _num(i["bench_rate"]), "proofs/h": _num(i["proofs_per_hour"]),
+            "$/h": fmt_num(i["dph"], 3), "bench": fmt_num(i["bench_rate"]), "proofs/h": fmt_num(i["proofs_per_hour"]),
             "for": _age(i["state_since"], now), "heartbeat": _age(i["last_heartbeat_at"], now),
             "why": i["kill_reason"] or i["disagreement"] or "",
         }
