@@ -333,3 +333,22 @@ def test_listing_history_is_pruned_after_a_week_but_the_last_good_one_is_kept(co
     reconcile.run_pass(conn, market, config, now=at(5 * 24 * 60))  # the 8-day-old good one and the 3-day-old go
     assert [(r["ok"], r["at"]) for r in conn.execute("SELECT ok, at FROM vast_listings ORDER BY id")] == [
         (0, clock.to_iso(at(-24 * 60))), (0, clock.to_iso(NOW)), (1, clock.to_iso(at(5 * 24 * 60)))]
+
+
+def test_a_long_pass_renews_its_lease_before_each_action(conn, config, market, monkeypatch):
+    for n in range(3):  # three killed machines awaiting their destroy
+        make(conn, f"vastctl-k{n}", "killed", vast_id=20 + n, kill_code="exited", killed_at=clock.to_iso(at(-5)))
+        market.add(20 + n, f"vastctl-k{n}", status="exited")
+    ticks = iter(range(0, 10_000, 400))  # each monotonic reading: 400 s later than the one before
+    monkeypatch.setattr(locks.time, "monotonic", lambda: float(next(ticks)))
+    seen = []
+
+    def destroy(vast_id):
+        seen.append(conn.execute("SELECT expires_at FROM locks WHERE name = 'reconcile'").fetchone()[0])
+        market.instances.pop(vast_id, None)
+
+    monkeypatch.setattr(market, "destroy_instance", destroy)
+    reconcile.run_pass(conn, market, config, now=NOW)
+    ttl = reconcile.LEASE_TTL_S
+    assert seen == [clock.to_iso(NOW + timedelta(seconds=s + ttl)) for s in (400, 800, 1200)]
+    assert conn.execute("SELECT count(*) FROM locks").fetchone()[0] == 0

@@ -10,6 +10,8 @@ import contextlib
 import os
 import socket
 import sqlite3
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Iterator
 
@@ -58,15 +60,35 @@ def release(conn: sqlite3.Connection, name: str, holder: str) -> None:
         conn.execute("DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder))
 
 
+@dataclass
+class Lease:
+    """A held lease. `renew()` keeps a long holder from being taken for dead."""
+
+    conn: sqlite3.Connection
+    name: str
+    holder: str
+    ttl_s: float
+    started: datetime
+    _t0: float = field(default_factory=lambda: time.monotonic())
+
+    def renew(self) -> None:
+        """Expire `ttl_s` from now: the lease's start plus the real time elapsed (the start may be injected)."""
+        now = self.started + timedelta(seconds=time.monotonic() - self._t0)
+        with transaction(self.conn):
+            self.conn.execute("UPDATE locks SET expires_at = ? WHERE name = ? AND holder = ?",
+                              (clock.to_iso(now + timedelta(seconds=self.ttl_s)), self.name, self.holder))
+
+
 @contextlib.contextmanager
-def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None) -> Iterator[str]:
+def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None) -> Iterator[Lease]:
     """Hold the lease for the block, or raise Unavailable (exit 1: retry later)."""
+    now = now or clock.utcnow()
     holder = acquire(conn, name, ttl_s=ttl_s, now=now)
     if holder is None:
         row = conn.execute("SELECT holder, acquired_at FROM locks WHERE name = ?", (name,)).fetchone()
         since = clock.display_iso(row["acquired_at"]) if row else "?"
         raise Unavailable(f"another {name} is running ({row['holder'] if row else '?'} since {since}): retry later")
     try:
-        yield holder
+        yield Lease(conn, name, holder, ttl_s, now)
     finally:
         release(conn, name, holder)

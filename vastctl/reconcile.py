@@ -39,7 +39,7 @@ import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import blocklist, clock, locks, operations, settings
 from .audit import record_action
@@ -50,7 +50,7 @@ from .lifecycle import LIVE_STATES, State, kill, record_event
 from .providers.base import Provider, ProviderError, RemoteInstance
 
 LEASE = "reconcile"
-LEASE_TTL_S = 10 * 60  # longer than any sane pass; a crashed holder on this host is ignored at once (locks.py)
+LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
@@ -319,12 +319,15 @@ def _clip(text: str, limit: int = 160) -> str:
 
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
-          now: datetime | None = None) -> PassResult:
+          now: datetime | None = None, keepalive: Callable[[], None] | None = None) -> PassResult:
     """Perform the actions. A kill that loses a race is a result, not an error; a failed destroy is an error
-    (recorded on the row and retried next pass)."""
+    (recorded on the row and retried next pass). `keepalive` runs before each action: a pass whose
+    destroys wait long on vast renews its lease instead of letting a second pass start beside it."""
     now = now or clock.utcnow()
     result = PassResult()
     for action in actions:
+        if keepalive is not None:
+            keepalive()
         if action.kind == "kill":
             outcome = _apply_kill(conn, action, config, now)
         elif action.uuid is not None:
@@ -501,7 +504,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, no
         actions = plan(rows, listing, settings.effective(conn, config), config, now,
                        first_seen=first_seen, history=history)
         return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing), dry_run=True)
-    with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now):
+    with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
         try:
             listing = _list(provider)
         except ProviderError as exc:
@@ -517,7 +520,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, no
             record_failed_listing(conn, str(exc), now)
             raise
         record_listing(conn, rows, listing, matched, now)
-        result = apply(conn, provider, actions, config, now=now)
+        result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew)
         result.listed = len(listing)
         return result
 
