@@ -1,4 +1,4 @@
-"""Typed errors, each carrying the exit code from CONTRACT.md.
+"""Typed errors, each carrying its exit code (README: "Exit codes"), which scripts rely on.
 
 Library code raises these; only the CLI turns them into one `error: …` line
 and an exit status, so every failure reaches the operator the same way.

@@ -204,7 +204,8 @@ def _report_route(path: str) -> tuple[str, str]:
     if len(parts) == 5 and parts[0] == "" and parts[1:3] == ["v1", "instances"] and parts[4] in REPORTS and parts[3]:
         uuid = unquote(parts[3].encode("latin-1").decode("utf-8", "replace"))
         return uuid, parts[4]
-    raise HTTPError(404, f"no such endpoint {_loggable(path)}: see the HTTP API in CONTRACT.md")
+    raise HTTPError(404, f"no such endpoint {_loggable(path)}: the endpoints are POST /v1/instances/UUID/REPORT"
+                         f" (REPORT: {', '.join(REPORTS)}), GET /v1/fleet and GET /healthz")
 
 
 def _allow(method: str, allowed: str) -> None:

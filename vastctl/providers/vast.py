@@ -1,4 +1,4 @@
-"""The vast.ai REST API behind the Provider interface (facts: vast-api.md).
+"""The vast.ai REST API behind the Provider interface, spoken as the official vastai client speaks it.
 
 This module owns the HTTP policy: one session, a timeout on every call,
 bounded retries with backoff on 429/502/503/504 and transport errors, the key
@@ -301,7 +301,7 @@ def _retry_after(response: requests.Response) -> float | None:
 
 
 def offer_search_body(query: OfferQuery) -> dict[str, Any]:
-    """The POST /api/v0/bundles/ body (vast-api.md §4): filters as {op: value}, cheapest first."""
+    """The POST /api/v0/bundles/ body: filters as {op: value}, cheapest first."""
     body: dict[str, Any] = {"rentable": {"eq": True}}
     if query.offer_id is not None:
         body["id"] = {"eq": int(query.offer_id)}
@@ -326,7 +326,7 @@ def offer_search_body(query: OfferQuery) -> dict[str, Any]:
 
 
 def create_body(request: CreateRequest) -> dict[str, Any]:
-    """The PUT /api/v0/asks/{id}/ body (vast-api.md §5), on-demand.
+    """The PUT /api/v0/asks/{id}/ body, on-demand.
 
     cancel_unavail is true: an offer that cannot start now must be an error,
     not a stopped instance that bills storage.
