@@ -207,14 +207,14 @@ def register(
     `registered` and the event says so. A killed row is refused.
     """
     now = now or clock.utcnow()
-    _check_text(uuid, "--uuid")
+    validate_text(uuid, "--uuid")
     details = {k: v for k, v in {"vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items() if v is not None}
     with transaction(conn):
         row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None:
             if not label:
                 raise BadInput(f"instance {uuid} is new here: register it with --label")
-            _check_text(label, "--label")
+            validate_text(label, "--label")
             return _create_in_tx(conn, uuid=uuid, label=label, state=S.REGISTERED, source="instance", now=now,
                                  reason="registered without a launch record: adopted", fields=details)
         state = State(row["state"])
@@ -356,14 +356,10 @@ def _update(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> Non
     conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
 
 
-def _check_text(value: str, flag: str) -> None:
-    if not value or len(value) > 256 or any(ord(ch) < 32 for ch in value):
-        raise BadInput(f"{flag} must be 1 to 256 printable characters, got {value!r}")
-
-
 def validate_text(value: Any, flag: str) -> str:
     """A uuid or label: 1 to 256 printable characters (what register accepts)."""
     if not isinstance(value, str):
         raise BadInput(f"{flag} must be text, got {value!r}")
-    _check_text(value, flag)
+    if not value or len(value) > 256 or any(ord(ch) < 32 for ch in value):
+        raise BadInput(f"{flag} must be 1 to 256 printable characters, got {value!r}")
     return value
