@@ -222,7 +222,7 @@ def register(
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
         if state is S.REGISTERED:  # a repeated report: refresh the details, no event
             if details:
-                _update(conn, uuid, details)
+                update_fields(conn, uuid, details)
             return get(conn, uuid)
         if state in (S.LAUNCHING, S.STOPPED):
             reason = "boot script started"
@@ -316,7 +316,7 @@ def heartbeat(
         if proofs_done is not None:
             updates["proofs_done"] = proofs_done
             updates["proofs_per_hour"] = _smoothed_rate(row, proofs_done, now)
-        _update(conn, uuid, updates)
+        update_fields(conn, uuid, updates)
         return get(conn, uuid)
 
 
@@ -351,7 +351,10 @@ def kill(
     return transition(conn, uuid, S.KILLED, reason, source, code=code, now=now)
 
 
-def _update(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
+def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
+    """Set columns of one row that are not its state (call inside a transaction); state moves via transition()."""
+    if "state" in columns:
+        raise ValueError("instances.state changes only through transition()")
     assignments = ", ".join(f"{name} = ?" for name in columns)
     conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
 

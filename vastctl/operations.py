@@ -60,9 +60,8 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
 
 
 def _mark(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
-    assignments = ", ".join(f"{name} = ?" for name in columns)
     with transaction(conn):
-        conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
+        lifecycle.update_fields(conn, uuid, columns)
 
 
 # --- offers -----------------------------------------------------------------------------------------
