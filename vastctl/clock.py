@@ -6,11 +6,58 @@ simulator can drive time; `utcnow()` is only the default.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import time
+from datetime import datetime, timedelta, timezone
+
+
+class Clock:
+    """The one source of time: `now()` (aware UTC), `sleep()`, `monotonic()`.
+
+    The command that starts the work builds one and passes it down; nothing
+    below the CLI reads the system clock itself, so the simulator can run the
+    same code on virtual time (VirtualClock).
+    """
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class VirtualClock(Clock):
+    """Time that moves only when told: `sleep()` and `advance()` move it forward at once."""
+
+    def __init__(self, start: datetime):
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=timezone.utc)
+        self._now = start
+        self._elapsed = 0.0
+
+    def now(self) -> datetime:
+        return self._now
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def monotonic(self) -> float:
+        return self._elapsed
+
+    def advance(self, seconds: float) -> None:
+        seconds = max(0.0, float(seconds))
+        self._now += timedelta(seconds=seconds)
+        self._elapsed += seconds
+
+
+SYSTEM = Clock()
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return SYSTEM.now()
 
 
 def to_iso(moment: datetime | None) -> str | None:

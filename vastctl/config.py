@@ -79,6 +79,7 @@ class TimeoutsSection:
 class ReconcileSection:
     disappear_confirmations: int = 2
     max_vanish_fraction: float = 0.5
+    deadline: float = field(default=50.0, metadata=DURATION)  # a pass stops calling vast after this (cron: 1 min)
 
 
 @dataclass
@@ -88,6 +89,11 @@ class AgentSection:
     interval: float = field(default=5 * 60, metadata=DURATION)
     max_actions_per_step: int = 5
     max_context_tokens: int = 12000
+    headroom: float = 0.15
+    scale_down_after: float = field(default=60 * 60, metadata=DURATION)
+    max_rounds: int = 8
+    deadline: float = field(default=50.0, metadata=DURATION)
+    prices: dict = field(default_factory=lambda: {"claude-haiku-5-5": [0.10, 0.50, 0.01, 0.125]}, metadata={"prices": True})
 
 
 @dataclass
@@ -101,11 +107,19 @@ class ServerSection:
     url: str = ""
     admin_token: str = ""
     secret_file: str = ""
+    metrics_token: str = ""
+
+
+@dataclass
+class SimSection:
+    seed: int = 1
+    failures: str = "default"
 
 
 _CHOICES = {
     ("root", "provider"): ("vast", "sim"),
     ("agent", "policy"): ("auto", "rules", "llm"),
+    ("sim", "failures"): ("low", "default", "high"),
 }
 
 
@@ -121,6 +135,7 @@ class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     demand: DemandSection = field(default_factory=DemandSection)
     server: ServerSection = field(default_factory=ServerSection)
+    sim: SimSection = field(default_factory=SimSection)
     source: str = field(default="", metadata={"internal": True})
 
     @property
@@ -200,6 +215,21 @@ def _build(cls, raw: Mapping[str, Any], prefix: str):
     return cls(**values)
 
 
+def _prices(value: Any, name: str) -> dict:
+    """model → [input, output, cache_read, cache_write] $ per million tokens."""
+    if not isinstance(value, dict):
+        raise BadInput(f"config key {name!r} must map a model name to [input, output, cache_read, cache_write]")
+    prices = {}
+    for model, row in value.items():
+        ok = isinstance(row, list) and len(row) == 4 and all(
+            not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in row)
+        if not ok:
+            raise BadInput(f"config key {name}.{model}: expected [input, output, cache_read, cache_write]"
+                           f" $ per million tokens, got {row!r}")
+        prices[str(model)] = [float(x) for x in row]
+    return prices
+
+
 def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     if dataclasses.is_dataclass(default):
@@ -210,6 +240,8 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
         return _build(type(default), value, prefix=f"{name}.")
     if f.metadata.get("duration"):
         return parse_duration(value, name)
+    if f.metadata.get("prices"):
+        return _prices(value, name)
     section = prefix.rstrip(".") or "root"
     choices = _CHOICES.get((section, f.name))
     if isinstance(default, bool):
