@@ -61,7 +61,7 @@ def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
     for statement in db._statements(db.MIGRATIONS[0][1]):
         raw.execute(statement)
-    raw.execute("INSERT INTO migrations VALUES (1, 'x', '2026-01-01T00:00:00Z')")
+    raw.execute("INSERT INTO migrations VALUES (1, ?, '2026-01-01T00:00:00Z')", (db.FIRST_MIGRATION,))
     raw.execute("PRAGMA user_version = 1")
     raw.execute(
         "INSERT INTO instances (uuid, label, state, created_at, state_since, bench_rate)"
@@ -98,7 +98,7 @@ def test_missing_file_is_an_error_unless_creating(tmp_path):
 def test_a_file_that_is_not_sqlite_is_bad_input(tmp_path):
     path = tmp_path / "junk.db"
     path.write_text("not a database at all, just text " * 100)
-    with pytest.raises(BadInput, match="not a vastctl SQLite database"):
+    with pytest.raises(BadInput, match="not a SQLite database"):
         db.connect(path)
 
 

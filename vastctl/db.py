@@ -128,30 +128,66 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
+# What marks a file as ours: its migrations table records our first migration under this name.
+FIRST_MIGRATION = MIGRATIONS[0][0]
 
 
 def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
     """Open (and migrate) the state file.
 
-    Without `create`, a missing file is an error naming `vastctl init`: a typo
-    in VASTCTL_DB must not quietly start an empty fleet.
+    Nothing is written to a file before it is known to be ours: another
+    application's SQLite file, or one from a newer vastctl, is refused as it is.
+    Only `create` (what `vastctl init` passes) may set up a missing or empty file;
+    without it a missing file is an error naming `vastctl init`, so a typo in
+    VASTCTL_DB never quietly starts an empty fleet.
     """
     path = Path(path).expanduser()
     if str(path) != ":memory:" and not path.exists():
         if not create:
             raise BadInput(f"no state file at {path}: run `vastctl init` first, or point VASTCTL_DB at the file")
         path.parent.mkdir(parents=True, exist_ok=True)
+    conn = None
     try:
         conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        _check_ours(conn, path, create=create)
         if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         migrate(conn)
-    except sqlite3.DatabaseError as exc:
-        raise _translate(exc, path) from exc
+    except (sqlite3.Error, BadInput) as exc:
+        if conn is not None:
+            conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise (explain(exc, path) or exc) from exc
+        raise
     return conn
+
+
+def _check_ours(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
+    """Refuse, by reading only, a file that is not vastctl's, is from a newer vastctl, or is empty without `create`."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    objects = [(row[0], row[1]) for row in conn.execute("SELECT name, type FROM sqlite_master")
+               if not row[0].startswith("sqlite_")]
+    if not objects and version == 0:
+        if create:
+            return
+        raise BadInput(f"the state file {path} is empty: run `vastctl init` to set it up, or point VASTCTL_DB at"
+                       " vastctl's file")
+    tables = [name for name, kind in objects if kind == "table"]
+    first = None
+    if "migrations" in tables:
+        with contextlib.suppress(sqlite3.OperationalError):  # a `migrations` table of some other shape
+            first = conn.execute("SELECT name FROM migrations WHERE id = 1").fetchone()
+    if first is None or first[0] != FIRST_MIGRATION:
+        held = f"it holds tables {', '.join(tables[:5])}{', …' if len(tables) > 5 else ''}" if tables else "it holds no tables"
+        raise BadInput(f"{path} is not a vastctl state file ({held}): point VASTCTL_DB or --db at vastctl's file;"
+                       " `vastctl init` sets up a new one at a path that does not exist yet")
+    newest = conn.execute("SELECT max(id) FROM migrations").fetchone()[0] or 0
+    if max(version, newest) > SCHEMA_VERSION:
+        raise BadInput(f"the state file {path} is from a newer vastctl (schema {max(version, newest)}; this one knows"
+                       f" up to {SCHEMA_VERSION}): upgrade vastctl; this version leaves the file alone")
 
 
 def migrate(conn: sqlite3.Connection) -> int:
@@ -183,31 +219,67 @@ def _statements(sql: str) -> list[str]:
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE … COMMIT: take the write lock up front, so two writers
-    queue on the busy timeout instead of deadlocking on a lock upgrade."""
+    queue on the busy timeout instead of deadlocking on a lock upgrade.
+
+    A failure of the file itself (full, read-only, damaged, busy) leaves as the
+    typed error that says what to do; the transaction is undone either way.
+    """
     try:
         conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        raise _translate(exc, None) from exc
+    except sqlite3.Error as exc:
+        raise (explain(exc, _path_of(conn)) or exc) from exc
     try:
         yield conn
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        _rollback(conn)
+        raise (explain(exc, _path_of(conn)) or exc) from exc
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
-    else:
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo what is left of a failed transaction.
+
+    After a full disk or an I/O error SQLite may have rolled back already; a
+    second ROLLBACK would then fail and hide the error that matters.
+    """
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-            raise _translate(exc, None) from exc
 
 
-def _translate(exc: sqlite3.DatabaseError, path: Path | None) -> Exception:
+def _path_of(conn: sqlite3.Connection) -> str | None:
+    with contextlib.suppress(sqlite3.Error):
+        row = conn.execute("PRAGMA database_list").fetchone()
+        return row[2] or None
+    return None
+
+
+def explain(exc: sqlite3.Error, path: str | Path | None = None) -> Exception | None:
+    """The typed error, naming the fix, for a failure of the state file itself; None for anything else."""
     text = str(exc)
+    name = getattr(exc, "sqlite_errorname", "")
     where = f" {path}" if path else ""
-    if "locked" in text or "busy" in text:
+    beside = f"{Path(path).name}-wal and {Path(path).name}-shm" if path else "FILE-wal and FILE-shm"
+    permissions = (f"check the permissions of the file and its directory (vastctl writes the file, and SQLite's"
+                   f" WAL needs to write {beside} beside it)")
+    if "locked" in text or "busy" in text or name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return Unavailable(f"the state file{where} stayed busy for {BUSY_TIMEOUT_S:.0f}s: retry later")
-    if isinstance(exc, sqlite3.OperationalError) and "unable to open" in text:
-        return BadInput(f"cannot open the state file{where}: check the path and its permissions")
-    if "not a database" in text or "malformed" in text:
-        return BadInput(f"the state file{where} is not a vastctl SQLite database: check VASTCTL_DB")
-    return exc
+    if "disk is full" in text or name == "SQLITE_FULL":
+        return Unavailable(f"the state file{where} cannot grow ({text}): free space on its disk and retry;"
+                           " the change was not saved")
+    if "readonly" in text or name.startswith("SQLITE_READONLY"):
+        return BadInput(f"the state file{where} is read-only ({text}): {permissions}")
+    if "unable to open" in text or name.startswith("SQLITE_CANTOPEN"):
+        return BadInput(f"cannot open the state file{where} ({text}): check the path, and {permissions}")
+    if "not a database" in text or name == "SQLITE_NOTADB":
+        return BadInput(f"the state file{where} is not a SQLite database ({text}): check VASTCTL_DB or --db;"
+                        " if it was vastctl's, restore it from a backup")
+    if "malformed" in text or name.startswith("SQLITE_CORRUPT"):
+        return BadInput(f"the state file{where} is damaged ({text}): restore it from a backup"
+                        " (`sqlite3 FILE .recover` may save what is left)")
+    if "disk I/O error" in text or name.startswith("SQLITE_IOERR"):
+        return Unavailable(f"the state file{where} could not be read or written ({text}): check its disk, then retry")
+    return None

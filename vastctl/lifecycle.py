@@ -14,6 +14,7 @@ nothing the second time and writes no second event.
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 from datetime import datetime
 from enum import Enum
@@ -208,13 +209,20 @@ def register(
     """
     now = now or clock.utcnow()
     validate_text(uuid, "--uuid")
+    if label is not None:
+        validate_text(label, "--label")
+    if gpu_name is not None:
+        validate_text(gpu_name, "--gpu")
+    if vast_id is not None:
+        validate_whole(vast_id, "--vast-id")
+    if num_gpus is not None:
+        validate_whole(num_gpus, "--num-gpus", minimum=1)
     details = {k: v for k, v in {"vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items() if v is not None}
     with transaction(conn):
         row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None:
             if not label:
                 raise BadInput(f"instance {uuid} is new here: register it with --label")
-            validate_text(label, "--label")
             return _create_in_tx(conn, uuid=uuid, label=label, state=S.REGISTERED, source="instance", now=now,
                                  reason="registered without a launch record: adopted", fields=details)
         state = State(row["state"])
@@ -291,9 +299,7 @@ def running(conn: sqlite3.Connection, uuid: str, *, now: datetime | None = None)
 
 
 def validate_proofs(proofs_done: Any) -> int:
-    if isinstance(proofs_done, bool) or not isinstance(proofs_done, int) or proofs_done < 0:
-        raise BadInput(f"--proofs-done must be a whole number ≥ 0 (the cumulative count), got {proofs_done!r}")
-    return proofs_done
+    return validate_whole(proofs_done, "--proofs-done", what=" (the cumulative count)")
 
 
 def heartbeat(
@@ -359,10 +365,52 @@ def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) 
     conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
 
 
-def validate_text(value: Any, flag: str) -> str:
-    """A uuid or label: 1 to 256 printable characters (what register accepts)."""
+# Characters that hide or rearrange text in a terminal: C0 and C1 controls and DEL, zero-width and bidi
+# formatting (U+202E turns `vastctl-abc` into what reads as another label), line and paragraph separators,
+# the byte-order mark, and lone surrogates (undecodable bytes from argv or a JSON "\ud800").
+_UNSAFE_CHARS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]"
+)
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+MAX_INT = 2**63 - 1  # SQLite's INTEGER
+
+
+def printable(text: str) -> str:
+    """`text` with every control, bidi and separator character shown as an escape (`\\x1b`, `\\u202e`).
+
+    For text from outside (vast's status messages, machines' reports, old rows) shown in a table, a line
+    or a log; JSON output keeps the data as it is.
+    """
+    if not _UNSAFE_CHARS.search(text):
+        return text
+    return _UNSAFE_CHARS.sub(lambda m: _escape(m.group()), text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return _NAMED_ESCAPES.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def validate_text(value: Any, flag: str, *, max_len: int = 256) -> str:
+    """A uuid, label or GPU name (or a one-line reason): 1 to `max_len` characters, none of them control or bidi.
+
+    The one rule for the command line and the HTTP server alike.
+    """
     if not isinstance(value, str):
-        raise BadInput(f"{flag} must be text, got {value!r}")
-    if not value or len(value) > 256 or any(ord(ch) < 32 for ch in value):
-        raise BadInput(f"{flag} must be 1 to 256 printable characters, got {value!r}")
+        raise BadInput(f"{flag} must be text, got {type(value).__name__}")
+    if not value or len(value) > max_len:
+        got = f"{len(value)} characters" if value else "an empty value"
+        raise BadInput(f"{flag} must be 1 to {max_len} printable characters, got {got}")
+    bad = _UNSAFE_CHARS.search(value)
+    if bad:
+        raise BadInput(f"{flag} must be 1 to {max_len} printable characters: {printable(bad.group())}"
+                       f" (character {bad.start() + 1}) is a control or bidi character")
+    return value
+
+
+def validate_whole(value: Any, flag: str, *, minimum: int = 0, what: str = "") -> int:
+    """A whole number from `minimum` to the largest SQLite integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
+        got = "a number too large" if isinstance(value, int) and value > MAX_INT else repr(value)[:60]
+        raise BadInput(f"{flag} must be a whole number from {minimum} to {MAX_INT}{what}, got {got}")
     return value

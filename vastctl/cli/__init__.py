@@ -2,30 +2,53 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 
 import typer
 
-from ..errors import VastctlError
+from .. import db
+from ..errors import BadInput, VastctlError
+from ..lifecycle import printable
 from . import instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
-from .app import app
+from .app import Globals, app
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    state = Globals()
     try:
-        result = app(args=args, prog_name="vastctl", standalone_mode=False)
+        _check_utf8(args)
+        result = app(args=args, prog_name="vastctl", standalone_mode=False, obj=state)
     except VastctlError as exc:
         _fail(str(exc), exc.exit_code, debug)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 1, False)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a line, not a traceback
+        if isinstance(exc, sqlite3.Error) and (error := db.explain(exc, state.db_file)):  # damaged, full, read-only
+            _fail(str(error), error.exit_code, debug)
         if _is_usage_error(exc):
             message = exc.format_message().replace("\n", " ")
             _fail(f"{message} (see `vastctl --help`)", exc.exit_code, debug)
         _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1, debug)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _check_utf8(args: list[str]) -> None:
+    """An argument with bytes that are not UTF-8 (Python keeps them as lone surrogates) is bad input naming its flag."""
+    for index, arg in enumerate(args):
+        bad = next((ch for ch in arg if "\ud800" <= ch <= "\udfff"), None)
+        if bad is None:
+            continue
+        if arg.startswith("--") and "=" in arg:
+            where = arg.split("=", 1)[0]
+        elif index > 0 and args[index - 1].startswith("-"):
+            where = args[index - 1]
+        else:
+            where = f"the argument {printable(arg)!r}"
+        byte = f" (the byte 0x{ord(bad) - 0xdc00:02x})" if "\udc80" <= bad <= "\udcff" else ""
+        raise BadInput(f"{where} is not UTF-8 text{byte}: pass it in UTF-8")
 
 
 def _is_usage_error(exc: Exception) -> bool:
@@ -38,5 +61,5 @@ def _fail(message: str, code: int, debug: bool) -> None:
         import traceback
 
         traceback.print_exc()
-    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.write(f"error: {printable(message)}\n")
     sys.exit(code)

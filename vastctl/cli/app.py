@@ -13,6 +13,7 @@ import typer
 
 from .. import config as config_module
 from .. import db
+from ..lifecycle import printable
 
 app = typer.Typer(
     name="vastctl",
@@ -41,6 +42,11 @@ class Globals:
                 self._config.db = self.db_path
         return self._config
 
+    @property
+    def db_file(self) -> str | None:
+        """The state file's path once the config is loaded (for errors raised after it was opened)."""
+        return str(self._config.db_path) if self._config is not None else None
+
     def connect(self, *, create: bool = False) -> sqlite3.Connection:
         return db.connect(self.config.db_path, create=create)
 
@@ -52,7 +58,9 @@ def root(
     db_path: Annotated[Optional[str], typer.Option("--db", help="SQLite state file (beats $VASTCTL_DB and the config).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show a traceback on unexpected errors.")] = False,
 ) -> None:
-    ctx.obj = Globals(config_path=config, db_path=db_path, debug=debug)
+    g = ctx.obj if isinstance(ctx.obj, Globals) else Globals()  # main() passes one in to read after a failure
+    g.config_path, g.db_path, g.debug = config, db_path, debug
+    ctx.obj = g
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
@@ -69,13 +77,18 @@ def print_json(value: Any) -> None:
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    """The one table renderer: plain text, headers, no colour."""
+    """The one table renderer: plain text, headers, no colour, control characters escaped."""
     from tabulate import tabulate
 
     if not rows:
         return
-    sys.stdout.write(tabulate([[row.get(c) for c in columns] for row in rows], headers=columns, tablefmt="plain",
-                              missingval="-", disable_numparse=True) + "\n")
+    cells = [[None if row.get(c) is None else printable(str(row.get(c))) for c in columns] for row in rows]
+    sys.stdout.write(tabulate(cells, headers=columns, tablefmt="plain", missingval="-", disable_numparse=True) + "\n")
+
+
+def echo(text: str) -> None:
+    """One line of data on stdout, control characters escaped (labels and reasons may come from vast)."""
+    sys.stdout.write(printable(text) + "\n")
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:
@@ -84,8 +97,8 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
 
 
 def say(text: str) -> None:
-    """Talk goes to stderr; stdout is for data."""
-    sys.stderr.write(text + "\n")
+    """Talk goes to stderr, one line, control characters escaped; stdout is for data."""
+    sys.stderr.write(printable(text) + "\n")
 
 
 def env_flag(name: str) -> str | None:
