@@ -121,3 +121,55 @@ def test_bad_config_reaches_the_user_as_one_line_exit_2(tmp_path, cli):
     assert result.code == 2
     assert result.err.startswith("error: config key 'fleet.min_bench_rte' is unknown")
     assert result.err.count("\n") == 1
+
+
+BOMB = """\
+fleet:
+  gpus:
+    - &a ["x","x","x","x","x","x","x","x","x"]
+    - &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+    - &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+    - &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+    - &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+    - &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+    - &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+    - &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+    - &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""  # 9**9 strings once expanded
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path, cli):
+    assert len(BOMB.encode()) < 500
+    path = write(tmp_path, BOMB)
+    with pytest.raises(BadInput, match=r"line 4: YAML aliases \(\*a\) are not allowed"):
+        config_module.load(str(path))
+    result = cli("--config", str(path), "fleet")
+    assert result.code == 2 and result.err.count("\n") == 1 and "aliases" in result.err
+
+
+def test_a_merge_key_is_an_alias_too(tmp_path):
+    text = "timeouts: &t\n  launching: 5m\nagent:\n  <<: *t\n"
+    with pytest.raises(BadInput, match="aliases"):
+        config_module.load(str(write(tmp_path, text)))
+
+
+def test_an_anchor_without_alias_is_harmless(tmp_path):
+    config = config_module.load(str(write(tmp_path, "fleet: &f\n  max_instances: 3\n")))
+    assert config.fleet.max_instances == 3
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("provider: vast\nprovider: sim\n", "provider", 2),
+    ("fleet:\n  max_instances: 3\n  max_dph: 0.5\n  max_instances: 30\n", "fleet.max_instances", 4),
+    ("fleet:\n  max_dph: 1\nfleet:\n  max_instances: 4\n", "fleet", 3),
+    ("launch:\n  env:\n    A: '1'\n    A: '2'\n", "launch.env.A", 4),
+    ("{db: a, db: b}\n", "db", 1),
+])
+def test_a_duplicate_key_is_an_error_naming_it(tmp_path, text, key, line):
+    with pytest.raises(BadInput, match=rf"line {line}: key {key!r} appears twice"):
+        config_module.load(str(write(tmp_path, text)))
+
+
+def test_deep_nesting_is_bad_input_not_a_crash(tmp_path):
+    with pytest.raises(BadInput, match="config file"):
+        config_module.load(str(write(tmp_path, "a: " + "[" * 100_000 + "]" * 100_000 + "\n")))

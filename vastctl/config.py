@@ -186,9 +186,13 @@ def _read_yaml(path: Path) -> dict:
     import yaml  # only when there is a file to read
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_strict(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"config file {path} cannot be read: {exc}") from exc
+    except _Refused as exc:
+        raise BadInput(f"config file {path} {exc}") from exc
+    except RecursionError as exc:
+        raise BadInput(f"config file {path} is nested too deeply to be a vastctl config") from exc
     except yaml.YAMLError as exc:
         raise BadInput(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
     if data is None:
@@ -196,6 +200,54 @@ def _read_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise BadInput(f"config file {path}: the top level must be a mapping of keys")
     return data
+
+
+class _Refused(Exception):
+    """Valid YAML that a config may not use (an alias, a key given twice); the text says where."""
+
+
+def _load_strict(text: str) -> Any:
+    """yaml.safe_load without aliases (a few hundred bytes of them expand to gigabytes) and without duplicate keys
+    (YAML keeps the last one silently, so a second `max_dph` would quietly win)."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise _Refused(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not allowed:"
+                               " write the value out")
+            return super().compose_node(parent, index)
+
+    loader = NoAliasLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, "")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(node: Any, prefix: str) -> None:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{prefix.rstrip('.')}[{index}].")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        name = f"{prefix}{key}"
+        line = key_node.start_mark.line + 1
+        if key in first_line:
+            raise _Refused(f"line {line}: key {name!r} appears twice (first on line {first_line[key]}): keep one")
+        if key is not None:
+            first_line[key] = line
+        _refuse_duplicate_keys(value_node, f"{name}.")
 
 
 def from_mapping(raw: Mapping[str, Any]) -> Config:
