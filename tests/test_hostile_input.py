@@ -215,3 +215,152 @@ def test_a_failed_commit_reports_its_own_error_not_the_rollback(conn):
     assert "full" in str(caught.value)
     assert not conn.in_transaction
     assert conn.execute("SELECT count(*) FROM settings").fetchone()[0] == 0
+
+
+# --- identifiers: one rule (lifecycle.validate_text) for the command line and HTTP ---------------------
+
+
+def contents(db_path):
+    """Every row of every table: what a refused call must leave as it was."""
+    return list(sqlite3.connect(db_path).iterdump())
+
+
+HIDING = {
+    "DEL": "\x7f", "C1 NEL": "\x85", "C1 CSI": "\x9b", "ESC sequence": "\x1b[2J", "newline": "\n", "tab": "\t",
+    "RLO": "\u202e", "LRI": "\u2066", "RLM": "\u200f", "ALM": "\u061c", "zero width space": "\u200b",
+    "line separator": "\u2028", "paragraph separator": "\u2029", "BOM": "\ufeff",
+}
+
+
+@pytest.mark.parametrize("flag", ["--uuid", "--label", "--gpu"])
+@pytest.mark.parametrize("name", HIDING)
+def test_control_and_bidi_characters_are_refused_in_identifiers(ready, cli, db_path, flag, name):
+    values = {"--uuid": "u1", "--label": "vastctl-a", "--gpu": "RTX 4090"}
+    values[flag] = f"vastctl{HIDING[name]}x"
+    before = contents(db_path)
+    result = cli("register", *[item for pair in values.items() for item in pair])
+    one_error_line(result, 2, f"{flag} must be 1 to 256 printable characters")
+    assert contents(db_path) == before
+
+
+def test_a_repeated_register_cannot_smuggle_a_gpu_name_in(ready, cli, db_path):
+    assert cli("register", "--uuid", "u1", "--label", "vastctl-a").code == 0
+    before = contents(db_path)
+    one_error_line(cli("register", "--uuid", "u1", "--gpu", "RTX\u202e4090"), 2, "--gpu")
+    assert contents(db_path) == before
+
+
+@pytest.mark.parametrize("length,code", [(256, 0), (257, 2), (10_000, 2)])
+def test_gpu_name_has_the_same_cap_as_http(ready, cli, db_path, length, code):
+    result = cli("register", "--uuid", "u1", "--label", "vastctl-a", "--gpu", "G" * length)
+    assert result.code == code
+    if code:
+        one_error_line(result, 2, "--gpu must be 1 to 256 printable characters", f"got {length} characters")
+        assert contents(db_path) == contents(db_path) and "u1" not in "".join(contents(db_path))
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["heartbeat", "--uuid", "u1", "--proofs-done", str(2**63)], "--proofs-done"),
+    (["register", "--uuid", "u2", "--label", "vastctl-b", "--vast-id", str(2**63)], "--vast-id"),
+    (["register", "--uuid", "u2", "--label", "vastctl-b", "--num-gpus", str(2**63)], "--num-gpus"),
+])
+def test_a_number_too_large_for_the_file_names_its_flag(ready, cli, db_path, args, flag):
+    assert cli("register", "--uuid", "u1", "--label", "vastctl-a").code == 0
+    before = contents(db_path)
+    one_error_line(cli(*args), 2, f"{flag} must be a whole number from", "too large")
+    assert contents(db_path) == before
+    assert cli("heartbeat", "--uuid", "u1", "--proofs-done", str(2**63 - 1)).code == 0
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["register", "--uuid", "u1", "--label", "vastctl-\udcff"], "--label"),
+    (["register", "--uuid", "u1", "--label=vastctl-\udcff"], "--label"),
+    (["kill", "vastctl-\udcff", "--reason", "x"], "the argument"),
+    (["notify", "caf\udce9"], "the argument"),
+])
+def test_undecodable_bytes_on_the_command_line_name_the_flag(ready, cli, db_path, args, flag):
+    before = contents(db_path)
+    one_error_line(cli(*args), 2, flag, "not UTF-8 text", "0x")
+    assert contents(db_path) == before
+
+
+def test_undecodable_bytes_from_the_environment_are_refused(ready, cli, db_path, monkeypatch):
+    monkeypatch.setenv("VASTCTL_LABEL", "vastctl-\udcff")
+    before = contents(db_path)
+    one_error_line(cli("register", "--uuid", "u1"), 2, "--label must be 1 to 256 printable characters")
+    assert contents(db_path) == before
+
+
+@pytest.fixture
+def machine(ready, cli):
+    for args in (["register", "--uuid", "u1", "--label", "vastctl-a"], ["params-done", "--uuid", "u1"],
+                 ["bench-report", "--uuid", "u1", "--rate", "60"], ["running", "--uuid", "u1"]):
+        assert cli(*args).code == 0
+
+
+@pytest.mark.parametrize("reason", ["r" * 501, "line one\nline two", "GPU \x1b[31merrors"])
+def test_a_kill_reason_is_one_line_of_at_most_500_characters(machine, cli, db_path, reason):
+    before = contents(db_path)
+    one_error_line(cli("kill", "vastctl-a", "--reason", reason), 2, "--reason must be 1 to 500 printable characters")
+    assert contents(db_path) == before
+    assert cli("kill", "vastctl-a", "--reason", "r" * 500).code == 0
+
+
+def test_a_note_keeps_its_4000_cap(ready, cli, db_path):
+    before = contents(db_path)
+    one_error_line(cli("notify", "n" * 4001), 2, "4000")
+    assert contents(db_path) == before
+
+
+# --- upstream text is shown escaped in tables and lines, and kept as it is in JSON ----------------------
+
+ESC = "\x1b]0;pwned\x07\x1b[2J"
+T = "2026-01-01T00:00:00Z"
+
+
+@pytest.fixture
+def upstream_text(machine, db_path):
+    """Rows as vast and machines filled them before this rule existed, or as reconcile copies them from vast."""
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, kill_reason, vast_status,"
+                " destroy_attempts, destroy_error) VALUES ('u9', ?, 'killed', ?, ?, ?, ?, 1, ?)",
+                ("vastctl-\u202eevil", T, T, f"exited: {ESC}", f"exited{ESC}", f"HTTP 500 {ESC}"))
+    raw.execute("UPDATE instances SET vast_status = ?, vast_status_msg = ? WHERE uuid = 'u1'",
+                (f"loading{ESC}", f"pulling\n{ESC}"))
+    raw.execute("INSERT INTO events (at, kind, uuid, label, to_state, reason, source) VALUES"
+                " ('2026-01-01T00:00:00Z', 'transition', 'u9', ?, 'killed', ?, 'reconcile')",
+                ("vastctl-\u202eevil", f"vast says exited: {ESC}\u2028fake line"))
+    raw.execute("INSERT INTO vast_listings (at, ok, error) VALUES ('2026-01-01T00:00:00Z', 0, ?)", (f"bad {ESC}",))
+
+
+def no_raw_controls(text: str) -> None:
+    for ch in ("\x1b", "\x07", "\u202e", "\u2028"):
+        assert ch not in text, repr(text)
+
+
+def test_fleet_and_events_escape_what_vast_and_machines_wrote(upstream_text, cli):
+    fleet = cli("fleet", "--all")
+    assert fleet.code == 0
+    no_raw_controls(fleet.out + fleet.err)
+    assert "vastctl-\\u202eevil" in fleet.out and "\\x1b[2J" in fleet.out
+    assert "warning: the last vast listing failed: bad \\x1b]0;pwned\\x07\\x1b[2J" in fleet.err
+    events = cli("events")
+    no_raw_controls(events.out)
+    assert len(events.out.splitlines()) == 1 + 5  # every event on its own line, the separator escaped
+    assert "exited: \\x1b]0;pwned\\x07\\x1b[2J\\u2028fake line" in events.out
+
+
+def test_json_keeps_the_data_as_it_is(upstream_text, cli):
+    instances = {i["uuid"]: i for i in json.loads(cli("fleet", "--json", "--all").out)["instances"]}
+    assert instances["u9"]["label"] == "vastctl-\u202eevil"
+    assert instances["u1"]["vast_status_msg"] == f"pulling\n{ESC}"
+    events = json.loads(cli("events", "--json").out)
+    assert events[-1]["reason"] == f"vast says exited: {ESC}\u2028fake line"
+
+
+def test_kill_prints_an_adopted_label_escaped(ready, cli, db_path):
+    sqlite3.connect(db_path, isolation_level=None).execute(
+        "INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES ('u7', ?, 'running', ?, ?)",
+        ("vastctl-\x1b[8mhidden", T, T))
+    result = cli("kill", "u7", "--reason", "odd label")
+    assert result.code == 0 and result.out == "vastctl-\\x1b[8mhidden killed\n"

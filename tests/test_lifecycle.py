@@ -213,3 +213,50 @@ def test_resolve_by_label_or_uuid(conn):
     assert lifecycle.resolve(conn, "u1")["label"] == "vastctl-a"
     with pytest.raises(UnknownInstance):
         lifecycle.resolve(conn, "vastctl-zzz")
+
+
+@pytest.mark.parametrize("value", ["vastctl-a", "RTX 4090", "Ünïcödé-名前", "x" * 256, "a b"])
+def test_validate_text_accepts_printable_identifiers(value):
+    assert lifecycle.validate_text(value, "--label") == value
+
+
+@pytest.mark.parametrize("value,why", [
+    ("", "got an empty value"), ("x" * 257, "got 257 characters"), ("a\x00b", "\\x00 (character 2)"),
+    ("a\x7f", "\\x7f"), ("\x85", "\\x85"), ("abc\u202e", "\\u202e (character 4)"), ("\u2067x", "\\u2067"),
+    ("a\u2028", "\\u2028"), ("a\u2029", "\\u2029"), ("\ufeffa", "\\ufeff"), ("a\ud800", "\\ud800"),
+    ("a\u200bb", "\\u200b"), ("a\nb", "\\n (character 2)"),
+])
+def test_validate_text_refuses_control_bidi_and_separators_without_echoing_them(value, why):
+    with pytest.raises(BadInput, match="label must be 1 to 256 printable") as caught:
+        lifecycle.validate_text(value, "label")
+    assert why in str(caught.value)
+    assert lifecycle.printable(str(caught.value)) == str(caught.value)  # the message itself is safe to print
+
+
+@pytest.mark.parametrize("value", [None, 5, ["a"], b"bytes"])
+def test_validate_text_refuses_what_is_not_text(value):
+    with pytest.raises(BadInput, match="--gpu must be text"):
+        lifecycle.validate_text(value, "--gpu")
+
+
+def test_printable_escapes_only_what_hides():
+    assert lifecycle.printable("RTX 4090 · 名前") == "RTX 4090 · 名前"
+    assert lifecycle.printable("a\x1b[2Jb\u202ec\td\x9b") == "a\\x1b[2Jb\\u202ec\\td\\x9b"
+
+
+@pytest.mark.parametrize("value", [-1, 2**63, True, 1.5, "3"])
+def test_proofs_done_must_fit_the_file(value):
+    with pytest.raises(BadInput, match="--proofs-done must be a whole number from 0 to 9223372036854775807"):
+        lifecycle.validate_proofs(value)
+    assert lifecycle.validate_proofs(2**63 - 1) == 2**63 - 1
+
+
+@pytest.mark.parametrize("field,value,flag", [
+    ("gpu_name", "RTX\n4090", "--gpu"), ("gpu_name", "G" * 257, "--gpu"), ("label", "a\u202eb", "--label"),
+    ("vast_id", 2**63, "--vast-id"), ("num_gpus", 0, "--num-gpus"),
+])
+def test_register_checks_every_field_before_writing(conn, field, value, flag):
+    with pytest.raises(BadInput, match=flag):
+        lifecycle.register(conn, "u1", **{"label": "vastctl-a", field: value}, now=T0)
+    assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+    assert events(conn) == []

@@ -8,7 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from .. import clock, fleet, lifecycle, settings, tokens
-from .app import JsonOpt, app, fmt_num, globals_of, print_json, print_table, say
+from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+
+KILL_REASON_MAX = 500  # one line in the event log and the fleet table; a longer story goes in `notify`
 
 
 @app.command("init")
@@ -61,7 +63,7 @@ def fleet_cmd(
     s = view["summary"]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"
     listing = f" · vast listed {_age(s['listing_at'], now)} ago" if s["listing_at"] else ""
-    typer.echo(
+    echo(
         f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
         f" · ${s['spend_per_hour']:.2f}/h{listing}"
     )
@@ -106,6 +108,7 @@ def kill_cmd(
     """
     if not reason.strip():
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
+    lifecycle.validate_text(reason.strip(), "--reason", max_len=KILL_REASON_MAX)
     from .. import operations
     from ..errors import Unavailable
     from ..providers import get_provider
@@ -116,7 +119,7 @@ def kill_cmd(
     provider = get_provider(g.config) if operations.needs_provider_to_kill(row) else None
     row, error = operations.kill(conn, provider, row["uuid"], f"operator: {reason.strip()}", actor="operator",
                                  code="operator")
-    typer.echo(f"{row['label']} killed")
+    echo(f"{row['label']} killed")
     if error:
         raise Unavailable(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")
     if row["vast_id"] is not None:
