@@ -51,7 +51,7 @@ READ_AND_WRITE_COMMANDS = [("fleet",), ("events",), ("settings", "list"), ("noti
 def test_another_applications_file_is_refused_untouched(cli, db_path, args):
     foreign_sqlite(db_path)
     before = snapshot(db_path)
-    one_error_line(cli(*args), 2, str(db_path), "not a vastctl state file", "notes")
+    one_error_line(cli(*args), 2, str(db_path), "not a vastctl state file (its tables: notes)")
     assert snapshot(db_path) == before
     assert not db_path.with_name(db_path.name + ".secret").exists()
 

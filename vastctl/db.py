@@ -181,9 +181,9 @@ def _check_ours(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
         with contextlib.suppress(sqlite3.OperationalError):  # a `migrations` table of some other shape
             first = conn.execute("SELECT name FROM migrations WHERE id = 1").fetchone()
     if first is None or first[0] != FIRST_MIGRATION:
-        held = f"it holds tables {', '.join(tables[:5])}{', …' if len(tables) > 5 else ''}" if tables else "it holds no tables"
-        raise BadInput(f"{path} is not a vastctl state file ({held}): point VASTCTL_DB or --db at vastctl's file;"
-                       " `vastctl init` sets up a new one at a path that does not exist yet")
+        held = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "") if tables else "none"
+        raise BadInput(f"{path} is not a vastctl state file (its tables: {held}): point VASTCTL_DB or --db at"
+                       " vastctl's file; `vastctl init` sets up a new one at a path that does not exist yet")
     newest = conn.execute("SELECT max(id) FROM migrations").fetchone()[0] or 0
     if max(version, newest) > SCHEMA_VERSION:
         raise BadInput(f"the state file {path} is from a newer vastctl (schema {max(version, newest)}; this one knows"
