@@ -252,11 +252,12 @@ def test_a_repeated_register_cannot_smuggle_a_gpu_name_in(ready, cli, db_path):
 
 @pytest.mark.parametrize("length,code", [(256, 0), (257, 2), (10_000, 2)])
 def test_gpu_name_has_the_same_cap_as_http(ready, cli, db_path, length, code):
+    before = contents(db_path)
     result = cli("register", "--uuid", "u1", "--label", "vastctl-a", "--gpu", "G" * length)
     assert result.code == code
     if code:
         one_error_line(result, 2, "--gpu must be 1 to 256 printable characters", f"got {length} characters")
-        assert contents(db_path) == contents(db_path) and "u1" not in "".join(contents(db_path))
+        assert contents(db_path) == before
 
 
 @pytest.mark.parametrize("args,flag", [
