@@ -155,7 +155,7 @@ def _step_row_summary(row: sqlite3.Row) -> dict[str, Any]:
         summary["saw"] = saw
     for column in ("actions", "refused", "errors"):
         items = _json_column(row, column)
-        if items:
+        if items or (column == "actions" and items is not None):  # the step's own account, even of doing nothing
             summary["did" if column == "actions" else column] = [_condensed_action(item) for item in _listed(items)]
     return summary
 
@@ -295,10 +295,11 @@ def _trim_oldest(kept_notes: list[dict], kept_steps: list[dict], fits) -> tuple[
 def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[str, int]]:
     """The observation within `budget_chars` of JSON, and how many machines and events were left out.
 
-    In order, while over: machines become a table (column names once) with a
-    summary by state and GPU; only the newest EVENTS_WHEN_SHORT events stay;
-    machine rows are cut, the least interesting first (healthy running
-    machines with the best proofs per dollar); events are cut, oldest first.
+    In order, while over: machines become a table (column names once, without
+    TABLE_DROPS) with a summary by state and GPU; only the newest
+    EVENTS_WHEN_SHORT events stay; machine rows are cut, the least in need of
+    a decision first (healthy running machines with the best proofs per
+    dollar); events are cut, oldest first.
     """
     obs = clip(dict(observation))
     omitted: dict[str, int] = {}
@@ -339,20 +340,29 @@ def _most_that_fit(total: int, fits) -> int:
     return low
 
 
+VAST_TROUBLE = frozenset({"exited", "offline", "unknown"})
+TABLE_DROPS = ("uuid", "vast_seen_at")  # no tool takes them; a compacted table leaves them out
+
+
 def _interest(machine: dict) -> tuple:
-    """Machines needing a decision first: not running, or in disagreement with vast; then the worst value."""
-    healthy = machine.get("state") == "running" and not machine.get("disagreement") and machine.get(
-        "vast_status") in (None, "running")
+    """Machines needing a decision first (in trouble at vast, then on their way or stopped), then
+    healthy running ones; within each, the fewest proofs per dollar first."""
+    if machine.get("disagreement") or machine.get("vast_missing") or machine.get("vast_status") in VAST_TROUBLE:
+        tier = 0
+    elif machine.get("state") != "running":
+        tier = 1
+    else:
+        tier = 2
     rate = machine.get("expected_rate") or machine.get("proofs_per_hour") or machine.get("bench_rate") or 0
     dph = machine.get("dph") or 0
     per_dollar = (rate / dph) if dph else float("inf")
-    return (healthy, per_dollar, str(machine.get("label") or ""))
+    return (tier, per_dollar, str(machine.get("label") or ""))
 
 
 def _table(machines: list[dict]) -> dict[str, Any]:
     columns: list[str] = []
     for machine in machines:
-        columns.extend(key for key in machine if key not in columns)
+        columns.extend(key for key in machine if key not in columns and key not in TABLE_DROPS)
     columns = [key for key in columns if any(machine.get(key) is not None for machine in machines)]
     return {"columns": columns, "rows": [[machine.get(key) for key in columns] for machine in machines]}
 
@@ -364,4 +374,5 @@ def _summary(machines: list[dict]) -> dict[str, Any]:
         by_state[str(machine.get("state"))] = by_state.get(str(machine.get("state")), 0) + 1
         by_gpu[str(machine.get("gpu_name"))] = by_gpu.get(str(machine.get("gpu_name")), 0) + 1
     return {"count": len(machines), "by_state": by_state, "by_gpu": by_gpu,
-            "order": "machines needing attention first, then running ones by proofs per dollar, worst first"}
+            "order": "in trouble at vast first, then on their way or stopped, then running; each by proofs per dollar,"
+                     " fewest first"}
