@@ -199,6 +199,7 @@ def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggesti
         execute: Callable[[str, dict], ToolOutcome], clock: Clock, step_id: int | None = None,
         env: Mapping[str, str] | None = None) -> LlmResult:
     """One step of the llm policy: ask, answer every tool call through `execute`, until done or out of budget."""
+    started = clock.monotonic()  # the deadline counts the prompt's building and the SDK's import too
     env = os.environ if env is None else env
     prices = price_of(config)
     api_key = env.get("ANTHROPIC_API_KEY", "").strip()
@@ -211,7 +212,7 @@ def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggesti
 
     client = anthropic.Anthropic(api_key=api_key, base_url=env.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
                                  timeout=max(1.0, config.agent.deadline), max_retries=0)
-    step = _Step(conn, config, clock, step_id, execute)
+    step = _Step(conn, config, clock, step_id, execute, started)
     step.say("user", [{"type": "text", "text": prompt.text}])
     stop_reason, error = step.loop(client, anthropic)
     return LlmResult(tokens=step.tokens, cost=cost_of(step.tokens, prices), rounds=step.rounds,
@@ -222,9 +223,9 @@ class _Step:
     """The state of one step's loop: the messages so far, tokens, rounds, and the record it writes."""
 
     def __init__(self, conn: sqlite3.Connection, config: Config, clock: Clock, step_id: int | None,
-                 execute: Callable[[str, dict], ToolOutcome]):
+                 execute: Callable[[str, dict], ToolOutcome], started: float):
         self.conn, self.config, self.clock, self.step_id, self.execute = conn, config, clock, step_id, execute
-        self.started = clock.monotonic()
+        self.started = started
         self.messages: list[dict] = []
         self.tokens = dict.fromkeys(TOKEN_KEYS, 0)
         self.rounds = 0
@@ -274,13 +275,13 @@ class _Step:
             entry = {"round": self.rounds, "stop_reason": reply.stop_reason, "calls": [],
                      "text": " ".join(b["text"] for b in content if b.get("type") == "text")}
             self.transcript.append(entry)
-            if reply.stop_reason == "tool_use":
-                results = [self.answer(block, entry) for block in content if block.get("type") == "tool_use"]
-                self.say("user", results)
+            calls = [block for block in content if block.get("type") == "tool_use"]
+            if reply.stop_reason == "tool_use" and calls:
+                self.say("user", [self.answer(block, entry) for block in calls])
                 continue
             if reply.stop_reason == "pause_turn":
                 continue
-            if reply.stop_reason in ("end_turn", "stop_sequence"):
+            if reply.stop_reason in ("end_turn", "stop_sequence", "tool_use"):  # tool_use without a call: nothing to do
                 return "end_turn", None
             if reply.stop_reason in ("refusal", "max_tokens"):
                 return reply.stop_reason, None
