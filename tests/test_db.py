@@ -29,6 +29,8 @@ PINNED = {
     "actions": ["id", "at", "actor", "kind", "uuid", "label", "vast_id", "request", "ok", "result"],
     "blocklist": ["machine_id", "reason", "until"],
     "locks": ["name", "holder", "acquired_at", "expires_at"],
+    "agent_messages": ["id", "step_id", "at", "role", "content"],
+    "agent_notes": ["id", "step_id", "at", "text"],
 }
 
 

@@ -125,6 +125,25 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
+    (
+        "agent conversation record and notes",
+        """
+        CREATE TABLE agent_messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            step_id INTEGER,
+            at TEXT NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL
+        );
+        CREATE INDEX agent_messages_step ON agent_messages(step_id);
+        CREATE TABLE agent_notes (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            step_id INTEGER,
+            at TEXT NOT NULL,
+            text TEXT NOT NULL
+        )
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
