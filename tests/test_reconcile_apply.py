@@ -32,6 +32,9 @@ class FakeMarket:
             raise self.list_error
         return list(self.instances.values())
 
+    def show_instance(self, vast_id):
+        return self.instances.get(vast_id)
+
     def destroy_instance(self, vast_id):
         self.destroy_calls.append(vast_id)
         left = self.failing.get(vast_id, 0)

@@ -66,7 +66,8 @@ def states(store):
 
 
 def all_alive(store, n=4):
-    return states(store) == {f"vastctl-{i}": ("running", False) for i in range(n)}
+    fleet_rows = {label: seen for label, seen in states(store).items() if label != "vastctl-evil"}
+    return fleet_rows == {f"vastctl-{i}": ("running", False) for i in range(n)}
 
 
 def test_listing_goes_through_every_page_with_the_key_in_the_header(store, cli, api):
@@ -183,3 +184,91 @@ def test_a_destroy_of_an_instance_vast_already_lost_counts_as_done(store, cli, a
     api.get(f"{API}/api/v0/instances/101/", json={"instances": None})
     assert cli("reconcile").code == 0
     assert states(store)["vastctl-1"] == ("killed", True)
+
+
+# --- what a machine may claim ----------------------------------------------------------------------
+
+
+def deletes(api):
+    return [c.request.url.removeprefix(API) for c in api.calls if c.request.method == "DELETE"]
+
+
+def test_an_adopted_machine_claiming_a_victims_vast_id_cannot_get_it_destroyed(store, cli, api):
+    items = fleet(store, 2)  # vastctl-0 (vast 100) is the victim
+    evil = instance(200, "vastctl-evil")
+    assert cli("register", "--uuid", "evil", "--label", "vastctl-evil", "--vast-id", "100").code == 0
+    assert cli("params-done", "--uuid", "evil").code == 0
+    assert cli("bench-report", "--uuid", "evil", "--rate", "1").code == 5
+    api.get(LIST, json=page([*items, evil]))
+    api.delete(f"{API}/api/v0/instances/100/", json={"success": True})
+    api.delete(f"{API}/api/v0/instances/200/", json={"success": True})
+    result = cli("reconcile", "--json")
+    assert result.code == 0, result.err
+    assert deletes(api) == ["/api/v0/instances/200/"]  # its own machine, found by its label; never the victim
+    assert all_alive(store, 2)
+    evil_row = store.execute("SELECT vast_id, claimed_vast_id, destroyed_at FROM instances WHERE uuid = 'evil'").fetchone()
+    assert (evil_row["vast_id"], evil_row["claimed_vast_id"]) == (200, 100) and evil_row["destroyed_at"]
+    # the fleet is still watched: later passes trust the listing and still kill what is really dead
+    store.execute("UPDATE instances SET last_heartbeat_at = ? WHERE label = 'vastctl-1'",
+                  (clock.to_iso(clock.utcnow() - timedelta(minutes=30)),))
+    api.replace(responses.GET, LIST, json=page(items))
+    api.delete(f"{API}/api/v0/instances/101/", json={"success": True})
+    result = cli("reconcile", "--json")
+    assert result.code == 0, result.err
+    assert states(store)["vastctl-0"] == ("running", False) and states(store)["vastctl-1"] == ("killed", True)
+    assert "/api/v0/instances/100/" not in deletes(api)
+
+
+def test_an_adopted_claim_without_its_label_at_vast_is_never_believed(store, cli, api):
+    items = fleet(store, 2)
+    assert cli("register", "--uuid", "evil", "--label", "vastctl-evil", "--vast-id", "100").code == 0
+    assert cli("params-done", "--uuid", "evil").code == 0
+    assert cli("bench-report", "--uuid", "evil", "--rate", "1").code == 5
+    api.get(LIST, json=page(items))  # the attacker's own machine is not listed under its label
+    api.delete(f"{API}/api/v0/instances/100/", json={"success": True})
+    result = cli("reconcile", "--json")
+    assert result.code == 0, result.err
+    assert deletes(api) == [] and all_alive(store, 2)
+    (action,) = json.loads(result.out)["actions"]
+    assert action["label"] == "vastctl-evil" and "100" in action["result"] and "not touched" in action["result"]
+    assert store.execute("SELECT vast_id FROM instances WHERE uuid = 'evil'").fetchone()[0] is None
+
+
+def test_a_launched_machine_cannot_change_the_vast_id_recorded_at_launch(store, cli, api):
+    items = fleet(store, 3)  # vastctl-2 (vast 102) turns on vastctl-0 (vast 100)
+    store.execute("UPDATE instances SET state = 'launching', offer_id = 7 WHERE label = 'vastctl-2'")
+    assert cli("register", "--uuid", "u2", "--vast-id", "100").code == 0
+    assert store.execute("SELECT vast_id FROM instances WHERE uuid = 'u2'").fetchone()[0] == 102
+    assert cli("params-done", "--uuid", "u2").code == 0
+    assert cli("bench-report", "--uuid", "u2", "--rate", "1").code == 5
+    api.get(LIST, json=page(items))
+    api.delete(f"{API}/api/v0/instances/100/", json={"success": True})
+    api.delete(f"{API}/api/v0/instances/102/", json={"success": True})
+    assert cli("reconcile").code == 0
+    assert deletes(api) == ["/api/v0/instances/102/"]
+    assert states(store)["vastctl-0"] == ("running", False)
+
+
+def test_an_adopted_machine_cannot_adopt_an_instance_outside_our_prefix(store, cli, api):
+    items = fleet(store, 1)
+    stranger = instance(300, "train-job")  # launched by hand, not ours to touch
+    assert cli("register", "--uuid", "evil", "--label", "train-job", "--vast-id", "300").code == 0
+    assert cli("params-done", "--uuid", "evil").code == 0
+    assert cli("bench-report", "--uuid", "evil", "--rate", "1").code == 5
+    api.get(LIST, json=page([*items, stranger]))
+    api.delete(f"{API}/api/v0/instances/300/", json={"success": True})
+    assert cli("reconcile").code == 0
+    assert deletes(api) == []
+
+
+def test_a_destroy_by_vast_id_needs_the_rows_label_at_vast(store, cli, api):
+    items = fleet(store, 2, stale={0})
+    items[0]["label"] = "someone-else"  # vast lists instance 100 under another label
+    api.get(LIST, json=page(items))
+    api.delete(f"{API}/api/v0/instances/100/", json={"success": True})
+    result = cli("reconcile", "--json")
+    assert result.code == 0
+    assert deletes(api) == []
+    assert states(store)["vastctl-0"] == ("killed", False)  # retried every pass, never destroyed blind
+    (error,) = json.loads(result.out)["errors"]
+    assert "someone-else" in error and "not destroyed" in error

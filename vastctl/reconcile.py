@@ -114,8 +114,15 @@ class PassResult:
 # --- pure decisions ----------------------------------------------------------------------------
 
 
-def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance]) -> Matched:
-    """Pair rows with listing entries: by vast_id, else (a row with no vast_id yet) by label."""
+def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance], label_prefix: str = "") -> Matched:
+    """Pair rows with listing entries: by the vast_id the manager recorded, else by label.
+
+    A row without a vast_id yet (a launch that crashed before recording it, or
+    a machine adopted by `register`) is paired only with an entry vast lists
+    under the row's label; a machine's claimed id only picks among those. A
+    row the manager did not launch is paired only with an entry carrying our
+    label prefix: a machine cannot adopt an instance we would never touch.
+    """
     by_id = {entry.id: entry for entry in listing}
     by_uuid: dict[str, RemoteInstance] = {}
     claimed: set[int] = set()
@@ -134,14 +141,27 @@ def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance]) 
             if entry.label and entry.id not in claimed:
                 by_label[entry.label].append(entry)
         for row in without_id:
+            if not launched(row) and not carries_prefix(row["label"], label_prefix):
+                continue
             candidates = [entry for entry in by_label.get(row["label"], ()) if entry.id not in claimed]
             if candidates:
-                entry = min(candidates, key=lambda item: item.id)
+                claim = [entry for entry in candidates if entry.id == row.get("claimed_vast_id")]
+                entry = (claim or sorted(candidates, key=lambda item: item.id))[0]
                 by_uuid[row["uuid"]] = entry
                 recovered[row["uuid"]] = entry.id
                 claimed.add(entry.id)
     unclaimed = [entry for entry in listing if entry.id not in claimed]
     return Matched(by_uuid=by_uuid, recovered=recovered, unclaimed=unclaimed)
+
+
+def launched(row: Mapping[str, Any]) -> bool:
+    """Whether the manager rented this machine (launch records the offer) rather than adopting it."""
+    return row.get("offer_id") is not None
+
+
+def carries_prefix(label: str | None, prefix: str) -> bool:
+    """Our label prefix marks the instances reconcile may act on; with no prefix, none are."""
+    return bool(prefix) and bool(label) and label.startswith(prefix)
 
 
 def _expected_in_listing(row: Mapping[str, Any], matched: Matched) -> bool:
@@ -196,7 +216,7 @@ def plan(
     row, for listed instances whose row is already destroyed.
     Raises ListingDistrusted instead of planning kills from a broken listing.
     """
-    matched = match(rows, listing)
+    matched = match(rows, listing, config.vast.label_prefix)
     check_trust(rows, matched, config)
     first_seen = first_seen or {}
     history = history or {}
@@ -289,7 +309,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
     actions = []
     for entry in unclaimed:
         gone = history.get(entry.id)
-        if gone is not None:
+        if gone is not None and entry.label == gone["label"]:
             destroyed = clock.from_iso(gone["destroyed_at"])
             if entry.cur_state != "unloaded" and (now - destroyed).total_seconds() > STILL_LISTED_GRACE_S:
                 actions.append(Action(
@@ -298,7 +318,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
                             f" ({entry.actual_status or 'no status'})"),
                 ))
             continue
-        if not prefix or not entry.label or not entry.label.startswith(prefix):
+        if not carries_prefix(entry.label, prefix):
             continue  # not ours: never touched
         seen = clock.from_iso(first_seen.get(entry.id)) or now
         if (now - seen).total_seconds() > grace:
@@ -319,11 +339,14 @@ def _clip(text: str, limit: int = 160) -> str:
 
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
-          now: datetime | None = None, keepalive: Callable[[], None] | None = None) -> PassResult:
+          now: datetime | None = None, keepalive: Callable[[], None] | None = None,
+          listing: Sequence[RemoteInstance] | None = None) -> PassResult:
     """Perform the actions. A kill that loses a race is a result, not an error; a failed destroy is an error
     (recorded on the row and retried next pass). `keepalive` runs before each action: a pass whose
-    destroys wait long on vast renews its lease instead of letting a second pass start beside it."""
+    destroys wait long on vast renews its lease instead of letting a second pass start beside it.
+    `listing` (the pass's) is what a destroy checks the row's label against before it asks vast."""
     now = now or clock.utcnow()
+    listed = None if listing is None else {entry.id: entry for entry in listing}
     result = PassResult()
     for action in actions:
         if keepalive is not None:
@@ -331,7 +354,7 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
         if action.kind == "kill":
             outcome = _apply_kill(conn, action, config, now)
         elif action.uuid is not None:
-            outcome = _apply_destroy_row(conn, provider, action, now, result.errors)
+            outcome = _apply_destroy_row(conn, provider, action, now, result.errors, listed)
         else:
             outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)
         result.actions.append(action.view(outcome))
@@ -367,7 +390,7 @@ def _killer(conn: sqlite3.Connection, uuid: str) -> str:
 
 
 def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Action, now: datetime,
-                       errors: list[str]) -> str:
+                       errors: list[str], listed: Mapping[int, RemoteInstance] | None) -> str:
     row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (action.uuid,)).fetchone()
     if row is None:
         return "skipped: the row is gone"
@@ -378,8 +401,13 @@ def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Act
         return "already destroyed"
     if row["vast_id"] is None and action.vast_id is not None:
         row["vast_id"] = action.vast_id  # found by label in this listing (recorded before apply)
-    if operations.destroy(conn, provider, row, actor="reconcile", now=now):
-        return "destroyed" if row["vast_id"] is not None else "destroyed (nothing was created at vast)"
+    if operations.destroy(conn, provider, row, actor="reconcile", now=now, listed=listed):
+        if row["vast_id"] is not None:
+            return "destroyed"
+        if row.get("claimed_vast_id") is not None:
+            return (f"marked destroyed; its claimed vast instance {row['claimed_vast_id']} was never listed under"
+                    f" its label, so it was not touched")
+        return "destroyed (nothing was created at vast)"
     error = conn.execute("SELECT destroy_error, destroy_attempts FROM instances WHERE uuid = ?",
                          (action.uuid,)).fetchone()
     text = f"destroy failed (attempt {error['destroy_attempts']}): {error['destroy_error']}; retried next pass"
@@ -500,7 +528,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, no
     if dry_run:
         listing = _list(provider)
         rows = _snapshot(conn)
-        first_seen, history = _strays_context(conn, config, match(rows, listing).unclaimed)
+        first_seen, history = _strays_context(conn, config, match(rows, listing, config.vast.label_prefix).unclaimed)
         actions = plan(rows, listing, settings.effective(conn, config), config, now,
                        first_seen=first_seen, history=history)
         return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing), dry_run=True)
@@ -511,7 +539,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, no
             record_failed_listing(conn, str(exc), now)
             raise
         rows = _snapshot(conn)
-        matched = match(rows, listing)
+        matched = match(rows, listing, config.vast.label_prefix)
         first_seen, history = _strays_context(conn, config, matched.unclaimed)
         try:
             actions = plan(rows, listing, settings.effective(conn, config), config, now,
@@ -520,7 +548,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, no
             record_failed_listing(conn, str(exc), now)
             raise
         record_listing(conn, rows, listing, matched, now)
-        result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew)
+        result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew, listing=listing)
         result.listed = len(listing)
         return result
 
