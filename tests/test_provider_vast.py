@@ -131,6 +131,22 @@ def test_listing_repeating_cursor_raises(vast, mocked):
         vast.list_instances()
 
 
+def test_listing_naming_one_instance_twice_differently_is_not_trusted(vast, mocked):
+    url = f"{BASE}/api/v1/instances/"
+    mocked.get(url, json={"instances": [instance(1), instance(2)], "next_token": "t1", "total_instances": 3})
+    mocked.get(url, json={"instances": [instance(2, actual_status="exited"), instance(3)], "next_token": None,
+                          "total_instances": 3})
+    with pytest.raises(ProviderError, match="instance 2 twice with different contents"):
+        vast.list_instances()
+
+
+def test_listing_with_a_page_repeated_verbatim_keeps_one_of_each(vast, mocked):
+    url = f"{BASE}/api/v1/instances/"
+    mocked.get(url, json={"instances": [instance(1), instance(2)], "next_token": "t1"})
+    mocked.get(url, json={"instances": [instance(1), instance(2), instance(3)], "next_token": None})
+    assert [item.id for item in vast.list_instances()] == [1, 2, 3]
+
+
 # --- retries ----------------------------------------------------------------------------------------
 
 

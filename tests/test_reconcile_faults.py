@@ -116,6 +116,28 @@ def test_a_broken_listing_kills_nothing_then_vast_recovers(store, cli, api, fail
     assert all(states(store)[f"vastctl-{i}"] == ("running", False) for i in (1, 2, 3))
 
 
+def test_two_different_entries_under_one_id_kill_nothing(store, cli, api):
+    items = fleet(store, 4)
+    broken = instance(101, "vastctl-1", status="exited", status_msg="OCI runtime create failed")
+    api.get(LIST, json=page(items[:2], next_token="t1", total=4))
+    api.get(LIST, json=page([broken, *items[2:]], total=4))
+    result = cli("reconcile", "--json")
+    assert result.code == 1 and "instance 101 twice with different contents" in result.err
+    assert result.out == "" and all_alive(store)
+    assert [r[0] for r in store.execute("SELECT ok FROM vast_listings")] == [0]
+
+
+def test_a_page_repeated_verbatim_is_one_listing(store, cli, api):
+    items = fleet(store, 4, stale={3})
+    api.get(LIST, json=page(items[:2], next_token="t1"))
+    api.get(LIST, json=page(items, total=4))
+    api.delete(f"{API}/api/v0/instances/103/", json={"success": True})
+    result = cli("reconcile", "--json")
+    assert result.code == 0, result.err
+    assert states(store)["vastctl-3"] == ("killed", True)
+    assert all(states(store)[f"vastctl-{i}"] == ("running", False) for i in (0, 1, 2))
+
+
 def test_a_429_storm_is_retried_with_backoff(store, cli, api):
     items = fleet(store, 2)
     for _ in range(3):

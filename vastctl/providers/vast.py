@@ -15,6 +15,7 @@ and finds the machine by label later instead of renting a second one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -116,7 +117,10 @@ class VastProvider:
                 raise ProviderError("vast listing: the answer has no list of instances; not trusting it")
             for raw in rows:
                 instance = _instance(raw, "vast listing")
-                found[instance.id] = instance
+                earlier = found.setdefault(instance.id, instance)
+                if _facts(earlier) != _facts(instance):  # which one is true? neither can be acted on
+                    raise ProviderError(f"vast listing: names instance {instance.id} twice with different contents;"
+                                        " not trusting it")
             total = body.get("total_instances", total)
             token = body.get("next_token")
             if token in (None, ""):
@@ -364,6 +368,11 @@ def _instance(raw: Any, what: str) -> RemoteInstance:
         gpu_name=_text(raw.get("gpu_name")), num_gpus=_integer(raw.get("num_gpus")),
         dph_total=_number(raw.get("dph_total")), start_date=_number(raw.get("start_date")), raw=raw,
     )
+
+
+def _facts(instance: RemoteInstance) -> tuple:
+    """What reconcile decides on; the same instance listed twice (a page repeated) agrees on all of it."""
+    return dataclasses.astuple(dataclasses.replace(instance, raw={}))
 
 
 def _offer(raw: Any) -> Offer | None:
