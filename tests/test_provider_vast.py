@@ -221,6 +221,26 @@ def test_errors_never_carry_the_key(mocked, sleeps):
     assert KEY not in repr(vast)
 
 
+@pytest.mark.parametrize("answer", [
+    pytest.param({"status": 400, "body": "r" * 185 + f" api_key={KEY} and more"}, id="plain-text-400"),
+    pytest.param({"status": 400, "json": {"error": "bad", "msg": "q" * 190 + f" Bearer {KEY} echoed"}}, id="json-msg"),
+    pytest.param({"status": 503, "body": "s" * 190 + f" {KEY}"}, id="retried-503"),
+    pytest.param({"status": 400, "json": ["t" * 192, KEY]}, id="json-list"),
+])
+def test_an_error_that_echoes_the_request_never_carries_any_part_of_the_key(vast, mocked, answer):
+    mocked.get(f"{BASE}/api/v0/instances/3/", **answer)
+    with pytest.raises(ProviderError) as info:
+        vast.show_instance(3)
+    assert KEY[:6] not in str(info.value) and "***" in str(info.value)
+
+
+def test_other_bearer_tokens_in_an_answer_are_masked(vast, mocked):
+    mocked.get(f"{BASE}/api/v0/instances/3/", status=400, body="proxy saw Authorization: Bearer other-token-xyz")
+    with pytest.raises(ProviderError) as info:
+        vast.show_instance(3)
+    assert "other-token-xyz" not in str(info.value) and "Bearer ***" in str(info.value)
+
+
 def test_redirects_are_not_followed_with_the_key(vast, mocked):
     mocked.get(f"{BASE}/api/v1/instances/", status=302, headers={"Location": "https://elsewhere.test/x"})
     with pytest.raises(ProviderError, match="redirect"):

@@ -159,6 +159,15 @@ def test_start_failure_text_kills_at_once(msg):
     assert "start failure" in actions[0].reason and msg[:20] in actions[0].reason
 
 
+def test_vast_text_quoted_into_a_reason_is_escaped_and_bounded():
+    hostile = "\x1b[2J\x1b[31mOCI runtime create failed\x1b[0m \u202eexe.txt\u2028next\x85\x7f " + "x" * 500
+    r = row("vastctl-1", state="launching", state_since=ago(minutes=2), vast_status=None, last_heartbeat_at=None)
+    (kill, _destroy) = plan([r], [seen(r, "created", status_msg=hostile)], SETTINGS, cfg(), NOW)
+    assert kill.reason.isprintable() and len(kill.reason) < 300
+    assert "\\x1b[31mOCI runtime create failed\\x1b[0m" in kill.reason and "\\u202eexe.txt" in kill.reason
+    assert "\\x7f" in kill.reason
+
+
 def test_error_text_on_a_running_container_is_stale_not_a_start_failure():
     r = row("vastctl-1")
     assert plan([r], [seen(r, "running", status_msg="failed once, then success")], SETTINGS, cfg(), NOW) == []

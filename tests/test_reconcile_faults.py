@@ -138,6 +138,24 @@ def test_a_page_repeated_verbatim_is_one_listing(store, cli, api):
     assert all(states(store)[f"vastctl-{i}"] == ("running", False) for i in (0, 1, 2))
 
 
+def test_an_error_echoing_the_key_leaves_no_part_of_it_in_stderr_or_the_file(store, cli, api):
+    items = fleet(store, 2, stale={1})
+    echo = "z" * 194 + KEY + " (request echoed)"  # a cut at 200 characters would keep the key's start
+    api.get(LIST, status=400, body=echo)
+    result = cli("reconcile")
+    assert result.code == 1 and KEY[:6] not in result.err and "***" in result.err
+    (error,) = [r[0] for r in store.execute("SELECT error FROM vast_listings")]
+    assert KEY[:6] not in error and "***" in error
+    api.replace(responses.GET, LIST, json=page(items))
+    api.delete(f"{API}/api/v0/instances/101/", status=400, body=echo)
+    api.get(f"{API}/api/v0/instances/101/", json={"instances": instance(101, "vastctl-1")})  # still there
+    result = cli("reconcile", "--json")
+    assert result.code == 0 and KEY[:6] not in result.out
+    stored = store.execute("SELECT destroy_error FROM instances WHERE label = 'vastctl-1'").fetchone()[0]
+    audit = [r[0] for r in store.execute("SELECT result FROM actions")]
+    assert all(KEY[:6] not in text for text in [stored, *audit]) and "***" in stored
+
+
 def test_a_429_storm_is_retried_with_backoff(store, cli, api):
     items = fleet(store, 2)
     for _ in range(3):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
-from . import blocklist, clock, lifecycle, locks, onstart, settings, tokens
+from . import blocklist, clock, lifecycle, locks, onstart, settings, tokens, upstream
 from .audit import record_action
 from .config import Config
 from .db import transaction
@@ -64,6 +64,7 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
 
 
 def _destroy_failed(conn: sqlite3.Connection, row: dict[str, Any], actor: str, now: datetime, error: str) -> bool:
+    error = upstream.clip(error, 1000)
     record_action(conn, actor=actor, kind="destroy", ok=False, result=error, uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     with transaction(conn):

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import blocklist, clock, locks, operations, settings
+from . import blocklist, clock, locks, operations, settings, upstream
 from .audit import record_action
 from .config import Config
 from .db import transaction
@@ -331,8 +331,8 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
 
 
 def _clip(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """vast's text quoted into a reason (an event, the table): masked, control characters escaped, bounded."""
+    return upstream.clip(text, limit)
 
 
 # --- effects -----------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def _apply_destroy_stray(conn: sqlite3.Connection, provider: Provider, action: A
 def record_failed_listing(conn: sqlite3.Connection, error: str, now: datetime) -> None:
     with transaction(conn):
         conn.execute("INSERT INTO vast_listings (at, ok, instances, error) VALUES (?, 0, NULL, ?)",
-                     (clock.to_iso(now), error[:1000]))
+                     (clock.to_iso(now), upstream.clip(error, 1000)))
         _prune_listings(conn, now)
 
 

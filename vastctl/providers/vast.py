@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 import requests
 
+from .. import upstream
 from .base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
 
 DEFAULT_URL = "https://console.vast.ai"
@@ -36,6 +37,7 @@ BACKOFF_FACTOR = 2.0
 MAX_RETRY_AFTER_S = 60.0
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 USER_AGENT = "vastctl"
+ERROR_CHARS = 300  # upstream text kept in an error message
 
 
 def find_api_key(env: Mapping[str, str] | None = None) -> str | None:
@@ -77,6 +79,7 @@ class VastProvider:
         if not api_key:
             raise ValueError("an API key is required")
         self._key = api_key
+        upstream.remember_secret(api_key)  # masked in every upstream text this process shows or stores
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.attempts = max(1, attempts)
@@ -275,11 +278,8 @@ class VastProvider:
         return body
 
     def _scrub(self, text: Any) -> str:
-        """Error text as we pass it on: one line, bounded, and never the key."""
-        text = " ".join(str(text).split())
-        if self._key:
-            text = text.replace(self._key, "***")
-        return text[:300]
+        """Error text as we pass it on: one line, the key masked before it is bounded (upstream.clip)."""
+        return upstream.clip(str(text).replace(self._key, upstream.MASK), ERROR_CHARS)
 
 
 class _NotFound(ProviderRejected):
@@ -290,9 +290,9 @@ def _error_of(response: requests.Response) -> tuple[str, str]:
     try:
         body = response.json()
     except ValueError:
-        return "", response.text[:200]
+        return "", response.text  # whole: cut only after the key is masked (_scrub)
     if not isinstance(body, dict):
-        return "", str(body)[:200]
+        return "", str(body)
     return str(body.get("error") or ""), str(body.get("msg") or body.get("message") or body.get("detail") or "")
 
 
