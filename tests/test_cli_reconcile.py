@@ -34,7 +34,7 @@ class Market:
 @pytest.fixture
 def market(monkeypatch):
     fake = Market()
-    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config: fake)
+    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config, clock: fake)
     return fake
 
 
@@ -102,7 +102,7 @@ def test_nothing_to_do_prints_no_rows(store, cli, market):
     result = cli("reconcile")
     assert (result.code, result.out) == (0, "")
     assert json.loads(cli("reconcile", "--json").out) == {"actions": [], "refused": [], "errors": [], "listed": 1,
-                                                          "dry_run": False}
+                                                          "dry_run": False, "deadline_passed": False}
 
 
 def test_dry_run_changes_nothing(store, cli, market, db_path):

@@ -419,7 +419,7 @@ def test_kill_of_a_launching_row_with_a_failed_listing_keeps_it_undestroyed(conn
 def test_launch_on_the_wire(conn, cfg, monkeypatch):
     monkeypatch.setenv("VAST_API_KEY", "k-123")
     monkeypatch.setenv("VAST_API_URL", "https://vast.test")
-    provider = VastProvider.from_env(sleep=lambda s: None)
+    provider = VastProvider.from_env(clock=clock.VirtualClock(NOW))
     with responses.RequestsMock() as mocked:
         mocked.post("https://vast.test/api/v0/bundles/", json={"offers": [
             {"id": 31, "machine_id": 310, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.35}]})

@@ -3,30 +3,49 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
 import responses
 
+from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.providers import get_provider
-from vastctl.providers.base import CreateRequest, OfferGone, OfferQuery, ProviderError, ProviderRejected
+from vastctl.providers.base import CreateRequest, DeadlinePassed, OfferGone, OfferQuery, ProviderError, ProviderRejected
 from vastctl.providers.vast import VastProvider, find_api_key
 
 BASE = "https://vast.test"
 KEY = "sekrit-key-0123456789"
 
 
-@pytest.fixture
-def sleeps():
-    return []
+class RecordingClock(VirtualClock):
+    """Virtual time that also remembers each backoff sleep."""
+
+    def __init__(self, start: datetime = datetime(2026, 11, 30, tzinfo=timezone.utc)):
+        super().__init__(start)
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        super().sleep(seconds)
 
 
 @pytest.fixture
-def vast(sleeps):
-    return VastProvider(KEY, BASE, sleep=sleeps.append)
+def clock():
+    return RecordingClock()
+
+
+@pytest.fixture
+def sleeps(clock):
+    return clock.sleeps
+
+
+@pytest.fixture
+def vast(clock):
+    return VastProvider(KEY, BASE, clock=clock)
 
 
 @pytest.fixture
@@ -204,6 +223,51 @@ def test_timeout_on_every_call(vast, mocked, monkeypatch):
     assert len(seen) == 5 and all(t for t in seen)
 
 
+def hang(clock):
+    """A call that hangs until its read timeout, on virtual time."""
+    def callback(request):
+        timeout = request.req_kwargs["timeout"]
+        clock.advance(timeout[1] if isinstance(timeout, tuple) else timeout)
+        raise requests.ReadTimeout("read timed out")
+    return callback
+
+
+def test_backoff_runs_on_the_injected_clock(vast, mocked, clock):
+    url = f"{BASE}/api/v1/instances/"
+    mocked.get(url, status=503, body="busy")
+    mocked.get(url, json={"instances": [], "next_token": None})
+    vast.list_instances()
+    assert clock.sleeps == [0.5] and clock.monotonic() == 0.5  # no real sleep: virtual time moved
+
+
+def test_a_hung_api_is_cut_off_at_the_deadline(vast, mocked, clock):
+    mocked.add_callback(responses.GET, f"{BASE}/api/v1/instances/", callback=hang(clock))
+    vast.deadline = 50.0
+    with pytest.raises(DeadlinePassed):
+        vast.list_instances()
+    assert clock.monotonic() <= 50.0
+    timeouts = [call.request.req_kwargs["timeout"] for call in mocked.calls]
+    assert timeouts[0] == (10.0, 50.0)  # the read timeout shrinks to what is left
+    assert all(read <= 50.0 for _connect, read in timeouts)
+
+
+def test_a_retry_after_past_the_deadline_is_not_waited_for(vast, mocked, clock):
+    mocked.get(f"{BASE}/api/v1/instances/", status=429, headers={"Retry-After": "60"}, body="slow down")
+    vast.deadline = 50.0
+    with pytest.raises(DeadlinePassed, match="429.*waiting 60s more would pass the deadline"):
+        vast.list_instances()
+    assert clock.sleeps == [] and len(mocked.calls) == 1
+
+
+def test_no_call_starts_after_the_deadline(vast, mocked, clock):
+    mocked.get(f"{BASE}/api/v1/instances/", json={"instances": [], "next_token": None})
+    vast.deadline = 10.0
+    clock.advance(10.0)
+    with pytest.raises(DeadlinePassed, match="not called"):
+        vast.list_instances()
+    assert len(mocked.calls) == 0
+
+
 def test_search_quota_is_never_retried(vast, mocked, sleeps):
     mocked.post(f"{BASE}/api/v0/bundles/", status=429, headers={"X-RateLimit-Reset": "1767225600"},
                 json={"success": False, "error": "search_quota_exceeded", "msg": "daily quota"})
@@ -212,8 +276,8 @@ def test_search_quota_is_never_retried(vast, mocked, sleeps):
     assert len(mocked.calls) == 1 and sleeps == []
 
 
-def test_errors_never_carry_the_key(mocked, sleeps):
-    vast = VastProvider(KEY, BASE, sleep=sleeps.append)
+def test_errors_never_carry_the_key(mocked, clock):
+    vast = VastProvider(KEY, BASE, clock=clock)
     mocked.get(f"{BASE}/api/v0/instances/3/", status=401, json={"error": "auth_error", "msg": f"bad key {KEY}"})
     with pytest.raises(ProviderRejected) as info:
         vast.show_instance(3)

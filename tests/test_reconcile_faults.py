@@ -13,8 +13,8 @@ import pytest
 import requests
 import responses
 
+from test_provider_vast import RecordingClock, hang
 from vastctl import clock, lifecycle
-from vastctl.providers import get_provider
 
 API = "http://vast.test"
 LIST = f"{API}/api/v1/instances/"
@@ -23,12 +23,13 @@ KEY = "test-key-123"
 
 @pytest.fixture
 def api(monkeypatch):
+    """vast mocked on the wire; every pass runs on one virtual clock (`api.clock`), so backoff never really sleeps."""
     monkeypatch.setenv("VAST_API_KEY", KEY)
     monkeypatch.setenv("VAST_API_URL", API)
-    sleeps: list[float] = []
-    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config: get_provider(config, sleep=sleeps.append))
+    virtual = RecordingClock(clock.utcnow())  # the rows below are written at wall-clock times
+    monkeypatch.setattr("vastctl.cli.reconcile.pass_clock", lambda: virtual)
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
-        mock.sleeps = sleeps
+        mock.clock, mock.sleeps = virtual, virtual.sleeps
         yield mock
 
 
@@ -312,3 +313,82 @@ def test_a_destroy_by_vast_id_needs_the_rows_label_at_vast(store, cli, api):
     assert states(store)["vastctl-0"] == ("killed", False)  # retried every pass, never destroyed blind
     (error,) = json.loads(result.out)["errors"]
     assert "someone-else" in error and "not destroyed" in error
+
+
+# --- the pass's deadline (reconcile.deadline, 50s by default; cron starts the next pass a minute later) ---------
+
+
+def skipped_in_the_file(store):
+    return [dict(r) for r in store.execute("SELECT kind, label, ok, result FROM actions WHERE result LIKE 'skipped:%'")]
+
+
+def test_a_listing_that_keeps_timing_out_ends_the_pass_by_its_deadline(store, cli, api):
+    fleet(store, 4, stale={0})
+    api.add_callback(responses.GET, LIST, callback=hang(api.clock))
+    result = cli("reconcile", "--json")
+    assert result.code == 1 and "deadline" in result.err and len(result.err.splitlines()) == 1
+    assert api.clock.monotonic() <= 50.0  # not 4 attempts × 60 s read timeouts
+    assert all_alive(store)
+    (error,) = [r[0] for r in store.execute("SELECT error FROM vast_listings WHERE ok = 0")]
+    assert "deadline" in error and "nothing was planned or killed" in error
+
+
+def test_a_429_asking_for_60s_is_not_waited_for(store, cli, api):
+    fleet(store, 4, stale={0})
+    api.get(LIST, status=429, headers={"Retry-After": "60"}, json={"detail": "API requests too frequent"})
+    result = cli("reconcile")
+    assert result.code == 1 and "waiting 60s more would pass the deadline" in result.err
+    assert api.sleeps == [] and api.clock.monotonic() < 50.0
+    assert all_alive(store)
+
+
+def test_destroys_that_hang_stop_at_the_deadline_and_the_rest_is_recorded_as_skipped(store, cli, api):
+    items = fleet(store, 4, stale={0, 1, 2})
+    api.get(LIST, json=page(items))
+    for vast_id in (100, 101, 102):
+        api.add_callback(responses.DELETE, f"{API}/api/v0/instances/{vast_id}/", callback=hang(api.clock))
+    result = cli("reconcile", "--json")
+    assert result.code == 1
+    assert api.clock.monotonic() <= 50.0
+    data = json.loads(result.out)
+    assert data["deadline_passed"] is True
+    assert [a["result"].split(":")[0] for a in data["actions"] if a["kind"] == "destroy"] == [
+        "not done", "skipped", "skipped"]
+    assert "3 action(s) left for the next pass: destroy vastctl-0, destroy vastctl-1, destroy vastctl-2" in (
+        data["errors"][-1])
+    assert result.err.splitlines()[-1].startswith("error: stopped calling vast: reconcile.deadline 50s reached")
+    # every kill still happened (no call to vast); the destroys are left for the next pass and said so in the file
+    assert {label: s for label, s in states(store).items()} == {
+        "vastctl-0": ("killed", False), "vastctl-1": ("killed", False), "vastctl-2": ("killed", False),
+        "vastctl-3": ("running", False)}
+    assert [(r["label"], r["ok"]) for r in skipped_in_the_file(store)] == [("vastctl-1", 0), ("vastctl-2", 0)]
+    # vast answers again: the next pass destroys all three
+    for vast_id in (100, 101, 102):
+        api.replace(responses.DELETE, f"{API}/api/v0/instances/{vast_id}/", json={"success": True})
+    result = cli("reconcile", "--json")
+    assert result.code == 0, result.err
+    assert [label for label, (_state, gone) in states(store).items() if gone] == ["vastctl-0", "vastctl-1", "vastctl-2"]
+
+
+def test_destroys_rate_limited_with_a_long_retry_after_end_the_pass_at_once(store, cli, api):
+    items = fleet(store, 3, stale={0, 1})
+    api.get(LIST, json=page(items))
+    for vast_id in (100, 101):
+        api.delete(f"{API}/api/v0/instances/{vast_id}/", status=429, headers={"Retry-After": "60"},
+                   json={"detail": "API requests too frequent endpoint threshold=3.0"})
+    result = cli("reconcile", "--json")
+    assert result.code == 1 and api.sleeps == []
+    assert len([c for c in api.calls if c.request.method == "DELETE"]) == 1  # the second is not even tried
+    assert json.loads(result.out)["deadline_passed"] is True
+    assert [r["label"] for r in skipped_in_the_file(store)] == ["vastctl-1"]
+
+
+def test_the_deadline_comes_from_the_config(store, cli, api, tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text("reconcile:\n  deadline: 5s\n")
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    fleet(store, 2)
+    api.add_callback(responses.GET, LIST, callback=hang(api.clock))
+    result = cli("reconcile")
+    assert result.code == 1 and "reconcile.deadline 5s" in result.err
+    assert api.clock.monotonic() <= 5.0

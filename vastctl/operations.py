@@ -20,7 +20,7 @@ from .config import Config
 from .db import transaction
 from .errors import BadInput, GuardRefused, Refused, Unavailable
 from .lifecycle import State
-from .providers.base import (CreateRequest, Offer, OfferGone, OfferQuery, Provider, ProviderError, ProviderRejected,
+from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, Provider, ProviderError, ProviderRejected,
                              RemoteInstance)
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
@@ -35,7 +35,8 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
 
     `destroyed_at` is set only on confirmation. A failure is recorded on the row
     (`destroy_attempts`, `destroy_error`) and in the audit, and False is returned:
-    the caller (every reconcile pass) tries again. Never raises ProviderError.
+    the caller (every reconcile pass) tries again. Raises no ProviderError but DeadlinePassed (recorded
+    the same way first), so that a caller with a deadline knows to stop calling the market.
 
     A destroy by vast id happens only for an instance the market lists under
     the row's label: `listed` is a fresh listing by id (reconcile's), else the
@@ -56,7 +57,10 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
                 f" {row['label']!r}; a destroy by id needs the row's label (check the instance at vast)"))
         provider.destroy_instance(row["vast_id"])
     except ProviderError as exc:
-        return _destroy_failed(conn, row, actor, now, str(exc))
+        _destroy_failed(conn, row, actor, now, str(exc))
+        if isinstance(exc, DeadlinePassed):
+            raise
+        return False
     record_action(conn, actor=actor, kind="destroy", ok=True, result="destroyed", uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     _mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})

@@ -47,7 +47,8 @@ from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
-from .providers.base import Provider, ProviderError, RemoteInstance
+from .clock import SYSTEM, Clock
+from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
 LEASE = "reconcile"
 LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)
@@ -105,10 +106,26 @@ class PassResult:
     errors: list[str] = field(default_factory=list)
     listed: int = 0
     dry_run: bool = False
+    deadline_passed: bool = False  # some vast calls were not made; they are in `errors` and the actions table
 
     def to_json(self) -> dict[str, Any]:
         return {"actions": self.actions, "refused": self.refused, "errors": self.errors,
-                "listed": self.listed, "dry_run": self.dry_run}
+                "listed": self.listed, "dry_run": self.dry_run, "deadline_passed": self.deadline_passed}
+
+
+class Budget:
+    """A pass's time on the injected clock: `deadline` is the monotonic instant after which vast is not called."""
+
+    def __init__(self, clock: Clock, seconds: float):
+        self.clock = clock
+        self.seconds = seconds
+        self.deadline = clock.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return self.clock.monotonic() >= self.deadline
+
+    def __str__(self) -> str:
+        return f"reconcile.deadline {clock.human_duration(self.seconds)}"
 
 
 # --- pure decisions ----------------------------------------------------------------------------
@@ -340,25 +357,53 @@ def _clip(text: str, limit: int = 160) -> str:
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
           now: datetime | None = None, keepalive: Callable[[], None] | None = None,
-          listing: Sequence[RemoteInstance] | None = None) -> PassResult:
+          listing: Sequence[RemoteInstance] | None = None, budget: Budget | None = None) -> PassResult:
     """Perform the actions. A kill that loses a race is a result, not an error; a failed destroy is an error
     (recorded on the row and retried next pass). `keepalive` runs before each action: a pass whose
     destroys wait long on vast renews its lease instead of letting a second pass start beside it.
-    `listing` (the pass's) is what a destroy checks the row's label against before it asks vast."""
+    `listing` (the pass's) is what a destroy checks the row's label against before it asks vast.
+    Once the `budget` is spent no destroy is sent: each is recorded as skipped (kills, which never call
+    vast, still happen), and the result says `deadline_passed`."""
     now = now or clock.utcnow()
     listed = None if listing is None else {entry.id: entry for entry in listing}
     result = PassResult()
+    stopped: str | None = None  # why this pass calls vast no more
+    skipped: list[str] = []
     for action in actions:
         if keepalive is not None:
             keepalive()
         if action.kind == "kill":
-            outcome = _apply_kill(conn, action, config, now)
-        elif action.uuid is not None:
-            outcome = _apply_destroy_row(conn, provider, action, now, result.errors, listed)
+            result.actions.append(action.view(_apply_kill(conn, action, config, now)))
+            continue
+        if stopped is None and budget is not None and budget.passed():
+            stopped = f"{budget} passed"
+        if stopped is not None:
+            outcome = _skip(conn, action, stopped, now)
+            skipped.append(f"{action.kind} {action.label}")
         else:
-            outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)
+            try:
+                if action.uuid is not None:
+                    outcome = _apply_destroy_row(conn, provider, action, now, result.errors, listed)
+                else:
+                    outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)
+            except DeadlinePassed as exc:
+                stopped = f"{budget or 'the deadline'} reached ({exc})"
+                outcome = f"not done: {exc}; retried next pass"
+                skipped.append(f"{action.kind} {action.label}")
         result.actions.append(action.view(outcome))
+    if stopped is not None:
+        result.deadline_passed = True
+        result.errors.append(f"stopped calling vast: {stopped}; {len(skipped)} action(s) left for the next pass:"
+                             f" {', '.join(skipped)}")
     return result
+
+
+def _skip(conn: sqlite3.Connection, action: Action, why: str, now: datetime) -> str:
+    """A vast call this pass did not make, recorded in the audit so the file says what was left undone."""
+    text = f"skipped: {why}; retried next pass"
+    record_action(conn, actor="reconcile", kind=action.kind, ok=False, result=text, uuid=action.uuid,
+                  label=action.label, vast_id=action.vast_id, now=now)
+    return text
 
 
 def _apply_kill(conn: sqlite3.Connection, action: Action, config: Config, now: datetime) -> str:
@@ -422,6 +467,8 @@ def _apply_destroy_stray(conn: sqlite3.Connection, provider: Provider, action: A
     except ProviderError as exc:
         record_action(conn, actor="reconcile", kind="destroy", ok=False, result=str(exc), label=action.label,
                       vast_id=action.vast_id, now=now)
+        if isinstance(exc, DeadlinePassed):
+            raise
         errors.append(f"{action.label} (vast {action.vast_id}): destroy failed: {exc}; retried next pass")
         return f"destroy failed: {exc}; retried next pass"
     record_action(conn, actor="reconcile", kind="destroy", ok=True, result="destroyed", label=action.label,
@@ -512,43 +559,59 @@ def _strays_context(conn: sqlite3.Connection, config: Config,
     return first_seen, history
 
 
-def _list(provider: Provider) -> list[RemoteInstance]:
-    listing = list(provider.list_instances())
+def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
+    try:
+        listing = list(provider.list_instances())
+    except DeadlinePassed as exc:
+        raise DeadlinePassed(f"reconcile stopped at its deadline ({budget}) before vast listed the fleet: {exc};"
+                             " nothing was planned or killed, the next pass tries again") from None
     ids = [entry.id for entry in listing]
     if len(set(ids)) != len(ids):
         raise ProviderError("vast listing names the same instance twice; not trusting it")
     return listing
 
 
-def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, now: datetime | None = None,
-             dry_run: bool = False) -> PassResult:
+def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock = SYSTEM,
+             now: datetime | None = None, dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
-    distrusted; in each of those cases nothing was killed. `dry_run` plans and changes nothing at all."""
-    now = now or clock.utcnow()
-    if dry_run:
-        listing = _list(provider)
-        rows = _snapshot(conn)
-        first_seen, history = _strays_context(conn, config, match(rows, listing, config.vast.label_prefix).unclaimed)
-        actions = plan(rows, listing, settings.effective(conn, config), config, now,
-                       first_seen=first_seen, history=history)
-        return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing), dry_run=True)
-    with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
-        try:
-            listing = _list(provider)
-        except ProviderError as exc:
-            record_failed_listing(conn, str(exc), now)
-            raise
-        rows = _snapshot(conn)
-        matched = match(rows, listing, config.vast.label_prefix)
-        first_seen, history = _strays_context(conn, config, matched.unclaimed)
-        try:
+    distrusted; in each of those cases nothing was killed. `dry_run` plans and changes nothing at all.
+
+    The pass ends by `reconcile.deadline` on `clock` (cron starts the next one a minute later): the
+    provider starts no call and waits for no retry past it, and the vast calls left are skipped and
+    recorded; the result then has `deadline_passed` set (the CLI exits 1).
+    """
+    now = now or clock.now()
+    budget = Budget(clock, config.reconcile.deadline)
+    previous, provider.deadline = getattr(provider, "deadline", None), budget.deadline
+    try:
+        if dry_run:
+            listing = _list(provider, budget)
+            rows = _snapshot(conn)
+            matched = match(rows, listing, config.vast.label_prefix)
+            first_seen, history = _strays_context(conn, config, matched.unclaimed)
             actions = plan(rows, listing, settings.effective(conn, config), config, now,
                            first_seen=first_seen, history=history)
-        except ListingDistrusted as exc:
-            record_failed_listing(conn, str(exc), now)
-            raise
-        record_listing(conn, rows, listing, matched, now)
-        result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew, listing=listing)
-        result.listed = len(listing)
-        return result
-
+            return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing),
+                              dry_run=True)
+        with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
+            try:
+                listing = _list(provider, budget)
+            except ProviderError as exc:
+                record_failed_listing(conn, str(exc), now)
+                raise
+            rows = _snapshot(conn)
+            matched = match(rows, listing, config.vast.label_prefix)
+            first_seen, history = _strays_context(conn, config, matched.unclaimed)
+            try:
+                actions = plan(rows, listing, settings.effective(conn, config), config, now,
+                               first_seen=first_seen, history=history)
+            except ListingDistrusted as exc:
+                record_failed_listing(conn, str(exc), now)
+                raise
+            record_listing(conn, rows, listing, matched, now)
+            result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew, listing=listing,
+                           budget=budget)
+            result.listed = len(listing)
+            return result
+    finally:
+        provider.deadline = previous

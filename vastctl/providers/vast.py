@@ -18,14 +18,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import requests
 
 from .. import upstream
-from .base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
+from ..clock import SYSTEM, Clock
+from .base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected,
+                   RemoteInstance)
 
 DEFAULT_URL = "https://console.vast.ai"
 PAGE_SIZE = 25  # the API's maximum for /api/v1/instances/
@@ -74,7 +75,8 @@ class VastProvider:
         timeout: float | tuple[float, float] = TIMEOUT_S,
         attempts: int = ATTEMPTS,
         backoff_s: float = BACKOFF_S,
-        sleep: Callable[[float], None] | None = None,
+        clock: Clock = SYSTEM,
+        deadline: float | None = None,
     ):
         if not api_key:
             raise ValueError("an API key is required")
@@ -84,7 +86,8 @@ class VastProvider:
         self.timeout = timeout
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
-        self._sleep = sleep or time.sleep
+        self.clock = clock  # backoff sleeps and the deadline run on it (a VirtualClock in tests and the simulator)
+        self.deadline = deadline  # see base.Provider.deadline
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT,
                                      "Accept": "application/json"})
@@ -212,19 +215,21 @@ class VastProvider:
         delay = self.backoff_s
         for attempt in range(1, self.attempts + 1):
             last = attempt == self.attempts
+            timeout = self._timeout_within_deadline(what)
             try:
                 response = self.session.request(method, self.base_url + path, params=params, json=json,
-                                                timeout=self.timeout, allow_redirects=False)
+                                                timeout=timeout, allow_redirects=False)
             except requests.ConnectTimeout as exc:  # never connected: nothing was sent
+                failure = f"could not connect ({self._scrub(exc)})"
                 if last:
-                    raise ProviderError(f"{what}: could not connect ({self._scrub(exc)}): retry later") from None
+                    raise ProviderError(f"{what}: {failure}: retry later") from None
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if not idempotent:
                     raise ProviderError(f"{what}: {type(exc).__name__} ({self._scrub(exc)}); the outcome is"
                                         " unknown") from None
+                failure = f"unreachable after {attempt} attempts ({type(exc).__name__})"
                 if last:
-                    raise ProviderError(f"{what}: unreachable after {attempt} attempts"
-                                        f" ({type(exc).__name__}): retry later") from None
+                    raise ProviderError(f"{what}: {failure}: retry later") from None
             except requests.RequestException as exc:
                 raise ProviderError(f"{what}: {type(exc).__name__} ({self._scrub(exc)})") from None
             else:
@@ -242,10 +247,28 @@ class VastProvider:
                         raise ProviderRejected(f"{what}: still rate-limited (429) after {attempt} attempts: {text}")
                     raise ProviderError(f"{what}: HTTP {status} {text}"
                                         + ("; retry later" if idempotent else "; the outcome is unknown"))
+                failure = f"HTTP {status} after {attempt} attempts"
                 delay = max(delay, _retry_after(response) or 0.0)
-            self._sleep(delay)
+            self._sleep_within_deadline(delay, what, failure)
             delay *= BACKOFF_FACTOR
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _timeout_within_deadline(self, what: str) -> float | tuple[float, float]:
+        """The request timeout, shortened so that a hung call ends by the deadline; none is started past it."""
+        if self.deadline is None:
+            return self.timeout
+        left = self.deadline - self.clock.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(f"{what}: not called: the deadline had passed")
+        if isinstance(self.timeout, tuple):
+            return tuple(min(part, left) for part in self.timeout)  # type: ignore[return-value]
+        return min(self.timeout, left)
+
+    def _sleep_within_deadline(self, delay: float, what: str, failure: str) -> None:
+        """Back off before a retry, unless the wait (a Retry-After included) would end past the deadline."""
+        if self.deadline is not None and self.clock.monotonic() + delay > self.deadline:
+            raise DeadlinePassed(f"{what}: {failure}; not retried: waiting {delay:g}s more would pass the deadline")
+        self.clock.sleep(delay)
 
     def _answer(self, response: requests.Response, what: str) -> dict[str, Any]:
         status = response.status_code
