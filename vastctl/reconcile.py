@@ -30,6 +30,12 @@ orphan: nothing reports to us from it, so after a grace of timeouts.launching
 it is destroyed (one event, code `orphan`). A machine vast still lists
 STILL_LISTED_GRACE_S after confirming its destroy is destroyed again.
 Instances without our prefix and no row are never touched.
+
+A machine's own word is a claim: a row is paired with a listing entry by the
+vast id the manager recorded, else only by the row's label (a claimed id
+picks among those), and a destroy by id never reaches an instance listed
+under another label (operations.destroy). A pass ends by reconcile.deadline:
+the vast calls it could not make are skipped and recorded, and it exits 1.
 """
 
 from __future__ import annotations
