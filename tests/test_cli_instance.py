@@ -29,7 +29,7 @@ def test_full_lifecycle(ready, cli, db_path):
         result = cli(*args)
         assert (result.code, result.out, result.err) == (0, f"{state}\n", "")
     r = row(db_path)
-    assert (r["state"], r["vast_id"], r["gpu_name"], r["num_gpus"], r["bench_rate"], r["proofs_done"]) == (
+    assert (r["state"], r["claimed_vast_id"], r["gpu_name"], r["num_gpus"], r["bench_rate"], r["proofs_done"]) == (
         "running", 77, "RTX 4090", 1, 68.5, 4)
     assert r["last_heartbeat_at"] is not None
     assert event_count(db_path) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from urllib.parse import urlparse
 
@@ -152,7 +153,9 @@ def test_launch_refused_by_vast(ready, cli, vast, db_path):
 
 
 def running_row(cli, vast_id=321):
-    assert cli("register", "--uuid", "u1", "--label", "vastctl-a", "--vast-id", str(vast_id)).code == 0
+    assert cli("register", "--uuid", "u1", "--label", "vastctl-a").code == 0
+    with sqlite3.connect(os.environ["VASTCTL_DB"]) as raw:  # the id a launch records (a machine's claim is not)
+        raw.execute("UPDATE instances SET vast_id = ? WHERE uuid = 'u1'", (vast_id,))
 
 
 def test_stop_and_start(ready, cli, vast, db_path):
@@ -189,16 +192,18 @@ def test_stop_when_vast_fails_changes_nothing(ready, cli, vast, db_path):
 
 def test_kill_destroys_at_vast(ready, cli, vast, db_path):
     running_row(cli)
+    vast.get(f"{API}/api/v0/instances/321/", json={"instances": {"id": 321, "label": "vastctl-a"}})
     vast.delete(f"{API}/api/v0/instances/321/", json={"success": True})
     result = cli("kill", "vastctl-a", "--reason", "GPU errors")
     assert result.code == 0 and "killed" in result.out
-    assert sent(vast) == [("DELETE", "/api/v0/instances/321/")]
+    assert sent(vast) == [("GET", "/api/v0/instances/321/"), ("DELETE", "/api/v0/instances/321/")]
     row = rows(db_path)[0]
     assert row["state"] == "killed" and row["destroyed_at"]
 
 
 def test_kill_with_a_failed_destroy(ready, cli, vast, db_path):
     running_row(cli)
+    vast.get(f"{API}/api/v0/instances/321/", json={"instances": {"id": 321, "label": "vastctl-a"}})
     vast.delete(f"{API}/api/v0/instances/321/", status=500, json={"error": "oops"})
     result = cli("kill", "vastctl-a", "--reason", "GPU errors")
     assert result.code == 1 and "not yet destroyed" in result.err

@@ -34,7 +34,7 @@ class Market:
 @pytest.fixture
 def market(monkeypatch):
     fake = Market()
-    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config: fake)
+    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config, clock: fake)
     return fake
 
 
@@ -83,12 +83,26 @@ def test_table_output(store, cli, market):
     assert lines[1].split()[:3] == ["kill", "vastctl-a", "killed"]
 
 
+def test_vast_status_text_never_reaches_the_table_raw(store, cli, market):
+    put(store, market, "vastctl-a", 11, state="registered", status="exited")
+    hostile = "\x1b]0;pwned\x07\x1b[31mOCI runtime create failed\u202e"
+    market.instances[11].status_msg = hostile
+    result = cli("reconcile")
+    assert result.code == 0 and "start_failed" not in result.out
+    assert "\x1b" not in result.out and "\u202e" not in result.out
+    assert "\\x1b[31mOCI runtime create failed" in result.out
+    data = json.loads(cli("events", "--json").out)
+    assert "\x1b" not in data[-1]["reason"] and "\\x1b[31m" in data[-1]["reason"]
+    # the file keeps vast's own text as it came
+    assert row(store, "u-vastctl-a")["vast_status_msg"] == hostile
+
+
 def test_nothing_to_do_prints_no_rows(store, cli, market):
     put(store, market, "vastctl-a", 11)
     result = cli("reconcile")
     assert (result.code, result.out) == (0, "")
     assert json.loads(cli("reconcile", "--json").out) == {"actions": [], "refused": [], "errors": [], "listed": 1,
-                                                          "dry_run": False}
+                                                          "dry_run": False, "deadline_passed": False}
 
 
 def test_dry_run_changes_nothing(store, cli, market, db_path):

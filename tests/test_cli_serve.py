@@ -125,7 +125,7 @@ def test_remote_lifecycle_writes_the_managers_file_not_a_local_one(cli, db_path,
         result = cli(*args)
         assert (result.code, result.out, result.err) == (0, f"{state}\n", ""), args
     row = manager.rows()["rm-1"]
-    assert (row["state"], row["vast_id"], row["gpu_name"], row["num_gpus"], row["bench_rate"], row["proofs_done"]) == (
+    assert (row["state"], row["claimed_vast_id"], row["gpu_name"], row["num_gpus"], row["bench_rate"], row["proofs_done"]) == (
         "running", 5, "RTX 5090", 2, 55.5, 12)
     assert len(manager.events("rm-1")) == 4
     assert not db_path.exists()

@@ -16,7 +16,7 @@ PINNED = {
         "proofs_done", "proofs_per_hour", "restarts", "created_at", "state_since", "last_heartbeat_at",
         "kill_reason", "kill_code", "killed_at", "destroyed_at",
         "vast_status", "vast_status_msg", "vast_seen_at", "vast_missing", "resumed_at", "destroy_attempts",
-        "destroy_error",
+        "destroy_error", "claimed_vast_id",
     ],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],
     "settings": ["key", "value", "updated_at"],
@@ -80,6 +80,28 @@ def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
     assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 1
     for table, expected in PINNED.items():
         assert columns(conn, table) == expected, table
+
+
+def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
+    """Before claims were kept apart, `register` wrote a machine's vast id into vast_id: for rows the manager
+    did not launch that id was never verified, so the upgrade keeps it only as a claim."""
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for number, (name, sql) in enumerate(db.MIGRATIONS[:2], start=1):
+        for statement in db._statements(sql):
+            raw.execute(statement)
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
+    raw.execute("PRAGMA user_version = 2")
+    for uuid, offer_id, vast_id, destroyed in (("adopted", None, 100, None), ("launched", 7, 101, None),
+                                               ("gone", None, 102, "2026-01-02T00:00:00Z")):
+        raw.execute("INSERT INTO instances (uuid, label, state, vast_id, offer_id, created_at, state_since,"
+                    " destroyed_at) VALUES (?, ?, 'running', ?, ?, 't', 't', ?)",
+                    (uuid, f"vastctl-{uuid}", vast_id, offer_id, destroyed))
+    raw.close()
+    conn = db.connect(db_path)
+    found = {r["uuid"]: (r["vast_id"], r["claimed_vast_id"])
+             for r in conn.execute("SELECT uuid, vast_id, claimed_vast_id FROM instances")}
+    assert found == {"adopted": (None, 100), "launched": (101, None), "gone": (102, None)}
 
 
 def test_connect_twice_does_not_reapply_migrations(db_path):

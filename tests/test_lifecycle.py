@@ -73,7 +73,8 @@ def test_second_kill_is_refused_and_makes_no_event(conn):
 
 def test_register_unknown_uuid_adopts_it(conn):
     row = lifecycle.register(conn, "u9", label="hand-made", vast_id=42, gpu_name="RTX 4090", num_gpus=1, now=T0)
-    assert (row["state"], row["label"], row["vast_id"], row["gpu_name"]) == ("registered", "hand-made", 42, "RTX 4090")
+    assert (row["state"], row["label"], row["gpu_name"]) == ("registered", "hand-made", "RTX 4090")
+    assert (row["vast_id"], row["claimed_vast_id"]) == (None, 42)  # a claim until vast lists it under its label
     (event,) = events(conn)
     assert event["from_state"] is None and event["to_state"] == "registered" and "adopted" in event["reason"]
 
@@ -109,7 +110,16 @@ def test_register_twice_is_one_event(conn):
     lifecycle.register(conn, "u1", label="a")
     lifecycle.register(conn, "u1", label="a", vast_id=7)
     assert len(events(conn)) == 1
-    assert lifecycle.get(conn, "u1")["vast_id"] == 7
+    assert lifecycle.get(conn, "u1")["claimed_vast_id"] == 7
+
+
+def test_a_machine_never_changes_the_vast_id_its_launch_recorded(conn):
+    lifecycle.create(conn, uuid="u1", label="vastctl-u1", state=State.LAUNCHING, reason="t", source="operator",
+                     fields={"vast_id": 100, "offer_id": 7})
+    row = lifecycle.register(conn, "u1", vast_id=555, now=T0)
+    assert (row["state"], row["vast_id"], row["claimed_vast_id"]) == ("registered", 100, 555)
+    row = lifecycle.register(conn, "u1", vast_id=556, now=T0)  # a repeated report, still only a claim
+    assert (row["vast_id"], row["claimed_vast_id"]) == (100, 556)
 
 
 def test_register_of_a_killed_row_is_refused(conn):

@@ -376,6 +376,26 @@ def test_kill_with_a_failed_destroy_leaves_destroyed_at_empty(conn, cfg):
     assert "unreachable" in error and row["state"] == "killed" and row["destroyed_at"] is None
 
 
+def test_kill_never_destroys_an_instance_vast_lists_under_another_label(conn, cfg):
+    live_row(conn, State.RUNNING)
+    market = FakeMarket(conn)
+    market.show_instance = lambda vast_id: RemoteInstance(id=vast_id, label="someone-else")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    assert row["state"] == "killed" and row["destroyed_at"] is None and row["destroy_attempts"] == 1
+    assert "'someone-else'" in error and "not destroyed" in error
+    assert ("destroy", 77) not in market.calls
+    (audit,) = conn.execute("SELECT ok, result FROM actions WHERE kind = 'destroy'").fetchall()
+    assert audit["ok"] == 0 and "someone-else" in audit["result"]
+
+
+def test_kill_destroys_when_vast_lists_the_rows_label(conn, cfg):
+    live_row(conn, State.RUNNING)
+    market = FakeMarket(conn)
+    market.show_instance = lambda vast_id: RemoteInstance(id=vast_id, label="vastctl-a")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    assert error is None and row["destroyed_at"] and market.calls == [("destroy", 77)]
+
+
 def test_kill_of_a_launching_row_finds_its_machine_by_label(conn, cfg):
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
@@ -399,7 +419,7 @@ def test_kill_of_a_launching_row_with_a_failed_listing_keeps_it_undestroyed(conn
 def test_launch_on_the_wire(conn, cfg, monkeypatch):
     monkeypatch.setenv("VAST_API_KEY", "k-123")
     monkeypatch.setenv("VAST_API_URL", "https://vast.test")
-    provider = VastProvider.from_env(sleep=lambda s: None)
+    provider = VastProvider.from_env(clock=clock.VirtualClock(NOW))
     with responses.RequestsMock() as mocked:
         mocked.post("https://vast.test/api/v0/bundles/", json={"offers": [
             {"id": 31, "machine_id": 310, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.35}]})

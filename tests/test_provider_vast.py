@@ -3,30 +3,49 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
 import responses
 
+from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.providers import get_provider
-from vastctl.providers.base import CreateRequest, OfferGone, OfferQuery, ProviderError, ProviderRejected
+from vastctl.providers.base import CreateRequest, DeadlinePassed, OfferGone, OfferQuery, ProviderError, ProviderRejected
 from vastctl.providers.vast import VastProvider, find_api_key
 
 BASE = "https://vast.test"
 KEY = "sekrit-key-0123456789"
 
 
-@pytest.fixture
-def sleeps():
-    return []
+class RecordingClock(VirtualClock):
+    """Virtual time that also remembers each backoff sleep."""
+
+    def __init__(self, start: datetime = datetime(2026, 11, 30, tzinfo=timezone.utc)):
+        super().__init__(start)
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        super().sleep(seconds)
 
 
 @pytest.fixture
-def vast(sleeps):
-    return VastProvider(KEY, BASE, sleep=sleeps.append)
+def clock():
+    return RecordingClock()
+
+
+@pytest.fixture
+def sleeps(clock):
+    return clock.sleeps
+
+
+@pytest.fixture
+def vast(clock):
+    return VastProvider(KEY, BASE, clock=clock)
 
 
 @pytest.fixture
@@ -131,6 +150,22 @@ def test_listing_repeating_cursor_raises(vast, mocked):
         vast.list_instances()
 
 
+def test_listing_naming_one_instance_twice_differently_is_not_trusted(vast, mocked):
+    url = f"{BASE}/api/v1/instances/"
+    mocked.get(url, json={"instances": [instance(1), instance(2)], "next_token": "t1", "total_instances": 3})
+    mocked.get(url, json={"instances": [instance(2, actual_status="exited"), instance(3)], "next_token": None,
+                          "total_instances": 3})
+    with pytest.raises(ProviderError, match="instance 2 twice with different contents"):
+        vast.list_instances()
+
+
+def test_listing_with_a_page_repeated_verbatim_keeps_one_of_each(vast, mocked):
+    url = f"{BASE}/api/v1/instances/"
+    mocked.get(url, json={"instances": [instance(1), instance(2)], "next_token": "t1"})
+    mocked.get(url, json={"instances": [instance(1), instance(2), instance(3)], "next_token": None})
+    assert [item.id for item in vast.list_instances()] == [1, 2, 3]
+
+
 # --- retries ----------------------------------------------------------------------------------------
 
 
@@ -188,6 +223,51 @@ def test_timeout_on_every_call(vast, mocked, monkeypatch):
     assert len(seen) == 5 and all(t for t in seen)
 
 
+def hang(clock):
+    """A call that hangs until its read timeout, on virtual time."""
+    def callback(request):
+        timeout = request.req_kwargs["timeout"]
+        clock.advance(timeout[1] if isinstance(timeout, tuple) else timeout)
+        raise requests.ReadTimeout("read timed out")
+    return callback
+
+
+def test_backoff_runs_on_the_injected_clock(vast, mocked, clock):
+    url = f"{BASE}/api/v1/instances/"
+    mocked.get(url, status=503, body="busy")
+    mocked.get(url, json={"instances": [], "next_token": None})
+    vast.list_instances()
+    assert clock.sleeps == [0.5] and clock.monotonic() == 0.5  # no real sleep: virtual time moved
+
+
+def test_a_hung_api_is_cut_off_at_the_deadline(vast, mocked, clock):
+    mocked.add_callback(responses.GET, f"{BASE}/api/v1/instances/", callback=hang(clock))
+    vast.deadline = 50.0
+    with pytest.raises(DeadlinePassed):
+        vast.list_instances()
+    assert clock.monotonic() <= 50.0
+    timeouts = [call.request.req_kwargs["timeout"] for call in mocked.calls]
+    assert timeouts[0] == (10.0, 50.0)  # the read timeout shrinks to what is left
+    assert all(read <= 50.0 for _connect, read in timeouts)
+
+
+def test_a_retry_after_past_the_deadline_is_not_waited_for(vast, mocked, clock):
+    mocked.get(f"{BASE}/api/v1/instances/", status=429, headers={"Retry-After": "60"}, body="slow down")
+    vast.deadline = 50.0
+    with pytest.raises(DeadlinePassed, match="429.*waiting 60s more would pass the deadline"):
+        vast.list_instances()
+    assert clock.sleeps == [] and len(mocked.calls) == 1
+
+
+def test_no_call_starts_after_the_deadline(vast, mocked, clock):
+    mocked.get(f"{BASE}/api/v1/instances/", json={"instances": [], "next_token": None})
+    vast.deadline = 10.0
+    clock.advance(10.0)
+    with pytest.raises(DeadlinePassed, match="not called"):
+        vast.list_instances()
+    assert len(mocked.calls) == 0
+
+
 def test_search_quota_is_never_retried(vast, mocked, sleeps):
     mocked.post(f"{BASE}/api/v0/bundles/", status=429, headers={"X-RateLimit-Reset": "1767225600"},
                 json={"success": False, "error": "search_quota_exceeded", "msg": "daily quota"})
@@ -196,13 +276,33 @@ def test_search_quota_is_never_retried(vast, mocked, sleeps):
     assert len(mocked.calls) == 1 and sleeps == []
 
 
-def test_errors_never_carry_the_key(mocked, sleeps):
-    vast = VastProvider(KEY, BASE, sleep=sleeps.append)
+def test_errors_never_carry_the_key(mocked, clock):
+    vast = VastProvider(KEY, BASE, clock=clock)
     mocked.get(f"{BASE}/api/v0/instances/3/", status=401, json={"error": "auth_error", "msg": f"bad key {KEY}"})
     with pytest.raises(ProviderRejected) as info:
         vast.show_instance(3)
     assert KEY not in str(info.value) and "VAST_API_KEY" in str(info.value)
     assert KEY not in repr(vast)
+
+
+@pytest.mark.parametrize("answer", [
+    pytest.param({"status": 400, "body": "r" * 185 + f" api_key={KEY} and more"}, id="plain-text-400"),
+    pytest.param({"status": 400, "json": {"error": "bad", "msg": "q" * 190 + f" Bearer {KEY} echoed"}}, id="json-msg"),
+    pytest.param({"status": 503, "body": "s" * 190 + f" {KEY}"}, id="retried-503"),
+    pytest.param({"status": 400, "json": ["t" * 192, KEY]}, id="json-list"),
+])
+def test_an_error_that_echoes_the_request_never_carries_any_part_of_the_key(vast, mocked, answer):
+    mocked.get(f"{BASE}/api/v0/instances/3/", **answer)
+    with pytest.raises(ProviderError) as info:
+        vast.show_instance(3)
+    assert KEY[:6] not in str(info.value) and "***" in str(info.value)
+
+
+def test_other_bearer_tokens_in_an_answer_are_masked(vast, mocked):
+    mocked.get(f"{BASE}/api/v0/instances/3/", status=400, body="proxy saw Authorization: Bearer other-token-xyz")
+    with pytest.raises(ProviderError) as info:
+        vast.show_instance(3)
+    assert "other-token-xyz" not in str(info.value) and "Bearer ***" in str(info.value)
 
 
 def test_redirects_are_not_followed_with_the_key(vast, mocked):

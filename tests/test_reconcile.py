@@ -159,6 +159,15 @@ def test_start_failure_text_kills_at_once(msg):
     assert "start failure" in actions[0].reason and msg[:20] in actions[0].reason
 
 
+def test_vast_text_quoted_into_a_reason_is_escaped_and_bounded():
+    hostile = "\x1b[2J\x1b[31mOCI runtime create failed\x1b[0m \u202eexe.txt\u2028next\x85\x7f " + "x" * 500
+    r = row("vastctl-1", state="launching", state_since=ago(minutes=2), vast_status=None, last_heartbeat_at=None)
+    (kill, _destroy) = plan([r], [seen(r, "created", status_msg=hostile)], SETTINGS, cfg(), NOW)
+    assert kill.reason.isprintable() and len(kill.reason) < 300
+    assert "\\x1b[31mOCI runtime create failed\\x1b[0m" in kill.reason and "\\u202eexe.txt" in kill.reason
+    assert "\\x7f" in kill.reason
+
+
 def test_error_text_on_a_running_container_is_stale_not_a_start_failure():
     r = row("vastctl-1")
     assert plan([r], [seen(r, "running", status_msg="failed once, then success")], SETTINGS, cfg(), NOW) == []
@@ -285,7 +294,7 @@ def test_machines_without_our_prefix_are_never_touched():
 
 def test_label_recovers_the_vast_id_of_a_launch_that_crashed_after_create():
     r = row("vastctl-1", state="launching", vast_id=None, state_since=ago(minutes=3), vast_seen_at=None,
-            last_heartbeat_at=None)
+            last_heartbeat_at=None, offer_id=7)
     listed = RemoteInstance(id=777, label="vastctl-1", actual_status="loading")
     matched = match([r], [listed])
     assert matched.recovered == {"u-vastctl-1": 777} and matched.unclaimed == []
@@ -312,6 +321,13 @@ def test_destroyed_but_still_listed_is_destroyed_again():
     assert (action.kind, action.vast_id, action.uuid) == ("destroy", 101, None)
     assert "still lists" in action.reason
     gone[101]["destroyed_at"] = ago(minutes=1)  # vast may lag a little
+    assert plan([], [listed], SETTINGS, cfg(), NOW, history=gone) == []
+
+
+def test_a_destroyed_row_never_sends_a_destroy_to_an_instance_under_another_label():
+    listed = RemoteInstance(id=101, label="train-job", actual_status="running")
+    gone = {101: {"uuid": "u1", "label": "vastctl-1", "vast_id": 101, "kill_code": "bench_failed",
+                  "destroyed_at": ago(hours=1)}}
     assert plan([], [listed], SETTINGS, cfg(), NOW, history=gone) == []
 
 

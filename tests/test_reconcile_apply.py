@@ -32,6 +32,9 @@ class FakeMarket:
             raise self.list_error
         return list(self.instances.values())
 
+    def show_instance(self, vast_id):
+        return self.instances.get(vast_id)
+
     def destroy_instance(self, vast_id):
         self.destroy_calls.append(vast_id)
         left = self.failing.get(vast_id, 0)
@@ -348,7 +351,7 @@ def test_a_long_pass_renews_its_lease_before_each_action(conn, config, market, m
         market.instances.pop(vast_id, None)
 
     monkeypatch.setattr(market, "destroy_instance", destroy)
-    reconcile.run_pass(conn, market, config, now=NOW)
+    reconcile.run_pass(conn, market, config, now=NOW, clock=clock.VirtualClock(NOW))  # the lease's time, not the pass's
     ttl = reconcile.LEASE_TTL_S
     assert seen == [clock.to_iso(NOW + timedelta(seconds=s + ttl)) for s in (400, 800, 1200)]
     assert conn.execute("SELECT count(*) FROM locks").fetchone()[0] == 0

@@ -80,7 +80,7 @@ def test_the_whole_lifecycle_over_http(manager, new_uuid):
         response = post(manager, new_uuid, report, body)
         assert (response.status_code, response.json()) == (200, answer), report
     row = manager.rows()[new_uuid]
-    assert (row["label"], row["state"], row["vast_id"], row["gpu_name"], row["num_gpus"], row["bench_rate"],
+    assert (row["label"], row["state"], row["claimed_vast_id"], row["gpu_name"], row["num_gpus"], row["bench_rate"],
             row["proofs_done"]) == ("vastctl-http-a", "running", 77, "RTX 4090", 2, 68.5, 4)
     assert row["last_heartbeat_at"] is not None
     assert [(e["from_state"], e["to_state"], e["source"]) for e in manager.events(new_uuid)] == [

@@ -144,6 +144,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
+    (
+        "a machine's claimed vast id, kept apart from the one the manager trusts",
+        # vast_id is what the manager recorded at launch or vast listed under the row's label; a machine's
+        # own report goes to claimed_vast_id. Ids an adopted row got from its machine before this are claims.
+        """
+        ALTER TABLE instances ADD COLUMN claimed_vast_id INTEGER;
+        UPDATE instances SET claimed_vast_id = vast_id, vast_id = NULL
+            WHERE offer_id IS NULL AND vast_id IS NOT NULL AND destroyed_at IS NULL
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

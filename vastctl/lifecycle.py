@@ -206,6 +206,11 @@ def register(
     Unknown uuid: the row is created (a machine launched by hand is adopted).
     A live row further along means the container restarted: it goes back to
     `registered` and the event says so. A killed row is refused.
+
+    The machine's `vast_id` is a claim, kept in `claimed_vast_id`: it never
+    sets or changes `vast_id`, which only the manager writes (at launch, or
+    when reconcile finds the instance listed under the row's label). Believing
+    it would let one machine point reconcile's destroy at another.
     """
     now = now or clock.utcnow()
     validate_text(uuid, "--uuid")
@@ -217,7 +222,8 @@ def register(
         validate_whole(vast_id, "--vast-id")
     if num_gpus is not None:
         validate_whole(num_gpus, "--num-gpus", minimum=1)
-    details = {k: v for k, v in {"vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items() if v is not None}
+    details = {k: v for k, v in {"claimed_vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items()
+               if v is not None}
     with transaction(conn):
         row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None:

@@ -12,15 +12,16 @@ import sqlite3
 import uuid as uuid_module
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Mapping
 
-from . import blocklist, clock, lifecycle, locks, onstart, settings, tokens
+from . import blocklist, clock, lifecycle, locks, onstart, settings, tokens, upstream
 from .audit import record_action
 from .config import Config
 from .db import transaction
 from .errors import BadInput, GuardRefused, Refused, Unavailable
 from .lifecycle import State
-from .providers.base import CreateRequest, Offer, OfferGone, OfferQuery, Provider, ProviderError, ProviderRejected
+from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, Provider, ProviderError, ProviderRejected,
+                             RemoteInstance)
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
@@ -29,12 +30,18 @@ PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER")  # env values t
 
 
 def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *, actor: str,
-            now: datetime | None = None) -> bool:
+            now: datetime | None = None, listed: Mapping[int, RemoteInstance] | None = None) -> bool:
     """Destroy the row's machine at the market; True once the market confirms it is gone.
 
     `destroyed_at` is set only on confirmation. A failure is recorded on the row
     (`destroy_attempts`, `destroy_error`) and in the audit, and False is returned:
-    the caller (every reconcile pass) tries again. Never raises ProviderError.
+    the caller (every reconcile pass) tries again. Raises no ProviderError but DeadlinePassed (recorded
+    the same way first), so that a caller with a deadline knows to stop calling the market.
+
+    A destroy by vast id happens only for an instance the market lists under
+    the row's label: `listed` is a fresh listing by id (reconcile's), else the
+    instance is looked up. One listed under another label is left alone and
+    the refusal recorded like a failure, whoever's claim put its id here.
     """
     now = now or clock.utcnow()
     if row.get("destroyed_at"):
@@ -43,20 +50,33 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
         _mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})
         return True
     try:
+        remote = listed.get(row["vast_id"]) if listed is not None else provider.show_instance(row["vast_id"])
+        if remote is not None and remote.label != row["label"]:
+            return _destroy_failed(conn, row, actor, now, (
+                f"not destroyed: vast lists instance {row['vast_id']} under the label {remote.label!r}, not"
+                f" {row['label']!r}; a destroy by id needs the row's label (check the instance at vast)"))
         provider.destroy_instance(row["vast_id"])
     except ProviderError as exc:
-        record_action(conn, actor=actor, kind="destroy", ok=False, result=str(exc), uuid=row["uuid"],
-                      label=row["label"], vast_id=row["vast_id"], now=now)
-        with transaction(conn):
-            conn.execute(
-                "UPDATE instances SET destroy_attempts = destroy_attempts + 1, destroy_error = ? WHERE uuid = ?",
-                (str(exc), row["uuid"]),
-            )
+        _destroy_failed(conn, row, actor, now, str(exc))
+        if isinstance(exc, DeadlinePassed):
+            raise
         return False
     record_action(conn, actor=actor, kind="destroy", ok=True, result="destroyed", uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     _mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})
     return True
+
+
+def _destroy_failed(conn: sqlite3.Connection, row: dict[str, Any], actor: str, now: datetime, error: str) -> bool:
+    error = upstream.clip(error, 1000)
+    record_action(conn, actor=actor, kind="destroy", ok=False, result=error, uuid=row["uuid"],
+                  label=row["label"], vast_id=row["vast_id"], now=now)
+    with transaction(conn):
+        conn.execute(
+            "UPDATE instances SET destroy_attempts = destroy_attempts + 1, destroy_error = ? WHERE uuid = ?",
+            (error, row["uuid"]),
+        )
+    return False
 
 
 def _mark(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
@@ -382,6 +402,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
+    listed: dict[int, RemoteInstance] | None = None
     row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or actor, now=now)
     if ttl_s is not None:
         blocklist.block_row(conn, row, ttl_s)
@@ -389,14 +410,16 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
         if provider is None:
             return row, "no provider to look the machine up by label"
         try:
-            match = [item for item in provider.list_instances() if item.label == row["label"]]
+            listing = provider.list_instances()
         except ProviderError as exc:
             return row, f"could not look {row['label']} up at vast: {exc}"
+        listed = {item.id: item for item in listing}
+        match = [item for item in listing if item.label == row["label"]]
         if match:
             _mark(conn, row["uuid"], {"vast_id": match[0].id})
             row = lifecycle.get(conn, row["uuid"])
     if row["vast_id"] is not None and provider is None:
         return row, "no provider to destroy the machine"
-    if not destroy(conn, provider, row, actor=actor, now=now):
+    if not destroy(conn, provider, row, actor=actor, now=now, listed=listed):
         return lifecycle.get(conn, row["uuid"]), lifecycle.get(conn, row["uuid"])["destroy_error"]
     return lifecycle.get(conn, row["uuid"]), None

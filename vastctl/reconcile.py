@@ -30,6 +30,12 @@ orphan: nothing reports to us from it, so after a grace of timeouts.launching
 it is destroyed (one event, code `orphan`). A machine vast still lists
 STILL_LISTED_GRACE_S after confirming its destroy is destroyed again.
 Instances without our prefix and no row are never touched.
+
+A machine's own word is a claim: a row is paired with a listing entry by the
+vast id the manager recorded, else only by the row's label (a claimed id
+picks among those), and a destroy by id never reaches an instance listed
+under another label (operations.destroy). A pass ends by reconcile.deadline:
+the vast calls it could not make are skipped and recorded, and it exits 1.
 """
 
 from __future__ import annotations
@@ -41,13 +47,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import blocklist, clock, locks, operations, settings
+from . import blocklist, clock, locks, operations, settings, upstream
 from .audit import record_action
 from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
-from .providers.base import Provider, ProviderError, RemoteInstance
+from .clock import SYSTEM, Clock
+from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
 LEASE = "reconcile"
 LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)
@@ -105,17 +112,40 @@ class PassResult:
     errors: list[str] = field(default_factory=list)
     listed: int = 0
     dry_run: bool = False
+    deadline_passed: bool = False  # some vast calls were not made; they are in `errors` and the actions table
 
     def to_json(self) -> dict[str, Any]:
         return {"actions": self.actions, "refused": self.refused, "errors": self.errors,
-                "listed": self.listed, "dry_run": self.dry_run}
+                "listed": self.listed, "dry_run": self.dry_run, "deadline_passed": self.deadline_passed}
+
+
+class Budget:
+    """A pass's time on the injected clock: `deadline` is the monotonic instant after which vast is not called."""
+
+    def __init__(self, clock: Clock, seconds: float):
+        self.clock = clock
+        self.seconds = seconds
+        self.deadline = clock.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return self.clock.monotonic() >= self.deadline
+
+    def __str__(self) -> str:
+        return f"reconcile.deadline {clock.human_duration(self.seconds)}"
 
 
 # --- pure decisions ----------------------------------------------------------------------------
 
 
-def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance]) -> Matched:
-    """Pair rows with listing entries: by vast_id, else (a row with no vast_id yet) by label."""
+def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance], label_prefix: str = "") -> Matched:
+    """Pair rows with listing entries: by the vast_id the manager recorded, else by label.
+
+    A row without a vast_id yet (a launch that crashed before recording it, or
+    a machine adopted by `register`) is paired only with an entry vast lists
+    under the row's label; a machine's claimed id only picks among those. A
+    row the manager did not launch is paired only with an entry carrying our
+    label prefix: a machine cannot adopt an instance we would never touch.
+    """
     by_id = {entry.id: entry for entry in listing}
     by_uuid: dict[str, RemoteInstance] = {}
     claimed: set[int] = set()
@@ -134,14 +164,27 @@ def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance]) 
             if entry.label and entry.id not in claimed:
                 by_label[entry.label].append(entry)
         for row in without_id:
+            if not launched(row) and not carries_prefix(row["label"], label_prefix):
+                continue
             candidates = [entry for entry in by_label.get(row["label"], ()) if entry.id not in claimed]
             if candidates:
-                entry = min(candidates, key=lambda item: item.id)
+                claim = [entry for entry in candidates if entry.id == row.get("claimed_vast_id")]
+                entry = (claim or sorted(candidates, key=lambda item: item.id))[0]
                 by_uuid[row["uuid"]] = entry
                 recovered[row["uuid"]] = entry.id
                 claimed.add(entry.id)
     unclaimed = [entry for entry in listing if entry.id not in claimed]
     return Matched(by_uuid=by_uuid, recovered=recovered, unclaimed=unclaimed)
+
+
+def launched(row: Mapping[str, Any]) -> bool:
+    """Whether the manager rented this machine (launch records the offer) rather than adopting it."""
+    return row.get("offer_id") is not None
+
+
+def carries_prefix(label: str | None, prefix: str) -> bool:
+    """Our label prefix marks the instances reconcile may act on; with no prefix, none are."""
+    return bool(prefix) and bool(label) and label.startswith(prefix)
 
 
 def _expected_in_listing(row: Mapping[str, Any], matched: Matched) -> bool:
@@ -196,7 +239,7 @@ def plan(
     row, for listed instances whose row is already destroyed.
     Raises ListingDistrusted instead of planning kills from a broken listing.
     """
-    matched = match(rows, listing)
+    matched = match(rows, listing, config.vast.label_prefix)
     check_trust(rows, matched, config)
     first_seen = first_seen or {}
     history = history or {}
@@ -289,7 +332,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
     actions = []
     for entry in unclaimed:
         gone = history.get(entry.id)
-        if gone is not None:
+        if gone is not None and entry.label == gone["label"]:
             destroyed = clock.from_iso(gone["destroyed_at"])
             if entry.cur_state != "unloaded" and (now - destroyed).total_seconds() > STILL_LISTED_GRACE_S:
                 actions.append(Action(
@@ -298,7 +341,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
                             f" ({entry.actual_status or 'no status'})"),
                 ))
             continue
-        if not prefix or not entry.label or not entry.label.startswith(prefix):
+        if not carries_prefix(entry.label, prefix):
             continue  # not ours: never touched
         seen = clock.from_iso(first_seen.get(entry.id)) or now
         if (now - seen).total_seconds() > grace:
@@ -311,31 +354,62 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
 
 
 def _clip(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """vast's text quoted into a reason (an event, the table): masked, control characters escaped, bounded."""
+    return upstream.clip(text, limit)
 
 
 # --- effects -----------------------------------------------------------------------------------
 
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
-          now: datetime | None = None, keepalive: Callable[[], None] | None = None) -> PassResult:
+          now: datetime | None = None, keepalive: Callable[[], None] | None = None,
+          listing: Sequence[RemoteInstance] | None = None, budget: Budget | None = None) -> PassResult:
     """Perform the actions. A kill that loses a race is a result, not an error; a failed destroy is an error
     (recorded on the row and retried next pass). `keepalive` runs before each action: a pass whose
-    destroys wait long on vast renews its lease instead of letting a second pass start beside it."""
+    destroys wait long on vast renews its lease instead of letting a second pass start beside it.
+    `listing` (the pass's) is what a destroy checks the row's label against before it asks vast.
+    Once the `budget` is spent no destroy is sent: each is recorded as skipped (kills, which never call
+    vast, still happen), and the result says `deadline_passed`."""
     now = now or clock.utcnow()
+    listed = None if listing is None else {entry.id: entry for entry in listing}
     result = PassResult()
+    stopped: str | None = None  # why this pass calls vast no more
+    skipped: list[str] = []
     for action in actions:
         if keepalive is not None:
             keepalive()
         if action.kind == "kill":
-            outcome = _apply_kill(conn, action, config, now)
-        elif action.uuid is not None:
-            outcome = _apply_destroy_row(conn, provider, action, now, result.errors)
+            result.actions.append(action.view(_apply_kill(conn, action, config, now)))
+            continue
+        if stopped is None and budget is not None and budget.passed():
+            stopped = f"{budget} passed"
+        if stopped is not None:
+            outcome = _skip(conn, action, stopped, now)
+            skipped.append(f"{action.kind} {action.label}")
         else:
-            outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)
+            try:
+                if action.uuid is not None:
+                    outcome = _apply_destroy_row(conn, provider, action, now, result.errors, listed)
+                else:
+                    outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)
+            except DeadlinePassed as exc:
+                stopped = f"{budget or 'the deadline'} reached ({exc})"
+                outcome = f"not done: {exc}; retried next pass"
+                skipped.append(f"{action.kind} {action.label}")
         result.actions.append(action.view(outcome))
+    if stopped is not None:
+        result.deadline_passed = True
+        result.errors.append(f"stopped calling vast: {stopped}; {len(skipped)} action(s) left for the next pass:"
+                             f" {', '.join(skipped)}")
     return result
+
+
+def _skip(conn: sqlite3.Connection, action: Action, why: str, now: datetime) -> str:
+    """A vast call this pass did not make, recorded in the audit so the file says what was left undone."""
+    text = f"skipped: {why}; retried next pass"
+    record_action(conn, actor="reconcile", kind=action.kind, ok=False, result=text, uuid=action.uuid,
+                  label=action.label, vast_id=action.vast_id, now=now)
+    return text
 
 
 def _apply_kill(conn: sqlite3.Connection, action: Action, config: Config, now: datetime) -> str:
@@ -367,7 +441,7 @@ def _killer(conn: sqlite3.Connection, uuid: str) -> str:
 
 
 def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Action, now: datetime,
-                       errors: list[str]) -> str:
+                       errors: list[str], listed: Mapping[int, RemoteInstance] | None) -> str:
     row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (action.uuid,)).fetchone()
     if row is None:
         return "skipped: the row is gone"
@@ -378,8 +452,13 @@ def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Act
         return "already destroyed"
     if row["vast_id"] is None and action.vast_id is not None:
         row["vast_id"] = action.vast_id  # found by label in this listing (recorded before apply)
-    if operations.destroy(conn, provider, row, actor="reconcile", now=now):
-        return "destroyed" if row["vast_id"] is not None else "destroyed (nothing was created at vast)"
+    if operations.destroy(conn, provider, row, actor="reconcile", now=now, listed=listed):
+        if row["vast_id"] is not None:
+            return "destroyed"
+        if row.get("claimed_vast_id") is not None:
+            return (f"marked destroyed; its claimed vast instance {row['claimed_vast_id']} was never listed under"
+                    f" its label, so it was not touched")
+        return "destroyed (nothing was created at vast)"
     error = conn.execute("SELECT destroy_error, destroy_attempts FROM instances WHERE uuid = ?",
                          (action.uuid,)).fetchone()
     text = f"destroy failed (attempt {error['destroy_attempts']}): {error['destroy_error']}; retried next pass"
@@ -394,6 +473,8 @@ def _apply_destroy_stray(conn: sqlite3.Connection, provider: Provider, action: A
     except ProviderError as exc:
         record_action(conn, actor="reconcile", kind="destroy", ok=False, result=str(exc), label=action.label,
                       vast_id=action.vast_id, now=now)
+        if isinstance(exc, DeadlinePassed):
+            raise
         errors.append(f"{action.label} (vast {action.vast_id}): destroy failed: {exc}; retried next pass")
         return f"destroy failed: {exc}; retried next pass"
     record_action(conn, actor="reconcile", kind="destroy", ok=True, result="destroyed", label=action.label,
@@ -408,7 +489,7 @@ def _apply_destroy_stray(conn: sqlite3.Connection, provider: Provider, action: A
 def record_failed_listing(conn: sqlite3.Connection, error: str, now: datetime) -> None:
     with transaction(conn):
         conn.execute("INSERT INTO vast_listings (at, ok, instances, error) VALUES (?, 0, NULL, ?)",
-                     (clock.to_iso(now), error[:1000]))
+                     (clock.to_iso(now), upstream.clip(error, 1000)))
         _prune_listings(conn, now)
 
 
@@ -484,43 +565,59 @@ def _strays_context(conn: sqlite3.Connection, config: Config,
     return first_seen, history
 
 
-def _list(provider: Provider) -> list[RemoteInstance]:
-    listing = list(provider.list_instances())
+def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
+    try:
+        listing = list(provider.list_instances())
+    except DeadlinePassed as exc:
+        raise DeadlinePassed(f"reconcile stopped at its deadline ({budget}) before vast listed the fleet: {exc};"
+                             " nothing was planned or killed, the next pass tries again") from None
     ids = [entry.id for entry in listing]
     if len(set(ids)) != len(ids):
         raise ProviderError("vast listing names the same instance twice; not trusting it")
     return listing
 
 
-def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, now: datetime | None = None,
-             dry_run: bool = False) -> PassResult:
+def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock = SYSTEM,
+             now: datetime | None = None, dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
-    distrusted; in each of those cases nothing was killed. `dry_run` plans and changes nothing at all."""
-    now = now or clock.utcnow()
-    if dry_run:
-        listing = _list(provider)
-        rows = _snapshot(conn)
-        first_seen, history = _strays_context(conn, config, match(rows, listing).unclaimed)
-        actions = plan(rows, listing, settings.effective(conn, config), config, now,
-                       first_seen=first_seen, history=history)
-        return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing), dry_run=True)
-    with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
-        try:
-            listing = _list(provider)
-        except ProviderError as exc:
-            record_failed_listing(conn, str(exc), now)
-            raise
-        rows = _snapshot(conn)
-        matched = match(rows, listing)
-        first_seen, history = _strays_context(conn, config, matched.unclaimed)
-        try:
+    distrusted; in each of those cases nothing was killed. `dry_run` plans and changes nothing at all.
+
+    The pass ends by `reconcile.deadline` on `clock` (cron starts the next one a minute later): the
+    provider starts no call and waits for no retry past it, and the vast calls left are skipped and
+    recorded; the result then has `deadline_passed` set (the CLI exits 1).
+    """
+    now = now or clock.now()
+    budget = Budget(clock, config.reconcile.deadline)
+    previous, provider.deadline = getattr(provider, "deadline", None), budget.deadline
+    try:
+        if dry_run:
+            listing = _list(provider, budget)
+            rows = _snapshot(conn)
+            matched = match(rows, listing, config.vast.label_prefix)
+            first_seen, history = _strays_context(conn, config, matched.unclaimed)
             actions = plan(rows, listing, settings.effective(conn, config), config, now,
                            first_seen=first_seen, history=history)
-        except ListingDistrusted as exc:
-            record_failed_listing(conn, str(exc), now)
-            raise
-        record_listing(conn, rows, listing, matched, now)
-        result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew)
-        result.listed = len(listing)
-        return result
-
+            return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing),
+                              dry_run=True)
+        with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
+            try:
+                listing = _list(provider, budget)
+            except ProviderError as exc:
+                record_failed_listing(conn, str(exc), now)
+                raise
+            rows = _snapshot(conn)
+            matched = match(rows, listing, config.vast.label_prefix)
+            first_seen, history = _strays_context(conn, config, matched.unclaimed)
+            try:
+                actions = plan(rows, listing, settings.effective(conn, config), config, now,
+                               first_seen=first_seen, history=history)
+            except ListingDistrusted as exc:
+                record_failed_listing(conn, str(exc), now)
+                raise
+            record_listing(conn, rows, listing, matched, now)
+            result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew, listing=listing,
+                           budget=budget)
+            result.listed = len(listing)
+            return result
+    finally:
+        provider.deadline = previous

@@ -9,15 +9,23 @@ import typer
 from .app import JsonOpt, app, globals_of, print_json, print_table, say
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from ..config import Config
     from ..providers.base import Provider
 
 
-def make_provider(config: "Config") -> "Provider":
-    """The market to reconcile against (tests replace this)."""
+def pass_clock() -> "Clock":
+    """The clock a pass runs on, its deadline included (tests replace this with a virtual one)."""
+    from ..clock import SYSTEM
+
+    return SYSTEM
+
+
+def make_provider(config: "Config", clock: "Clock") -> "Provider":
+    """The market to reconcile against, its backoff on `clock` (tests replace this)."""
     from ..providers import get_provider
 
-    return get_provider(config)
+    return get_provider(config, clock=clock)
 
 
 @app.command("reconcile")
@@ -29,23 +37,29 @@ def reconcile_cmd(
     """List every vast instance, kill what is dead or stuck, destroy what we no longer pay for.
 
     Exits 1, having killed nothing, when another pass holds the lease or the listing failed or
-    is distrusted; failed destroys are reported and retried by the next pass (exit 0).
+    is distrusted; failed destroys are reported and retried by the next pass (exit 0). A pass
+    stops calling vast at `reconcile.deadline` (default 50s) and exits 1, naming what it skipped.
 
     Example: * * * * * vastctl reconcile --json >> /var/log/vastctl/reconcile.jsonl
     """
     from .. import reconcile
+    from ..errors import Unavailable
 
     g = globals_of(ctx)
     conn = g.connect()
-    result = reconcile.run_pass(conn, make_provider(g.config), g.config, dry_run=dry_run)
+    clock = pass_clock()
+    result = reconcile.run_pass(conn, make_provider(g.config, clock), g.config, clock=clock, dry_run=dry_run)
     if as_json:
         print_json(result.to_json())
     else:
         print_table(result.actions, ["kind", "label", "result", "reason"])
+    errors = result.errors[:-1] if result.deadline_passed else result.errors  # the last one says why it stopped
     kills = sum(1 for a in result.actions if a["kind"] == "kill")
     destroys = sum(1 for a in result.actions if a["kind"] == "destroy")
     prefix = "dry run: " if dry_run else ""
     say(f"{prefix}{result.listed} vast instances listed; {kills} kill(s), {destroys} destroy(s)"
-        + (" planned" if dry_run else "") + (f"; {len(result.errors)} failed, retried next pass" if result.errors else ""))
-    for error in result.errors:
+        + (" planned" if dry_run else "") + (f"; {len(errors)} failed, retried next pass" if errors else ""))
+    for error in errors:
         say(f"warning: {error}")
+    if result.deadline_passed:
+        raise Unavailable(result.errors[-1])

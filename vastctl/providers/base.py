@@ -22,6 +22,10 @@ class ProviderRejected(ProviderError):
     """The market answered and refused the call, so it had no effect (unlike a timeout, whose outcome is unknown)."""
 
 
+class DeadlinePassed(ProviderError):
+    """The caller's time budget ran out: the call, or its next retry, was not made."""
+
+
 class OfferGone(ProviderRejected):
     """The offer was taken or withdrawn between search and create (vast 404/410 no_such_ask)."""
 
@@ -82,6 +86,11 @@ class CreateRequest:
 
 
 class Provider(Protocol):
+    # A monotonic instant on the clock the provider was built with, or None. Past it the provider starts no
+    # call and waits for no retry (a Retry-After included): it raises DeadlinePassed. A pass that must end
+    # before the next cron tick sets it (reconcile.deadline).
+    deadline: float | None
+
     def list_instances(self) -> list[RemoteInstance]:
         """Every instance of ours (all pages). Raises ProviderError on any failure or partial answer."""
 

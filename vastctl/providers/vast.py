@@ -15,15 +15,18 @@ and finds the machine by label later instead of renting a second one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import requests
 
-from .base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
+from .. import upstream
+from ..clock import SYSTEM, Clock
+from .base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected,
+                   RemoteInstance)
 
 DEFAULT_URL = "https://console.vast.ai"
 PAGE_SIZE = 25  # the API's maximum for /api/v1/instances/
@@ -35,6 +38,7 @@ BACKOFF_FACTOR = 2.0
 MAX_RETRY_AFTER_S = 60.0
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 USER_AGENT = "vastctl"
+ERROR_CHARS = 300  # upstream text kept in an error message
 
 
 def find_api_key(env: Mapping[str, str] | None = None) -> str | None:
@@ -71,16 +75,19 @@ class VastProvider:
         timeout: float | tuple[float, float] = TIMEOUT_S,
         attempts: int = ATTEMPTS,
         backoff_s: float = BACKOFF_S,
-        sleep: Callable[[float], None] | None = None,
+        clock: Clock = SYSTEM,
+        deadline: float | None = None,
     ):
         if not api_key:
             raise ValueError("an API key is required")
         self._key = api_key
+        upstream.remember_secret(api_key)  # masked in every upstream text this process shows or stores
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
-        self._sleep = sleep or time.sleep
+        self.clock = clock  # backoff sleeps and the deadline run on it (a VirtualClock in tests and the simulator)
+        self.deadline = deadline  # see base.Provider.deadline
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT,
                                      "Accept": "application/json"})
@@ -116,7 +123,10 @@ class VastProvider:
                 raise ProviderError("vast listing: the answer has no list of instances; not trusting it")
             for raw in rows:
                 instance = _instance(raw, "vast listing")
-                found[instance.id] = instance
+                earlier = found.setdefault(instance.id, instance)
+                if _facts(earlier) != _facts(instance):  # which one is true? neither can be acted on
+                    raise ProviderError(f"vast listing: names instance {instance.id} twice with different contents;"
+                                        " not trusting it")
             total = body.get("total_instances", total)
             token = body.get("next_token")
             if token in (None, ""):
@@ -205,19 +215,21 @@ class VastProvider:
         delay = self.backoff_s
         for attempt in range(1, self.attempts + 1):
             last = attempt == self.attempts
+            timeout = self._timeout_within_deadline(what)
             try:
                 response = self.session.request(method, self.base_url + path, params=params, json=json,
-                                                timeout=self.timeout, allow_redirects=False)
+                                                timeout=timeout, allow_redirects=False)
             except requests.ConnectTimeout as exc:  # never connected: nothing was sent
+                failure = f"could not connect ({self._scrub(exc)})"
                 if last:
-                    raise ProviderError(f"{what}: could not connect ({self._scrub(exc)}): retry later") from None
+                    raise ProviderError(f"{what}: {failure}: retry later") from None
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if not idempotent:
                     raise ProviderError(f"{what}: {type(exc).__name__} ({self._scrub(exc)}); the outcome is"
                                         " unknown") from None
+                failure = f"unreachable after {attempt} attempts ({type(exc).__name__})"
                 if last:
-                    raise ProviderError(f"{what}: unreachable after {attempt} attempts"
-                                        f" ({type(exc).__name__}): retry later") from None
+                    raise ProviderError(f"{what}: {failure}: retry later") from None
             except requests.RequestException as exc:
                 raise ProviderError(f"{what}: {type(exc).__name__} ({self._scrub(exc)})") from None
             else:
@@ -235,10 +247,28 @@ class VastProvider:
                         raise ProviderRejected(f"{what}: still rate-limited (429) after {attempt} attempts: {text}")
                     raise ProviderError(f"{what}: HTTP {status} {text}"
                                         + ("; retry later" if idempotent else "; the outcome is unknown"))
+                failure = f"HTTP {status} after {attempt} attempts"
                 delay = max(delay, _retry_after(response) or 0.0)
-            self._sleep(delay)
+            self._sleep_within_deadline(delay, what, failure)
             delay *= BACKOFF_FACTOR
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _timeout_within_deadline(self, what: str) -> float | tuple[float, float]:
+        """The request timeout, shortened so that a hung call ends by the deadline; none is started past it."""
+        if self.deadline is None:
+            return self.timeout
+        left = self.deadline - self.clock.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(f"{what}: not called: the deadline had passed")
+        if isinstance(self.timeout, tuple):
+            return tuple(min(part, left) for part in self.timeout)  # type: ignore[return-value]
+        return min(self.timeout, left)
+
+    def _sleep_within_deadline(self, delay: float, what: str, failure: str) -> None:
+        """Back off before a retry, unless the wait (a Retry-After included) would end past the deadline."""
+        if self.deadline is not None and self.clock.monotonic() + delay > self.deadline:
+            raise DeadlinePassed(f"{what}: {failure}; not retried: waiting {delay:g}s more would pass the deadline")
+        self.clock.sleep(delay)
 
     def _answer(self, response: requests.Response, what: str) -> dict[str, Any]:
         status = response.status_code
@@ -271,11 +301,8 @@ class VastProvider:
         return body
 
     def _scrub(self, text: Any) -> str:
-        """Error text as we pass it on: one line, bounded, and never the key."""
-        text = " ".join(str(text).split())
-        if self._key:
-            text = text.replace(self._key, "***")
-        return text[:300]
+        """Error text as we pass it on: one line, the key masked before it is bounded (upstream.clip)."""
+        return upstream.clip(str(text).replace(self._key, upstream.MASK), ERROR_CHARS)
 
 
 class _NotFound(ProviderRejected):
@@ -286,9 +313,9 @@ def _error_of(response: requests.Response) -> tuple[str, str]:
     try:
         body = response.json()
     except ValueError:
-        return "", response.text[:200]
+        return "", response.text  # whole: cut only after the key is masked (_scrub)
     if not isinstance(body, dict):
-        return "", str(body)[:200]
+        return "", str(body)
     return str(body.get("error") or ""), str(body.get("msg") or body.get("message") or body.get("detail") or "")
 
 
@@ -364,6 +391,11 @@ def _instance(raw: Any, what: str) -> RemoteInstance:
         gpu_name=_text(raw.get("gpu_name")), num_gpus=_integer(raw.get("num_gpus")),
         dph_total=_number(raw.get("dph_total")), start_date=_number(raw.get("start_date")), raw=raw,
     )
+
+
+def _facts(instance: RemoteInstance) -> tuple:
+    """What reconcile decides on; the same instance listed twice (a page repeated) agrees on all of it."""
+    return dataclasses.astuple(dataclasses.replace(instance, raw={}))
 
 
 def _offer(raw: Any) -> Offer | None:
