@@ -29,6 +29,11 @@ PINNED = {
     "actions": ["id", "at", "actor", "kind", "uuid", "label", "vast_id", "request", "ok", "result"],
     "blocklist": ["machine_id", "reason", "until"],
     "locks": ["name", "holder", "acquired_at", "expires_at"],
+    "demand_samples": ["id", "at", "queued", "proofs_per_hour", "source", "ok", "error"],
+    "agent_steps": [
+        "id", "started_at", "finished_at", "policy", "outcome", "event_cursor", "observation", "actions", "refused",
+        "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost",
+    ],
 }
 
 

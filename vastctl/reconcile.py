@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import blocklist, clock, locks, operations, settings
+from . import blocklist, clock, guard, locks, operations, settings
 from .audit import record_action
 from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
+from .observe import observe
 from .providers.base import Provider, ProviderError, RemoteInstance
 
 LEASE = "reconcile"
@@ -325,12 +326,27 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
     destroys wait long on vast renews its lease instead of letting a second pass start beside it."""
     now = now or clock.utcnow()
     result = PassResult()
+    obs = observe(conn, config, now=now)
     for action in actions:
         if keepalive is not None:
             keepalive()
-        if action.kind == "kill":
+        kind = guard.Kind(action.kind) if action.kind in tuple(guard.Kind) else None
+        target = "row" if action.uuid is not None else "vast id" if action.vast_id is not None else None
+        if kind not in (guard.Kind.KILL, guard.Kind.DESTROY) or target is None:
+            outcome = f"error: reconcile does not apply a {action.kind!r} action to {target or 'nothing'}"
+            result.errors.append(f"{action.label}: {outcome}")
+            result.actions.append(action.view(outcome))
+            continue
+        asked = guard.Action(kind=kind, actor="reconcile", label=action.label, uuid=action.uuid,
+                             vast_id=action.vast_id, reason=action.reason, code=action.code)
+        verdict = guard.check(obs, asked, config)
+        guard.record(conn, asked, verdict, now=now)
+        if not verdict.allowed:
+            result.refused.append(verdict.refusal(asked))
+            continue
+        if kind is guard.Kind.KILL:
             outcome = _apply_kill(conn, action, config, now)
-        elif action.uuid is not None:
+        elif target == "row":
             outcome = _apply_destroy_row(conn, provider, action, now, result.errors)
         else:
             outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)

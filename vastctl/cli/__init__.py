@@ -7,7 +7,7 @@ import sys
 import typer
 
 from ..errors import VastctlError
-from . import instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
+from . import agent, instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
 from .app import app
 
 
