@@ -330,25 +330,26 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
     for action in actions:
         if keepalive is not None:
             keepalive()
-        kind = guard.Kind(action.kind) if action.kind in tuple(guard.Kind) else None
-        target = "row" if action.uuid is not None else "vast id" if action.vast_id is not None else None
-        if kind not in (guard.Kind.KILL, guard.Kind.DESTROY) or target is None:
-            outcome = f"error: reconcile does not apply a {action.kind!r} action to {target or 'nothing'}"
+        target = "row" if action.uuid is not None else "vast id" if action.vast_id is not None else "nothing"
+        branch = {("kill", "row"): "kill", ("destroy", "row"): "destroy row",
+                  ("destroy", "vast id"): "destroy by id"}.get((action.kind, target))
+        if branch is None:  # every other kind, or a kind without what it needs, is an error: never a destroy
+            outcome = f"error: reconcile does not apply a {action.kind!r} action to {target}"
             result.errors.append(f"{action.label}: {outcome}")
             result.actions.append(action.view(outcome))
             continue
-        asked = guard.Action(kind=kind, actor="reconcile", label=action.label, uuid=action.uuid,
+        asked = guard.Action(kind=action.kind, actor="reconcile", label=action.label, uuid=action.uuid,
                              vast_id=action.vast_id, reason=action.reason, code=action.code)
         verdict = guard.check(obs, asked, config)
         guard.record(conn, asked, verdict, now=now)
         if not verdict.allowed:
             result.refused.append(verdict.refusal(asked))
             continue
-        if kind is guard.Kind.KILL:
+        if branch == "kill":
             outcome = _apply_kill(conn, action, config, now)
-        elif target == "row":
+        elif branch == "destroy row":
             outcome = _apply_destroy_row(conn, provider, action, now, result.errors)
-        else:
+        elif branch == "destroy by id":
             outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)
         result.actions.append(action.view(outcome))
     return result
