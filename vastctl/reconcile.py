@@ -326,7 +326,7 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
     destroys wait long on vast renews its lease instead of letting a second pass start beside it."""
     now = now or clock.utcnow()
     result = PassResult()
-    obs = observe(conn, config, now=now)
+    obs = None  # built at the first action: most passes apply nothing
     for action in actions:
         if keepalive is not None:
             keepalive()
@@ -340,6 +340,7 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
             continue
         asked = guard.Action(kind=action.kind, actor="reconcile", label=action.label, uuid=action.uuid,
                              vast_id=action.vast_id, reason=action.reason, code=action.code)
+        obs = obs or observe(conn, config, now=now)
         verdict = guard.check(obs, asked, config)
         guard.record(conn, asked, verdict, now=now)
         if not verdict.allowed:
