@@ -156,6 +156,7 @@ def running_row(cli, vast_id=321):
     assert cli("register", "--uuid", "u1", "--label", "vastctl-a").code == 0
     with sqlite3.connect(os.environ["VASTCTL_DB"]) as raw:  # the id a launch records (a machine's claim is not)
         raw.execute("UPDATE instances SET vast_id = ? WHERE uuid = 'u1'", (vast_id,))
+    assert cli("demand", "report", "--queued", "0").code == 0  # an empty queue: the last machine may go
 
 
 def test_stop_and_start(ready, cli, vast, db_path):

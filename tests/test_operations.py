@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import responses
 
-from vastctl import blocklist, clock, config as config_module, lifecycle, onstart, operations, settings, tokens
+from vastctl import blocklist, clock, config as config_module, demand, lifecycle, onstart, operations, settings, tokens
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable
 from vastctl.lifecycle import State
 from vastctl.providers.base import Offer, OfferGone, ProviderError, ProviderRejected, RemoteInstance
@@ -315,6 +315,7 @@ def test_reason_for_skips_a_refused_create():
 
 
 def live_row(conn, state=State.RUNNING, vast_id=77, dph=0.5):
+    demand.report(conn, 0, None, now=clock.utcnow())  # an empty queue: the guard lets the last machine go
     lifecycle.create(conn, uuid="u1", label="vastctl-a", state=State.LAUNCHING, reason="t", source="operator",
                      fields={"vast_id": vast_id, "machine_id": 7, "dph": dph})
     path = [State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE, State.RUNNING]
@@ -326,7 +327,7 @@ def live_row(conn, state=State.RUNNING, vast_id=77, dph=0.5):
 def test_stop_then_start(conn, cfg):
     live_row(conn, State.REGISTERED)
     market = FakeMarket(conn)
-    row = operations.stop(conn, market, "vastctl-a", now=NOW)
+    row = operations.stop(conn, market, "vastctl-a", config=cfg, now=NOW)
     assert row["state"] == "stopped" and market.calls == [("stop", 77)]
     row = operations.start(conn, market, cfg, "u1", now=NOW + timedelta(minutes=5))
     assert row["state"] == "launching" and row["resumed_at"] == clock.to_iso(NOW + timedelta(minutes=5))
@@ -343,18 +344,18 @@ def test_stop_refusals_change_nothing(conn, cfg):
         operations.start(conn, market, cfg, "vastctl-a")  # running: not stopped
     market.fail["stop"] = ProviderError("vast PUT: HTTP 503: retry later")
     with pytest.raises(ProviderError):
-        operations.stop(conn, market, "vastctl-a")
+        operations.stop(conn, market, "vastctl-a", config=cfg)
     assert lifecycle.get(conn, "u1")["state"] == "running"
     assert actions(conn)[-1]["ok"] == 0
     lifecycle.kill(conn, "u1", "x", source="operator", code="operator")
     with pytest.raises(Refused):
-        operations.stop(conn, market, "vastctl-a")
+        operations.stop(conn, market, "vastctl-a", config=cfg)
 
 
 def test_stop_without_a_vast_id_is_refused(conn, cfg):
     live_row(conn, State.LAUNCHING, vast_id=None)
     with pytest.raises(Refused, match="no vast instance id"):
-        operations.stop(conn, FakeMarket(conn), "vastctl-a")
+        operations.stop(conn, FakeMarket(conn), "vastctl-a", config=cfg)
 
 
 # --- kill ---------------------------------------------------------------------------------------------
@@ -363,7 +364,7 @@ def test_stop_without_a_vast_id_is_refused(conn, cfg):
 def test_kill_destroys(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
     assert error is None and row["state"] == "killed" and row["destroyed_at"]
     assert market.calls == [("destroy", 77)]
 
@@ -372,7 +373,7 @@ def test_kill_with_a_failed_destroy_leaves_destroyed_at_empty(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     market.fail["destroy"] = ProviderError("vast DELETE: unreachable")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
     assert "unreachable" in error and row["state"] == "killed" and row["destroyed_at"] is None
 
 
@@ -380,7 +381,7 @@ def test_kill_never_destroys_an_instance_vast_lists_under_another_label(conn, cf
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     market.show_instance = lambda vast_id: RemoteInstance(id=vast_id, label="someone-else")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
     assert row["state"] == "killed" and row["destroyed_at"] is None and row["destroy_attempts"] == 1
     assert "'someone-else'" in error and "not destroyed" in error
     assert ("destroy", 77) not in market.calls
@@ -392,7 +393,7 @@ def test_kill_destroys_when_vast_lists_the_rows_label(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     market.show_instance = lambda vast_id: RemoteInstance(id=vast_id, label="vastctl-a")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
     assert error is None and row["destroyed_at"] and market.calls == [("destroy", 77)]
 
 
@@ -400,7 +401,7 @@ def test_kill_of_a_launching_row_finds_its_machine_by_label(conn, cfg):
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
     market.instances = [RemoteInstance(id=5, label="other"), RemoteInstance(id=6, label="vastctl-a")]
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", actor="operator")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator")
     assert error is None and row["vast_id"] == 6 and row["destroyed_at"]
     assert market.calls[-1] == ("destroy", 6)
 
@@ -409,7 +410,7 @@ def test_kill_of_a_launching_row_with_a_failed_listing_keeps_it_undestroyed(conn
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
     market.fail["list"] = ProviderError("listing failed")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", actor="operator")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator")
     assert error and row["state"] == "killed" and row["destroyed_at"] is None
 
 

@@ -154,6 +154,39 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE offer_id IS NULL AND vast_id IS NOT NULL AND destroyed_at IS NULL
         """,
     ),
+    (
+        "demand samples, agent steps",
+        """
+        CREATE TABLE demand_samples (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            queued INTEGER,
+            proofs_per_hour REAL,
+            source TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            error TEXT
+        );
+        CREATE INDEX demand_samples_at ON demand_samples(at);
+        CREATE TABLE agent_steps (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            policy TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            event_cursor INTEGER,
+            observation TEXT,
+            actions TEXT,
+            refused TEXT,
+            errors TEXT,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+            cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+            cost REAL NOT NULL DEFAULT 0
+        );
+        CREATE INDEX agent_steps_outcome ON agent_steps(outcome, id)
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,11 +7,11 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from . import clock, settings
+from . import clock
 from .config import Config
 from .db import transaction
 from .errors import BadInput
-from .lifecycle import LIVE_STATES, State, record_event
+from .lifecycle import State, record_event
 
 INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
@@ -71,14 +71,6 @@ def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
     }
 
 
-def expected_rate(row: dict[str, Any], default_rate: float) -> float:
-    """What a machine proves per hour: measured, else benchmarked, else the model's default."""
-    for value in (row.get("proofs_per_hour"), row.get("bench_rate")):
-        if value is not None:
-            return float(value)
-    return float(default_rate)
-
-
 def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
                now: datetime | None = None) -> dict[str, Any]:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
@@ -86,19 +78,19 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg` and
     `disagreement`; in the summary `disagreements` and the age of the vast listing the statuses come from.
     """
+    from .observe import machine_rows, observe  # observe reads this module's views
+
     now = now or clock.utcnow()
-    query = "SELECT * FROM instances"
-    if not include_killed:
-        query += " WHERE state != 'killed' OR destroyed_at IS NULL"
-    rows = [dict(row) for row in conn.execute(query + " ORDER BY created_at, label")]
-    values = settings.effective(conn, config)
-    running = [row for row in rows if row["state"] == State.RUNNING]
-    billing = [row for row in rows if row["state"] in LIVE_STATES - {State.STOPPED}]
+    obs = observe(conn, config, now=now)
+    if include_killed:
+        rows = [dict(row) for row in conn.execute("SELECT * FROM instances ORDER BY created_at, label")]
+    else:
+        rows = machine_rows(conn)
     summary = {
         "by_state": dict(Counter(row["state"] for row in rows)),
-        "capacity_proofs_per_hour": round(sum(expected_rate(row, config.fleet.default_rate) for row in running), 3),
-        "target_proofs_per_hour": values["target_proofs_per_hour"],
-        "spend_per_hour": round(sum(row["dph"] or 0.0 for row in billing), 4),
+        "capacity_proofs_per_hour": round(obs.capacity, 3),
+        "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
+        "spend_per_hour": round(obs.spend_per_hour, 4),
     }
     instances = [instance_view(row) for row in rows]
     summary["disagreements"] = sum(1 for view in instances if view["disagreement"])

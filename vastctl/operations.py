@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import sqlite3
 import uuid as uuid_module
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
-from . import blocklist, clock, lifecycle, locks, onstart, settings, tokens, upstream
+from . import blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, upstream
 from .audit import record_action
 from .config import Config
 from .db import transaction
 from .errors import BadInput, GuardRefused, Refused, Unavailable
 from .lifecycle import State
-from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, Provider, ProviderError, ProviderRejected,
-                             RemoteInstance)
+from .observe import observe
+from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, Provider, ProviderError,
+                             ProviderRejected, RemoteInstance)
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
@@ -190,34 +191,42 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
     check_launch_request(config, offer_id=offer_id, gpu=gpu, count=count)
     secret = tokens.read_secret(config.secret_path)
     with locks.held(conn, "launch", ttl_s=LAUNCH_LOCK_TTL_S, now=now):
-        limits = settings.effective(conn, config)
-        live = conn.execute("SELECT count(*) FROM instances WHERE state != 'killed'").fetchone()[0]
-        if live + count > limits["max_instances"]:
-            raise GuardRefused(f"launching {count} would make {live + count} machines; max_instances is"
-                               f" {limits['max_instances']} (vastctl settings set max_instances N)")
+        intent = guard.Action(kind=guard.Kind.LAUNCH, actor=actor, count=count, gpu_name=gpu, offer_id=offer_id,
+                              reason=f"launch by {actor}")
+        pass_guard(conn, config, intent, now=now)
+        max_dph = float(settings.get(conn, config, "max_dph"))
         if offer_id is not None:
-            candidates = [_the_offer(conn, provider, config, offer_id, limits["max_dph"], now)]
+            candidates = [_the_offer(conn, provider, config, offer_id, now)]
         else:
             candidates = _distinct_machines(find_offers(conn, provider, config, gpu_names=[gpu],
-                                                        max_dph=limits["max_dph"], limit=count + SEARCH_SLACK,
-                                                        now=now))
+                                                        max_dph=max_dph, limit=count + SEARCH_SLACK, now=now))
             if not candidates:
-                raise Unavailable(f"no {gpu} offer at or under ${limits['max_dph']:g}/h with ≥"
+                raise Unavailable(f"no {gpu} offer at or under ${max_dph:g}/h with ≥"
                                   f"{config.fleet.min_cpu_ram_gb:g} GB RAM and ≥{config.fleet.min_inet_down_mbps:g}"
                                   f" Mb/s down: see `vastctl offers --gpu '{gpu}'`, or retry later")
-        _check_spend(conn, limits, [offer.dph_total for offer in candidates[:count]])
+        chosen = candidates[:count]
+        pass_guard(conn, config, replace(intent, count=len(chosen), gpu_name=chosen[0].gpu_name,
+                                         dph=sum(offer.dph_total for offer in chosen) / len(chosen)), now=now)
         return _launch_each(conn, provider, config, candidates, count, secret, actor=actor,
                             retry_gone=offer_id is None, now=now)
 
 
-def _the_offer(conn, provider, config, offer_id, max_dph, now) -> Offer:
+def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *,
+               now: datetime | None = None) -> guard.Verdict:
+    """The guard on a fresh observation; a refusal (recorded) raises GuardRefused, an override is recorded."""
+    now = now or clock.utcnow()
+    verdict = guard.check(observe(conn, config, now=now), action, config)
+    guard.record(conn, action, verdict, now=now)
+    if not verdict.allowed:
+        raise GuardRefused(verdict.why)
+    return verdict
+
+
+def _the_offer(conn, provider, config, offer_id, now) -> Offer:
     found = provider.search_offers(OfferQuery(offer_id=offer_id, disk_gb=config.launch.disk_gb, limit=1))
     offer = next((offer for offer in found if offer.id == offer_id), None)
     if offer is None:
         raise BadInput(f"offer {offer_id} is not available (rented or withdrawn): see `vastctl offers`")
-    if offer.dph_total > max_dph:
-        raise GuardRefused(f"offer {offer_id} costs ${offer.dph_total:g}/h; max_dph is ${max_dph:g}/h"
-                           " (vastctl settings set max_dph X)")
     blocklist.refresh(conn, config.vast.blocklist_ttl, now)
     entry = blocklist.blocked(conn, now).get(offer.machine_id)
     if entry:
@@ -237,23 +246,8 @@ def _distinct_machines(offers: list[Offer]) -> list[Offer]:
     return kept
 
 
-def _spend_now(conn: sqlite3.Connection) -> float:
-    """$/h of the machines billing GPU time now (live and not stopped)."""
-    value = conn.execute("SELECT sum(dph) FROM instances WHERE state NOT IN ('killed', 'stopped')").fetchone()[0]
-    return float(value or 0.0)
-
-
-def _check_spend(conn: sqlite3.Connection, limits: dict[str, Any], extra: list[float]) -> None:
-    spend = _spend_now(conn)
-    after = spend + sum(extra)
-    if after > limits["max_hourly_spend"] + 1e-9:
-        raise GuardRefused(f"this would bring spend to ${after:.2f}/h (now ${spend:.2f}/h); max_hourly_spend is"
-                           f" ${limits['max_hourly_spend']:g}/h (vastctl settings set max_hourly_spend X)")
-
-
 def _launch_each(conn, provider, config, candidates, count, secret, *, actor, retry_gone, now) -> LaunchResult:
     result = LaunchResult(wanted=count)
-    limits = settings.effective(conn, config)
     script = onstart.script_for(config.launch.onstart)
     offers = iter(candidates)
     while len(result.launched) < count:
@@ -261,8 +255,10 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
         if offer is None:
             result.error = f"launched {len(result.launched)} of {count}: no more matching offers"
             break
-        try:
-            _check_spend(conn, limits, [offer.dph_total])
+        try:  # each machine against the fleet as it is now, the ones just rented included
+            pass_guard(conn, config, guard.Action(kind=guard.Kind.LAUNCH, actor=actor, gpu_name=offer.gpu_name,
+                                                  offer_id=offer.id, dph=offer.dph_total,
+                                                  reason=f"launch by {actor}"), now=now)
         except GuardRefused as exc:
             result.error = f"launched {len(result.launched)} of {count}: {exc}"
             break
@@ -335,14 +331,22 @@ def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:
 # --- stop / start -----------------------------------------------------------------------------------
 
 
-def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, actor: str = "operator",
+def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, config: Config,
+         actor: str = "operator", force: bool = False, reason: str = "",
          now: datetime | None = None) -> dict[str, Any]:
-    """Stop a live machine at vast (it keeps its disk and bills storage), then mark it stopped."""
+    """Stop a live machine at vast (it keeps its disk and bills storage), then mark it stopped.
+
+    The guard refuses a stop that would leave nothing running while work is queued
+    or demand is unknown; an operator's `force` passes that rule, and the event says so.
+    """
     row = lifecycle.resolve(conn, label_or_uuid)
     _check_move(row, State.STOPPED, "stopped")
+    verdict = pass_guard(conn, config, guard.Action(kind=guard.Kind.STOP, actor=actor, label=row["label"],
+                                                    uuid=row["uuid"], vast_id=row["vast_id"], reason=reason,
+                                                    force=force), now=now)
     _call(conn, provider, row, "stop", actor, now)
-    return lifecycle.transition(conn, row["uuid"], State.STOPPED, f"stopped by {actor}", actor,
-                                updates={"resumed_at": None}, now=now)
+    why = f"stopped by {actor}" + (f": {reason}" if reason else "") + (" (forced)" if verdict.forced else "")
+    return lifecycle.transition(conn, row["uuid"], State.STOPPED, why, actor, updates={"resumed_at": None}, now=now)
 
 
 def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, *,
@@ -356,7 +360,8 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     if row["state"] != State.STOPPED:
         raise Refused(f"instance {row['label']} is {row['state']}: only a stopped machine can be started")
     _check_move(row, State.LAUNCHING, "started")
-    _check_spend(conn, settings.effective(conn, config), [row["dph"] or 0.0])
+    pass_guard(conn, config, guard.Action(kind=guard.Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
+                                          vast_id=row["vast_id"], dph=row["dph"]), now=now)
     _call(conn, provider, row, "start", actor, now)
     moment = now or clock.utcnow()
     return lifecycle.transition(conn, row["uuid"], State.LAUNCHING, f"resumed by {actor}", actor,
@@ -391,17 +396,26 @@ def needs_provider_to_kill(row: dict[str, Any]) -> bool:
 
 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
-         actor: str = "operator", code: str | None = None, ttl_s: float | None = None,
+         config: Config, actor: str = "operator", code: str | None = None, ttl_s: float | None = None,
+         force: bool = False, kind: str = guard.Kind.KILL,
          now: datetime | None = None) -> tuple[dict[str, Any], str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
 
-    A failed destroy leaves `destroyed_at` empty: every reconcile pass retries.
-    A launching row without a vast id may have a machine whose create answer
-    was lost: it is looked up by label first. `ttl_s` (the blocklist TTL)
-    blocklists the machine when the kill says it failed.
+    The guard sees it first (`kind` kill, or destroy for the agent's tool): a
+    kill that would leave nothing running while work is queued is refused
+    unless an operator forces it. A failed destroy leaves `destroyed_at`
+    empty: every reconcile pass retries. A launching row without a vast id may
+    have a machine whose create answer was lost: it is looked up by label
+    first. `ttl_s` (the blocklist TTL) blocklists the machine when the kill
+    says it failed.
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
+    verdict = pass_guard(conn, config, guard.Action(kind=kind, actor=actor, label=row["label"], uuid=row["uuid"],
+                                                    vast_id=row["vast_id"], reason=reason, code=code,
+                                                    force=force), now=now)
+    if verdict.forced:
+        reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
     row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or actor, now=now)
     if ttl_s is not None:

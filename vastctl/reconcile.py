@@ -47,13 +47,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import blocklist, clock, locks, operations, settings, upstream
+from . import blocklist, clock, guard, locks, operations, settings, upstream
 from .audit import record_action
 from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
 from .clock import SYSTEM, Clock
+from .observe import observe
 from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
 LEASE = "reconcile"
@@ -375,10 +376,27 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
     result = PassResult()
     stopped: str | None = None  # why this pass calls vast no more
     skipped: list[str] = []
+    obs = None  # built at the first action: most passes apply nothing
     for action in actions:
         if keepalive is not None:
             keepalive()
-        if action.kind == "kill":
+        target = "row" if action.uuid is not None else "vast id" if action.vast_id is not None else "nothing"
+        branch = {("kill", "row"): "kill", ("destroy", "row"): "destroy row",
+                  ("destroy", "vast id"): "destroy by id"}.get((action.kind, target))
+        if branch is None:  # every other kind, or a kind without what it needs, is an error: never a destroy
+            outcome = f"error: reconcile does not apply a {action.kind!r} action to {target}"
+            result.errors.append(f"{action.label}: {outcome}")
+            result.actions.append(action.view(outcome))
+            continue
+        asked = guard.Action(kind=action.kind, actor="reconcile", label=action.label, uuid=action.uuid,
+                             vast_id=action.vast_id, reason=action.reason, code=action.code)
+        obs = obs or observe(conn, config, now=now)
+        verdict = guard.check(obs, asked, config)
+        guard.record(conn, asked, verdict, now=now)
+        if not verdict.allowed:
+            result.refused.append(verdict.refusal(asked))
+            continue
+        if branch == "kill":  # kills never call vast: they happen whatever the deadline
             result.actions.append(action.view(_apply_kill(conn, action, config, now)))
             continue
         if stopped is None and budget is not None and budget.passed():
@@ -388,7 +406,7 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
             skipped.append(f"{action.kind} {action.label}")
         else:
             try:
-                if action.uuid is not None:
+                if branch == "destroy row":
                     outcome = _apply_destroy_row(conn, provider, action, now, result.errors, listed)
                 else:
                     outcome = _apply_destroy_stray(conn, provider, action, now, result.errors)

@@ -10,7 +10,7 @@ import typer
 from .. import db
 from ..errors import BadInput, VastctlError
 from ..lifecycle import printable
-from . import instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
+from . import agent, instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
 from .app import Globals, app
 
 

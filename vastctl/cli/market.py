@@ -76,16 +76,22 @@ def launch_cmd(
         raise Unavailable(result.error)
 
 
+ForceOpt = Annotated[bool, typer.Option("--force", help="Even if it leaves no machine running while work is queued or demand is unknown (recorded as forced).")]
+
+
 @app.command("stop")
-def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="Label or uuid.")]) -> None:
+def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="Label or uuid.")],
+             force: ForceOpt = False) -> None:
     """Stop a machine at vast: it keeps its disk (and bills storage) until started or killed.
+
+    Refused (exit 4) when it would leave no machine running while work is queued or demand is unknown.
 
     Example: vastctl stop vastctl-3f2a9c1d
     """
     g = globals_of(ctx)
     conn = g.connect()
     lifecycle.resolve(conn, instance)  # an unknown name fails before the key is needed
-    row = operations.stop(conn, get_provider(g.config), instance, actor="operator")
+    row = operations.stop(conn, get_provider(g.config), instance, config=g.config, actor="operator", force=force)
     typer.echo(f"{row['label']} {row['state']}")
 
 

@@ -101,8 +101,11 @@ def kill_cmd(
     ctx: typer.Context,
     instance: Annotated[str, typer.Argument(help="Label or uuid.")],
     reason: Annotated[str, typer.Option("--reason", help="Why, for the event log.")],
+    force: Annotated[bool, typer.Option("--force", help="Even if it leaves no machine running while work is queued or demand is unknown (recorded as forced).")] = False,
 ) -> None:
     """Kill a machine: it is marked killed (terminal) with your reason, then destroyed at vast.
+
+    Refused (exit 4) when it would leave no machine running while work is queued or demand is unknown.
 
     Example: vastctl kill vastctl-3f2a --reason "GPU errors in dmesg"
     """
@@ -117,8 +120,8 @@ def kill_cmd(
     conn = g.connect()
     row = lifecycle.resolve(conn, instance)
     provider = get_provider(g.config) if operations.needs_provider_to_kill(row) else None
-    row, error = operations.kill(conn, provider, row["uuid"], f"operator: {reason.strip()}", actor="operator",
-                                 code="operator")
+    row, error = operations.kill(conn, provider, row["uuid"], f"operator: {reason.strip()}", config=g.config,
+                                 actor="operator", code="operator", force=force)
     echo(f"{row['label']} killed")
     if error:
         raise Unavailable(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")

@@ -1,0 +1,107 @@
+"""observe(): one snapshot of the file — capacity, pending capacity at the model's rate, spend, demand, events, last actions."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+from vastctl import config as config_module
+from vastctl import demand, fleet, lifecycle, settings
+from vastctl.lifecycle import State
+from vastctl.observe import observe
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+CFG = config_module.from_mapping({"fleet": {"default_rate": 55, "target_proofs_per_hour": 200}})
+
+
+def put(conn, label, state, gpu="RTX 4090", dph=0.5, **fields):
+    uuid = f"u-{label}"
+    lifecycle.create(conn, uuid=uuid, label=label, state=State.LAUNCHING, reason="t", source="operator",
+                     now=NOW - timedelta(hours=1), fields={"gpu_name": gpu, "dph": dph, "vast_id": len(label), **fields})
+    path = [State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE, State.RUNNING]
+    if state in path:
+        for step in path[: path.index(state) + 1]:
+            lifecycle.transition(conn, uuid, step, "t", "instance", now=NOW - timedelta(minutes=30))
+    elif state != State.LAUNCHING:
+        lifecycle.transition(conn, uuid, state, "t", "operator", now=NOW - timedelta(minutes=30))
+    return uuid
+
+
+def set_rate(conn, uuid, bench=None, measured=None):
+    conn.execute("UPDATE instances SET bench_rate = ?, proofs_per_hour = ? WHERE uuid = ?", (bench, measured, uuid))
+
+
+def test_capacity_pending_at_the_model_rate_and_spend(conn):
+    a = put(conn, "vastctl-a", State.RUNNING)
+    set_rate(conn, a, bench=70, measured=64)          # measured wins
+    b = put(conn, "vastctl-b", State.RUNNING)
+    set_rate(conn, b, bench=80)                       # bench when nothing measured
+    c = put(conn, "vastctl-c", State.KILLED)
+    set_rate(conn, c, bench=30)                       # a failed bench is still a rate seen for the model
+    put(conn, "vastctl-d", State.LAUNCHING)           # 4090: median of 70, 80, 30 = 70
+    put(conn, "vastctl-e", State.PARAMS_DONE, gpu="RTX 5090", dph=0.9)  # never benched: default_rate
+    put(conn, "vastctl-f", State.STOPPED, dph=0.4)    # no capacity, no GPU spend
+    obs = observe(conn, CFG, now=NOW)
+    assert obs.capacity == 64 + 80
+    assert obs.pending_capacity == 70 + 55
+    assert obs.spend_per_hour == 0.5 + 0.5 + 0.5 + 0.9
+    assert obs.model_rates == {"RTX 4090": 70.0}
+    by_label = {m["label"]: m for m in obs.machines}
+    assert set(by_label) == {"vastctl-a", "vastctl-b", "vastctl-c", "vastctl-d", "vastctl-e", "vastctl-f"}
+    assert (by_label["vastctl-d"]["expected_rate"], by_label["vastctl-e"]["expected_rate"]) == (70.0, 55.0)
+    assert obs.settings["target_proofs_per_hour"] == 200
+
+
+def test_destroyed_rows_are_not_machines_and_fleet_reads_the_same_numbers(conn):
+    a = put(conn, "vastctl-a", State.RUNNING)
+    set_rate(conn, a, bench=70)
+    gone = put(conn, "vastctl-g", State.KILLED)
+    conn.execute("UPDATE instances SET destroyed_at = '2026-11-30T11:00:00.000000Z' WHERE uuid = ?", (gone,))
+    obs = observe(conn, CFG, now=NOW)
+    assert [m["label"] for m in obs.machines] == ["vastctl-a"]
+    summary = fleet.fleet_view(conn, CFG, now=NOW)["summary"]
+    assert (summary["capacity_proofs_per_hour"], summary["spend_per_hour"]) == (obs.capacity, obs.spend_per_hour)
+    settings.set_value(conn, CFG, "target_proofs_per_hour", "90", now=NOW)
+    assert fleet.fleet_view(conn, CFG, now=NOW)["summary"]["target_proofs_per_hour"] == 90
+
+
+def test_resumes_are_counted(conn):
+    uuid = put(conn, "vastctl-s", State.STOPPED)
+    lifecycle.transition(conn, uuid, State.LAUNCHING, "resumed by agent", "agent", now=NOW - timedelta(minutes=20))
+    lifecycle.transition(conn, uuid, State.STOPPED, "stopped again", "agent", now=NOW - timedelta(minutes=10))
+    (machine,) = observe(conn, CFG, now=NOW).machines
+    assert (machine["state"], machine["resumes"]) == ("stopped", 1)
+
+
+def test_demand_and_events_after_the_cursor(conn):
+    put(conn, "vastctl-a", State.REGISTERED)
+    demand.report(conn, 59, 100.0, now=NOW - timedelta(minutes=1))
+    every = observe(conn, CFG, now=NOW, events_since=0).events
+    assert [e["to_state"] for e in every] == ["launching", "registered"]
+    assert observe(conn, CFG, now=NOW).events == []
+    later = observe(conn, CFG, now=NOW, events_since=every[0]["id"])
+    assert [e["id"] for e in later.events] == [every[1]["id"]]
+    assert (later.demand.known, later.demand.queued, later.demand.age_s) == (True, 59, 60)
+
+
+def test_last_actions_come_from_the_previous_step_that_ran(conn):
+    conn.execute("INSERT INTO agent_steps (started_at, policy, outcome, actions, refused) VALUES"
+                 " ('t1', 'rules', 'ok', ?, ?)",
+                 (json.dumps([{"kind": "launch", "result": "launched vastctl-x"}]),
+                  json.dumps([{"kind": "stop", "why": "never scale to zero"}])))
+    conn.execute("INSERT INTO agent_steps (started_at, policy, outcome, actions) VALUES ('t2', 'rules', 'skipped', NULL)")
+    conn.execute("INSERT INTO agent_steps (started_at, policy, outcome, actions) VALUES ('t3', 'rules', 'dry_run', '[]')")
+    obs = observe(conn, CFG, now=NOW)
+    assert [a["kind"] for a in obs.last_actions] == ["launch", "stop"]
+
+
+def test_to_prompt_is_json_and_compact(conn):
+    a = put(conn, "vastctl-a", State.RUNNING)
+    set_rate(conn, a, bench=70)
+    demand.report(conn, 3, None, now=NOW)
+    prompt = observe(conn, CFG, now=NOW, events_since=0).to_prompt()
+    text = json.dumps(prompt)
+    assert prompt["demand"]["queued"] == 3 and prompt["capacity_proofs_per_hour"] == 70
+    (brief,) = prompt["machines"]
+    assert brief["label"] == "vastctl-a" and brief["expected_rate"] == 70 and "uuid" not in brief
+    assert len(prompt["events"]) == 5 and "vastctl-a" in text

@@ -1,0 +1,123 @@
+"""The rules policy, table-driven over observations: no mocks, no file, no market."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from vastctl import config as config_module
+from vastctl.agent import rules
+from vastctl.demand import Demand
+from vastctl.observe import Observation
+from vastctl.providers.base import Offer
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+SETTINGS = {"target_proofs_per_hour": 100.0, "min_bench_rate": 40.0, "max_instances": 10,
+            "max_hourly_spend": 10.0, "max_dph": 1.0}
+CONFIG = config_module.from_mapping({"agent": {"headroom": 0.15, "scale_down_after": "1h",
+                                               "max_actions_per_step": 5}})  # sized to 115 proofs/h
+
+
+def queued(n, empty_for_min=None):
+    since = None if empty_for_min is None else NOW - timedelta(minutes=empty_for_min)
+    return Demand(queued=n, proofs_per_hour=50.0, at=NOW, age_s=30, source="command", known=True, empty_since=since)
+
+
+UNKNOWN = Demand(queued=None, proofs_per_hour=None, at=NOW - timedelta(hours=2), age_s=7200, source="command",
+                 known=False, error="demand.command timed out after 20s",
+                 empty_since=NOW - timedelta(hours=3))  # the last good samples said empty: still hold
+
+
+def m(label, state="running", rate=60.0, dph=0.5, status="running", resumes=0, missing=0):
+    return {"uuid": f"u-{label}", "label": label, "state": state, "expected_rate": rate, "dph": dph,
+            "vast_id": 100 + len(label), "vast_status": status, "vast_missing": missing, "gpu_name": "RTX 4090",
+            "resumes": resumes}
+
+
+def offer(offer_id, gpu="RTX 4090", dph=0.5, machine_id=None):
+    return Offer(id=offer_id, machine_id=machine_id or offer_id * 10, gpu_name=gpu, num_gpus=1, dph_total=dph)
+
+
+def observation(machines, demand, **settings):
+    return Observation(now=NOW, settings={**SETTINGS, **settings}, demand=demand, machines=list(machines),
+                       capacity=sum(x["expected_rate"] for x in machines if x["state"] == "running"),
+                       pending_capacity=sum(x["expected_rate"] for x in machines
+                                            if x["state"] in ("launching", "registered", "params_done", "bench_done")),
+                       spend_per_hour=sum(x["dph"] for x in machines if x["state"] not in ("stopped", "killed")),
+                       events=[], last_actions=[], model_rates={"RTX 4090": 60.0, "RTX 5090": 100.0})
+
+
+MARKET = [offer(1, dph=0.45), offer(2, dph=0.40), offer(3, "RTX 5090", dph=0.95), offer(4, dph=0.50)]
+
+CASES = [
+    # name, machines, demand, offers, settings, expected (kind, label or offer id)
+    ("unknown demand: sized as if work were queued, nothing released",
+     [m("vastctl-a")], UNKNOWN, MARKET, {}, [("launch", 2)]),
+    ("unknown demand with the fleet already sized: hold",
+     [m("vastctl-a"), m("vastctl-b")], UNKNOWN, MARKET, {}, []),
+    ("the incident: 59 queued, fleet over target, never scaled down",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], queued(59), MARKET, {}, []),
+    ("every machine dead at vast with work queued: replace them all",
+     [m("vastctl-a", status="exited"), m("vastctl-b", status="offline"), m("vastctl-c", missing=2)],
+     queued(59), MARKET, {}, [("launch", 2), ("launch", 1)]),
+    ("price spike: every offer over max_dph, hold",
+     [m("vastctl-a")], queued(59), [offer(5, dph=2.5), offer(6, "RTX 5090", dph=3.1)], {}, []),
+    ("price spike: the cheaper model per proof wins",
+     [m("vastctl-a")], queued(59), [offer(5, dph=0.9), offer(6, "RTX 5090", dph=0.95)], {}, [("launch", 6)]),
+    ("pending launches cover the target: no second launch",
+     [m("vastctl-a", state="launching"), m("vastctl-b", state="params_done")], queued(12), MARKET, {}, []),
+    ("pending launches cover part of it: launch the rest only",
+     [m("vastctl-a", state="registered")], queued(12), MARKET, {}, [("launch", 2)]),
+    ("empty queue past the cooldown: stop the least proofs per dollar",
+     [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9), m("vastctl-c")], queued(0, empty_for_min=61), MARKET, {},
+     [("stop", "vastctl-b")]),
+    ("empty queue before the cooldown: hold",
+     [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9)], queued(0, empty_for_min=59), MARKET, {}, []),
+    ("empty queue, cooldown not known (no run of empty samples): hold",
+     [m("vastctl-a")], queued(0), MARKET, {}, []),
+    ("a stopped machine is resumed once before anything is rented",
+     [m("vastctl-a"), m("vastctl-s", state="stopped", status="exited")], queued(3), MARKET, {},
+     [("start", "vastctl-s")]),
+    ("a machine stopped again after its resume is replaced",
+     [m("vastctl-a"), m("vastctl-s", state="stopped", resumes=1)], queued(3), MARKET, {},
+     [("destroy", "vastctl-s"), ("launch", 2)]),
+    ("target 0: nothing to size to",
+     [], queued(40), MARKET, {"target_proofs_per_hour": 0.0}, []),
+    ("max_instances bounds the plan",
+     [m("vastctl-a", state="launching", rate=10)], queued(40), MARKET, {"max_instances": 2}, [("launch", 2)]),
+    ("max_hourly_spend bounds the plan",
+     [], queued(40), MARKET, {"max_hourly_spend": 0.8}, [("launch", 2)]),
+]
+
+
+@pytest.mark.parametrize("name, machines, demand, offers, settings, expected", CASES, ids=[c[0] for c in CASES])
+def test_plan(name, machines, demand, offers, settings, expected):
+    actions = rules.plan(observation(machines, demand, **settings), CONFIG, offers)
+    assert [(a.kind, a.offer_id if a.kind == "launch" else a.label) for a in actions] == expected
+    assert all(a.actor == "agent" and a.reason for a in actions)
+
+
+def test_launch_reasons_and_prices():
+    (first, second) = rules.plan(observation([], queued(5)), CONFIG, MARKET)
+    assert (first.offer_id, first.gpu_name, first.dph) == (2, "RTX 4090", 0.40)
+    assert "capacity 0 of 115 proofs/h" in first.reason and "60 proofs/h expected" in first.reason
+    assert second.offer_id == 1
+
+
+def test_one_offer_per_host_machine():
+    twins = [offer(1, dph=0.3, machine_id=77), offer(2, dph=0.31, machine_id=77), offer(3, dph=0.5)]
+    assert [a.offer_id for a in rules.plan(observation([], queued(5)), CONFIG, twins)] == [1, 3]
+
+
+def test_no_more_actions_than_the_step_allows():
+    small = config_module.from_mapping({"agent": {"max_actions_per_step": 1}})
+    many = [offer(i, dph=0.4 + i / 100) for i in range(1, 9)]
+    assert len(rules.plan(observation([], queued(5), target_proofs_per_hour=400.0), small, many)) == 1
+
+
+def test_needs_offers_only_when_resuming_is_not_enough():
+    stopped = [m("vastctl-a"), m("vastctl-s", state="stopped")]
+    assert not rules.needs_offers(observation(stopped, queued(3)), CONFIG)
+    assert rules.needs_offers(observation([m("vastctl-a")], queued(3)), CONFIG)
+    assert not rules.needs_offers(observation([m("vastctl-a")], queued(0, empty_for_min=5)), CONFIG)

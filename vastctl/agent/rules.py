@@ -1,0 +1,171 @@
+"""The rules policy: a deterministic autoscaler, pure (Observation, config, offers → actions).
+
+It is the default policy without an Anthropic key, and the suggestion the llm
+policy is shown. In the order `plan()` applies them:
+
+  demand                     what it does
+  queued > 0, or unknown     size capacity + pending capacity to target × (1 + agent.headroom), because a
+                             replacement takes 15-90 minutes to boot: first resume stopped machines never
+                             resumed before (they keep their parameters), best proofs per dollar first; then
+                             launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
+                             its way counts: no second launch for it. A machine vast lists as exited, offline or
+                             missing is not counted (reconcile is about to kill it).
+  any                        a stopped machine that was resumed once already is destroyed (replaced): it bills
+                             storage and is not resumed twice
+  queued == 0 for            stop one machine a step, least proofs per dollar first (stopped, it keeps its disk
+  agent.scale_down_after     and is resumed first when work returns)
+  queued == 0, cooling down  hold
+  unknown                    never shrink the fleet (hold), whatever the last known queue said
+
+Expected rate: measured, else bench, else the median bench rate seen for the GPU
+model, else fleet.default_rate (observe.py). Plans stay inside the limits the
+guard checks (max_instances, max_dph, max_hourly_spend, max_actions_per_step), so
+a healthy plan is never refused; the guard checks them again anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..config import Config
+from ..fleet import VAST_DEAD
+from ..guard import Action, Kind
+from ..lifecycle import State
+from ..observe import PENDING_STATES, Observation, rate_of_model
+from ..providers.base import Offer
+
+ACTOR = "agent"
+
+
+def _vast_dead(machine: Mapping[str, Any]) -> bool:
+    return bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD
+
+
+def _per_dollar(machine: Mapping[str, Any]) -> float:
+    dph = float(machine.get("dph") or 0.0)
+    return machine["expected_rate"] / dph if dph > 0 else float("inf")
+
+
+def wanted_capacity(obs: Observation, config: Config) -> float:
+    """Proofs/hour the fleet is sized to while work is queued (or demand is unknown)."""
+    return float(obs.settings["target_proofs_per_hour"]) * (1 + config.agent.headroom)
+
+
+def has_work(obs: Observation) -> bool:
+    """Queued work, or no trustworthy word that there is none."""
+    return not obs.demand.known or (obs.demand.queued or 0) > 0
+
+
+def counted_capacity(obs: Observation) -> float:
+    """Running plus on-its-way capacity, without machines vast says are dead."""
+    return sum(m["expected_rate"] for m in obs.machines
+               if (m["state"] == State.RUNNING or m["state"] in PENDING_STATES) and not _vast_dead(m))
+
+
+def shortfall(obs: Observation, config: Config) -> float:
+    """Proofs/hour still missing; > 0 means the plan wants to resume or launch."""
+    if not has_work(obs):
+        return 0.0
+    return wanted_capacity(obs, config) - counted_capacity(obs)
+
+
+def needs_offers(obs: Observation, config: Config) -> bool:
+    """Whether plan() would look at offers (the caller searches the market only then)."""
+    missing = shortfall(obs, config)
+    for machine in _resumable(obs):
+        missing -= machine["expected_rate"]
+    return missing > 0
+
+
+def _resumable(obs: Observation) -> list[dict]:
+    stopped = [m for m in obs.machines if m["state"] == State.STOPPED and not m.get("resumes")
+               and m.get("vast_id") is not None and not m.get("vast_missing")]
+    return sorted(stopped, key=_per_dollar, reverse=True)
+
+
+def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> list[tuple[Offer, float]]:
+    """Allowed offers with their expected rate, cheapest per expected proof first, one per host machine."""
+    allowed = set(config.fleet.gpus)
+    max_dph = float(obs.settings["max_dph"])
+    ranked = []
+    seen: set[int] = set()
+    for offer in offers:
+        if (allowed and offer.gpu_name not in allowed) or offer.dph_total > max_dph:
+            continue
+        if offer.machine_id is not None:
+            if offer.machine_id in seen:
+                continue
+            seen.add(offer.machine_id)
+        rate = rate_of_model(offer.gpu_name, obs.model_rates, config.fleet.default_rate)
+        if rate > 0:
+            ranked.append((offer, rate))
+    return sorted(ranked, key=lambda item: (item[0].dph_total / item[1], item[0].dph_total, item[0].id))
+
+
+def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list[Action]:
+    """What the rules would do now. Pure: same observation, same offers → same actions."""
+    budget = config.agent.max_actions_per_step
+    actions: list[Action] = []
+    for machine in obs.machines:
+        if machine["state"] == State.STOPPED and machine.get("resumes") and len(actions) < budget:
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason="stopped again after its one resume: replaced, not resumed twice"))
+    if has_work(obs):
+        actions.extend(_grow(obs, config, offers, budget - len(actions)))
+    else:
+        actions.extend(_shrink(obs, config, budget - len(actions)))
+    return actions
+
+
+def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
+    want = wanted_capacity(obs, config)
+    have = counted_capacity(obs)
+    missing = want - have
+    why = "queued work" if obs.demand.known else "demand unknown (sized as if work were queued)"
+    sizing = f"{why}: capacity {have:g} of {want:g} proofs/h (target × (1 + {config.agent.headroom:g}))"
+    actions: list[Action] = []
+    spend = obs.spend_per_hour
+    live = len(obs.live())
+    max_spend = float(obs.settings["max_hourly_spend"])
+    for machine in _resumable(obs):
+        dph = float(machine.get("dph") or 0.0)
+        if missing <= 0 or len(actions) >= budget:
+            break
+        if spend + dph > max_spend + 1e-9 or dph > float(obs.settings["max_dph"]) + 1e-9:
+            continue
+        actions.append(Action(kind=Kind.START, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                              dph=machine.get("dph"), reason=f"{sizing}; resume before renting anew"))
+        missing -= machine["expected_rate"]
+        spend += dph
+    for offer, rate in rank_offers(offers, obs, config):
+        if missing <= 0 or len(actions) >= budget or live >= int(obs.settings["max_instances"]):
+            break
+        if spend + offer.dph_total > max_spend + 1e-9:
+            continue
+        actions.append(Action(
+            kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
+            reason=(f"{sizing}; {offer.gpu_name} at ${offer.dph_total:g}/h, {rate:g} proofs/h expected"
+                    f" (${offer.dph_total / rate * 1000:.2f} per 1000 proofs)"),
+        ))
+        missing -= rate
+        spend += offer.dph_total
+        live += 1
+    return actions
+
+
+def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
+    since = obs.demand.empty_since
+    if since is None or budget < 1:
+        return []
+    empty_for = (obs.now - since).total_seconds()
+    if empty_for < config.agent.scale_down_after:
+        return []  # cooling down: the queue may refill before a released machine could come back
+    candidates = [m for m in obs.machines if m["state"] in PENDING_STATES | {State.RUNNING}
+                  and m.get("vast_id") is not None]
+    if not candidates:
+        return []
+    worst = min(candidates, key=lambda m: (_per_dollar(m), m["label"]))
+    return [Action(kind=Kind.STOP, actor=ACTOR, label=worst["label"], uuid=worst["uuid"],
+                   reason=(f"queue empty for {int(empty_for // 60)}m (agent.scale_down_after"
+                           f" {int(config.agent.scale_down_after // 60)}m); least proofs per dollar"
+                           f" ({_per_dollar(worst):.1f}/$)"))]

@@ -1,0 +1,359 @@
+"""One agent step: observe, plan (rules or llm), guard, apply, and one row in `agent_steps`.
+
+  1. take the `agent-step` lease (not for --dry-run: it changes nothing)
+  2. sample demand.command, when one is set
+  3. observe once, with the events after the cursor of the last step that ran
+  4. --if-events: skip (a row with outcome `skipped`) when no event from anyone but the agent itself
+     arrived, demand did not change (known ↔ unknown, empty ↔ not), and agent.interval has not passed
+  5. plan: rules.plan(), or the llm (shown the rules' plan as a suggestion), whose tool calls come back here
+  6. every action passes guard.check() (with the actions allowed before it in this step), refusals are
+     recorded and listed; --dry-run stops there
+  7. apply: one explicit branch per action kind (apply()), through operations
+
+The cursor only moves on steps that ran (ok): a failed or dry step leaves the
+events for the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .. import clock as clock_module
+from .. import demand as demand_module
+from .. import guard, locks, operations
+from ..config import Config
+from ..db import transaction
+from ..errors import BadInput, GuardRefused, Unavailable, VastctlError
+from ..guard import Action, Kind
+from ..observe import Observation, observe
+from . import rules
+
+if TYPE_CHECKING:
+    from ..providers.base import Provider
+
+LEASE = "agent-step"
+LEASE_TTL_S = 10 * 60
+OFFERS_SEARCHED = 30
+POLICIES = ("rules", "llm")
+ZERO_TOKENS = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
+
+
+@dataclass
+class StepResult:
+    policy: str
+    outcome: str = "ok"  # ok | skipped | dry_run | error
+    reason: str | None = None
+    step_id: int | None = None
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=lambda: dict(ZERO_TOKENS))
+    cost: float = 0.0
+    demand: dict[str, Any] | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.outcome == "skipped"
+
+    def to_json(self) -> dict[str, Any]:
+        """The contract's `agent-step --json` object."""
+        return {"policy": self.policy, "skipped": self.skipped, "reason": self.reason, "outcome": self.outcome,
+                "dry_run": self.outcome == "dry_run", "step_id": self.step_id, "actions": self.actions,
+                "refused": self.refused, "errors": self.errors, "tokens": dict(self.tokens),
+                "cost": round(self.cost, 6), "demand": self.demand}
+
+
+def resolve_policy(policy: str | None, config: Config, env: Mapping[str, str]) -> str:
+    """`auto` (the config's default) is llm when ANTHROPIC_API_KEY is set, else rules."""
+    chosen = policy or config.agent.policy
+    if chosen == "auto":
+        return "llm" if env.get("ANTHROPIC_API_KEY") else "rules"
+    if chosen not in POLICIES:
+        raise BadInput(f"--policy must be one of rules, llm (or auto in the config), got {chosen!r}")
+    return chosen
+
+
+def run_step(conn: sqlite3.Connection, provider: "Provider", config: Config, *, clock: clock_module.Clock,
+             policy: str | None = None, dry_run: bool = False, if_events: bool = False,
+             env: Mapping[str, str] | None = None) -> StepResult:
+    """One step. Raises Unavailable (exit 1) when another step holds the lease."""
+    env = os.environ if env is None else env
+    chosen = resolve_policy(policy, config, env)
+    now = clock.now()
+    if dry_run:
+        return _step(conn, provider, config, clock, chosen, now, dry_run=True, if_events=if_events, env=env)
+    with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now):
+        return _step(conn, provider, config, clock, chosen, now, dry_run=False, if_events=if_events, env=env)
+
+
+def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env) -> StepResult:
+    demand_module.refresh(conn, config, now=now)
+    last = _last_ran(conn)
+    cursor = int(last["event_cursor"] or 0) if last else 0
+    obs = observe(conn, config, now=now, events_since=cursor)
+    new_cursor = max([cursor] + [event["id"] for event in obs.events])
+    summary = observation_summary(obs)
+    result = StepResult(policy=policy, demand=obs.demand.view())
+    if if_events:
+        why = wake_reason(obs, last, config)
+        if why is None:
+            result.outcome = "skipped"
+            result.reason = (f"nothing new since step {last['id']} and agent.interval"
+                             f" ({clock_module.human_duration(config.agent.interval)}) has not passed")
+            result.step_id = _insert_step(conn, policy, "skipped", now, cursor, summary, finished=True)
+            return result
+        result.reason = why
+    result.step_id = _insert_step(conn, policy, "error", now, new_cursor, summary, finished=False)
+    executor = Executor(conn, provider, config, obs, now, dry_run=dry_run)
+    try:
+        if policy == "rules":
+            _run_rules(executor)
+        else:
+            _run_llm(executor, result, clock, env)
+    except BaseException as exc:
+        result.outcome = "error"
+        result.errors.append(str(exc) or type(exc).__name__)
+        raise
+    finally:
+        result.actions, result.refused = executor.actions, executor.refused
+        result.errors = executor.errors + result.errors
+        if result.outcome != "error":
+            result.outcome = "dry_run" if dry_run else "ok"
+        _finish_step(conn, result, clock.now())
+    return result
+
+
+# --- waking up ---------------------------------------------------------------------------------------
+
+
+def _last_ran(conn: sqlite3.Connection) -> sqlite3.Row | None:
+    return conn.execute("SELECT * FROM agent_steps WHERE outcome = 'ok' ORDER BY id DESC LIMIT 1").fetchone()
+
+
+def wake_reason(obs: Observation, last: Mapping[str, Any] | None, config: Config) -> str | None:
+    """Why a step should run now, or None: the agent's own actions (events with source agent) never wake it."""
+    if last is None:
+        return "no step has run yet"
+    since = clock_module.from_iso(last["started_at"])
+    if (obs.now - since).total_seconds() >= config.agent.interval:
+        return f"agent.interval ({clock_module.human_duration(config.agent.interval)}) passed"
+    news = [event for event in obs.events if event.get("source") != "agent"]
+    if news:
+        return f"{len(news)} new event(s), the newest #{news[-1]['id']}"
+    before = json.loads(last["observation"] or "{}").get("demand") or {}
+    now_known, was_known = obs.demand.known, bool(before.get("known"))
+    if now_known != was_known:
+        return "demand became " + ("known" if now_known else "unknown")
+    if now_known and ((obs.demand.queued or 0) > 0) != ((before.get("queued") or 0) > 0):
+        return f"the queue went from {before.get('queued')} to {obs.demand.queued}"
+    return None
+
+
+# --- the agent_steps row -----------------------------------------------------------------------------
+
+
+def observation_summary(obs: Observation) -> dict[str, Any]:
+    """What a step saw, small enough to keep for every step (the full fleet is in `instances` anyway)."""
+    return {
+        "demand": obs.demand.view(), "capacity": round(obs.capacity, 3),
+        "pending_capacity": round(obs.pending_capacity, 3), "spend_per_hour": round(obs.spend_per_hour, 4),
+        "settings": dict(obs.settings), "by_state": dict(Counter(m["state"] for m in obs.machines)),
+        "events": [event["id"] for event in obs.events],
+    }
+
+
+def _insert_step(conn, policy, outcome, now: datetime, cursor: int, summary: dict, *, finished: bool) -> int:
+    with transaction(conn):
+        return conn.execute(
+            "INSERT INTO agent_steps (started_at, finished_at, policy, outcome, event_cursor, observation)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (clock_module.to_iso(now), clock_module.to_iso(now) if finished else None, policy, outcome, cursor,
+             json.dumps(summary, sort_keys=True, default=str)),
+        ).lastrowid
+
+
+def _finish_step(conn, result: StepResult, now: datetime) -> None:
+    tokens = {**ZERO_TOKENS, **(result.tokens or {})}
+    with transaction(conn):
+        conn.execute(
+            "UPDATE agent_steps SET finished_at = ?, outcome = ?, actions = ?, refused = ?, errors = ?,"
+            " input_tokens = ?, output_tokens = ?, cache_read_tokens = ?, cache_write_tokens = ?, cost = ?"
+            " WHERE id = ?",
+            (clock_module.to_iso(now), result.outcome, json.dumps(result.actions, default=str),
+             json.dumps(result.refused, default=str), json.dumps(result.errors), int(tokens["input"]),
+             int(tokens["output"]), int(tokens["cache_read"]), int(tokens["cache_write"]), float(result.cost),
+             result.step_id),
+        )
+
+
+# --- guard, then apply -------------------------------------------------------------------------------
+
+
+class Executor:
+    """Passes each action of one step through the guard (with the ones allowed before it), then applies it."""
+
+    def __init__(self, conn, provider, config: Config, obs: Observation, now: datetime, *, dry_run: bool):
+        self.conn, self.provider, self.config, self.obs, self.now = conn, provider, config, obs, now
+        self.dry_run = dry_run
+        self.accepted: list[Action] = []
+        self.actions: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+
+    def submit(self, action: Action) -> tuple[bool, str]:
+        """Guard and apply one action; (ok, what happened) — the text the llm is told."""
+        verdict = guard.check(self.obs, action, self.config, earlier=self.accepted)
+        if not self.dry_run:
+            guard.record(self.conn, action, verdict, now=self.now)
+        if not verdict.allowed:
+            self.refused.append(verdict.refusal(action))
+            return False, f"refused by the guard ({verdict.limit}): {verdict.why}"
+        self.accepted.append(action)
+        if self.dry_run:
+            self.actions.append(action.view("planned (dry run)"))
+            return True, "planned (dry run): nothing was applied"
+        try:
+            outcome = apply(self.conn, self.provider, self.config, action, now=self.now)
+        except GuardRefused as exc:  # the fleet changed under the step; operations recorded the refusal
+            self.accepted.remove(action)
+            self.refused.append({**action.view(None), "why": str(exc), "limit": None})
+            return False, f"refused by the guard: {exc}"
+        except VastctlError as exc:
+            outcome = f"error: {exc}"
+            self.errors.append(f"{action.kind} {action.label or action.gpu_name or ''}: {exc}".replace("  ", " "))
+            self.actions.append(action.view(outcome))
+            return False, outcome
+        self.actions.append(action.view(outcome))
+        return True, outcome
+
+    def offers(self, *, gpu_names: list[str] | None = None, max_dph: float | None = None, limit: int = OFFERS_SEARCHED):
+        return operations.find_offers(self.conn, self.provider, self.config, gpu_names=gpu_names or None,
+                                      max_dph=max_dph, limit=limit, now=self.now)
+
+
+def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action: Action, *, now: datetime) -> str:
+    """Apply one allowed action: one explicit branch per kind, an unknown kind is an error."""
+    try:
+        kind = Kind(action.kind)
+    except ValueError:
+        raise BadInput(f"unknown action kind {action.kind!r}: one of {', '.join(k.value for k in Kind)}") from None
+    target = action.uuid or action.label
+    if kind is Kind.LAUNCH:
+        launched = operations.launch(conn, provider, config, offer_id=action.offer_id,
+                                     gpu=None if action.offer_id is not None else action.gpu_name,
+                                     count=action.count, actor=action.actor, now=now)
+        names = ", ".join(f"{row['label']} (instance {row['vast_id']})" for row in launched.launched)
+        if not launched.launched:
+            raise Unavailable(launched.error or "nothing was launched")
+        return f"launched {names}" + (f"; {launched.error}" if launched.error else "")
+    if kind is Kind.START:
+        _need_target(action, target)
+        row = operations.start(conn, provider, config, target, actor=action.actor, now=now)
+        return f"resumed ({row['state']})"
+    if kind is Kind.STOP:
+        _need_target(action, target)
+        operations.stop(conn, provider, target, config=config, actor=action.actor, reason=action.reason,
+                        force=action.force, now=now)
+        return "stopped"
+    if kind is Kind.KILL or kind is Kind.DESTROY:
+        _need_target(action, target)
+        row, error = operations.kill(conn, provider, target, f"{action.actor}: {action.reason or 'no reason given'}",
+                                     config=config, actor=action.actor, code=action.actor, kind=kind,
+                                     force=action.force, now=now)
+        return f"killed; destroy failed ({error}), reconcile retries" if error else "killed and destroyed"
+    if kind is Kind.NOTE:
+        return "noted"  # notes are kept by the llm policy's memory; nothing reaches the market
+    raise BadInput(f"no branch for action kind {kind!r}")  # pragma: no cover - every Kind has a branch above
+
+
+def _need_target(action: Action, target: str | None) -> None:
+    if not target:
+        raise BadInput(f"a {action.kind} needs the machine's label")
+
+
+# --- policies ----------------------------------------------------------------------------------------
+
+
+def _offers_if_needed(executor: Executor) -> list:
+    if not rules.needs_offers(executor.obs, executor.config):
+        return []
+    try:
+        return executor.offers(gpu_names=list(executor.config.fleet.gpus))
+    except VastctlError as exc:
+        executor.errors.append(f"offer search failed: {exc}")
+        return []
+
+
+def _run_rules(executor: Executor) -> None:
+    for action in rules.plan(executor.obs, executor.config, _offers_if_needed(executor)):
+        executor.submit(action)
+
+
+def tool_action(name: str, tool_input: Mapping[str, Any]) -> Action:
+    """The Action a model's tool call asks for; BadInput for a call that is not one."""
+    if not isinstance(tool_input, Mapping):
+        raise BadInput(f"{name}: the input must be an object")
+    label = tool_input.get("label")
+    if name in ("destroy", "stop", "start") and (not isinstance(label, str) or not label):
+        raise BadInput(f"{name} needs a label (a machine's label from the observation)")
+    if name == "launch":
+        count = tool_input.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise BadInput(f"launch: count must be a whole number ≥ 1, got {count!r}")
+        offer_id, gpu_name = tool_input.get("offer_id"), tool_input.get("gpu_name")
+        if (offer_id is None) == (gpu_name is None):
+            raise BadInput("launch: give exactly one of gpu_name or offer_id")
+        return Action(kind=Kind.LAUNCH, actor="agent", count=count, offer_id=offer_id, gpu_name=gpu_name,
+                      reason=str(tool_input.get("reason") or ""))
+    if name in ("destroy", "stop", "start"):
+        return Action(kind=Kind(name), actor="agent", label=label, reason=str(tool_input.get("reason") or ""))
+    if name == "note":
+        return Action(kind=Kind.NOTE, actor="agent", text=str(tool_input.get("text") or ""))
+    raise BadInput(f"unknown tool {name!r}")
+
+
+def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, env: Mapping[str, str]) -> None:
+    try:
+        from . import llm  # the Anthropic SDK loads on this path only
+    except ImportError as exc:
+        if getattr(exc, "name", "") != f"{__package__}.llm":
+            raise
+        raise BadInput("the llm policy is not part of this build: use --policy rules") from None
+
+    suggestion = [action.view("suggested") for action in rules.plan(executor.obs, executor.config,
+                                                                    _offers_if_needed(executor))]
+
+    def execute(name: str, tool_input: dict) -> "llm.ToolOutcome":
+        if name == "search_offers":
+            return _search_tool(executor, tool_input, llm.ToolOutcome)
+        try:
+            action = tool_action(name, tool_input)
+        except BadInput as exc:
+            return llm.ToolOutcome(ok=False, text=f"error: {exc}")
+        ok, text = executor.submit(action)
+        return llm.ToolOutcome(ok=ok, text=text, action=action.view(text))
+
+    outcome = llm.run(executor.conn, executor.config, observation=executor.obs.to_prompt(), suggestion=suggestion,
+                      execute=execute, clock=clock, step_id=result.step_id, env=env)
+    result.tokens = {**ZERO_TOKENS, **(outcome.tokens or {})}
+    result.cost = float(outcome.cost or 0.0)
+    if outcome.error:
+        result.outcome = "error"
+        result.errors.append(f"llm: {outcome.error}")
+
+
+def _search_tool(executor: Executor, tool_input: Mapping[str, Any], make: Callable[..., Any]) -> Any:
+    gpu, max_dph, limit = tool_input.get("gpu_name"), tool_input.get("max_dph"), tool_input.get("limit", 10)
+    try:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 50:
+            raise BadInput(f"search_offers: limit must be a whole number from 1 to 50, got {limit!r}")
+        found = executor.offers(gpu_names=[gpu] if gpu else None, max_dph=max_dph, limit=limit)
+    except VastctlError as exc:
+        return make(ok=False, text=f"error: {exc}")
+    return make(ok=True, text=json.dumps([operations.offer_view(offer) for offer in found]))

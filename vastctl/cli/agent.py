@@ -1,0 +1,102 @@
+"""`vastctl demand` (what work is waiting) and `vastctl agent-step` (size the fleet to it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from .. import clock
+from ..errors import Unavailable
+from .app import JsonOpt, app, globals_of, print_json, print_table, say
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..providers.base import Provider
+
+
+def make_provider(config: "Config") -> "Provider":
+    """The market agent-step rents from (tests replace this)."""
+    from ..providers import get_provider
+
+    return get_provider(config)
+
+
+demand_app = typer.Typer(help="Proving work waiting: report it, or show what the newest sample says.",
+                         no_args_is_help=True)
+app.add_typer(demand_app, name="demand")
+
+
+@demand_app.command("report")
+def demand_report(
+    ctx: typer.Context,
+    queued: Annotated[int, typer.Option("--queued", min=0, help="Proofs waiting (unclaimed proving tasks).")],
+    proofs_per_hour: Annotated[Optional[float], typer.Option("--proofs-per-hour", min=0.0, help="Proofs finished in the last hour.")] = None,
+) -> None:
+    """Record how much work is waiting now (for setups without demand.command).
+
+    Example: vastctl demand report --queued 59 --proofs-per-hour 310
+    """
+    from .. import demand
+
+    demand.report(globals_of(ctx).connect(), queued, proofs_per_hour, now=clock.SYSTEM.now())
+    say(f"demand: {queued} queued" + ("" if proofs_per_hour is None else f", {proofs_per_hour:g} proofs/h"))
+
+
+@demand_app.command("show")
+def demand_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """The demand decisions read now (demand.command is run first when set); unknown when stale or failed.
+
+    Example: vastctl demand show --json
+    """
+    from .. import demand
+
+    g = globals_of(ctx)
+    current = demand.refresh(g.connect(), g.config, now=clock.SYSTEM.now())
+    view = current.view()
+    if as_json:
+        print_json(view)
+        return
+    if current.known:
+        rate = "" if current.proofs_per_hour is None else f", {current.proofs_per_hour:g} proofs/h"
+        typer.echo(f"{current.queued} queued{rate} ({current.source}, {clock.human_duration(current.age_s)} ago)")
+    else:
+        typer.echo(f"unknown: {current.error}")
+
+
+@app.command("agent-step")
+def agent_step_cmd(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and guard, print; buy and release nothing.")] = False,
+    if_events: Annotated[bool, typer.Option("--if-events", help="Return at once unless something happened or agent.interval passed.")] = False,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="rules or llm (default: the config's agent.policy; auto = llm with ANTHROPIC_API_KEY).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Observe the fleet and the demand, plan, pass every action through the guard, apply.
+
+    Refused actions are listed (exit 0); a failed step (the llm's API down) exits 1 and buys nothing.
+
+    Example: * * * * * vastctl agent-step --if-events --json >> /var/log/vastctl/agent-step.jsonl
+    """
+    from ..agent import step
+
+    g = globals_of(ctx)
+    conn = g.connect()
+    result = step.run_step(conn, make_provider(g.config), g.config, clock=clock.SYSTEM, policy=policy,
+                           dry_run=dry_run, if_events=if_events)
+    if as_json:
+        print_json(result.to_json())
+    elif result.actions:
+        print_table(result.actions, ["kind", "label", "result", "reason"])
+    if result.skipped:
+        say(f"skipped: {result.reason}")
+        return
+    for item in result.refused:
+        say(f"refused: {item['kind']} {item.get('label') or item.get('gpu_name') or ''} ({item['limit']}): {item['why']}")
+    prefix = "dry run: " if dry_run else ""
+    say(f"{prefix}policy {result.policy}: {len(result.actions)} action(s), {len(result.refused)} refused"
+        + (f", {len(result.errors)} error(s)" if result.errors else ""))
+    if result.outcome == "error":
+        raise Unavailable("; ".join(result.errors) or "the step failed")
+    for error in result.errors:
+        say(f"warning: {error}")

@@ -1,0 +1,174 @@
+"""Demand: how much proving work is waiting, from an operator's report or the `demand.command`.
+
+Every sample is kept with its time (`demand_samples`), failed ones too, so an
+operator can see when the source went quiet. The newest sample decides:
+
+  known      it succeeded and is at most `demand.stale_after` old
+  unknown    no sample yet, the newest is older than `demand.stale_after`, or the
+             command failed, timed out or printed something other than
+             {"queued": N, "proofs_per_hour": X}
+
+Unknown demand is never read as "no work": the guard and the rules policy hold
+the fleet on it (the incident this exists for: a missing "active" flag read as
+an empty queue stopped every machine while 59 proofs sat queued).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import textwrap
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable
+
+from . import clock
+from .config import Config
+from .db import transaction
+from .errors import BadInput
+
+COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
+MAX_OUTPUT_CHARS = 64 * 1024
+EXPECTED = 'print one JSON object like {"queued": 12, "proofs_per_hour": 40}'
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The demand one decision reads. `known` False means: do not act as if the queue were empty."""
+
+    queued: int | None
+    proofs_per_hour: float | None
+    at: datetime | None
+    age_s: float | None
+    source: str | None
+    known: bool
+    error: str | None = None
+    empty_since: datetime | None = None  # start of the current run of good samples that all said 0 queued
+
+    def view(self) -> dict[str, Any]:
+        """The `demand show --json` object."""
+        return {"queued": self.queued, "proofs_per_hour": self.proofs_per_hour,
+                "at": clock.display_iso(clock.to_iso(self.at)), "age_s": None if self.age_s is None else round(self.age_s),
+                "source": self.source, "known": self.known, "error": self.error,
+                "empty_since": clock.display_iso(clock.to_iso(self.empty_since))}
+
+
+def validate_queued(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadInput(f"queued must be a whole number ≥ 0 (proofs waiting), got {value!r}")
+    return value
+
+
+def validate_rate(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise BadInput(f"proofs_per_hour must be a finite number ≥ 0, got {value!r}")
+    return float(value)
+
+
+def record(conn: sqlite3.Connection, *, source: str, now: datetime, queued: int | None = None,
+           proofs_per_hour: float | None = None, error: str | None = None) -> int:
+    """Keep one sample; a sample with an error is a failed one (queued unknown)."""
+    with transaction(conn):
+        cursor = conn.execute(
+            "INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok, error) VALUES (?, ?, ?, ?, ?, ?)",
+            (clock.to_iso(now), queued, proofs_per_hour, source, int(error is None), error),
+        )
+        return cursor.lastrowid
+
+
+def report(conn: sqlite3.Connection, queued: int, proofs_per_hour: float | None, *, now: datetime) -> int:
+    """An operator's (or a script's) report: `vastctl demand report --queued N`."""
+    return record(conn, source="report", now=now, queued=validate_queued(queued),
+                  proofs_per_hour=validate_rate(proofs_per_hour))
+
+
+def parse_output(text: str) -> tuple[int, float | None]:
+    """The command's stdout → (queued, proofs_per_hour); BadInput on anything else."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise BadInput(f"demand.command printed no JSON ({_clip(text)!r}): {EXPECTED}") from None
+    if not isinstance(data, dict) or "queued" not in data:
+        raise BadInput(f"demand.command printed {_clip(text)!r}: {EXPECTED}")
+    return validate_queued(data["queued"]), validate_rate(data.get("proofs_per_hour"))
+
+
+Runner = Callable[[str, float], tuple[int, str, str]]
+
+
+def run_command(command: str, timeout_s: float) -> tuple[int, str, str]:
+    """Run through the shell in its own process group, so a timeout kills the whole pipeline (psql included)."""
+    process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return process.returncode, out, err
+
+
+def sample_command(conn: sqlite3.Connection, config: Config, *, now: datetime, runner: Runner = run_command) -> Demand:
+    """Run `demand.command` once and keep what it said (or why it said nothing usable)."""
+    command = config.demand.command.strip()
+    if not command:
+        raise BadInput("demand.command is not set in the config: set it, or use `vastctl demand report`")
+    error = None
+    queued = rate = None
+    try:
+        code, out, err = runner(command, COMMAND_TIMEOUT_S)
+        if code != 0:
+            error = f"demand.command exited {code}: {_clip(err or out)}"
+        else:
+            queued, rate = parse_output(out[:MAX_OUTPUT_CHARS])
+    except subprocess.TimeoutExpired:
+        error = f"demand.command timed out after {COMMAND_TIMEOUT_S:g}s"
+    except OSError as exc:
+        error = f"demand.command could not run: {exc}"
+    except BadInput as exc:
+        error = str(exc)
+    record(conn, source="command", now=now, queued=queued, proofs_per_hour=rate, error=error)
+    return current(conn, config, now=now)
+
+
+def refresh(conn: sqlite3.Connection, config: Config, *, now: datetime, runner: Runner = run_command) -> Demand:
+    """Sample the command when one is configured, then the current demand."""
+    if config.demand.command.strip():
+        return sample_command(conn, config, now=now, runner=runner)
+    return current(conn, config, now=now)
+
+
+def current(conn: sqlite3.Connection, config: Config, *, now: datetime) -> Demand:
+    """The demand as the newest sample tells it (no command is run)."""
+    row = conn.execute("SELECT * FROM demand_samples ORDER BY id DESC LIMIT 1").fetchone()
+    if row is None:
+        return Demand(queued=None, proofs_per_hour=None, at=None, age_s=None, source=None, known=False,
+                      error="no demand sample yet: set demand.command, or run `vastctl demand report --queued N`")
+    at = clock.from_iso(row["at"])
+    age = max(0.0, (now - at).total_seconds())
+    if not row["ok"]:
+        return Demand(queued=None, proofs_per_hour=None, at=at, age_s=age, source=row["source"], known=False,
+                      error=row["error"])
+    stale = age > config.demand.stale_after
+    error = (f"the newest sample is {clock.human_duration(age)} old (demand.stale_after"
+             f" {clock.human_duration(config.demand.stale_after)})") if stale else None
+    return Demand(queued=row["queued"], proofs_per_hour=row["proofs_per_hour"], at=at, age_s=age,
+                  source=row["source"], known=not stale, error=error, empty_since=_empty_since(conn))
+
+
+def _empty_since(conn: sqlite3.Connection) -> datetime | None:
+    """When the queue last became empty: the first of the newest unbroken run of good samples saying 0."""
+    broken = conn.execute("SELECT coalesce(max(id), 0) FROM demand_samples WHERE NOT (ok = 1 AND queued = 0)").fetchone()[0]
+    first = conn.execute("SELECT min(at) FROM demand_samples WHERE id > ?", (broken,)).fetchone()[0]
+    return clock.from_iso(first)
+
+
+def _clip(text: str) -> str:
+    return textwrap.shorten(str(text), 160, placeholder="…") or "(nothing)"

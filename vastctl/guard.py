@@ -1,0 +1,262 @@
+"""The guard: the limits every action passes, whoever asks (agent, operator, reconcile), before the provider is called.
+
+`check()` is pure: an Observation, one Action, the config, and the actions
+already allowed earlier in the same step → a Verdict. Callers record every
+refusal and every override with `record()` (a row in `actions`) and apply
+nothing that was refused. Rules, in the order they are checked (first refusal wins):
+
+  limit                 applies to                refuses
+  kind                  every actor               a kind other than launch, stop, start, kill, destroy, note
+  max_actions_per_step  agent                     more than agent.max_actions_per_step actions in one step
+                                                  (a launch of N counts N; notes do not count)
+  label_prefix          agent, operator; reconcile  a machine whose label lacks vast.label_prefix (reconcile:
+                        only when it acts by vast id  its kills and destroys of rows are the safety net)
+  gpus                  launch                    a GPU model not in fleet.gpus
+  max_instances         launch                    more live machines than the max_instances setting
+  max_dph               launch, start             a machine dearer than the max_dph setting
+  max_hourly_spend      launch, start             GPU spend above the max_hourly_spend setting
+  never_scale_to_zero   stop, kill, destroy       leaving no machine in state `running` while demand
+                        (agent, operator)         shows queued work or is unknown. A stopped or killed
+                                                  target is no capacity and is not refused. An operator's
+                                                  --force passes it (recorded as forced); reconcile's kills
+                                                  of dead machines are never refused by it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from .audit import record_action
+from .config import Config
+from .lifecycle import State, StrEnum
+
+if TYPE_CHECKING:
+    from .observe import Observation
+
+
+class Kind(StrEnum):
+    LAUNCH = "launch"
+    STOP = "stop"
+    START = "start"
+    KILL = "kill"
+    DESTROY = "destroy"
+    NOTE = "note"
+
+
+ACTORS = ("agent", "operator", "reconcile")
+REMOVING = frozenset({Kind.STOP, Kind.KILL, Kind.DESTROY})
+NO_CAPACITY = frozenset({State.STOPPED, State.KILLED})
+SCALE_TO_ZERO = "never_scale_to_zero"
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str                 # launch | stop | start | kill | destroy | note
+    actor: str                # agent | operator | reconcile
+    label: str | None = None
+    uuid: str | None = None
+    vast_id: int | None = None
+    reason: str = ""
+    code: str | None = None
+    count: int = 1
+    gpu_name: str | None = None
+    offer_id: int | None = None
+    dph: float | None = None
+    text: str | None = None
+    force: bool = False
+
+    def view(self, result: str | None = None) -> dict[str, Any]:
+        """The contract's action object (kind, label, reason, result) and whichever details it has."""
+        view = {"kind": str(self.kind), "label": self.label, "reason": self.reason, "result": result}
+        for name, value in asdict(self).items():
+            if name not in view and value not in (None, False) and not (name == "count" and value == 1):
+                view[name] = value
+        return view
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    why: str = ""
+    limit: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        """Allowed only because an operator passed --force."""
+        return self.allowed and self.limit is not None
+
+    def refusal(self, action: Action) -> dict[str, Any]:
+        """How a refused action is listed under `refused`."""
+        return {**action.view(None), "why": self.why, "limit": self.limit}
+
+
+ALLOWED = Verdict(True)
+
+
+def _refuse(limit: str, why: str) -> Verdict:
+    return Verdict(False, why, limit)
+
+
+def weight(action: Action) -> int:
+    """How many of agent.max_actions_per_step an action uses."""
+    if action.kind == Kind.NOTE:
+        return 0
+    return max(1, int(action.count)) if action.kind == Kind.LAUNCH else 1
+
+
+def check(obs: "Observation", action: Action, config: Config, *, earlier: Sequence[Action] = ()) -> Verdict:
+    """May this action be applied now? `earlier`: actions allowed before it in the same step, not yet observed."""
+    try:
+        kind = Kind(action.kind)
+    except ValueError:
+        return _refuse("kind", f"unknown action kind {action.kind!r}: one of {', '.join(k.value for k in Kind)}")
+    if action.actor not in ACTORS:
+        return _refuse("actor", f"unknown actor {action.actor!r}: one of {', '.join(ACTORS)}")
+    if kind is Kind.NOTE:
+        return ALLOWED
+    if action.actor == "agent":
+        used = sum(weight(a) for a in earlier)
+        most = config.agent.max_actions_per_step
+        if used + weight(action) > most:
+            return _refuse("max_actions_per_step", f"this step already took {used} action(s); agent.max_actions_per_step"
+                           f" is {most}: the rest waits for the next step")
+    if kind is not Kind.LAUNCH:
+        verdict = _check_prefix(action, config)
+        if not verdict.allowed:
+            return verdict
+    if kind is Kind.LAUNCH:
+        return _check_launch(obs, action, config, earlier)
+    if kind is Kind.START:
+        return _check_start(obs, action, earlier)
+    return _check_scale_to_zero(obs, action, earlier)
+
+
+def _check_prefix(action: Action, config: Config) -> Verdict:
+    prefix = config.vast.label_prefix
+    if action.actor == "reconcile" and action.uuid is not None:
+        return ALLOWED
+    if prefix and not (action.label or "").startswith(prefix):
+        return _refuse("label_prefix", f"{action.label or f'vast instance {action.vast_id}'} does not carry our label"
+                       f" prefix {prefix!r}: vastctl never touches machines that are not its own")
+    return ALLOWED
+
+
+def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
+    added = 0.0
+    for item in earlier:
+        if item.kind == Kind.LAUNCH:
+            added += max(1, item.count) * (item.dph or 0.0)
+        elif item.kind == Kind.START:
+            target = find(obs, item)
+            added += float((target or {}).get("dph") or item.dph or 0.0)
+    return added
+
+
+def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, what: str) -> Verdict:
+    most = float(obs.settings["max_hourly_spend"])
+    before = obs.spend_per_hour + _spend_added(earlier, obs)
+    if before + extra > most + 1e-9:
+        return _refuse("max_hourly_spend", f"{what} would bring spend to ${before + extra:.2f}/h (now ${before:.2f}/h);"
+                       f" max_hourly_spend is ${most:g}/h (vastctl settings set max_hourly_spend X)")
+    return ALLOWED
+
+
+def _check_dph(dph: float, what: str, obs: "Observation") -> Verdict:
+    most = float(obs.settings["max_dph"])
+    if dph > most + 1e-9:
+        return _refuse("max_dph", f"{what} costs ${dph:g}/h; max_dph is ${most:g}/h (vastctl settings set max_dph X)")
+    return ALLOWED
+
+
+def _check_launch(obs: "Observation", action: Action, config: Config, earlier: Sequence[Action]) -> Verdict:
+    count = int(action.count)
+    if count < 1:
+        return _refuse("count", f"a launch rents at least 1 machine, got count {count}")
+    if action.gpu_name is not None and config.fleet.gpus and action.gpu_name not in config.fleet.gpus:
+        return _refuse("gpus", f"{action.gpu_name} is not an allowed GPU model (fleet.gpus:"
+                       f" {', '.join(config.fleet.gpus)}); add it to fleet.gpus in the config to rent it")
+    live = len(obs.live()) + sum(max(1, a.count) for a in earlier if a.kind == Kind.LAUNCH)
+    most = int(obs.settings["max_instances"])
+    if live + count > most:
+        return _refuse("max_instances", f"launching {count} would make {live + count} machines; max_instances is"
+                       f" {most} (vastctl settings set max_instances N)")
+    if action.dph is None:  # the price is checked again once the offer is known
+        return ALLOWED
+    what = f"offer {action.offer_id}" if action.offer_id is not None else f"a {action.gpu_name or 'machine'}"
+    verdict = _check_dph(action.dph, what, obs)
+    if not verdict.allowed:
+        return verdict
+    return _check_spend(obs, earlier, count * action.dph, f"launching {count}")
+
+
+def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
+    target = find(obs, action)
+    dph = (target or {}).get("dph")
+    if dph is None:
+        dph = action.dph
+    if dph is None:
+        return ALLOWED
+    verdict = _check_dph(float(dph), action.label or "the machine", obs)
+    if not verdict.allowed:
+        return verdict
+    return _check_spend(obs, earlier, float(dph), f"starting {action.label}")
+
+
+def _check_scale_to_zero(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
+    if action.actor == "reconcile":  # a dead machine is no capacity: the safety net is never held back
+        return ALLOWED
+    target = find(obs, action)
+    if target is not None and target["state"] in NO_CAPACITY:
+        return ALLOWED
+    gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
+    if target is not None:
+        gone.add(_key(target))
+    if any(_key(m) not in gone for m in obs.running()):
+        return ALLOWED
+    demand = obs.demand
+    if demand.known and demand.queued == 0:
+        return ALLOWED
+    if demand.known:
+        why = f"{demand.queued} proofs are queued"
+    else:
+        why = f"demand is unknown ({demand.error or 'no sample'})"
+    text = (f"{action.kind} {action.label or action.uuid} would leave no machine running while {why};"
+            " never scale to zero")
+    if action.actor == "operator" and action.force:
+        return Verdict(True, f"forced: {text}", SCALE_TO_ZERO)
+    hint = " (pass --force to do it anyway)" if action.actor == "operator" else ""
+    return _refuse(SCALE_TO_ZERO, text + hint)
+
+
+def _key(machine: dict) -> str:
+    return machine.get("uuid") or machine.get("label")
+
+
+def find(obs: "Observation", action: Action) -> dict | None:
+    """The machine an action names: by uuid, else by label, else by vast id."""
+    for machine in obs.machines:
+        if action.uuid is not None:
+            if machine.get("uuid") == action.uuid:
+                return machine
+        elif action.label is not None:
+            if machine.get("label") == action.label:
+                return machine
+        elif action.vast_id is not None and machine.get("vast_id") == action.vast_id:
+            return machine
+    return None
+
+
+def record(conn: sqlite3.Connection, action: Action, verdict: Verdict, *, now: datetime) -> None:
+    """Keep a refusal or an override in the `actions` audit; an ordinary allowed action leaves no trace here."""
+    if verdict.allowed and not verdict.forced:
+        return
+    if verdict.allowed:
+        result = f"forced past the guard ({verdict.limit}): {verdict.why}"
+    else:
+        result = f"refused by the guard ({verdict.limit}): {verdict.why}"
+    request = {k: v for k, v in asdict(action).items() if v not in (None, "") and k not in ("kind", "actor")}
+    record_action(conn, actor=action.actor, kind=str(action.kind), ok=verdict.allowed, result=result,
+                  uuid=action.uuid, label=action.label, vast_id=action.vast_id, request=request, now=now)
