@@ -244,6 +244,34 @@ def test_a_launch_walks_the_lifecycle_through_the_reports_on_simulated_time(tmp_
     assert listed[FIRST_VAST_ID].actual_status == "running" and listed[FIRST_VAST_ID].label == row["label"]
 
 
+def test_a_market_consulted_after_hours_jumps_to_its_events_and_sends_only_the_last_heartbeat(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    made = []
+
+    def counting_reports(at):
+        made.append(at)
+        return LocalReports(market.conn, market.config, now=at)
+
+    market.sim.reports = counting_reports
+    offer = healthy_offer(market)
+    uuid = market.launch(offer_id=offer.id).launched[0]["uuid"]
+    market.advance(2 * 3600)
+    market.sim.list_instances()  # one consultation covers the whole boot
+    assert market.row(uuid)["state"] == "running"
+    assert made == sorted(made) and len(made) <= 8  # register … running and one heartbeat, not one per minute
+    made.clear()
+    market.advance(5 * 3600 + 30)
+    market.sim.list_instances()
+    assert len(made) == 1
+    row = market.row(uuid)
+    beat = clocks.from_iso(row["last_heartbeat_at"])
+    assert made == [beat] and market.clock.now() - timedelta(seconds=60) < beat <= market.clock.now()
+    host = next(h for h in market.sim.hosts() if h.offer_id == offer.id)
+    running_at = clocks.from_iso(row["state_since"])
+    expected = sim_market.BENCH_PROOFS + int(host.true_rate * (beat - running_at).total_seconds() / 3600)
+    assert row["proofs_done"] == expected
+
+
 def test_a_machine_below_the_gate_is_killed_by_its_bench_report_and_idles(tmp_path):
     market = make_market(tmp_path, rates=QUIET)
     uuid = market.launch(offer_id=healthy_offer(market, slow=True).id).launched[0]["uuid"]

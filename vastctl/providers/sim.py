@@ -29,8 +29,10 @@ give the same market to the digit. A market keeps the seed it was built with.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import math
+import operator
 import os
 import sqlite3
 from dataclasses import dataclass, field, fields
@@ -184,6 +186,10 @@ class Machine:
 
 MACHINE_FIELDS = tuple(f.name for f in fields(Machine))
 TIME_FIELDS = frozenset(name for name in MACHINE_FIELDS if name.endswith("_at") or name == "proving_since")
+SAVE_MACHINE = (f"INSERT OR REPLACE INTO sim_instances ({', '.join(MACHINE_FIELDS)})"
+                f" VALUES ({', '.join('?' for _ in MACHINE_FIELDS)})")
+_machine_values = operator.attrgetter(*MACHINE_FIELDS)
+_TIME_POSITIONS = tuple(i for i, name in enumerate(MACHINE_FIELDS) if name in TIME_FIELDS)
 
 
 @dataclass
@@ -206,10 +212,12 @@ def _moment(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
 
 
+@functools.lru_cache(maxsize=4096)  # most times are saved again unchanged (created_at, epoch_at, …)
 def _iso(seconds: float | None) -> str | None:
     return clocks.to_iso(_moment(seconds))
 
 
+@functools.lru_cache(maxsize=4096)
 def _from_iso(text: str | None) -> float | None:
     moment = clocks.from_iso(text)
     return None if moment is None else moment.timestamp()
@@ -462,15 +470,9 @@ class SimProvider:
             yield now, draw
 
     def _save(self, advanced_to: float) -> None:
-        names = [name for name in MACHINE_FIELDS if name != "vast_id"]
         changed = [self._machines[vast_id] for vast_id in sorted(self._dirty)]
         with self._writing():
-            self.conn.executemany(
-                f"INSERT OR REPLACE INTO sim_instances (vast_id, {', '.join(names)})"
-                f" VALUES (?, {', '.join('?' for _ in names)})",
-                [(m.vast_id, *(_iso(getattr(m, n)) if n in TIME_FIELDS else getattr(m, n) for n in names))
-                 for m in changed],
-            )
+            self.conn.executemany(SAVE_MACHINE, [_row_of(machine) for machine in changed])
             self.conn.executemany("INSERT INTO sim_faults (at, kind, vast_id, detail) VALUES (?, ?, ?, ?)",
                                   [(_iso(at), kind, vast_id, detail) for at, kind, vast_id, detail in self._new_faults])
             self.conn.execute(
@@ -698,6 +700,14 @@ class SimProvider:
             machine_id=machine.machine_id, gpu_name=host.gpu_name, num_gpus=host.num_gpus, dph_total=dph,
             start_date=machine.created_at, raw=raw,
         )
+
+
+def _row_of(machine: Machine) -> list[Any]:
+    """The machine's sim_instances row, in MACHINE_FIELDS order (this runs for every change: kept lean)."""
+    values = list(_machine_values(machine))
+    for position in _TIME_POSITIONS:
+        values[position] = _iso(values[position])
+    return values
 
 
 def _machine(row: sqlite3.Row) -> Machine:
