@@ -246,6 +246,8 @@ class SimProvider:
         self._version: int | None = None  # the market's version our loaded machines are (None: load them)
         self._dirty: set[int] = set()
         self._new_faults: list[tuple[float, str, int | None, str | None]] = []
+        self._call_number = self._next_vast_id = 0  # as of the call in progress (read from sim_meta)
+        self._transient = self._truncated = False  # this call's faults
         self._setup()
 
     def __repr__(self) -> str:
