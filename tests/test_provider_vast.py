@@ -507,5 +507,3 @@ def test_factory(monkeypatch):
     provider = get_provider(Config(), env={"VAST_API_KEY": KEY, "VAST_API_URL": "http://127.0.0.1:9/"})
     assert isinstance(provider, VastProvider) and provider.base_url == "http://127.0.0.1:9"
     assert get_provider(Config(), env={"VAST_API_KEY": KEY}).base_url == "https://console.vast.ai"
-    with pytest.raises(BadInput):
-        get_provider(Config(provider="sim"), env={"VAST_API_KEY": KEY})

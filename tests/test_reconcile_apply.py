@@ -343,7 +343,7 @@ def test_a_long_pass_renews_its_lease_before_each_action(conn, config, market, m
         make(conn, f"vastctl-k{n}", "killed", vast_id=20 + n, kill_code="exited", killed_at=clock.to_iso(at(-5)))
         market.add(20 + n, f"vastctl-k{n}", status="exited")
     ticks = iter(range(0, 10_000, 400))  # each monotonic reading: 400 s later than the one before
-    monkeypatch.setattr(locks.time, "monotonic", lambda: float(next(ticks)))
+    monkeypatch.setattr(clock.time, "monotonic", lambda: float(next(ticks)))  # the system clock's monotonic
     seen = []
 
     def destroy(vast_id):

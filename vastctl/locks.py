@@ -1,7 +1,8 @@
 """Named leases in the state file: one reconcile pass, one launch, at a time.
 
 A lease expires, and a holder on this host whose process is gone is ignored,
-so a crashed pass never blocks the next one for long.
+so a crashed pass never blocks the next one for long. Time comes from the
+injected Clock (the system clock by default), so leases work on virtual time.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import contextlib
 import os
 import socket
 import sqlite3
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Iterator
 
-from . import clock
+from . import clock as clocks
+from .clock import Clock
 from .db import transaction
 from .errors import Unavailable
 
@@ -38,19 +39,19 @@ def _holder_is_dead(holder: str) -> bool:
 
 
 def acquire(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None,
-            holder: str | None = None) -> str | None:
+            holder: str | None = None, clock: Clock = clocks.SYSTEM) -> str | None:
     """Take the lease; returns the holder string, or None when someone alive holds it."""
-    now = now or clock.utcnow()
+    now = now or clock.now()
     holder = holder or _holder()
     with transaction(conn):
         row = conn.execute("SELECT * FROM locks WHERE name = ?", (name,)).fetchone()
         if row is not None:
-            expired = clock.from_iso(row["expires_at"]) <= now
+            expired = clocks.from_iso(row["expires_at"]) <= now
             if not expired and row["holder"] != holder and not _holder_is_dead(row["holder"]):
                 return None
         conn.execute(
             "INSERT OR REPLACE INTO locks (name, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?)",
-            (name, holder, clock.to_iso(now), clock.to_iso(now + timedelta(seconds=ttl_s))),
+            (name, holder, clocks.to_iso(now), clocks.to_iso(now + timedelta(seconds=ttl_s))),
         )
     return holder
 
@@ -69,26 +70,30 @@ class Lease:
     holder: str
     ttl_s: float
     started: datetime
-    _t0: float = field(default_factory=lambda: time.monotonic())
+    clock: Clock = clocks.SYSTEM
+
+    def __post_init__(self) -> None:
+        self._t0 = self.clock.monotonic()
 
     def renew(self) -> None:
-        """Expire `ttl_s` from now: the lease's start plus the real time elapsed (the start may be injected)."""
-        now = self.started + timedelta(seconds=time.monotonic() - self._t0)
+        """Expire `ttl_s` from now: the lease's start plus the clock's time elapsed (the start may be injected)."""
+        now = self.started + timedelta(seconds=self.clock.monotonic() - self._t0)
         with transaction(self.conn):
             self.conn.execute("UPDATE locks SET expires_at = ? WHERE name = ? AND holder = ?",
-                              (clock.to_iso(now + timedelta(seconds=self.ttl_s)), self.name, self.holder))
+                              (clocks.to_iso(now + timedelta(seconds=self.ttl_s)), self.name, self.holder))
 
 
 @contextlib.contextmanager
-def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None) -> Iterator[Lease]:
+def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None,
+         clock: Clock = clocks.SYSTEM) -> Iterator[Lease]:
     """Hold the lease for the block, or raise Unavailable (exit 1: retry later)."""
-    now = now or clock.utcnow()
-    holder = acquire(conn, name, ttl_s=ttl_s, now=now)
+    now = now or clock.now()
+    holder = acquire(conn, name, ttl_s=ttl_s, now=now, clock=clock)
     if holder is None:
         row = conn.execute("SELECT holder, acquired_at FROM locks WHERE name = ?", (name,)).fetchone()
-        since = clock.display_iso(row["acquired_at"]) if row else "?"
+        since = clocks.display_iso(row["acquired_at"]) if row else "?"
         raise Unavailable(f"another {name} is running ({row['holder'] if row else '?'} since {since}): retry later")
     try:
-        yield Lease(conn, name, holder, ttl_s, now)
+        yield Lease(conn, name, holder, ttl_s, now, clock)
     finally:
         release(conn, name, holder)

@@ -1,7 +1,9 @@
 """GPU markets behind one narrow interface (base.Provider), and the one factory that picks one.
 
-Import-light on purpose: `requests` loads only when a provider is built, so
-`vastctl --help` and the boot-script commands stay fast.
+Import-light on purpose: `requests` (or the simulator) loads only when a
+provider is built, so `vastctl --help` and the boot-script commands stay fast.
+The factory is where the simulated market is handed its state file and the
+report functions its machines call; the providers themselves know no rows.
 """
 
 from __future__ import annotations
@@ -12,19 +14,25 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ..errors import BadInput
 
 if TYPE_CHECKING:
+    import sqlite3
+
+    from ..clock import Clock
     from ..config import Config
     from .base import Provider
 
 
 def get_provider(config: "Config", *, env: Mapping[str, str] | None = None, **options: Any) -> "Provider":
-    """The market the config names (only `vast` for now).
+    """The market the config names: `vast` (the real API) or `sim` (the embedded simulated market).
 
-    `options` go to the provider's constructor (e.g. `sleep=` for tests).
-    Raises BadInput (exit 2) naming VAST_API_KEY when no key is configured.
+    `options` go to the provider's constructor (e.g. `sleep=` for tests; for
+    `sim`: `conn=` to share a connection, `clock=` for virtual time).
+    Raises BadInput (exit 2) naming VAST_API_KEY when `vast` has no key; `sim` needs none.
     """
     env = os.environ if env is None else env
+    if config.provider == "sim":
+        return _sim_provider(config, **options)
     if config.provider != "vast":
-        raise BadInput(f"provider {config.provider!r} is not available in this version: set `provider: vast`")
+        raise BadInput(f"provider {config.provider!r} is not available: set `provider: vast` or `provider: sim`")
     from .vast import VastProvider
 
     provider = VastProvider.from_env(env, **options)
@@ -32,3 +40,20 @@ def get_provider(config: "Config", *, env: Mapping[str, str] | None = None, **op
         raise BadInput("no vast.ai API key: set VAST_API_KEY, or run `vastai set api-key KEY`"
                        " (writes ~/.config/vastai/vast_api_key)")
     return provider
+
+
+def _sim_provider(config: "Config", *, conn: "sqlite3.Connection | None" = None, clock: "Clock | None" = None,
+                  **options: Any) -> "Provider":
+    """The simulated market in the config's state file, its machines reporting straight into that file.
+
+    Each report is stamped with the simulated moment it is made, so the file
+    holds the market's time, whatever clock drives it (the system clock here).
+    """
+    from .. import clock as clocks
+    from .. import db
+    from ..reports import LocalReports
+    from .sim import SimProvider
+
+    conn = conn if conn is not None else db.connect(config.db_path)
+    return SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=clock or clocks.SYSTEM,
+                       seed=config.sim.seed, failures=config.sim.failures, **options)

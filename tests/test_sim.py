@@ -1,0 +1,520 @@
+"""The simulated market: seeded, on an injected clock, booting machines through the real reports, billing them,
+and failing the ways vast does, shown the way vast shows it."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from vastctl import clock as clocks
+from vastctl import db, lifecycle, operations, reconcile, tokens
+from vastctl.clock import VirtualClock
+from vastctl.config import Config
+from vastctl.errors import VastctlError
+from vastctl.providers import get_provider, sim_market
+from vastctl.providers.base import CreateRequest, OfferGone, OfferQuery, ProviderError, ProviderRejected
+from vastctl.providers.sim import FAULT_KINDS, FIRST_VAST_ID, SimProvider
+from vastctl.providers.sim_market import FailureRates
+from vastctl.reports import LocalReports
+
+START = datetime(2031, 3, 1, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
+QUIET = FailureRates(**{f.name: 0.0 for f in dataclasses.fields(FailureRates)})
+
+# The columns of the market's own tables, in order. A change here means SCHEMA_VERSION goes up.
+PINNED = {
+    "sim_meta": ["id", "schema_version", "seed", "started_at", "advanced_to", "calls", "next_vast_id", "version",
+                 "busy_by", "busy_until"],
+    "sim_hosts": ["machine_id", "offer_id", "gpu_name", "num_gpus", "cpu_ram_gb", "inet_down_mbps", "reliability",
+                  "base_dph", "storage_cost", "true_rate", "slow", "phase"],
+    "sim_instances": [
+        "vast_id", "machine_id", "offer_id", "label", "uuid", "env_label", "image", "disk_gb", "gpu_dph",
+        "storage_dph", "intended_status", "actual_status", "cur_state", "status_msg", "listed", "epoch", "epoch_at",
+        "step", "step_at", "fault", "fault_at", "proving_since", "refused_at", "created_at", "died_at",
+        "destroy_requested_at", "destroy_refused_s", "destroyed_at", "cost", "billed_s", "gpu_s", "billed_at",
+    ],
+    "sim_faults": ["id", "at", "kind", "vast_id", "detail"],
+}
+
+
+@dataclasses.dataclass
+class Market:
+    conn: object
+    config: Config
+    clock: VirtualClock
+    sim: SimProvider
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    def row(self, uuid: str) -> dict:
+        return lifecycle.get(self.conn, uuid)
+
+    def launch(self, **kwargs):
+        return operations.launch(self.conn, self.sim, self.config, now=self.clock.now(), **kwargs)
+
+    def reconcile(self):
+        return reconcile.run_pass(self.conn, self.sim, self.config, now=self.clock.now())
+
+
+def make_market(directory, *, seed: int = 1, failures: str = "default", rates: FailureRates | None = None,
+                start: datetime = START) -> Market:
+    config = Config(db=str(directory / "sim.db"), provider="sim")
+    config.server.url = "https://manager.example"
+    config.fleet.max_instances = 40
+    config.fleet.max_hourly_spend = 100.0
+    tokens.ensure_secret(config.secret_path)
+    conn = db.connect(config.db_path, create=True)
+    virtual = VirtualClock(start)
+    sim = SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=virtual, seed=seed,
+                      failures=failures, rates=rates)
+    return Market(conn, config, virtual, sim)
+
+
+def healthy_offer(market: Market, *, slow: bool = False):
+    """The cheapest offer on a host that proves at its model's rate (or, with `slow`, below the gate)."""
+    hosts = {host.offer_id: host for host in market.sim.hosts()}
+    offers = market.sim.search_offers(OfferQuery(min_cpu_ram_gb=256, min_inet_down_mbps=500, limit=500))
+    for offer in offers:
+        host = hosts[offer.id]
+        if (host.true_rate < 40) if slow else (not host.slow and host.true_rate >= 60 and offer.dph_total <= 1.0):
+            return offer
+    raise AssertionError("no such offer in this market")
+
+
+def run_scenario(directory, *, seed: int, failures: str, hours: float, fleet: int = 12) -> Market:
+    """A fleet kept at `fleet` machines, reconciled every minute, one machine stopped and resumed every 3 hours."""
+    market = make_market(directory, seed=seed, failures=failures)
+    for minute in range(int(hours * 60)):
+        live = market.conn.execute("SELECT count(*) FROM instances WHERE state != 'killed'").fetchone()[0]
+        if live < fleet and minute % 5 == 0:
+            for gpu in ("RTX 4090", "RTX 5090"):
+                try:
+                    market.launch(gpu=gpu, count=min(3, fleet - live))
+                    break
+                except VastctlError:
+                    continue
+        if minute % 180 == 90:
+            running = market.conn.execute(
+                "SELECT uuid FROM instances WHERE state = 'running' ORDER BY created_at LIMIT 1").fetchone()
+            if running:
+                try:
+                    operations.stop(market.conn, market.sim, running["uuid"], now=market.clock.now())
+                    operations.start(market.conn, market.sim, market.config, running["uuid"], now=market.clock.now())
+                except VastctlError:
+                    pass
+        try:
+            market.reconcile()
+        except VastctlError:
+            pass
+        market.advance(60)
+    return market
+
+
+def fingerprint(market: Market):
+    """Everything a run produced that does not carry a random uuid: money, faults, and the event log."""
+    totals = market.sim.totals()
+    records = [(r["vast_id"], r["machine_id"], r["cost"], r["billed_hours"], r["gpu_hours"], r["died_at"],
+                r["destroyed_at"]) for r in totals.instances]
+    faults = [(f["at"], f["kind"], f["vast_id"], f["detail"]) for f in market.sim.faults()]
+    events = [tuple(r) for r in market.conn.execute(
+        "SELECT at, kind, from_state, to_state, code FROM events ORDER BY id")]
+    rows = [tuple(r) for r in market.conn.execute(
+        "SELECT vast_id, state, kill_code, bench_rate, proofs_done, proofs_per_hour, killed_at, destroyed_at"
+        " FROM instances ORDER BY vast_id, created_at")]
+    return totals.cost, totals.billed_hours, records, faults, events, rows
+
+
+# --- the tables, the layers ------------------------------------------------------------------------
+
+
+def test_the_market_keeps_its_own_pinned_tables_and_a_plain_file_has_none(tmp_path, conn):
+    assert not [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'sim_%'")]
+    market = make_market(tmp_path)
+    for table, expected in PINNED.items():
+        assert [r[1] for r in market.conn.execute(f"PRAGMA table_info({table})")] == expected, table
+    assert market.conn.execute("SELECT count(*) FROM sim_hosts").fetchone()[0] == sum(g.hosts for g in sim_market.GPUS)
+    # built again on the same file: the same market, not a second one
+    again = SimProvider(market.conn, market.sim.reports, clock=market.clock, seed=99)
+    assert again.seed == 1 and market.conn.execute("SELECT count(*) FROM sim_meta").fetchone()[0] == 1
+
+
+def test_the_simulator_imports_no_state_module():
+    code = ("import sys, vastctl.providers.sim\n"
+            "print(sorted(m for m in sys.modules if m.startswith('vastctl.') and m.split('.')[1] in"
+            " ('db', 'lifecycle', 'settings', 'blocklist', 'locks', 'audit', 'tokens', 'reports', 'operations',"
+            " 'reconcile', 'fleet')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+# --- the market's model ----------------------------------------------------------------------------
+
+
+def test_true_rates_follow_host_ram_and_gpu():
+    assert sim_market.model_rate("RTX 5070 Ti", 128) == pytest.approx(24)
+    assert sim_market.model_rate("RTX 5070 Ti", 256) == pytest.approx(68)
+    assert sim_market.model_rate("RTX 5070 Ti", 384) == pytest.approx(84)
+    assert sim_market.model_rate("RTX 5070 Ti", 512) == pytest.approx(95)
+    assert sim_market.model_rate("H100 SXM", 128) == pytest.approx(24)  # RAM bounds even the fastest GPU
+    assert sim_market.model_rate("RTX 3090", 512) == pytest.approx(50)  # and the GPU bounds a big host
+    hosts = sim_market.make_hosts(1)
+    assert {host.gpu_name for host in hosts} == {g.name for g in sim_market.GPUS}
+    assert min(h.cpu_ram_gb for h in hosts) == 128 and max(h.cpu_ram_gb for h in hosts) == 512
+    slow = [h for h in hosts if h.slow]
+    assert slow and all(h.true_rate < sim_market.model_rate(h.gpu_name, h.cpu_ram_gb) * 0.9 for h in slow)
+    assert len({h.base_dph for h in hosts if h.gpu_name == "RTX 4090"}) > 10  # prices vary
+
+
+def test_offers_are_filtered_sorted_and_priced_with_the_disk(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    query = OfferQuery(gpu_names=["RTX 4090"], max_dph=0.7, min_cpu_ram_gb=256, min_inet_down_mbps=500,
+                       min_reliability=0.95, disk_gb=150, limit=8)
+    offers = market.sim.search_offers(query)
+    assert 0 < len(offers) <= 8
+    assert [o.dph_total for o in offers] == sorted(o.dph_total for o in offers)
+    for offer in offers:
+        assert offer.gpu_name == "RTX 4090" and offer.dph_total <= 0.7 and offer.cpu_ram_gb >= 256
+        assert offer.inet_down_mbps >= 500 and offer.reliability >= 0.95
+        assert offer.dph_total == pytest.approx(offer.raw["dph_base"] + offer.raw["storage_cost"] * 150 / 720, abs=1e-3)
+    one = market.sim.search_offers(OfferQuery(offer_id=offers[0].id))
+    assert [o.id for o in one] == [offers[0].id]
+
+
+def test_a_rented_offer_is_no_longer_offered_and_renting_it_again_is_refused(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    offer = healthy_offer(market)
+    request = CreateRequest(offer_id=offer.id, image="img", disk_gb=150, label="vastctl-x", onstart="",
+                            env={"VASTCTL_UUID": "u-x", "VASTCTL_LABEL": "vastctl-x"})
+    assert market.sim.create_instance(request) == FIRST_VAST_ID
+    assert offer.id not in [o.id for o in market.sim.search_offers(OfferQuery(limit=500))]
+    with pytest.raises(OfferGone):
+        market.sim.create_instance(request)
+
+
+# --- determinism -----------------------------------------------------------------------------------
+
+
+def test_the_same_seed_gives_the_same_run_to_the_digit_and_another_seed_another(tmp_path):
+    runs = [fingerprint(run_scenario(tmp_path / name, seed=seed, failures="high", hours=5))
+            for name, seed in (("a", 7), ("b", 7), ("c", 8))]
+    assert runs[0] == runs[1]
+    assert runs[0][0] > 0 and runs[0][3]  # money was spent and something failed
+    assert runs[0][0] != runs[2][0] and runs[0][2] != runs[2][2]
+
+
+# --- boot through the real reports -----------------------------------------------------------------
+
+
+def test_a_launch_walks_the_lifecycle_through_the_reports_on_simulated_time(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    offer = healthy_offer(market)
+    result = market.launch(offer_id=offer.id)
+    uuid = result.launched[0]["uuid"]
+    assert market.row(uuid)["state"] == "launching" and market.row(uuid)["vast_id"] == FIRST_VAST_ID
+    seen = ["launching"]
+    for _ in range(6 * 60):
+        market.advance(60)
+        assert market.sim.list_instances()  # consulting the market runs it up to the clock
+        state = market.row(uuid)["state"]
+        if state != seen[-1]:
+            seen.append(state)
+    assert seen == ["launching", "registered", "params_done", "running"]  # bench_done → running takes seconds
+    steps = [r[0] for r in market.conn.execute("SELECT to_state FROM events WHERE uuid = ? ORDER BY id", (uuid,))]
+    assert steps == ["launching", "registered", "params_done", "bench_done", "running"]
+    row = market.row(uuid)
+    assert row["bench_rate"] >= 40 and row["proofs_done"] > 100 and row["proofs_per_hour"] > 40
+    beat = clocks.from_iso(row["last_heartbeat_at"])
+    assert market.clock.now() - timedelta(seconds=60) <= beat <= market.clock.now()
+    # every report carries the simulated moment it was made: times between the steps, none from the wall clock
+    times = [clocks.from_iso(r["at"]) for r in market.conn.execute("SELECT at FROM events WHERE uuid = ?", (uuid,))]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert all(START <= t <= market.clock.now() for t in times)
+    params = next(t for t, r in zip(times, market.conn.execute("SELECT to_state FROM events WHERE uuid = ?", (uuid,)))
+                  if r["to_state"] == "params_done")
+    registered = next(t for t, r in zip(times, market.conn.execute("SELECT to_state FROM events WHERE uuid = ?",
+                                                                   (uuid,))) if r["to_state"] == "registered")
+    fetch_s = sim_market.PARAMS_GIB * sim_market.GIB_BITS / (offer.inet_down_mbps * 1e6)
+    assert (params - registered).total_seconds() >= fetch_s  # the ~53 GiB fetch at the offer's bandwidth
+    listed = {item.id: item for item in market.sim.list_instances()}
+    assert listed[FIRST_VAST_ID].actual_status == "running" and listed[FIRST_VAST_ID].label == row["label"]
+
+
+def test_a_market_consulted_after_hours_jumps_to_its_events_and_sends_only_the_last_heartbeat(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    made = []
+
+    def counting_reports(at):
+        made.append(at)
+        return LocalReports(market.conn, market.config, now=at)
+
+    market.sim.reports = counting_reports
+    offer = healthy_offer(market)
+    uuid = market.launch(offer_id=offer.id).launched[0]["uuid"]
+    market.advance(2 * 3600)
+    market.sim.list_instances()  # one consultation covers the whole boot
+    assert market.row(uuid)["state"] == "running"
+    assert made == sorted(made) and len(made) <= 8  # register … running and one heartbeat, not one per minute
+    made.clear()
+    market.advance(5 * 3600 + 30)
+    market.sim.list_instances()
+    assert len(made) == 1
+    row = market.row(uuid)
+    beat = clocks.from_iso(row["last_heartbeat_at"])
+    assert made == [beat] and market.clock.now() - timedelta(seconds=60) < beat <= market.clock.now()
+    host = next(h for h in market.sim.hosts() if h.offer_id == offer.id)
+    running_at = clocks.from_iso(row["state_since"])
+    expected = sim_market.BENCH_PROOFS + int(host.true_rate * (beat - running_at).total_seconds() / 3600)
+    assert row["proofs_done"] == expected
+
+
+def test_a_machine_below_the_gate_is_killed_by_its_bench_report_and_idles(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    uuid = market.launch(offer_id=healthy_offer(market, slow=True).id).launched[0]["uuid"]
+    for _ in range(4 * 60):
+        market.advance(60)
+        market.sim.list_instances()
+    row = market.row(uuid)
+    assert row["state"] == "killed" and row["kill_code"] == "bench_failed" and row["last_heartbeat_at"] is None
+    assert market.conn.execute("SELECT source FROM events WHERE uuid = ? AND to_state = 'killed'",
+                               (uuid,)).fetchone()[0] == "instance"
+    vast = {item.id: item for item in market.sim.list_instances()}[row["vast_id"]]
+    assert vast.actual_status == "running"  # it idles, up and billed, until destroyed
+    record = market.sim.totals().instances[0]
+    assert record["died_at"] is None and record["destroyed_at"] is None and record["gpu_hours"] > 0
+
+
+# --- billing ---------------------------------------------------------------------------------------
+
+
+def test_billing_gpu_and_storage_while_running_storage_while_stopped_nothing_after_destroy(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    offer = healthy_offer(market)
+    host = next(h for h in market.sim.hosts() if h.offer_id == offer.id)
+    vast_id = market.sim.create_instance(CreateRequest(offer_id=offer.id, image="img", disk_gb=150, label="vastctl-b",
+                                                       onstart="", env={}))
+    listed = market.sim.list_instances()[0]
+    gpu, storage = listed.raw["dph_base"], listed.raw["storage_total_cost"]
+    plan = sim_market.boot_plan(1, vast_id, 0, host, QUIET, resume=False)
+    up_at = plan.provision_s + plan.pull_s  # GPU billing starts when the container runs
+    market.advance(3 * 3600)
+    market.sim.stop_instance(vast_id)
+    market.advance(2 * 3600)
+    totals = market.sim.totals()
+    assert totals.cost == pytest.approx(storage * 5 + gpu * (3 * 3600 - up_at) / 3600, rel=1e-9)
+    assert totals.billed_hours == pytest.approx(5) and totals.gpu_hours == pytest.approx(3 - up_at / 3600)
+    market.sim.destroy_instance(vast_id)
+    market.advance(10 * 3600)
+    after = market.sim.totals()
+    assert after.cost == pytest.approx(totals.cost) and after.billed_hours == pytest.approx(5)
+    assert after.instances[0]["destroyed_at"] == START + timedelta(hours=5)
+    assert market.sim.list_instances() == [] and market.sim.show_instance(vast_id) is None
+
+
+def test_billing_runs_on_after_our_kill_until_the_refused_destroy_lands(tmp_path):
+    rates = dataclasses.replace(QUIET, destroy_refused=1.0)
+    market = make_market(tmp_path, rates=rates)
+    refused_s = sim_market.destroy_refused_for(1, FIRST_VAST_ID, rates)
+    assert refused_s >= 180
+    uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
+    market.advance(2 * 3600)
+    row, error = operations.kill(market.conn, market.sim, uuid, "operator: test", code="operator",
+                                 now=market.clock.now())
+    assert row["state"] == "killed" and "refused" in error and row["destroyed_at"] is None
+    before = market.sim.totals()
+    market.advance(refused_s + 1)
+    market.reconcile()  # the next pass destroys it again, and now it lands
+    assert market.row(uuid)["destroyed_at"] == clocks.to_iso(market.clock.now())
+    after = market.sim.totals()
+    dph = before.instances[0]["dph_total"]
+    assert after.cost - before.cost == pytest.approx(dph * (refused_s + 1) / 3600, rel=1e-6)
+    record = after.instances[0]
+    assert record["destroy_requested_at"] == START + timedelta(hours=2)
+    assert record["destroyed_at"] == market.clock.now()
+    assert after.faults["destroy_refused"] == 1
+
+
+# --- failures --------------------------------------------------------------------------------------
+
+
+def test_an_exited_machine_is_killed_and_destroyed_by_reconcile_and_its_death_time_recorded(tmp_path):
+    market = make_market(tmp_path, rates=dataclasses.replace(QUIET, exit_per_hour=2.0))
+    uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
+    for _ in range(10 * 60):
+        market.advance(60)
+        market.reconcile()
+        if market.row(uuid)["destroyed_at"]:
+            break
+    row = market.row(uuid)
+    assert row["state"] == "killed" and row["kill_code"] == "exited" and row["vast_status"] == "exited"
+    record = market.sim.totals().instances[0]
+    killed = clocks.from_iso(row["killed_at"])
+    assert record["died_at"] < killed <= record["died_at"] + timedelta(minutes=3)  # two listings a minute apart
+    assert record["destroyed_at"] == killed
+    assert market.sim.list_instances() == []
+
+
+def test_transient_errors_and_truncated_listings_raise_but_the_market_still_moves(tmp_path):
+    market = make_market(tmp_path, rates=dataclasses.replace(QUIET, api_error=1.0))
+    with pytest.raises(ProviderError, match="HTTP 503"):
+        market.sim.search_offers(OfferQuery())
+    truncating = make_market(tmp_path / "t", rates=dataclasses.replace(QUIET, truncated_listing=1.0))
+    assert truncating.sim.list_instances() == []  # nothing to truncate
+    offer = healthy_offer(truncating)
+    truncating.sim.create_instance(CreateRequest(offer_id=offer.id, image="i", disk_gb=150, label="vastctl-t",
+                                                 onstart="", env={}))
+    truncating.advance(3600)
+    with pytest.raises(ProviderError, match="partial"):
+        truncating.sim.list_instances()
+    assert truncating.sim.totals().cost > 0  # billed through the failed call
+    assert truncating.sim.totals().faults["truncated_listing"] == 1
+
+
+def test_a_create_whose_answer_is_lost_may_still_have_rented(tmp_path):
+    market = make_market(tmp_path, rates=dataclasses.replace(QUIET, api_error=1.0))
+    outcomes = []
+    for offer_id in [h.offer_id for h in market.sim.hosts()][:12]:
+        request = CreateRequest(offer_id=offer_id, image="i", disk_gb=150, label=f"vastctl-{offer_id}", onstart="",
+                                env={})
+        try:
+            market.sim.create_instance(request)
+        except OfferGone:
+            continue
+        except ProviderError as exc:
+            outcomes.append("outcome is unknown" in str(exc))
+    rented = market.conn.execute("SELECT count(*) FROM sim_instances").fetchone()[0]
+    assert outcomes and all(outcomes) and 0 < rented < len(outcomes)
+
+
+def test_stop_start_and_a_resume_that_sits_in_scheduling(tmp_path):
+    market = make_market(tmp_path, rates=dataclasses.replace(QUIET, scheduling=1.0))
+    uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
+    market.advance(3600)
+    operations.stop(market.conn, market.sim, uuid, now=market.clock.now())
+    assert market.sim.list_instances()[0].actual_status == "stopped"
+    operations.start(market.conn, market.sim, market.config, uuid, now=market.clock.now())
+    for _ in range(10):
+        market.advance(60)
+        market.reconcile()
+    row = market.row(uuid)
+    assert row["kill_code"] == "scheduling_timeout" and row["vast_status"] == "stopped"
+    assert market.sim.totals().faults["scheduling"] == 1
+    with pytest.raises(ProviderRejected, match="no such instance"):
+        market.sim.start_instance(row["vast_id"])
+
+
+def test_a_resumed_machine_boots_again_and_registers_as_a_restart(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
+    for _ in range(120):
+        market.advance(60)
+        market.reconcile()
+    assert market.row(uuid)["state"] == "running"
+    operations.stop(market.conn, market.sim, uuid, now=market.clock.now())
+    market.advance(3600)
+    operations.start(market.conn, market.sim, market.config, uuid, now=market.clock.now())
+    for _ in range(30):
+        market.advance(60)
+        market.reconcile()
+    row = market.row(uuid)
+    assert row["state"] == "running"  # params kept on disk: back in minutes, not a second fetch
+    steps = [r[0] for r in market.conn.execute("SELECT to_state FROM events WHERE uuid = ? ORDER BY id", (uuid,))]
+    assert steps[-5:] == ["launching", "registered", "params_done", "bench_done", "running"]
+
+
+def test_another_process_advancing_the_market_makes_a_call_fail_like_a_busy_api(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    busy_until = clocks.to_iso(market.clock.now() + timedelta(seconds=60))
+    market.conn.execute("UPDATE sim_meta SET busy_by = 'elsewhere:1', busy_until = ?", (busy_until,))
+    with pytest.raises(ProviderError, match="busy"):
+        market.sim.list_instances()
+    market.advance(61)
+    assert market.sim.list_instances() == []
+
+
+def test_provider_sim_needs_no_key_and_shares_the_state_file(tmp_path):
+    config = Config(db=str(tmp_path / "f.db"), provider="sim")
+    config.sim.seed, config.sim.failures = 5, "high"
+    db.connect(config.db_path, create=True).close()
+    provider = get_provider(config, env={})
+    assert isinstance(provider, SimProvider) and provider.seed == 5 and provider.rates == sim_market.FAILURES["high"]
+    assert provider.clock is clocks.SYSTEM
+    assert provider.search_offers(OfferQuery(limit=3))
+
+
+# --- a simulated day at the high failure level -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def high_day(tmp_path_factory):
+    return run_scenario(tmp_path_factory.mktemp("day"), seed=3, failures="high", hours=24)
+
+
+def killed_for(market: Market, kind: str) -> list[dict]:
+    """The rows of the machines that suffered `kind`."""
+    ids = [f["vast_id"] for f in market.sim.faults() if f["kind"] == kind]
+    return [dict(r) for r in market.conn.execute(
+        f"SELECT * FROM instances WHERE vast_id IN ({', '.join('?' for _ in ids)})", ids)]
+
+
+def test_every_failure_kind_happens_within_a_day_at_the_high_level(high_day):
+    faults = high_day.sim.totals().faults
+    assert set(faults) == set(FAULT_KINDS)
+    assert all(faults[kind] > 0 for kind in FAULT_KINDS), faults
+
+
+@pytest.mark.parametrize("kind, codes, statuses", [
+    ("exit", {"exited"}, {"exited"}),
+    ("vanish", {"disappeared"}, None),
+    ("offline", {"offline"}, {"unknown", "offline"}),
+    ("start_failed", {"start_failed"}, {"created"}),
+    ("stall", {"timeout_registered"}, {"running"}),
+    ("slow_bench", {"timeout_params_done"}, {"running"}),
+    ("scheduling", {"scheduling_timeout"}, {"stopped"}),
+])
+def test_each_failure_shows_up_the_way_vast_shows_it_and_is_handled(high_day, kind, codes, statuses):
+    rows = [row for row in killed_for(high_day, kind) if row["kill_code"] in codes]
+    assert rows, kind
+    for row in rows:
+        assert row["state"] == "killed"
+        if statuses is not None:
+            assert row["vast_status"] in statuses
+        if kind == "start_failed":
+            assert "OCI runtime create failed" in row["vast_status_msg"]
+
+
+def test_refused_destroys_and_failed_listings_are_retried_until_they_succeed(high_day):
+    conn = high_day.conn
+    refused = [r for r in killed_for(high_day, "destroy_refused")]
+    assert refused and all(r["destroy_attempts"] >= 1 for r in refused)
+    assert any(r["destroyed_at"] for r in refused)
+    errors = [r["error"] for r in conn.execute("SELECT error FROM vast_listings WHERE ok = 0")]
+    assert any("HTTP 503" in e for e in errors) and any("partial" in e for e in errors)
+    assert conn.execute("SELECT count(*) FROM vast_listings WHERE ok = 1").fetchone()[0] > 1000
+
+
+def test_a_simulated_day_writes_only_simulated_time(high_day):
+    end = clocks.to_iso(high_day.clock.now())
+    start = clocks.to_iso(START)
+    for table, column in (("events", "at"), ("actions", "at"), ("vast_listings", "at"), ("instances", "created_at"),
+                          ("instances", "state_since"), ("instances", "last_heartbeat_at"),
+                          ("instances", "killed_at"), ("instances", "destroyed_at"), ("sim_faults", "at"),
+                          ("sim_instances", "created_at"), ("sim_instances", "died_at")):
+        low, high = high_day.conn.execute(f"SELECT min({column}), max({column}) FROM {table}").fetchone()
+        assert low is not None and start <= low <= high <= end, (table, column, low, high)
+
+
+def test_dead_machines_are_recorded_with_their_death_time_and_billing_ends_at_the_destroy(high_day):
+    totals = high_day.sim.totals()
+    dead = [r for r in totals.instances if r["died_at"] is not None]
+    assert dead
+    for record in dead:
+        assert record["created_at"] <= record["died_at"]
+        if record["destroyed_at"] is not None:
+            assert record["died_at"] <= record["destroyed_at"]
+    assert totals.cost == pytest.approx(sum(r["cost"] for r in totals.instances))
+    assert 0 < totals.gpu_hours <= totals.billed_hours
