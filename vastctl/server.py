@@ -35,7 +35,13 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from waitress.adjustments import Adjustments  # only `serve` imports this module: other commands never load waitress
+from waitress.channel import HTTPChannel
+from waitress.server import MultiSocketServer, TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher
+
 from . import db, fleet, lifecycle, tokens
+from .clock import SYSTEM, Clock
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from .reports import LocalReports
@@ -46,7 +52,9 @@ MAX_HEADERS = 16 * 1024
 MAX_INT = 2**63 - 1  # SQLite INTEGER
 DEFAULT_PORT = 8080
 DEFAULT_THREADS = 1  # every report writes the one SQLite file: more workers only queue on its lock
-DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit idle or half-sent before it is closed
+DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit without sending a byte before it is closed
+DEFAULT_REQUEST_TIMEOUT = 10.0  # seconds a request may take to arrive in full, from its first byte
+DEFAULT_CONNECTION_LIMIT = 1000  # open connections; past it new ones wait in the listen backlog
 REPORTS = ("register", "params-done", "bench-report", "running", "heartbeat")
 
 access_log = logging.getLogger("vastctl.serve")
@@ -288,25 +296,100 @@ def make_server(
     port: int = DEFAULT_PORT,
     threads: int = DEFAULT_THREADS,
     timeout: float = DEFAULT_TIMEOUT,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    connection_limit: int = DEFAULT_CONNECTION_LIMIT,
+    clock: Clock = SYSTEM,
 ):
     """A waitress server bound and ready for `.run()`; checks the state file and the token secret first."""
-    from waitress.server import create_server  # only `serve` needs it: keep other commands fast
-
+    if request_timeout <= 0:
+        raise BadInput(f"--request-timeout must be more than 0 seconds, got {request_timeout:g}")
+    if connection_limit < 1:
+        raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
+    _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
     secret = tokens.read_secret(config.secret_path)
     db.connect(config.db_path).close()  # a missing or broken file fails here, not at the first report
     app = App(config, secret)
     try:
-        return create_server(
-            app, host=host, port=port, threads=threads, ident="vastctl",
-            channel_timeout=timeout, cleanup_interval=max(1.0, min(30.0, timeout / 2)),
+        adj = Adjustments(
+            host=host, port=port, threads=threads, ident="vastctl", connection_limit=connection_limit,
+            channel_timeout=timeout, cleanup_interval=max(0.5, min(30.0, timeout / 2, request_timeout / 4)),
+            asyncore_use_poll=True,  # select() stops at file descriptor 1024; poll has no such ceiling
             max_request_body_size=WAITRESS_MAX_BODY, max_request_header_size=MAX_HEADERS,
             expose_tracebacks=False, log_untrusted_proxy_headers=False,
         )
+        dispatcher = ThreadedTaskDispatcher()
+        dispatcher.set_thread_count(adj.threads)
+        sockets: dict = {}
+        servers = [_DeadlineServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo,
+                                   request_timeout=request_timeout, clock=clock) for sockinfo in adj.listen]
     except OSError as exc:
         raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}"
                           " (another serve running? choose --host/--port)") from exc
     except ValueError as exc:
         raise BadInput(f"cannot listen on {host}:{port}: {exc}") from exc
+    if len(servers) == 1:
+        return servers[0]
+    listening = [(s.effective_host, s.effective_port) for s in servers]
+    return MultiSocketServer(sockets, adj, listening, dispatcher, servers[-1].log_info)
+
+
+class _DeadlineChannel(HTTPChannel):
+    """A connection that remembers when its current request began to arrive."""
+
+    request_started: float | None = None  # clock.monotonic() at the current request's first byte
+
+    def received(self, data):
+        if data and self.request_started is None:
+            self.request_started = self.server.clock.monotonic()
+        return super().received(data)
+
+    def service(self):
+        self.request_started = None  # arrived in full: from here on it is the worker's time, not the client's
+        return super().service()
+
+
+class _DeadlineServer(TcpWSGIServer):
+    """waitress's TCP server, whose sweep also closes a connection whose request is overdue.
+
+    waitress's `channel_timeout` closes a connection only after that long
+    without a byte, so a client sending one byte every few seconds holds its
+    connection for ever; a few hundred of them fill `connection_limit` and no
+    report gets in. Here a request must arrive in full within
+    `request_timeout` of its first byte, however busy its sender looks. The
+    clock starts at a request's first byte and stops when a worker takes the
+    request, so a keep-alive connection idle between requests is judged by
+    `channel_timeout` alone.
+    """
+
+    channel_class = _DeadlineChannel
+
+    def __init__(self, *args, request_timeout: float, clock: Clock, **kwargs):
+        self.request_timeout = request_timeout
+        self.clock = clock
+        super().__init__(*args, **kwargs)
+
+    def maintenance(self, now):
+        super().maintenance(now)  # the idle ones
+        cutoff = self.clock.monotonic() - self.request_timeout
+        for channel in list(self.active_channels.values()):
+            started = channel.request_started
+            if not channel.requests and started is not None and started < cutoff:
+                channel.will_close = True
+
+
+def _allow_open_files(needed: int) -> None:
+    """Raise this process's soft open-file limit to `needed` when the hard limit allows (systemd's soft default is 1024)."""
+    try:
+        import resource
+    except ImportError:  # not on Unix: nothing to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise BadInput(f"--connection-limit needs about {needed} open files but this process may open {hard}:"
+                       " lower --connection-limit or raise the limit (LimitNOFILE= in the systemd unit)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def listen_urls(server) -> list[str]:

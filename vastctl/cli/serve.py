@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .. import lifecycle, tokens
+from .. import clock, lifecycle, tokens
 from .app import app, globals_of, say
 
 
@@ -24,7 +24,13 @@ def serve_cmd(
     threads: Annotated[int, typer.Option(
         "--threads", min=1, max=64, help="Worker threads (reports all write one file: 1 is fastest).")] = 1,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="Seconds a silent or half-sent connection is kept.")] = 30.0,
+        "--timeout", min=1, help="Seconds a connection is kept without a byte from its client.")] = 30.0,
+    request_timeout: Annotated[float, typer.Option(
+        "--request-timeout", min=0.1,
+        help="Seconds a request may take to arrive in full, however slowly it trickles.")] = 10.0,
+    connection_limit: Annotated[int, typer.Option(
+        "--connection-limit", min=1, max=100_000,
+        help="Open connections served at once; more wait in the listen queue.")] = 1000,
     access_log: Annotated[bool, typer.Option(
         "--access-log/--no-access-log", help="Log each request (never its headers).")] = True,
 ) -> None:
@@ -35,7 +41,8 @@ def serve_cmd(
     from .. import server
 
     g = globals_of(ctx)
-    srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout)
+    srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
+                             request_timeout=request_timeout, connection_limit=connection_limit, clock=clock.SYSTEM)
     log_handler = _log_to_stderr(access_log)
     if not g.config.server.admin_token:
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
