@@ -27,6 +27,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import sqlite3
 import threading
 import time
@@ -44,6 +45,7 @@ from . import db, fleet, lifecycle, tokens
 from .clock import SYSTEM, Clock
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
+from .remote import FIELD_FLAGS
 from .reports import LocalReports
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
@@ -82,9 +84,9 @@ class HTTPError(Exception):
 class App:
     """The WSGI application: routing, auth, JSON in and out, typed errors → status codes."""
 
-    def __init__(self, config: Config, secret: bytes):
+    def __init__(self, config: Config, keyring: tokens.Keyring):
         self.config = config
-        self.secret = secret
+        self.keyring = keyring
         self.admin_token = config.server.admin_token.encode()
         self._local = threading.local()  # sqlite3 connections are per thread
 
@@ -108,7 +110,7 @@ class App:
         except HTTPError as exc:
             status, body, headers = exc.status, {"error": _short(exc.message)}, exc.headers
         except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
-            status, body = _status_of(exc), {"error": _short(str(exc))}
+            status, body = _status_of(exc), {"error": _short(in_api_terms(str(exc)))}
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
@@ -137,6 +139,7 @@ class App:
         uuid, report = _report_route(path)
         _allow(method, "POST")
         self.check_machine(environ, uuid)
+        self.check_retired(uuid, report)
         return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -148,11 +151,11 @@ class App:
             return reports.params_done(uuid)
         if report == "bench-report":
             if "rate" not in body:
-                raise BadInput("bench-report needs {\"rate\": proofs per hour}")
+                raise BadInput('bench-report needs the "rate" field (proofs per hour)')
             try:
                 return reports.bench_report(uuid, body["rate"])
             except BenchFailed as exc:  # a below-gate bench is an answer, not an error: the machine must stop
-                return {"state": exc.row["state"], "passed": False, "reason": str(exc)}
+                return {"state": exc.row["state"], "passed": False, "reason": in_api_terms(str(exc))}
         if report == "running":
             return reports.running(uuid)
         return reports.heartbeat(uuid, body.get("proofs_done"))
@@ -163,18 +166,31 @@ class App:
         if token is None:
             raise HTTPError(401, "missing bearer token: send 'Authorization: Bearer <token>'"
                                  " (the manager prints it with `vastctl token --uuid U`)", _CHALLENGE)
-        if token.isascii() and tokens.token_matches(self.secret, uuid, token):
+        if self.keyring.matches(uuid, token):
             return
-        if token.isascii() and self._token_owner(token) is not None:
+        if self.keyring.owner(token, self._uuids_after) is not None:
             raise HTTPError(403, f"this token belongs to another machine, not to {uuid}: check the uuid and VASTCTL_TOKEN")
         raise HTTPError(401, "invalid token: use the one `vastctl token --uuid U` prints for this uuid", _CHALLENGE)
 
-    def _token_owner(self, token: str) -> str | None:
-        owner = None
-        for (uuid,) in self.connection().execute("SELECT uuid FROM instances"):
-            if tokens.token_matches(self.secret, uuid, token):
-                owner = uuid
-        return owner
+    def _uuids_after(self, rowid: int) -> Iterable[tuple[int, str]]:
+        """Rows are never deleted, so rows past the highest rowid seen are the machines new since then."""
+        return self.connection().execute("SELECT rowid, uuid FROM instances WHERE rowid > ? ORDER BY rowid", (rowid,))
+
+    def check_retired(self, uuid: str, report: str) -> None:
+        """409 for every request of a killed or destroyed machine: its token no longer speaks for anything.
+
+        The one answer it still gets is a repeat of the bench report that killed
+        it, so a retried report still says "below the gate" (exit 5).
+        """
+        row = self.connection().execute(
+            "SELECT label, state, kill_reason, kill_code, destroyed_at FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+        if row is None or (row["state"] != lifecycle.State.KILLED and not row["destroyed_at"]):
+            return
+        if report == "bench-report" and row["kill_code"] == "bench_failed":
+            return
+        gone = "was destroyed" if row["destroyed_at"] else "was killed"
+        raise HTTPError(409, f"instance {row['label']} {gone} ({row['kill_reason'] or 'no reason recorded'}):"
+                             " its token is no longer accepted; shut the machine down")
 
     def check_admin(self, environ: dict) -> None:
         if not self.admin_token:
@@ -259,23 +275,62 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
     schema = _FIELDS[report]
     for key in body:
         if key not in schema:
-            allowed = ", ".join(schema) or "none"
-            raise BadInput(f"unknown field {_short(key, 60)!r} for {report} (allowed: {allowed})")
+            allowed = ", ".join(f'"{name}"' for name in schema) or "none"
+            raise BadInput(f"unknown field {json.dumps(_short(key, 60))} for {report} (allowed: {allowed})")
     values = {}
     for key, (kind, minimum) in schema.items():
         value = body.get(key)
         if value is None:
             continue
+        field = f'the "{key}" field'
         if kind == "int":
             if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
-                raise BadInput(f"{key} must be a whole number ≥ {minimum}, got {_short(repr(value), 60)}")
+                raise BadInput(f"{field} must be a whole number ≥ {minimum}, got {_shown(value)}")
         elif kind == "number":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise BadInput(f"{key} must be a finite number ≥ 0, got {_short(repr(value), 60)}")
+            value = _finite_number(value, field)
         else:
-            lifecycle.validate_text(value, key)
+            if isinstance(value, str) and not _encodable(value):
+                raise BadInput(f"{field} must be Unicode text, got a lone surrogate in {_shown(value)}")
+            lifecycle.validate_text(value, field)
         values[key] = value
     return values
+
+
+def _finite_number(value: Any, field: str) -> float:
+    """A JSON number as a finite float ≥ 0; an integer too large for a float is refused, not a 500."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInput(f"{field} must be a finite number ≥ 0, got {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise BadInput(f"{field} must be a finite number ≥ 0, got {_shown(value)}")
+    return number
+
+
+def _encodable(text: str) -> bool:
+    """False for a string JSON could carry but UTF-8 cannot (a lone surrogate like \\ud800): SQLite would refuse it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: short, ASCII, whatever it held."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:59] + "…"
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def in_api_terms(message: str) -> str:
+    """A lifecycle message in the HTTP API's terms: its CLI flags named as the body fields they stand for."""
+    for field, flag in FIELD_FLAGS.items():
+        message = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", f'the "{field}" field', message)
+    return re.sub(r"(?<![\w-])--uuid(?![\w-])", "the uuid in the path", message)
 
 
 def _short(text: str, limit: int = 500) -> str:
@@ -306,9 +361,9 @@ def make_server(
     if connection_limit < 1:
         raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
-    secret = tokens.read_secret(config.secret_path)
+    keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
     db.connect(config.db_path).close()  # a missing or broken file fails here, not at the first report
-    app = App(config, secret)
+    app = App(config, keyring)
     try:
         adj = Adjustments(
             host=host, port=port, threads=threads, ident="vastctl", connection_limit=connection_limit,
