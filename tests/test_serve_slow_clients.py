@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -148,3 +150,36 @@ def test_bad_limits_are_exit_2(tmp_path):
         result = run_vastctl("serve", "--port", "0", flag, value, env=m.env)
         assert result.returncode == 2, (flag, result.stderr)
         assert flag in result.stderr
+
+
+def limited_files(soft, hard):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_connection_limit_beyond_the_open_file_limit_is_exit_2(tmp_path):
+    m = Manager(tmp_path / "few-files")
+    result = subprocess.run([sys.executable, "-m", "vastctl", "serve", "--port", "0", "--connection-limit", "5000"],
+                            env=m.env, capture_output=True, text=True, timeout=60, preexec_fn=limited_files(256, 1024))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --connection-limit needs about 5064 open files")
+    assert "LimitNOFILE" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_serve_raises_a_low_soft_file_limit_to_fit_its_connections(tmp_path):
+    """systemd starts services with a soft limit of 1024 files: serve lifts it to the hard limit it needs."""
+    m = Manager(tmp_path / "lifted")
+    proc = subprocess.Popen([sys.executable, "-m", "vastctl", "serve", "--port", "0", "--connection-limit", "600"],
+                            env=m.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=limited_files(256, 4096))
+    try:
+        line = proc.stderr.readline()
+        while line and "serving on" not in line:
+            line = proc.stderr.readline()
+        assert "serving on" in line
+        soft = next(row.split()[3] for row in open(f"/proc/{proc.pid}/limits") if row.startswith("Max open files"))
+        assert int(soft) == 664
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -8,15 +8,24 @@ before a worker thread sees it, so slow clients hold no worker, and it caps
 header and body sizes before anything is buffered.
 
 Decisions the contract leaves open:
-- Order of checks: route (404/405), token (401/403), body (413/400), then the
-  lifecycle (404 unknown uuid, 409 refused). A rejected request changes nothing.
+- Order of checks: route (404/405), token (401/403), a killed machine (409),
+  body (413/400), then the lifecycle (404 unknown uuid, 409 refused). A
+  rejected request changes nothing.
 - A token that is not the path uuid's is 403 when it belongs to another known
-  instance and 401 otherwise: tokens are HMACs, so the only way to tell is to
-  compare against the known uuids (in constant time, on the failure path only).
+  instance and 401 otherwise, told apart through tokens.Keyring's index (one
+  lookup, whatever the fleet's size).
+- A killed or destroyed machine's token is refused with 409 for every request
+  (the contract's "refused by the lifecycle": exit 3, give up), except a
+  repeat of the bench report that killed it, which gets its answer again.
+- Error bodies name body fields (`the "rate" field`), never CLI flags; the
+  lifecycle's messages are translated on the way out.
 - `GET /v1/fleet` with `server.admin_token` empty is refused (403) whatever
   the request carries: the fleet view is never open. `?all=1` adds killed rows.
 - Bodies over 64 KiB get a JSON 413 from the app; bodies over 1 MiB are
   refused by waitress before they are read (its 413 body is plain text).
+- A request must arrive in full within `request_timeout` of its first byte
+  (a connection trickling a byte at a time is closed), a connection that sends
+  nothing for `timeout` is closed, and at most `connection_limit` are open.
 - The access log is method, path, status and duration: never headers, query
   strings or bodies, so no token reaches a log.
 """
