@@ -6,9 +6,16 @@ serve` on 127.0.0.1 for a minute. Pass: zero errors, zero lost heartbeats (every
 machine's proofs_done in the file equals the number of heartbeats it sent)
 and at least 500 reports/s.
 
+With --slow N, N hostile connections are held open beside the clients for the
+whole run: each sends the start of a request and then one byte every
+--slow-every seconds, never finishing; when serve cuts one off (its
+--request-timeout) it is opened again at once, as an attacker would. Pass then
+also needs p99 under a second.
+
 Rerun:
     python bench/serve_bench.py                   # 60 s, 50 clients
     python bench/serve_bench.py --seconds 10      # a quick run
+    python bench/serve_bench.py --slow 500        # beside 500 trickling connections
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import statistics
 import subprocess
@@ -29,6 +37,7 @@ import time
 from pathlib import Path
 
 TARGET_RPS = 500
+TARGET_P99_WITH_SLOW = 1.0  # seconds
 
 
 def start_server(workdir: Path, threads: int | None, access_log: bool) -> tuple[subprocess.Popen, int, dict]:
@@ -110,6 +119,51 @@ class Client(threading.Thread):
         conn.close()
 
 
+class Trickler(threading.Thread):
+    """Holds `count` connections open, each sending one more header byte every `every` seconds and never finishing."""
+
+    REQUEST_START = b"POST /v1/instances/nobody/heartbeat HTTP/1.1\r\nHost: x\r\nX-Slow: "
+
+    def __init__(self, port: int, count: int, every: float):
+        super().__init__(daemon=True)
+        self.port, self.count, self.every = port, count, every
+        self.sockets: list[socket.socket] = []
+        self.stopping = threading.Event()
+        self.reopened = 0
+        self.failed_opens = 0
+
+    def open_one(self) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            sock.sendall(self.REQUEST_START)
+            return sock
+        except OSError:
+            self.failed_opens += 1
+            return None
+
+    def open_all(self) -> None:
+        self.sockets = [sock for sock in (self.open_one() for _ in range(self.count)) if sock is not None]
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every):
+            for index, sock in enumerate(self.sockets):
+                try:
+                    sock.send(b"a")
+                except OSError:  # cut off by serve: open another in its place
+                    sock.close()
+                    fresh = self.open_one()
+                    if fresh is not None:
+                        self.sockets[index] = fresh
+                        self.reopened += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=30)
+        for sock in self.sockets:
+            sock.close()
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -122,6 +176,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="serve --threads (default: serve's own)")
     parser.add_argument("--no-access-log", dest="access_log", action="store_false",
                         help="serve --no-access-log (default: log every request to a file, as in production)")
+    parser.add_argument("--slow", type=int, default=0, help="hostile trickling connections held open beside the clients")
+    parser.add_argument("--slow-every", type=float, default=2.0, help="seconds between a slow connection's bytes")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
@@ -132,6 +188,11 @@ def main() -> int:
             clients = [Client(port, uuid, token_for(env, uuid), 0.0) for uuid in uuids]
             for client in clients:
                 client.setup()
+            trickler = Trickler(port, args.slow, args.slow_every)
+            if args.slow:
+                trickler.open_all()
+                trickler.start()
+                time.sleep(args.slow_every * 1.5)  # every slow connection accepted and trickling
             started = time.monotonic()
             for client in clients:
                 client.stop_at = started + args.seconds
@@ -139,6 +200,7 @@ def main() -> int:
             for client in clients:
                 client.join()
             elapsed = time.monotonic() - started
+            trickler.stop()
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -160,9 +222,16 @@ def main() -> int:
           f" mean {statistics.fmean(latencies) * 1000:.1f} ms")
     print(f"errors: {len(errors)}{' e.g. ' + errors[0] if errors else ''}")
     print(f"machines whose proofs_done in the file differs from heartbeats sent: {lost}")
-    flags = (f" --threads {args.threads}" if args.threads else "") + ("" if args.access_log else " --no-access-log")
+    p99 = percentile(latencies, 0.99)
+    if args.slow:
+        print(f"slow connections held: {len(trickler.sockets)} of {args.slow} (a byte each every {args.slow_every:g} s),"
+              f" cut off by serve and reopened: {trickler.reopened}, failed opens: {trickler.failed_opens}")
+        print(f"p99 beside them: {p99 * 1000:.1f} ms (target < {TARGET_P99_WITH_SLOW * 1000:.0f} ms)")
+    flags = ((f" --threads {args.threads}" if args.threads else "") + ("" if args.access_log else " --no-access-log")
+             + (f" --slow {args.slow} --slow-every {args.slow_every:g}" if args.slow else ""))
     print(f"rerun: python bench/serve_bench.py --seconds {args.seconds:g} --clients {args.clients}{flags}")
-    return 0 if not errors and not lost and rate >= TARGET_RPS else 1
+    slow_ok = not args.slow or (p99 < TARGET_P99_WITH_SLOW and len(trickler.sockets) == args.slow)
+    return 0 if not errors and not lost and rate >= TARGET_RPS and slow_ok else 1
 
 
 if __name__ == "__main__":

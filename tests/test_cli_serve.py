@@ -149,7 +149,61 @@ def test_remote_refused_is_exit_3(cli, manager, remote_env):
     assert cli("register", "--label", "vastctl-rm-3").code == 0
     result = cli("running")
     assert result.code == 3
-    assert result.err.startswith("error: the manager: instance vastctl-rm-3 is registered; it cannot go to running")
+    assert result.err.startswith("error: instance vastctl-rm-3 is registered; it cannot go to running")
+
+
+SCENARIOS = [  # (name, setup reports, the report that fails, exit code)
+    ("refused", [["register", "--label", "vastctl-{name}"]], ["running"], 3),
+    ("unknown", [], ["heartbeat", "--proofs-done", "1"], 2),
+    ("no-label", [], ["register", "--gpu", "RTX 4090"], 2),
+    ("below-gate", [["register", "--label", "vastctl-{name}"], ["params-done"]], ["bench-report", "--rate", "3"], 5),
+    ("twice-below", [["register", "--label", "vastctl-{name}"], ["params-done"], ["bench-report", "--rate", "3"]],
+     ["bench-report", "--rate", "3"], 5),
+]
+
+
+@pytest.mark.parametrize("name,setup,failing,code", SCENARIOS)
+def test_remote_and_local_refusals_say_the_same(cli, manager, remote_env, monkeypatch, tmp_path, name, setup, failing, code):
+    """One error line whichever way a report travels: the lifecycle's, in flags (never `the "rate" field`)."""
+    said = {}
+    for mode in ("local", "remote"):
+        uuid = f"same-{name}-{mode}"
+        if mode == "remote":
+            remote_env(uuid)
+        else:
+            for variable in ("VASTCTL_SERVER", "VASTCTL_TOKEN"):
+                monkeypatch.delenv(variable, raising=False)
+            monkeypatch.setenv("VASTCTL_UUID", uuid)
+            monkeypatch.setenv("VASTCTL_CONFIG", str(manager.config_path))  # the same gate
+            monkeypatch.setenv("VASTCTL_DB", str(tmp_path / "local.db"))
+            assert cli("init").code == 0
+        for args in setup:
+            cli(*[arg.format(name=f"{name}-{mode}") for arg in args])
+        result = cli(*failing)
+        assert result.code == code, (mode, result.err)
+        assert result.err.startswith("error: ") and result.err.count("\n") == 1
+        said[mode] = result.err.replace(mode, "MODE")
+    assert said["remote"] == said["local"]
+    assert "the manager:" not in said["remote"] and ' field' not in said["remote"]
+
+
+def test_remote_messages_name_flags_not_fields(cli, manager, remote_env):
+    remote_env("rm-fields")
+    result = cli("register", "--vast-id", "5")
+    assert result.code == 2
+    assert result.err == "error: instance rm-fields is new here: register it with --label\n"
+
+
+def test_a_password_in_vastctl_server_is_refused_and_never_printed(cli, monkeypatch, db_path):
+    for server in ("https://operator:hunter2-secret@manager.example.test", "http://hunter2-secret@127.0.0.1:9/x",
+                   "operator:hunter2-secret@manager.example.test", "https://op:hun/ter2-secret@manager.example.test"):
+        monkeypatch.setenv("VASTCTL_SERVER", server)
+        monkeypatch.setenv("VASTCTL_TOKEN", "a" * 64)
+        result = cli("heartbeat", "--uuid", "u1")
+        assert result.code == 2, server
+        assert result.err.startswith("error: VASTCTL_SERVER must not hold a user or password")
+        assert "secret" not in result.err and "ter2" not in result.err and "operator" not in result.err
+    assert not db_path.exists()
 
 
 def test_remote_unknown_uuid_is_exit_2(cli, remote_env):

@@ -229,3 +229,56 @@ def test_from_env_reads_and_checks_each_variable():
             RemoteReports.from_env(env)
         assert says in str(caught.value)
         assert "two words" not in str(caught.value)
+
+
+@pytest.mark.parametrize("status,body,error,says", [
+    (400, 'instance u1 is new here: register it with the "label" field', BadInput,
+     "instance u1 is new here: register it with --label"),
+    (400, 'the "gpu_name" field must be Unicode text', BadInput, "--gpu must be Unicode text"),
+    (404, "no instance with uuid 'u1': check the uuid in the path", UnknownInstance,
+     "no instance with uuid 'u1': check --uuid"),
+    (409, "instance a is registered; it cannot go to running", Refused, "instance a is registered; it cannot go to running"),
+])
+@responses.activate
+def test_the_managers_answers_are_shown_in_flags_without_a_prefix(remote, status, body, error, says):
+    """The lifecycle's own words, as a local report prints them: the same line whichever way the report went."""
+    responses.post(url("u1", "register"), status=status, json={"error": body})
+    with pytest.raises(error) as caught:
+        remote().register("u1", vast_id=5)
+    assert str(caught.value) == says
+
+
+@responses.activate
+def test_below_gate_reason_is_shown_in_flags(remote):
+    responses.post(url("u1", "bench-report"), json={"state": "killed", "passed": False,
+                                                    "reason": 'instance a: the "rate" field 3 is below the gate'})
+    with pytest.raises(BenchFailed) as caught:
+        remote().bench_report("u1", 3)
+    assert str(caught.value) == "instance a: --rate 3 is below the gate"
+
+
+@pytest.mark.parametrize("server", ["https://user:hunter2@manager.example.test", "https://hunter2@manager.example.test/",
+                                    "user:hunter2@manager.example.test", "https://u:hun/ter2@m.example.test",
+                                    "https://u:p@ss-hunter2@m.example.test"])
+def test_credentials_in_the_server_url_are_refused_unprinted(server):
+    with pytest.raises(BadInput) as caught:
+        RemoteReports(server, TOKEN)
+    assert str(caught.value).startswith("VASTCTL_SERVER must not hold a user or password")
+    assert "hunter2" not in str(caught.value) and "ter2" not in str(caught.value)
+
+
+@responses.activate
+def test_a_redirect_to_a_url_with_credentials_is_shown_without_them(remote):
+    responses.post(url("u1", "running"), status=302, headers={"Location": "https://admin:hunter2@elsewhere.test/v1"})
+    with pytest.raises(BadInput) as caught:
+        remote().running("u1")
+    assert "redirects to https://…@elsewhere.test/v1" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+@responses.activate
+def test_register_checks_the_gpu_name_before_any_request(remote):
+    with pytest.raises(BadInput) as caught:
+        remote().register("u1", label="vastctl-a", gpu_name="RTX\n4090")
+    assert str(caught.value).startswith("--gpu must be")
+    assert len(responses.calls) == 0

@@ -14,7 +14,7 @@ import requests
 from serving import ADMIN_TOKEN, Manager
 
 from vastctl import config as config_module
-from vastctl import db, fleet
+from vastctl import db, fleet, lifecycle
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +222,29 @@ def test_killed_machine_gets_409_for_every_report(manager, new_uuid):
     assert snapshot(manager) == before
 
 
+@pytest.mark.parametrize("destroyed", [False, True])
+def test_a_killed_machines_token_is_refused_for_every_request(manager, new_uuid, destroyed):
+    """Killed (and destroyed) is for good: whatever the request, its token no longer speaks, and nothing changes."""
+    walk_to(manager, new_uuid, "running")
+    conn = db.connect(manager.db_path)
+    lifecycle.kill(conn, new_uuid, "replaced by the operator", source="operator", code="operator")
+    if destroyed:
+        with conn:
+            conn.execute("UPDATE instances SET destroyed_at = state_since WHERE uuid = ?", (new_uuid,))
+    conn.close()
+    before = snapshot(manager)
+    for report, data in (("register", '{"label": "vastctl-again"}'), ("params-done", ""), ("bench-report", '{"rate": 99}'),
+                         ("running", ""), ("heartbeat", '{"proofs_done": 7}'), ("heartbeat", "{not json"),
+                         ("register", '{"vast_id": -1}')):
+        response = post(manager, new_uuid, report, data=data)
+        assert response.status_code == 409, (report, data, response.text)
+        error = response.json()["error"]
+        assert error.startswith(f"instance vastctl-{new_uuid} was {'destroyed' if destroyed else 'killed'}"
+                                " (replaced by the operator)")
+        assert "its token is no longer accepted" in error
+    assert snapshot(manager) == before
+
+
 # --- bad input: 400 and 413 -------------------------------------------------------------------
 
 
@@ -236,7 +259,7 @@ BAD_BODIES = [
     ("heartbeat", '{"proofs_done": "7"}', "proofs_done"),
     ("heartbeat", '{"proofs_done": true}', "proofs_done"),
     ("heartbeat", '{"proofs_done": 100000000000000000000000}', "proofs_done"),
-    ("heartbeat", '{"proofs_done": 1, "proofs": 2}', "unknown field 'proofs'"),
+    ("heartbeat", '{"proofs_done": 1, "proofs": 2}', 'unknown field "proofs"'),
     ("heartbeat", "[" * 50000 + "]" * 10, "not valid JSON"),
     ("heartbeat", '{"proofs_done": ' + "1" * 6000 + "}", "not valid JSON"),
     ("bench-report", '{"rate": NaN}', "not valid JSON"),
@@ -247,12 +270,18 @@ BAD_BODIES = [
     ("bench-report", '{"rate": "fast"}', "finite number"),
     ("bench-report", '{"rate": "50"}', "finite number"),
     ("bench-report", '{"rate": true}', "finite number"),
-    ("bench-report", '{"rate": null}', "needs"),
+    ("bench-report", '{"rate": null}', 'needs the "rate" field'),
     ("bench-report", "{}", "needs"),
     ("params-done", '{"rate": 5}', "unknown field"),
-    ("register", '{"label": 5}', "label must be text"),
-    ("register", '{"label": "a\\nb"}', "label must be 1 to 256 printable"),
-    ("register", '{"label": ""}', "label must be 1 to 256 printable"),
+    ("register", '{"label": 5}', 'the "label" field must be text'),
+    ("register", '{"label": "a\\nb"}', 'the "label" field must be 1 to 256 printable'),
+    ("register", '{"label": ""}', 'the "label" field must be 1 to 256 printable'),
+    # a number too large for a float, and text UTF-8 cannot hold: each was a 500 with a traceback in the log
+    ("bench-report", '{"rate": 1' + "0" * 400 + "}", 'the "rate" field must be a finite number'),
+    ("bench-report", '{"rate": -1' + "0" * 400 + "}", 'the "rate" field must be a finite number'),
+    ("register", '{"label": "vastctl-\\ud800"}', 'the "label" field must be Unicode text'),
+    ("register", '{"gpu_name": "RTX \\udfff"}', 'the "gpu_name" field must be Unicode text'),
+    ("register", '{"\\ud800": 1}', 'unknown field "\\ud800"'),
     ("register", '{"vast_id": "77"}', "vast_id"),
     ("register", '{"num_gpus": 0}', "num_gpus"),
     ("register", '{"gpu_name": ["RTX"]}', "gpu_name"),

@@ -7,12 +7,19 @@ the manager is back. Retrying is safe because every report is idempotent on
 the manager (the same report twice makes one event). Inputs are validated
 here first, so a bad value is exit 2 without a request. Answers map onto the
 contract's exit codes through the typed errors; the token travels only in the
-Authorization header and never appears in a message.
+Authorization header and never appears in a message, nor does a user or
+password in VASTCTL_SERVER (such a URL is refused: requests would send them as
+Basic auth in place of the token).
+
+The manager's error bodies speak in the HTTP API's terms (`the "rate" field`);
+they are shown here in the CLI's (`--rate`), so a remote report fails with the
+same line a local one would.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,6 +37,10 @@ FIRST_DELAY = 0.5
 MAX_DELAY = 30.0
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
+
+# The report bodies' fields and the instance-command flags that carry them (the HTTP API ↔ the CLI).
+FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", "num_gpus": "--num-gpus",
+               "rate": "--rate", "proofs_done": "--proofs-done"}
 
 
 class RemoteReports:
@@ -77,6 +88,8 @@ class RemoteReports:
         lifecycle.validate_text(uuid, "--uuid")
         if label is not None:
             lifecycle.validate_text(label, "--label")
+        if gpu_name is not None:
+            lifecycle.validate_text(gpu_name, "--gpu")
         body = {k: v for k, v in {"label": label, "vast_id": vast_id, "gpu_name": gpu_name,
                                   "num_gpus": num_gpus}.items() if v is not None}
         return self._report(uuid, "register", body)
@@ -89,8 +102,9 @@ class RemoteReports:
         lifecycle.validate_text(uuid, "--uuid")
         answer = self._report(uuid, "bench-report", {"rate": lifecycle.validate_rate(rate)})
         if answer.get("passed") is False:
-            error = BenchFailed(answer.get("reason") or f"instance {uuid}: bench rate below the gate;"
-                                " it is being killed, do not prove")
+            reason = answer.get("reason")
+            error = BenchFailed(in_cli_terms(reason) if isinstance(reason, str) else
+                                f"instance {uuid}: bench rate below the gate; it is being killed, do not prove")
             error.row = answer
             raise error
         return answer
@@ -146,7 +160,7 @@ def _answer(response, server: str, uuid: str) -> dict[str, Any]:
     """The manager's answer → a result, or the typed error whose exit code the contract names."""
     status = response.status_code
     if 300 <= status < 400:
-        where = response.headers.get("Location", "elsewhere")
+        where = without_credentials(response.headers.get("Location", "elsewhere"))
         raise BadInput(f"the manager at {server} redirects to {where}: set VASTCTL_SERVER to the final URL")
     if 200 <= status < 300:
         answer = _json(response)
@@ -161,11 +175,22 @@ def _answer(response, server: str, uuid: str) -> dict[str, Any]:
     if status == 403:
         raise BadInput(f"the manager refused the token for {uuid} ({message}): VASTCTL_TOKEN belongs to"
                        " another machine; check --uuid/VASTCTL_UUID")
-    if status == 404:
-        raise UnknownInstance(f"the manager: {message}")
+    if status == 404:  # the lifecycle's own answers: the same line a local report prints
+        raise UnknownInstance(in_cli_terms(message))
     if status == 409:
-        raise Refused(f"the manager: {message}")
-    raise BadInput(f"the manager answered {status}: {message}")
+        raise Refused(in_cli_terms(message))
+    if status == 400:
+        raise BadInput(in_cli_terms(message))
+    raise BadInput(f"the manager at {server} answered {status}: {message}")
+
+
+def in_cli_terms(message: str) -> str:
+    """A manager's message in the CLI's terms: each body field named as the flag that sets it."""
+    def flag(match: re.Match) -> str:
+        return FIELD_FLAGS.get(match.group(1), match.group(0))
+
+    message = re.sub(r'the "(\w+)" field', flag, message)
+    return message.replace("the uuid in the path", "--uuid")
 
 
 def _json(response) -> Any:
@@ -200,10 +225,23 @@ def _describe(exc: Exception) -> str:
 
 
 def _check_server(server: str) -> str:
+    if "@" in server:
+        raise BadInput(f"VASTCTL_SERVER must not hold a user or password ({without_credentials(server)}):"
+                       " the machine's token is its credential; remove the part up to '@'")
     parts = urlsplit(server.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
         raise BadInput(f"VASTCTL_SERVER must be the manager's URL, like https://manager.example.com, got {server!r}")
     return server.strip().rstrip("/")
+
+
+def without_credentials(url: str) -> str:
+    """The URL with everything between its '//' and its last '@' shown as '…' (never print a password)."""
+    scheme, separator, rest = url.strip().partition("//")
+    if not separator:
+        scheme, rest = "", scheme
+    if "@" in rest:
+        rest = "…@" + rest.rpartition("@")[2]
+    return f"{scheme}{separator}{rest}"
 
 
 def _check_token(token: str) -> str:

@@ -8,15 +8,24 @@ before a worker thread sees it, so slow clients hold no worker, and it caps
 header and body sizes before anything is buffered.
 
 Decisions the contract leaves open:
-- Order of checks: route (404/405), token (401/403), body (413/400), then the
-  lifecycle (404 unknown uuid, 409 refused). A rejected request changes nothing.
+- Order of checks: route (404/405), token (401/403), a killed machine (409),
+  body (413/400), then the lifecycle (404 unknown uuid, 409 refused). A
+  rejected request changes nothing.
 - A token that is not the path uuid's is 403 when it belongs to another known
-  instance and 401 otherwise: tokens are HMACs, so the only way to tell is to
-  compare against the known uuids (in constant time, on the failure path only).
+  instance and 401 otherwise, told apart through tokens.Keyring's index (one
+  lookup, whatever the fleet's size).
+- A killed or destroyed machine's token is refused with 409 for every request
+  (the contract's "refused by the lifecycle": exit 3, give up), except a
+  repeat of the bench report that killed it, which gets its answer again.
+- Error bodies name body fields (`the "rate" field`), never CLI flags; the
+  lifecycle's messages are translated on the way out.
 - `GET /v1/fleet` with `server.admin_token` empty is refused (403) whatever
   the request carries: the fleet view is never open. `?all=1` adds killed rows.
 - Bodies over 64 KiB get a JSON 413 from the app; bodies over 1 MiB are
   refused by waitress before they are read (its 413 body is plain text).
+- A request must arrive in full within `request_timeout` of its first byte
+  (a connection trickling a byte at a time is closed), a connection that sends
+  nothing for `timeout` is closed, and at most `connection_limit` are open.
 - The access log is method, path, status and duration: never headers, query
   strings or bodies, so no token reaches a log.
 """
@@ -27,6 +36,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import sqlite3
 import threading
 import time
@@ -35,9 +45,16 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from waitress.adjustments import Adjustments  # only `serve` imports this module: other commands never load waitress
+from waitress.channel import HTTPChannel
+from waitress.server import MultiSocketServer, TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher
+
 from . import db, fleet, lifecycle, tokens
+from .clock import SYSTEM, Clock
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
+from .remote import FIELD_FLAGS
 from .reports import LocalReports
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
@@ -46,7 +63,9 @@ MAX_HEADERS = 16 * 1024
 MAX_INT = 2**63 - 1  # SQLite INTEGER
 DEFAULT_PORT = 8080
 DEFAULT_THREADS = 1  # every report writes the one SQLite file: more workers only queue on its lock
-DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit idle or half-sent before it is closed
+DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit without sending a byte before it is closed
+DEFAULT_REQUEST_TIMEOUT = 10.0  # seconds a request may take to arrive in full, from its first byte
+DEFAULT_CONNECTION_LIMIT = 1000  # open connections; past it new ones wait in the listen backlog
 REPORTS = ("register", "params-done", "bench-report", "running", "heartbeat")
 
 access_log = logging.getLogger("vastctl.serve")
@@ -74,9 +93,9 @@ class HTTPError(Exception):
 class App:
     """The WSGI application: routing, auth, JSON in and out, typed errors → status codes."""
 
-    def __init__(self, config: Config, secret: bytes):
+    def __init__(self, config: Config, keyring: tokens.Keyring):
         self.config = config
-        self.secret = secret
+        self.keyring = keyring
         self.admin_token = config.server.admin_token.encode()
         self._local = threading.local()  # sqlite3 connections are per thread
 
@@ -100,7 +119,7 @@ class App:
         except HTTPError as exc:
             status, body, headers = exc.status, {"error": _short(exc.message)}, exc.headers
         except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
-            status, body = _status_of(exc), {"error": _short(str(exc))}
+            status, body = _status_of(exc), {"error": _short(in_api_terms(str(exc)))}
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
@@ -129,6 +148,7 @@ class App:
         uuid, report = _report_route(path)
         _allow(method, "POST")
         self.check_machine(environ, uuid)
+        self.check_retired(uuid, report)
         return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -140,11 +160,11 @@ class App:
             return reports.params_done(uuid)
         if report == "bench-report":
             if "rate" not in body:
-                raise BadInput("bench-report needs {\"rate\": proofs per hour}")
+                raise BadInput('bench-report needs the "rate" field (proofs per hour)')
             try:
                 return reports.bench_report(uuid, body["rate"])
             except BenchFailed as exc:  # a below-gate bench is an answer, not an error: the machine must stop
-                return {"state": exc.row["state"], "passed": False, "reason": str(exc)}
+                return {"state": exc.row["state"], "passed": False, "reason": in_api_terms(str(exc))}
         if report == "running":
             return reports.running(uuid)
         return reports.heartbeat(uuid, body.get("proofs_done"))
@@ -155,18 +175,31 @@ class App:
         if token is None:
             raise HTTPError(401, "missing bearer token: send 'Authorization: Bearer <token>'"
                                  " (the manager prints it with `vastctl token --uuid U`)", _CHALLENGE)
-        if token.isascii() and tokens.token_matches(self.secret, uuid, token):
+        if self.keyring.matches(uuid, token):
             return
-        if token.isascii() and self._token_owner(token) is not None:
+        if self.keyring.owner(token, self._uuids_after) is not None:
             raise HTTPError(403, f"this token belongs to another machine, not to {uuid}: check the uuid and VASTCTL_TOKEN")
         raise HTTPError(401, "invalid token: use the one `vastctl token --uuid U` prints for this uuid", _CHALLENGE)
 
-    def _token_owner(self, token: str) -> str | None:
-        owner = None
-        for (uuid,) in self.connection().execute("SELECT uuid FROM instances"):
-            if tokens.token_matches(self.secret, uuid, token):
-                owner = uuid
-        return owner
+    def _uuids_after(self, rowid: int) -> Iterable[tuple[int, str]]:
+        """Rows are never deleted, so rows past the highest rowid seen are the machines new since then."""
+        return self.connection().execute("SELECT rowid, uuid FROM instances WHERE rowid > ? ORDER BY rowid", (rowid,))
+
+    def check_retired(self, uuid: str, report: str) -> None:
+        """409 for every request of a killed or destroyed machine: its token no longer speaks for anything.
+
+        The one answer it still gets is a repeat of the bench report that killed
+        it, so a retried report still says "below the gate" (exit 5).
+        """
+        row = self.connection().execute(
+            "SELECT label, state, kill_reason, kill_code, destroyed_at FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+        if row is None or (row["state"] != lifecycle.State.KILLED and not row["destroyed_at"]):
+            return
+        if report == "bench-report" and row["kill_code"] == "bench_failed":
+            return
+        gone = "was destroyed" if row["destroyed_at"] else "was killed"
+        raise HTTPError(409, f"instance {row['label']} {gone} ({row['kill_reason'] or 'no reason recorded'}):"
+                             " its token is no longer accepted; shut the machine down")
 
     def check_admin(self, environ: dict) -> None:
         if not self.admin_token:
@@ -251,23 +284,62 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
     schema = _FIELDS[report]
     for key in body:
         if key not in schema:
-            allowed = ", ".join(schema) or "none"
-            raise BadInput(f"unknown field {_short(key, 60)!r} for {report} (allowed: {allowed})")
+            allowed = ", ".join(f'"{name}"' for name in schema) or "none"
+            raise BadInput(f"unknown field {json.dumps(_short(key, 60))} for {report} (allowed: {allowed})")
     values = {}
     for key, (kind, minimum) in schema.items():
         value = body.get(key)
         if value is None:
             continue
+        field = f'the "{key}" field'
         if kind == "int":
             if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
-                raise BadInput(f"{key} must be a whole number ≥ {minimum}, got {_short(repr(value), 60)}")
+                raise BadInput(f"{field} must be a whole number ≥ {minimum}, got {_shown(value)}")
         elif kind == "number":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise BadInput(f"{key} must be a finite number ≥ 0, got {_short(repr(value), 60)}")
+            value = _finite_number(value, field)
         else:
-            lifecycle.validate_text(value, key)
+            if isinstance(value, str) and not _encodable(value):
+                raise BadInput(f"{field} must be Unicode text, got a lone surrogate in {_shown(value)}")
+            lifecycle.validate_text(value, field)
         values[key] = value
     return values
+
+
+def _finite_number(value: Any, field: str) -> float:
+    """A JSON number as a finite float ≥ 0; an integer too large for a float is refused, not a 500."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInput(f"{field} must be a finite number ≥ 0, got {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise BadInput(f"{field} must be a finite number ≥ 0, got {_shown(value)}")
+    return number
+
+
+def _encodable(text: str) -> bool:
+    """False for a string JSON could carry but UTF-8 cannot (a lone surrogate like \\ud800): SQLite would refuse it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: short, ASCII, whatever it held."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:59] + "…"
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def in_api_terms(message: str) -> str:
+    """A lifecycle message in the HTTP API's terms: its CLI flags named as the body fields they stand for."""
+    for field, flag in FIELD_FLAGS.items():
+        message = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", f'the "{field}" field', message)
+    return re.sub(r"(?<![\w-])--uuid(?![\w-])", "the uuid in the path", message)
 
 
 def _short(text: str, limit: int = 500) -> str:
@@ -288,25 +360,100 @@ def make_server(
     port: int = DEFAULT_PORT,
     threads: int = DEFAULT_THREADS,
     timeout: float = DEFAULT_TIMEOUT,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    connection_limit: int = DEFAULT_CONNECTION_LIMIT,
+    clock: Clock = SYSTEM,
 ):
     """A waitress server bound and ready for `.run()`; checks the state file and the token secret first."""
-    from waitress.server import create_server  # only `serve` needs it: keep other commands fast
-
-    secret = tokens.read_secret(config.secret_path)
+    if request_timeout <= 0:
+        raise BadInput(f"--request-timeout must be more than 0 seconds, got {request_timeout:g}")
+    if connection_limit < 1:
+        raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
+    _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
+    keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
     db.connect(config.db_path).close()  # a missing or broken file fails here, not at the first report
-    app = App(config, secret)
+    app = App(config, keyring)
     try:
-        return create_server(
-            app, host=host, port=port, threads=threads, ident="vastctl",
-            channel_timeout=timeout, cleanup_interval=max(1.0, min(30.0, timeout / 2)),
+        adj = Adjustments(
+            host=host, port=port, threads=threads, ident="vastctl", connection_limit=connection_limit,
+            channel_timeout=timeout, cleanup_interval=max(0.5, min(30.0, timeout / 2, request_timeout / 4)),
+            asyncore_use_poll=True,  # select() stops at file descriptor 1024; poll has no such ceiling
             max_request_body_size=WAITRESS_MAX_BODY, max_request_header_size=MAX_HEADERS,
             expose_tracebacks=False, log_untrusted_proxy_headers=False,
         )
+        dispatcher = ThreadedTaskDispatcher()
+        dispatcher.set_thread_count(adj.threads)
+        sockets: dict = {}
+        servers = [_DeadlineServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo,
+                                   request_timeout=request_timeout, clock=clock) for sockinfo in adj.listen]
     except OSError as exc:
         raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}"
                           " (another serve running? choose --host/--port)") from exc
     except ValueError as exc:
         raise BadInput(f"cannot listen on {host}:{port}: {exc}") from exc
+    if len(servers) == 1:
+        return servers[0]
+    listening = [(s.effective_host, s.effective_port) for s in servers]
+    return MultiSocketServer(sockets, adj, listening, dispatcher, servers[-1].log_info)
+
+
+class _DeadlineChannel(HTTPChannel):
+    """A connection that remembers when its current request began to arrive."""
+
+    request_started: float | None = None  # clock.monotonic() at the current request's first byte
+
+    def received(self, data):
+        if data and self.request_started is None:
+            self.request_started = self.server.clock.monotonic()
+        return super().received(data)
+
+    def service(self):
+        self.request_started = None  # arrived in full: from here on it is the worker's time, not the client's
+        return super().service()
+
+
+class _DeadlineServer(TcpWSGIServer):
+    """waitress's TCP server, whose sweep also closes a connection whose request is overdue.
+
+    waitress's `channel_timeout` closes a connection only after that long
+    without a byte, so a client sending one byte every few seconds holds its
+    connection for ever; a few hundred of them fill `connection_limit` and no
+    report gets in. Here a request must arrive in full within
+    `request_timeout` of its first byte, however busy its sender looks. The
+    clock starts at a request's first byte and stops when a worker takes the
+    request, so a keep-alive connection idle between requests is judged by
+    `channel_timeout` alone.
+    """
+
+    channel_class = _DeadlineChannel
+
+    def __init__(self, *args, request_timeout: float, clock: Clock, **kwargs):
+        self.request_timeout = request_timeout
+        self.clock = clock
+        super().__init__(*args, **kwargs)
+
+    def maintenance(self, now):
+        super().maintenance(now)  # the idle ones
+        cutoff = self.clock.monotonic() - self.request_timeout
+        for channel in list(self.active_channels.values()):
+            started = channel.request_started
+            if not channel.requests and started is not None and started < cutoff:
+                channel.will_close = True
+
+
+def _allow_open_files(needed: int) -> None:
+    """Raise this process's soft open-file limit to `needed` when the hard limit allows (systemd's soft default is 1024)."""
+    try:
+        import resource
+    except ImportError:  # not on Unix: nothing to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise BadInput(f"--connection-limit needs about {needed} open files but this process may open {hard}:"
+                       " lower --connection-limit or raise the limit (LimitNOFILE= in the systemd unit)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def listen_urls(server) -> list[str]:

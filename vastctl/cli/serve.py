@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from .. import lifecycle, tokens
+from .. import clock, lifecycle, tokens
+from ..errors import BadInput, Refused
 from .app import app, globals_of, say
 
 
@@ -24,7 +25,13 @@ def serve_cmd(
     threads: Annotated[int, typer.Option(
         "--threads", min=1, max=64, help="Worker threads (reports all write one file: 1 is fastest).")] = 1,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="Seconds a silent or half-sent connection is kept.")] = 30.0,
+        "--timeout", min=1, help="Seconds a connection is kept without a byte from its client.")] = 30.0,
+    request_timeout: Annotated[float, typer.Option(
+        "--request-timeout", min=0.1,
+        help="Seconds a request may take to arrive in full, however slowly it trickles.")] = 10.0,
+    connection_limit: Annotated[int, typer.Option(
+        "--connection-limit", min=1, max=100_000,
+        help="Open connections served at once; more wait in the listen queue.")] = 1000,
     access_log: Annotated[bool, typer.Option(
         "--access-log/--no-access-log", help="Log each request (never its headers).")] = True,
 ) -> None:
@@ -35,7 +42,8 @@ def serve_cmd(
     from .. import server
 
     g = globals_of(ctx)
-    srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout)
+    srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
+                             request_timeout=request_timeout, connection_limit=connection_limit, clock=clock.SYSTEM)
     log_handler = _log_to_stderr(access_log)
     if not g.config.server.admin_token:
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
@@ -57,15 +65,47 @@ def serve_cmd(
 @app.command("token")
 def token_cmd(
     ctx: typer.Context,
-    uuid: Annotated[str, typer.Option("--uuid", help="The machine's uuid.")],
+    uuid: Annotated[str | None, typer.Option("--uuid", help="Print this machine's token.")] = None,
+    rotate: Annotated[bool, typer.Option(
+        "--rotate", help="Add a new secret that signs every token from now on; the old ones keep verifying.")] = False,
+    retire_old: Annotated[bool, typer.Option(
+        "--retire-old", help="Drop every secret but the newest: tokens made under them stop working.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="With --retire-old: even while machines launched before the rotation are live.")] = False,
 ) -> None:
-    """Print the bearer token a machine uses in remote mode (its VASTCTL_TOKEN).
+    """Print the bearer token a machine uses in remote mode (its VASTCTL_TOKEN), or rotate the secret behind them.
 
-    Example: vastctl token --uuid 0f1c2d3e-…
+    Example: vastctl token --uuid 0f1c2d3e-…   (rotating: --rotate now, --retire-old once old machines are gone)
     """
-    lifecycle.validate_text(uuid, "--uuid")
     g = globals_of(ctx)
-    typer.echo(tokens.machine_token(tokens.read_secret(g.config.secret_path), uuid))
+    path = g.config.secret_path
+    if sum((uuid is not None, rotate, retire_old)) != 1:
+        raise BadInput("give one of --uuid U (print its token), --rotate or --retire-old")
+    if force and not retire_old:
+        raise BadInput("--force goes with --retire-old only")
+    if uuid is not None:
+        lifecycle.validate_text(uuid, "--uuid")
+        typer.echo(tokens.machine_token(tokens.read_secret(path), uuid))
+        return
+    if rotate:
+        count = tokens.rotate_secret(path, now=clock.SYSTEM.now())
+        say(f"{path} now holds {count} secrets: new tokens use the new one and every one still verifies"
+            " (a running serve picks it up at its next request). Once the machines launched before now are"
+            " replaced, run `vastctl token --retire-old`.")
+        return
+    if tokens.newest_added(path) is not None and not force:
+        conn = g.connect()
+        try:
+            older = tokens.live_before_rotation(conn, path)
+        finally:
+            conn.close()
+        if older:
+            shown = ", ".join(older[:5]) + (f" and {len(older) - 5} more" if len(older) > 5 else "")
+            raise Refused(f"{len(older)} live machine(s) were launched before the newest secret and hold tokens"
+                          f" it did not sign ({shown}): replace them first, or pass --force to cut them off")
+    retired = tokens.retire_old_secrets(path)
+    say(f"retired {retired} old secret(s) from {path}: only tokens signed with the newest one work now"
+        if retired else f"{path} holds one secret: nothing to retire")
 
 
 def _interrupt(signum, frame) -> None:
