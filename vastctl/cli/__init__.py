@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -10,27 +11,50 @@ from ..errors import VastctlError
 from . import instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
 from .app import app
 
+COMPLETE_VAR = "_VASTCTL_COMPLETE"
+
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    _accept_click_completion_names(os.environ)
     try:
         result = app(args=args, prog_name="vastctl", standalone_mode=False)
     except VastctlError as exc:
-        _fail(str(exc), exc.exit_code, debug)
+        _fail(str(exc), exc.exit_code, False)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 1, False)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a line, not a traceback
         if _is_usage_error(exc):
-            message = exc.format_message().replace("\n", " ")
-            _fail(f"{message} (see `vastctl --help`)", exc.exit_code, debug)
+            _usage_error(exc)
         _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1, debug)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _accept_click_completion_names(env) -> None:
+    """`_VASTCTL_COMPLETE=bash_source` (click's spelling) works as well as typer's `source_bash`."""
+    value = env.get(COMPLETE_VAR, "")
+    action, _, shell = value.partition("_")
+    if action in ("bash", "zsh", "fish", "powershell", "pwsh") and shell in ("source", "complete"):
+        env[COMPLETE_VAR] = f"{shell}_{action}"
 
 
 def _is_usage_error(exc: Exception) -> bool:
     """Typer's parse errors (bad option, missing argument, bad value) carry a message and an exit code."""
     return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
+def _usage_error(exc: Exception) -> None:
+    """One line naming the help of the command that was misused; bare `vastctl` shows the help itself."""
+    import click
+
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        sys.stdout.write(exc.format_message() + "\n")
+        sys.exit(0)
+    command = ctx.command_path if ctx is not None else "vastctl"
+    message = " ".join(exc.format_message().split())
+    _fail(f"{message} (see `{command} --help`)", exc.exit_code, False)
 
 
 def _fail(message: str, code: int, debug: bool) -> None:

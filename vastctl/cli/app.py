@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from .. import __version__
 from .. import config as config_module
 from .. import db
 
@@ -18,7 +19,8 @@ app = typer.Typer(
     name="vastctl",
     help="Keep a fleet of rented vast.ai GPU provers the right size, cheaply, and never lose track of one.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
+    suggest_commands=False,  # click already suggests the closest command once
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
@@ -45,12 +47,20 @@ class Globals:
         return db.connect(self.config.db_path, create=create)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"vastctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     config: Annotated[Optional[str], typer.Option("--config", help="YAML config file (beats $VASTCTL_CONFIG).")] = None,
     db_path: Annotated[Optional[str], typer.Option("--db", help="SQLite state file (beats $VASTCTL_DB and the config).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show a traceback on unexpected errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print vastctl's version and exit.")] = False,
 ) -> None:
     ctx.obj = Globals(config_path=config, db_path=db_path, debug=debug)
 
