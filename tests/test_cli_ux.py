@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import pytest
 from conftest import run_vastctl
 
 import vastctl
@@ -31,10 +33,10 @@ def test_a_typo_suggests_the_command_once(cli):
 
 
 def test_a_usage_error_points_at_the_subcommand_help(cli):
-    result = cli("settings", "set", "--bogus")
+    result = cli("fleet", "--bogus")
     assert result.code == 2
-    assert result.err.startswith("error: No such option '--bogus'")
-    assert result.err.endswith("(see `vastctl settings set --help`)\n")
+    assert result.err == "error: No such option '--bogus'. (see `vastctl fleet --help`)\n"
+    assert cli("settings", "set", "max_dph").err.endswith("(see `vastctl settings set --help`)\n")
     assert "(see `vastctl kill --help`)" in cli("kill", "vastctl-a").err
 
 
@@ -73,3 +75,73 @@ def test_the_readme_quick_start_names_the_python_it_needs():
     quick = readme[readme.index("## Quick start"):readme.index("## Using it")]
     assert "Python 3.10 or newer" in quick and "python3 -m venv .venv && . .venv/bin/activate" in quick
     assert "cd vastctl" in quick
+
+
+# --- everyday commands -----------------------------------------------------------------------------
+
+
+def test_a_negative_setting_is_an_invalid_value_not_an_option(ready, cli):
+    result = cli("settings", "set", "target_proofs_per_hour", "-5")
+    assert result.code == 2
+    assert result.err == "error: target_proofs_per_hour must be a finite number ≥ 0, got '-5'\n"
+
+
+@pytest.mark.parametrize("key", ["max_dph", "max_hourly_spend"])
+def test_a_zero_price_limit_is_refused(ready, cli, key):
+    result = cli("settings", "set", key, "0")
+    assert result.code == 2 and "would refuse every launch" in result.err
+    assert cli("events", "--json").out.strip() == "[]"  # nothing changed
+
+
+def test_max_instances_zero_pauses_launches_out_loud(ready, cli):
+    result = cli("settings", "set", "max_instances", "0")
+    assert result.code == 0
+    assert "warning: max_instances 0 pauses every launch" in result.err
+    assert cli("settings", "get", "max_instances").out == "0\n"
+
+
+def test_get_and_list_print_the_same_format(ready, cli):
+    cli("settings", "set", "max_dph", "0.6")
+    listed = {line.split()[0]: line.split()[1] for line in cli("settings", "list").out.splitlines()[1:]}
+    for key in ("max_dph", "max_instances", "target_proofs_per_hour", "max_hourly_spend"):
+        assert cli("settings", "get", key).out == listed[key] + "\n"
+    assert listed["max_dph"] == "0.6" and listed["target_proofs_per_hour"] == "0"
+
+
+def test_settings_json_before_or_after_the_subcommand(ready, cli):
+    before = cli("settings", "--json", "list")
+    after = cli("settings", "list", "--json")
+    assert before.code == 0 and json.loads(before.out) == json.loads(after.out)
+    assert json.loads(before.out)["max_instances"] == 10
+    assert json.loads(cli("settings", "--json", "get", "max_dph").out) == {"max_dph": 1.0}
+
+
+def test_settings_help_lists_the_keys(cli):
+    for args in (["settings", "--help"], ["settings", "set", "--help"], ["settings", "get", "--help"]):
+        out = cli(*args).out
+        assert all(key in out for key in ("target_proofs_per_hour", "min_bench_rate", "max_instances",
+                                          "max_hourly_spend", "max_dph")), args
+
+
+def test_fleet_all_help_states_the_rule(cli):
+    out = " ".join(cli("fleet", "--help").out.split())
+    assert "killed machine with a vast id whose destroy vast has not confirmed" in out
+
+
+def test_stop_and_start_of_a_machine_never_rented_need_no_key(ready, cli):
+    cli("register", "--uuid", "u1", "--label", "vastctl-u1")
+    for verb in ("stop", "start"):
+        result = cli(verb, "vastctl-u1")
+        assert result.code == 3, result.err
+        assert "vastctl-u1 was never rented" in result.err and "API key" not in result.err
+
+
+def test_kill_help_does_not_suggest_prefixes(cli):
+    out = cli("kill", "--help").out
+    assert "vastctl kill vastctl-3f2a91c0" in out and "no prefixes" in out
+
+
+def test_notify_says_what_it_did(ready, cli):
+    result = cli("notify", "maintenance at 02:00")
+    assert result.code == 0
+    assert re.fullmatch(r"note recorded \(event \d+\); the agent reads it at its next step\n", result.out)
