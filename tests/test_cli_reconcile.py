@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from datetime import timedelta
 
@@ -78,9 +79,10 @@ def test_table_output(store, cli, market):
     put(store, market, "vastctl-a", 11, heartbeat_ago=30)
     result = cli("reconcile")
     assert result.code == 0
-    lines = result.out.splitlines()
-    assert lines[0].split() == ["kind", "label", "result", "reason"]
-    assert lines[1].split()[:3] == ["kill", "vastctl-a", "killed"]
+    lines = result.out.splitlines()  # one line per action: time kind label (vast id) result: reason [code]
+    assert len(lines) == 2 and all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ", line) for line in lines)
+    assert lines[0].split()[1:5] == ["kill", "vastctl-a", "(vast", "11)"] and lines[0].endswith("[heartbeat_timeout]")
+    assert lines[1].split()[1:6] == ["destroy", "vastctl-a", "(vast", "11)", "destroyed:"]
 
 
 def test_nothing_to_do_prints_no_rows(store, cli, market):

@@ -88,6 +88,17 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
                               missingval="-", disable_numparse=True) + "\n")
 
 
+def action_line(action: dict[str, Any], at: str) -> str:
+    """One log line per action (reconcile, agent-step): time, kind, label, vast id, result, reason, code.
+
+    Made for cron's mail and `>> file.log`: grep-able, one action per line, no table to realign.
+    """
+    vast = f" (vast {action['vast_id']})" if action.get("vast_id") is not None else ""
+    code = f" [{action['code']}]" if action.get("code") else ""
+    reason = " ".join(str(action.get("reason") or "").split())
+    return f"{at} {action['kind']} {action.get('label') or '-'}{vast} {action.get('result')}: {reason}{code}"
+
+
 def fmt_num(value: float | None, digits: int = 1) -> str:
     """A table cell for an optional number."""
     return "-" if value is None else f"{value:.{digits}f}"
