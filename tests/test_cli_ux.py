@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import subprocess
 import re
 from pathlib import Path
 
@@ -174,3 +176,59 @@ def test_the_log_format_is_the_same_in_cron_units_and_help(cli):
     assert line in cron and line in help_text
     assert "ExecStart=/usr/local/bin/vastctl reconcile\n" in unit and "one line per action" in help_text.lower()
     assert "One journal line per action" in unit
+
+
+# --- the boot script: what a launched machine needs ------------------------------------------------
+
+
+def _launch_config(tmp_path, monkeypatch, launch: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("server:\n  url: https://manager.example\n" + launch)
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+
+
+def test_a_launch_that_could_not_boot_is_refused_before_any_key(cli, tmp_path, monkeypatch, db_path):
+    _launch_config(tmp_path, monkeypatch, "")
+    assert cli("init").code == 0
+    result = cli("launch", "--gpu", "RTX 4090")  # no vast key in the environment: refused before it is needed
+    assert result.code == 2
+    assert "launch.vastctl_source" in result.err and "launch.install" in result.err
+    assert result.err.count("\n") == 1
+    assert sqlite3.connect(db_path).execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+
+
+def test_a_launch_that_says_where_the_programs_come_from_gets_past_the_boot_check(cli, tmp_path, monkeypatch):
+    _launch_config(tmp_path, monkeypatch, "launch:\n  vastctl_source: vastctl==0.1.0\n  install: make provers\n")
+    assert cli("init").code == 0
+    result = cli("launch", "--gpu", "RTX 4090")
+    assert result.code == 2 and "no vast.ai API key" in result.err  # the next thing a launch needs
+
+
+def _boot(tmp_path, path_dirs, **env):
+    log = tmp_path / "onstart.log"
+    base = {"PATH": ":".join([*map(str, path_dirs), "/usr/bin", "/bin"]), "HOME": str(tmp_path),
+            "VASTCTL_LOG": str(log), "VASTCTL_ZK_DIR": str(tmp_path / "zk"), "VASTCTL_SERVER": "http://127.0.0.1:9",
+            "VASTCTL_TOKEN": "t", "VASTCTL_UUID": "u1", "VASTCTL_LABEL": "vastctl-u1"}
+    done = subprocess.run(["bash", str(ROOT / "vastctl" / "templates" / "onstart.sh")], env={**base, **env},
+                          capture_output=True, text=True, timeout=30)
+    return done.returncode, log.read_text()
+
+
+def test_the_boot_script_stops_with_a_reason_when_vastctl_has_no_source(tmp_path):
+    code, log = _boot(tmp_path, [])
+    assert code == 1 and "no vastctl in the image and launch.vastctl_source is empty" in log
+
+
+def test_the_boot_script_stops_with_a_reason_when_the_provers_are_missing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vastctl"
+    fake.write_text("#!/bin/sh\necho \"$@\" >> \"$HOME/reports\"\n")
+    fake.chmod(0o755)
+    code, log = _boot(tmp_path, [bin_dir], VASTCTL_INSTALL="true")
+    assert code == 1 and "curio missing: set launch.install or launch.image" in log
+    assert (tmp_path / "reports").read_text().startswith("register")
+
+
+def test_jobs_onstart_is_the_shipped_template():
+    assert (ROOT / "jobs" / "onstart.sh").read_text() == (ROOT / "vastctl" / "templates" / "onstart.sh").read_text()

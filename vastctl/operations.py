@@ -274,7 +274,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         fields={"offer_id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name,
                 "num_gpus": offer.num_gpus, "dph": offer.dph_total},
     )
-    env = {**config.launch.env, "VASTCTL_UUID": uuid, "VASTCTL_LABEL": label,
+    env = {**onstart.boot_env(config.launch), **config.launch.env, "VASTCTL_UUID": uuid, "VASTCTL_LABEL": label,
            "VASTCTL_TOKEN": tokens.machine_token(secret, uuid), "VASTCTL_SERVER": config.server.url}
     request = CreateRequest(offer_id=offer.id, image=config.launch.image, disk_gb=config.launch.disk_gb,
                             label=label, onstart=script, env=env)

@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from .. import lifecycle, operations
+from .. import lifecycle, onstart, operations
 from ..errors import Refused, Unavailable
 from ..lifecycle import State
 from ..providers import get_provider
@@ -55,10 +55,14 @@ def launch_cmd(
 ) -> None:
     """Rent machines; each boots the vastctl boot script and reports back.
 
+    Refused before anything is rented when the boot cannot work: the default launch.image has no vastctl,
+    curio or cuzk, so launch.vastctl_source and launch.install must say where they come from.
+
     Example: vastctl launch --gpu "RTX 4090" --count 2
     """
     g = globals_of(ctx)
     operations.check_launch_request(g.config, offer_id=offer, gpu=gpu, count=count)
+    onstart.check_boot(g.config.launch)  # a machine that cannot boot is refused before money is spent
     conn = g.connect()
     provider = get_provider(g.config)
     result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator")
