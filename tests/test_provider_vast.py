@@ -31,7 +31,7 @@ def vast(sleeps):
 
 @pytest.fixture
 def mocked():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+    with responses.RequestsMock(assert_all_requests_are_fired=True) as rsps:
         yield rsps
 
 
@@ -263,7 +263,9 @@ def test_destroy_of_a_gone_instance_counts_as_destroyed(vast, mocked):
     mocked.delete(f"{BASE}/api/v0/instances/9/", status=404,
                   json={"success": False, "error": "no_such_instance", "msg": "not found"})
     mocked.get(f"{BASE}/api/v0/instances/9/", json={"instances": None})
-    vast.destroy_instance(9)
+    assert vast.destroy_instance(9) is None  # no error: vast has no such instance, so it is destroyed
+    assert [(c.request.method, urlparse(c.request.url).path) for c in mocked.calls] == [
+        ("DELETE", "/api/v0/instances/9/"), ("GET", "/api/v0/instances/9/")]  # confirmed by a show, once
 
 
 def test_destroy_refused_while_instance_still_exists_raises(vast, mocked):

@@ -27,7 +27,7 @@ def api(monkeypatch):
     monkeypatch.setenv("VAST_API_URL", API)
     sleeps: list[float] = []
     monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config: get_provider(config, sleep=sleeps.append))
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+    with responses.RequestsMock(assert_all_requests_are_fired=True) as mock:
         mock.sleeps = sleeps
         yield mock
 
