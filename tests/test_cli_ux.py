@@ -48,6 +48,7 @@ def test_debug_shows_no_traceback_for_an_expected_error(cli):
     assert "Traceback" not in result.err and result.err.startswith("error: ")
 
 
+@pytest.mark.slow
 def test_shell_completion_scripts_in_both_spellings(tmp_path):
     for spelling in ("bash_source", "source_bash"):
         done = run_vastctl(env={"_VASTCTL_COMPLETE": spelling})

@@ -11,6 +11,8 @@ import pytest
 
 from serving import Manager, free_port, run_vastctl
 
+pytestmark = pytest.mark.slow  # real processes and servers on loopback
+
 KEY = "e2e-vast-key-0123"
 
 
