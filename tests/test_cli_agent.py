@@ -62,6 +62,7 @@ def market(monkeypatch):
 def ready(cli, tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text("server:\n  url: https://manager.example\n"
+                      "launch:\n  vastctl_source: vastctl\n  install: ./install-provers.sh\n"
                       "fleet:\n  target_proofs_per_hour: 100\n  max_instances: 6\n  default_rate: 60\n"
                       "agent:\n  interval: 5m\n  max_actions_per_step: 5\n")
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))

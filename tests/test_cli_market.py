@@ -30,7 +30,7 @@ def ready(cli, tmp_path, monkeypatch):
 
 @pytest.fixture
 def vast():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as mocked:
+    with responses.RequestsMock(assert_all_requests_are_fired=True) as mocked:
         yield mocked
 
 

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 
-def lifecycle_to(cli, uuid, label, rate=68.0, running=True):
-    cli("register", "--uuid", uuid, "--label", label, "--gpu", "RTX 4090")
+def lifecycle_to(cli, uuid, label, rate=68.0, running=True, vast_id=None):
+    cli("register", "--uuid", uuid, "--label", label, "--gpu", "RTX 4090", *(["--vast-id", vast_id] if vast_id else []))
     cli("params-done", "--uuid", uuid)
     cli("bench-report", "--uuid", uuid, "--rate", str(rate))
     if running:
@@ -29,7 +29,9 @@ def test_init_makes_the_file_and_a_private_secret(cli, db_path):
 
 def test_fleet_json_shape(ready, cli):
     lifecycle_to(cli, "u1", "vastctl-a", rate=68)
-    lifecycle_to(cli, "u2", "vastctl-b", rate=30)  # killed by the gate
+    lifecycle_to(cli, "u2", "vastctl-b", rate=30, vast_id=7002)  # killed by the gate
+    with sqlite3.connect(os.environ["VASTCTL_DB"]) as raw:  # the id a launch records (a machine's claim is not)
+        raw.execute("UPDATE instances SET vast_id = 7002 WHERE uuid = 'u2'")
     cli("settings", "set", "target_proofs_per_hour", "100")
     data = json.loads(cli("fleet", "--json").out)
     # the killed machine is still listed while vast has not confirmed its destruction

@@ -77,6 +77,7 @@ def test_serve_on_a_taken_port_is_exit_1(cli):
     assert result.err.startswith("error: cannot listen on 127.0.0.1:")
 
 
+@pytest.mark.slow
 def test_serve_stops_cleanly_on_sigterm(tmp_path):
     m = Manager(tmp_path / "m").start()
     assert requests.get(f"{m.url}/healthz", timeout=10).status_code == 200
@@ -86,6 +87,7 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path):
         requests.get(f"{m.url}/healthz", timeout=2)
 
 
+@pytest.mark.slow
 def test_serve_help_and_fleet_do_not_load_the_server_stack():
     code = (
         "import sys\nfrom vastctl.cli import main\n"
@@ -97,6 +99,7 @@ def test_serve_help_and_fleet_do_not_load_the_server_stack():
     assert result.stdout.splitlines()[-1] == "none", result.stderr
 
 
+@pytest.mark.slow
 def test_local_instance_commands_do_not_load_http(cli, tmp_path):
     assert cli("init").code == 0
     code = (
@@ -111,6 +114,7 @@ def test_local_instance_commands_do_not_load_http(cli, tmp_path):
 # --- remote mode ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_remote_lifecycle_writes_the_managers_file_not_a_local_one(cli, db_path, manager, remote_env):
     remote_env("rm-1")
     steps = [
@@ -132,6 +136,7 @@ def test_remote_lifecycle_writes_the_managers_file_not_a_local_one(cli, db_path,
     assert not db_path.with_name(db_path.name + ".secret").exists()
 
 
+@pytest.mark.slow
 def test_remote_below_gate_is_exit_5(cli, manager, remote_env):
     remote_env("rm-5")
     assert cli("register", "--label", "vastctl-rm-5").code == 0
@@ -144,6 +149,7 @@ def test_remote_below_gate_is_exit_5(cli, manager, remote_env):
     assert [e["to_state"] for e in manager.events("rm-5")].count("killed") == 1
 
 
+@pytest.mark.slow
 def test_remote_refused_is_exit_3(cli, manager, remote_env):
     remote_env("rm-3")
     assert cli("register", "--label", "vastctl-rm-3").code == 0
@@ -206,6 +212,7 @@ def test_a_password_in_vastctl_server_is_refused_and_never_printed(cli, monkeypa
     assert not db_path.exists()
 
 
+@pytest.mark.slow
 def test_remote_unknown_uuid_is_exit_2(cli, remote_env):
     remote_env("rm-nobody")
     result = cli("heartbeat", "--proofs-done", "1")
@@ -213,6 +220,7 @@ def test_remote_unknown_uuid_is_exit_2(cli, remote_env):
     assert "no instance with uuid 'rm-nobody'" in result.err
 
 
+@pytest.mark.slow
 def test_remote_wrong_token_is_exit_2(cli, manager, remote_env):
     remote_env("rm-w", token="0" * 64)
     result = cli("register", "--label", "vastctl-rm-w")
@@ -222,6 +230,7 @@ def test_remote_wrong_token_is_exit_2(cli, manager, remote_env):
     assert "rm-w" not in manager.rows()
 
 
+@pytest.mark.slow
 def test_remote_token_of_another_machine_is_exit_2(cli, manager, remote_env):
     remote_env("rm-owner")
     assert cli("register", "--label", "vastctl-rm-owner").code == 0
@@ -273,6 +282,24 @@ def remote_process(manager, port, uuid, *args, retry_for):
                             stderr=subprocess.PIPE, text=True)
 
 
+def stderr_until(proc, text, timeout=30.0):
+    """The process's stderr lines up to the first one holding `text`."""
+    import selectors
+
+    seen = []
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        while time.monotonic() < deadline and selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            line = proc.stderr.readline()
+            seen.append(line)
+            if not line or text in line:
+                break
+    assert seen and text in seen[-1], f"no {text!r} on stderr: {''.join(seen)!r}"
+    return "".join(seen)
+
+
+@pytest.mark.slow
 def test_a_report_made_while_the_manager_restarts_lands_once_it_is_back(tmp_path):
     m = Manager(tmp_path / "restart")
     port = free_port()
@@ -284,10 +311,11 @@ def test_a_report_made_while_the_manager_restarts_lands_once_it_is_back(tmp_path
     assert m.stop() == 0  # the manager goes down (a deploy, a reboot)
 
     bench = remote_process(m, port, machine, "bench-report", "--rate", "60", retry_for="60s")
-    time.sleep(2.0)
+    first = stderr_until(bench, "retrying in")  # it tried, failed, and waits: no fixed sleep
     assert bench.poll() is None  # still retrying
     m.start(port)
     out, err = bench.communicate(timeout=60)
+    err = first + err
     assert (bench.returncode, out) == (0, "bench_done\n"), err
     assert "retrying in" in err and "error:" not in err
     assert m.rows()[machine]["state"] == "bench_done"
@@ -296,6 +324,7 @@ def test_a_report_made_while_the_manager_restarts_lands_once_it_is_back(tmp_path
     assert m.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_report_past_retry_for_is_exit_1(tmp_path):
     m = Manager(tmp_path / "down")
     started = time.monotonic()
@@ -309,6 +338,7 @@ def test_a_report_past_retry_for_is_exit_1(tmp_path):
     assert not (m.home / "machine.db").exists()
 
 
+@pytest.mark.slow
 def test_remote_mode_never_creates_a_state_file(tmp_path):
     machine_db = tmp_path / "nothing-here" / "vastctl.db"
     result = subprocess.run(

@@ -8,8 +8,12 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from vastctl import db, lifecycle
 from vastctl.errors import Refused
+
+pytestmark = pytest.mark.slow  # real processes and servers on loopback
 
 RACERS = 12
 

@@ -11,6 +11,8 @@ import pytest
 
 from serving import Manager, free_port, run_vastctl
 
+pytestmark = pytest.mark.slow  # real processes and servers on loopback
+
 KEY = "e2e-vast-key-0123"
 
 
@@ -119,6 +121,7 @@ def manager(tmp_path):
     m.config_path.write_text(
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: admin-token-for-tests-0123456789\n"
         "fleet:\n  min_bench_rate: 40\n  max_dph: 1.0\n"
+        "launch:\n  vastctl_source: vastctl==0.1.0\n  install: /opt/provers/install.sh\n"
     )
     m.start(port)
     yield m
@@ -135,6 +138,7 @@ def test_launch_report_reconcile_kill_destroy(manager, vast, tmp_path):
     env = create["env"]
     assert env["VASTCTL_UUID"] == machine["uuid"] and env["VASTCTL_LABEL"] == machine["label"]
     assert env["VASTCTL_SERVER"] == manager.url and env["VASTCTL_TOKEN"] == manager.token(machine["uuid"])
+    assert (env["VASTCTL_PIP"], env["VASTCTL_INSTALL"]) == ("vastctl==0.1.0", "/opt/provers/install.sh")
     assert machine["label"].startswith("vastctl-") and machine["vast_id"] == 5001
 
     # the rented machine: remote mode only, no state file of its own

@@ -35,6 +35,7 @@ def test_tripwire_fires_when_imported(tripwire):
     assert result.returncode != 0 and "anthropic was imported" in result.stderr
 
 
+@pytest.mark.slow
 def test_commands_never_import_anthropic(tripwire, cli):
     cli("init")
     env = {**os.environ, "PYTHONPATH": tripwire}

@@ -50,7 +50,7 @@ def vast(clock):
 
 @pytest.fixture
 def mocked():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+    with responses.RequestsMock(assert_all_requests_are_fired=True) as rsps:
         yield rsps
 
 
@@ -260,7 +260,6 @@ def test_a_retry_after_past_the_deadline_is_not_waited_for(vast, mocked, clock):
 
 
 def test_no_call_starts_after_the_deadline(vast, mocked, clock):
-    mocked.get(f"{BASE}/api/v1/instances/", json={"instances": [], "next_token": None})
     vast.deadline = 10.0
     clock.advance(10.0)
     with pytest.raises(DeadlinePassed, match="not called"):
@@ -363,7 +362,9 @@ def test_destroy_of_a_gone_instance_counts_as_destroyed(vast, mocked):
     mocked.delete(f"{BASE}/api/v0/instances/9/", status=404,
                   json={"success": False, "error": "no_such_instance", "msg": "not found"})
     mocked.get(f"{BASE}/api/v0/instances/9/", json={"instances": None})
-    vast.destroy_instance(9)
+    assert vast.destroy_instance(9) is None  # no error: vast has no such instance, so it is destroyed
+    assert [(c.request.method, urlparse(c.request.url).path) for c in mocked.calls] == [
+        ("DELETE", "/api/v0/instances/9/"), ("GET", "/api/v0/instances/9/")]  # confirmed by a show, once
 
 
 def test_destroy_refused_while_instance_still_exists_raises(vast, mocked):

@@ -349,6 +349,7 @@ def test_chunked_body_over_the_limit_is_413(manager, new_uuid):
 # --- slow clients -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slow_clients_hold_no_worker_and_are_cut_off(manager, new_uuid):
     """Ten half-sent requests (more than the 4 workers) do not block others; idle ones are closed (--timeout 2)."""
     walk_to(manager, new_uuid, "running")

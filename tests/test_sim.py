@@ -57,7 +57,7 @@ class Market:
         return operations.launch(self.conn, self.sim, self.config, now=self.clock.now(), **kwargs)
 
     def reconcile(self):
-        return reconcile.run_pass(self.conn, self.sim, self.config, now=self.clock.now())
+        return reconcile.run_pass(self.conn, self.sim, self.config, clock=self.clock, now=self.clock.now())
 
 
 def make_market(directory, *, seed: int = 1, failures: str = "default", rates: FailureRates | None = None,
@@ -66,6 +66,7 @@ def make_market(directory, *, seed: int = 1, failures: str = "default", rates: F
     config.server.url = "https://manager.example"
     config.fleet.max_instances = 40
     config.fleet.max_hourly_spend = 100.0
+    config.fleet.gpus = [model.name for model in sim_market.GPUS]  # every model the market offers may be rented
     tokens.ensure_secret(config.secret_path)
     conn = db.connect(config.db_path, create=True)
     virtual = VirtualClock(start)
@@ -102,7 +103,8 @@ def run_scenario(directory, *, seed: int, failures: str, hours: float, fleet: in
                 "SELECT uuid FROM instances WHERE state = 'running' ORDER BY created_at LIMIT 1").fetchone()
             if running:
                 try:
-                    operations.stop(market.conn, market.sim, running["uuid"], now=market.clock.now())
+                    operations.stop(market.conn, market.sim, running["uuid"], config=market.config, force=True,
+                                    now=market.clock.now())
                     operations.start(market.conn, market.sim, market.config, running["uuid"], now=market.clock.now())
                 except VastctlError:
                     pass
@@ -224,7 +226,8 @@ def test_a_launch_walks_the_lifecycle_through_the_reports_on_simulated_time(tmp_
         if state != seen[-1]:
             seen.append(state)
     assert seen == ["launching", "registered", "params_done", "running"]  # bench_done → running takes seconds
-    steps = [r[0] for r in market.conn.execute("SELECT to_state FROM events WHERE uuid = ? ORDER BY id", (uuid,))]
+    steps = [r[0] for r in market.conn.execute(
+        "SELECT to_state FROM events WHERE uuid = ? AND kind = 'transition' ORDER BY id", (uuid,))]
     assert steps == ["launching", "registered", "params_done", "bench_done", "running"]
     row = market.row(uuid)
     assert row["bench_rate"] >= 40 and row["proofs_done"] > 100 and row["proofs_per_hour"] > 40
@@ -322,7 +325,8 @@ def test_billing_runs_on_after_our_kill_until_the_refused_destroy_lands(tmp_path
     assert refused_s >= 180
     uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
     market.advance(2 * 3600)
-    row, error = operations.kill(market.conn, market.sim, uuid, "operator: test", code="operator",
+    row, error = operations.kill(market.conn, market.sim, uuid, "operator: test", code="operator", config=market.config,
+                                 force=True,
                                  now=market.clock.now())
     assert row["state"] == "killed" and "refused" in error and row["destroyed_at"] is None
     before = market.sim.totals()
@@ -394,7 +398,7 @@ def test_stop_start_and_a_resume_that_sits_in_scheduling(tmp_path):
     market = make_market(tmp_path, rates=dataclasses.replace(QUIET, scheduling=1.0))
     uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
     market.advance(3600)
-    operations.stop(market.conn, market.sim, uuid, now=market.clock.now())
+    operations.stop(market.conn, market.sim, uuid, config=market.config, force=True, now=market.clock.now())
     assert market.sim.list_instances()[0].actual_status == "stopped"
     operations.start(market.conn, market.sim, market.config, uuid, now=market.clock.now())
     for _ in range(10):
@@ -414,7 +418,7 @@ def test_a_resumed_machine_boots_again_and_registers_as_a_restart(tmp_path):
         market.advance(60)
         market.reconcile()
     assert market.row(uuid)["state"] == "running"
-    operations.stop(market.conn, market.sim, uuid, now=market.clock.now())
+    operations.stop(market.conn, market.sim, uuid, config=market.config, force=True, now=market.clock.now())
     market.advance(3600)
     operations.start(market.conn, market.sim, market.config, uuid, now=market.clock.now())
     for _ in range(30):
@@ -422,7 +426,8 @@ def test_a_resumed_machine_boots_again_and_registers_as_a_restart(tmp_path):
         market.reconcile()
     row = market.row(uuid)
     assert row["state"] == "running"  # params kept on disk: back in minutes, not a second fetch
-    steps = [r[0] for r in market.conn.execute("SELECT to_state FROM events WHERE uuid = ? ORDER BY id", (uuid,))]
+    steps = [r[0] for r in market.conn.execute(
+        "SELECT to_state FROM events WHERE uuid = ? AND kind = 'transition' ORDER BY id", (uuid,))]
     assert steps[-5:] == ["launching", "registered", "params_done", "bench_done", "running"]
 
 

@@ -63,6 +63,7 @@ def test_launch_fleet_reconcile_stop_start_kill_offline(sim_ready, cli, db_path)
     assert rows(db_path, "SELECT state, vast_seen_at IS NOT NULL AS seen FROM instances") == [
         {"state": "launching", "seen": 1}]
 
+    assert cli("demand", "report", "--queued", "0").code == 0  # an empty queue: the only machine may stop
     stopped = cli("stop", label)
     assert stopped.code == 0 and stopped.out.strip() == f"{label} stopped"
     assert rows(db_path, "SELECT actual_status FROM sim_instances") == [{"actual_status": "stopped"}]

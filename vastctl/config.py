@@ -58,12 +58,17 @@ class FleetSection:
     min_inet_down_mbps: float = 500.0
 
 
+DEFAULT_IMAGE = "nvidia/cuda:12.8.1-devel-ubuntu24.04"  # CUDA toolkit only: no vastctl, curio or cuzk
+
+
 @dataclass
 class LaunchSection:
-    image: str = "nvidia/cuda:12.8.1-devel-ubuntu24.04"
+    image: str = DEFAULT_IMAGE
     disk_gb: float = 150.0
     onstart: str = ""
     env: dict = field(default_factory=dict)
+    vastctl_source: str = ""  # pip requirement the boot script installs vastctl from; empty: the image has it
+    install: str = ""  # shell command the boot script runs to install curio and cuzk; empty: the image has them
 
 
 @dataclass

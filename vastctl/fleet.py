@@ -18,6 +18,9 @@ INSTANCE_FIELDS = (
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
 TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at")
+RATE_DIGITS = 1  # proofs/hour are shown to one decimal, in the table, the summary and --json alike
+# What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
+SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
 VAST_DEAD = frozenset({"exited", "unknown", "offline"})
 
 
@@ -53,6 +56,8 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     view["vast_seen_at"] = row.get("vast_seen_at")
     view["vast_status_msg"] = row.get("vast_status_msg")
     view["disagreement"] = disagreement(row)
+    if view["proofs_per_hour"] is not None:
+        view["proofs_per_hour"] = round(view["proofs_per_hour"], RATE_DIGITS)
     for name in TIME_FIELDS:
         view[name] = clock.display_iso(view[name])
     return view
@@ -75,20 +80,23 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
                now: datetime | None = None) -> dict[str, Any]:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
 
+    Without include_killed a killed machine is listed only while it has a vast id and vast has not
+    confirmed its destroy: it may still bill. One killed before it was ever rented is history.
+
     Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg` and
     `disagreement`; in the summary `disagreements` and the age of the vast listing the statuses come from.
     """
-    from .observe import machine_rows, observe  # observe reads this module's views
+    from .observe import observe  # observe reads this module's views
 
     now = now or clock.utcnow()
     obs = observe(conn, config, now=now)
-    if include_killed:
-        rows = [dict(row) for row in conn.execute("SELECT * FROM instances ORDER BY created_at, label")]
-    else:
-        rows = machine_rows(conn)
+    query = "SELECT * FROM instances"
+    if not include_killed:
+        query += f" WHERE {SHOWN_WITHOUT_ALL}"
+    rows = [dict(row) for row in conn.execute(query + " ORDER BY created_at, label")]
     summary = {
         "by_state": dict(Counter(row["state"] for row in rows)),
-        "capacity_proofs_per_hour": round(obs.capacity, 3),
+        "capacity_proofs_per_hour": round(obs.capacity, RATE_DIGITS),
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
     }

@@ -61,6 +61,7 @@ KILL_CODES = (
     "heartbeat_timeout", "orphan", "operator", "agent",
 )
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
+RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate needs at least this much counting
 
 
 def allowed_sources(to_state: State) -> list[str]:
@@ -314,8 +315,11 @@ def heartbeat(
     """Keep the machine's liveness and cumulative proof counter fresh. Not a transition, so no event.
 
     proofs_per_hour is an exponentially weighted rate over the counter's
-    increments; a counter that went down (the prover restarted) starts a new
-    baseline instead of producing a negative rate.
+    increments, started from the benchmark, so each heartbeat moves it in
+    proportion to the time it covers: two heartbeats 30 s apart cannot swing a
+    machine benched at 70/h to 480/h. A counter that went down (the prover
+    restarted) starts a new baseline, keeps the rate, and is recorded as a
+    `counter_reset` event.
     """
     now = now or clock.utcnow()
     if proofs_done is not None:
@@ -328,24 +332,30 @@ def heartbeat(
         if proofs_done is not None:
             updates["proofs_done"] = proofs_done
             updates["proofs_per_hour"] = _smoothed_rate(row, proofs_done, now)
+            if proofs_done < (row["proofs_done"] or 0):
+                record_event(conn, kind="counter_reset", source="instance", now=now, uuid=uuid, label=row["label"],
+                             reason=f"proof counter fell from {row['proofs_done']} to {proofs_done}:"
+                                    " the prover restarted; the rate is kept and counting starts again")
         update_fields(conn, uuid, updates)
         return get(conn, uuid)
 
 
 def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime) -> float | None:
+    """The rate after this heartbeat: the sample since the last one, weighted by the time it covers."""
     last = clock.from_iso(row["last_heartbeat_at"])
     previous_rate = row["proofs_per_hour"]
     if last is None or row["state"] != S.RUNNING:
         return previous_rate
     elapsed = (now - last).total_seconds()
     increment = proofs_done - (row["proofs_done"] or 0)
-    if elapsed < 1 or increment < 0:
+    if elapsed <= 0 or increment < 0:
         return previous_rate
     sample = increment * 3600.0 / elapsed
-    if previous_rate is None:
-        return sample
+    start = previous_rate if previous_rate is not None else row["bench_rate"]
+    if start is None:  # nothing measured before: a rate only from a window long enough to mean something
+        return sample if elapsed >= RATE_MIN_WINDOW_S else None
     weight = 1 - math.exp(-elapsed / RATE_TIME_CONSTANT_S)
-    return previous_rate + weight * (sample - previous_rate)
+    return start + weight * (sample - start)
 
 
 def kill(

@@ -1,8 +1,16 @@
-"""The boot script a launched machine runs (vast's `onstart`), and fitting it into vast's size limit.
+"""The boot script a launched machine runs (vast's `onstart`), what it needs, and fitting it into vast's limit.
 
 The default is the template shipped in the package (`templates/onstart.sh`,
 also at `jobs/onstart.sh`); `launch.onstart` in the config replaces it. It
-carries no per-machine values: those travel in the create request's `env`.
+carries no values of its own: `launch.vastctl_source` and `launch.install`
+reach it as VASTCTL_PIP and VASTCTL_INSTALL in the create request's `env`,
+beside the per-machine values.
+
+The shipped script needs three programs on the machine: vastctl (to report),
+curio (`curio fetch-params`) and cuzk with cuzk-bench (the prover and its
+benchmark). The default image is a bare CUDA toolkit with none of them, so a
+launch with the default image must say where each comes from, or it would pay
+for a machine whose boot cannot work.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import base64
 import gzip
 from importlib import resources
 
+from .config import DEFAULT_IMAGE, LaunchSection
 from .errors import BadInput
 
 MAX_CHARS = 4048  # vast's limit on the onstart field
@@ -39,3 +48,39 @@ def for_vast(script: str) -> str:
 def script_for(configured: str) -> str:
     """What a launch sends: the configured script, else the shipped template, packed to fit."""
     return for_vast(configured if configured.strip() else default_script())
+
+
+def boot_env(launch: LaunchSection) -> dict[str, str]:
+    """What the shipped script reads from the config, as environment (launch.env may still override it)."""
+    env = {}
+    if launch.vastctl_source.strip():
+        env["VASTCTL_PIP"] = launch.vastctl_source.strip()
+    if launch.install.strip():
+        env["VASTCTL_INSTALL"] = launch.install.strip()
+    return env
+
+
+def boot_problems(launch: LaunchSection) -> list[str]:
+    """Why the shipped boot script cannot work with this launch config (empty when it can, as far as we can tell).
+
+    A custom `launch.onstart` or `launch.image` is trusted: only the operator knows what it holds.
+    """
+    if launch.onstart.strip() or launch.image != DEFAULT_IMAGE:
+        return []
+    env = {**boot_env(launch), **launch.env}
+    problems = []
+    if not env.get("VASTCTL_PIP"):
+        problems.append("set launch.vastctl_source to where the machine installs vastctl from"
+                        " (a pip requirement, e.g. git+https://github.com/OWNER/vastctl@v0.1.0)")
+    if not env.get("VASTCTL_INSTALL"):
+        problems.append("set launch.install to a command that installs curio and cuzk (see the README,"
+                        " 'What a rented machine needs')")
+    return problems
+
+
+def check_boot(launch: LaunchSection) -> None:
+    """Refuse a launch whose boot cannot work, before any key is read or money spent."""
+    problems = boot_problems(launch)
+    if problems:
+        raise BadInput(f"launch.image {launch.image} has no vastctl, curio or cuzk, so a machine launched with it"
+                       f" could not boot: {'; and '.join(problems)}; or set launch.image to an image that has them")

@@ -171,8 +171,11 @@ def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | Non
         raise BadInput(f"--count must be at least 1, got {count}")
     if offer_id is not None and count != 1:
         raise BadInput("--offer rents that one offer: use --count 1, or --gpu NAME --count N")
+    if config.provider == "sim":  # simulated machines boot in the simulator and report straight into the file
+        return
     if not config.server.url:
         raise BadInput("server.url is not set in the config: launched machines would have nowhere to report")
+    onstart.check_boot(config.launch)  # a machine that cannot boot is refused before money is spent
 
 
 def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offer_id: int | None = None,
@@ -290,7 +293,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         fields={"offer_id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name,
                 "num_gpus": offer.num_gpus, "dph": offer.dph_total},
     )
-    env = {**config.launch.env, "VASTCTL_UUID": uuid, "VASTCTL_LABEL": label,
+    env = {**onstart.boot_env(config.launch), **config.launch.env, "VASTCTL_UUID": uuid, "VASTCTL_LABEL": label,
            "VASTCTL_TOKEN": tokens.machine_token(secret, uuid), "VASTCTL_SERVER": config.server.url}
     request = CreateRequest(offer_id=offer.id, image=config.launch.image, disk_gb=config.launch.disk_gb,
                             label=label, onstart=script, env=env)

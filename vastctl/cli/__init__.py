@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 
@@ -13,24 +14,26 @@ from ..lifecycle import printable
 from . import agent, instance, market, operator, reconcile, serve  # noqa: F401  (registers their commands)
 from .app import Globals, app
 
+COMPLETE_VAR = "_VASTCTL_COMPLETE"
+
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     state = Globals()
+    _accept_click_completion_names(os.environ)
     try:
         _check_utf8(args)
         result = app(args=args, prog_name="vastctl", standalone_mode=False, obj=state)
     except VastctlError as exc:
-        _fail(str(exc), exc.exit_code, debug)
+        _fail(str(exc), exc.exit_code, False)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 1, False)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a line, not a traceback
         if isinstance(exc, sqlite3.Error) and (error := db.explain(exc, state.db_file)):  # damaged, full, read-only
             _fail(str(error), error.exit_code, debug)
         if _is_usage_error(exc):
-            message = exc.format_message().replace("\n", " ")
-            _fail(f"{message} (see `vastctl --help`)", exc.exit_code, debug)
+            _usage_error(exc)
         _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1, debug)
     sys.exit(result if isinstance(result, int) else 0)
 
@@ -49,11 +52,30 @@ def _check_utf8(args: list[str]) -> None:
             where = f"the argument {printable(arg)!r}"
         byte = f" (the byte 0x{ord(bad) - 0xdc00:02x})" if "\udc80" <= bad <= "\udcff" else ""
         raise BadInput(f"{where} is not UTF-8 text{byte}: pass it in UTF-8")
+def _accept_click_completion_names(env) -> None:
+    """`_VASTCTL_COMPLETE=bash_source` (click's spelling) works as well as typer's `source_bash`."""
+    value = env.get(COMPLETE_VAR, "")
+    action, _, shell = value.partition("_")
+    if action in ("bash", "zsh", "fish", "powershell", "pwsh") and shell in ("source", "complete"):
+        env[COMPLETE_VAR] = f"{shell}_{action}"
 
 
 def _is_usage_error(exc: Exception) -> bool:
     """Typer's parse errors (bad option, missing argument, bad value) carry a message and an exit code."""
     return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
+def _usage_error(exc: Exception) -> None:
+    """One line naming the help of the command that was misused; bare `vastctl` shows the help itself."""
+    import click
+
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        sys.stdout.write(exc.format_message() + "\n")
+        sys.exit(0)
+    command = ctx.command_path if ctx is not None else "vastctl"
+    message = " ".join(exc.format_message().split())
+    _fail(f"{message} (see `{command} --help`)", exc.exit_code, False)
 
 
 def _fail(message: str, code: int, debug: bool) -> None:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from .. import __version__
 from .. import config as config_module
 from .. import db
 from ..lifecycle import printable
@@ -19,7 +20,8 @@ app = typer.Typer(
     name="vastctl",
     help="Keep a fleet of rented vast.ai GPU provers the right size, cheaply, and never lose track of one.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
+    suggest_commands=False,  # click already suggests the closest command once
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
@@ -51,12 +53,20 @@ class Globals:
         return db.connect(self.config.db_path, create=create)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"vastctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     config: Annotated[Optional[str], typer.Option("--config", help="YAML config file (beats $VASTCTL_CONFIG).")] = None,
     db_path: Annotated[Optional[str], typer.Option("--db", help="SQLite state file (beats $VASTCTL_DB and the config).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show a traceback on unexpected errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print vastctl's version and exit.")] = False,
 ) -> None:
     g = ctx.obj if isinstance(ctx.obj, Globals) else Globals()  # main() passes one in to read after a failure
     g.config_path, g.db_path, g.debug = config, db_path, debug
@@ -89,6 +99,17 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 def echo(text: str) -> None:
     """One line of data on stdout, control characters escaped (labels and reasons may come from vast)."""
     sys.stdout.write(printable(text) + "\n")
+
+
+def action_line(action: dict[str, Any], at: str) -> str:
+    """One log line per action (reconcile, agent-step): time, kind, label, vast id, result, reason, code.
+
+    Made for cron's mail and `>> file.log`: grep-able, one action per line, no table to realign.
+    """
+    vast = f" (vast {action['vast_id']})" if action.get("vast_id") is not None else ""
+    code = f" [{action['code']}]" if action.get("code") else ""
+    reason = " ".join(str(action.get("reason") or "").split())
+    return f"{at} {action['kind']} {action.get('label') or '-'}{vast} {action.get('result')}: {reason}{code}"
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:

@@ -7,7 +7,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from .. import lifecycle, operations
-from ..errors import Unavailable
+from ..errors import Refused, Unavailable
+from ..lifecycle import State
 from ..providers import get_provider
 from .app import JsonOpt, app, fmt_num, globals_of, print_json, print_table, say
 
@@ -54,6 +55,9 @@ def launch_cmd(
 ) -> None:
     """Rent machines; each boots the vastctl boot script and reports back.
 
+    Refused before anything is rented when the boot cannot work: the default launch.image has no vastctl,
+    curio or cuzk, so launch.vastctl_source and launch.install must say where they come from.
+
     Example: vastctl launch --gpu "RTX 4090" --count 2
     """
     g = globals_of(ctx)
@@ -90,7 +94,7 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
     """
     g = globals_of(ctx)
     conn = g.connect()
-    lifecycle.resolve(conn, instance)  # an unknown name fails before the key is needed
+    _check_rented(lifecycle.resolve(conn, instance), "stop")  # fails before the key is needed
     row = operations.stop(conn, get_provider(g.config), instance, config=g.config, actor="operator", force=force)
     typer.echo(f"{row['label']} {row['state']}")
 
@@ -103,6 +107,13 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     """
     g = globals_of(ctx)
     conn = g.connect()
-    lifecycle.resolve(conn, instance)  # an unknown name fails before the key is needed
+    _check_rented(lifecycle.resolve(conn, instance), "start")  # fails before the key is needed
     row = operations.start(conn, get_provider(g.config), g.config, instance, actor="operator")
     typer.echo(f"{row['label']} {row['state']} (resumed)")
+
+
+def _check_rented(row: dict, verb: str) -> None:
+    """A machine past launching without a vast id was registered by hand: there is nothing at vast to act on."""
+    if row["vast_id"] is None and row["state"] not in (State.LAUNCHING, State.KILLED):
+        raise Refused(f"{row['label']} was never rented (it has no vast instance id): there is nothing to {verb}"
+                      " at vast; `vastctl kill` retires it")

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import clock, fleet, lifecycle, settings, tokens
+from ..errors import BadInput
 from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
 
 KILL_REASON_MAX = 500  # one line in the event log and the fleet table; a longer story goes in `notify`
@@ -33,9 +34,13 @@ def _age(iso: str | None, now: datetime) -> str:
 def fleet_cmd(
     ctx: typer.Context,
     as_json: JsonOpt = False,
-    include_killed: Annotated[bool, typer.Option("--all", help="Include killed machines.")] = False,
+    include_killed: Annotated[bool, typer.Option("--all", help=(
+        "Also list killed machines that vast confirmed destroyed or that were never rented (no vast id)."))] = False,
 ) -> None:
     """Every machine we pay for, our state beside vast's, and a summary line.
+
+    Without --all: every machine not killed, and every killed machine with a vast id whose destroy vast
+    has not confirmed yet (it may still bill).
 
     vast's status comes from the last good listing (`vastctl reconcile`); its age ends the summary line,
     and a `!` marks a machine where vast disagrees with us (the `why` column says how).
@@ -105,9 +110,11 @@ def kill_cmd(
 ) -> None:
     """Kill a machine: it is marked killed (terminal) with your reason, then destroyed at vast.
 
-    Refused (exit 4) when it would leave no machine running while work is queued or demand is unknown.
+    The machine is named by its full label or its uuid (no prefixes). A machine with a vast id needs the
+    vast key (the destroy); one never rented does not. Refused (exit 4) when it would leave no machine
+    running while work is queued or demand is unknown (--force overrides, recorded as forced).
 
-    Example: vastctl kill vastctl-3f2a --reason "GPU errors in dmesg"
+    Example: vastctl kill vastctl-3f2a91c0 --reason "GPU errors in dmesg"
     """
     if not reason.strip():
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
@@ -136,21 +143,44 @@ def notify_cmd(ctx: typer.Context, text: Annotated[str, typer.Argument(help="The
     Example: vastctl notify "Curio maintenance 02:00-03:00 UTC, expect an empty queue"
     """
     event_id = fleet.notify(globals_of(ctx).connect(), text)
-    typer.echo(str(event_id))
+    typer.echo(f"note recorded (event {event_id}); the agent reads it at its next step")
 
 
-settings_app = typer.Typer(help="Runtime settings: list, get KEY, set KEY VALUE.", no_args_is_help=False)
+SETTINGS_HELP = {
+    "target_proofs_per_hour": "proofs/hour the fleet should deliver",
+    "min_bench_rate": "the benchmark gate, proofs/hour",
+    "max_instances": "most machines at once, a whole number (0 pauses every launch)",
+    "max_hourly_spend": "most $/hour across the fleet (above 0)",
+    "max_dph": "most $/hour for one machine (above 0)",
+}
+# A limit of 0 for these refuses every launch; max_instances 0 is how to pause launches on purpose.
+NONZERO_LIMITS = ("max_hourly_spend", "max_dph")
+KEYS_HELP = "\b\nKeys:\n" + "\n".join(f"  {key:<24}{meaning}" for key, meaning in SETTINGS_HELP.items())
+
+settings_app = typer.Typer(help="Runtime settings: list, get KEY, set KEY VALUE.\n\n" + KEYS_HELP,
+                           no_args_is_help=False)
 app.add_typer(settings_app, name="settings")
 
 
 @settings_app.callback(invoke_without_command=True)
 def settings_root(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Runtime settings (target, gate, limits); with no sub-command, list them.
+    """Runtime settings (target, gate, limits); with no sub-command, list them. Each change is an event.
 
     Example: vastctl settings set target_proofs_per_hour 400
     """
+    ctx.meta["settings_json"] = as_json
     if ctx.invoked_subcommand is None:
         _list_settings(ctx, as_json)
+
+
+def _wants_json(ctx: typer.Context, as_json: bool) -> bool:
+    """`settings --json list` and `settings list --json` mean the same."""
+    return as_json or bool(ctx.meta.get("settings_json"))
+
+
+def _setting_text(value: float | int) -> str:
+    """One format for a value in `get`, `list` and `set`: 0, 12, 0.6."""
+    return f"{value:g}"
 
 
 def _list_settings(ctx: typer.Context, as_json: bool) -> None:
@@ -159,7 +189,8 @@ def _list_settings(ctx: typer.Context, as_json: bool) -> None:
     if as_json:
         print_json({item["key"]: item["value"] for item in items})
     else:
-        print_table(items, ["key", "value", "source", "updated_at"])
+        print_table([{**item, "value": _setting_text(item["value"])} for item in items],
+                    ["key", "value", "source", "updated_at"])
 
 
 @settings_app.command("list")
@@ -168,29 +199,39 @@ def settings_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     Example: vastctl settings list --json
     """
-    _list_settings(ctx, as_json)
+    _list_settings(ctx, _wants_json(ctx, as_json))
 
 
-@settings_app.command("get")
-def settings_get(ctx: typer.Context, key: Annotated[str, typer.Argument(help="Setting name.")]) -> None:
-    """Print one setting's value.
-
-    Example: vastctl settings get min_bench_rate
-    """
+@settings_app.command("get", help="Print one setting's value.\n\n" + KEYS_HELP
+                      + "\n\nExample: vastctl settings get min_bench_rate")
+def settings_get(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help=f"One of: {', '.join(settings.KEYS)}.")],
+    as_json: JsonOpt = False,
+) -> None:
     g = globals_of(ctx)
-    typer.echo(f"{settings.get(g.connect(), g.config, key):g}")
+    value = settings.get(g.connect(), g.config, key)
+    if _wants_json(ctx, as_json):
+        print_json({key: value})
+    else:
+        typer.echo(_setting_text(value))
 
 
-@settings_app.command("set")
+# ignore_unknown_options: a negative VALUE such as -5 reaches the value check instead of being read as an option
+@settings_app.command("set", context_settings={"ignore_unknown_options": True},
+                      help="Change a setting; the change is an event the agent sees.\n\n" + KEYS_HELP
+                      + "\n\nExample: vastctl settings set max_instances 12")
 def settings_set(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="Setting name.")],
-    value: Annotated[str, typer.Argument(help="New value (a number ≥ 0).")],
+    key: Annotated[str, typer.Argument(help=f"One of: {', '.join(settings.KEYS)}.")],
+    value: Annotated[str, typer.Argument(help="New value: a number ≥ 0 (above 0 for max_dph and max_hourly_spend).")],
 ) -> None:
-    """Change a setting; the change is an event the agent sees.
-
-    Example: vastctl settings set max_instances 12
-    """
     g = globals_of(ctx)
+    parsed = settings.parse_value(key, value)
+    if key in NONZERO_LIMITS and parsed == 0:
+        raise BadInput(f"{key} 0 would refuse every launch: give a value above 0"
+                       " (to pause launches, set max_instances 0)")
     changed = settings.set_value(g.connect(), g.config, key, value)
-    say(f"{key} = {settings.parse_value(key, value):g}" + ("" if changed else " (unchanged)"))
+    say(f"{key} = {_setting_text(parsed)}" + ("" if changed else " (unchanged)"))
+    if key == "max_instances" and parsed == 0:
+        say("warning: max_instances 0 pauses every launch (running machines are kept); set it above 0 to launch again")

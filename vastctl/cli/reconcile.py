@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .app import JsonOpt, app, globals_of, print_json, print_table, say
+from .app import JsonOpt, action_line, app, globals_of, print_json, say
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -36,12 +37,17 @@ def reconcile_cmd(
 ) -> None:
     """List every vast instance, kill what is dead or stuck, destroy what we no longer pay for.
 
+    Prints one line per action (time, kind, label, vast id, result: reason [code]) and, when it did
+    something or failed, one summary line on stderr: a pass with nothing to do is silent, so cron
+    mails only when something happened. --json prints the pass as one JSON object per line.
+
     Exits 1, having killed nothing, when another pass holds the lease or the listing failed or
     is distrusted; failed destroys are reported and retried by the next pass (exit 0). A pass
     stops calling vast at `reconcile.deadline` (default 50s) and exits 1, naming what it skipped.
 
-    Example: * * * * * vastctl reconcile --json >> /var/log/vastctl/reconcile.jsonl
+    Example: * * * * * vastctl reconcile >>/var/log/vastctl/reconcile.log 2>&1
     """
+    from .. import clock as clocks
     from .. import reconcile
     from ..errors import Unavailable
 
@@ -52,13 +58,17 @@ def reconcile_cmd(
     if as_json:
         print_json(result.to_json())
     else:
-        print_table(result.actions, ["kind", "label", "result", "reason"])
+        at = clocks.display_iso(clocks.to_iso(clock.now()))
+        for action in result.actions:
+            typer.echo(action_line(action, at))
     errors = result.errors[:-1] if result.deadline_passed else result.errors  # the last one says why it stopped
     kills = sum(1 for a in result.actions if a["kind"] == "kill")
     destroys = sum(1 for a in result.actions if a["kind"] == "destroy")
-    prefix = "dry run: " if dry_run else ""
-    say(f"{prefix}{result.listed} vast instances listed; {kills} kill(s), {destroys} destroy(s)"
-        + (" planned" if dry_run else "") + (f"; {len(errors)} failed, retried next pass" if errors else ""))
+    if result.actions or errors or dry_run or sys.stderr.isatty():
+        prefix = "dry run: " if dry_run else ""
+        say(f"{prefix}{result.listed} vast instances listed; {kills} kill(s), {destroys} destroy(s)"
+            + (" planned" if dry_run else "")
+            + (f"; {len(errors)} failed, retried next pass" if errors else ""))
     for error in errors:
         say(f"warning: {error}")
     if result.deadline_passed:

@@ -1,9 +1,8 @@
 #!/bin/bash
-# vastctl boot script: vast runs it at every container start of a machine vastctl launched.
-# Each step is reported with vastctl in remote mode; the launch sets VASTCTL_SERVER,
-# VASTCTL_TOKEN, VASTCTL_UUID and VASTCTL_LABEL. Steps can be replaced through launch.env:
-# VASTCTL_PIP, VASTCTL_FETCH_CMD, VASTCTL_CUZK_CMD, VASTCTL_BENCH_CMD (prints proofs/hour),
-# VASTCTL_PROOFS_CMD (prints the cumulative proof count), VASTCTL_ZK_DIR, VASTCTL_HEARTBEAT_S.
+# vastctl boot script, run by vast at each container start. The launch sets VASTCTL_SERVER,
+# _TOKEN, _UUID, _LABEL, _PIP (launch.vastctl_source), _INSTALL (launch.install: curio, cuzk).
+# launch.env may set VASTCTL_FETCH_CMD, _CUZK_CMD, _BENCH_CMD (prints proofs/h),
+# _PROOFS_CMD (prints proofs done), _ZK_DIR, _HEARTBEAT_S.
 set -u
 exec >>"${VASTCTL_LOG:-/var/log/vastctl-onstart.log}" 2>&1
 log() { echo "$(date -u +%FT%TZ) vastctl-onstart: $*"; }
@@ -17,14 +16,20 @@ mkdir -p "$FIL_PROOFS_PARAMETER_CACHE" && cd "$ZK" || exit 1
 
 # 1. vastctl itself
 if ! command -v vastctl >/dev/null; then
-  PKG=${VASTCTL_PIP:-vastctl}
+  PKG=${VASTCTL_PIP:-}
+  [ -n "$PKG" ] || { log "no vastctl in the image and launch.vastctl_source is empty"; exit 1; }
   command -v pip3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3-pip; }
   pip3 install -q "$PKG" || pip3 install -q --break-system-packages "$PKG" || { log "cannot install $PKG"; exit 1; }
 fi
 
-# 2. register (vast sets CONTAINER_ID to the instance id)
+# 2. register (vast sets CONTAINER_ID to the instance id), then curio and cuzk
 VID=${CONTAINER_ID:-}; case "$VID" in ''|*[!0-9]*) VID= ;; esac
 vastctl register ${VID:+--vast-id "$VID"} || { log "register failed (exit $?)"; exit 1; }
+if [ -n "${VASTCTL_INSTALL:-}" ]; then bash -c "$VASTCTL_INSTALL" || { log "launch.install failed"; exit 1; }; fi
+need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or launch.image"; exit 1; }; }
+[ -n "${VASTCTL_FETCH_CMD:-}" ] || need curio
+[ -n "${VASTCTL_CUZK_CMD:-}" ] || need cuzk
+[ -n "${VASTCTL_BENCH_CMD:-}" ] || need cuzk-bench
 
 # 3. proving parameters (~53 GiB)
 bash -c "${VASTCTL_FETCH_CMD:-curio fetch-params 32GiB}" || { log "parameter fetch failed"; exit 1; }
