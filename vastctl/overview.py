@@ -149,7 +149,7 @@ def agent_totals(conn: sqlite3.Connection) -> dict[str, Any] | None:
 
 def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity: float, spend: float,
             target: float) -> dict[str, Any]:
-    """Capacity, target, spend and queue over the last day, each a list of (time, value) steps, oldest first.
+    """Capacity, target, spend and queue over the last day, each a list of (from time, value) steps, oldest first.
 
     Capacity and spend are replayed backwards from their values now through the
     transition events (a machine counts at its current rate and price), the
@@ -163,8 +163,7 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     state = {uuid: row["state"] for uuid, row in machines.items()}
     rate = {uuid: fleet.expected_rate(row, config.fleet.default_rate) for uuid, row in machines.items()}
     price = {uuid: float(row["dph"] or 0.0) for uuid, row in machines.items()}
-    series: dict[str, list[tuple[datetime, float]]] = {"capacity": [(now, capacity)], "spend": [(now, spend)],
-                                                       "target": [(now, target)]}
+    series: dict[str, list[tuple[datetime, float]]] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
     events = conn.execute(
         "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? ORDER BY id DESC", (since,))
