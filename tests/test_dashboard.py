@@ -230,7 +230,7 @@ def test_protective_headers_on_every_answer(signed_in, path):
     assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
     assert answer.header("X-Frame-Options") == "DENY"
     assert answer.header("X-Content-Type-Options") == "nosniff"
-    assert answer.header("Referrer-Policy") == "no-referrer"
+    assert answer.header("Referrer-Policy") == "same-origin"
 
 
 def test_static_files_come_from_the_package(browser):

@@ -59,7 +59,7 @@ SECURITY_HEADERS = [
                                 " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     ("X-Frame-Options", "DENY"),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    ("Referrer-Policy", "same-origin"),  # no-referrer would make browsers send `Origin: null` on our own forms
     ("Cross-Origin-Opener-Policy", "same-origin"),
 ]
 HTML = "text/html; charset=utf-8"
