@@ -23,6 +23,7 @@ from .lifecycle import LIVE_STATES, State
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
 BILLING_STATES = frozenset(str(state) for state in LIVE_STATES - {State.STOPPED})
 HISTORY = timedelta(days=1)
+CHART_STEP = timedelta(minutes=4)  # 360 steps a day: finer than the chart's pixels
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
@@ -165,8 +166,10 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     price = {uuid: float(row["dph"] or 0.0) for uuid, row in machines.items()}
     series: dict[str, list[tuple[datetime, float]]] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
-    events = conn.execute(
-        "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? ORDER BY id DESC", (since,))
+    events = conn.execute(  # only moves into or out of running, stopped or killed change capacity or spend
+        "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? AND (kind = 'setting'"
+        " OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running', 'stopped', 'killed')"
+        " OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id DESC", (since,))
     for event in events:
         at = _moment(event["at"])
         if at is None:
@@ -186,13 +189,27 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
                 values["target"] = old
     for name in values:
         series[name].append((start, values[name]))
-        series[name].reverse()
-    series["queue"] = _queue_history(conn, since)
+        series[name] = _thin(series[name][::-1], start)
+    series["queue"] = _thin(_queue_history(conn, since), start)
     series["reconcile_failures"] = [
         at for at in (_moment(row[0]) for row in conn.execute(
             "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
     series["start"], series["end"] = start, now
     return series
+
+
+def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[datetime, float]]:
+    """At most one step per CHART_STEP: the first time in each, with the value the step ends on."""
+    kept: list[tuple[datetime, float]] = []
+    last_slot = None
+    for moment, value in points:
+        slot = (moment - start) // CHART_STEP
+        if slot == last_slot:
+            kept[-1] = (kept[-1][0], value)
+        else:
+            kept.append((moment, value))
+            last_slot = slot
+    return kept
 
 
 def _queue_history(conn: sqlite3.Connection, since: str) -> list[tuple[datetime, float]]:
