@@ -325,7 +325,7 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
     assert "launch 2: below target → launched 2" in steps
     assert "destroy &lt;img src=x onerror=alert(1)&gt;: never scale to zero" in steps
     assert "5100 in · 230 out · 4000 cached" in steps and "$0.0123" in steps
-    assert "{&quot;capacity&quot;:120,&quot;target&quot;:400,&quot;queued&quot;:9}" in steps
+    assert "capacity 120 · target 400 · queued 9" in steps
     assert "{not json" in steps and "model timed out" in steps
     assert steps.index("model timed out") < steps.index("launched 2")  # newest first
 

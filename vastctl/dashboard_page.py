@@ -206,11 +206,16 @@ _SAW_KEYS = ("capacity", "target", "pending_capacity", "spend_per_hour", "queued
 
 def _brief(value: Any, limit: int) -> str:
     """A short line for a stored observation: its headline figures when it is an object, else its text."""
-    if isinstance(value, dict):
-        picked = {k: value[k] for k in _SAW_KEYS if k in value}
-        value = picked or value
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+    picked = [k for k in _SAW_KEYS if k in value] if isinstance(value, dict) else []
+    if picked:
+        text = " · ".join(f"{k} {_compact(value[k])}" for k in picked)
+    else:
+        text = _compact(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
 
 
 def _items(value: Any) -> str:
