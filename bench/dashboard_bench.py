@@ -8,7 +8,8 @@ demand sample every minute, an agent step every five minutes. Each request
 goes through serve's WSGI app in this process (sign-in cookie, HTML or text
 out), so the figure is what the server spends, not the network or a browser.
 
-Target: GET / over 1,000 machines in under 300 ms (median).
+Target: GET / over 1,000 machines in under 300 ms (median). The CPU column
+(this process's CPU time) stays meaningful when other work shares the cores.
 
 Rerun:
     python bench/dashboard_bench.py
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -133,23 +135,25 @@ def main() -> None:
         metrics = {"HTTP_AUTHORIZATION": f"Bearer {ADMIN}"}
         print(f"python bench/dashboard_bench.py --machines {args.machines} --rounds {args.rounds}")
         print(f"Python {sys.version.split()[0]}; {args.machines:,} live machines, {args.machines:,} killed today")
-        print("| request | median ms | min ms | max ms | KiB |")
-        print("|---|---|---|---|---|")
+        print("| request | median ms | min ms | max ms | median CPU ms | KiB |")
+        print("|---|---|---|---|---|---|")
         results = {}
         for name, path_, headers in (("GET /", "/", cookie), ("GET /dashboard/live", "/dashboard/live", cookie),
                                      ("GET /metrics", "/metrics", metrics)):
             request(app, path_, headers)  # warm: imports, first connection
-            times = []
+            times, cpu = [], []
             for _ in range(args.rounds):
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.process_time()
                 status, size = request(app, path_, headers)
                 times.append(time.perf_counter() - started)
+                cpu.append(time.process_time() - started_cpu)
                 assert status == 200, (name, status)
             results[name] = statistics.median(times)
             print(f"| `{name}` | {results[name] * 1000:.0f} | {min(times) * 1000:.0f} | {max(times) * 1000:.0f} |"
-                  f" {size / 1024:.0f} |")
+                  f" {statistics.median(cpu) * 1000:.0f} | {size / 1024:.0f} |")
         verdict = "meets" if results["GET /"] < TARGET_S else "MISSES"
-        print(f"GET / median {results['GET /'] * 1000:.0f} ms {verdict} the {TARGET_S * 1000:.0f} ms target")
+        print(f"GET / median {results['GET /'] * 1000:.0f} ms {verdict} the {TARGET_S * 1000:.0f} ms target;"
+              f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
