@@ -245,8 +245,9 @@ class Web:
             return f"{key} = {settings.parse_value(key, value):g}" + ("" if changed else " (unchanged)")
         if path == "/dashboard/note":
             return f"note {fleet.notify(conn, form.get('text', ''))} left for the agent"
-        assert path == "/dashboard/kill", path
-        return self.kill(conn, form.get("instance", "").strip(), form.get("reason", "").strip())
+        if path == "/dashboard/kill":
+            return self.kill(conn, form.get("instance", "").strip(), form.get("reason", "").strip())
+        raise BadInput(f"no such action {path}")
 
     def kill(self, conn: sqlite3.Connection, instance: str, reason: str) -> str:
         """`vastctl kill INSTANCE --reason R`: marked killed with the operator's reason, then destroyed at vast."""
