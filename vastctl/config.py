@@ -113,6 +113,7 @@ class ServerSection:
     admin_token: str = ""
     secret_file: str = ""
     metrics_token: str = ""
+    trusted_proxy: str = ""  # address(es) of the TLS proxy whose X-Forwarded-Proto the dashboard believes
 
 
 @dataclass

@@ -5,13 +5,16 @@ from __future__ import annotations
 import sqlite3
 from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import clock
 from .config import Config
 from .db import transaction
 from .errors import BadInput
 from .lifecycle import State, record_event
+
+if TYPE_CHECKING:
+    from .observe import Observation
 
 INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
@@ -77,7 +80,7 @@ def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 
 def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
-               now: datetime | None = None) -> dict[str, Any]:
+               now: datetime | None = None, obs: "Observation | None" = None) -> dict[str, Any]:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
 
     Without include_killed a killed machine is listed only while it has a vast id and vast has not
@@ -89,7 +92,7 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     from .observe import observe  # observe reads this module's views
 
     now = now or clock.utcnow()
-    obs = observe(conn, config, now=now)
+    obs = obs or observe(conn, config, now=now)  # a caller that already observed passes its observation
     query = "SELECT * FROM instances"
     if not include_killed:
         query += f" WHERE {SHOWN_WITHOUT_ALL}"

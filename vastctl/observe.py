@@ -137,7 +137,16 @@ def last_step_actions(conn: sqlite3.Connection) -> list[dict]:
                        " ORDER BY id DESC LIMIT 1").fetchone()
     if row is None:
         return []
-    return list(json.loads(row["actions"] or "[]")) + list(json.loads(row["refused"] or "[]"))
+    return _json_list(row["actions"]) + _json_list(row["refused"])
+
+
+def _json_list(text: str | None) -> list:
+    """A stored JSON list; [] when absent or not a list (a file edited by hand must not stop every decision)."""
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return value if isinstance(value, list) else []
 
 
 def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,

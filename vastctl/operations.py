@@ -12,7 +12,7 @@ import sqlite3
 import uuid as uuid_module
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, upstream
 from .audit import record_action
@@ -393,9 +393,27 @@ def _call(conn, provider, row, kind: str, actor: str, now) -> None:
 # --- kill -------------------------------------------------------------------------------------------
 
 
+KILL_REASON_MAX = 500  # one line in the event log and the fleet table; a longer story goes in `notify`
+
+
 def needs_provider_to_kill(row: dict[str, Any]) -> bool:
     """Whether killing this row has to talk to the market (it has, or may have, a vast instance)."""
     return row["vast_id"] is not None or row["state"] == State.LAUNCHING
+
+
+def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, reason: str, *,
+                  make_provider: Callable[[Config], Provider], force: bool = False,
+                  now: datetime | None = None) -> tuple[dict[str, Any], str | None]:
+    """An operator's kill, from the CLI or the dashboard alike: the reason checked, the market asked for only
+    when the machine has (or may have) a vast instance, then kill() through the guard."""
+    reason = reason.strip()
+    if not reason:
+        raise BadInput("give a reason for the event log")
+    lifecycle.validate_text(reason, "--reason", max_len=KILL_REASON_MAX)
+    row = lifecycle.resolve(conn, label_or_uuid)
+    provider = make_provider(config) if needs_provider_to_kill(row) else None
+    return kill(conn, provider, row["uuid"], f"operator: {reason}", config=config, actor="operator",
+                code="operator", force=force, now=now)
 
 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,

@@ -113,6 +113,9 @@ class App:
         started = time.perf_counter()
         method = environ.get("REQUEST_METHOD", "GET")
         path = _raw_path(environ)
+        from . import dashboard  # the operator's pages and /metrics live in their own module
+        if dashboard.owns(method, path):
+            return dashboard.serve(self, environ, start_response, method, path)
         headers: list[tuple[str, str]] = []
         try:
             status, body = self.handle(environ, method, path)

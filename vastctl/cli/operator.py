@@ -7,11 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import clock, fleet, lifecycle, settings, tokens
+from .. import clock, fleet, settings, tokens
 from ..errors import BadInput
 from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
-
-KILL_REASON_MAX = 500  # one line in the event log and the fleet table; a longer story goes in `notify`
 
 
 @app.command("init")
@@ -118,17 +116,13 @@ def kill_cmd(
     """
     if not reason.strip():
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
-    lifecycle.validate_text(reason.strip(), "--reason", max_len=KILL_REASON_MAX)
     from .. import operations
     from ..errors import Unavailable
     from ..providers import get_provider
 
     g = globals_of(ctx)
-    conn = g.connect()
-    row = lifecycle.resolve(conn, instance)
-    provider = get_provider(g.config) if operations.needs_provider_to_kill(row) else None
-    row, error = operations.kill(conn, provider, row["uuid"], f"operator: {reason.strip()}", config=g.config,
-                                 actor="operator", code="operator", force=force)
+    row, error = operations.operator_kill(g.connect(), g.config, instance, reason, make_provider=get_provider,
+                                          force=force)
     echo(f"{row['label']} killed")
     if error:
         raise Unavailable(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")

@@ -1,0 +1,499 @@
+"""The dashboard behind `vastctl serve`, through the WSGI app: sign-in, cookies, headers, escaping, actions, refusals."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from html import unescape
+from urllib.parse import urlencode
+
+import pytest
+import responses
+
+from vastctl import clock, dashboard, db, demand, lifecycle, overview, server, settings, tokens
+from vastctl import config as config_module
+from vastctl.errors import GuardRefused
+from vastctl.reports import LocalReports
+
+ADMIN = "dashboard-admin-token-0123456789"
+HOST = "127.0.0.1:8080"
+XSS = "<img src=x onerror=alert(1)>"
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    text: str
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+    def cookies(self) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == "set-cookie"]
+
+
+@dataclass
+class Browser:
+    """A cookie jar in front of a WSGI app, sending what a same-origin browser form would send."""
+
+    app: server.App
+    scheme: str = "http"
+    jar: dict[str, str] = field(default_factory=dict)
+    remote: str = "127.0.0.1"
+
+    def request(self, method: str, path: str, form: dict | None = None, *, headers: dict | None = None,
+                same_origin: bool = True) -> Answer:
+        body = urlencode(form or {}).encode()
+        path, _, query = path.partition("?")
+        environ = {
+            "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "wsgi.input": io.BytesIO(body),
+            "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/x-www-form-urlencoded",
+            "wsgi.url_scheme": self.scheme, "HTTP_HOST": HOST, "REMOTE_ADDR": self.remote,
+        }
+        if self.jar:
+            environ["HTTP_COOKIE"] = "; ".join(f"{k}={v}" for k, v in self.jar.items())
+        if method == "POST" and same_origin:
+            environ.update(HTTP_ORIGIN=f"{self.scheme}://{HOST}", HTTP_SEC_FETCH_SITE="same-origin")
+        environ.update(headers or {})
+        seen = {}
+        chunks = self.app(environ, lambda status, hdrs: seen.update(status=status, headers=hdrs))
+        answer = Answer(int(seen["status"].split()[0]), seen["headers"], b"".join(chunks).decode())
+        for cookie in answer.cookies():
+            name, _, rest = cookie.partition("=")
+            value = rest.split(";")[0]
+            if "Max-Age=0" in cookie:
+                self.jar.pop(name, None)
+            else:
+                self.jar[name] = value
+        return answer
+
+    def get(self, path: str, **kw) -> Answer:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, form: dict | None = None, **kw) -> Answer:
+        return self.request("POST", path, form, **kw)
+
+    def sign_in(self) -> Answer:
+        answer = self.post("/login", {"token": ADMIN})
+        assert answer.status == 303, answer.text
+        return answer
+
+    def form_token(self) -> str:
+        return re.search(r'name="csrf" value="([^"]+)"', self.get("/").text).group(1)
+
+    def act(self, path: str, form: dict) -> str:
+        """Submit a dashboard form as the page would; returns the message the page then shows."""
+        answer = self.post(path, {"csrf": self.form_token(), **form})
+        assert (answer.status, answer.header("Location")) == (303, "/"), answer.text
+        page = self.get("/").text
+        return unescape(re.search(r'<p class="flash[^"]*"[^>]*>(.*?)</p>', page).group(1))
+
+
+def make_app(db_path, **server_keys) -> server.App:
+    config = config_module.from_mapping({"server": {"admin_token": ADMIN, **server_keys}})
+    config.db = str(db_path)
+    db.connect(config.db_path, create=True).close()
+    tokens.ensure_secret(config.secret_path)
+    return server.App(config, tokens.Keyring(config.secret_path))
+
+
+@pytest.fixture
+def app(db_path):
+    return make_app(db_path)
+
+
+@pytest.fixture
+def browser(app):
+    return Browser(app)
+
+
+@pytest.fixture
+def signed_in(browser):
+    browser.sign_in()
+    return browser
+
+
+def rows(app) -> dict[str, dict]:
+    return {row["label"]: dict(row) for row in app.connection().execute("SELECT * FROM instances")}
+
+
+def events(app) -> list[dict]:
+    return [dict(row) for row in app.connection().execute("SELECT * FROM events ORDER BY id")]
+
+
+def register(app, uuid: str, label: str, **fields):
+    """A machine's boot report; a `vast_id` is recorded as a launch records it (a machine's own claim is not)."""
+    conn = app.connection()
+    LocalReports(conn, app.config).register(uuid, label=label, gpu_name=fields.get("gpu_name"),
+                                            num_gpus=fields.get("num_gpus"))
+    if fields.get("vast_id") is not None:
+        with db.transaction(conn):
+            conn.execute("UPDATE instances SET vast_id = ? WHERE uuid = ?", (fields["vast_id"], uuid))
+
+
+def empty_queue(app):
+    """Demand says nothing is queued, so the guard lets the last machine go."""
+    demand.report(app.connection(), 0, None, now=clock.utcnow())
+
+
+# --- signing in ---------------------------------------------------------------------------------------
+
+
+def test_without_a_session_the_page_is_the_sign_in_form(browser, app):
+    register(app, "u1", "vastctl-secret-row")
+    answer = browser.get("/")
+    assert answer.status == 200
+    assert 'action="/login"' in answer.text and 'type="password" name="token"' in answer.text
+    assert "vastctl-secret-row" not in answer.text
+    assert browser.get("/dashboard/live").status == 401
+
+
+def test_the_token_in_a_url_signs_nobody_in(browser):
+    assert browser.get(f"/?token={ADMIN}").text.count('action="/login"') == 1
+    assert browser.get(f"/login?token={ADMIN}").status == 405
+    assert browser.jar == {}
+
+
+def test_a_wrong_token_is_refused_without_a_cookie(browser):
+    answer = browser.post("/login", {"token": ADMIN + "x"})
+    assert answer.status == 401 and "wrong token" in answer.text
+    assert answer.cookies() == [] and browser.get("/").text.count('action="/login"') == 1
+
+
+def test_sign_in_sets_a_strict_http_only_cookie(browser, app):
+    register(app, "u1", "vastctl-one")
+    cookie = browser.sign_in().cookies()[0]
+    assert cookie.startswith("vastctl-session=")
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    assert "Secure" not in cookie  # plain http on loopback: a Secure cookie would never come back
+    assert ADMIN not in cookie
+    assert "vastctl-one" in browser.get("/").text
+
+
+def test_over_tls_the_cookie_is_secure_and_host_only(app):
+    browser = Browser(app, scheme="https")
+    cookie = browser.sign_in().cookies()[0]
+    assert cookie.startswith("__Host-vastctl-session=") and "; Secure" in cookie
+    assert 'action="/dashboard/kill"' in browser.get("/").text
+
+
+def test_forwarded_proto_counts_only_from_the_trusted_proxy(db_path):
+    forwarded = {"HTTP_X_FORWARDED_PROTO": "https", "HTTP_ORIGIN": f"https://{HOST}"}
+    untrusted = Browser(make_app(db_path))
+    assert "Secure" not in untrusted.post("/login", {"token": ADMIN}, headers=forwarded).cookies()[0]
+    trusted = Browser(make_app(db_path, trusted_proxy="10.1.2.3, 127.0.0.1"))
+    assert "; Secure" in trusted.post("/login", {"token": ADMIN}, headers=forwarded).cookies()[0]
+    assert 'action="/dashboard/kill"' in trusted.get("/", headers=forwarded).text
+
+
+def test_an_expired_or_forged_session_is_signed_out(app):
+    start = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    virtual = clock.VirtualClock(start)
+    web = dashboard.Web(app.config, app.keyring.secrets()[0], app.connection, clock=virtual)
+    environ = {"REQUEST_METHOD": "POST", "wsgi.input": io.BytesIO(f"token={ADMIN}".encode()),
+               "CONTENT_LENGTH": str(len(f"token={ADMIN}")), "HTTP_HOST": HOST}
+    _, headers, _ = web.handle(environ, "POST", "/login")
+    value = dict(headers)["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    assert web.session({"HTTP_COOKIE": f"vastctl-session={value}"}) is not None
+    sid, expires, mac = value.split(".")
+    assert web.session({"HTTP_COOKIE": f"vastctl-session={sid}.{int(expires) + 9999}.{mac}"}) is None
+    virtual.advance(dashboard.SESSION_S + 1)
+    assert web.session({"HTTP_COOKIE": f"vastctl-session={value}"}) is None
+
+
+def test_changing_the_admin_token_signs_everyone_out(db_path, browser):
+    browser.sign_in()
+    other = Browser(make_app(db_path), jar=browser.jar)
+    assert 'action="/dashboard/kill"' in other.get("/").text
+    other.app.config.server.admin_token = "a-new-admin-token-0123456789"
+    rotated = Browser(server.App(other.app.config, other.app.keyring), jar=browser.jar)
+    assert rotated.get("/").text.count('action="/login"') == 1
+
+
+def test_without_an_admin_token_the_dashboard_is_disabled(db_path):
+    browser = Browser(make_app(db_path, admin_token=""))
+    answer = browser.get("/")
+    assert answer.status == 403 and "server.admin_token" in answer.text
+    assert browser.post("/login", {"token": ""}).status == 403
+
+
+def test_sign_out_forgets_the_session(signed_in):
+    token = signed_in.form_token()
+    answer = signed_in.post("/logout", {"csrf": token})
+    assert answer.status == 303 and "Max-Age=0" in answer.cookies()[0]
+    assert signed_in.get("/").text.count('action="/login"') == 1
+
+
+# --- headers, static files, routing ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/static/dashboard.js", "/static/dashboard.css", "/dashboard/live"])
+def test_protective_headers_on_every_answer(signed_in, path):
+    answer = signed_in.get(path)
+    assert answer.status == 200
+    csp = answer.header("Content-Security-Policy")
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert answer.header("X-Frame-Options") == "DENY"
+    assert answer.header("X-Content-Type-Options") == "nosniff"
+    assert answer.header("Referrer-Policy") == "same-origin"
+
+
+def test_static_files_come_from_the_package(browser):
+    js = browser.get("/static/dashboard.js")
+    assert js.header("Content-Type").startswith("text/javascript") and "fetch(" in js.text
+    assert browser.get("/static/dashboard.css").header("Content-Type").startswith("text/css")
+    assert browser.get("/static/../server.py").status == 404
+    assert browser.get("/static/nothing.js").status == 404
+
+
+def test_the_page_has_no_inline_script_or_style(signed_in, app):
+    register(app, "u1", "vastctl-one", gpu_name="RTX 4090")
+    page = signed_in.get("/").text
+    assert re.findall(r"<script[^>]*>", page) == ['<script src="/static/dashboard.js" defer>']
+    assert " style=" not in page and "<style" not in page and " on" + "click=" not in page
+
+
+def test_machine_reports_and_post_root_still_reach_the_machine_api(app, browser):
+    answer = browser.post("/", same_origin=False)
+    assert answer.status == 404 and "no such endpoint" in json.loads(answer.text)["error"]
+    assert browser.get("/healthz").text == '{"ok": true}'
+    assert browser.post("/dashboard/settings", same_origin=True).status == 401
+    assert browser.get("/dashboard/kill").status == 405
+
+
+# --- what the page shows ------------------------------------------------------------------------------
+
+
+def test_values_from_machines_and_vast_are_shown_as_text(signed_in, app):
+    conn = app.connection()
+    register(app, "u-xss", XSS, gpu_name='RTX "4090"<script>alert(2)</script>', vast_id=77)
+    with db.transaction(conn):
+        lifecycle.update_fields(conn, "u-xss", {"vast_status": "running", "vast_status_msg": "<b>oci</b> & 'fail'"})
+    register(app, "u-killed", "vastctl-gone")
+    lifecycle.kill(conn, "u-killed", f"operator: {XSS}", source="operator", code="operator")
+    for body in (signed_in.get("/").text, signed_in.get("/dashboard/live").text):
+        assert XSS not in body and "<script>alert" not in body and "<b>oci" not in body
+        assert "&lt;img src=x onerror=alert(1)&gt;" in body
+        assert "&lt;script&gt;alert(2)&lt;/script&gt;" in body and "&lt;b&gt;oci&lt;/b&gt; &amp; &#x27;fail&#x27;" in body
+
+
+def test_the_page_shows_fleet_summary_and_events(signed_in, app):
+    conn = app.connection()
+    reports = LocalReports(conn, app.config)
+    register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
+    reports.params_done("u1")
+    reports.bench_report("u1", 55)
+    reports.running("u1")
+    register(app, "u2", "vastctl-boot", gpu_name="RTX 4090", vast_id=12)
+    with db.transaction(conn):
+        conn.execute("UPDATE instances SET dph = 0.4 WHERE uuid = 'u1'")
+        conn.execute("UPDATE instances SET dph = 0.3, vast_status = 'exited' WHERE uuid = 'u2'")
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 200)
+    page = signed_in.get("/").text
+    assert re.search(r'id="capacity">55</span> / <span id="target">200<', page)
+    assert "+55 proofs/h on the way" in page  # u2 counts at its model's measured rate
+    assert "$0.70</span>/h" in page
+    assert "registered here but vast says exited" in page and 'class="disagree"' in page
+    assert "target_proofs_per_hour 0 → 200" in page
+    assert "no demand samples kept" in page and "no agent steps yet" in page
+
+
+AGENT_STEPS = """CREATE TABLE IF NOT EXISTS agent_steps (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT,
+  finished_at TEXT, policy TEXT, outcome TEXT, event_cursor INTEGER, observation TEXT, actions TEXT, refused TEXT,
+  errors TEXT, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER,
+  cost REAL)"""
+DEMAND_SAMPLES = """CREATE TABLE IF NOT EXISTS demand_samples (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT,
+  queued INTEGER, proofs_per_hour REAL, source TEXT, ok INTEGER, error TEXT)"""
+
+
+def add_step(conn: sqlite3.Connection, at: datetime, **values) -> None:
+    row = {"started_at": clock.to_iso(at), "finished_at": clock.to_iso(at + timedelta(seconds=3)),
+           "policy": "llm", "outcome": "ok", "observation": "{}", "actions": "[]", "refused": "[]", "errors": "[]",
+           "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0, "cost": 0.0,
+           **values}
+    conn.execute(f"INSERT INTO agent_steps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                 tuple(row.values()))
+
+
+def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
+    conn = app.connection()
+    conn.execute(AGENT_STEPS)
+    now = clock.utcnow()
+    add_step(conn, now - timedelta(minutes=5), observation=json.dumps({"capacity": 120, "target": 400, "queued": 9}),
+             actions=json.dumps([{"kind": "launch", "count": 2, "reason": "below target", "result": "launched 2"}]),
+             refused=json.dumps([{"kind": "destroy", "label": XSS, "why": "never scale to zero"}]),
+             input_tokens=5100, output_tokens=230, cache_read_tokens=4000, cost=0.0123)
+    add_step(conn, now - timedelta(minutes=1), observation="{not json", actions="oops", outcome="error",
+             errors=json.dumps(["model timed out"]))
+    page = signed_in.get("/").text
+    steps = page.split('id="steps"')[1]
+    assert "launch 2: below target → launched 2" in steps
+    assert "destroy &lt;img src=x onerror=alert(1)&gt;: never scale to zero" in steps
+    assert "5100 in · 230 out · 4000 cached" in steps and "$0.0123" in steps
+    assert "capacity 120 · target 400 · queued 9" in steps
+    assert "{not json" in steps and "model timed out" in steps
+    assert steps.index("model timed out") < steps.index("launched 2")  # newest first
+
+
+def test_the_chart_replays_the_last_day(app):
+    conn, cfg = app.connection(), app.config
+    now = datetime(2026, 11, 2, 12, tzinfo=timezone.utc)
+    hour = timedelta(hours=1)
+    lifecycle.create(conn, uuid="u1", label="vastctl-a", state="launching", reason="launch", source="operator",
+                     now=now - 30 * hour, fields={"dph": 0.5, "gpu_name": "RTX 4090"})
+    lifecycle.transition(conn, "u1", "registered", "registered", "instance", now=now - 10 * hour)
+    with db.transaction(conn):
+        lifecycle.update_fields(conn, "u1", {"bench_rate": 50})
+    lifecycle.transition(conn, "u1", "params_done", "p", "instance", now=now - 9 * hour)
+    lifecycle.transition(conn, "u1", "bench_done", "b", "instance", now=now - 8 * hour)
+    lifecycle.transition(conn, "u1", "running", "r", "instance", now=now - 6 * hour)
+    lifecycle.kill(conn, "u1", "operator: test", source="operator", code="operator", now=now - 2 * hour)
+    settings.set_value(conn, cfg, "target_proofs_per_hour", 300, now=now - 5 * hour)
+    conn.execute(DEMAND_SAMPLES)
+    conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, 7, 100, 'report', 1)",
+                 (clock.to_iso(now - 4 * hour),))
+    conn.execute("INSERT INTO vast_listings (at, ok, error) VALUES (?, 0, 'HTTP 502')", (clock.to_iso(now - 3 * hour),))
+    chart = overview.history(conn, cfg, now, capacity=0.0, spend=0.0, target=300.0, model_rates={})
+    assert chart["capacity"] == [(now - 24 * hour, 0.0), (now - 6 * hour, 50.0), (now - 2 * hour, 0.0)]
+    assert chart["spend"] == [(now - 24 * hour, 0.5), (now - 2 * hour, 0.0)]  # launched before the window
+    assert chart["target"] == [(now - 24 * hour, 0.0), (now - 5 * hour, 300.0)]
+    assert chart["queue"] == [(now - 4 * hour, 7.0)]
+    assert chart["reconcile_failures"] == [now - 3 * hour]
+
+
+# --- actions: the same library calls as the CLI, the same events and refusals ------------------------
+
+
+def test_set_a_setting_records_the_cli_event(signed_in, app):
+    assert signed_in.act("/dashboard/settings", {"key": "target_proofs_per_hour", "value": "400"}) == \
+        "target_proofs_per_hour = 400"
+    assert settings.get(app.connection(), app.config, "target_proofs_per_hour") == 400
+    event = events(app)[-1]
+    assert (event["kind"], event["source"], event["reason"]) == ("setting", "operator", "target_proofs_per_hour 0 → 400")
+    assert signed_in.act("/dashboard/settings", {"key": "target_proofs_per_hour", "value": "400"}).endswith(
+        "(unchanged)")
+    assert len(events(app)) == 1
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("max_instances", "2.5", "max_instances must be a whole number ≥ 0"),
+    ("max_dph", "-1", "max_dph must be a finite number ≥ 0"),
+    ("no_such_key", "1", "unknown setting 'no_such_key'"),
+])
+def test_bad_settings_are_refused_with_the_cli_message(signed_in, app, key, value, says):
+    message = signed_in.act("/dashboard/settings", {"key": key, "value": value})
+    assert message.startswith(f"error: {says}")
+    assert events(app) == [] and app.connection().execute("SELECT count(*) FROM settings").fetchone()[0] == 0
+
+
+def test_a_note_is_the_notify_event(signed_in, app):
+    message = signed_in.act("/dashboard/note", {"text": "  Curio maintenance 02:00 UTC "})
+    event = events(app)[-1]
+    assert message == f"note {event['id']} left for the agent"
+    assert (event["kind"], event["source"], event["reason"]) == ("note", "operator", "Curio maintenance 02:00 UTC")
+    assert signed_in.act("/dashboard/note", {"text": "   "}).startswith("error: the note is empty")
+
+
+def test_kill_without_a_vast_instance_is_the_cli_kill(signed_in, app):
+    register(app, "u1", "vastctl-one")
+    empty_queue(app)
+    assert signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": " GPU errors "}) == "vastctl-one killed"
+    row = rows(app)["vastctl-one"]
+    assert (row["state"], row["kill_code"], row["kill_reason"]) == ("killed", "operator", "operator: GPU errors")
+    assert row["destroyed_at"] is not None
+    assert "vastctl-one" not in signed_in.get("/dashboard/live").text.split('id="events"')[0]
+    assert signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "again"}).startswith(
+        "error: instance vastctl-one is killed")
+
+
+def test_kill_destroys_at_vast_with_the_configured_key(signed_in, app, monkeypatch):
+    monkeypatch.setenv("VAST_API_KEY", "k-dash")
+    monkeypatch.setenv("VAST_API_URL", "https://vast.test")
+    register(app, "u1", "vastctl-one", vast_id=4242)
+    empty_queue(app)
+    with responses.RequestsMock() as mocked:
+        mocked.get("https://vast.test/api/v0/instances/4242/", json={"instances": {"id": 4242, "label": "vastctl-one"}})
+        mocked.delete("https://vast.test/api/v0/instances/4242/", json={"success": True})
+        message = signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "stuck"})
+        assert mocked.calls[-1].request.headers["Authorization"] == "Bearer k-dash"
+    assert message == "vastctl-one killed; vast instance 4242 destroyed"
+    audit = app.connection().execute("SELECT actor, kind, ok FROM actions").fetchall()
+    assert [tuple(a) for a in audit] == [("operator", "destroy", 1)]
+
+
+def test_kill_without_a_vast_key_changes_nothing(signed_in, app):
+    register(app, "u1", "vastctl-one", vast_id=4242)
+    empty_queue(app)
+    before = events(app)
+    assert signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "x"}).startswith(
+        "error: no vast.ai API key")
+    assert rows(app)["vastctl-one"]["state"] == "registered" and events(app) == before
+
+
+@pytest.mark.parametrize("form, says", [
+    ({"instance": "vastctl-nobody", "reason": "x"}, "error: no instance labelled or with uuid 'vastctl-nobody'"),
+    ({"instance": "vastctl-one", "reason": "  "}, "error: give a reason for the event log"),
+    ({"instance": "", "reason": "x"}, "error: name the machine to kill"),
+])
+def test_bad_kills_are_refused(signed_in, app, form, says):
+    register(app, "u1", "vastctl-one")
+    assert signed_in.act("/dashboard/kill", form).startswith(says)
+    assert rows(app)["vastctl-one"]["state"] == "registered"
+
+
+def test_a_guard_refusal_is_shown_as_a_message(signed_in, app, monkeypatch):
+    register(app, "u1", "vastctl-one")
+
+    def refuse(*args, **kwargs):
+        raise GuardRefused("killing vastctl-one would leave no machine running while work is queued")
+
+    monkeypatch.setattr("vastctl.operations.kill", refuse)
+    message = signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "x"})
+    assert message == "error: killing vastctl-one would leave no machine running while work is queued"
+    assert rows(app)["vastctl-one"]["state"] == "registered"
+
+
+# --- cross-site request forgery ----------------------------------------------------------------------
+
+TARGET = {"key": "target_proofs_per_hour", "value": "999"}
+
+
+@pytest.mark.parametrize("headers", [
+    {"HTTP_ORIGIN": "http://evil.example", "HTTP_SEC_FETCH_SITE": "cross-site"},
+    {"HTTP_ORIGIN": "http://127.0.0.1:9999", "HTTP_SEC_FETCH_SITE": "same-site"},  # another port: same site
+    {"HTTP_ORIGIN": "null"},
+    {"HTTP_SEC_FETCH_SITE": "cross-site"},
+    {"HTTP_ORIGIN": "http://127.0.0.1:9999"},
+])
+def test_cross_site_posts_are_refused(signed_in, app, headers):
+    token = signed_in.form_token()
+    answer = signed_in.post("/dashboard/settings", {"csrf": token, **TARGET}, headers=headers, same_origin=False)
+    assert answer.status == 403 and "another site" in answer.text
+    assert events(app) == []
+
+
+@pytest.mark.parametrize("token", [None, "", "0" * 64])
+def test_a_post_without_the_session_form_token_is_refused(signed_in, app, token):
+    form = dict(TARGET) if token is None else {"csrf": token, **TARGET}
+    answer = signed_in.post("/dashboard/settings", form)
+    assert answer.status == 403 and "did not come from your dashboard session" in answer.text
+    assert events(app) == []
+
+
+def test_another_sessions_form_token_is_refused(app, signed_in):
+    other = Browser(app)
+    other.sign_in()
+    answer = signed_in.post("/dashboard/settings", {"csrf": other.form_token(), **TARGET})
+    assert answer.status == 403 and events(app) == []
+
+
+def test_a_cross_site_sign_in_is_refused(browser):
+    answer = browser.post("/login", {"token": ADMIN}, headers={"HTTP_ORIGIN": "http://evil.example"},
+                          same_origin=False)
+    assert answer.status == 403 and answer.cookies() == []
+

@@ -1,0 +1,193 @@
+"""The dashboard in a real browser: Debian's chromium, driven by Playwright, against a real `vastctl serve`.
+
+.ci/run installs chromium; Playwright never downloads a browser of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import uuid as uuid_module
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from vastctl import clock, db, demand
+from serving import ADMIN_TOKEN, Manager
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+# What this machine's chromium needs as root, headless, with no network but loopback.
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+XSS = "<img src=x onerror=alert(1)>"
+REFRESH_WAIT_MS = 15_000  # the page refreshes every 5 s
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: apt-get install chromium")
+
+
+@pytest.fixture(scope="module")
+def manager(tmp_path_factory):
+    m = Manager(tmp_path_factory.mktemp("dashboard"), gate=40).start(0)
+    yield m
+    assert m.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium):
+    context = chromium.new_context()
+    page = context.new_page()
+    page.dialogs = []
+    page.console_errors = []
+    page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    page.on("console", lambda message: message.type == "error" and page.console_errors.append(message.text))
+    yield page
+    context.close()
+
+
+def sign_in(page, manager):
+    page.goto(manager.url + "/")
+    page.fill('input[name="token"]', ADMIN_TOKEN)
+    page.click('#signin-form button[type="submit"]')
+    page.wait_for_selector("#fleet")
+
+
+def register(manager, label: str) -> str:
+    uuid = f"u-{uuid_module.uuid4()}"
+    response = requests.post(f"{manager.url}/v1/instances/{uuid}/register", json={"label": label, "gpu_name": "RTX 4090"},
+                             headers={"Authorization": f"Bearer {manager.token(uuid)}"}, timeout=10)
+    assert response.status_code == 200, response.text
+    return uuid
+
+
+def empty_queue(manager) -> None:
+    conn = db.connect(manager.db_path)
+    try:
+        demand.report(conn, 0, None, now=clock.utcnow())
+    finally:
+        conn.close()
+
+
+def target(manager) -> float | None:
+    conn = sqlite3.connect(manager.db_path)
+    try:
+        row = conn.execute("SELECT value FROM settings WHERE key = 'target_proofs_per_hour'").fetchone()
+        return None if row is None else float(row[0])
+    finally:
+        conn.close()
+
+
+def fleet_labels(page) -> list[str]:
+    return page.locator("#fleet tbody tr td:first-child").all_inner_texts()
+
+
+def test_sign_in_and_see_a_machine_appear_without_a_reload(page, manager):
+    page.goto(manager.url + "/")
+    assert page.locator('input[name="token"]').get_attribute("type") == "password"
+    sign_in(page, manager)
+    assert "token" not in page.url and ADMIN_TOKEN not in page.url
+    page.evaluate("window.stillTheSamePage = true")
+    label = f"vastctl-appears-{uuid_module.uuid4().hex[:6]}"
+    register(manager, label)
+    page.wait_for_selector(f'#fleet tr[data-label="{label}"]', timeout=REFRESH_WAIT_MS)
+    assert page.evaluate("window.stillTheSamePage") is True  # swapped in by the script, not a reload
+    assert "updated" in page.inner_text("#refreshed")
+    row = page.locator(f'#fleet tr[data-label="{label}"]').inner_text()
+    assert "registered" in row and "1x RTX 4090" in row
+    blocked = [text for text in page.console_errors if "Content Security Policy" in text or "Refused to" in text]
+    assert blocked == []  # no script or style the content security policy blocked
+
+
+def test_change_the_target_and_see_the_event(page, manager):
+    sign_in(page, manager)
+    form = page.locator("#set-target_proofs_per_hour")
+    form.locator('input[name="value"]').fill("425")
+    form.locator('button[type="submit"]').click()
+    page.wait_for_selector("#flash")
+    assert page.inner_text("#flash") == "target_proofs_per_hour = 425"
+    assert target(manager) == 425
+    assert "→ 425" in page.inner_text("#events") and "target_proofs_per_hour" in page.inner_text("#events")
+    assert page.inner_text("#target") == "425"
+
+
+def test_kill_a_machine_and_see_it_go(page, manager):
+    label = f"vastctl-doomed-{uuid_module.uuid4().hex[:6]}"
+    uuid = register(manager, label)
+    empty_queue(manager)  # nothing queued: the guard lets the last machine go
+    sign_in(page, manager)
+    assert label in fleet_labels(page)
+    page.click(f'#fleet tr[data-label="{label}"] button.kill')
+    assert page.input_value('#kill-form input[name="instance"]') == label  # the row's button filled the form
+    page.fill('#kill-form input[name="reason"]', "GPU errors in dmesg")
+    page.click('#kill-form button[type="submit"]')
+    page.wait_for_selector("#flash")
+    assert page.inner_text("#flash") == f"{label} killed"
+    assert label not in fleet_labels(page)
+    row = manager.rows()[uuid]
+    assert (row["state"], row["kill_code"], row["kill_reason"]) == ("killed", "operator", "operator: GPU errors in dmesg")
+    assert "registered → killed" in page.inner_text("#events")
+
+
+def test_a_hostile_label_is_shown_as_text(page, manager):
+    register(manager, XSS)
+    sign_in(page, manager)
+    assert XSS in fleet_labels(page)
+    sync_api.expect(page.locator("#refreshed")).to_contain_text("updated", timeout=REFRESH_WAIT_MS)  # and refreshed
+    assert XSS in fleet_labels(page)
+    assert page.locator("#live img").count() == 0
+    page.fill('#kill-form input[name="instance"]', XSS)  # the datalist and the form carry it as text too
+    assert page.dialogs == []
+
+
+class _Attacker(BaseHTTPRequestHandler):
+    """Another site's page with a form that posts to the dashboard (it cannot read the form token)."""
+
+    target = ""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = (f'<!doctype html><form method="post" action="{self.target}/dashboard/settings">'
+                '<input type="hidden" name="key" value="target_proofs_per_hour">'
+                '<input type="hidden" name="value" value="99999">'
+                '<input type="hidden" name="csrf" value="guessed">'
+                '<button id="go" type="submit">win a prize</button></form>').encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # same site on another port; another site
+def test_a_forged_cross_site_post_is_refused(page, manager, host):
+    sign_in(page, manager)
+    before = target(manager)
+    handler = type("Attacker", (_Attacker,), {"target": manager.url})
+    attacker = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=attacker.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page.goto(f"http://{host}:{attacker.server_address[1]}/")
+        with page.expect_navigation():
+            page.click("#go")
+        assert "Refused" in page.content()
+        assert "another site" in page.inner_text("main")
+    finally:
+        attacker.shutdown()
+        attacker.server_close()
+    assert target(manager) == before
+    page.goto(manager.url + "/")
+    assert page.locator("#fleet").count() == 1  # still signed in; nothing changed

@@ -1,0 +1,324 @@
+"""The operator's pages on `vastctl serve`: the dashboard at `/`, its actions, its static files, `/metrics`.
+
+server.App hands a request here when `owns()` says so; every other path
+stays with the machines' API. Routes:
+
+  GET  /                    the dashboard, or the sign-in form without a session
+  POST /login               the admin token in a form field → a session cookie (never in a URL)
+  POST /logout              forget the session cookie
+  GET  /dashboard/live      the live part of the page, as HTML, for /static/dashboard.js to swap in
+  POST /dashboard/settings  settings.set_value — as `vastctl settings set`
+  POST /dashboard/kill      operations.kill — as `vastctl kill` (same reason prefix, code, provider)
+  POST /dashboard/note      fleet.notify — as `vastctl notify`
+  GET  /static/NAME         dashboard.js and dashboard.css (package data)
+  GET  /metrics             Prometheus text; bearer server.admin_token or server.metrics_token
+
+Sessions are signed, not stored: the cookie holds a random id and an expiry
+under an HMAC keyed by the token secret and the admin token, so a restart
+keeps operators signed in and changing server.admin_token signs everyone out.
+The cookie is HttpOnly, SameSite=Strict, and Secure (named `__Host-…`) when
+the request came over TLS: wsgi.url_scheme, or X-Forwarded-Proto from the
+address in server.trusted_proxy only.
+
+Every POST must look same-origin (Sec-Fetch-Site, when sent, is
+`same-origin`; Origin, when sent, names this host) and, once signed in, carry
+the session's form token (an HMAC of the session id) in a hidden field. A
+refused request changes nothing. An action's outcome, or the typed error that
+refused it (GuardRefused, BadInput, Refused, Unavailable), comes back as a
+one-line message on the page after a redirect, so a reload never repeats it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable
+from http import HTTPStatus
+from importlib import resources
+from urllib.parse import parse_qs, urlsplit
+
+from . import clock as clock_module
+from . import dashboard_page as page
+from . import fleet, operations, overview, settings
+from .config import Config
+from .errors import BadInput, VastctlError
+from .server import HTTPError, _bearer, access_log
+
+SESSION_S = 12 * 3600
+FLASH_S = 60
+MAX_FORM = 64 * 1024
+ROUTES = frozenset({"/login", "/logout", "/metrics", "/dashboard/live", "/dashboard/settings", "/dashboard/kill",
+                    "/dashboard/note"})
+STATIC = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
+SECURITY_HEADERS = [
+    ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
+                                " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    ("X-Frame-Options", "DENY"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),  # no-referrer would make browsers send `Origin: null` on our own forms
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+]
+HTML = "text/html; charset=utf-8"
+
+
+def owns(method: str, path: str) -> bool:
+    """Whether a request is for these pages (POST / stays a 404 of the machines' API)."""
+    return (path == "/" and method in ("GET", "HEAD")) or path in ROUTES or path.startswith("/static/")
+
+
+def serve(app, environ: dict, start_response: Callable, method: str, path: str) -> list[bytes]:
+    """The WSGI answer for a request `owns()` accepted; logged like every other request of serve."""
+    started = clock_module.SYSTEM.monotonic()
+    web = Web(app.config, app.keyring.secrets()[0], app.connection)  # the signing secret (tokens.Keyring)
+    try:
+        status, headers, body = web.handle(environ, method, path)
+    except _MethodNotAllowed as exc:
+        status, headers = 405, [("Content-Type", HTML), ("Allow", exc.allowed)]
+        body = page.message_page("Wrong method", f"use {exc.allowed} here, not {method}").encode()
+    except (BadInput, HTTPError) as exc:
+        status = exc.status if isinstance(exc, HTTPError) else 400
+        headers, body = [("Content-Type", HTML)], page.message_page("Error", f"error: {exc}").encode()
+    except Exception:  # noqa: BLE001 - one bad request must never take the server down
+        access_log.exception("unexpected error answering %s %s", method, path[:300])
+        status, headers = 500, [("Content-Type", HTML)]
+        body = page.message_page("Error", "internal error: see the manager's log").encode()
+    headers = [*headers, *SECURITY_HEADERS, ("Content-Length", str(len(body)))]
+    if not any(name == "Cache-Control" for name, _ in headers):
+        headers.append(("Cache-Control", "no-store"))
+    start_response(f"{status} {HTTPStatus(status).phrase}", headers)
+    access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, path[:300], status,
+                    (clock_module.SYSTEM.monotonic() - started) * 1000)
+    return [b"" if method == "HEAD" else body]
+
+
+Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class Web:
+    """One request's view of the operator pages: config, token secret, the state file, the clock."""
+
+    def __init__(self, config: Config, secret: bytes, connect: Callable[[], sqlite3.Connection], *,
+                 clock: clock_module.Clock = clock_module.SYSTEM):
+        self.config = config
+        self.connect = connect
+        self.clock = clock
+        self.admin_token = config.server.admin_token
+        self.key = hmac.new(secret, b"vastctl dashboard\0" + self.admin_token.encode(), hashlib.sha256).digest()
+
+    def handle(self, environ: dict, method: str, path: str) -> Response:
+        if path.startswith("/static/"):
+            _allow(method, "GET")
+            return self.static(path.removeprefix("/static/"))
+        if path == "/metrics":
+            _allow(method, "GET")
+            return self.metrics(environ)
+        if not self.admin_token:
+            return _html(403, page.message_page(
+                "Dashboard disabled", "set server.admin_token in the manager's config and restart serve"))
+        if path == "/":
+            return self.home(environ)
+        if path == "/dashboard/live":
+            _allow(method, "GET")
+            sid = self.session(environ)
+            if sid is None:
+                return 401, [("Content-Type", "text/plain; charset=utf-8")], b"signed out: reload to sign in"
+            return _html(200, page.live_fragment(self.data()))
+        _allow(method, "POST")
+        refused = _cross_site(environ)
+        if refused:
+            return _html(403, page.message_page("Refused", refused))
+        if path == "/login":
+            return self.login(environ)
+        sid = self.session(environ)
+        if sid is None:
+            return _html(401, page.sign_in_page("your session ended: sign in again"))
+        form = _read_form(environ)
+        if not hmac.compare_digest(form.get("csrf", "").encode(), self.form_token(sid).encode()):
+            return _html(403, page.message_page("Refused", "this form did not come from your dashboard session:"
+                                                           " reload the dashboard and try again"))
+        if path == "/logout":
+            return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, "", 0))], b""
+        try:
+            flash = {"kind": "ok", "text": self.act(path, form)}
+        except VastctlError as exc:
+            flash = {"kind": "error", "text": f"error: {exc}"}
+        return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, FLASH, self.sign_flash(flash), FLASH_S))], b""
+
+    # --- pages ------------------------------------------------------------------------------------
+
+    def home(self, environ: dict) -> Response:
+        sid = self.session(environ)
+        if sid is None:
+            return _html(200, page.sign_in_page())
+        flash = self.read_flash(environ)
+        headers = [("Content-Type", HTML)]
+        if flash is not None:
+            headers.append(("Set-Cookie", self.cookie(environ, FLASH, "", 0)))
+        return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash).encode()
+
+    def data(self) -> dict:
+        return overview.overview(self.connect(), self.config, self.clock.now())
+
+    def static(self, name: str) -> Response:
+        if name not in STATIC:
+            return 404, [("Content-Type", "text/plain; charset=utf-8")], b"no such file"
+        body = resources.files("vastctl").joinpath("static", name).read_bytes()
+        return 200, [("Content-Type", STATIC[name]), ("Cache-Control", "no-cache")], body
+
+    def metrics(self, environ: dict) -> Response:
+        tokens = [t for t in (self.admin_token, self.config.server.metrics_token) if t]
+        text = [("Content-Type", "text/plain; charset=utf-8")]
+        if not tokens:
+            return 403, text, b"GET /metrics is disabled: set server.metrics_token (or server.admin_token)\n"
+        given = _bearer(environ)
+        if given is None or not any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
+            return 401, [*text, ("WWW-Authenticate", 'Bearer realm="vastctl"')], \
+                b"GET /metrics needs 'Authorization: Bearer <server.metrics_token>'\n"
+        from . import metrics  # prometheus_client loads only here
+
+        return 200, [("Content-Type", metrics.CONTENT_TYPE)], metrics.render(self.connect(), self.config,
+                                                                             self.clock.now())
+
+    # --- sign-in ----------------------------------------------------------------------------------
+
+    def login(self, environ: dict) -> Response:
+        given = _read_form(environ).get("token", "")
+        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+            return _html(401, page.sign_in_page("wrong token: use server.admin_token from the manager's config"))
+        sid = secrets.token_urlsafe(24)
+        expires = int(self.clock.now().timestamp()) + SESSION_S
+        value = f"{sid}.{expires}.{self.mac(f'{sid}.{expires}')}"
+        return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, value, SESSION_S))], b""
+
+    def session(self, environ: dict) -> str | None:
+        """The session id of a valid, unexpired cookie; None otherwise."""
+        value = _cookies(environ).get(_cookie_name(SESSION, self.tls(environ)), "")
+        sid, _, rest = value.partition(".")
+        expires, _, mac = rest.partition(".")
+        if not (sid and expires.isdigit() and hmac.compare_digest(mac, self.mac(f"{sid}.{expires}"))):
+            return None
+        return sid if int(expires) > self.clock.now().timestamp() else None
+
+    def form_token(self, sid: str) -> str:
+        return self.mac(f"form\0{sid}")
+
+    def mac(self, text: str) -> str:
+        return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
+
+    def sign_flash(self, flash: dict) -> str:
+        payload = base64.urlsafe_b64encode(json.dumps(flash)[:1500].encode()).decode().rstrip("=")
+        return f"{payload}.{self.mac('flash' + payload)}"
+
+    def read_flash(self, environ: dict) -> dict | None:
+        payload, _, mac = _cookies(environ).get(_cookie_name(FLASH, self.tls(environ)), "").partition(".")
+        if not payload or not hmac.compare_digest(mac, self.mac("flash" + payload)):
+            return None
+        try:
+            return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        except ValueError:
+            return None
+
+    def tls(self, environ: dict) -> bool:
+        """Whether the browser reached us over TLS (directly, or through the configured proxy)."""
+        if environ.get("wsgi.url_scheme") == "https":
+            return True
+        trusted = {a.strip() for a in self.config.server.trusted_proxy.split(",") if a.strip()}
+        forwarded = environ.get("HTTP_X_FORWARDED_PROTO", "").split(",")[0].strip().lower()
+        return environ.get("REMOTE_ADDR") in trusted and forwarded == "https"
+
+    def cookie(self, environ: dict, kind: str, value: str, max_age: int) -> str:
+        secure = self.tls(environ)
+        return (f"{_cookie_name(kind, secure)}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict"
+                + ("; Secure" if secure else ""))
+
+    # --- actions: the same library calls as the CLI ----------------------------------------------
+
+    def act(self, path: str, form: dict[str, str]) -> str:
+        conn = self.connect()
+        if path == "/dashboard/settings":
+            key, value = form.get("key", ""), form.get("value", "").strip()
+            changed = settings.set_value(conn, self.config, key, value)
+            return f"{key} = {settings.parse_value(key, value):g}" + ("" if changed else " (unchanged)")
+        if path == "/dashboard/note":
+            return f"note {fleet.notify(conn, form.get('text', ''))} left for the agent"
+        if path == "/dashboard/kill":
+            return self.kill(conn, form.get("instance", "").strip(), form.get("reason", "").strip())
+        raise BadInput(f"no such action {path}")
+
+    def kill(self, conn: sqlite3.Connection, instance: str, reason: str) -> str:
+        """`vastctl kill INSTANCE --reason R`: marked killed with the operator's reason, then destroyed at vast."""
+        if not instance:
+            raise BadInput("name the machine to kill: its label or uuid")
+        from .providers import get_provider
+
+        row, error = operations.operator_kill(conn, self.config, instance, reason, make_provider=get_provider)
+        if error:
+            raise VastctlError(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")
+        destroyed = f"; vast instance {row['vast_id']} destroyed" if row["vast_id"] is not None else ""
+        return f"{row['label']} killed{destroyed}"
+
+
+SESSION, FLASH = "session", "flash"
+
+
+def _cookie_name(kind: str, secure: bool) -> str:
+    return f"__Host-vastctl-{kind}" if secure else f"vastctl-{kind}"
+
+
+def _cookies(environ: dict) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for part in environ.get("HTTP_COOKIE", "").split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep and name not in found:
+            found[name] = value
+    return found
+
+
+def _cross_site(environ: dict) -> str | None:
+    """Why a POST is refused as cross-site, or None. Browsers send one or both headers; curl sends neither."""
+    why = "refused: this request came from another site; use the dashboard's own forms"
+    fetch_site = environ.get("HTTP_SEC_FETCH_SITE")
+    if fetch_site is not None and fetch_site != "same-origin":
+        return why
+    origin = environ.get("HTTP_ORIGIN")
+    if origin is not None:
+        host = environ.get("HTTP_HOST", "").lower()
+        parts = urlsplit(origin)
+        if origin == "null" or parts.scheme not in ("http", "https") or parts.netloc.lower() != host:
+            return why
+    return None
+
+
+def _read_form(environ: dict) -> dict[str, str]:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise BadInput("Content-Length is not a number") from None
+    if length > MAX_FORM:
+        raise BadInput(f"the form is over {MAX_FORM // 1024} KiB")
+    raw = environ["wsgi.input"].read(length) if length > 0 else b""
+    try:
+        fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=20, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        raise BadInput("the form is not UTF-8 text with at most 20 fields") from None
+    return {name: values[-1] for name, values in fields.items()}
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed and not (allowed == "GET" and method == "HEAD"):
+        raise _MethodNotAllowed(allowed)
+
+
+class _MethodNotAllowed(Exception):
+    def __init__(self, allowed: str):
+        super().__init__(allowed)
+        self.allowed = allowed
+
+
+def _html(status: int, text: str) -> Response:
+    return status, [("Content-Type", HTML)], text.encode()
+

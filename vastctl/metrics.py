@@ -1,0 +1,126 @@
+"""`GET /metrics`: the fleet in Prometheus' text format, read from the state file at each scrape.
+
+Nothing is counted in memory: every value comes from the file when
+Prometheus asks, so a restart of `serve` loses nothing and a scrape shows what
+reconcile and the agent (other processes) did. Totals that the file derives
+from rows it keeps (kills from the instances table, agent figures from
+`agent_steps`) are exported as counters. jobs/prometheus-alerts.yml names
+these metrics; tests/test_metrics.py checks it names no other.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from datetime import datetime
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from . import fleet, overview
+from .observe import observe
+from .config import Config
+from .lifecycle import State
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def render(conn: sqlite3.Connection, config: Config, now: datetime) -> bytes:
+    """The exposition text of one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_FleetCollector(conn, config, now))
+    return generate_latest(registry)
+
+
+class _FleetCollector:
+    def __init__(self, conn: sqlite3.Connection, config: Config, now: datetime):
+        self.conn, self.config, self.now = conn, config, now
+
+    def collect(self) -> Iterator[Metric]:
+        conn, config, now = self.conn, self.config, self.now
+        obs = observe(conn, config, now=now)
+        summary = fleet.fleet_view(conn, config, now=now, obs=obs)["summary"]
+        limits = obs.settings
+
+        machines = GaugeMetricFamily("vastctl_machines", "Machines by our state (killed: not yet destroyed at vast).",
+                                     labels=["state"])
+        for state in State:
+            machines.add_metric([str(state)], summary["by_state"].get(str(state), 0))
+        yield machines
+        yield _gauge("vastctl_capacity_proofs_per_hour", "Expected proofs/hour of running machines.",
+                     summary["capacity_proofs_per_hour"])
+        yield _gauge("vastctl_pending_capacity_proofs_per_hour", "Expected proofs/hour of machines not yet running.",
+                     obs.pending_capacity)
+        yield _gauge("vastctl_target_proofs_per_hour", "The target_proofs_per_hour setting.",
+                     limits["target_proofs_per_hour"])
+        yield _gauge("vastctl_spend_dollars_per_hour", "$/hour of machines billing GPU time.", summary["spend_per_hour"])
+        yield _gauge("vastctl_max_hourly_spend_dollars_per_hour", "The max_hourly_spend setting.",
+                     limits["max_hourly_spend"])
+        yield _gauge("vastctl_max_instances", "The max_instances setting.", limits["max_instances"])
+        yield _gauge("vastctl_disagreements", "Machines whose state here and at vast disagree.",
+                     summary["disagreements"])
+        yield from _demand(overview.demand_view(obs))
+        yield from _reconcile(overview.reconcile_status(conn, now), overview.destroys_pending(conn, now))
+        kills = CounterMetricFamily("vastctl_kills", "Machines killed, by kill code.", labels=["code"])
+        for code, count in overview.kills_by_code(conn).items():
+            kills.add_metric([code], count)
+        yield kills
+        yield from _agent(overview.agent_totals(conn))
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=float(value))
+
+
+def _timestamp(moment: datetime | None) -> float:
+    """Seconds since the epoch; 0 for never, so `time() - x` alerts fire on a file that never saw one."""
+    return 0.0 if moment is None else moment.timestamp()
+
+
+def _demand(demand: dict | None) -> Iterator[Metric]:
+    """Demand as the decisions read it (observe): NaN while unknown, so `queued > 0` alerts stay quiet then."""
+    demand = demand or {}
+    yield _gauge("vastctl_demand_known", "1 when the newest demand sample is good and fresh (demand.stale_after).",
+                 bool(demand.get("known")))
+    for name, key, documentation in (
+        ("vastctl_demand_queued", "queued", "Proofs queued, as of the newest demand sample (NaN: unknown)."),
+        ("vastctl_demand_proofs_per_hour", "proofs_per_hour", "Demanded proofs/hour, newest sample (NaN: unknown)."),
+        ("vastctl_demand_age_seconds", "age_s", "Age of the newest demand sample (NaN: none kept)."),
+    ):
+        value = demand.get(key)
+        yield _gauge(name, documentation, math.nan if value is None else value)
+
+
+def _reconcile(status: dict, pending: dict) -> Iterator[Metric]:
+    yield _gauge("vastctl_reconcile_last_success_timestamp_seconds", "When reconcile last listed vast successfully.",
+                 _timestamp(status["last_success"]))
+    yield _gauge("vastctl_reconcile_last_attempt_timestamp_seconds", "When reconcile last tried to list vast.",
+                 _timestamp(status["last_attempt"]))
+    yield _gauge("vastctl_reconcile_consecutive_failures", "Failed vast listings since the last good one.",
+                 status["consecutive_failures"])
+    yield _gauge("vastctl_reconcile_failures_last_day", "Failed vast listings in the last 24 hours.",
+                 status["failures_last_day"])
+    yield _gauge("vastctl_reconcile_passes_last_day", "vast listings (reconcile passes) in the last 24 hours.",
+                 status["passes_last_day"])
+    yield _gauge("vastctl_destroys_pending", "Killed machines vast has not confirmed destroyed.", pending["count"])
+    yield _gauge("vastctl_destroy_pending_oldest_age_seconds", "How long the oldest pending destroy has waited.",
+                 pending["oldest_age_s"])
+
+
+def _agent(totals: dict | None) -> Iterator[Metric]:
+    if totals is None:  # this file keeps no agent steps
+        return
+    steps = CounterMetricFamily("vastctl_agent_steps", "Agent steps, by outcome.", labels=["outcome"])
+    for outcome, count in sorted(totals["steps"].items()):
+        steps.add_metric([outcome], count)
+    yield steps
+    tokens = CounterMetricFamily("vastctl_agent_tokens", "Model tokens the agent used, by kind.", labels=["kind"])
+    for kind, count in totals["tokens"].items():
+        tokens.add_metric([kind], count)
+    yield tokens
+    yield CounterMetricFamily("vastctl_agent_cost_dollars", "What the agent's model calls cost.", value=totals["cost"])
+    yield CounterMetricFamily("vastctl_agent_refused_actions", "Agent actions the guard refused.",
+                              value=totals["refused"])
+    yield _gauge("vastctl_agent_last_step_timestamp_seconds", "When the agent last finished a step.",
+                 _timestamp(totals["last_step"]))

@@ -1,0 +1,242 @@
+"""What the dashboard and /metrics show, read from the state file in one place.
+
+Read-only: one function per question an operator asks (is the fleet big
+enough, what does it cost, is the safety net running, what did the agent do),
+each returning plain dicts. Tables that other parts of vastctl add
+(`demand_samples`, `agent_steps`) are read only when present and only through
+the columns they have, and a stored JSON value that does not parse is shown as
+text: a page must never fail because a newer or older file is open.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from . import clock, fleet, settings
+from .config import Config
+from .lifecycle import LIVE_STATES, State
+from .observe import Observation, expected_rate, observe
+
+BILLING_STATES = frozenset(str(state) for state in LIVE_STATES - {State.STOPPED})
+HISTORY = timedelta(days=1)
+CHART_STEP = timedelta(minutes=4)  # 360 steps a day: finer than the chart's pixels
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The table's column names; empty when the table does not exist (yet) in this file."""
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def demand_view(obs: Observation) -> dict[str, Any] | None:
+    """The demand the decisions read (observe), as the page and /metrics show it; None when no sample is kept."""
+    return None if obs.demand.at is None else obs.demand.view()
+
+
+def reconcile_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+    """The safety net's health from its listings: last success, last attempt, failures since the last success."""
+    good = conn.execute("SELECT id, at FROM vast_listings WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
+    last = conn.execute("SELECT at, ok, error FROM vast_listings ORDER BY id DESC LIMIT 1").fetchone()
+    failing = conn.execute("SELECT count(*) FROM vast_listings WHERE ok = 0 AND id > ?",
+                           (good["id"] if good else 0,)).fetchone()[0]
+    since = clock.to_iso(now - HISTORY)
+    failed_day = conn.execute("SELECT count(*) FROM vast_listings WHERE ok = 0 AND at >= ?", (since,)).fetchone()[0]
+    passes_day = conn.execute("SELECT count(*) FROM vast_listings WHERE at >= ?", (since,)).fetchone()[0]
+    return {
+        "last_success": _moment(good["at"]) if good else None,
+        "last_attempt": _moment(last["at"]) if last else None,
+        "last_error": None if last is None or last["ok"] else last["error"],
+        "consecutive_failures": failing, "failures_last_day": failed_day, "passes_last_day": passes_day,
+    }
+
+
+def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
+    rows = conn.execute("SELECT coalesce(kill_code, 'unknown') AS code, count(*) AS n FROM instances"
+                        " WHERE state = 'killed' GROUP BY 1 ORDER BY 1")
+    return {row["code"]: row["n"] for row in rows}
+
+
+def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+    """Killed machines vast has not confirmed destroyed: how many, and how long the oldest has waited."""
+    row = conn.execute("SELECT count(*) AS n, min(killed_at) AS oldest FROM instances"
+                       " WHERE state = 'killed' AND destroyed_at IS NULL").fetchone()
+    oldest = _moment(row["oldest"])
+    return {"count": row["n"], "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
+
+
+# --- agent steps ------------------------------------------------------------------------------------
+
+
+def agent_steps(conn: sqlite3.Connection, *, limit: int = 10) -> list[dict[str, Any]]:
+    """The newest agent steps, newest first, each with its JSON columns parsed (text when they do not parse)."""
+    have = columns(conn, "agent_steps")
+    if not have:
+        return []
+    order = "id" if "id" in have else "rowid"
+    steps = []
+    for row in conn.execute(f"SELECT * FROM agent_steps ORDER BY {order} DESC LIMIT ?", (limit,)):
+        step = dict(row)
+        for name in ("observation", "actions", "refused", "errors"):
+            step[name] = _parsed(step.get(name))
+        step["tokens"] = {kind: int(step.get(f"{kind}_tokens") or 0) for kind in TOKEN_KINDS}
+        step["cost"] = float(step.get("cost") or 0.0)
+        steps.append(step)
+    return steps
+
+
+def agent_totals(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """Every step the file keeps, summed: steps by outcome, tokens by kind, cost, refused actions."""
+    have = columns(conn, "agent_steps")
+    if not have:
+        return None
+    outcome = "coalesce(outcome, 'unknown')" if "outcome" in have else "'unknown'"
+    sums = [f"coalesce(sum({kind}_tokens), 0)" if f"{kind}_tokens" in have else "0" for kind in TOKEN_KINDS]
+    sums.append("coalesce(sum(cost), 0)" if "cost" in have else "0")
+    sums.append("coalesce(sum(CASE WHEN json_valid(refused) AND json_type(refused) = 'array'"
+                " THEN json_array_length(refused) ELSE 0 END), 0)" if "refused" in have else "0")
+    totals: dict[str, Any] = {"steps": {}, "tokens": dict.fromkeys(TOKEN_KINDS, 0), "cost": 0.0, "refused": 0,
+                              "last_step": None}
+    for row in conn.execute(f"SELECT {outcome}, count(*), {', '.join(sums)} FROM agent_steps GROUP BY 1"):
+        totals["steps"][row[0]] = row[1]
+        for i, kind in enumerate(TOKEN_KINDS):
+            totals["tokens"][kind] += int(row[2 + i])
+        totals["cost"] += float(row[6])
+        totals["refused"] += int(row[7])
+    moment = "finished_at" if "finished_at" in have else "started_at" if "started_at" in have else None
+    if moment:
+        totals["last_step"] = _moment(conn.execute(f"SELECT max({moment}) FROM agent_steps").fetchone()[0])
+    return totals
+
+
+# --- the last day, as step functions ----------------------------------------------------------------
+
+
+def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity: float, spend: float,
+            target: float, model_rates: dict[str, float]) -> dict[str, Any]:
+    """Capacity, target, spend and queue over the last day, each a list of (from time, value) steps, oldest first.
+
+    Capacity and spend are replayed backwards from their values now through the
+    transition events (a machine counts at its current rate and price), the
+    target through the `setting` events, the queue from demand samples.
+    Reconcile's failed listings come as times.
+    """
+    start = now - HISTORY
+    since = clock.to_iso(start)
+    machines = {row["uuid"]: dict(row) for row in conn.execute(
+        "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
+    state = {uuid: row["state"] for uuid, row in machines.items()}
+    rate = {uuid: expected_rate(row, model_rates, config.fleet.default_rate) for uuid, row in machines.items()}
+    price = {uuid: float(row["dph"] or 0.0) for uuid, row in machines.items()}
+    series: dict[str, list[tuple[datetime, float]]] = {"capacity": [], "spend": [], "target": []}
+    values = {"capacity": capacity, "spend": spend, "target": target}
+    events = conn.execute(  # only moves into or out of running, stopped or killed change capacity or spend
+        "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? AND (kind = 'setting'"
+        " OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running', 'stopped', 'killed')"
+        " OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id DESC", (since,))
+    for event in events:
+        at = _moment(event["at"])
+        if at is None:
+            continue
+        if event["kind"] == "transition" and event["uuid"] in state:
+            uuid, before, after = event["uuid"], event["from_state"], event["to_state"]
+            for name, counts, amount in (("capacity", {"running"}, rate[uuid]), ("spend", BILLING_STATES, price[uuid])):
+                change = (after in counts) - (before in counts)
+                if change:
+                    series[name].append((at, values[name]))
+                    values[name] = max(0.0, values[name] - change * amount)
+            state[uuid] = before
+        elif event["kind"] == "setting" and (event["reason"] or "").startswith("target_proofs_per_hour "):
+            old = _old_value(event["reason"])
+            if old is not None:
+                series["target"].append((at, values["target"]))
+                values["target"] = old
+    for name in values:
+        series[name].append((start, values[name]))
+        series[name] = _thin(series[name][::-1], start)
+    series["queue"] = _thin(_queue_history(conn, since), start)
+    series["reconcile_failures"] = [
+        at for at in (_moment(row[0]) for row in conn.execute(
+            "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
+    series["start"], series["end"] = start, now
+    return series
+
+
+def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[datetime, float]]:
+    """At most one step per CHART_STEP: the first time in each, with the value the step ends on."""
+    kept: list[tuple[datetime, float]] = []
+    last_slot = None
+    for moment, value in points:
+        slot = (moment - start) // CHART_STEP
+        if slot == last_slot:
+            kept[-1] = (kept[-1][0], value)
+        else:
+            kept.append((moment, value))
+            last_slot = slot
+    return kept
+
+
+def _queue_history(conn: sqlite3.Connection, since: str) -> list[tuple[datetime, float]]:
+    have = columns(conn, "demand_samples")
+    if not {"at", "queued"} <= have:
+        return []
+    ok = " AND ok = 1" if "ok" in have else ""
+    rows = conn.execute(f"SELECT at, queued FROM demand_samples WHERE at >= ? AND queued IS NOT NULL{ok}"
+                        " ORDER BY id", (since,))
+    return [(at, float(row[1])) for row in rows if (at := _moment(row[0])) is not None]
+
+
+def _old_value(reason: str) -> float | None:
+    """`target_proofs_per_hour 300 → 400` (settings.set_value's event) → 300."""
+    try:
+        return float(reason.split(" ", 1)[1].split("→", 1)[0])
+    except (IndexError, ValueError):
+        return None
+
+
+# --- one read for the page --------------------------------------------------------------------------
+
+
+def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events: int = 30,
+             steps: int = 10, chart: bool = True) -> dict[str, Any]:
+    """Everything the dashboard shows: the fleet, the summary, events, agent steps, and the last day."""
+    obs = observe(conn, config, now=now)
+    view = fleet.fleet_view(conn, config, now=now, obs=obs)
+    summary = view["summary"]
+    summary["pending_capacity_proofs_per_hour"] = round(obs.pending_capacity, 3)
+    summary["settings"] = obs.settings
+    summary["demand"] = demand_view(obs)
+    summary["reconcile"] = reconcile_status(conn, now)
+    summary["destroys_pending"] = destroys_pending(conn, now)
+    result = {
+        "now": now, "instances": view["instances"], "summary": summary,
+        "settings": settings.listing(conn, config),
+        "events": list(reversed(fleet.events(conn, limit=events))),
+        "steps": agent_steps(conn, limit=steps),
+        "agent_steps_kept": bool(columns(conn, "agent_steps")),
+    }
+    if chart:
+        result["history"] = history(conn, config, now, capacity=summary["capacity_proofs_per_hour"],
+                                    spend=summary["spend_per_hour"], target=float(summary["target_proofs_per_hour"]),
+                                    model_rates=obs.model_rates)
+    return result
+
+
+def _moment(text: Any) -> datetime | None:
+    """A stored time as an aware datetime; None when absent or unreadable."""
+    try:
+        moment = clock.from_iso(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+
+
+def _parsed(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
