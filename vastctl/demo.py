@@ -1,0 +1,409 @@
+"""`vastctl demo`: a day of the control loop against the simulated market, on virtual time, in seconds.
+
+A fresh state file in a temporary directory (never the operator's), `provider:
+sim`, and everything cron and an operator's scripts would do, minute by
+minute on a VirtualClock:
+
+  every minute   Curio's proving work arrives (the demand curve below); a script reports the queue
+                 (`demand report`), except during the outage of the demand source, when nothing is
+                 reported and demand goes unknown after demand.stale_after;
+                 `reconcile`, then `agent-step --if-events`, as cron runs them;
+                 the machines the market says are proving take work off the queue at their true rates
+  every 10 min   the operator's script sets target_proofs_per_hour to the peak arrival rate of the
+                 coming hour (the look-ahead query of domain.md: precommitted sectors arrive ~75 min
+                 later), rounded up to 10; it keeps the last target while the demand source is down
+
+The demand curve (hours from the start of each simulated day): a daily swing of
+160-400 proofs/hour (low at 03:00, high at 15:00), a burst of +250 from 10:00
+to 11:30, a quiet spell with nothing arriving from 16:30 to 18:30, and an
+outage of the demand source from 21:00 to 22:30; ±10% noise per 10 minutes,
+drawn from the seed.
+
+The figures are the simulator's truth, not what vastctl believes: capacity is
+the sum of the true proof rates of the machines the market has proving at that
+minute (a machine vastctl counts as running but that died, or proves slower
+than it benchmarked, does not count in full), cost is the market's billing,
+proofs are the ones actually taken off the queue. `target_attainment` is the
+fraction of the minutes after the first hour (warm-up: a first machine takes
+20-40 minutes to boot) with work queued during which that capacity was at
+least the target.
+
+The same seed gives the same figures to the digit: the market, the demand and
+the clock are all functions of the seed, and no wall-clock time enters.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from . import clock as clocks
+from . import db, demand, reconcile, settings, tokens
+from .clock import VirtualClock
+from .config import Config
+from .errors import BadInput, VastctlError
+
+START = datetime(2031, 3, 3, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
+STEP_S = 60  # cron's minute
+WARMUP_MINUTES = 60
+TARGET_EVERY_MINUTES = 10
+LOOKAHEAD_MINUTES = 60
+FAILURE_LEVELS = ("low", "default", "high")
+POLICIES = ("rules", "llm")
+FLEETS = ("rules", "static")  # static: sized for the day's peak once, never scaled down (the bench's baseline)
+MAX_HOURS = 7 * 24
+DEFAULT_SEED = 1
+
+# the demand curve, in hours of the simulated day
+SWING_MEAN, SWING_AMPLITUDE, SWING_PEAK_HOUR = 280.0, 120.0, 15.0
+BURST = (10.0, 11.5, 250.0)  # from, to, extra proofs/hour
+QUIET = (16.5, 18.5)  # nothing arrives
+OUTAGE = (21.0, 22.5)  # the demand source is down: nothing is reported
+NOISE = 0.10
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    hours: float = 24.0
+    seed: int = DEFAULT_SEED
+    policy: str = "rules"
+    failures: str = "default"
+    fleet: str = "rules"
+
+    def check(self) -> None:
+        if not (isinstance(self.hours, (int, float)) and math.isfinite(self.hours) and 0 < self.hours <= MAX_HOURS):
+            raise BadInput(f"--hours must be more than 0 and at most {MAX_HOURS}, got {self.hours!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise BadInput(f"--seed must be a whole number ≥ 0, got {self.seed!r}")
+        for name, value, choices in (("--policy", self.policy, POLICIES), ("--failures", self.failures, FAILURE_LEVELS),
+                                     ("fleet", self.fleet, FLEETS)):
+            if value not in choices:
+                raise BadInput(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+    @property
+    def minutes(self) -> int:
+        return max(1, int(round(self.hours * 60)))
+
+
+class DemandCurve:
+    """Proofs/hour arriving at each minute of the run, and whether the demand source is down then."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._noise: dict[int, float] = {}
+
+    def rate(self, minute: int) -> float:
+        hour = (minute / 60) % 24
+        if QUIET[0] <= hour < QUIET[1]:
+            return 0.0
+        base = SWING_MEAN + SWING_AMPLITUDE * math.sin(2 * math.pi * (hour - SWING_PEAK_HOUR + 6) / 24)
+        if BURST[0] <= hour < BURST[1]:
+            base += BURST[2]
+        return base * self._factor(minute // 10)
+
+    def outage(self, minute: int) -> bool:
+        hour = (minute / 60) % 24
+        return OUTAGE[0] <= hour < OUTAGE[1]
+
+    def lookahead_target(self, minute: int) -> float:
+        """What the operator's script sets: the coming hour's peak arrival rate, rounded up to 10."""
+        peak = max(self.rate(m) for m in range(minute, minute + LOOKAHEAD_MINUTES))
+        return float(math.ceil(peak / 10) * 10)
+
+    def _factor(self, block: int) -> float:
+        if block not in self._noise:
+            self._noise[block] = random.Random(f"{self.seed}/demand/{block}").uniform(1 - NOISE, 1 + NOISE)
+        return self._noise[block]
+
+
+@dataclass
+class Sample:
+    """One minute of the run, for the chart."""
+
+    minute: int
+    target: float
+    capacity: float  # true proofs/hour of the machines the market has proving
+    believed: float  # what vastctl counts as running capacity (expected rates)
+    queued: float
+    spend_per_hour: float
+    arrival: float
+
+
+@dataclass
+class DemoResult:
+    options: DemoOptions
+    figures: dict[str, Any]
+    samples: list[Sample] = field(default_factory=list)
+    db_path: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.figures)
+
+
+def demo_config(directory: Path, options: DemoOptions) -> Config:
+    """The config a demo runs with: the simulated market, fleet limits sized for the demand curve."""
+    from .providers import sim_market
+
+    config = Config(db=str(directory / "demo.db"), provider="sim")
+    config.server.url = "https://manager.demo.invalid"
+    config.fleet.max_instances = 24
+    config.fleet.max_hourly_spend = 15.0
+    config.fleet.max_dph = 1.2
+    config.fleet.gpus = [model.name for model in sim_market.GPUS]  # every model the market offers, up to max_dph
+    config.sim.seed, config.sim.failures = options.seed, options.failures
+    if options.fleet == "static":
+        config.agent.scale_down_after = 10 * 365 * 86400.0  # never
+    return config
+
+
+class _Market:
+    """The simulator's truth, read from its own tables in the demo's file (not what vastctl believes)."""
+
+    PROVING = ("SELECT coalesce(sum(h.true_rate), 0) FROM sim_instances m JOIN sim_hosts h USING (machine_id)"
+               " WHERE m.destroyed_at IS NULL AND m.listed = 1 AND m.actual_status = 'running'"
+               " AND m.proving_since IS NOT NULL AND m.refused_at IS NULL AND m.died_at IS NULL")
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def proving_rate(self) -> float:
+        return float(self.conn.execute(self.PROVING).fetchone()[0])
+
+
+def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None = None,
+        progress: Callable[[int, int], None] | None = None) -> DemoResult:
+    """Run the demo in `directory` (a fresh, empty directory the caller owns) and return its figures."""
+    from .agent import step
+    from .observe import observe
+    from .providers import get_provider
+
+    options.check()
+    config = demo_config(directory, options)
+    tokens.ensure_secret(config.secret_path)
+    conn = db.connect(config.db_path, create=True)
+    clock = VirtualClock(START)
+    market = get_provider(config, conn=conn, clock=clock)
+    truth = _Market(conn)
+    curve = DemandCurve(options.seed)
+    peak = max(curve.lookahead_target(m) for m in range(0, 24 * 60, TARGET_EVERY_MINUTES))
+    env = {} if env is None else env
+
+    backlog = arrived = done = 0.0
+    done_by_minute: list[float] = []
+    samples: list[Sample] = []
+    target = 0.0
+    counted = met = 0
+    billed_at_kill: dict[int, float] = {}
+    previous_cost = 0.0
+    errors = {"reconcile": 0, "agent_step": 0}
+    total = options.minutes
+    for minute in range(total):
+        now = clock.now()
+        arriving = curve.rate(minute)
+        backlog += arriving / 60
+        arrived += arriving / 60
+        down = curve.outage(minute)
+        if minute % TARGET_EVERY_MINUTES == 0 and not down:
+            wanted = peak if options.fleet == "static" else curve.lookahead_target(minute)
+            settings.set_value(conn, config, "target_proofs_per_hour", wanted, source="operator", now=now)
+        target = float(settings.get(conn, config, "target_proofs_per_hour"))
+        queued = math.ceil(backlog - 1e-9)
+        if not down:
+            demand.report(conn, queued, round(sum(done_by_minute[-60:]), 1), now=now)
+        try:
+            reconcile.run_pass(conn, market, config, clock=clock, now=now)
+        except VastctlError:
+            errors["reconcile"] += 1  # the listing failed or was distrusted: cron's next pass retries
+        try:
+            step.run_step(conn, market, config, clock=clock, policy=options.policy, if_events=True, env=env)
+        except VastctlError:
+            errors["agent_step"] += 1
+        capacity = truth.proving_rate()
+        served = min(backlog, capacity / 60)
+        backlog -= served
+        done += served
+        done_by_minute.append(served)
+        if minute >= WARMUP_MINUTES and queued > 0:
+            counted += 1
+            met += capacity >= target - 1e-9
+        totals = market.totals()
+        billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
+        _note_kills(conn, billed, billed_at_kill, now)
+        samples.append(Sample(minute=minute, target=target, capacity=capacity,
+                              believed=observe(conn, config, now=now).capacity, queued=backlog,
+                              spend_per_hour=(totals.cost - previous_cost) * 60, arrival=arriving))
+        previous_cost = totals.cost
+        clock.advance(STEP_S)
+        if progress is not None:
+            progress(minute + 1, total)
+    totals = market.totals()
+    figures = _figures(conn, config, options, totals, market, curve, arrived=arrived, done=done, backlog=backlog,
+                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors)
+    conn.close()
+    return DemoResult(options=options, figures=figures, samples=samples, db_path=str(config.db_path))
+
+
+def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at_kill: dict[int, float],
+                now: datetime) -> None:
+    """Remember, for each machine killed since the last minute, its billed hours at the kill.
+
+    Kills by reconcile and agent-step happen at `now`; a machine's own report (a failed
+    benchmark) kills it a little earlier, and those seconds are counted as billed too.
+    """
+    for row in conn.execute("SELECT vast_id, killed_at FROM instances WHERE killed_at IS NOT NULL"
+                            " AND vast_id IS NOT NULL"):
+        if row["vast_id"] in billed_at_kill or row["vast_id"] not in billed:
+            continue
+        before = (now - clocks.from_iso(row["killed_at"])).total_seconds() / 3600
+        billed_at_kill[row["vast_id"]] = billed[row["vast_id"]] - max(0.0, before)
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> tuple[list[float], int]:
+    """Seconds from each machine's death (the market's died_at) to our kill of it; and deaths not yet killed."""
+    killed = {row["vast_id"]: clocks.from_iso(row["killed_at"]) for row in conn.execute(
+        "SELECT vast_id, killed_at FROM instances WHERE vast_id IS NOT NULL")}
+    latencies, undetected = [], 0
+    for record in records:
+        died = record["died_at"]
+        if died is None:
+            continue
+        at = killed.get(record["vast_id"])
+        if at is None:
+            undetected += 1
+        elif at >= died:
+            latencies.append((at - died).total_seconds())
+    return latencies, undetected
+
+
+def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int) -> float:
+    """$ of the cheapest offers sized exactly to the arrivals, minute by minute, knowing every host's true rate.
+
+    No boot time, no failures, no headroom, fractions of a machine allowed: no
+    fleet can do it for less with these hosts (the models and price cap the
+    demo allows, hosts that pass the benchmark gate).
+    """
+    from .providers import sim_market
+
+    hosts = [host for host in market.hosts() if host.gpu_name in config.fleet.gpus
+             and host.true_rate >= config.fleet.min_bench_rate]
+    cost = 0.0
+    for minute in range(minutes):
+        at = (START + timedelta(minutes=minute)).timestamp()
+        priced = sorted((sim_market.gpu_price(h, at) + sim_market.storage_price(h, config.launch.disk_gb), h.true_rate)
+                        for h in hosts)
+        need = curve.rate(minute)
+        for dph, rate in priced:
+            if need <= 0:
+                break
+            if dph > config.fleet.max_dph:
+                continue
+            share = min(1.0, need / rate)
+            cost += dph * share / 60
+            need -= rate * share
+    return cost
+
+
+def _figures(conn, config, options, totals, market, curve, *, arrived, done, backlog, counted, met,
+             billed_at_kill, errors) -> dict[str, Any]:
+    kills: dict[str, int] = {}
+    for row in conn.execute("SELECT kill_code, count(*) AS n FROM instances WHERE state = 'killed'"
+                            " GROUP BY kill_code ORDER BY kill_code"):
+        kills[row["kill_code"] or "none"] = row["n"]
+    billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
+    leaked = sum(max(0.0, billed[vast_id] - at_kill) for vast_id, at_kill in billed_at_kill.items())
+    latencies, undetected = detection_latencies(conn, totals.instances)
+    bound = lower_bound_cost(market, config, curve, options.minutes)
+    per_1000 = totals.cost / done * 1000 if done > 0 else None
+    bound_per_1000 = bound / arrived * 1000 if arrived > 0 else None
+    launched = conn.execute("SELECT count(*) FROM instances").fetchone()[0]
+    steps = conn.execute("SELECT count(*) FROM agent_steps WHERE outcome = 'ok'").fetchone()[0]
+
+    def r(value: float | None, digits: int = 4) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return {
+        "hours": options.hours, "seed": options.seed, "policy": options.policy, "failures": options.failures,
+        "fleet": options.fleet,
+        "target_attainment": r(met / counted if counted else None),
+        "attainment_minutes": counted,
+        "capacity_measured_as": "simulator",
+        "cost": r(totals.cost, 2),
+        "proofs": int(done),
+        "proofs_arrived": int(arrived),
+        "queued_at_end": math.ceil(backlog - 1e-9),
+        "cost_per_1000_proofs": r(per_1000, 3),
+        "lower_bound_cost_per_1000_proofs": r(bound_per_1000, 3),
+        "cost_ratio_to_lower_bound": r(per_1000 / bound_per_1000 if per_1000 and bound_per_1000 else None, 3),
+        "kills_by_reason": kills,
+        "billed_instance_hours": r(totals.billed_hours, 3),
+        "leaked_instance_hours": r(leaked, 3),
+        "leaked_fraction": r(leaked / totals.billed_hours if totals.billed_hours else None),
+        "detection_latency_p50_s": r(percentile(latencies, 0.5), 1),
+        "detection_latency_p95_s": r(percentile(latencies, 0.95), 1),
+        "deaths": len(latencies) + undetected,
+        "deaths_undetected_at_end": undetected,
+        "faults": dict(sorted(totals.faults.items())),
+        "machines_launched": launched,
+        "agent_steps": steps,
+        "failed_passes": dict(errors),
+    }
+
+
+def write_chart(result: DemoResult, path: Path) -> None:
+    """Target, capacity, queue and spend over time, as SVG or PNG by the file's extension (matplotlib)."""
+    suffix = path.suffix.lower()
+    if suffix not in (".svg", ".png"):
+        raise BadInput(f"--chart {path}: the file must end in .svg or .png")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "vastctl-demo"  # the same run writes the same SVG
+    from matplotlib import pyplot
+
+    hours = [sample.minute / 60 for sample in result.samples]
+    figure, (rates, queue, spend) = pyplot.subplots(3, 1, sharex=True, figsize=(11, 8),
+                                                    gridspec_kw={"height_ratios": [3, 1.3, 1.3]})
+    rates.plot(hours, [s.arrival for s in result.samples], color="#bbbbbb", linewidth=0.8, label="work arriving")
+    rates.plot(hours, [s.target for s in result.samples], color="#d62728", linewidth=1.6, label="target")
+    rates.plot(hours, [s.believed for s in result.samples], color="#1f77b4", linewidth=0.9, linestyle="--",
+               label="capacity vastctl counts")
+    rates.plot(hours, [s.capacity for s in result.samples], color="#2ca02c", linewidth=1.4,
+               label="capacity proving (simulator)")
+    rates.set_ylabel("proofs / hour")
+    rates.legend(loc="upper left", fontsize=8)
+    figures = result.figures
+    rates.set_title(f"vastctl demo: seed {figures['seed']}, policy {figures['policy']}, failures {figures['failures']}"
+                    f" — attainment {_pct(figures['target_attainment'])}, ${figures['cost']:.2f},"
+                    f" {figures['proofs']} proofs", fontsize=10)
+    queue.plot(hours, [s.queued for s in result.samples], color="#9467bd", linewidth=1.0)
+    queue.set_ylabel("queued")
+    spend.plot(hours, [s.spend_per_hour for s in result.samples], color="#8c564b", linewidth=1.0)
+    spend.set_ylabel("spend $/h")
+    spend.set_xlabel("simulated hours")
+    for axis in (rates, queue, spend):
+        axis.grid(True, linewidth=0.3)
+        for start, end in (OUTAGE,):
+            for day in range(int(hours[-1] // 24) + 1 if hours else 0):
+                if day * 24 + start <= (hours[-1] if hours else 0):
+                    axis.axvspan(day * 24 + start, day * 24 + end, color="#ffdd99", alpha=0.3, linewidth=0)
+    figure.tight_layout()
+    metadata = {"Date": None} if suffix == ".svg" else {"Software": None}
+    figure.savefig(path, format=suffix[1:], metadata=metadata)
+    pyplot.close(figure)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
