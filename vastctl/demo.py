@@ -5,8 +5,10 @@ sim`, and everything cron and an operator's scripts would do, minute by
 minute on a VirtualClock:
 
   every minute   Curio's proving work arrives (the demand curve below); a script reports the queue
-                 (`demand report`), except during the outage of the demand source, when nothing is
-                 reported and demand goes unknown after demand.stale_after;
+                 (`demand report`): the proofs waiting or in flight plus those arriving within the
+                 hour (the look-ahead query of domain.md: precommitted sectors reach PoRep ~75 min
+                 later), except during the outage of the demand source, when nothing is reported
+                 and demand goes unknown after demand.stale_after;
                  `reconcile`, then `agent-step --if-events`, as cron runs them;
                  the machines the market says are proving take work off the queue at their true rates
   every 10 min   the operator's script sets target_proofs_per_hour to the peak arrival rate of the
@@ -110,6 +112,10 @@ class DemandCurve:
         hour = (minute / 60) % 24
         return OUTAGE[0] <= hour < OUTAGE[1]
 
+    def coming(self, minute: int) -> float:
+        """Proofs arriving within the next hour (what the look-ahead query counts)."""
+        return sum(self.rate(m) for m in range(minute + 1, minute + 1 + LOOKAHEAD_MINUTES)) / 60
+
     def lookahead_target(self, minute: int) -> float:
         """What the operator's script sets: the coming hour's peak arrival rate, rounded up to 10."""
         peak = max(self.rate(m) for m in range(minute, minute + LOOKAHEAD_MINUTES))
@@ -139,7 +145,7 @@ class DemoResult:
     options: DemoOptions
     figures: dict[str, Any]
     samples: list[Sample] = field(default_factory=list)
-    db_path: str = ""
+    latencies: list[float] = field(default_factory=list)  # seconds from each death to its kill
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.figures)
@@ -176,14 +182,20 @@ class _Market:
 
 
 def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None = None,
-        progress: Callable[[int, int], None] | None = None) -> DemoResult:
-    """Run the demo in `directory` (a fresh, empty directory the caller owns) and return its figures."""
+        progress: Callable[[int, int], None] | None = None,
+        configure: Callable[[Config], None] | None = None) -> DemoResult:
+    """Run the demo in `directory` (a fresh, empty directory the caller owns) and return its figures.
+
+    `configure` may change the demo's config before the run (the control-loop bench tries settings with it).
+    """
     from .agent import step
     from .observe import observe
     from .providers import get_provider
 
     options.check()
     config = demo_config(directory, options)
+    if configure is not None:
+        configure(config)
     tokens.ensure_secret(config.secret_path)
     conn = db.connect(config.db_path, create=True)
     clock = VirtualClock(START)
@@ -214,7 +226,8 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         target = float(settings.get(conn, config, "target_proofs_per_hour"))
         queued = math.ceil(backlog - 1e-9)
         if not down:
-            demand.report(conn, queued, round(sum(done_by_minute[-60:]), 1), now=now)
+            demand.report(conn, math.ceil(backlog + curve.coming(minute) - 1e-9), round(sum(done_by_minute[-60:]), 1),
+                          now=now)
         try:
             reconcile.run_pass(conn, market, config, clock=clock, now=now)
         except VastctlError:
@@ -242,10 +255,12 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         if progress is not None:
             progress(minute + 1, total)
     totals = market.totals()
+    latencies, undetected = detection_latencies(conn, totals.instances)
     figures = _figures(conn, config, options, totals, market, curve, arrived=arrived, done=done, backlog=backlog,
-                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors)
+                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors,
+                       latencies=latencies, undetected=undetected)
     conn.close()
-    return DemoResult(options=options, figures=figures, samples=samples, db_path=str(config.db_path))
+    return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies)
 
 
 def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at_kill: dict[int, float],
@@ -317,14 +332,13 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int) -
 
 
 def _figures(conn, config, options, totals, market, curve, *, arrived, done, backlog, counted, met,
-             billed_at_kill, errors) -> dict[str, Any]:
+             billed_at_kill, errors, latencies, undetected) -> dict[str, Any]:
     kills: dict[str, int] = {}
     for row in conn.execute("SELECT kill_code, count(*) AS n FROM instances WHERE state = 'killed'"
                             " GROUP BY kill_code ORDER BY kill_code"):
         kills[row["kill_code"] or "none"] = row["n"]
     billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
     leaked = sum(max(0.0, billed[vast_id] - at_kill) for vast_id, at_kill in billed_at_kill.items())
-    latencies, undetected = detection_latencies(conn, totals.instances)
     bound = lower_bound_cost(market, config, curve, options.minutes)
     per_1000 = totals.cost / done * 1000 if done > 0 else None
     bound_per_1000 = bound / arrived * 1000 if arrived > 0 else None

@@ -10,6 +10,10 @@ policy is shown. In the order `plan()` applies them:
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
                              its way counts: no second launch for it. A machine vast lists as exited, offline or
                              missing is not counted (reconcile is about to kill it).
+  known, capacity above      stop the running machines the fleet can spare (least proofs per dollar first) while
+  target × (1 + headroom),   what is left still covers target × (1 + agent.headroom): when the target falls (the
+  nothing booting            daily swing, an operator's look-ahead going quiet) the fleet follows it down, never
+                             below; not while a machine boots (its rate is still a guess)
   any                        a stopped machine that was resumed once already is destroyed (replaced): it bills
                              storage and is not resumed twice
   queued == 0 for            stop one machine a step, least proofs per dollar first (stopped, it keeps its disk
@@ -18,7 +22,10 @@ policy is shown. In the order `plan()` applies them:
   unknown                    never shrink the fleet (hold), whatever the last known queue said
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
-model, else fleet.default_rate (observe.py). Plans stay inside the limits the
+model, else fleet.default_rate (observe.py). An offer's expected rate is its
+model's, capped by what its host RAM allows (RAM_RATES, the cuzk measurements of
+domain.md): a 256 GiB host proves ~68/h whatever its GPU, so offers are ranked
+by proofs per dollar with the RAM counted. Plans stay inside the limits the
 guard checks (max_instances, max_dph, max_hourly_spend, max_actions_per_step), so
 a healthy plan is never refused; the guard checks them again anyway.
 """
@@ -35,6 +42,8 @@ from ..observe import PENDING_STATES, Observation, rate_of_model
 from ..providers.base import Offer
 
 ACTOR = "agent"
+# proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
+RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
 
 
 def _vast_dead(machine: Mapping[str, Any]) -> bool:
@@ -83,6 +92,24 @@ def _resumable(obs: Observation) -> list[dict]:
     return sorted(stopped, key=_per_dollar, reverse=True)
 
 
+def ram_rate(ram_gb: float | None) -> float:
+    """Proofs/hour a host with this much RAM allows (inf when the offer does not say)."""
+    if not ram_gb or ram_gb <= 0:
+        return float("inf")
+    points = RAM_RATES
+    if ram_gb <= points[0][0]:
+        return points[0][1] * ram_gb / points[0][0]
+    for (low, low_rate), (high, high_rate) in zip(points, points[1:]):
+        if ram_gb <= high:
+            return low_rate + (high_rate - low_rate) * (ram_gb - low) / (high - low)
+    return points[-1][1]
+
+
+def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:
+    """What an offer is expected to prove per hour: its model's rate, capped by its host RAM."""
+    return min(rate_of_model(offer.gpu_name, obs.model_rates, config.fleet.default_rate), ram_rate(offer.cpu_ram_gb))
+
+
 def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> list[tuple[Offer, float]]:
     """Allowed offers with their expected rate, cheapest per expected proof first, one per host machine."""
     allowed = set(config.fleet.gpus)
@@ -96,7 +123,7 @@ def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> li
             if offer.machine_id in seen:
                 continue
             seen.add(offer.machine_id)
-        rate = rate_of_model(offer.gpu_name, obs.model_rates, config.fleet.default_rate)
+        rate = offer_rate(offer, obs, config)
         if rate > 0:
             ranked.append((offer, rate))
     return sorted(ranked, key=lambda item: (item[0].dph_total / item[1], item[0].dph_total, item[0].id))
@@ -111,9 +138,9 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason="stopped again after its one resume: replaced, not resumed twice"))
     if has_work(obs):
-        actions.extend(_grow(obs, config, offers, budget - len(actions)))
+        actions.extend(_grow(obs, config, offers, budget - len(actions)) or _trim(obs, config, budget - len(actions)))
     else:
-        actions.extend(_shrink(obs, config, budget - len(actions)))
+        actions.extend(_trim(obs, config, budget - len(actions)) or _shrink(obs, config, budget - len(actions)))
     return actions
 
 
@@ -150,6 +177,29 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
         missing -= rate
         spend += offer.dph_total
         live += 1
+    return actions
+
+
+def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
+    """Stop what the fleet can spare above target × (1 + headroom), least proofs per dollar first (demand known)."""
+    if not obs.demand.known or budget < 1 or any(m["state"] in PENDING_STATES for m in obs.machines):
+        return []  # unknown demand holds; a booting machine's rate is a guess: trim once the fleet has settled
+    want = wanted_capacity(obs, config)
+    have = counted_capacity(obs)
+    candidates = sorted((m for m in obs.machines if m["state"] == State.RUNNING
+                         and m.get("vast_id") is not None and not _vast_dead(m)),
+                        key=lambda m: (_per_dollar(m), m["label"]))
+    actions = []
+    for machine in candidates:
+        if len(actions) >= budget:
+            break
+        if have - machine["expected_rate"] < want - 1e-9:
+            continue
+        have -= machine["expected_rate"]
+        actions.append(Action(kind=Kind.STOP, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                              reason=(f"capacity {have + machine['expected_rate']:g} of {want:g} proofs/h wanted"
+                                      f" (target × (1 + {config.agent.headroom:g})): {have:g} without it;"
+                                      f" least proofs per dollar ({_per_dollar(machine):.1f}/$)")))
     return actions
 
 
