@@ -56,8 +56,18 @@ CASES = [
      [m("vastctl-a")], UNKNOWN, MARKET, {}, [("launch", 2)]),
     ("unknown demand with the fleet already sized: hold",
      [m("vastctl-a"), m("vastctl-b")], UNKNOWN, MARKET, {}, []),
-    ("the incident: 59 queued, fleet over target, never scaled down",
-     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], queued(59), MARKET, {}, []),
+    ("59 queued, fleet over target: only what it can spare above target × (1 + headroom) is stopped",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], queued(59), MARKET, {},
+     [("stop", "vastctl-c")]),
+    ("the incident: 59 queued, nothing to spare without going under target × (1 + headroom): never scaled down",
+     [m("vastctl-a"), m("vastctl-b", rate=50), m("vastctl-c", rate=20, dph=0.9)], queued(59), MARKET, {}, []),
+    ("unknown demand with capacity to spare: hold, whatever the target says",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c")], UNKNOWN, MARKET, {}, []),
+    ("capacity to spare while a machine boots: wait until its rate is known",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", state="params_done")], queued(59), MARKET, {}, []),
+    ("the target fell: stop the machines it no longer needs, worst per dollar first",
+     [m("vastctl-a"), m("vastctl-b", dph=0.6), m("vastctl-c", dph=0.7), m("vastctl-d")], queued(59), MARKET,
+     {"target_proofs_per_hour": 50.0}, [("stop", "vastctl-c"), ("stop", "vastctl-b"), ("stop", "vastctl-a")]),
     ("every machine dead at vast with work queued: replace them all",
      [m("vastctl-a", status="exited"), m("vastctl-b", status="offline"), m("vastctl-c", missing=2)],
      queued(59), MARKET, {}, [("launch", 2), ("launch", 1)]),
@@ -103,6 +113,16 @@ def test_launch_reasons_and_prices():
     assert (first.offer_id, first.gpu_name, first.dph) == (2, "RTX 4090", 0.40)
     assert "capacity 0 of 115 proofs/h" in first.reason and "60 proofs/h expected" in first.reason
     assert second.offer_id == 1
+
+
+def test_offers_are_ranked_per_expected_proof_with_host_ram_counted():
+    small_host = Offer(id=7, machine_id=70, gpu_name="RTX 4090", num_gpus=1, dph_total=0.40, cpu_ram_gb=128)
+    big_host = Offer(id=8, machine_id=80, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, cpu_ram_gb=512)
+    unseen = Offer(id=9, machine_id=90, gpu_name="RTX 5070 Ti", num_gpus=1, dph_total=0.46, cpu_ram_gb=512)
+    config = config_module.from_mapping({"fleet": {"gpus": ["RTX 4090", "RTX 5070 Ti"]}})
+    ranked = rules.rank_offers([small_host, big_host, unseen], observation([], queued(5)), config)
+    # 128 GiB bounds a 4090 to ~24/h whatever it benchmarks elsewhere; a model never benchmarked gets its published rate
+    assert [(offer.id, rate) for offer, rate in ranked] == [(9, 95.0), (8, 60.0), (7, 24.0)]
 
 
 def test_one_offer_per_host_machine():

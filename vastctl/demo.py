@@ -161,6 +161,7 @@ def demo_config(directory: Path, options: DemoOptions) -> Config:
     config.fleet.max_hourly_spend = 15.0
     config.fleet.max_dph = 1.2
     config.fleet.gpus = [model.name for model in sim_market.GPUS]  # every model the market offers, up to max_dph
+    config.fleet.min_cpu_ram_gb = 384.0  # ≥384 GiB hosts prove 84-95/h: cheaper per proof, fewer below their promise
     config.sim.seed, config.sim.failures = options.seed, options.failures
     if options.fleet == "static":
         config.agent.scale_down_after = 10 * 365 * 86400.0  # never
@@ -258,7 +259,8 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     latencies, undetected = detection_latencies(conn, totals.instances)
     figures = _figures(conn, config, options, totals, market, curve, arrived=arrived, done=done, backlog=backlog,
                        counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors,
-                       latencies=latencies, undetected=undetected)
+                       latencies=latencies, undetected=undetected,
+                       asked=[sample.target * (1 + config.agent.headroom) for sample in samples])
     conn.close()
     return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies)
 
@@ -303,12 +305,16 @@ def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]])
     return latencies, undetected
 
 
-def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int) -> float:
+def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *, whole: bool = False,
+                     sized_to: list[float] | None = None) -> float:
     """$ of the cheapest offers sized exactly to the arrivals, minute by minute, knowing every host's true rate.
 
-    No boot time, no failures, no headroom, fractions of a machine allowed: no
-    fleet can do it for less with these hosts (the models and price cap the
-    demo allows, hosts that pass the benchmark gate).
+    No boot time, no failures, no headroom: no fleet can do it for less with
+    these hosts (the models and price cap the demo allows, hosts that pass the
+    benchmark gate). Fractions of a machine are allowed; with `whole`, only
+    whole machines (the cheapest per proof, the last one the cheapest that
+    covers the rest): how much renting by the machine alone costs. `sized_to`
+    replaces the arrivals with a proofs/hour per minute (the target the fleet was asked for).
     """
     from .providers import sim_market
 
@@ -317,22 +323,28 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int) -
     cost = 0.0
     for minute in range(minutes):
         at = (START + timedelta(minutes=minute)).timestamp()
-        priced = sorted((sim_market.gpu_price(h, at) + sim_market.storage_price(h, config.launch.disk_gb), h.true_rate)
-                        for h in hosts)
-        need = curve.rate(minute)
-        for dph, rate in priced:
-            if need <= 0:
+        priced = [(dph, host.true_rate) for host in hosts
+                  if (dph := sim_market.gpu_price(host, at) + sim_market.storage_price(host, config.launch.disk_gb))
+                  <= config.fleet.max_dph]
+        priced.sort(key=lambda item: (item[0] / item[1], item[0]))
+        need = curve.rate(minute) if sized_to is None else sized_to[minute]
+        for index, (dph, rate) in enumerate(priced):
+            if need <= 1e-9:
                 break
-            if dph > config.fleet.max_dph:
-                continue
-            share = min(1.0, need / rate)
+            if whole:
+                if rate >= need:  # the last machine: the cheapest one that covers what is left
+                    cost += min(d for d, r in priced[index:] if r >= need) / 60
+                    break
+                share = 1.0
+            else:
+                share = min(1.0, need / rate)
             cost += dph * share / 60
             need -= rate * share
     return cost
 
 
 def _figures(conn, config, options, totals, market, curve, *, arrived, done, backlog, counted, met,
-             billed_at_kill, errors, latencies, undetected) -> dict[str, Any]:
+             billed_at_kill, errors, latencies, undetected, asked) -> dict[str, Any]:
     kills: dict[str, int] = {}
     for row in conn.execute("SELECT kill_code, count(*) AS n FROM instances WHERE state = 'killed'"
                             " GROUP BY kill_code ORDER BY kill_code"):
@@ -340,6 +352,8 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
     leaked = sum(max(0.0, billed[vast_id] - at_kill) for vast_id, at_kill in billed_at_kill.items())
     bound = lower_bound_cost(market, config, curve, options.minutes)
+    whole = lower_bound_cost(market, config, curve, options.minutes, whole=True)
+    sized = lower_bound_cost(market, config, curve, options.minutes, whole=True, sized_to=asked)
     per_1000 = totals.cost / done * 1000 if done > 0 else None
     bound_per_1000 = bound / arrived * 1000 if arrived > 0 else None
     launched = conn.execute("SELECT count(*) FROM instances").fetchone()[0]
@@ -360,6 +374,8 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
         "queued_at_end": math.ceil(backlog - 1e-9),
         "cost_per_1000_proofs": r(per_1000, 3),
         "lower_bound_cost_per_1000_proofs": r(bound_per_1000, 3),
+        "lower_bound_whole_machines_cost_per_1000_proofs": r(whole / arrived * 1000 if arrived > 0 else None, 3),
+        "lower_bound_target_sized_cost_per_1000_proofs": r(sized / arrived * 1000 if arrived > 0 else None, 3),
         "cost_ratio_to_lower_bound": r(per_1000 / bound_per_1000 if per_1000 and bound_per_1000 else None, 3),
         "kills_by_reason": kills,
         "billed_instance_hours": r(totals.billed_hours, 3),

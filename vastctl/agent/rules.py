@@ -23,7 +23,7 @@ policy is shown. In the order `plan()` applies them:
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
 model, else fleet.default_rate (observe.py). An offer's expected rate is its
-model's, capped by what its host RAM allows (RAM_RATES, the cuzk measurements of
+model's (before any benchmark of it, the published figure, GPU_RATES), capped by what its host RAM allows (RAM_RATES, the cuzk measurements of
 domain.md): a 256 GiB host proves ~68/h whatever its GPU, so offers are ranked
 by proofs per dollar with the RAM counted. Plans stay inside the limits the
 guard checks (max_instances, max_dph, max_hourly_spend, max_actions_per_step), so
@@ -44,6 +44,9 @@ from ..providers.base import Offer
 ACTOR = "agent"
 # proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
 RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
+# proofs/hour a model proves on a host with RAM to spare, before any machine of it has benchmarked (domain.md)
+GPU_RATES = {"RTX 3090": 50.0, "RTX 4090": 80.0, "RTX 5070 Ti": 95.0, "RTX 5090": 100.0, "A100 SXM4": 70.0,
+             "A100 80GB": 70.0, "H100 SXM": 100.0, "H100 PCIe": 100.0}
 
 
 def _vast_dead(machine: Mapping[str, Any]) -> bool:
@@ -106,8 +109,10 @@ def ram_rate(ram_gb: float | None) -> float:
 
 
 def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:
-    """What an offer is expected to prove per hour: its model's rate, capped by its host RAM."""
-    return min(rate_of_model(offer.gpu_name, obs.model_rates, config.fleet.default_rate), ram_rate(offer.cpu_ram_gb))
+    """What an offer is expected to prove per hour: its model's rate (benchmarked, else the published figure,
+    else fleet.default_rate), capped by what its host RAM allows."""
+    default = GPU_RATES.get(offer.gpu_name, config.fleet.default_rate)
+    return min(rate_of_model(offer.gpu_name, obs.model_rates, default), ram_rate(offer.cpu_ram_gb))
 
 
 def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> list[tuple[Offer, float]]:

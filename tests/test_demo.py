@@ -1,0 +1,159 @@
+"""`vastctl demo`: a simulated day of the control loop, through the CLI and through vastctl.demo."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ElementTree
+from datetime import timedelta
+
+import pytest
+
+from vastctl import clock as clocks
+from vastctl import db, demo
+from vastctl.providers.sim import FAULT_KINDS
+
+CONTRACT_KEYS = {"hours", "seed", "target_attainment", "cost", "proofs", "cost_per_1000_proofs", "kills_by_reason",
+                 "leaked_instance_hours", "detection_latency_p95_s"}
+ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
+
+
+def demo_json(cli, *args):
+    result = cli("demo", "--json", *args)
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def test_a_short_demo_through_the_cli_prints_the_contracts_figures_and_leaves_the_operators_file_alone(cli, db_path):
+    figures = demo_json(cli, "--hours", "3")
+    assert CONTRACT_KEYS <= set(figures)
+    assert figures["hours"] == 3 and figures["seed"] == demo.DEFAULT_SEED
+    assert 0 <= figures["target_attainment"] <= 1 and figures["attainment_minutes"] == 120  # 3 h minus the warm-up
+    assert figures["proofs"] > 0 and figures["cost"] > 0
+    assert figures["cost_per_1000_proofs"] == pytest.approx(figures["cost"] / figures["proofs"] * 1000, rel=0.01)
+    assert figures["machines_launched"] > 0 and figures["agent_steps"] > 0
+    assert set(figures["faults"]) == set(FAULT_KINDS)
+    assert not db_path.exists()  # VASTCTL_DB names the operator's file: the demo never opens it
+
+
+def test_the_summary_table_names_the_figures_and_no_progress_bar_goes_to_a_pipe(cli):
+    result = cli("demo", "--hours", "2")
+    assert result.code == 0, result.err
+    assert result.out.startswith("vastctl demo: 2 simulated hours, seed 1, policy rules, failures default")
+    for label in ("target met", "cost per 1000 proofs", "leaked instance-hours", "dead machines detected"):
+        assert label in result.out
+    assert "kills by reason:" in result.out and "market faults:" in result.out
+    assert result.err == ""  # stderr is not a terminal here: no progress bar
+
+
+def test_the_same_seed_gives_the_same_figures_to_the_digit_and_another_seed_another(cli):
+    first = demo_json(cli, "--hours", "3", "--seed", "4", "--failures", "high")
+    again = demo_json(cli, "--hours", "3", "--seed", "4", "--failures", "high")
+    other = demo_json(cli, "--hours", "3", "--seed", "5", "--failures", "high")
+    assert first == again
+    assert other["seed"] == 5
+    assert (other["cost"], other["proofs"], other["faults"]) != (first["cost"], first["proofs"], first["faults"])
+
+
+@pytest.mark.parametrize("name", ["day.svg", "day.png"])
+def test_the_chart_is_written_as_svg_or_png_by_its_extension(cli, tmp_path, name):
+    chart = tmp_path / name
+    result = cli("demo", "--hours", "1", "--chart", chart)
+    assert result.code == 0, result.err
+    assert f"chart written to {chart}" in result.err
+    data = chart.read_bytes()
+    if name.endswith(".png"):
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    else:
+        root = ElementTree.fromstring(data)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert b"proofs / hour" in data and b"queued" in data and b"spend $/h" in data
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--policy", "llm"], "ANTHROPIC_API_KEY"),
+    (["--policy", "magic"], "--policy must be one of rules, llm"),
+    (["--hours", "0"], "--hours must be more than 0"),
+    (["--failures", "often"], "--failures must be one of low, default, high"),
+    (["--seed", "-1"], "--seed must be a whole number"),
+    (["--chart", "day.txt"], "must end in .svg or .png"),
+    (["--chart", "/no/such/dir/day.svg"], "does not exist"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(cli, tmp_path, monkeypatch, args, words):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = cli("demo", *args)
+    assert result.code == 2
+    assert result.out == "" and result.err.count("\n") == 1 and result.err.startswith("error: ") and words in result.err
+    assert list(work.iterdir()) == []  # no chart, nothing written
+
+
+# --- a simulated day, through vastctl.demo ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("demo-day")
+    result = demo.run(demo.DemoOptions(hours=24), directory)
+    return result, directory / "demo.db"
+
+
+def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
+    result, path = day
+    conn = db.connect(path)
+    start, end = demo.START, demo.START + timedelta(hours=24)
+    low, high = clocks.to_iso(start)[:19], clocks.to_iso(end)[:19]
+    seen = {}
+    # `migrations` says when this file's schema was made (db.migrate, SQLite's own clock): a fact about the
+    # file, written before the simulated day starts; every other table is the day's
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                         " AND name NOT LIKE 'sqlite_%' AND name != 'migrations'")]
+    for table in tables:
+        text_columns = [c[1] for c in conn.execute(f"PRAGMA table_info({table})") if c[2].upper() == "TEXT"]
+        for column in text_columns:
+            for (value,) in conn.execute(f"SELECT {column} FROM {table} WHERE {column} IS NOT NULL"):
+                for moment in ISO_TIME.findall(str(value)):  # JSON columns too (observation, actions, …)
+                    assert low <= moment <= high, (table, column, moment)
+                    seen[(table, column)] = seen.get((table, column), 0) + 1
+    for table, column in (("agent_steps", "started_at"), ("agent_steps", "observation"), ("demand_samples", "at"),
+                          ("events", "at"), ("actions", "at"), ("instances", "killed_at"), ("settings", "updated_at"),
+                          ("sim_instances", "died_at"), ("vast_listings", "at")):
+        assert seen.get((table, column)), (table, column)  # the scan saw each of them: it cannot pass on an empty file
+    conn.close()
+
+
+def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_level(day):
+    result, path = day
+    figures = result.figures
+    assert all(figures["faults"][kind] > 0 for kind in FAULT_KINDS), figures["faults"]
+    conn = db.connect(path)
+    codes = {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
+    assert {"start_failed", "timeout_registered", "timeout_params_done", "scheduling_timeout"} <= codes, codes
+    assert codes & {"exited", "disappeared", "offline"}, codes
+    # every machine that died was killed, and every killed one is destroyed but the last minutes' refusals
+    assert figures["deaths"] > 0 and figures["deaths_undetected_at_end"] == 0
+    left = conn.execute("SELECT count(*) FROM instances WHERE state = 'killed' AND destroyed_at IS NULL"
+                        " AND killed_at < ?", (clocks.to_iso(demo.START + timedelta(hours=23)),)).fetchone()[0]
+    assert left == 0
+    assert figures["detection_latency_p95_s"] <= 180
+    assert sum(figures["kills_by_reason"].values()) == conn.execute(
+        "SELECT count(*) FROM instances WHERE state = 'killed'").fetchone()[0]
+    conn.close()
+
+
+def test_the_demand_source_outage_makes_demand_unknown_and_the_agent_holds(day):
+    result, path = day
+    conn = db.connect(path)
+    outage_from = clocks.to_iso(demo.START + timedelta(hours=demo.OUTAGE[0]))
+    outage_to = clocks.to_iso(demo.START + timedelta(hours=demo.OUTAGE[1]))
+    assert conn.execute("SELECT count(*) FROM demand_samples WHERE at >= ? AND at < ?",
+                        (outage_from, outage_to)).fetchone()[0] == 0
+    unknown = [json.loads(row[0])["demand"] for row in conn.execute(
+        "SELECT observation FROM agent_steps WHERE outcome = 'ok' AND started_at >= ? AND started_at < ?",
+        (outage_from, outage_to))]
+    assert any(not d["known"] for d in unknown)
+    stops = conn.execute("SELECT count(*) FROM events WHERE source = 'agent' AND to_state = 'stopped'"
+                         " AND at >= ? AND at < ?", (outage_from, outage_to)).fetchone()[0]
+    assert stops == 0  # unknown demand never shrinks the fleet
+    conn.close()
