@@ -16,7 +16,7 @@ Targets for the rules policy at the default level: attainment ≥ 95%, leaked
 < 1% of billed, p95 detection ≤ 180 s, cost ≤ 1.25× the lower bound.
 
 Rerun:
-    python bench/control_loop.py                       # seeds 1-3, 24 h, every level (~2-3 min)
+    python bench/control_loop.py                       # seeds 1 2 3 9, 24 h, every level (~3 min)
     python bench/control_loop.py --seeds 1 2 3 4 5 --levels default
     python bench/control_loop.py --set agent.headroom=0.1 --set fleet.min_inet_down_mbps=1000
 """
@@ -90,7 +90,7 @@ def lower_bound_rows(runs: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, demo.DEFAULT_SEED])
     parser.add_argument("--levels", nargs="+", default=list(demo.FAILURE_LEVELS), choices=demo.FAILURE_LEVELS)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--fleets", nargs="+", default=list(demo.FLEETS), choices=demo.FLEETS)

@@ -30,7 +30,7 @@ SUMMARY = [
 @app.command("demo")
 def demo_cmd(
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
-    seed: Annotated[int, typer.Option("--seed", help="The market's and the demand's seed: same seed, same run.")] = 1,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 9: every failure kind happens in its day).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
     chart: Annotated[Optional[Path], typer.Option("--chart", help="Write target, capacity, queue and spend over time to FILE (.svg or .png).")] = None,
@@ -48,7 +48,8 @@ def demo_cmd(
     from .. import demo
     from ..errors import BadInput
 
-    options = demo.DemoOptions(hours=hours, seed=seed, policy=policy, failures=failures)
+    options = demo.DemoOptions(hours=hours, seed=demo.DEFAULT_SEED if seed is None else seed, policy=policy,
+                               failures=failures)
     options.check()
     if chart is not None and chart.suffix.lower() not in (".svg", ".png"):
         raise BadInput(f"--chart {chart}: the file must end in .svg or .png")
