@@ -233,7 +233,8 @@ def fake_llm(monkeypatch, calls, *, error=None):
         return LlmResult(tokens={"input": 1200, "output": 80, "cache_read": 900, "cache_write": 0}, cost=0.0004,
                          rounds=len(calls) + 1, stop_reason="error" if error else "end_turn", error=error)
 
-    module = types.SimpleNamespace(run=run, ToolOutcome=ToolOutcome, LlmResult=LlmResult)
+    module = types.SimpleNamespace(run=run, ToolOutcome=ToolOutcome, LlmResult=LlmResult,
+                                   require=lambda config, env: ("sk-test", [0.0] * 4))
     import vastctl.agent
 
     monkeypatch.setitem(__import__("sys").modules, "vastctl.agent.llm", module)
