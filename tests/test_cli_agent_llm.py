@@ -99,6 +99,7 @@ def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
     assert [note["text"] for note in seen["notes"]] == [NOTE]
     (before,) = seen["recent_steps"]
     assert before["step"] == row["id"] and before["saw"]["demand_queued"] == 59
+    assert before["saw"]["by_state"] == {"running": 1} and before["saw"]["capacity"] == 70
     assert [(a["kind"], a["limit"]) for a in before["refused"]] == [("stop", "never_scale_to_zero")]
     assert [a["kind"] for a in before["did"]] == ["launch"]
     events = seen["observation"]["events"]

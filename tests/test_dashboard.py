@@ -14,7 +14,9 @@ from urllib.parse import urlencode
 import pytest
 import responses
 
+from test_cli_agent import Market
 from vastctl import clock, dashboard, db, demand, lifecycle, overview, server, settings, tokens
+from vastctl.agent import step
 from vastctl import config as config_module
 from vastctl.errors import GuardRefused
 from vastctl.reports import LocalReports
@@ -303,15 +305,43 @@ def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     assert "no demand samples kept" in page and "no agent steps yet" in page
 
 
-AGENT_STEPS = """CREATE TABLE IF NOT EXISTS agent_steps (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT,
-  finished_at TEXT, policy TEXT, outcome TEXT, event_cursor INTEGER, observation TEXT, actions TEXT, refused TEXT,
-  errors TEXT, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER,
-  cost REAL)"""
-DEMAND_SAMPLES = """CREATE TABLE IF NOT EXISTS demand_samples (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT,
-  queued INTEGER, proofs_per_hour REAL, source TEXT, ok INTEGER, error TEXT)"""
+def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
+    """A step as agent-step writes it (the rules policy against a stand-in market): a launch, and a destroy of a
+    machine without our label prefix that the guard refuses."""
+    conn = app.connection()
+    register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
+    reports = LocalReports(conn, app.config)
+    reports.params_done("u1")
+    reports.bench_report("u1", 55)
+    reports.running("u1")
+    now = clock.utcnow()
+    lifecycle.create(conn, uuid="u9", label=XSS, state="launching", reason="launch", source="operator",
+                     now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090"})
+    for state in ("stopped", "launching", "stopped"):  # resumed once, stopped again: the rules replace it
+        lifecycle.transition(conn, "u9", state, state, "operator", now=now - timedelta(hours=1))
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 60)
+    demand.report(conn, 9, None, now=now)
+    config = config_module.from_mapping({
+        "server": {"admin_token": ADMIN, "url": "https://manager.example"},
+        "launch": {"vastctl_source": "vastctl", "install": "./install-provers.sh"}})
+    config.db = app.config.db
+    result = step.run_step(conn, Market(), config, clock=clock.SYSTEM, policy="rules")
+    assert [(a["kind"], a["offer_id"]) for a in result.actions] == [("launch", 1)]
+    assert [(r["kind"], r["limit"]) for r in result.refused] == [("destroy", "label_prefix")]
+
+    page = signed_in.get("/").text
+    (row,) = page.split('id="steps"')[1].split("<tbody>")[1].split("</tr>")[:1]
+    cells = [unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+    assert cells[1:3] == ["rules", "ok"]
+    assert cells[3] == "capacity 55 / 60 · +0 on the way · $0.00/h · 9 queued · 1 running, 1 stopped · 9 new events"
+    assert re.fullmatch(r"launch RTX 4090: queued work: capacity 55 of 69 .+ → launched vastctl-\S+ \(instance 9001\)", cells[4])
+    assert cells[5].startswith(f"destroy {XSS} [label_prefix]: {XSS} does not carry our label prefix")
+    assert XSS not in page and "destroy &lt;img src=x onerror=alert(1)&gt; [label_prefix]" in page
+    assert cells[6:] == ["", "0 in · 0 out", "$0.0000"]
 
 
 def add_step(conn: sqlite3.Connection, at: datetime, **values) -> None:
+    """An agent_steps row with the given figures (metrics and the page sum and show them)."""
     row = {"started_at": clock.to_iso(at), "finished_at": clock.to_iso(at + timedelta(seconds=3)),
            "policy": "llm", "outcome": "ok", "observation": "{}", "actions": "[]", "refused": "[]", "errors": "[]",
            "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0, "cost": 0.0,
@@ -320,24 +350,12 @@ def add_step(conn: sqlite3.Connection, at: datetime, **values) -> None:
                  tuple(row.values()))
 
 
-def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
-    conn = app.connection()
-    conn.execute(AGENT_STEPS)
-    now = clock.utcnow()
-    add_step(conn, now - timedelta(minutes=5), observation=json.dumps({"capacity": 120, "target": 400, "queued": 9}),
-             actions=json.dumps([{"kind": "launch", "count": 2, "reason": "below target", "result": "launched 2"}]),
-             refused=json.dumps([{"kind": "destroy", "label": XSS, "why": "never scale to zero"}]),
-             input_tokens=5100, output_tokens=230, cache_read_tokens=4000, cost=0.0123)
-    add_step(conn, now - timedelta(minutes=1), observation="{not json", actions="oops", outcome="error",
-             errors=json.dumps(["model timed out"]))
-    page = signed_in.get("/").text
-    steps = page.split('id="steps"')[1]
-    assert "launch 2: below target → launched 2" in steps
-    assert "destroy &lt;img src=x onerror=alert(1)&gt;: never scale to zero" in steps
+def test_agent_step_tokens_and_cost_are_shown(signed_in, app):
+    add_step(app.connection(), clock.utcnow(), outcome="error", observation="{not json", input_tokens=5100,
+             output_tokens=230, cache_read_tokens=4000, cost=0.0123, errors=json.dumps(["llm: HTTP 529"]))
+    steps = signed_in.get("/").text.split('id="steps"')[1]
     assert "5100 in · 230 out · 4000 cached" in steps and "$0.0123" in steps
-    assert "capacity 120 · target 400 · queued 9" in steps
-    assert "{not json" in steps and "model timed out" in steps
-    assert steps.index("model timed out") < steps.index("launched 2")  # newest first
+    assert "{not json" in steps and "llm: HTTP 529" in steps
 
 
 def test_the_chart_replays_the_last_day(app):
@@ -354,7 +372,6 @@ def test_the_chart_replays_the_last_day(app):
     lifecycle.transition(conn, "u1", "running", "r", "instance", now=now - 6 * hour)
     lifecycle.kill(conn, "u1", "operator: test", source="operator", code="operator", now=now - 2 * hour)
     settings.set_value(conn, cfg, "target_proofs_per_hour", 300, now=now - 5 * hour)
-    conn.execute(DEMAND_SAMPLES)
     conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, 7, 100, 'report', 1)",
                  (clock.to_iso(now - 4 * hour),))
     conn.execute("INSERT INTO vast_listings (at, ok, error) VALUES (?, 0, 'HTTP 502')", (clock.to_iso(now - 3 * hour),))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from test_dashboard import ADMIN, AGENT_STEPS, DEMAND_SAMPLES, Browser, add_step, make_app, register
+from test_dashboard import ADMIN, Browser, add_step, make_app, register
 
 from vastctl import clock, db, lifecycle, settings
 from vastctl.errors import BenchFailed
@@ -69,12 +69,10 @@ def populated(app):
     for minutes in (8, 4):
         conn.execute("INSERT INTO vast_listings (at, ok, error) VALUES (?, 0, 'HTTP 502')",
                      (clock.to_iso(now - timedelta(minutes=minutes)),))
-    conn.execute(DEMAND_SAMPLES)
     conn.execute("INSERT INTO demand_samples (at, queued, source, ok, error) VALUES (?, NULL, 'command', 0, 'timeout')",
                  (clock.to_iso(now - timedelta(minutes=3)),))
     conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, 42, 250, 'report', 1)",
                  (clock.to_iso(now - timedelta(minutes=2)),))
-    conn.execute(AGENT_STEPS)
     add_step(conn, now - timedelta(minutes=6), input_tokens=1000, output_tokens=100, cache_read_tokens=800,
              cache_write_tokens=50, cost=0.01, refused=json.dumps([{"kind": "destroy", "why": "x"}, {"kind": "stop"}]))
     add_step(conn, now - timedelta(minutes=1), input_tokens=500, output_tokens=50, cost=0.005, outcome="skipped",

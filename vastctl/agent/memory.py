@@ -104,8 +104,8 @@ def recent_steps(conn: sqlite3.Connection, *, before_step: int | None = None,
     """One condensed summary per recent step, oldest first.
 
     From `agent_steps` (every policy's steps: what it saw, did, and what was
-    refused) when that table exists, and from this module's own record (the
-    llm's tool calls and their results, and what it said) for every step.
+    refused), and from this module's own record (the llm's tool calls and
+    their results, and what it said) for every step.
     """
     summaries: dict[int, dict[str, Any]] = {}
     for row in _agent_step_rows(conn, before_step, limit):
@@ -120,17 +120,9 @@ def recent_steps(conn: sqlite3.Connection, *, before_step: int | None = None,
     return [summaries[key] for key in sorted(summaries)[-limit:]]
 
 
-def _table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-
-
 def _agent_step_rows(conn: sqlite3.Connection, before_step: int | None, limit: int) -> list[sqlite3.Row]:
-    columns = _table_columns(conn, "agent_steps")
-    if "id" not in columns:
-        return []  # the table is not there (yet): the conversation record alone tells the story
-    skip = " AND outcome != 'skipped'" if "outcome" in columns else ""
     return conn.execute(
-        f"SELECT * FROM agent_steps WHERE id < ?{skip} ORDER BY id DESC LIMIT ?",
+        "SELECT * FROM agent_steps WHERE id < ? AND outcome != 'skipped' ORDER BY id DESC LIMIT ?",
         (before_step if before_step is not None else 2**62, limit),
     ).fetchall()
 
@@ -180,6 +172,9 @@ def _saw(observation: Any) -> dict[str, Any]:
     machines = observation.get("machines")
     if isinstance(machines, list):
         saw["machines"] = len(machines)
+    by_state = observation.get("by_state")  # agent-step keeps the fleet as counts by state (observation_summary)
+    if isinstance(by_state, dict):
+        saw["by_state"] = by_state
     return saw
 
 
