@@ -16,6 +16,7 @@ from html import escape
 from typing import Any, Iterable
 
 from . import clock, settings
+from .upstream import cut
 
 LIVE_URL = "/dashboard/live"
 REFRESH_MS = 5000
@@ -216,8 +217,7 @@ def _saw(observation: Any) -> str:
 
 
 def _brief(value: Any, limit: int) -> str:
-    text = _compact(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(_compact(value), limit)
 
 
 def _compact(value: Any) -> str:

@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from . import clock
+from . import clock, upstream
 from .db import transaction
 from .errors import BadInput, BenchFailed, Refused, UnknownInstance
 
@@ -387,7 +387,6 @@ def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) 
 _UNSAFE_CHARS = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]"
 )
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 MAX_INT = 2**63 - 1  # SQLite's INTEGER
 
 
@@ -395,16 +394,9 @@ def printable(text: str) -> str:
     """`text` with every control, bidi and separator character shown as an escape (`\\x1b`, `\\u202e`).
 
     For text from outside (vast's status messages, machines' reports, old rows) shown in a table, a line
-    or a log; JSON output keeps the data as it is.
+    or a log; JSON output keeps the data as it is. Every character validate_text refuses is escaped.
     """
-    if not _UNSAFE_CHARS.search(text):
-        return text
-    return _UNSAFE_CHARS.sub(lambda m: _escape(m.group()), text)
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    return _NAMED_ESCAPES.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return upstream.escape_controls(text)
 
 
 def validate_text(value: Any, flag: str, *, max_len: int = 256) -> str:

@@ -64,6 +64,7 @@ STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the in
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
 DEAD_STATUSES = {"exited": "exited", "unknown": "offline", "offline": "offline"}  # vast status → kill code
 START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
+REASON_CHARS = 160  # vast's text quoted into a reason (an event, the table), through upstream.clip
 SCHEDULING_STATUSES = frozenset({None, "", "stopped", "created", "scheduling"})
 TIMED_STATES = {
     State.LAUNCHING: "launching", State.REGISTERED: "registered",
@@ -280,10 +281,10 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
     elif state is not State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
         status = entry.actual_status or None
         if status != "running" and entry.status_msg and START_FAILURE.search(entry.status_msg):
-            return "start_failed", f"vast reports a start failure (status {status or 'none'}): {_clip(entry.status_msg)}"
+            return "start_failed", f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
         if status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at"):
             since = clock.from_iso(row["vast_seen_at"])
-            detail = f": {_clip(entry.status_msg)}" if entry.status_msg else ""
+            detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
             return DEAD_STATUSES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
         if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
                 and (entry.intended_status in (None, "", "running"))):
@@ -320,7 +321,7 @@ def _destroy_row(row: Mapping[str, Any], vast_id: int | None, now: datetime) -> 
     attempts = int(row.get("destroy_attempts") or 0)
     reason = f"killed {clock.human_age(killed, now)} ago ({row.get('kill_code') or 'no code'}), not yet destroyed"
     if attempts:
-        reason += f"; attempt {attempts + 1}, last error: {_clip(row.get('destroy_error') or '?')}"
+        reason += f"; attempt {attempts + 1}, last error: {upstream.clip(row.get('destroy_error') or '?', REASON_CHARS)}"
     return Action(kind="destroy", label=row["label"], reason=reason, uuid=row["uuid"], vast_id=vast_id,
                   code=row.get("kill_code"))
 
@@ -352,11 +353,6 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
                         f" listed for {clock.human_age(seen, now)} (grace {clock.human_duration(grace)})"),
             ))
     return actions
-
-
-def _clip(text: str, limit: int = 160) -> str:
-    """vast's text quoted into a reason (an event, the table): masked, control characters escaped, bounded."""
-    return upstream.clip(text, limit)
 
 
 # --- effects -----------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
 from . import db, fleet, lifecycle, tokens
+from .upstream import cut
 from .clock import SYSTEM, Clock
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
@@ -60,6 +61,7 @@ from .reports import LocalReports
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
 MAX_HEADERS = 16 * 1024
+ERROR_CHARS = 500  # an error body's message is cut to this
 MAX_INT = 2**63 - 1  # SQLite INTEGER
 DEFAULT_PORT = 8080
 DEFAULT_THREADS = 1  # every report writes the one SQLite file: more workers only queue on its lock
@@ -120,9 +122,9 @@ class App:
         try:
             status, body = self.handle(environ, method, path)
         except HTTPError as exc:
-            status, body, headers = exc.status, {"error": _short(exc.message)}, exc.headers
+            status, body, headers = exc.status, {"error": cut(exc.message, ERROR_CHARS)}, exc.headers
         except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
-            status, body = _status_of(exc), {"error": _short(in_api_terms(str(exc)))}
+            status, body = _status_of(exc), {"error": cut(in_api_terms(str(exc)), ERROR_CHARS)}
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
@@ -288,7 +290,7 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
     for key in body:
         if key not in schema:
             allowed = ", ".join(f'"{name}"' for name in schema) or "none"
-            raise BadInput(f"unknown field {json.dumps(_short(key, 60))} for {report} (allowed: {allowed})")
+            raise BadInput(f"unknown field {json.dumps(cut(key, 60))} for {report} (allowed: {allowed})")
     values = {}
     for key, (kind, minimum) in schema.items():
         value = body.get(key)
@@ -345,12 +347,8 @@ def in_api_terms(message: str) -> str:
     return re.sub(r"(?<![\w-])--uuid(?![\w-])", "the uuid in the path", message)
 
 
-def _short(text: str, limit: int = 500) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _loggable(path: str) -> str:
-    return _short(path.encode("unicode_escape").decode("ascii"), 300)
+    return cut(path.encode("unicode_escape").decode("ascii"), 300)
 
 
 # --- running it ------------------------------------------------------------------------------------
