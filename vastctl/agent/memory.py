@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import clock
 from ..db import transaction
+from ..observe import expected_rate, stored_json
 
 CHARS_PER_TOKEN = 3  # JSON with short keys and numbers tokenises at ~3–4 chars a token: estimate high
 MAX_TEXT_CHARS = 240  # any one string from the fleet (status message, reason, note) is clipped to this
@@ -127,33 +128,20 @@ def _agent_step_rows(conn: sqlite3.Connection, before_step: int | None, limit: i
     ).fetchall()
 
 
-def _json_column(row: sqlite3.Row, name: str) -> Any:
-    if name not in row.keys() or row[name] in (None, ""):
-        return None
-    try:
-        return json.loads(row[name])
-    except (TypeError, ValueError):
-        return None
-
-
 def _step_row_summary(row: sqlite3.Row) -> dict[str, Any]:
     keys = row.keys()
     summary: dict[str, Any] = {"step": row["id"]}
     for column, name in (("started_at", "at"), ("policy", "policy"), ("outcome", "outcome")):
         if column in keys and row[column] is not None:
             summary[name] = clock.display_iso(row[column]) if column == "started_at" else row[column]
-    saw = _saw(_json_column(row, "observation"))
+    saw = _saw(stored_json(row["observation"], dict))
     if saw:
         summary["saw"] = saw
     for column in ("actions", "refused", "errors"):
-        items = _json_column(row, column)
-        if items or (column == "actions" and items is not None):  # the step's own account, even of doing nothing
-            summary["did" if column == "actions" else column] = [_condensed_action(item) for item in _listed(items)]
+        items = stored_json(row[column])
+        if items or (column == "actions" and row[column] is not None):  # the step's own account, even of doing nothing
+            summary["did" if column == "actions" else column] = [_condensed_action(item) for item in items]
     return summary
-
-
-def _listed(value: Any) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 SAW_KEYS = ("capacity", "pending_capacity", "spend_per_hour")
@@ -348,7 +336,7 @@ def _interest(machine: dict) -> tuple:
         tier = 1
     else:
         tier = 2
-    rate = machine.get("expected_rate") or machine.get("proofs_per_hour") or machine.get("bench_rate") or 0
+    rate = machine.get("expected_rate") or expected_rate(machine, {}, 0.0)
     dph = machine.get("dph") or 0
     per_dollar = (rate / dph) if dph else float("inf")
     return (tier, per_dollar, str(machine.get("label") or ""))

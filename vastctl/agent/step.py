@@ -31,7 +31,7 @@ from ..config import Config
 from ..db import transaction
 from ..errors import BadInput, GuardRefused, Unavailable, VastctlError
 from ..guard import Action, Kind
-from ..observe import Observation, observe
+from ..observe import Observation, observe, stored_json
 from . import rules
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def wake_reason(obs: Observation, last: Mapping[str, Any] | None, config: Config
     news = [event for event in obs.events if event.get("source") != "agent"]
     if news:
         return f"{len(news)} new event(s), the newest #{news[-1]['id']}"
-    before = json.loads(last["observation"] or "{}").get("demand") or {}
+    before = stored_json(last["observation"], dict).get("demand") or {}
     now_known, was_known = obs.demand.known, bool(before.get("known"))
     if now_known != was_known:
         return "demand became " + ("known" if now_known else "unknown")
