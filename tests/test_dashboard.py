@@ -99,9 +99,9 @@ class Browser:
 def make_app(db_path, **server_keys) -> server.App:
     config = config_module.from_mapping({"server": {"admin_token": ADMIN, **server_keys}})
     config.db = str(db_path)
-    db.connect(config.db_path, create=True).close()
+    db.connect(config.db_path, create=True, now=clock.SYSTEM.now()).close()
     tokens.ensure_secret(config.secret_path)
-    return server.App(config, tokens.Keyring(config.secret_path))
+    return server.App(config, tokens.Keyring(config.secret_path), clock=clock.SYSTEM)
 
 
 @pytest.fixture
@@ -131,8 +131,8 @@ def events(app) -> list[dict]:
 def register(app, uuid: str, label: str, **fields):
     """A machine's boot report; a `vast_id` is recorded as a launch records it (a machine's own claim is not)."""
     conn = app.connection()
-    LocalReports(conn, app.config).register(uuid, label=label, gpu_name=fields.get("gpu_name"),
-                                            num_gpus=fields.get("num_gpus"))
+    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
+    reports.register(uuid, label=label, gpu_name=fields.get("gpu_name"), num_gpus=fields.get("num_gpus"))
     if fields.get("vast_id") is not None:
         with db.transaction(conn):
             conn.execute("UPDATE instances SET vast_id = ? WHERE uuid = ?", (fields["vast_id"], uuid))
@@ -140,7 +140,7 @@ def register(app, uuid: str, label: str, **fields):
 
 def empty_queue(app):
     """Demand says nothing is queued, so the guard lets the last machine go."""
-    demand.report(app.connection(), 0, None, now=clock.utcnow())
+    demand.report(app.connection(), 0, None, now=clock.SYSTEM.now())
 
 
 # --- signing in ---------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_changing_the_admin_token_signs_everyone_out(db_path, browser):
     other = Browser(make_app(db_path), jar=browser.jar)
     assert 'action="/dashboard/kill"' in other.get("/").text
     other.app.config.server.admin_token = "a-new-admin-token-0123456789"
-    rotated = Browser(server.App(other.app.config, other.app.keyring), jar=browser.jar)
+    rotated = Browser(server.App(other.app.config, other.app.keyring, clock=clock.SYSTEM), jar=browser.jar)
     assert rotated.get("/").text.count('action="/login"') == 1
 
 
@@ -277,7 +277,7 @@ def test_values_from_machines_and_vast_are_shown_as_text(signed_in, app):
     with db.transaction(conn):
         lifecycle.update_fields(conn, "u-xss", {"vast_status": "running", "vast_status_msg": "<b>oci</b> & 'fail'"})
     register(app, "u-killed", "vastctl-gone")
-    lifecycle.kill(conn, "u-killed", f"operator: {XSS}", source="operator", code="operator")
+    lifecycle.kill(conn, "u-killed", f"operator: {XSS}", source="operator", code="operator", now=clock.SYSTEM.now())
     for body in (signed_in.get("/").text, signed_in.get("/dashboard/live").text):
         assert XSS not in body and "<script>alert" not in body and "<b>oci" not in body
         assert "&lt;img src=x onerror=alert(1)&gt;" in body
@@ -286,7 +286,7 @@ def test_values_from_machines_and_vast_are_shown_as_text(signed_in, app):
 
 def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     conn = app.connection()
-    reports = LocalReports(conn, app.config)
+    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
     register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
     reports.params_done("u1")
     reports.bench_report("u1", 55)
@@ -295,7 +295,7 @@ def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     with db.transaction(conn):
         conn.execute("UPDATE instances SET dph = 0.4 WHERE uuid = 'u1'")
         conn.execute("UPDATE instances SET dph = 0.3, vast_status = 'exited' WHERE uuid = 'u2'")
-    settings.set_value(conn, app.config, "target_proofs_per_hour", 200)
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 200, now=clock.SYSTEM.now())
     page = signed_in.get("/").text
     assert re.search(r'id="capacity">55</span> / <span id="target">200<', page)
     assert "+55 proofs/h on the way" in page  # u2 counts at its model's measured rate
@@ -310,16 +310,16 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
     machine without our label prefix that the guard refuses."""
     conn = app.connection()
     register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
-    reports = LocalReports(conn, app.config)
+    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
     reports.params_done("u1")
     reports.bench_report("u1", 55)
     reports.running("u1")
-    now = clock.utcnow()
+    now = clock.SYSTEM.now()
     lifecycle.create(conn, uuid="u9", label=XSS, state="launching", reason="launch", source="operator",
                      now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090"})
     for state in ("stopped", "launching", "stopped"):  # resumed once, stopped again: the rules replace it
         lifecycle.transition(conn, "u9", state, state, "operator", now=now - timedelta(hours=1))
-    settings.set_value(conn, app.config, "target_proofs_per_hour", 60)
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 60, now=now)
     demand.report(conn, 9, None, now=now)
     config = config_module.from_mapping({
         "server": {"admin_token": ADMIN, "url": "https://manager.example"},
@@ -351,7 +351,7 @@ def add_step(conn: sqlite3.Connection, at: datetime, **values) -> None:
 
 
 def test_agent_step_tokens_and_cost_are_shown(signed_in, app):
-    add_step(app.connection(), clock.utcnow(), outcome="error", observation="{not json", input_tokens=5100,
+    add_step(app.connection(), clock.SYSTEM.now(), outcome="error", observation="{not json", input_tokens=5100,
              output_tokens=230, cache_read_tokens=4000, cost=0.0123, errors=json.dumps(["llm: HTTP 529"]))
     steps = signed_in.get("/").text.split('id="steps"')[1]
     assert "5100 in · 230 out · 4000 cached" in steps and "$0.0123" in steps

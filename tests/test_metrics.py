@@ -45,8 +45,8 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 def populated(app):
     """A fleet with a bit of everything each metric reads."""
     conn, cfg = app.connection(), app.config
-    now = clock.utcnow()
-    reports = LocalReports(conn, cfg)
+    now = clock.SYSTEM.now()
+    reports = LocalReports(conn, cfg, now=clock.SYSTEM.now())
     for n, (uuid, rate) in enumerate((("u1", 50.0), ("u2", 70.0))):
         register(app, uuid, f"vastctl-run{n}", gpu_name="RTX 4090", vast_id=100 + n)
         reports.params_done(uuid)
@@ -62,8 +62,8 @@ def populated(app):
     with db.transaction(conn):
         conn.execute("UPDATE instances SET dph = 0.5 WHERE uuid IN ('u1', 'u2', 'u3')")
         conn.execute("UPDATE instances SET destroyed_at = killed_at WHERE uuid = 'u5'")
-    settings.set_value(conn, cfg, "target_proofs_per_hour", 300)
-    settings.set_value(conn, cfg, "max_hourly_spend", 1.25)
+    settings.set_value(conn, cfg, "target_proofs_per_hour", 300, now=clock.SYSTEM.now())
+    settings.set_value(conn, cfg, "max_hourly_spend", 1.25, now=clock.SYSTEM.now())
     conn.execute("INSERT INTO vast_listings (at, ok, instances) VALUES (?, 1, 4)",
                  (clock.to_iso(now - timedelta(minutes=12)),))
     for minutes in (8, 4):

@@ -53,7 +53,7 @@ from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
-from .clock import SYSTEM, Clock
+from .clock import Clock
 from .observe import observe
 from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
@@ -359,7 +359,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
 
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
-          now: datetime | None = None, keepalive: Callable[[], None] | None = None,
+          now: datetime, keepalive: Callable[[], None] | None = None,
           listing: Sequence[RemoteInstance] | None = None, budget: Budget | None = None) -> PassResult:
     """Perform the actions. A kill that loses a race is a result, not an error; a failed destroy is an error
     (recorded on the row and retried next pass). `keepalive` runs before each action: a pass whose
@@ -367,7 +367,6 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
     `listing` (the pass's) is what a destroy checks the row's label against before it asks vast.
     Once the `budget` is spent no destroy is sent: each is recorded as skipped (kills, which never call
     vast, still happen), and the result says `deadline_passed`."""
-    now = now or clock.utcnow()
     listed = None if listing is None else {entry.id: entry for entry in listing}
     result = PassResult()
     stopped: str | None = None  # why this pass calls vast no more
@@ -591,16 +590,17 @@ def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
     return listing
 
 
-def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock = SYSTEM,
-             now: datetime | None = None, dry_run: bool = False) -> PassResult:
+def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock,
+             dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
     distrusted; in each of those cases nothing was killed. `dry_run` plans and changes nothing at all.
 
-    The pass ends by `reconcile.deadline` on `clock` (cron starts the next one a minute later): the
+    The pass reads its time from `clock` (the system clock from the CLI, virtual time in the simulator)
+    and ends by `reconcile.deadline` on it (cron starts the next one a minute later): the
     provider starts no call and waits for no retry past it, and the vast calls left are skipped and
     recorded; the result then has `deadline_passed` set (the CLI exits 1).
     """
-    now = now or clock.now()
+    now = clock.now()
     budget = Budget(clock, config.reconcile.deadline)
     previous, provider.deadline = getattr(provider, "deadline", None), budget.deadline
     try:
@@ -629,7 +629,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
                 record_failed_listing(conn, str(exc), now)
                 raise
             record_listing(conn, rows, listing, matched, now)
-            result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew, listing=listing,
+            result = apply(conn, provider, actions, config, now=now, keepalive=lambda: lease.renew(clock.now()), listing=listing,
                            budget=budget)
             result.listed = len(listing)
             return result

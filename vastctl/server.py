@@ -39,7 +39,6 @@ import math
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
@@ -51,8 +50,8 @@ from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
 from . import db, fleet, lifecycle, tokens
+from .clock import Clock
 from .upstream import cut
-from .clock import SYSTEM, Clock
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from .remote import FIELD_FLAGS
@@ -93,11 +92,15 @@ class HTTPError(Exception):
 
 
 class App:
-    """The WSGI application: routing, auth, JSON in and out, typed errors → status codes."""
+    """The WSGI application: routing, auth, JSON in and out, typed errors → status codes.
 
-    def __init__(self, config: Config, keyring: tokens.Keyring):
+    `clock` stamps every report and times every request (the system clock from `vastctl serve`).
+    """
+
+    def __init__(self, config: Config, keyring: tokens.Keyring, *, clock: Clock):
         self.config = config
         self.keyring = keyring
+        self.clock = clock
         self.admin_token = config.server.admin_token.encode()
         self._local = threading.local()  # sqlite3 connections are per thread
 
@@ -105,14 +108,14 @@ class App:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = self._local.conn = db.connect(self.config.db_path)
+                conn = self._local.conn = db.connect(self.config.db_path, now=self.clock.now())
             except Exception as exc:  # the manager's problem, not the caller's: 503 so boot scripts retry
                 access_log.error("cannot open the state file: %s", exc)
                 raise HTTPError(503, "the manager cannot open its state file: retry later", [("Retry-After", "5")]) from exc
         return conn
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
-        started = time.perf_counter()
+        started = self.clock.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         path = _raw_path(environ)
         from . import dashboard  # the operator's pages and /metrics live in their own module
@@ -136,7 +139,7 @@ class App:
             [("Content-Type", "application/json"), ("Content-Length", str(len(payload))), *headers],
         )
         access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, _loggable(path), status,
-                        (time.perf_counter() - started) * 1000)
+                        (self.clock.monotonic() - started) * 1000)
         return [payload]
 
     def handle(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
@@ -149,7 +152,8 @@ class App:
             self.check_admin(environ)
             query = parse_qs(environ.get("QUERY_STRING", ""))
             include_killed = query.get("all", ["0"])[-1].lower() in ("1", "true", "yes")
-            return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed)
+            return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed,
+                                          now=self.clock.now())
         uuid, report = _report_route(path)
         _allow(method, "POST")
         self.check_machine(environ, uuid)
@@ -157,7 +161,7 @@ class App:
         return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
-        reports = LocalReports(self.connection(), self.config)
+        reports = LocalReports(self.connection(), self.config, now=self.clock.now())
         if report == "register":
             return reports.register(uuid, label=body.get("label"), vast_id=body.get("vast_id"),
                                     gpu_name=body.get("gpu_name"), num_gpus=body.get("num_gpus"))
@@ -363,7 +367,7 @@ def make_server(
     timeout: float = DEFAULT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
-    clock: Clock = SYSTEM,
+    clock: Clock,
 ):
     """A waitress server bound and ready for `.run()`; checks the state file and the token secret first."""
     if request_timeout <= 0:
@@ -372,8 +376,8 @@ def make_server(
         raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
     keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
-    db.connect(config.db_path).close()  # a missing or broken file fails here, not at the first report
-    app = App(config, keyring)
+    db.connect(config.db_path, now=clock.now()).close()  # a missing or broken file fails here, not at the first report
+    app = App(config, keyring, clock=clock)
     try:
         adj = Adjustments(
             host=host, port=port, threads=threads, ident="vastctl", connection_limit=connection_limit,
