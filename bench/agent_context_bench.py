@@ -82,7 +82,7 @@ def write_history(conn, steps: int, machines: int) -> None:
 
 def run_case(api: FakeMessagesAPI, machines: int, history: int, config) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        conn = db.connect(Path(tmp) / "bench.db", create=True)
+        conn = db.connect(Path(tmp) / "bench.db", create=True, now=clock_module.SYSTEM.now())
         write_history(conn, history, machines)
         observation = fleet_observation(machines, events=min(machines, 200))
         suggestion = [{"kind": "launch", "count": 2, "gpu_name": "RTX 4090", "reason": "capacity below target"}]

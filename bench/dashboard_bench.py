@@ -45,7 +45,7 @@ BOOTING = ("launching", "registered", "params_done", "bench_done")
 
 def build(path: Path, machines: int, now) -> None:
     """A day of a fleet of `machines` live machines (and as many killed during the day)."""
-    conn = db.connect(path, create=True)
+    conn = db.connect(path, create=True, now=now)
     iso = clock.to_iso
     rows, events = [], []
     for i in range(2 * machines):
@@ -120,12 +120,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
-        now = clock.utcnow()
+        now = clock.SYSTEM.now()
         build(path, args.machines, now)
         config = from_mapping({"server": {"admin_token": ADMIN}})
         config.db = str(path)
         tokens.ensure_secret(config.secret_path)
-        app = server.App(config, tokens.Keyring(config.secret_path))
+        app = server.App(config, tokens.Keyring(config.secret_path), clock=clock.SYSTEM)
         login = f"token={ADMIN}".encode()
         seen = {}
         app({"REQUEST_METHOD": "POST", "PATH_INFO": "/login", "wsgi.input": io.BytesIO(login),

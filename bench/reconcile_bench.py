@@ -46,7 +46,7 @@ class Market:
 
 
 def build(path: Path, n: int, now) -> Market:
-    conn = db.connect(path, create=True)
+    conn = db.connect(path, create=True, now=now)
     fresh, stale = clock.to_iso(now - timedelta(seconds=30)), clock.to_iso(now - timedelta(minutes=30))
     since = clock.to_iso(now - timedelta(hours=2))
     rows, listing = [], []
@@ -73,13 +73,13 @@ def build(path: Path, n: int, now) -> Market:
 
 def measure(n: int, rounds: int) -> dict:
     config = from_mapping({})
-    now = clock.utcnow()
+    now = clock.SYSTEM.now()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         market = build(path, n, now)
-        conn = db.connect(path)
+        conn = db.connect(path, now=now)
         started = time.perf_counter()
-        first = reconcile.run_pass(conn, market, config, now=now)
+        first = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(now))
         first_s = time.perf_counter() - started
         kills = sum(1 for a in first.actions if a["kind"] == "kill")
         destroys = sum(1 for a in first.actions if a["kind"] == "destroy" and a["result"] == "destroyed")
@@ -87,11 +87,11 @@ def measure(n: int, rounds: int) -> dict:
         for k in range(rounds):
             gc.collect()
             started = time.perf_counter()
-            reconcile.run_pass(conn, market, config, now=now + timedelta(seconds=20 * (k + 1)))
+            reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(now + timedelta(seconds=20 * (k + 1))))
             steady.append(time.perf_counter() - started)
         gc.collect()
         tracemalloc.start()
-        reconcile.run_pass(conn, market, config, now=now + timedelta(seconds=20 * (rounds + 1)))
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(now + timedelta(seconds=20 * (rounds + 1))))
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         conn.close()

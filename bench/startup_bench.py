@@ -43,8 +43,8 @@ def make_fleet(path: Path, machines: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from vastctl import clock, db
 
-    conn = db.connect(path, create=True)
-    now = clock.to_iso(clock.utcnow())
+    conn = db.connect(path, create=True, now=clock.SYSTEM.now())
+    now = clock.to_iso(clock.SYSTEM.now())
     states = ["running"] * 7 + ["params_done", "bench_done", "registered"]
     rows = [
         (f"uuid-{i:05d}", f"vastctl-{i:05d}", states[i % len(states)], 1_000_000 + i, "RTX 4090", 1, 0.42, 68.0,

@@ -12,6 +12,7 @@ import pytest
 
 from vastctl import config as config_module
 from vastctl import db
+from vastctl.clock import SYSTEM
 
 SCRUBBED = (
     "VAST_API_KEY", "VAST_API_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "VASTCTL_DB", "VASTCTL_CONFIG",
@@ -43,7 +44,7 @@ def config(db_path) -> config_module.Config:
 
 @pytest.fixture
 def conn(db_path):
-    connection = db.connect(db_path, create=True)
+    connection = db.connect(db_path, create=True, now=SYSTEM.now())
     yield connection
     connection.close()
 
@@ -57,7 +58,7 @@ def ready(cli):
 @pytest.fixture
 def store(ready, db_path):
     """An initialised state file and a connection to it."""
-    connection = db.connect(db_path)
+    connection = db.connect(db_path, now=SYSTEM.now())
     yield connection
     connection.close()
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from vastctl import db, tokens
+from vastctl.clock import SYSTEM
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 SCRUBBED = ("VASTCTL_SERVER", "VASTCTL_TOKEN", "VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_RETRY_FOR",
@@ -39,7 +40,7 @@ class Manager:
         self.db_path = home / "manager.db"
         self.config_path = home / "config.yaml"
         self.config_path.write_text(f'server:\n  admin_token: "{admin_token}"\nfleet:\n  min_bench_rate: {gate}\n')
-        db.connect(self.db_path, create=True).close()
+        db.connect(self.db_path, create=True, now=SYSTEM.now()).close()
         tokens.ensure_secret(Path(str(self.db_path) + ".secret"))
         self.secret = tokens.read_secret(Path(str(self.db_path) + ".secret"))
         self.log_path = home / "serve.log"

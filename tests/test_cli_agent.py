@@ -52,9 +52,9 @@ class Market:
 @pytest.fixture
 def market(monkeypatch):
     fake = Market()
-    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config: fake)
-    monkeypatch.setattr("vastctl.cli.market.get_provider", lambda config: fake)
-    monkeypatch.setattr("vastctl.providers.get_provider", lambda config: fake)
+    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
+    monkeypatch.setattr("vastctl.cli.market.get_provider", lambda config, *, clock: fake)
+    monkeypatch.setattr("vastctl.providers.get_provider", lambda config, *, clock: fake)
     return fake
 
 
@@ -143,11 +143,11 @@ def test_the_agents_own_actions_do_not_wake_it_and_the_interval_does(ready, cli,
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "3").code == 0
     assert json.loads(cli("agent-step", "--json").out)["actions"][0]["kind"] == "launch"  # an agent event
-    conn = db.connect(db_path)
+    conn = db.connect(db_path, now=clock.SYSTEM.now())
     from vastctl import config as config_module
 
     cfg = config_module.load()
-    start = clock.VirtualClock(clock.utcnow())
+    start = clock.VirtualClock(clock.SYSTEM.now())
     assert step.run_step(conn, market, cfg, clock=start, if_events=True).skipped
     start.advance(5 * 60)
     conn.execute("UPDATE demand_samples SET at = ?", (clock.to_iso(start.now()),))
@@ -197,8 +197,8 @@ def test_operator_launch_outside_the_allowed_models_is_refused(ready, cli, marke
 def test_bad_policy_and_a_held_lease(ready, cli, market, db_path):
     result = cli("agent-step", "--policy", "magic")
     assert result.code == 2 and "--policy must be one of rules, llm" in result.err
-    conn = db.connect(db_path)
-    assert locks.acquire(conn, "agent-step", ttl_s=600, holder="elsewhere:1")
+    conn = db.connect(db_path, now=clock.SYSTEM.now())
+    assert locks.acquire(conn, "agent-step", ttl_s=600, holder="elsewhere:1", now=clock.SYSTEM.now())
     result = cli("agent-step")
     assert result.code == 1 and "another agent-step is running" in result.err
     assert query(db_path, "SELECT count(*) AS n FROM agent_steps") == [{"n": 0}]
@@ -235,7 +235,8 @@ def fake_llm(monkeypatch, calls, *, error=None):
         return LlmResult(tokens={"input": 1200, "output": 80, "cache_read": 900, "cache_write": 0}, cost=0.0004,
                          rounds=len(calls) + 1, stop_reason="error" if error else "end_turn", error=error)
 
-    module = types.SimpleNamespace(run=run, ToolOutcome=ToolOutcome, LlmResult=LlmResult)
+    module = types.SimpleNamespace(run=run, ToolOutcome=ToolOutcome, LlmResult=LlmResult,
+                                   require=lambda config, env: ("sk-test", [0.0] * 4))
     import vastctl.agent
 
     monkeypatch.setitem(__import__("sys").modules, "vastctl.agent.llm", module)

@@ -40,7 +40,7 @@ def market(monkeypatch):
 
 
 def put(store, market, label, vast_id, state="running", status="running", minutes_ago=30, heartbeat_ago=1, **fields):
-    now = clock.utcnow()
+    now = clock.SYSTEM.now()
     uuid = f"u-{label}"
     lifecycle.create(store, uuid=uuid, label=label, state=lifecycle.State.LAUNCHING, reason="launched",
                      source="operator", now=now - timedelta(minutes=minutes_ago), fields={"vast_id": vast_id})
@@ -141,7 +141,7 @@ def test_distrusted_listing_is_exit_1(store, cli, market):
 
 def test_lock_held_is_exit_1(store, cli, market):
     uuid = put(store, market, "vastctl-a", 11, heartbeat_ago=30)
-    locks.acquire(store, "reconcile", ttl_s=600, holder="otherhost:42")
+    locks.acquire(store, "reconcile", ttl_s=600, holder="otherhost:42", now=clock.SYSTEM.now())
     result = cli("reconcile")
     assert result.code == 1 and "another reconcile is running (otherhost:42" in result.err
     assert row(store, uuid)["state"] == "running"

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from vastctl import db, lifecycle
+from vastctl.clock import SYSTEM
 from vastctl.errors import Refused
 
 pytestmark = pytest.mark.slow  # real processes and servers on loopback
@@ -19,10 +20,10 @@ RACERS = 12
 
 
 def _race_kill(path, barrier, source, queue):
-    conn = db.connect(path)
+    conn = db.connect(path, now=SYSTEM.now())
     barrier.wait()
     try:
-        lifecycle.kill(conn, "u1", f"killed by {source}", source="reconcile", code="exited")
+        lifecycle.kill(conn, "u1", f"killed by {source}", source="reconcile", code="exited", now=SYSTEM.now())
         queue.put("won")
     except Refused:
         queue.put("refused")

@@ -14,7 +14,9 @@ from urllib.parse import urlencode
 import pytest
 import responses
 
+from test_cli_agent import Market
 from vastctl import clock, dashboard, db, demand, lifecycle, overview, server, settings, tokens
+from vastctl.agent import step
 from vastctl import config as config_module
 from vastctl.errors import GuardRefused
 from vastctl.reports import LocalReports
@@ -97,9 +99,9 @@ class Browser:
 def make_app(db_path, **server_keys) -> server.App:
     config = config_module.from_mapping({"server": {"admin_token": ADMIN, **server_keys}})
     config.db = str(db_path)
-    db.connect(config.db_path, create=True).close()
+    db.connect(config.db_path, create=True, now=clock.SYSTEM.now()).close()
     tokens.ensure_secret(config.secret_path)
-    return server.App(config, tokens.Keyring(config.secret_path))
+    return server.App(config, tokens.Keyring(config.secret_path), clock=clock.SYSTEM)
 
 
 @pytest.fixture
@@ -129,8 +131,8 @@ def events(app) -> list[dict]:
 def register(app, uuid: str, label: str, **fields):
     """A machine's boot report; a `vast_id` is recorded as a launch records it (a machine's own claim is not)."""
     conn = app.connection()
-    LocalReports(conn, app.config).register(uuid, label=label, gpu_name=fields.get("gpu_name"),
-                                            num_gpus=fields.get("num_gpus"))
+    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
+    reports.register(uuid, label=label, gpu_name=fields.get("gpu_name"), num_gpus=fields.get("num_gpus"))
     if fields.get("vast_id") is not None:
         with db.transaction(conn):
             conn.execute("UPDATE instances SET vast_id = ? WHERE uuid = ?", (fields["vast_id"], uuid))
@@ -138,7 +140,7 @@ def register(app, uuid: str, label: str, **fields):
 
 def empty_queue(app):
     """Demand says nothing is queued, so the guard lets the last machine go."""
-    demand.report(app.connection(), 0, None, now=clock.utcnow())
+    demand.report(app.connection(), 0, None, now=clock.SYSTEM.now())
 
 
 # --- signing in ---------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_changing_the_admin_token_signs_everyone_out(db_path, browser):
     other = Browser(make_app(db_path), jar=browser.jar)
     assert 'action="/dashboard/kill"' in other.get("/").text
     other.app.config.server.admin_token = "a-new-admin-token-0123456789"
-    rotated = Browser(server.App(other.app.config, other.app.keyring), jar=browser.jar)
+    rotated = Browser(server.App(other.app.config, other.app.keyring, clock=clock.SYSTEM), jar=browser.jar)
     assert rotated.get("/").text.count('action="/login"') == 1
 
 
@@ -275,7 +277,7 @@ def test_values_from_machines_and_vast_are_shown_as_text(signed_in, app):
     with db.transaction(conn):
         lifecycle.update_fields(conn, "u-xss", {"vast_status": "running", "vast_status_msg": "<b>oci</b> & 'fail'"})
     register(app, "u-killed", "vastctl-gone")
-    lifecycle.kill(conn, "u-killed", f"operator: {XSS}", source="operator", code="operator")
+    lifecycle.kill(conn, "u-killed", f"operator: {XSS}", source="operator", code="operator", now=clock.SYSTEM.now())
     for body in (signed_in.get("/").text, signed_in.get("/dashboard/live").text):
         assert XSS not in body and "<script>alert" not in body and "<b>oci" not in body
         assert "&lt;img src=x onerror=alert(1)&gt;" in body
@@ -284,7 +286,7 @@ def test_values_from_machines_and_vast_are_shown_as_text(signed_in, app):
 
 def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     conn = app.connection()
-    reports = LocalReports(conn, app.config)
+    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
     register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
     reports.params_done("u1")
     reports.bench_report("u1", 55)
@@ -293,7 +295,7 @@ def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     with db.transaction(conn):
         conn.execute("UPDATE instances SET dph = 0.4 WHERE uuid = 'u1'")
         conn.execute("UPDATE instances SET dph = 0.3, vast_status = 'exited' WHERE uuid = 'u2'")
-    settings.set_value(conn, app.config, "target_proofs_per_hour", 200)
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 200, now=clock.SYSTEM.now())
     page = signed_in.get("/").text
     assert re.search(r'id="capacity">55</span> / <span id="target">200<', page)
     assert "+55 proofs/h on the way" in page  # u2 counts at its model's measured rate
@@ -303,15 +305,43 @@ def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     assert "no demand samples kept" in page and "no agent steps yet" in page
 
 
-AGENT_STEPS = """CREATE TABLE IF NOT EXISTS agent_steps (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT,
-  finished_at TEXT, policy TEXT, outcome TEXT, event_cursor INTEGER, observation TEXT, actions TEXT, refused TEXT,
-  errors TEXT, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER,
-  cost REAL)"""
-DEMAND_SAMPLES = """CREATE TABLE IF NOT EXISTS demand_samples (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT,
-  queued INTEGER, proofs_per_hour REAL, source TEXT, ok INTEGER, error TEXT)"""
+def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
+    """A step as agent-step writes it (the rules policy against a stand-in market): a launch, and a destroy of a
+    machine without our label prefix that the guard refuses."""
+    conn = app.connection()
+    register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
+    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
+    reports.params_done("u1")
+    reports.bench_report("u1", 55)
+    reports.running("u1")
+    now = clock.SYSTEM.now()
+    lifecycle.create(conn, uuid="u9", label=XSS, state="launching", reason="launch", source="operator",
+                     now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090"})
+    for state in ("stopped", "launching", "stopped"):  # resumed once, stopped again: the rules replace it
+        lifecycle.transition(conn, "u9", state, state, "operator", now=now - timedelta(hours=1))
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 60, now=now)
+    demand.report(conn, 9, None, now=now)
+    config = config_module.from_mapping({
+        "server": {"admin_token": ADMIN, "url": "https://manager.example"},
+        "launch": {"vastctl_source": "vastctl", "install": "./install-provers.sh"}})
+    config.db = app.config.db
+    result = step.run_step(conn, Market(), config, clock=clock.SYSTEM, policy="rules")
+    assert [(a["kind"], a["offer_id"]) for a in result.actions] == [("launch", 1)]
+    assert [(r["kind"], r["limit"]) for r in result.refused] == [("destroy", "label_prefix")]
+
+    page = signed_in.get("/").text
+    (row,) = page.split('id="steps"')[1].split("<tbody>")[1].split("</tr>")[:1]
+    cells = [unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+    assert cells[1:3] == ["rules", "ok"]
+    assert cells[3] == "capacity 55 / 60 · +0 on the way · $0.00/h · 9 queued · 1 running, 1 stopped · 9 new events"
+    assert re.fullmatch(r"launch RTX 4090: queued work: capacity 55 of 69 .+ → launched vastctl-\S+ \(instance 9001\)", cells[4])
+    assert cells[5].startswith(f"destroy {XSS} [label_prefix]: {XSS} does not carry our label prefix")
+    assert XSS not in page and "destroy &lt;img src=x onerror=alert(1)&gt; [label_prefix]" in page
+    assert cells[6:] == ["", "0 in · 0 out", "$0.0000"]
 
 
 def add_step(conn: sqlite3.Connection, at: datetime, **values) -> None:
+    """An agent_steps row with the given figures (metrics and the page sum and show them)."""
     row = {"started_at": clock.to_iso(at), "finished_at": clock.to_iso(at + timedelta(seconds=3)),
            "policy": "llm", "outcome": "ok", "observation": "{}", "actions": "[]", "refused": "[]", "errors": "[]",
            "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0, "cost": 0.0,
@@ -320,24 +350,12 @@ def add_step(conn: sqlite3.Connection, at: datetime, **values) -> None:
                  tuple(row.values()))
 
 
-def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
-    conn = app.connection()
-    conn.execute(AGENT_STEPS)
-    now = clock.utcnow()
-    add_step(conn, now - timedelta(minutes=5), observation=json.dumps({"capacity": 120, "target": 400, "queued": 9}),
-             actions=json.dumps([{"kind": "launch", "count": 2, "reason": "below target", "result": "launched 2"}]),
-             refused=json.dumps([{"kind": "destroy", "label": XSS, "why": "never scale to zero"}]),
-             input_tokens=5100, output_tokens=230, cache_read_tokens=4000, cost=0.0123)
-    add_step(conn, now - timedelta(minutes=1), observation="{not json", actions="oops", outcome="error",
-             errors=json.dumps(["model timed out"]))
-    page = signed_in.get("/").text
-    steps = page.split('id="steps"')[1]
-    assert "launch 2: below target → launched 2" in steps
-    assert "destroy &lt;img src=x onerror=alert(1)&gt;: never scale to zero" in steps
+def test_agent_step_tokens_and_cost_are_shown(signed_in, app):
+    add_step(app.connection(), clock.SYSTEM.now(), outcome="error", observation="{not json", input_tokens=5100,
+             output_tokens=230, cache_read_tokens=4000, cost=0.0123, errors=json.dumps(["llm: HTTP 529"]))
+    steps = signed_in.get("/").text.split('id="steps"')[1]
     assert "5100 in · 230 out · 4000 cached" in steps and "$0.0123" in steps
-    assert "capacity 120 · target 400 · queued 9" in steps
-    assert "{not json" in steps and "model timed out" in steps
-    assert steps.index("model timed out") < steps.index("launched 2")  # newest first
+    assert "{not json" in steps and "llm: HTTP 529" in steps
 
 
 def test_the_chart_replays_the_last_day(app):
@@ -354,7 +372,6 @@ def test_the_chart_replays_the_last_day(app):
     lifecycle.transition(conn, "u1", "running", "r", "instance", now=now - 6 * hour)
     lifecycle.kill(conn, "u1", "operator: test", source="operator", code="operator", now=now - 2 * hour)
     settings.set_value(conn, cfg, "target_proofs_per_hour", 300, now=now - 5 * hour)
-    conn.execute(DEMAND_SAMPLES)
     conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, 7, 100, 'report', 1)",
                  (clock.to_iso(now - 4 * hour),))
     conn.execute("INSERT INTO vast_listings (at, ok, error) VALUES (?, 0, 'HTTP 502')", (clock.to_iso(now - 3 * hour),))

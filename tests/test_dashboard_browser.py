@@ -72,9 +72,9 @@ def register(manager, label: str) -> str:
 
 
 def empty_queue(manager) -> None:
-    conn = db.connect(manager.db_path)
+    conn = db.connect(manager.db_path, now=clock.SYSTEM.now())
     try:
-        demand.report(conn, 0, None, now=clock.utcnow())
+        demand.report(conn, 0, None, now=clock.SYSTEM.now())
     finally:
         conn.close()
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime, timezone
 
 import pytest
 
-from vastctl import db
+from vastctl import clock, db
+from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput
 
 # The columns of every table, in order. A change here means a new migration.
@@ -77,7 +79,7 @@ def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
     raw.execute("INSERT INTO events (at, kind, uuid, label, to_state, reason, source) VALUES ('t', 'transition', 'u1', 'vastctl-old', 'running', 'r', 'instance')")
     raw.close()
 
-    conn = db.connect(db_path)
+    conn = db.connect(db_path, now=SYSTEM.now())
     assert conn.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
     row = conn.execute("SELECT * FROM instances WHERE uuid = 'u1'").fetchone()
     assert (row["label"], row["state"], row["bench_rate"], row["vast_missing"], row["destroy_attempts"]) == (
@@ -103,24 +105,27 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
                     " destroyed_at) VALUES (?, ?, 'running', ?, ?, 't', 't', ?)",
                     (uuid, f"vastctl-{uuid}", vast_id, offer_id, destroyed))
     raw.close()
-    conn = db.connect(db_path)
+    conn = db.connect(db_path, now=SYSTEM.now())
     found = {r["uuid"]: (r["vast_id"], r["claimed_vast_id"])
              for r in conn.execute("SELECT uuid, vast_id, claimed_vast_id FROM instances")}
     assert found == {"adopted": (None, 100), "launched": (101, None), "gone": (102, None)}
 
 
 def test_connect_twice_does_not_reapply_migrations(db_path):
-    db.connect(db_path, create=True).close()
-    conn = db.connect(db_path)
-    assert conn.execute("SELECT count(*) FROM migrations").fetchone()[0] == db.SCHEMA_VERSION
+    first, later = datetime(2031, 3, 1, tzinfo=timezone.utc), datetime(2031, 3, 2, tzinfo=timezone.utc)
+    db.connect(db_path, create=True, now=first).close()
+    conn = db.connect(db_path, now=later)
+    stamps = [row[0] for row in conn.execute("SELECT applied_at FROM migrations")]
+    assert len(stamps) == db.SCHEMA_VERSION
+    assert set(stamps) == {clock.to_iso(first)}  # the caller's time (virtual in the simulator), not SQLite's 'now'
 
 
 def test_missing_file_is_an_error_unless_creating(tmp_path):
     path = tmp_path / "sub" / "state.db"
     with pytest.raises(BadInput, match="vastctl init"):
-        db.connect(path)
+        db.connect(path, now=SYSTEM.now())
     assert not path.exists()
-    db.connect(path, create=True).close()
+    db.connect(path, create=True, now=SYSTEM.now()).close()
     assert path.exists()
 
 
@@ -128,7 +133,7 @@ def test_a_file_that_is_not_sqlite_is_bad_input(tmp_path):
     path = tmp_path / "junk.db"
     path.write_text("not a database at all, just text " * 100)
     with pytest.raises(BadInput, match="not a SQLite database"):
-        db.connect(path)
+        db.connect(path, now=SYSTEM.now())
 
 
 def test_transaction_rolls_back_on_error(conn):

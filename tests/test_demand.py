@@ -113,7 +113,7 @@ def test_cli_bad_report_changes_nothing(ready, cli, db_path, args):
     assert result.code == 2 and result.err.startswith("error: ") and "Traceback" not in result.err
     from vastctl import db
 
-    assert db.connect(db_path).execute("SELECT count(*) FROM demand_samples").fetchone()[0] == 0
+    assert db.connect(db_path, now=NOW).execute("SELECT count(*) FROM demand_samples").fetchone()[0] == 0
 
 
 def test_cli_show_runs_the_command(ready, cli, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ COMMANDS = [
     ["bench-report", "--uuid", "u1", "--rate", "50"],
     ["running", "--uuid", "u1"],
     ["heartbeat", "--uuid", "u1", "--proofs-done", "1"],
+    ["agent-step", "--policy", "rules", "--json"],  # the rules path: no key, no SDK
 ]
 
 
@@ -38,7 +39,8 @@ def test_tripwire_fires_when_imported(tripwire):
 @pytest.mark.slow
 def test_commands_never_import_anthropic(tripwire, cli):
     cli("init")
-    env = {**os.environ, "PYTHONPATH": tripwire}
+    # agent-step builds the vast client: a key, and a closed local port for anything it might call
+    env = {**os.environ, "PYTHONPATH": tripwire, "VAST_API_KEY": "test-key", "VAST_API_URL": "http://127.0.0.1:9"}
     for args in COMMANDS:
         result = subprocess.run([sys.executable, "-m", "vastctl", *args], env=env, capture_output=True, text=True,
                                 timeout=60)

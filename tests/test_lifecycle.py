@@ -38,7 +38,7 @@ def test_every_move_is_allowed_or_refused_per_table(conn, from_state, to_state):
         assert row["state_since"] == clock.to_iso(T0 + timedelta(minutes=1))
     else:
         with pytest.raises(Refused, match=f"is {from_state}; it cannot go to {to_state}"):
-            lifecycle.transition(conn, "u1", to_state, "why", "operator")
+            lifecycle.transition(conn, "u1", to_state, "why", "operator", now=T0)
         assert events(conn) == before
         assert lifecycle.get(conn, "u1")["state"] == from_state
 
@@ -50,7 +50,7 @@ def test_killed_is_terminal_and_every_live_state_can_be_killed():
 
 def test_transition_of_unknown_uuid_is_bad_input(conn):
     with pytest.raises(UnknownInstance):
-        lifecycle.transition(conn, "nope", State.KILLED, "x", "operator")
+        lifecycle.transition(conn, "nope", State.KILLED, "x", "operator", now=T0)
     assert events(conn) == []
 
 
@@ -64,9 +64,9 @@ def test_kill_records_reason_code_and_time(conn):
 
 def test_second_kill_is_refused_and_makes_no_event(conn):
     make(conn, State.RUNNING)
-    lifecycle.kill(conn, "u1", "first", source="instance", code="bench_failed")
+    lifecycle.kill(conn, "u1", "first", source="instance", code="bench_failed", now=T0)
     with pytest.raises(Refused):
-        lifecycle.kill(conn, "u1", "second", source="reconcile", code="exited")
+        lifecycle.kill(conn, "u1", "second", source="reconcile", code="exited", now=T0)
     assert [e["reason"] for e in events(conn) if e["to_state"] == "killed"] == ["first"]
     assert lifecycle.get(conn, "u1")["kill_reason"] == "first"
 
@@ -81,19 +81,19 @@ def test_register_unknown_uuid_adopts_it(conn):
 
 def test_register_unknown_uuid_needs_a_label(conn):
     with pytest.raises(BadInput, match="--label"):
-        lifecycle.register(conn, "u9")
+        lifecycle.register(conn, "u9", now=T0)
     assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
 
 
 def test_register_refuses_a_label_that_belongs_to_another_machine(conn):
     make(conn, State.RUNNING, uuid="u1", label="vastctl-a")
     with pytest.raises(BadInput, match="already belongs"):
-        lifecycle.register(conn, "u2", label="vastctl-a")
+        lifecycle.register(conn, "u2", label="vastctl-a", now=T0)
 
 
 def test_register_after_launch_moves_to_registered(conn):
     make(conn, State.LAUNCHING)
-    row = lifecycle.register(conn, "u1", gpu_name="RTX 5090")
+    row = lifecycle.register(conn, "u1", gpu_name="RTX 5090", now=T0)
     assert row["state"] == "registered" and row["gpu_name"] == "RTX 5090" and row["restarts"] == 0
     assert events(conn)[-1]["reason"] == "boot script started"
 
@@ -101,21 +101,21 @@ def test_register_after_launch_moves_to_registered(conn):
 @pytest.mark.parametrize("state", [State.PARAMS_DONE, State.BENCH_DONE, State.RUNNING])
 def test_register_of_a_live_row_records_a_restart(conn, state):
     make(conn, state)
-    row = lifecycle.register(conn, "u1")
+    row = lifecycle.register(conn, "u1", now=T0)
     assert row["state"] == "registered" and row["restarts"] == 1
     assert events(conn)[-1]["reason"] == f"container restarted (was {state})"
 
 
 def test_register_twice_is_one_event(conn):
-    lifecycle.register(conn, "u1", label="a")
-    lifecycle.register(conn, "u1", label="a", vast_id=7)
+    lifecycle.register(conn, "u1", label="a", now=T0)
+    lifecycle.register(conn, "u1", label="a", vast_id=7, now=T0)
     assert len(events(conn)) == 1
     assert lifecycle.get(conn, "u1")["claimed_vast_id"] == 7
 
 
 def test_a_machine_never_changes_the_vast_id_its_launch_recorded(conn):
     lifecycle.create(conn, uuid="u1", label="vastctl-u1", state=State.LAUNCHING, reason="t", source="operator",
-                     fields={"vast_id": 100, "offer_id": 7})
+                     fields={"vast_id": 100, "offer_id": 7}, now=T0)
     row = lifecycle.register(conn, "u1", vast_id=555, now=T0)
     assert (row["state"], row["vast_id"], row["claimed_vast_id"]) == ("registered", 100, 555)
     row = lifecycle.register(conn, "u1", vast_id=556, now=T0)  # a repeated report, still only a claim
@@ -125,20 +125,20 @@ def test_a_machine_never_changes_the_vast_id_its_launch_recorded(conn):
 def test_register_of_a_killed_row_is_refused(conn):
     make(conn, State.KILLED)
     with pytest.raises(Refused, match="was killed"):
-        lifecycle.register(conn, "u1")
+        lifecycle.register(conn, "u1", now=T0)
     assert lifecycle.get(conn, "u1")["state"] == "killed"
 
 
 def test_bench_at_the_gate_passes(conn):
     make(conn, State.PARAMS_DONE)
-    row = lifecycle.bench_report(conn, "u1", 40.0, gate=40.0)
+    row = lifecycle.bench_report(conn, "u1", 40.0, gate=40.0, now=T0)
     assert (row["state"], row["bench_rate"]) == ("bench_done", 40.0)
 
 
 def test_bench_below_the_gate_kills_with_rate_and_gate_in_the_reason(conn):
     make(conn, State.PARAMS_DONE)
     with pytest.raises(BenchFailed) as failure:
-        lifecycle.bench_report(conn, "u1", 3.1, gate=10)
+        lifecycle.bench_report(conn, "u1", 3.1, gate=10, now=T0)
     assert failure.value.exit_code == 5
     row = lifecycle.get(conn, "u1")
     assert (row["state"], row["kill_code"], row["bench_rate"]) == ("killed", "bench_failed", 3.1)
@@ -149,7 +149,7 @@ def test_bench_below_the_gate_kills_with_rate_and_gate_in_the_reason(conn):
 def test_bad_rates_are_bad_input_and_change_nothing(conn, rate):
     make(conn, State.PARAMS_DONE)
     with pytest.raises(BadInput):
-        lifecycle.bench_report(conn, "u1", rate, gate=10)
+        lifecycle.bench_report(conn, "u1", rate, gate=10, now=T0)
     assert lifecycle.get(conn, "u1")["state"] == "params_done"
     assert len(events(conn)) == 1
 
@@ -159,7 +159,7 @@ def test_a_repeated_bench_report_answers_the_same_without_a_second_event(conn, r
     make(conn, State.PARAMS_DONE)
     for _ in range(3):
         try:
-            row = lifecycle.bench_report(conn, "u1", rate, gate=10)
+            row = lifecycle.bench_report(conn, "u1", rate, gate=10, now=T0)
         except BenchFailed as failure:
             row = failure.row
         assert row["state"] == state
@@ -169,16 +169,16 @@ def test_a_repeated_bench_report_answers_the_same_without_a_second_event(conn, r
 def test_bench_report_from_registered_is_refused(conn):
     make(conn, State.REGISTERED)
     with pytest.raises(Refused):
-        lifecycle.bench_report(conn, "u1", 50, gate=10)
+        lifecycle.bench_report(conn, "u1", 50, gate=10, now=T0)
 
 
 def test_params_done_and_running_are_idempotent(conn):
     make(conn, State.REGISTERED)
-    lifecycle.params_done(conn, "u1")
-    lifecycle.params_done(conn, "u1")
-    lifecycle.bench_report(conn, "u1", 50, gate=10)
-    lifecycle.running(conn, "u1")
-    lifecycle.running(conn, "u1")
+    lifecycle.params_done(conn, "u1", now=T0)
+    lifecycle.params_done(conn, "u1", now=T0)
+    lifecycle.bench_report(conn, "u1", 50, gate=10, now=T0)
+    lifecycle.running(conn, "u1", now=T0)
+    lifecycle.running(conn, "u1", now=T0)
     assert [e["to_state"] for e in events(conn)] == ["registered", "params_done", "bench_done", "running"]
 
 
@@ -207,14 +207,14 @@ def test_heartbeat_counter_reset_does_not_go_negative(conn):
 def test_heartbeat_of_a_killed_row_is_refused(conn):
     make(conn, State.KILLED)
     with pytest.raises(Refused):
-        lifecycle.heartbeat(conn, "u1", proofs_done=1)
+        lifecycle.heartbeat(conn, "u1", proofs_done=1, now=T0)
     assert lifecycle.get(conn, "u1")["last_heartbeat_at"] is None
 
 
 def test_heartbeat_rejects_a_negative_count(conn):
     make(conn, State.RUNNING)
     with pytest.raises(BadInput):
-        lifecycle.heartbeat(conn, "u1", proofs_done=-1)
+        lifecycle.heartbeat(conn, "u1", proofs_done=-1, now=T0)
 
 
 def test_resolve_by_label_or_uuid(conn):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from test_dashboard import ADMIN, AGENT_STEPS, DEMAND_SAMPLES, Browser, add_step, make_app, register
+from test_dashboard import ADMIN, Browser, add_step, make_app, register
 
 from vastctl import clock, db, lifecycle, settings
 from vastctl.errors import BenchFailed
@@ -45,8 +45,8 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 def populated(app):
     """A fleet with a bit of everything each metric reads."""
     conn, cfg = app.connection(), app.config
-    now = clock.utcnow()
-    reports = LocalReports(conn, cfg)
+    now = clock.SYSTEM.now()
+    reports = LocalReports(conn, cfg, now=clock.SYSTEM.now())
     for n, (uuid, rate) in enumerate((("u1", 50.0), ("u2", 70.0))):
         register(app, uuid, f"vastctl-run{n}", gpu_name="RTX 4090", vast_id=100 + n)
         reports.params_done(uuid)
@@ -62,19 +62,17 @@ def populated(app):
     with db.transaction(conn):
         conn.execute("UPDATE instances SET dph = 0.5 WHERE uuid IN ('u1', 'u2', 'u3')")
         conn.execute("UPDATE instances SET destroyed_at = killed_at WHERE uuid = 'u5'")
-    settings.set_value(conn, cfg, "target_proofs_per_hour", 300)
-    settings.set_value(conn, cfg, "max_hourly_spend", 1.25)
+    settings.set_value(conn, cfg, "target_proofs_per_hour", 300, now=clock.SYSTEM.now())
+    settings.set_value(conn, cfg, "max_hourly_spend", 1.25, now=clock.SYSTEM.now())
     conn.execute("INSERT INTO vast_listings (at, ok, instances) VALUES (?, 1, 4)",
                  (clock.to_iso(now - timedelta(minutes=12)),))
     for minutes in (8, 4):
         conn.execute("INSERT INTO vast_listings (at, ok, error) VALUES (?, 0, 'HTTP 502')",
                      (clock.to_iso(now - timedelta(minutes=minutes)),))
-    conn.execute(DEMAND_SAMPLES)
     conn.execute("INSERT INTO demand_samples (at, queued, source, ok, error) VALUES (?, NULL, 'command', 0, 'timeout')",
                  (clock.to_iso(now - timedelta(minutes=3)),))
     conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, 42, 250, 'report', 1)",
                  (clock.to_iso(now - timedelta(minutes=2)),))
-    conn.execute(AGENT_STEPS)
     add_step(conn, now - timedelta(minutes=6), input_tokens=1000, output_tokens=100, cache_read_tokens=800,
              cache_write_tokens=50, cost=0.01, refused=json.dumps([{"kind": "destroy", "why": "x"}, {"kind": "stop"}]))
     add_step(conn, now - timedelta(minutes=1), input_tokens=500, output_tokens=50, cost=0.005, outcome="skipped",

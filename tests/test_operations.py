@@ -201,7 +201,7 @@ def test_max_dph_refuses_an_explicit_offer(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100, dph=1.5)])
     with pytest.raises(GuardRefused, match="max_dph"):
         operations.launch(conn, market, cfg, offer_id=10, now=NOW)
-    settings.set_value(conn, cfg, "max_dph", "0.2")
+    settings.set_value(conn, cfg, "max_dph", "0.2", now=NOW)
     market.offers = [offer(10, 100, dph=0.3)]
     with pytest.raises(GuardRefused):
         operations.launch(conn, market, cfg, offer_id=10, now=NOW)
@@ -224,27 +224,27 @@ def test_unknown_offer_is_bad_input(conn, cfg):
                                     {"gpu": "RTX 4090", "count": 0}, {"gpu": " "}])
 def test_bad_launch_arguments(conn, cfg, kwargs):
     with pytest.raises(BadInput):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, **kwargs)
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, now=NOW, **kwargs)
     assert rows(conn) == []
 
 
 def test_launch_needs_a_server_url_and_a_secret(conn, cfg, tmp_path):
     cfg.server.url = ""
     with pytest.raises(BadInput, match="server.url"):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1)
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
     cfg.server.url = "https://m"
     cfg.server.secret_file = str(tmp_path / "missing")
     with pytest.raises(BadInput, match="init"):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1)
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
     assert rows(conn) == []
 
 
 def test_launch_is_serialised(conn, cfg):
     from vastctl import locks
 
-    locks.acquire(conn, "launch", ttl_s=600, holder="otherhost:1")
+    locks.acquire(conn, "launch", ttl_s=600, holder="otherhost:1", now=NOW)
     with pytest.raises(Unavailable, match="another launch"):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1)
+        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
     assert rows(conn) == []
 
 
@@ -315,12 +315,12 @@ def test_reason_for_skips_a_refused_create():
 
 
 def live_row(conn, state=State.RUNNING, vast_id=77, dph=0.5):
-    demand.report(conn, 0, None, now=clock.utcnow())  # an empty queue: the guard lets the last machine go
+    demand.report(conn, 0, None, now=NOW)  # an empty queue: the guard lets the last machine go
     lifecycle.create(conn, uuid="u1", label="vastctl-a", state=State.LAUNCHING, reason="t", source="operator",
-                     fields={"vast_id": vast_id, "machine_id": 7, "dph": dph})
+                     fields={"vast_id": vast_id, "machine_id": 7, "dph": dph}, now=NOW)
     path = [State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE, State.RUNNING]
     for step in path[: path.index(state) + 1] if state in path else []:
-        lifecycle.transition(conn, "u1", step, "t", "instance")
+        lifecycle.transition(conn, "u1", step, "t", "instance", now=NOW)
     return lifecycle.get(conn, "u1")
 
 
@@ -341,21 +341,21 @@ def test_stop_refusals_change_nothing(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     with pytest.raises(Refused):
-        operations.start(conn, market, cfg, "vastctl-a")  # running: not stopped
+        operations.start(conn, market, cfg, "vastctl-a", now=NOW)  # running: not stopped
     market.fail["stop"] = ProviderError("vast PUT: HTTP 503: retry later")
     with pytest.raises(ProviderError):
-        operations.stop(conn, market, "vastctl-a", config=cfg)
+        operations.stop(conn, market, "vastctl-a", config=cfg, now=NOW)
     assert lifecycle.get(conn, "u1")["state"] == "running"
     assert actions(conn)[-1]["ok"] == 0
-    lifecycle.kill(conn, "u1", "x", source="operator", code="operator")
+    lifecycle.kill(conn, "u1", "x", source="operator", code="operator", now=NOW)
     with pytest.raises(Refused):
-        operations.stop(conn, market, "vastctl-a", config=cfg)
+        operations.stop(conn, market, "vastctl-a", config=cfg, now=NOW)
 
 
 def test_stop_without_a_vast_id_is_refused(conn, cfg):
     live_row(conn, State.LAUNCHING, vast_id=None)
     with pytest.raises(Refused, match="no vast instance id"):
-        operations.stop(conn, FakeMarket(conn), "vastctl-a", config=cfg)
+        operations.stop(conn, FakeMarket(conn), "vastctl-a", config=cfg, now=NOW)
 
 
 # --- kill ---------------------------------------------------------------------------------------------
@@ -401,7 +401,7 @@ def test_kill_of_a_launching_row_finds_its_machine_by_label(conn, cfg):
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
     market.instances = [RemoteInstance(id=5, label="other"), RemoteInstance(id=6, label="vastctl-a")]
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator", now=NOW)
     assert error is None and row["vast_id"] == 6 and row["destroyed_at"]
     assert market.calls[-1] == ("destroy", 6)
 
@@ -410,7 +410,7 @@ def test_kill_of_a_launching_row_with_a_failed_listing_keeps_it_undestroyed(conn
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
     market.fail["list"] = ProviderError("listing failed")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator")
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator", now=NOW)
     assert error and row["state"] == "killed" and row["destroyed_at"] is None
 
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 import responses
 
-from vastctl.clock import VirtualClock
+from vastctl.clock import SYSTEM, VirtualClock
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.providers import get_provider
@@ -504,7 +504,8 @@ def test_key_from_env_beats_files(tmp_path):
 
 def test_factory(monkeypatch):
     with pytest.raises(BadInput, match="VAST_API_KEY"):
-        get_provider(Config())
-    provider = get_provider(Config(), env={"VAST_API_KEY": KEY, "VAST_API_URL": "http://127.0.0.1:9/"})
+        get_provider(Config(), clock=SYSTEM)
+    provider = get_provider(Config(), clock=SYSTEM, env={"VAST_API_KEY": KEY, "VAST_API_URL": "http://127.0.0.1:9/"})
     assert isinstance(provider, VastProvider) and provider.base_url == "http://127.0.0.1:9"
-    assert get_provider(Config(), env={"VAST_API_KEY": KEY}).base_url == "https://console.vast.ai"
+    assert provider.clock is SYSTEM
+    assert get_provider(Config(), clock=SYSTEM, env={"VAST_API_KEY": KEY}).base_url == "https://console.vast.ai"

@@ -84,7 +84,7 @@ def dump(conn):
 def test_a_kill_is_one_event_then_the_machine_is_destroyed(conn, config, market):
     uuid = make(conn, "vastctl-a", vast_id=11, last_heartbeat_at=clock.to_iso(at(-14)))
     market.add(11, "vastctl-a")
-    result = reconcile.run_pass(conn, market, config, now=NOW)
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     assert [(a["kind"], a["result"]) for a in result.actions] == [("kill", "killed"), ("destroy", "destroyed")]
     assert result.errors == [] and result.refused == []
     (event,) = kill_events(conn)
@@ -96,7 +96,7 @@ def test_a_kill_is_one_event_then_the_machine_is_destroyed(conn, config, market)
     audit = conn.execute("SELECT actor, kind, vast_id, ok FROM actions").fetchall()
     assert [tuple(a) for a in audit] == [("reconcile", "destroy", 11, 1)]
     # the next pass has nothing left to do
-    assert reconcile.run_pass(conn, market, config, now=at(1)).actions == []
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1))).actions == []
     assert len(kill_events(conn)) == 1
 
 
@@ -104,18 +104,18 @@ def test_destroy_is_retried_every_pass_until_vast_confirms(conn, config, market)
     uuid = make(conn, "vastctl-a", vast_id=11, machine_id=5)
     market.add(11, "vastctl-a", "exited")
     market.failing[11] = 2
-    reconcile.run_pass(conn, market, config, now=NOW)  # first sight of exited: waits one listing
-    first = reconcile.run_pass(conn, market, config, now=at(1))
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))  # first sight of exited: waits one listing
+    first = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1)))
     assert [(a["kind"], a["result"].split(" (")[0]) for a in first.actions] == [
         ("kill", "killed; machine blocklisted"), ("destroy", "destroy failed")]
     assert len(first.errors) == 1 and "HTTP 500" in first.errors[0]
     row = get(conn, uuid)
     assert row["state"] == "killed" and row["destroyed_at"] is None
     assert (row["destroy_attempts"], "HTTP 500" in row["destroy_error"]) == (1, True)
-    second = reconcile.run_pass(conn, market, config, now=at(2))
+    second = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(2)))
     assert [a["kind"] for a in second.actions] == ["destroy"] and get(conn, uuid)["destroyed_at"] is None
     assert "attempt 2" in second.actions[0]["reason"]
-    third = reconcile.run_pass(conn, market, config, now=at(3))
+    third = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(3)))
     assert third.actions[0]["result"] == "destroyed" and third.errors == []
     row = get(conn, uuid)
     assert row["destroyed_at"] == clock.to_iso(at(3)) and row["destroy_error"] is None
@@ -171,18 +171,18 @@ def test_lock_held_is_exit_1_and_nothing_happens(conn, config, market):
     assert locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="elsewhere:123")
     before = dump(conn)
     with pytest.raises(Unavailable, match="another reconcile is running") as caught:
-        reconcile.run_pass(conn, market, config, now=at(1))
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1)))
     assert caught.value.exit_code == 1
     assert dump(conn) == before and market.destroy_calls == []
 
 
 def test_an_expired_or_dead_lease_does_not_block(conn, config, market):
     locks.acquire(conn, "reconcile", ttl_s=60, now=NOW - timedelta(hours=1), holder="elsewhere:123")
-    reconcile.run_pass(conn, market, config, now=NOW)  # expired
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))  # expired
     import socket
 
     locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder=f"{socket.gethostname()}:999999999")
-    reconcile.run_pass(conn, market, config, now=at(1))  # its process is gone
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1)))  # its process is gone
     assert conn.execute("SELECT count(*) FROM locks").fetchone()[0] == 0
 
 
@@ -190,7 +190,7 @@ def test_a_failed_listing_kills_nothing_and_is_recorded(conn, config, market):
     uuid = make(conn, "vastctl-a", vast_id=11, last_heartbeat_at=clock.to_iso(at(-30)))
     market.list_error = ProviderError("vast GET /api/v1/instances/: HTTP 502 bad gateway: retry later")
     with pytest.raises(ProviderError):
-        reconcile.run_pass(conn, market, config, now=NOW)
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     assert get(conn, uuid)["state"] == "running" and kill_events(conn) == []
     (listing,) = conn.execute("SELECT ok, error FROM vast_listings").fetchall()
     assert listing["ok"] == 0 and "HTTP 502" in listing["error"]
@@ -201,11 +201,11 @@ def test_a_distrusted_listing_kills_nothing_and_counts_nothing(conn, config, mar
     uuids = [make(conn, f"vastctl-{n}", vast_id=10 + n) for n in range(4)]
     for n in range(4):
         market.add(10 + n, f"vastctl-{n}")
-    reconcile.run_pass(conn, market, config, now=NOW)
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     market.instances.clear()  # the API "lost" every instance
     for minute in (1, 2, 3):
         with pytest.raises(reconcile.ListingDistrusted, match="4 of 4 live machines vanished at once"):
-            reconcile.run_pass(conn, market, config, now=at(minute))
+            reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(minute)))
     assert all(get(conn, u)["state"] == "running" and get(conn, u)["vast_missing"] == 0 for u in uuids)
     assert kill_events(conn) == []
     oks = [tuple(r) for r in conn.execute("SELECT ok, instances FROM vast_listings ORDER BY id")]
@@ -216,11 +216,11 @@ def test_vanished_machine_killed_after_two_good_listings(conn, config, market):
     uuids = [make(conn, f"vastctl-{n}", vast_id=10 + n) for n in range(3)]
     for n in range(3):
         market.add(10 + n, f"vastctl-{n}")
-    reconcile.run_pass(conn, market, config, now=NOW)
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     del market.instances[10]
-    assert reconcile.run_pass(conn, market, config, now=at(1)).actions == []
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1))).actions == []
     assert get(conn, uuids[0])["vast_missing"] == 1
-    result = reconcile.run_pass(conn, market, config, now=at(2))
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(2)))
     assert [(a["kind"], a["code"], a["result"]) for a in result.actions] == [
         ("kill", "disappeared", "killed"), ("destroy", "disappeared", "destroyed")]
     assert kill_events(conn)[0]["reason"].startswith("disappeared from vast: instance 10 missing from 2")
@@ -231,7 +231,7 @@ def test_the_cache_records_what_was_seen(conn, config, market):
     market.add(11, "vastctl-a", status_msg="success, running img/ssh", machine_id=77, gpu_name="RTX 4090",
                num_gpus=1, dph_total=0.41)
     market.add(12, "someone-else", "exited")
-    reconcile.run_pass(conn, market, config, now=NOW)
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     row = get(conn, uuid)
     assert (row["vast_status"], row["vast_status_msg"], row["vast_seen_at"], row["vast_missing"]) == (
         "running", "success, running img/ssh", clock.to_iso(NOW), 0)
@@ -239,7 +239,7 @@ def test_the_cache_records_what_was_seen(conn, config, market):
     cache = {r["vast_id"]: dict(r) for r in conn.execute("SELECT * FROM vast_cache")}
     assert set(cache) == {11, 12} and cache[12]["actual_status"] == "exited"
     del market.instances[12]
-    reconcile.run_pass(conn, market, config, now=at(1))
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1)))
     cache = {r["vast_id"]: dict(r) for r in conn.execute("SELECT * FROM vast_cache")}
     assert set(cache) == {11}
     assert (cache[11]["first_seen_at"], cache[11]["seen_at"]) == (clock.to_iso(NOW), clock.to_iso(at(1)))
@@ -249,10 +249,10 @@ def test_the_cache_records_what_was_seen(conn, config, market):
 def test_a_launch_that_crashed_before_recording_the_id_is_found_by_label(conn, config, market):
     uuid = make(conn, "vastctl-a", "launching", when=at(-2))
     market.add(31, "vastctl-a", "loading")
-    assert reconcile.run_pass(conn, market, config, now=NOW).actions == []
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW)).actions == []
     assert get(conn, uuid)["vast_id"] == 31
     # stuck: killed, and the destroy goes to the instance found by label
-    result = reconcile.run_pass(conn, market, config, now=at(25))
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(25)))
     assert [a["result"] for a in result.actions] == ["killed", "destroyed"] and market.destroy_calls == [31]
 
 
@@ -260,32 +260,32 @@ def test_orphans_destroyed_after_grace_strangers_never(conn, config, market):
     market.add(41, "vastctl-orphan")
     market.add(42, "training-run", "exited")
     market.add(43, None, "offline")
-    assert reconcile.run_pass(conn, market, config, now=NOW).actions == []
-    assert reconcile.run_pass(conn, market, config, now=at(19)).actions == []
-    result = reconcile.run_pass(conn, market, config, now=at(21))
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW)).actions == []
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(19))).actions == []
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(21)))
     assert [(a["kind"], a["label"], a["code"], a["result"]) for a in result.actions] == [
         ("destroy", "vastctl-orphan", "orphan", "destroyed")]
     assert market.destroy_calls == [41] and set(market.instances) == {42, 43}
     (event,) = conn.execute("SELECT * FROM events WHERE kind = 'orphan'").fetchall()
     assert (event["source"], event["code"], event["label"], event["uuid"]) == (
         "reconcile", "orphan", "vastctl-orphan", None)
-    assert reconcile.run_pass(conn, market, config, now=at(60)).actions == []
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(60))).actions == []
 
 
 def test_a_failing_orphan_destroy_is_retried_and_evented_once(conn, config, market):
     market.add(41, "vastctl-orphan")
     market.failing[41] = 1
-    reconcile.run_pass(conn, market, config, now=NOW)
-    failed = reconcile.run_pass(conn, market, config, now=at(21))
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
+    failed = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(21)))
     assert failed.errors and failed.actions[0]["result"].startswith("destroy failed")
-    assert reconcile.run_pass(conn, market, config, now=at(22)).actions[0]["result"] == "destroyed"
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(22))).actions[0]["result"] == "destroyed"
     assert conn.execute("SELECT count(*) FROM events WHERE kind = 'orphan'").fetchone()[0] == 1
 
 
 def test_bench_below_gate_in_bench_done_is_killed_and_blocklisted(conn, config, market):
     uuid = make(conn, "vastctl-a", "bench_done", vast_id=11, machine_id=99, bench_rate=12.0, when=at(-1))
     market.add(11, "vastctl-a")
-    result = reconcile.run_pass(conn, market, config, now=NOW)
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     assert result.actions[0]["code"] == "bench_failed"
     assert get(conn, uuid)["kill_code"] == "bench_failed"
     (entry,) = conn.execute("SELECT machine_id, reason FROM blocklist").fetchall()
@@ -299,10 +299,10 @@ def test_dry_run_changes_nothing(conn, config, market):
     market.add(11, "vastctl-a")
     market.add(13, "vastctl-c")
     market.add(14, "vastctl-orphan")
-    reconcile.run_pass(conn, market, config, now=NOW)  # vastctl-b counted missing once
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))  # vastctl-b counted missing once
     market.add(15, "vastctl-new")
     before = dump(conn)
-    result = reconcile.run_pass(conn, market, config, now=at(25), dry_run=True)
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(25)), dry_run=True)
     assert result.dry_run and all(a["result"] == "planned (dry run)" for a in result.actions)
     assert [(a["kind"], a["label"], a["code"]) for a in result.actions] == [
         ("kill", "vastctl-a", "heartbeat_timeout"), ("destroy", "vastctl-a", "heartbeat_timeout"),
@@ -322,18 +322,18 @@ def test_apply_never_destroys_a_live_row(conn, config, market):
 
 def test_listing_history_is_pruned_after_a_week_but_the_last_good_one_is_kept(conn, config, market):
     market.add(1, "stranger")
-    reconcile.run_pass(conn, market, config, now=at(-8 * 24 * 60))  # good, 8 days ago
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(-8 * 24 * 60)))  # good, 8 days ago
     market.list_error = ProviderError("vast listing: HTTP 500")
     for days in (3, 1):
         with pytest.raises(ProviderError):
-            reconcile.run_pass(conn, market, config, now=at(-days * 24 * 60))
+            reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(-days * 24 * 60)))
     with pytest.raises(ProviderError):
-        reconcile.run_pass(conn, market, config, now=NOW)
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
     kept = [(r["ok"], r["at"]) for r in conn.execute("SELECT ok, at FROM vast_listings ORDER BY id")]
     assert kept == [(1, clock.to_iso(at(-8 * 24 * 60))), (0, clock.to_iso(at(-3 * 24 * 60))),
                     (0, clock.to_iso(at(-24 * 60))), (0, clock.to_iso(NOW))]
     market.list_error = None
-    reconcile.run_pass(conn, market, config, now=at(5 * 24 * 60))  # the 8-day-old good one and the 3-day-old go
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(5 * 24 * 60)))  # the 8-day-old good one and the 3-day-old go
     assert [(r["ok"], r["at"]) for r in conn.execute("SELECT ok, at FROM vast_listings ORDER BY id")] == [
         (0, clock.to_iso(at(-24 * 60))), (0, clock.to_iso(NOW)), (1, clock.to_iso(at(5 * 24 * 60)))]
 
@@ -342,16 +342,16 @@ def test_a_long_pass_renews_its_lease_before_each_action(conn, config, market, m
     for n in range(3):  # three killed machines awaiting their destroy
         make(conn, f"vastctl-k{n}", "killed", vast_id=20 + n, kill_code="exited", killed_at=clock.to_iso(at(-5)))
         market.add(20 + n, f"vastctl-k{n}", status="exited")
-    ticks = iter(range(0, 10_000, 400))  # each monotonic reading: 400 s later than the one before
-    monkeypatch.setattr(clock.time, "monotonic", lambda: float(next(ticks)))  # the system clock's monotonic
+    virtual = clock.VirtualClock(NOW)
     seen = []
 
-    def destroy(vast_id):
+    def destroy(vast_id):  # each destroy takes 10 s of the pass's clock
         seen.append(conn.execute("SELECT expires_at FROM locks WHERE name = 'reconcile'").fetchone()[0])
         market.instances.pop(vast_id, None)
+        virtual.advance(10)
 
     monkeypatch.setattr(market, "destroy_instance", destroy)
-    reconcile.run_pass(conn, market, config, now=NOW, clock=clock.VirtualClock(NOW))  # the lease's time, not the pass's
+    reconcile.run_pass(conn, market, config, clock=virtual)  # the lease renews on the pass's own clock
     ttl = reconcile.LEASE_TTL_S
-    assert seen == [clock.to_iso(NOW + timedelta(seconds=s + ttl)) for s in (400, 800, 1200)]
+    assert seen == [clock.to_iso(NOW + timedelta(seconds=s + ttl)) for s in (0, 10, 20)]
     assert conn.execute("SELECT count(*) FROM locks").fetchone()[0] == 0

@@ -15,6 +15,7 @@ import responses
 
 from test_provider_vast import RecordingClock, hang
 from vastctl import clock, lifecycle
+from vastctl.cli.app import Globals
 
 API = "http://vast.test"
 LIST = f"{API}/api/v1/instances/"
@@ -26,8 +27,8 @@ def api(monkeypatch):
     """vast mocked on the wire; every pass runs on one virtual clock (`api.clock`), so backoff never really sleeps."""
     monkeypatch.setenv("VAST_API_KEY", KEY)
     monkeypatch.setenv("VAST_API_URL", API)
-    virtual = RecordingClock(clock.utcnow())  # the rows below are written at wall-clock times
-    monkeypatch.setattr("vastctl.cli.reconcile.pass_clock", lambda: virtual)
+    virtual = RecordingClock(clock.SYSTEM.now())  # the rows below are written at wall-clock times
+    monkeypatch.setattr(Globals, "clock", virtual)  # the command's one clock
     with responses.RequestsMock(assert_all_requests_are_fired=True) as mock:
         mock.clock, mock.sleeps = virtual, virtual.sleeps
         yield mock
@@ -48,7 +49,7 @@ def page(items, next_token=None, total=None):
 
 def fleet(store, n=4, stale=()):
     """n running rows vastctl-0…; those in `stale` have not sent a heartbeat for 30 minutes."""
-    now = clock.utcnow()
+    now = clock.SYSTEM.now()
     items = []
     for i in range(n):
         label = f"vastctl-{i}"
@@ -250,7 +251,7 @@ def test_an_adopted_machine_claiming_a_victims_vast_id_cannot_get_it_destroyed(s
     assert (evil_row["vast_id"], evil_row["claimed_vast_id"]) == (200, 100) and evil_row["destroyed_at"]
     # the fleet is still watched: later passes trust the listing and still kill what is really dead
     store.execute("UPDATE instances SET last_heartbeat_at = ? WHERE label = 'vastctl-1'",
-                  (clock.to_iso(clock.utcnow() - timedelta(minutes=30)),))
+                  (clock.to_iso(clock.SYSTEM.now() - timedelta(minutes=30)),))
     api.replace(responses.GET, LIST, json=page(items))
     api.delete(f"{API}/api/v0/instances/101/", json={"success": True})
     result = cli("reconcile", "--json")

@@ -16,6 +16,8 @@ TOKEN = "a" * 64
 
 
 class FakeClock:
+    """The backoff's clock: sleeping moves monotonic time on at once and is recorded."""
+
     def __init__(self):
         self.now = 1000.0
         self.sleeps: list[float] = []
@@ -41,7 +43,7 @@ def retried():
 @pytest.fixture
 def remote(clock, retried):
     def make(retry_for=60.0, server=SERVER):
-        return RemoteReports(server, TOKEN, retry_for=retry_for, sleep=clock.sleep, monotonic=clock.monotonic,
+        return RemoteReports(server, TOKEN, clock=clock, retry_for=retry_for,
                              jitter=lambda: 1.0, on_retry=lambda *args: retried.append(args))
     return make
 
@@ -168,7 +170,7 @@ def test_retry_for_zero_tries_once(remote, clock):
 
 
 def test_jitter_spreads_the_waits(clock):
-    reports = RemoteReports(SERVER, TOKEN, retry_for=10, sleep=clock.sleep, monotonic=clock.monotonic,
+    reports = RemoteReports(SERVER, TOKEN, clock=clock, retry_for=10,
                             jitter=lambda: 0.0)
     with responses.RequestsMock() as mock:
         mock.post(url("u1", "running"), body=requests.ConnectionError("down"))
@@ -212,10 +214,10 @@ def test_an_answer_that_is_not_vastctl(remote):
 
 
 def test_from_env_reads_and_checks_each_variable():
-    reports = RemoteReports.from_env({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN})
+    reports = RemoteReports.from_env({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN}, clock=FakeClock())
     assert (reports.server, reports.retry_for) == (SERVER, DEFAULT_RETRY_FOR) and DEFAULT_RETRY_FOR == 300
     assert RemoteReports.from_env({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": TOKEN,
-                                   "VASTCTL_RETRY_FOR": "90s"}).retry_for == 90
+                                   "VASTCTL_RETRY_FOR": "90s"}, clock=FakeClock()).retry_for == 90
     cases = [
         ({"VASTCTL_SERVER": SERVER}, "VASTCTL_TOKEN is not set"),
         ({"VASTCTL_SERVER": SERVER, "VASTCTL_TOKEN": "two words"}, "VASTCTL_TOKEN must be"),
@@ -226,7 +228,7 @@ def test_from_env_reads_and_checks_each_variable():
     ]
     for env, says in cases:
         with pytest.raises(BadInput) as caught:
-            RemoteReports.from_env(env)
+            RemoteReports.from_env(env, clock=FakeClock())
         assert says in str(caught.value)
         assert "two words" not in str(caught.value)
 
@@ -262,7 +264,7 @@ def test_below_gate_reason_is_shown_in_flags(remote):
                                     "https://u:p@ss-hunter2@m.example.test"])
 def test_credentials_in_the_server_url_are_refused_unprinted(server):
     with pytest.raises(BadInput) as caught:
-        RemoteReports(server, TOKEN)
+        RemoteReports(server, TOKEN, clock=FakeClock())
     assert str(caught.value).startswith("VASTCTL_SERVER must not hold a user or password")
     assert "hunter2" not in str(caught.value) and "ter2" not in str(caught.value)
 

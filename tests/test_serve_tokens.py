@@ -82,13 +82,13 @@ def test_a_bad_token_costs_the_same_with_a_big_fleet(tmp_path, monkeypatch):
 
     monkeypatch.setenv("VASTCTL_DB", str(tmp_path / "fleet.db"))
     config = config_module.load(env={"VASTCTL_DB": str(tmp_path / "fleet.db")})
-    conn = db.connect(config.db_path, create=True)
+    conn = db.connect(config.db_path, create=True, now=clock.SYSTEM.now())
     tokens.ensure_secret(config.secret_path)
     stamp = clock.to_iso(NOW)
     with conn:
         conn.executemany("INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES (?, ?, ?, ?, ?)",
                          [(f"m-{i}", f"vastctl-m-{i}", "running", stamp, stamp) for i in range(2000)])
-    app = server.App(config, tokens.Keyring(config.secret_path))
+    app = server.App(config, tokens.Keyring(config.secret_path), clock=clock.SYSTEM)
     secret = tokens.read_secret(config.secret_path)
     hmacs = []
     real = tokens.machine_token
@@ -103,7 +103,7 @@ def test_a_bad_token_costs_the_same_with_a_big_fleet(tmp_path, monkeypatch):
     hmacs.clear()
     assert call(app, "m-1", real(secret, "m-1999"))[0] == 403  # another machine's token: still told apart
     assert len(hmacs) <= 1
-    lifecycle.register(conn, "late", label="vastctl-late")  # a machine new since the index was built
+    lifecycle.register(conn, "late", label="vastctl-late", now=clock.SYSTEM.now())  # a machine new since the index was built
     hmacs.clear()
     assert call(app, "m-1", real(secret, "late"))[0] == 403
     assert hmacs.count("late") == 1 and len(hmacs) == 2

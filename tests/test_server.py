@@ -15,6 +15,7 @@ from serving import ADMIN_TOKEN, Manager
 
 from vastctl import config as config_module
 from vastctl import db, fleet, lifecycle
+from vastctl.clock import SYSTEM
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +227,8 @@ def test_killed_machine_gets_409_for_every_report(manager, new_uuid):
 def test_a_killed_machines_token_is_refused_for_every_request(manager, new_uuid, destroyed):
     """Killed (and destroyed) is for good: whatever the request, its token no longer speaks, and nothing changes."""
     walk_to(manager, new_uuid, "running")
-    conn = db.connect(manager.db_path)
-    lifecycle.kill(conn, new_uuid, "replaced by the operator", source="operator", code="operator")
+    conn = db.connect(manager.db_path, now=SYSTEM.now())
+    lifecycle.kill(conn, new_uuid, "replaced by the operator", source="operator", code="operator", now=SYSTEM.now())
     if destroyed:
         with conn:
             conn.execute("UPDATE instances SET destroyed_at = state_since WHERE uuid = ?", (new_uuid,))
@@ -404,12 +405,12 @@ def test_fleet_with_the_admin_token(manager, new_uuid):
     assert response.status_code == 200
     view = response.json()
     config = config_module.load(str(manager.config_path), env={"VASTCTL_DB": str(manager.db_path)})
-    conn = db.connect(manager.db_path)
+    conn = db.connect(manager.db_path, now=SYSTEM.now())
     try:
-        assert view == json.loads(json.dumps(fleet.fleet_view(conn, config)))
+        assert view == json.loads(json.dumps(fleet.fleet_view(conn, config, now=SYSTEM.now())))
         everything = requests.get(f"{manager.url}/v1/fleet?all=1", timeout=10,
                                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
-        assert everything == json.loads(json.dumps(fleet.fleet_view(conn, config, include_killed=True)))
+        assert everything == json.loads(json.dumps(fleet.fleet_view(conn, config, include_killed=True, now=SYSTEM.now())))
     finally:
         conn.close()
     assert new_uuid in {i["uuid"] for i in view["instances"]}

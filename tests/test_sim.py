@@ -57,7 +57,7 @@ class Market:
         return operations.launch(self.conn, self.sim, self.config, now=self.clock.now(), **kwargs)
 
     def reconcile(self):
-        return reconcile.run_pass(self.conn, self.sim, self.config, clock=self.clock, now=self.clock.now())
+        return reconcile.run_pass(self.conn, self.sim, self.config, clock=self.clock)
 
 
 def make_market(directory, *, seed: int = 1, failures: str = "default", rates: FailureRates | None = None,
@@ -68,8 +68,8 @@ def make_market(directory, *, seed: int = 1, failures: str = "default", rates: F
     config.fleet.max_hourly_spend = 100.0
     config.fleet.gpus = [model.name for model in sim_market.GPUS]  # every model the market offers may be rented
     tokens.ensure_secret(config.secret_path)
-    conn = db.connect(config.db_path, create=True)
     virtual = VirtualClock(start)
+    conn = db.connect(config.db_path, create=True, now=virtual.now())
     sim = SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=virtual, seed=seed,
                       failures=failures, rates=rates)
     return Market(conn, config, virtual, sim)
@@ -444,10 +444,11 @@ def test_another_process_advancing_the_market_makes_a_call_fail_like_a_busy_api(
 def test_provider_sim_needs_no_key_and_shares_the_state_file(tmp_path):
     config = Config(db=str(tmp_path / "f.db"), provider="sim")
     config.sim.seed, config.sim.failures = 5, "high"
-    db.connect(config.db_path, create=True).close()
-    provider = get_provider(config, env={})
+    virtual = VirtualClock(START)
+    db.connect(config.db_path, create=True, now=virtual.now()).close()
+    provider = get_provider(config, clock=virtual, env={})
     assert isinstance(provider, SimProvider) and provider.seed == 5 and provider.rates == sim_market.FAILURES["high"]
-    assert provider.clock is clocks.SYSTEM
+    assert provider.clock is virtual  # the caller's clock: the market runs to its time
     assert provider.search_offers(OfferQuery(limit=3))
 
 

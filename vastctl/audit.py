@@ -29,13 +29,13 @@ def record_action(
     label: str | None = None,
     vast_id: int | None = None,
     request: dict[str, Any] | None = None,
-    now: datetime | None = None,
+    now: datetime,
 ) -> int:
     with transaction(conn):
         cursor = conn.execute(
             "INSERT INTO actions (at, actor, kind, uuid, label, vast_id, request, ok, result)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (clock.to_iso(now or clock.utcnow()), actor, kind, uuid, label, vast_id,
+            (clock.to_iso(now), actor, kind, uuid, label, vast_id,
              json.dumps(request, sort_keys=True) if request is not None else None, int(ok),
              upstream.clip(result, RESULT_CHARS)),
         )

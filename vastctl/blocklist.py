@@ -62,9 +62,8 @@ def block_row(conn: sqlite3.Connection, row: dict[str, Any], ttl_s: float) -> bo
     return True
 
 
-def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime | None = None) -> int:
+def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime) -> int:
     """Derive entries from every row killed within the TTL; returns how many rows qualified."""
-    now = now or clock.utcnow()
     since = clock.to_iso(now - timedelta(seconds=ttl_s))
     rows = conn.execute(
         "SELECT * FROM instances WHERE state = 'killed' AND machine_id IS NOT NULL AND killed_at > ?", (since,)
@@ -72,9 +71,9 @@ def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime | None = None)
     return sum(block_row(conn, dict(row), ttl_s) for row in rows)
 
 
-def blocked(conn: sqlite3.Connection, now: datetime | None = None) -> dict[int, dict[str, str]]:
+def blocked(conn: sqlite3.Connection, now: datetime) -> dict[int, dict[str, str]]:
     """machine_id → {"reason", "until"} for every entry still in force."""
-    now_iso = clock.to_iso(now or clock.utcnow())
+    now_iso = clock.to_iso(now)
     return {
         row["machine_id"]: {"reason": row["reason"], "until": row["until"]}
         for row in conn.execute("SELECT * FROM blocklist WHERE until > ?", (now_iso,))

@@ -1,7 +1,9 @@
 """Time in one place: aware UTC datetimes in code, ISO-8601 strings ending in Z in the file.
 
-Functions that decide anything take `now` as an argument so tests and the
-simulator can drive time; `utcnow()` is only the default.
+Nothing outside this module reads the system clock. The CLI holds `SYSTEM`
+(cli.app.Globals.clock) and hands it down: functions that need one moment take
+`now`, those that sleep, time a deadline or read the time more than once take
+the Clock. The simulator hands the same code a VirtualClock.
 """
 
 from __future__ import annotations
@@ -54,10 +56,6 @@ class VirtualClock(Clock):
 
 
 SYSTEM = Clock()
-
-
-def utcnow() -> datetime:
-    return SYSTEM.now()
 
 
 def to_iso(moment: datetime | None) -> str | None:

@@ -72,8 +72,8 @@ def owns(method: str, path: str) -> bool:
 
 def serve(app, environ: dict, start_response: Callable, method: str, path: str) -> list[bytes]:
     """The WSGI answer for a request `owns()` accepted; logged like every other request of serve."""
-    started = clock_module.SYSTEM.monotonic()
-    web = Web(app.config, app.keyring.secrets()[0], app.connection)  # the signing secret (tokens.Keyring)
+    started = app.clock.monotonic()
+    web = Web(app.config, app.keyring.secrets()[0], app.connection, clock=app.clock)  # the signing secret (tokens.Keyring)
     try:
         status, headers, body = web.handle(environ, method, path)
     except _MethodNotAllowed as exc:
@@ -91,7 +91,7 @@ def serve(app, environ: dict, start_response: Callable, method: str, path: str) 
         headers.append(("Cache-Control", "no-store"))
     start_response(f"{status} {HTTPStatus(status).phrase}", headers)
     access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, path[:300], status,
-                    (clock_module.SYSTEM.monotonic() - started) * 1000)
+                    (app.clock.monotonic() - started) * 1000)
     return [b"" if method == "HEAD" else body]
 
 
@@ -102,7 +102,7 @@ class Web:
     """One request's view of the operator pages: config, token secret, the state file, the clock."""
 
     def __init__(self, config: Config, secret: bytes, connect: Callable[[], sqlite3.Connection], *,
-                 clock: clock_module.Clock = clock_module.SYSTEM):
+                 clock: clock_module.Clock):
         self.config = config
         self.connect = connect
         self.clock = clock
@@ -241,10 +241,10 @@ class Web:
         conn = self.connect()
         if path == "/dashboard/settings":
             key, value = form.get("key", ""), form.get("value", "").strip()
-            changed = settings.set_value(conn, self.config, key, value)
+            changed = settings.set_value(conn, self.config, key, value, now=self.clock.now())
             return f"{key} = {settings.parse_value(key, value):g}" + ("" if changed else " (unchanged)")
         if path == "/dashboard/note":
-            return f"note {fleet.notify(conn, form.get('text', ''))} left for the agent"
+            return f"note {fleet.notify(conn, form.get('text', ''), now=self.clock.now())} left for the agent"
         if path == "/dashboard/kill":
             return self.kill(conn, form.get("instance", "").strip(), form.get("reason", "").strip())
         raise BadInput(f"no such action {path}")
@@ -255,7 +255,9 @@ class Web:
             raise BadInput("name the machine to kill: its label or uuid")
         from .providers import get_provider
 
-        row, error = operations.operator_kill(conn, self.config, instance, reason, make_provider=get_provider)
+        row, error = operations.operator_kill(
+            conn, self.config, instance, reason, now=self.clock.now(),
+            make_provider=lambda config: get_provider(config, clock=self.clock))
         if error:
             raise VastctlError(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")
         destroyed = f"; vast instance {row['vast_id']} destroyed" if row["vast_id"] is not None else ""

@@ -16,6 +16,7 @@ from html import escape
 from typing import Any, Iterable
 
 from . import clock, settings
+from .upstream import cut
 
 LIVE_URL = "/dashboard/live"
 REFRESH_MS = 5000
@@ -99,7 +100,7 @@ def live_fragment(data: dict[str, Any]) -> str:
         _fleet(data["instances"], now),
         f'<datalist id="machine-labels">{labels}</datalist>',
         _events(data["events"]),
-        _steps(data["steps"], data["agent_steps_kept"]),
+        _steps(data["steps"]),
     ]
     return "".join(parts)
 
@@ -175,19 +176,16 @@ def _events(events: list[dict[str, Any]]) -> str:
     return _table("events", "Latest events", ("id", "at", "label", "change", "source", "reason"), rows)
 
 
-def _steps(steps: list[dict[str, Any]], kept: bool) -> str:
-    if not kept:
-        return ('<section id="steps"><h2>Agent steps</h2>'
-                '<p class="empty">this state file keeps no agent steps yet</p></section>')
+def _steps(steps: list[dict[str, Any]]) -> str:
     rows = []
     for step in steps:
         tokens = step["tokens"]
         used = f'{tokens["input"]} in · {tokens["output"]} out' + (
             f' · {tokens["cache_read"]} cached' if tokens["cache_read"] else "")
-        cells = (esc(clock.display_iso(step.get("started_at")) if isinstance(step.get("started_at"), str) else None),
-                 esc(step.get("policy")), esc(step.get("outcome")), esc(_brief(step.get("observation"), 160), ""),
-                 esc(_items(step.get("actions")), ""), esc(_items(step.get("refused")), ""),
-                 esc(_items(step.get("errors")), ""), esc(used), f'${step["cost"]:.4f}')
+        cells = (esc(clock.display_iso(step["started_at"])), esc(step["policy"]), esc(step["outcome"]),
+                 esc(_saw(step["observation"]), ""), esc(_items(step["actions"]), ""),
+                 esc(_items(step["refused"]), ""), esc(_items(step["errors"]), ""), esc(used),
+                 f'${step["cost"]:.4f}')
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if not rows:
         rows.append('<tr><td colspan="9" class="empty">no agent steps yet</td></tr>')
@@ -201,21 +199,32 @@ def _table(ident: str, title: str, head: Iterable[str], rows: list[str]) -> str:
             f'<thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>')
 
 
-_SAW_KEYS = ("capacity", "target", "pending_capacity", "spend_per_hour", "queued", "demand")
+def _saw(observation: Any) -> str:
+    """The headline of what a step saw (agent.step.observation_summary): capacity against target, machines
+    on their way, spend, demand, the fleet by state and how many new events; a stored value of another
+    shape (a file edited by hand) is shown as its text."""
+    if not isinstance(observation, dict) or "demand" not in observation:
+        return _brief(observation, 160)
+    target = (observation.get("settings") or {}).get("target_proofs_per_hour")
+    demand = observation["demand"] or {}
+    queued = f'{demand.get("queued")} queued' if demand.get("known") else "demand unknown"
+    states = ", ".join(f"{n} {state}" for state, n in sorted((observation.get("by_state") or {}).items()))
+    parts = [f'capacity {num(observation.get("capacity"))} / {num(target)}',
+             f'+{num(observation.get("pending_capacity"))} on the way',
+             f'${observation.get("spend_per_hour") or 0:.2f}/h', queued, states or "no machines",
+             f'{len(observation.get("events") or [])} new events']
+    return " · ".join(parts)
 
 
 def _brief(value: Any, limit: int) -> str:
-    """A short line for a stored observation: its headline figures when it is an object, else its text."""
-    picked = [k for k in _SAW_KEYS if k in value] if isinstance(value, dict) else []
-    if picked:
-        text = " · ".join(f"{k} {_compact(value[k])}" for k in picked)
-    else:
-        text = _compact(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(_compact(value), limit)
 
 
 def _compact(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+
+
+ITEM_HEAD = ("kind", "label", "count", "gpu_name")  # as guard.Action.view() names them
 
 
 def _items(value: Any) -> str:
@@ -227,7 +236,8 @@ def _items(value: Any) -> str:
     lines = []
     for item in value[:10]:
         if isinstance(item, dict):
-            head = " ".join(str(item[k]) for k in ("kind", "label", "count") if item.get(k) not in (None, ""))
+            head = " ".join(str(item[k]) for k in ITEM_HEAD if item.get(k) not in (None, ""))
+            head += f' [{item["limit"]}]' if item.get("limit") else ""
             tail = item.get("why") or item.get("reason") or item.get("error") or ""
             result = item.get("result")
             lines.append(head + (f": {tail}" if tail else "") + (f" → {result}" if result else ""))

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
+from . import clock
 from .errors import BadInput, Unavailable
 
 BUSY_TIMEOUT_S = 60.0
@@ -194,8 +196,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 FIRST_MIGRATION = MIGRATIONS[0][0]
 
 
-def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
-    """Open (and migrate) the state file.
+def connect(path: str | Path, *, now: datetime, create: bool = False) -> sqlite3.Connection:
+    """Open (and migrate) the state file; a migration applied now is stamped `now` (the caller's clock).
 
     Nothing is written to a file before it is known to be ours: another
     application's SQLite file, or one from a newer vastctl, is refused as it is.
@@ -217,7 +219,7 @@ def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
         if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        migrate(conn)
+        migrate(conn, now=now)
     except (sqlite3.Error, BadInput) as exc:
         if conn is not None:
             conn.close()
@@ -252,8 +254,8 @@ def _check_ours(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
                        f" up to {SCHEMA_VERSION}): upgrade vastctl; this version leaves the file alone")
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply every migration the file has not had yet; returns the schema version."""
+def migrate(conn: sqlite3.Connection, *, now: datetime) -> int:
+    """Apply every migration the file has not had yet, stamped `now`; returns the schema version."""
     if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
         return SCHEMA_VERSION
     with transaction(conn):
@@ -267,8 +269,7 @@ def migrate(conn: sqlite3.Connection) -> int:
             for statement in _statements(sql):
                 conn.execute(statement)
             conn.execute(
-                "INSERT INTO migrations (id, name, applied_at) VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
-                (number, name),
+                "INSERT INTO migrations (id, name, applied_at) VALUES (?, ?, ?)", (number, name, clock.to_iso(now)),
             )
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return SCHEMA_VERSION

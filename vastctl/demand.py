@@ -21,12 +21,11 @@ import os
 import signal
 import sqlite3
 import subprocess
-import textwrap
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from . import clock
+from . import clock, upstream
 from .config import Config
 from .db import transaction
 from .errors import BadInput
@@ -171,4 +170,5 @@ def _empty_since(conn: sqlite3.Connection) -> datetime | None:
 
 
 def _clip(text: str) -> str:
-    return textwrap.shorten(str(text), 160, placeholder="…") or "(nothing)"
+    """The command's output quoted into an error: one line, masked, escaped, bounded (upstream.clip)."""
+    return upstream.clip(text, 160) or "(nothing)"

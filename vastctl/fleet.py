@@ -80,7 +80,7 @@ def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 
 def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
-               now: datetime | None = None, obs: "Observation | None" = None) -> dict[str, Any]:
+               now: datetime, obs: "Observation | None" = None) -> dict[str, Any]:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
 
     Without include_killed a killed machine is listed only while it has a vast id and vast has not
@@ -91,7 +91,6 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     """
     from .observe import observe  # observe reads this module's views
 
-    now = now or clock.utcnow()
     obs = obs or observe(conn, config, now=now)  # a caller that already observed passes its observation
     query = "SELECT * FROM instances"
     if not include_killed:
@@ -128,7 +127,7 @@ def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 5
     return [event_view(row) for row in rows]
 
 
-def notify(conn: sqlite3.Connection, text: str, *, source: str = "operator", now: datetime | None = None) -> int:
+def notify(conn: sqlite3.Connection, text: str, *, source: str = "operator", now: datetime) -> int:
     """An operator's note for the agent: an event with no instance."""
     text = text.strip()
     if not text:
@@ -136,4 +135,4 @@ def notify(conn: sqlite3.Connection, text: str, *, source: str = "operator", now
     if len(text) > 4000:
         raise BadInput("the note is longer than 4000 characters: shorten it")
     with transaction(conn):
-        return record_event(conn, kind="note", source=source, reason=text, now=now or clock.utcnow())
+        return record_event(conn, kind="note", source=source, reason=text, now=now)

@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from . import clock
+from . import clock, upstream
 from .db import transaction
 from .errors import BadInput, BenchFailed, Refused, UnknownInstance
 
@@ -117,7 +117,7 @@ def transition(
     *,
     code: str | None = None,
     updates: dict[str, Any] | None = None,
-    now: datetime | None = None,
+    now: datetime,
 ) -> dict[str, Any]:
     """Move one instance to `to_state` and record the event, atomically.
 
@@ -129,10 +129,9 @@ def transition(
         return _transition_in_tx(conn, uuid, State(to_state), reason, source, code=code, updates=updates, now=now)
 
 
-def _transition_in_tx(conn, uuid, to_state, reason, source, *, code=None, updates=None, now=None):
+def _transition_in_tx(conn, uuid, to_state, reason, source, *, now, code=None, updates=None):
     if source not in SOURCES:
         raise ValueError(f"unknown event source {source!r}")
-    now = now or clock.utcnow()
     before = get(conn, uuid)
     columns = {"state": str(to_state), "state_since": clock.to_iso(now), **(updates or {})}
     if to_state is S.KILLED:
@@ -164,11 +163,10 @@ def create(
     state: State,
     reason: str,
     source: str,
-    now: datetime | None = None,
+    now: datetime,
     fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Insert a new row with its first event (a launch, or adoption of an unknown machine)."""
-    now = now or clock.utcnow()
     with transaction(conn):
         return _create_in_tx(conn, uuid=uuid, label=label, state=State(state), reason=reason, source=source,
                              now=now, fields=fields)
@@ -200,7 +198,7 @@ def register(
     vast_id: int | None = None,
     gpu_name: str | None = None,
     num_gpus: int | None = None,
-    now: datetime | None = None,
+    now: datetime,
 ) -> dict[str, Any]:
     """The boot script started.
 
@@ -213,7 +211,6 @@ def register(
     when reconcile finds the instance listed under the row's label). Believing
     it would let one machine point reconcile's destroy at another.
     """
-    now = now or clock.utcnow()
     validate_text(uuid, "--uuid")
     if label is not None:
         validate_text(label, "--label")
@@ -248,7 +245,7 @@ def register(
         return _transition_in_tx(conn, uuid, S.REGISTERED, reason, "instance", updates=updates, now=now)
 
 
-def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime | None = None) -> dict[str, Any]:
+def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
     """Proving parameters are fetched; the benchmark starts."""
     with transaction(conn):
         row = get(conn, uuid)
@@ -269,7 +266,7 @@ def validate_rate(rate: Any) -> float:
 
 
 def bench_report(
-    conn: sqlite3.Connection, uuid: str, rate: Any, *, gate: float, now: datetime | None = None
+    conn: sqlite3.Connection, uuid: str, rate: Any, *, gate: float, now: datetime
 ) -> dict[str, Any]:
     """The benchmark gate: at or above `gate` → bench_done; below → killed, and BenchFailed is raised.
 
@@ -296,7 +293,7 @@ def bench_report(
     raise error
 
 
-def running(conn: sqlite3.Connection, uuid: str, *, now: datetime | None = None) -> dict[str, Any]:
+def running(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
     """The prover is up and taking work."""
     with transaction(conn):
         row = get(conn, uuid)
@@ -310,7 +307,7 @@ def validate_proofs(proofs_done: Any) -> int:
 
 
 def heartbeat(
-    conn: sqlite3.Connection, uuid: str, *, proofs_done: int | None = None, now: datetime | None = None
+    conn: sqlite3.Connection, uuid: str, *, proofs_done: int | None = None, now: datetime
 ) -> dict[str, Any]:
     """Keep the machine's liveness and cumulative proof counter fresh. Not a transition, so no event.
 
@@ -321,7 +318,6 @@ def heartbeat(
     restarted) starts a new baseline, keeps the rate, and is recorded as a
     `counter_reset` event.
     """
-    now = now or clock.utcnow()
     if proofs_done is not None:
         validate_proofs(proofs_done)
     with transaction(conn):
@@ -365,7 +361,7 @@ def kill(
     *,
     source: str,
     code: str,
-    now: datetime | None = None,
+    now: datetime,
 ) -> dict[str, Any]:
     """Mark killed (terminal). Destroying the machine at the provider is the caller's next step."""
     if code not in KILL_CODES:
@@ -387,7 +383,6 @@ def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) 
 _UNSAFE_CHARS = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]"
 )
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 MAX_INT = 2**63 - 1  # SQLite's INTEGER
 
 
@@ -395,16 +390,9 @@ def printable(text: str) -> str:
     """`text` with every control, bidi and separator character shown as an escape (`\\x1b`, `\\u202e`).
 
     For text from outside (vast's status messages, machines' reports, old rows) shown in a table, a line
-    or a log; JSON output keeps the data as it is.
+    or a log; JSON output keeps the data as it is. Every character validate_text refuses is escaped.
     """
-    if not _UNSAFE_CHARS.search(text):
-        return text
-    return _UNSAFE_CHARS.sub(lambda m: _escape(m.group()), text)
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    return _NAMED_ESCAPES.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return upstream.escape_controls(text)
 
 
 def validate_text(value: Any, flag: str, *, max_len: int = 256) -> str:

@@ -1,8 +1,9 @@
 """Named leases in the state file: one reconcile pass, one launch, at a time.
 
 A lease expires, and a holder on this host whose process is gone is ignored,
-so a crashed pass never blocks the next one for long. Time comes from the
-injected Clock (the system clock by default), so leases work on virtual time.
+so a crashed pass never blocks the next one for long. Like every state module
+it reads no clock: the holder passes `now` (from its injected Clock), so
+leases work on virtual time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from datetime import datetime, timedelta
 from typing import Iterator
 
 from . import clock as clocks
-from .clock import Clock
 from .db import transaction
 from .errors import Unavailable
 
@@ -38,10 +38,9 @@ def _holder_is_dead(holder: str) -> bool:
     return False
 
 
-def acquire(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None,
-            holder: str | None = None, clock: Clock = clocks.SYSTEM) -> str | None:
+def acquire(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime,
+            holder: str | None = None) -> str | None:
     """Take the lease; returns the holder string, or None when someone alive holds it."""
-    now = now or clock.now()
     holder = holder or _holder()
     with transaction(conn):
         row = conn.execute("SELECT * FROM locks WHERE name = ?", (name,)).fetchone()
@@ -63,37 +62,29 @@ def release(conn: sqlite3.Connection, name: str, holder: str) -> None:
 
 @dataclass
 class Lease:
-    """A held lease. `renew()` keeps a long holder from being taken for dead."""
+    """A held lease. `renew(now)` keeps a long holder from being taken for dead."""
 
     conn: sqlite3.Connection
     name: str
     holder: str
     ttl_s: float
-    started: datetime
-    clock: Clock = clocks.SYSTEM
 
-    def __post_init__(self) -> None:
-        self._t0 = self.clock.monotonic()
-
-    def renew(self) -> None:
-        """Expire `ttl_s` from now: the lease's start plus the clock's time elapsed (the start may be injected)."""
-        now = self.started + timedelta(seconds=self.clock.monotonic() - self._t0)
+    def renew(self, now: datetime) -> None:
+        """Expire `ttl_s` after `now` (the holder's clock: virtual time in the simulator)."""
         with transaction(self.conn):
             self.conn.execute("UPDATE locks SET expires_at = ? WHERE name = ? AND holder = ?",
                               (clocks.to_iso(now + timedelta(seconds=self.ttl_s)), self.name, self.holder))
 
 
 @contextlib.contextmanager
-def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime | None = None,
-         clock: Clock = clocks.SYSTEM) -> Iterator[Lease]:
+def held(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime) -> Iterator[Lease]:
     """Hold the lease for the block, or raise Unavailable (exit 1: retry later)."""
-    now = now or clock.now()
-    holder = acquire(conn, name, ttl_s=ttl_s, now=now, clock=clock)
+    holder = acquire(conn, name, ttl_s=ttl_s, now=now)
     if holder is None:
         row = conn.execute("SELECT holder, acquired_at FROM locks WHERE name = ?", (name,)).fetchone()
         since = clocks.display_iso(row["acquired_at"]) if row else "?"
         raise Unavailable(f"another {name} is running ({row['holder'] if row else '?'} since {since}): retry later")
     try:
-        yield Lease(conn, name, holder, ttl_s, now, clock)
+        yield Lease(conn, name, holder, ttl_s)
     finally:
         release(conn, name, holder)

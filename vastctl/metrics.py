@@ -108,9 +108,7 @@ def _reconcile(status: dict, pending: dict) -> Iterator[Metric]:
                  pending["oldest_age_s"])
 
 
-def _agent(totals: dict | None) -> Iterator[Metric]:
-    if totals is None:  # this file keeps no agent steps
-        return
+def _agent(totals: dict) -> Iterator[Metric]:
     steps = CounterMetricFamily("vastctl_agent_steps", "Agent steps, by outcome.", labels=["outcome"])
     for outcome, count in sorted(totals["steps"].items()):
         steps.add_metric([outcome], count)

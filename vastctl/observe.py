@@ -137,16 +137,17 @@ def last_step_actions(conn: sqlite3.Connection) -> list[dict]:
                        " ORDER BY id DESC LIMIT 1").fetchone()
     if row is None:
         return []
-    return _json_list(row["actions"]) + _json_list(row["refused"])
+    return stored_json(row["actions"]) + stored_json(row["refused"])
 
 
-def _json_list(text: str | None) -> list:
-    """A stored JSON list; [] when absent or not a list (a file edited by hand must not stop every decision)."""
+def stored_json(text: str | None, kind: type = list) -> Any:
+    """A stored JSON value of type `kind` (list or dict); an empty one when absent, unreadable or of another
+    type (a file edited by hand must not stop every decision)."""
     try:
-        value = json.loads(text or "[]")
+        value = json.loads(text or "null")
     except ValueError:
-        return []
-    return value if isinstance(value, list) else []
+        return kind()
+    return value if isinstance(value, kind) else kind()
 
 
 def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,

@@ -31,7 +31,7 @@ PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER")  # env values t
 
 
 def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *, actor: str,
-            now: datetime | None = None, listed: Mapping[int, RemoteInstance] | None = None) -> bool:
+            now: datetime, listed: Mapping[int, RemoteInstance] | None = None) -> bool:
     """Destroy the row's machine at the market; True once the market confirms it is gone.
 
     `destroyed_at` is set only on confirmation. A failure is recorded on the row
@@ -44,7 +44,6 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
     instance is looked up. One listed under another label is left alone and
     the refusal recorded like a failure, whoever's claim put its id here.
     """
-    now = now or clock.utcnow()
     if row.get("destroyed_at"):
         return True
     if row.get("vast_id") is None:  # nothing was ever created at the market under this row
@@ -108,7 +107,7 @@ def offer_query(conn: sqlite3.Connection, config: Config, *, gpu_names: list[str
 
 def find_offers(conn: sqlite3.Connection, provider: Provider, config: Config, *,
                 gpu_names: list[str] | None = None, max_dph: float | None = None,
-                min_reliability: float | None = None, limit: int = 20, now: datetime | None = None) -> list[Offer]:
+                min_reliability: float | None = None, limit: int = 20, now: datetime) -> list[Offer]:
     """Rentable offers, cheapest first, without blocklisted machines (see offer_query for the filters)."""
     query = offer_query(conn, config, gpu_names=gpu_names, max_dph=max_dph, min_reliability=min_reliability,
                         limit=limit)
@@ -129,9 +128,9 @@ def offer_view(offer: Offer) -> dict[str, Any]:
 
 
 def blocklist_machine(conn: sqlite3.Connection, config: Config, machine_id: int, reason: str, *,
-                      now: datetime | None = None) -> None:
+                      now: datetime) -> None:
     """Keep a machine out of offers for `vast.blocklist_ttl` (an operator's or the agent's call)."""
-    until = (now or clock.utcnow()) + timedelta(seconds=config.vast.blocklist_ttl)
+    until = now + timedelta(seconds=config.vast.blocklist_ttl)
     blocklist.block(conn, machine_id, reason, until)
 
 
@@ -180,7 +179,7 @@ def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | Non
 
 def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offer_id: int | None = None,
            gpu: str | None = None, count: int = 1, actor: str = "operator",
-           now: datetime | None = None) -> LaunchResult:
+           now: datetime) -> LaunchResult:
     """Rent `count` machines: the offer `offer_id`, or the cheapest offers of model `gpu`.
 
     One launch at a time (the `launch` lease). Limits (max_instances, max_dph,
@@ -215,9 +214,8 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
 
 
 def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *,
-               now: datetime | None = None) -> guard.Verdict:
+               now: datetime) -> guard.Verdict:
     """The guard on a fresh observation; a refusal (recorded) raises GuardRefused, an override is recorded."""
-    now = now or clock.utcnow()
     verdict = guard.check(observe(conn, config, now=now), action, config)
     guard.record(conn, action, verdict, now=now)
     if not verdict.allowed:
@@ -284,7 +282,7 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
 
 
 def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes, *, actor: str,
-                now: datetime | None) -> tuple[str, dict[str, Any], str]:
+                now: datetime) -> tuple[str, dict[str, Any], str]:
     """Write the row, then rent. Returns (launched|failed|unknown, row, why)."""
     uuid, label = _new_identity(conn, config.vast.label_prefix)
     row = lifecycle.create(
@@ -306,7 +304,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         record_action(conn, actor=actor, kind="launch", ok=False, result=f"refused: {exc}", uuid=uuid, label=label,
                       request=audit, now=now)
         lifecycle.kill(conn, uuid, f"vast refused the create: {exc}", source=actor, code="start_failed", now=now)
-        _mark(conn, uuid, {"destroyed_at": clock.to_iso(now or clock.utcnow())})  # nothing was rented
+        _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})  # nothing was rented
         return "failed", lifecycle.get(conn, uuid), why
     except ProviderError as exc:
         record_action(conn, actor=actor, kind="launch", ok=False, result=f"outcome unknown: {exc}", uuid=uuid,
@@ -336,7 +334,7 @@ def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:
 
 def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, config: Config,
          actor: str = "operator", force: bool = False, reason: str = "",
-         now: datetime | None = None) -> dict[str, Any]:
+         now: datetime) -> dict[str, Any]:
     """Stop a live machine at vast (it keeps its disk and bills storage), then mark it stopped.
 
     The guard refuses a stop that would leave nothing running while work is queued
@@ -353,7 +351,7 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
 
 
 def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, *,
-          actor: str = "operator", now: datetime | None = None) -> dict[str, Any]:
+          actor: str = "operator", now: datetime) -> dict[str, Any]:
     """Resume a stopped machine: vast start, then state launching with `resumed_at` set.
 
     vast accepts a start even when the machine's GPU was taken (it then sits
@@ -366,9 +364,8 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     pass_guard(conn, config, guard.Action(kind=guard.Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
                                           vast_id=row["vast_id"], dph=row["dph"]), now=now)
     _call(conn, provider, row, "start", actor, now)
-    moment = now or clock.utcnow()
     return lifecycle.transition(conn, row["uuid"], State.LAUNCHING, f"resumed by {actor}", actor,
-                                updates={"resumed_at": clock.to_iso(moment)}, now=moment)
+                                updates={"resumed_at": clock.to_iso(now)}, now=now)
 
 
 def _check_move(row: dict[str, Any], to_state: State, verb: str) -> None:
@@ -403,7 +400,7 @@ def needs_provider_to_kill(row: dict[str, Any]) -> bool:
 
 def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, reason: str, *,
                   make_provider: Callable[[Config], Provider], force: bool = False,
-                  now: datetime | None = None) -> tuple[dict[str, Any], str | None]:
+                  now: datetime) -> tuple[dict[str, Any], str | None]:
     """An operator's kill, from the CLI or the dashboard alike: the reason checked, the market asked for only
     when the machine has (or may have) a vast instance, then kill() through the guard."""
     reason = reason.strip()
@@ -419,7 +416,7 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
          config: Config, actor: str = "operator", code: str | None = None, ttl_s: float | None = None,
          force: bool = False, kind: str = guard.Kind.KILL,
-         now: datetime | None = None) -> tuple[dict[str, Any], str | None]:
+         now: datetime) -> tuple[dict[str, Any], str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
 
     The guard sees it first (`kind` kill, or destroy for the agent's tool): a

@@ -2,10 +2,9 @@
 
 Read-only: one function per question an operator asks (is the fleet big
 enough, what does it cost, is the safety net running, what did the agent do),
-each returning plain dicts. Tables that other parts of vastctl add
-(`demand_samples`, `agent_steps`) are read only when present and only through
-the columns they have, and a stored JSON value that does not parse is shown as
-text: a page must never fail because a newer or older file is open.
+each returning plain dicts. Agent steps are read as agent-step writes them
+(agent/step.py); a stored JSON value that does not parse (a file edited by
+hand) is shown as text rather than failing the page.
 """
 
 from __future__ import annotations
@@ -24,11 +23,6 @@ BILLING_STATES = frozenset(str(state) for state in LIVE_STATES - {State.STOPPED}
 HISTORY = timedelta(days=1)
 CHART_STEP = timedelta(minutes=4)  # 360 steps a day: finer than the chart's pixels
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
-
-
-def columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    """The table's column names; empty when the table does not exist (yet) in this file."""
-    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def demand_view(obs: Observation) -> dict[str, Any] | None:
@@ -72,42 +66,29 @@ def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 def agent_steps(conn: sqlite3.Connection, *, limit: int = 10) -> list[dict[str, Any]]:
     """The newest agent steps, newest first, each with its JSON columns parsed (text when they do not parse)."""
-    have = columns(conn, "agent_steps")
-    if not have:
-        return []
-    order = "id" if "id" in have else "rowid"
     steps = []
-    for row in conn.execute(f"SELECT * FROM agent_steps ORDER BY {order} DESC LIMIT ?", (limit,)):
+    for row in conn.execute("SELECT * FROM agent_steps ORDER BY id DESC LIMIT ?", (limit,)):
         step = dict(row)
         for name in ("observation", "actions", "refused", "errors"):
-            step[name] = _parsed(step.get(name))
-        step["tokens"] = {kind: int(step.get(f"{kind}_tokens") or 0) for kind in TOKEN_KINDS}
-        step["cost"] = float(step.get("cost") or 0.0)
+            step[name] = _parsed(step[name])
+        step["tokens"] = {kind: step[f"{kind}_tokens"] for kind in TOKEN_KINDS}
         steps.append(step)
     return steps
 
 
-def agent_totals(conn: sqlite3.Connection) -> dict[str, Any] | None:
+def agent_totals(conn: sqlite3.Connection) -> dict[str, Any]:
     """Every step the file keeps, summed: steps by outcome, tokens by kind, cost, refused actions."""
-    have = columns(conn, "agent_steps")
-    if not have:
-        return None
-    outcome = "coalesce(outcome, 'unknown')" if "outcome" in have else "'unknown'"
-    sums = [f"coalesce(sum({kind}_tokens), 0)" if f"{kind}_tokens" in have else "0" for kind in TOKEN_KINDS]
-    sums.append("coalesce(sum(cost), 0)" if "cost" in have else "0")
-    sums.append("coalesce(sum(CASE WHEN json_valid(refused) AND json_type(refused) = 'array'"
-                " THEN json_array_length(refused) ELSE 0 END), 0)" if "refused" in have else "0")
-    totals: dict[str, Any] = {"steps": {}, "tokens": dict.fromkeys(TOKEN_KINDS, 0), "cost": 0.0, "refused": 0,
-                              "last_step": None}
-    for row in conn.execute(f"SELECT {outcome}, count(*), {', '.join(sums)} FROM agent_steps GROUP BY 1"):
+    sums = [f"sum({kind}_tokens)" for kind in TOKEN_KINDS]
+    refused = "coalesce(sum(CASE WHEN json_valid(refused) THEN json_array_length(refused) END), 0)"
+    totals: dict[str, Any] = {"steps": {}, "tokens": dict.fromkeys(TOKEN_KINDS, 0), "cost": 0.0, "refused": 0}
+    for row in conn.execute(f"SELECT outcome, count(*), {', '.join(sums)}, sum(cost), {refused} FROM agent_steps"
+                            " GROUP BY 1"):
         totals["steps"][row[0]] = row[1]
         for i, kind in enumerate(TOKEN_KINDS):
-            totals["tokens"][kind] += int(row[2 + i])
-        totals["cost"] += float(row[6])
-        totals["refused"] += int(row[7])
-    moment = "finished_at" if "finished_at" in have else "started_at" if "started_at" in have else None
-    if moment:
-        totals["last_step"] = _moment(conn.execute(f"SELECT max({moment}) FROM agent_steps").fetchone()[0])
+            totals["tokens"][kind] += row[2 + i]
+        totals["cost"] += row[6]
+        totals["refused"] += row[7]
+    totals["last_step"] = _moment(conn.execute("SELECT max(finished_at) FROM agent_steps").fetchone()[0])
     return totals
 
 
@@ -179,11 +160,7 @@ def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[d
 
 
 def _queue_history(conn: sqlite3.Connection, since: str) -> list[tuple[datetime, float]]:
-    have = columns(conn, "demand_samples")
-    if not {"at", "queued"} <= have:
-        return []
-    ok = " AND ok = 1" if "ok" in have else ""
-    rows = conn.execute(f"SELECT at, queued FROM demand_samples WHERE at >= ? AND queued IS NOT NULL{ok}"
+    rows = conn.execute("SELECT at, queued FROM demand_samples WHERE at >= ? AND queued IS NOT NULL AND ok = 1"
                         " ORDER BY id", (since,))
     return [(at, float(row[1])) for row in rows if (at := _moment(row[0])) is not None]
 
@@ -215,7 +192,6 @@ def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events:
         "settings": settings.listing(conn, config),
         "events": list(reversed(fleet.events(conn, limit=events))),
         "steps": agent_steps(conn, limit=steps),
-        "agent_steps_kept": bool(columns(conn, "agent_steps")),
     }
     if chart:
         result["history"] = history(conn, config, now, capacity=summary["capacity_proofs_per_hour"],

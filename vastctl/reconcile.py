@@ -53,7 +53,7 @@ from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
-from .clock import SYSTEM, Clock
+from .clock import Clock
 from .observe import observe
 from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
@@ -64,6 +64,7 @@ STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the in
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
 DEAD_STATUSES = {"exited": "exited", "unknown": "offline", "offline": "offline"}  # vast status → kill code
 START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
+REASON_CHARS = 160  # vast's text quoted into a reason (an event, the table), through upstream.clip
 SCHEDULING_STATUSES = frozenset({None, "", "stopped", "created", "scheduling"})
 TIMED_STATES = {
     State.LAUNCHING: "launching", State.REGISTERED: "registered",
@@ -280,10 +281,10 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
     elif state is not State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
         status = entry.actual_status or None
         if status != "running" and entry.status_msg and START_FAILURE.search(entry.status_msg):
-            return "start_failed", f"vast reports a start failure (status {status or 'none'}): {_clip(entry.status_msg)}"
+            return "start_failed", f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
         if status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at"):
             since = clock.from_iso(row["vast_seen_at"])
-            detail = f": {_clip(entry.status_msg)}" if entry.status_msg else ""
+            detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
             return DEAD_STATUSES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
         if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
                 and (entry.intended_status in (None, "", "running"))):
@@ -320,7 +321,7 @@ def _destroy_row(row: Mapping[str, Any], vast_id: int | None, now: datetime) -> 
     attempts = int(row.get("destroy_attempts") or 0)
     reason = f"killed {clock.human_age(killed, now)} ago ({row.get('kill_code') or 'no code'}), not yet destroyed"
     if attempts:
-        reason += f"; attempt {attempts + 1}, last error: {_clip(row.get('destroy_error') or '?')}"
+        reason += f"; attempt {attempts + 1}, last error: {upstream.clip(row.get('destroy_error') or '?', REASON_CHARS)}"
     return Action(kind="destroy", label=row["label"], reason=reason, uuid=row["uuid"], vast_id=vast_id,
                   code=row.get("kill_code"))
 
@@ -354,16 +355,11 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
     return actions
 
 
-def _clip(text: str, limit: int = 160) -> str:
-    """vast's text quoted into a reason (an event, the table): masked, control characters escaped, bounded."""
-    return upstream.clip(text, limit)
-
-
 # --- effects -----------------------------------------------------------------------------------
 
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
-          now: datetime | None = None, keepalive: Callable[[], None] | None = None,
+          now: datetime, keepalive: Callable[[], None] | None = None,
           listing: Sequence[RemoteInstance] | None = None, budget: Budget | None = None) -> PassResult:
     """Perform the actions. A kill that loses a race is a result, not an error; a failed destroy is an error
     (recorded on the row and retried next pass). `keepalive` runs before each action: a pass whose
@@ -371,7 +367,6 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
     `listing` (the pass's) is what a destroy checks the row's label against before it asks vast.
     Once the `budget` is spent no destroy is sent: each is recorded as skipped (kills, which never call
     vast, still happen), and the result says `deadline_passed`."""
-    now = now or clock.utcnow()
     listed = None if listing is None else {entry.id: entry for entry in listing}
     result = PassResult()
     stopped: str | None = None  # why this pass calls vast no more
@@ -595,16 +590,17 @@ def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
     return listing
 
 
-def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock = SYSTEM,
-             now: datetime | None = None, dry_run: bool = False) -> PassResult:
+def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock,
+             dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
     distrusted; in each of those cases nothing was killed. `dry_run` plans and changes nothing at all.
 
-    The pass ends by `reconcile.deadline` on `clock` (cron starts the next one a minute later): the
+    The pass reads its time from `clock` (the system clock from the CLI, virtual time in the simulator)
+    and ends by `reconcile.deadline` on it (cron starts the next one a minute later): the
     provider starts no call and waits for no retry past it, and the vast calls left are skipped and
     recorded; the result then has `deadline_passed` set (the CLI exits 1).
     """
-    now = now or clock.now()
+    now = clock.now()
     budget = Budget(clock, config.reconcile.deadline)
     previous, provider.deadline = getattr(provider, "deadline", None), budget.deadline
     try:
@@ -633,7 +629,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
                 record_failed_listing(conn, str(exc), now)
                 raise
             record_listing(conn, rows, listing, matched, now)
-            result = apply(conn, provider, actions, config, now=now, keepalive=lease.renew, listing=listing,
+            result = apply(conn, provider, actions, config, now=now, keepalive=lambda: lease.renew(clock.now()), listing=listing,
                            budget=budget)
             result.listed = len(listing)
             return result

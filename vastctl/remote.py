@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from . import lifecycle
+from .clock import Clock
 from .config import parse_duration
 from .errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
 
@@ -51,10 +51,9 @@ class RemoteReports:
         server: str,
         token: str,
         *,
+        clock: Clock,
         retry_for: float = DEFAULT_RETRY_FOR,
         session: requests.Session | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        monotonic: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
         on_retry: Callable[[str, float, float], None] | None = None,
     ):
@@ -66,13 +65,12 @@ class RemoteReports:
 
             session = requests.Session()
         self.session = session
-        self.sleep = sleep
-        self.monotonic = monotonic
+        self.clock = clock  # the backoff's sleeps and its VASTCTL_RETRY_FOR window
         self.jitter = jitter
         self.on_retry = on_retry
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], **kwargs: Any) -> RemoteReports:
+    def from_env(cls, env: Mapping[str, str], *, clock: Clock, **kwargs: Any) -> RemoteReports:
         """VASTCTL_SERVER, VASTCTL_TOKEN and VASTCTL_RETRY_FOR, each checked with a message naming it."""
         token = env.get("VASTCTL_TOKEN") or ""
         if not token:
@@ -80,7 +78,7 @@ class RemoteReports:
                            " (`vastctl token --uuid U` on the manager)")
         retry_text = env.get("VASTCTL_RETRY_FOR") or ""
         retry_for = parse_duration(retry_text, "VASTCTL_RETRY_FOR") if retry_text else DEFAULT_RETRY_FOR
-        return cls(env.get("VASTCTL_SERVER") or "", token, retry_for=retry_for, **kwargs)
+        return cls(env.get("VASTCTL_SERVER") or "", token, clock=clock, retry_for=retry_for, **kwargs)
 
     # --- the five reports ---------------------------------------------------------------------
 
@@ -128,7 +126,7 @@ class RemoteReports:
     def _post_with_retries(self, url: str, body: dict[str, Any]):
         import requests
 
-        deadline = self.monotonic() + self.retry_for
+        deadline = self.clock.monotonic() + self.retry_for
         delay = FIRST_DELAY
         while True:
             try:
@@ -144,7 +142,7 @@ class RemoteReports:
                 if response.status_code < 500 and response.status_code != 429:
                     return response
                 problem = f"HTTP {response.status_code}{_error_suffix(response)}"
-            remaining = deadline - self.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 waited = f" for {_human(self.retry_for)}" if self.retry_for > 0 else ""
                 raise Unavailable(f"the manager at {self.server} did not take the report{waited} ({problem}):"
@@ -152,7 +150,7 @@ class RemoteReports:
             wait = min(delay * (0.5 + self.jitter() / 2), remaining)
             if self.on_retry is not None:
                 self.on_retry(problem, wait, remaining)
-            self.sleep(wait)
+            self.clock.sleep(wait)
             delay = min(delay * 2, MAX_DELAY)
 
 

@@ -30,9 +30,9 @@ class Reports(Protocol):
 
 
 class LocalReports:
-    """Reports applied to the state file through lifecycle."""
+    """Reports applied to the state file through lifecycle, stamped with `now` (the moment they are made)."""
 
-    def __init__(self, conn: sqlite3.Connection, config: Config, now: datetime | None = None):
+    def __init__(self, conn: sqlite3.Connection, config: Config, *, now: datetime):
         self.conn = conn
         self.config = config
         self.now = now

@@ -39,7 +39,6 @@ import math
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
@@ -51,7 +50,8 @@ from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
 from . import db, fleet, lifecycle, tokens
-from .clock import SYSTEM, Clock
+from .clock import Clock
+from .upstream import cut
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from .remote import FIELD_FLAGS
@@ -60,6 +60,7 @@ from .reports import LocalReports
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
 MAX_HEADERS = 16 * 1024
+ERROR_CHARS = 500  # an error body's message is cut to this
 MAX_INT = 2**63 - 1  # SQLite INTEGER
 DEFAULT_PORT = 8080
 DEFAULT_THREADS = 1  # every report writes the one SQLite file: more workers only queue on its lock
@@ -91,11 +92,15 @@ class HTTPError(Exception):
 
 
 class App:
-    """The WSGI application: routing, auth, JSON in and out, typed errors → status codes."""
+    """The WSGI application: routing, auth, JSON in and out, typed errors → status codes.
 
-    def __init__(self, config: Config, keyring: tokens.Keyring):
+    `clock` stamps every report and times every request (the system clock from `vastctl serve`).
+    """
+
+    def __init__(self, config: Config, keyring: tokens.Keyring, *, clock: Clock):
         self.config = config
         self.keyring = keyring
+        self.clock = clock
         self.admin_token = config.server.admin_token.encode()
         self._local = threading.local()  # sqlite3 connections are per thread
 
@@ -103,14 +108,14 @@ class App:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = self._local.conn = db.connect(self.config.db_path)
+                conn = self._local.conn = db.connect(self.config.db_path, now=self.clock.now())
             except Exception as exc:  # the manager's problem, not the caller's: 503 so boot scripts retry
                 access_log.error("cannot open the state file: %s", exc)
                 raise HTTPError(503, "the manager cannot open its state file: retry later", [("Retry-After", "5")]) from exc
         return conn
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
-        started = time.perf_counter()
+        started = self.clock.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         path = _raw_path(environ)
         from . import dashboard  # the operator's pages and /metrics live in their own module
@@ -120,9 +125,9 @@ class App:
         try:
             status, body = self.handle(environ, method, path)
         except HTTPError as exc:
-            status, body, headers = exc.status, {"error": _short(exc.message)}, exc.headers
+            status, body, headers = exc.status, {"error": cut(exc.message, ERROR_CHARS)}, exc.headers
         except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
-            status, body = _status_of(exc), {"error": _short(in_api_terms(str(exc)))}
+            status, body = _status_of(exc), {"error": cut(in_api_terms(str(exc)), ERROR_CHARS)}
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
@@ -134,7 +139,7 @@ class App:
             [("Content-Type", "application/json"), ("Content-Length", str(len(payload))), *headers],
         )
         access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, _loggable(path), status,
-                        (time.perf_counter() - started) * 1000)
+                        (self.clock.monotonic() - started) * 1000)
         return [payload]
 
     def handle(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
@@ -147,7 +152,8 @@ class App:
             self.check_admin(environ)
             query = parse_qs(environ.get("QUERY_STRING", ""))
             include_killed = query.get("all", ["0"])[-1].lower() in ("1", "true", "yes")
-            return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed)
+            return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed,
+                                          now=self.clock.now())
         uuid, report = _report_route(path)
         _allow(method, "POST")
         self.check_machine(environ, uuid)
@@ -155,7 +161,7 @@ class App:
         return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
-        reports = LocalReports(self.connection(), self.config)
+        reports = LocalReports(self.connection(), self.config, now=self.clock.now())
         if report == "register":
             return reports.register(uuid, label=body.get("label"), vast_id=body.get("vast_id"),
                                     gpu_name=body.get("gpu_name"), num_gpus=body.get("num_gpus"))
@@ -288,7 +294,7 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
     for key in body:
         if key not in schema:
             allowed = ", ".join(f'"{name}"' for name in schema) or "none"
-            raise BadInput(f"unknown field {json.dumps(_short(key, 60))} for {report} (allowed: {allowed})")
+            raise BadInput(f"unknown field {json.dumps(cut(key, 60))} for {report} (allowed: {allowed})")
     values = {}
     for key, (kind, minimum) in schema.items():
         value = body.get(key)
@@ -345,12 +351,8 @@ def in_api_terms(message: str) -> str:
     return re.sub(r"(?<![\w-])--uuid(?![\w-])", "the uuid in the path", message)
 
 
-def _short(text: str, limit: int = 500) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _loggable(path: str) -> str:
-    return _short(path.encode("unicode_escape").decode("ascii"), 300)
+    return cut(path.encode("unicode_escape").decode("ascii"), 300)
 
 
 # --- running it ------------------------------------------------------------------------------------
@@ -365,7 +367,7 @@ def make_server(
     timeout: float = DEFAULT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
-    clock: Clock = SYSTEM,
+    clock: Clock,
 ):
     """A waitress server bound and ready for `.run()`; checks the state file and the token secret first."""
     if request_timeout <= 0:
@@ -374,8 +376,8 @@ def make_server(
         raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
     keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
-    db.connect(config.db_path).close()  # a missing or broken file fails here, not at the first report
-    app = App(config, keyring)
+    db.connect(config.db_path, now=clock.now()).close()  # a missing or broken file fails here, not at the first report
+    app = App(config, keyring, clock=clock)
     try:
         adj = Adjustments(
             host=host, port=port, threads=threads, ident="vastctl", connection_limit=connection_limit,

@@ -76,11 +76,10 @@ def set_value(
     text: Any,
     *,
     source: str = "operator",
-    now: datetime | None = None,
+    now: datetime,
 ) -> bool:
     """Store a new value and record the change as an event; False when the value is unchanged."""
     value = parse_value(key, text)
-    now = now or clock.utcnow()
     with transaction(conn):
         old = effective(conn, config)[key]
         if old == value:

@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import clock
+from .upstream import cut
 from .errors import BadInput
 
 MIN_LENGTH = 32
@@ -187,12 +188,8 @@ def _added(comment: str, path: Path, number: int) -> datetime | None:
     try:
         return clock.from_iso(text.removeprefix("added ").strip())
     except ValueError:
-        raise BadInput(f"line {number} of {path} ends in {_short(comment)!r}, not '# added <ISO time>':"
+        raise BadInput(f"line {number} of {path} ends in {cut(comment, 60)!r}, not '# added <ISO time>':"
                        " fix or remove the comment") from None
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def _write_lines(path: Path, lines: list[tuple[bytes, datetime | None]]) -> None:

@@ -90,8 +90,8 @@ LABEL = {"type": "string", "minLength": 1, "maxLength": 200, "description": "the
 TOOLS: list[dict[str, Any]] = [
     {
         "name": "launch",
-        "description": "Rent `count` new machines: the cheapest allowed offers per expected proof, "
-                       "or a given offer_id (from search_offers).",
+        "description": "Rent new machines: `count` of the cheapest offers of gpu_name, or the one offer "
+                       "offer_id (from search_offers, count 1). Give exactly one of gpu_name and offer_id.",
         "input_schema": {
             "type": "object",
             "properties": {
@@ -191,6 +191,15 @@ def price_of(config: Config) -> list[float]:
     return prices
 
 
+def require(config: Config, env: Mapping[str, str]) -> tuple[str, list[float]]:
+    """The API key and the model's prices; BadInput (before anything is asked or written) when either is missing."""
+    prices = price_of(config)
+    api_key = env.get("ANTHROPIC_API_KEY", "").strip()
+    if not api_key:
+        raise BadInput("policy llm needs ANTHROPIC_API_KEY: set it, or run with --policy rules")
+    return api_key, prices
+
+
 def cost_of(tokens: Mapping[str, int], prices: list[float]) -> float:
     return sum(tokens[key] * price for key, price in zip(TOKEN_KEYS, prices)) / 1_000_000
 
@@ -201,10 +210,7 @@ def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggesti
     """One step of the llm policy: ask, answer every tool call through `execute`, until done or out of budget."""
     started = clock.monotonic()  # the deadline counts the prompt's building and the SDK's import too
     env = os.environ if env is None else env
-    prices = price_of(config)
-    api_key = env.get("ANTHROPIC_API_KEY", "").strip()
-    if not api_key:
-        raise BadInput("policy llm needs ANTHROPIC_API_KEY: set it, or run with --policy rules")
+    api_key, prices = require(config, env)
     prompt = memory.build_prompt(conn, observation=observation, suggestion=suggestion, step_id=step_id,
                                  budget_tokens=opening_budget(config))
 

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import clock
 from ..db import transaction
+from ..observe import expected_rate, stored_json
 
 CHARS_PER_TOKEN = 3  # JSON with short keys and numbers tokenises at ~3–4 chars a token: estimate high
 MAX_TEXT_CHARS = 240  # any one string from the fleet (status message, reason, note) is clipped to this
@@ -104,8 +105,8 @@ def recent_steps(conn: sqlite3.Connection, *, before_step: int | None = None,
     """One condensed summary per recent step, oldest first.
 
     From `agent_steps` (every policy's steps: what it saw, did, and what was
-    refused) when that table exists, and from this module's own record (the
-    llm's tool calls and their results, and what it said) for every step.
+    refused), and from this module's own record (the llm's tool calls and
+    their results, and what it said) for every step.
     """
     summaries: dict[int, dict[str, Any]] = {}
     for row in _agent_step_rows(conn, before_step, limit):
@@ -120,28 +121,11 @@ def recent_steps(conn: sqlite3.Connection, *, before_step: int | None = None,
     return [summaries[key] for key in sorted(summaries)[-limit:]]
 
 
-def _table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-
-
 def _agent_step_rows(conn: sqlite3.Connection, before_step: int | None, limit: int) -> list[sqlite3.Row]:
-    columns = _table_columns(conn, "agent_steps")
-    if "id" not in columns:
-        return []  # the table is not there (yet): the conversation record alone tells the story
-    skip = " AND outcome != 'skipped'" if "outcome" in columns else ""
     return conn.execute(
-        f"SELECT * FROM agent_steps WHERE id < ?{skip} ORDER BY id DESC LIMIT ?",
+        "SELECT * FROM agent_steps WHERE id < ? AND outcome != 'skipped' ORDER BY id DESC LIMIT ?",
         (before_step if before_step is not None else 2**62, limit),
     ).fetchall()
-
-
-def _json_column(row: sqlite3.Row, name: str) -> Any:
-    if name not in row.keys() or row[name] in (None, ""):
-        return None
-    try:
-        return json.loads(row[name])
-    except (TypeError, ValueError):
-        return None
 
 
 def _step_row_summary(row: sqlite3.Row) -> dict[str, Any]:
@@ -150,18 +134,14 @@ def _step_row_summary(row: sqlite3.Row) -> dict[str, Any]:
     for column, name in (("started_at", "at"), ("policy", "policy"), ("outcome", "outcome")):
         if column in keys and row[column] is not None:
             summary[name] = clock.display_iso(row[column]) if column == "started_at" else row[column]
-    saw = _saw(_json_column(row, "observation"))
+    saw = _saw(stored_json(row["observation"], dict))
     if saw:
         summary["saw"] = saw
     for column in ("actions", "refused", "errors"):
-        items = _json_column(row, column)
-        if items or (column == "actions" and items is not None):  # the step's own account, even of doing nothing
-            summary["did" if column == "actions" else column] = [_condensed_action(item) for item in _listed(items)]
+        items = stored_json(row[column])
+        if items or (column == "actions" and row[column] is not None):  # the step's own account, even of doing nothing
+            summary["did" if column == "actions" else column] = [_condensed_action(item) for item in items]
     return summary
-
-
-def _listed(value: Any) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 SAW_KEYS = ("capacity", "pending_capacity", "spend_per_hour")
@@ -180,6 +160,9 @@ def _saw(observation: Any) -> dict[str, Any]:
     machines = observation.get("machines")
     if isinstance(machines, list):
         saw["machines"] = len(machines)
+    by_state = observation.get("by_state")  # agent-step keeps the fleet as counts by state (observation_summary)
+    if isinstance(by_state, dict):
+        saw["by_state"] = by_state
     return saw
 
 
@@ -353,7 +336,7 @@ def _interest(machine: dict) -> tuple:
         tier = 1
     else:
         tier = 2
-    rate = machine.get("expected_rate") or machine.get("proofs_per_hour") or machine.get("bench_rate") or 0
+    rate = machine.get("expected_rate") or expected_rate(machine, {}, 0.0)
     dph = machine.get("dph") or 0
     per_dollar = (rate / dph) if dph else float("inf")
     return (tier, per_dollar, str(machine.get("label") or ""))

@@ -31,7 +31,7 @@ from ..config import Config
 from ..db import transaction
 from ..errors import BadInput, GuardRefused, Unavailable, VastctlError
 from ..guard import Action, Kind
-from ..observe import Observation, observe
+from ..observe import Observation, observe, stored_json
 from . import rules
 
 if TYPE_CHECKING:
@@ -42,6 +42,12 @@ LEASE_TTL_S = 10 * 60
 OFFERS_SEARCHED = 30
 POLICIES = ("rules", "llm")
 ZERO_TOKENS = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
+LLM_CUT_SHORT = {  # the llm's stop reasons that end a step early: listed under errors, the step still ran (exit 0)
+    "max_rounds": "stopped at agent.max_rounds (or the context budget)",
+    "deadline": "stopped at agent.deadline",
+    "refusal": "the model declined to answer",
+    "max_tokens": "the reply was cut at its token limit (its tool calls were not run)",
+}
 
 
 @dataclass
@@ -85,6 +91,10 @@ def run_step(conn: sqlite3.Connection, provider: "Provider", config: Config, *, 
     """One step. Raises Unavailable (exit 1) when another step holds the lease."""
     env = os.environ if env is None else env
     chosen = resolve_policy(policy, config, env)
+    if chosen == "llm":
+        from . import llm  # the Anthropic SDK itself loads inside llm.run() only
+
+        llm.require(config, env)  # a missing key or price is bad input: nothing asked, nothing written
     now = clock.now()
     if dry_run:
         return _step(conn, provider, config, clock, chosen, now, dry_run=True, if_events=if_events, env=env)
@@ -146,7 +156,7 @@ def wake_reason(obs: Observation, last: Mapping[str, Any] | None, config: Config
     news = [event for event in obs.events if event.get("source") != "agent"]
     if news:
         return f"{len(news)} new event(s), the newest #{news[-1]['id']}"
-    before = json.loads(last["observation"] or "{}").get("demand") or {}
+    before = stored_json(last["observation"], dict).get("demand") or {}
     now_known, was_known = obs.demand.known, bool(before.get("known"))
     if now_known != was_known:
         return "demand became " + ("known" if now_known else "unknown")
@@ -319,12 +329,7 @@ def tool_action(name: str, tool_input: Mapping[str, Any]) -> Action:
 
 
 def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, env: Mapping[str, str]) -> None:
-    try:
-        from . import llm  # the Anthropic SDK loads on this path only
-    except ImportError as exc:
-        if getattr(exc, "name", "") != f"{__package__}.llm":
-            raise
-        raise BadInput("the llm policy is not part of this build: use --policy rules") from None
+    from . import llm
 
     suggestion = [action.view("suggested") for action in rules.plan(executor.obs, executor.config,
                                                                     _offers_if_needed(executor))]
@@ -343,9 +348,11 @@ def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, 
                       execute=execute, clock=clock, step_id=result.step_id, env=env)
     result.tokens = {**ZERO_TOKENS, **(outcome.tokens or {})}
     result.cost = float(outcome.cost or 0.0)
-    if outcome.error:
-        result.outcome = "error"
-        result.errors.append(f"llm: {outcome.error}")
+    if outcome.stop_reason == "error" or outcome.error:
+        result.outcome = "error"  # exit 1: the API failed; the cursor stays for the next step
+        result.errors.append(f"llm: {outcome.error or 'the step failed'}")
+    elif outcome.stop_reason in LLM_CUT_SHORT:
+        result.errors.append(f"llm: {LLM_CUT_SHORT[outcome.stop_reason]} after {outcome.rounds} round(s)")
 
 
 def _search_tool(executor: Executor, tool_input: Mapping[str, Any], make: Callable[..., Any]) -> Any:

@@ -11,15 +11,16 @@ from ..errors import Unavailable
 from .app import JsonOpt, app, globals_of, print_json, print_table, say
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from ..config import Config
     from ..providers.base import Provider
 
 
-def make_provider(config: "Config") -> "Provider":
-    """The market agent-step rents from (tests replace this)."""
+def make_provider(config: "Config", clock: "Clock") -> "Provider":
+    """The market agent-step rents from, on the step's clock (tests replace this)."""
     from ..providers import get_provider
 
-    return get_provider(config)
+    return get_provider(config, clock=clock)
 
 
 demand_app = typer.Typer(help="Proving work waiting: report it, or show what the newest sample says.",
@@ -39,7 +40,8 @@ def demand_report(
     """
     from .. import demand
 
-    demand.report(globals_of(ctx).connect(), queued, proofs_per_hour, now=clock.SYSTEM.now())
+    g = globals_of(ctx)
+    demand.report(g.connect(), queued, proofs_per_hour, now=g.clock.now())
     say(f"demand: {queued} queued" + ("" if proofs_per_hour is None else f", {proofs_per_hour:g} proofs/h"))
 
 
@@ -52,7 +54,7 @@ def demand_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     from .. import demand
 
     g = globals_of(ctx)
-    current = demand.refresh(g.connect(), g.config, now=clock.SYSTEM.now())
+    current = demand.refresh(g.connect(), g.config, now=g.clock.now())
     view = current.view()
     if as_json:
         print_json(view)
@@ -82,7 +84,7 @@ def agent_step_cmd(
 
     g = globals_of(ctx)
     conn = g.connect()
-    result = step.run_step(conn, make_provider(g.config), g.config, clock=clock.SYSTEM, policy=policy,
+    result = step.run_step(conn, make_provider(g.config, g.clock), g.config, clock=g.clock, policy=policy,
                            dry_run=dry_run, if_events=if_events)
     if as_json:
         print_json(result.to_json())

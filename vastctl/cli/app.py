@@ -7,13 +7,14 @@ import os
 import sqlite3
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 import typer
 
 from .. import __version__
 from .. import config as config_module
 from .. import db
+from ..clock import SYSTEM, Clock
 from ..lifecycle import printable
 
 app = typer.Typer(
@@ -29,7 +30,13 @@ app = typer.Typer(
 
 @dataclass
 class Globals:
-    """What the root options say; the config is loaded once, on first use."""
+    """What the root options say; the config is loaded once, on first use.
+
+    `clock` is every command's one source of time: the system clock here, read
+    nowhere else; everything below the CLI is handed it (or the moment it gave).
+    """
+
+    clock: ClassVar[Clock] = SYSTEM
 
     config_path: str | None = None
     db_path: str | None = None
@@ -50,7 +57,7 @@ class Globals:
         return str(self._config.db_path) if self._config is not None else None
 
     def connect(self, *, create: bool = False) -> sqlite3.Connection:
-        return db.connect(self.config.db_path, create=create)
+        return db.connect(self.config.db_path, now=self.clock.now(), create=create)
 
 
 def _print_version(value: bool) -> None:

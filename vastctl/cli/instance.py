@@ -22,9 +22,9 @@ def reports_for(ctx: typer.Context) -> Reports:
     if env_flag("VASTCTL_SERVER"):
         from ..remote import RemoteReports
 
-        return RemoteReports.from_env(os.environ, on_retry=_say_retry)
+        return RemoteReports.from_env(os.environ, clock=globals_of(ctx).clock, on_retry=_say_retry)
     g = globals_of(ctx)
-    return LocalReports(g.connect(), g.config)
+    return LocalReports(g.connect(), g.config, now=g.clock.now())
 
 
 def _say_retry(problem: str, wait: float, remaining: float) -> None:

@@ -27,9 +27,9 @@ def offers_cmd(
     Example: vastctl offers --gpu "RTX 4090" --max-dph 0.6 --limit 5
     """
     g = globals_of(ctx)
-    provider = get_provider(g.config)
+    provider = get_provider(g.config, clock=g.clock)
     found = operations.find_offers(g.connect(), provider, g.config, gpu_names=gpu, max_dph=max_dph,
-                                   min_reliability=min_reliability, limit=limit)
+                                   min_reliability=min_reliability, limit=limit, now=g.clock.now())
     views = [operations.offer_view(offer) for offer in found]
     if as_json:
         print_json(views)
@@ -63,8 +63,9 @@ def launch_cmd(
     g = globals_of(ctx)
     operations.check_launch_request(g.config, offer_id=offer, gpu=gpu, count=count)
     conn = g.connect()
-    provider = get_provider(g.config)
-    result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator")
+    provider = get_provider(g.config, clock=g.clock)
+    result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator",
+                               now=g.clock.now())
     if as_json:
         print_json(result.view())
     else:
@@ -95,7 +96,8 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
     g = globals_of(ctx)
     conn = g.connect()
     _check_rented(lifecycle.resolve(conn, instance), "stop")  # fails before the key is needed
-    row = operations.stop(conn, get_provider(g.config), instance, config=g.config, actor="operator", force=force)
+    row = operations.stop(conn, get_provider(g.config, clock=g.clock), instance, config=g.config, actor="operator",
+                          force=force, now=g.clock.now())
     typer.echo(f"{row['label']} {row['state']}")
 
 
@@ -108,7 +110,8 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     g = globals_of(ctx)
     conn = g.connect()
     _check_rented(lifecycle.resolve(conn, instance), "start")  # fails before the key is needed
-    row = operations.start(conn, get_provider(g.config), g.config, instance, actor="operator")
+    row = operations.start(conn, get_provider(g.config, clock=g.clock), g.config, instance, actor="operator",
+                           now=g.clock.now())
     typer.echo(f"{row['label']} {row['state']} (resumed)")
 
 

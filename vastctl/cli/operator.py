@@ -46,7 +46,7 @@ def fleet_cmd(
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
     g = globals_of(ctx)
-    now = clock.utcnow()
+    now = g.clock.now()
     view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed, now=now)
     if as_json:
         print_json(view)
@@ -121,8 +121,8 @@ def kill_cmd(
     from ..providers import get_provider
 
     g = globals_of(ctx)
-    row, error = operations.operator_kill(g.connect(), g.config, instance, reason, make_provider=get_provider,
-                                          force=force)
+    row, error = operations.operator_kill(g.connect(), g.config, instance, reason, force=force, now=g.clock.now(),
+                                          make_provider=lambda config: get_provider(config, clock=g.clock))
     echo(f"{row['label']} killed")
     if error:
         raise Unavailable(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")
@@ -136,7 +136,8 @@ def notify_cmd(ctx: typer.Context, text: Annotated[str, typer.Argument(help="The
 
     Example: vastctl notify "Curio maintenance 02:00-03:00 UTC, expect an empty queue"
     """
-    event_id = fleet.notify(globals_of(ctx).connect(), text)
+    g = globals_of(ctx)
+    event_id = fleet.notify(g.connect(), text, now=g.clock.now())
     typer.echo(f"note recorded (event {event_id}); the agent reads it at its next step")
 
 
@@ -225,7 +226,7 @@ def settings_set(
     if key in NONZERO_LIMITS and parsed == 0:
         raise BadInput(f"{key} 0 would refuse every launch: give a value above 0"
                        " (to pause launches, set max_instances 0)")
-    changed = settings.set_value(g.connect(), g.config, key, value)
+    changed = settings.set_value(g.connect(), g.config, key, value, now=g.clock.now())
     say(f"{key} = {_setting_text(parsed)}" + ("" if changed else " (unchanged)"))
     if key == "max_instances" and parsed == 0:
         say("warning: max_instances 0 pauses every launch (running machines are kept); set it above 0 to launch again")

@@ -15,13 +15,6 @@ if TYPE_CHECKING:
     from ..providers.base import Provider
 
 
-def pass_clock() -> "Clock":
-    """The clock a pass runs on, its deadline included (tests replace this with a virtual one)."""
-    from ..clock import SYSTEM
-
-    return SYSTEM
-
-
 def make_provider(config: "Config", clock: "Clock") -> "Provider":
     """The market to reconcile against, its backoff on `clock` (tests replace this)."""
     from ..providers import get_provider
@@ -53,7 +46,7 @@ def reconcile_cmd(
 
     g = globals_of(ctx)
     conn = g.connect()
-    clock = pass_clock()
+    clock = g.clock  # the pass's time and its deadline
     result = reconcile.run_pass(conn, make_provider(g.config, clock), g.config, clock=clock, dry_run=dry_run)
     if as_json:
         print_json(result.to_json())

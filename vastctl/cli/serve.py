@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .. import clock, lifecycle, tokens
+from .. import lifecycle, tokens
 from ..errors import BadInput, Refused
 from .app import app, globals_of, say
 
@@ -43,7 +43,7 @@ def serve_cmd(
 
     g = globals_of(ctx)
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
-                             request_timeout=request_timeout, connection_limit=connection_limit, clock=clock.SYSTEM)
+                             request_timeout=request_timeout, connection_limit=connection_limit, clock=g.clock)
     log_handler = _log_to_stderr(access_log)
     if not g.config.server.admin_token:
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
@@ -88,7 +88,7 @@ def token_cmd(
         typer.echo(tokens.machine_token(tokens.read_secret(path), uuid))
         return
     if rotate:
-        count = tokens.rotate_secret(path, now=clock.SYSTEM.now())
+        count = tokens.rotate_secret(path, now=g.clock.now())
         say(f"{path} now holds {count} secrets: new tokens use the new one and every one still verifies"
             " (a running serve picks it up at its next request). Once the machines launched before now are"
             " replaced, run `vastctl token --retire-old`.")

@@ -21,39 +21,39 @@ if TYPE_CHECKING:
     from .base import Provider
 
 
-def get_provider(config: "Config", *, env: Mapping[str, str] | None = None, **options: Any) -> "Provider":
+def get_provider(config: "Config", *, clock: "Clock", env: Mapping[str, str] | None = None,
+                 **options: Any) -> "Provider":
     """The market the config names: `vast` (the real API) or `sim` (the embedded simulated market).
 
-    `options` go to the provider's constructor (e.g. `sleep=` for tests; for
-    `sim`: `conn=` to share a connection, `clock=` for virtual time).
+    `clock` is the caller's (the vast client's backoff sleeps on it; the simulated market runs to its
+    time). `options` go to the provider's constructor (for `sim`: `conn=` to share a connection).
     Raises BadInput (exit 2) naming VAST_API_KEY when `vast` has no key; `sim` needs none.
     """
     env = os.environ if env is None else env
     if config.provider == "sim":
-        return _sim_provider(config, **options)
+        return _sim_provider(config, clock=clock, **options)
     if config.provider != "vast":
         raise BadInput(f"provider {config.provider!r} is not available: set `provider: vast` or `provider: sim`")
     from .vast import VastProvider
 
-    provider = VastProvider.from_env(env, **options)
+    provider = VastProvider.from_env(env, clock=clock, **options)
     if provider is None:
         raise BadInput("no vast.ai API key: set VAST_API_KEY, or run `vastai set api-key KEY`"
                        " (writes ~/.config/vastai/vast_api_key)")
     return provider
 
 
-def _sim_provider(config: "Config", *, conn: "sqlite3.Connection | None" = None, clock: "Clock | None" = None,
+def _sim_provider(config: "Config", *, clock: "Clock", conn: "sqlite3.Connection | None" = None,
                   **options: Any) -> "Provider":
     """The simulated market in the config's state file, its machines reporting straight into that file.
 
     Each report is stamped with the simulated moment it is made, so the file
-    holds the market's time, whatever clock drives it (the system clock here).
+    holds the market's time, whatever clock drives it.
     """
-    from .. import clock as clocks
     from .. import db
     from ..reports import LocalReports
     from .sim import SimProvider
 
-    conn = conn if conn is not None else db.connect(config.db_path)
-    return SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=clock or clocks.SYSTEM,
+    conn = conn if conn is not None else db.connect(config.db_path, now=clock.now())
+    return SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=clock,
                        seed=config.sim.seed, failures=config.sim.failures, **options)

@@ -227,7 +227,7 @@ class SimProvider:
     """The simulated market. `reports(at)` gives the Reports a machine uses for a report made at `at`."""
 
     def __init__(self, conn: sqlite3.Connection, reports: Callable[[datetime], "Reports"], *,
-                 clock: Clock = clocks.SYSTEM, seed: int = 1, failures: str = "default",
+                 clock: Clock, seed: int = 1, failures: str = "default",
                  rates: model.FailureRates | None = None):
         """`failures` names a level of sim_market.FAILURES; `rates` replaces it outright (tuning, tests)."""
         if rates is None and failures not in model.FAILURES:

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import requests
 
 from .. import upstream
-from ..clock import SYSTEM, Clock
+from ..clock import Clock
 from .base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected,
                    RemoteInstance)
 
@@ -75,7 +75,7 @@ class VastProvider:
         timeout: float | tuple[float, float] = TIMEOUT_S,
         attempts: int = ATTEMPTS,
         backoff_s: float = BACKOFF_S,
-        clock: Clock = SYSTEM,
+        clock: Clock,
         deadline: float | None = None,
     ):
         if not api_key:

@@ -1,0 +1,150 @@
+"""`vastctl agent-step --policy llm` end to end: the real agent.llm and Anthropic SDK against the local fake
+Messages API (tests/fake_anthropic.py), a stand-in market, and the requests, rows and output that result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fake_anthropic import FakeMessagesAPI, error, message, text, tool_use
+from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
+from vastctl.agent import memory
+
+TOOL_ORDER = ["launch", "destroy", "stop", "start", "search_offers", "note"]
+PRICES = (0.10, 0.50, 0.01, 0.125)  # the default model's $ per million tokens (CONTRACT.md config)
+NOTE = "vastctl-a is the only running machine: never release it while proofs are queued"
+
+
+@pytest.fixture
+def api(monkeypatch):
+    fake = FakeMessagesAPI()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-0123456789")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def market(monkeypatch):
+    fake = Market()
+    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
+    return fake
+
+
+def opening(body: dict) -> dict:
+    """The JSON inside the data block of a request's opening message."""
+    words = body["messages"][0]["content"][0]["text"]
+    return json.loads(words.split(memory.DATA_OPEN, 1)[1].split(memory.DATA_CLOSE, 1)[0])
+
+
+def step_json(cli, *args):
+    result = cli("agent-step", "--policy", "llm", "--json", *args)
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
+    running(cli, "vastctl-a")
+    assert cli("demand", "report", "--queued", "59").code == 0
+    stop = tool_use("stop", {"label": "vastctl-a"})
+    launch = tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})
+    api.answer(message(text("Short of target; the queue is long."), stop, launch,
+                       tool_use("note", {"text": NOTE}), input_tokens=3000, output_tokens=120, cache_write=900),
+               message(text("Launched one; the stop was refused."), input_tokens=3400, output_tokens=30,
+                       cache_read=900))
+
+    data = step_json(cli)
+
+    # the first request: the tools in their fixed order, the fleet, the demand and the events so far
+    first, second = api.bodies
+    assert [tool["name"] for tool in first["tools"]] == TOOL_ORDER
+    seen = opening(first)
+    observation = seen["observation"]
+    assert [(m["label"], m["state"]) for m in observation["machines"]] == [("vastctl-a", "running")]
+    assert observation["demand"]["queued"] == 59 and observation["demand"]["known"] is True
+    assert observation["capacity_proofs_per_hour"] == 70
+    assert [e["to_state"] for e in observation["events"]] == ["registered", "params_done", "bench_done", "running"]
+    assert seen["suggestion"][0]["kind"] == "launch" and seen["notes"] == [] and seen["recent_steps"] == []
+
+    # the second: what came of each call, the refusal an error naming its limit
+    results = {block["tool_use_id"]: block for block in second["messages"][2]["content"]}
+    assert results[stop["id"]]["is_error"] is True and "never_scale_to_zero" in results[stop["id"]]["content"]
+    assert results[launch["id"]]["is_error"] is False and "launched vastctl-" in results[launch["id"]]["content"]
+
+    # what was bought, and what the step says and keeps
+    assert [call for call in market.calls if call[0] == "create"] == [("create", 1)]
+    assert query(db_path, "SELECT state FROM instances WHERE label = 'vastctl-a'") == [{"state": "running"}]
+    tokens = {"input": 6400, "output": 150, "cache_read": 900, "cache_write": 900}
+    cost = sum(tokens[kind] * price for kind, price in zip(tokens, PRICES)) / 1_000_000
+    assert (data["policy"], data["outcome"], data["skipped"], data["errors"]) == ("llm", "ok", False, [])
+    assert data["tokens"] == tokens and data["cost"] == round(cost, 6)  # to the micro-dollar
+    assert [(a["kind"], a["gpu_name"]) for a in data["actions"]] == [("launch", "RTX 4090")]
+    assert [(r["kind"], r["label"], r["limit"]) for r in data["refused"]] == [("stop", "vastctl-a",
+                                                                             "never_scale_to_zero")]
+    (row,) = query(db_path, "SELECT * FROM agent_steps")
+    assert (row["policy"], row["outcome"]) == ("llm", "ok")
+    assert (row["input_tokens"], row["output_tokens"], row["cache_read_tokens"], row["cache_write_tokens"]) == (
+        6400, 150, 900, 900)
+    assert row["cost"] == pytest.approx(cost)
+    assert [a["kind"] for a in json.loads(row["refused"])] == ["stop"]
+    assert query(db_path, "SELECT step_id, text FROM agent_notes") == [{"step_id": row["id"], "text": NOTE}]
+
+    # the next step: the note, an account of the step before, and only the events after its cursor
+    assert cli("notify", "Curio maintenance at 02:00").code == 0
+    api.answer(message(text("Holding.")))
+    data = step_json(cli)
+    assert data["actions"] == [] and data["tokens"]["input"] == 100
+    seen = opening(api.bodies[2])
+    assert [note["text"] for note in seen["notes"]] == [NOTE]
+    (before,) = seen["recent_steps"]
+    assert before["step"] == row["id"] and before["saw"]["demand_queued"] == 59
+    assert before["saw"]["by_state"] == {"running": 1} and before["saw"]["capacity"] == 70
+    assert [(a["kind"], a["limit"]) for a in before["refused"]] == [("stop", "never_scale_to_zero")]
+    assert [a["kind"] for a in before["did"]] == ["launch"]
+    events = seen["observation"]["events"]
+    assert min(e["id"] for e in events) > max(e["id"] for e in observation["events"])
+    assert ("note", "Curio maintenance at 02:00") in [(e["kind"], e["reason"]) for e in events]
+    assert [m["label"] for m in seen["observation"]["machines"]][0] == "vastctl-a"
+    assert len(seen["observation"]["machines"]) == 2  # the one launched last step, on its way
+
+
+@pytest.mark.parametrize("status", [500, 529])
+def test_an_api_error_buys_nothing_and_exits_1(ready, cli, market, api, db_path, status):
+    assert cli("demand", "report", "--queued", "59").code == 0
+    api.answer(error(status, retry_after=0), error(status, retry_after=0))
+    result = cli("agent-step", "--policy", "llm", "--json")
+    assert result.code == 1
+    assert result.err.strip().splitlines()[-1].startswith("error: llm: Anthropic API error")
+    assert f"HTTP {status}" in result.err
+    data = json.loads(result.out)
+    assert (data["policy"], data["outcome"], data["actions"]) == ("llm", "error", [])
+    assert len(api.requests) == 2  # one retry within the step, no more
+    assert [call for call in market.calls if call[0] != "search"] == []
+    assert query(db_path, "SELECT count(*) AS n FROM instances") == [{"n": 0}]
+    (row,) = query(db_path, "SELECT outcome, errors, input_tokens, cost FROM agent_steps")
+    assert (row["outcome"], row["input_tokens"], row["cost"]) == ("error", 0, 0.0)
+    assert f"HTTP {status}" in json.loads(row["errors"])[0]
+
+
+def test_without_a_key_policy_llm_is_bad_input(ready, cli, market, db_path):
+    result = cli("agent-step", "--policy", "llm")
+    assert result.code == 2 and "ANTHROPIC_API_KEY" in result.err and result.err.startswith("error: ")
+    assert market.calls == [] and query(db_path, "SELECT count(*) AS n FROM agent_steps") == [{"n": 0}]
+
+
+@pytest.mark.parametrize(("stop_reason", "says"), [
+    ("refusal", "the model declined to answer"),
+    ("max_tokens", "the reply was cut at its token limit (its tool calls were not run)"),
+])
+def test_a_step_the_model_cuts_short_ran_and_says_why(ready, cli, market, api, db_path, stop_reason, says):
+    running(cli, "vastctl-a")
+    assert cli("demand", "report", "--queued", "59").code == 0
+    api.answer(message(tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"}), stop_reason=stop_reason))
+    data = step_json(cli)
+    assert (data["outcome"], data["actions"], data["errors"]) == ("ok", [], [f"llm: {says} after 1 round(s)"])
+    assert [call for call in market.calls if call[0] == "create"] == []
+    api.answer(message(text("I would rather not."), stop_reason=stop_reason))
+    result = cli("agent-step", "--policy", "llm")
+    assert result.code == 0 and f"warning: llm: {says}" in result.err
+    assert [r["outcome"] for r in query(db_path, "SELECT outcome FROM agent_steps")] == ["ok", "ok"]
