@@ -105,15 +105,13 @@ def day(tmp_path_factory):
 
 def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
     result, path = day
-    conn = db.connect(path)
+    conn = db.connect(path, now=demo.START)
     start, end = demo.START, demo.START + timedelta(hours=24)
     low, high = clocks.to_iso(start)[:19], clocks.to_iso(end)[:19]
     until = "9999"  # a moment to come may lie past the day, never before it (the wall clock is years before START)
     seen = {}
-    # `migrations` says when this file's schema was made (db.migrate, SQLite's own clock): a fact about the
-    # file, written before the simulated day starts; every other table is the day's
     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
-                                         " AND name NOT LIKE 'sqlite_%' AND name != 'migrations'")]
+                                         " AND name NOT LIKE 'sqlite_%'")]
     for table in tables:
         text_columns = [c[1] for c in conn.execute(f"PRAGMA table_info({table})") if c[2].upper() == "TEXT"]
         for column in text_columns:
@@ -121,7 +119,7 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
                 for moment in ISO_TIME.findall(str(value)):  # JSON columns too (observation, actions, …)
                     assert low <= moment <= (until if (table, column) in SCHEDULED else high), (table, column, moment)
                     seen[(table, column)] = seen.get((table, column), 0) + 1
-    for table, column in (("agent_steps", "started_at"), ("agent_steps", "observation"), ("demand_samples", "at"),
+    for table, column in (("migrations", "applied_at"), ("agent_steps", "started_at"), ("agent_steps", "observation"), ("demand_samples", "at"),
                           ("events", "at"), ("actions", "at"), ("instances", "killed_at"), ("settings", "updated_at"),
                           ("sim_instances", "died_at"), ("vast_listings", "at")):
         assert seen.get((table, column)), (table, column)  # the scan saw each of them: it cannot pass on an empty file
@@ -132,7 +130,7 @@ def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_lev
     result, path = day
     figures = result.figures
     assert all(figures["faults"][kind] > 0 for kind in FAULT_KINDS), figures["faults"]
-    conn = db.connect(path)
+    conn = db.connect(path, now=demo.START)
     codes = {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
     assert {"start_failed", "timeout_registered", "timeout_params_done", "scheduling_timeout"} <= codes, codes
     assert codes & {"exited", "disappeared", "offline"}, codes
@@ -149,7 +147,7 @@ def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_lev
 
 def test_the_demand_source_outage_makes_demand_unknown_and_the_agent_holds(day):
     result, path = day
-    conn = db.connect(path)
+    conn = db.connect(path, now=demo.START)
     outage_from = clocks.to_iso(demo.START + timedelta(hours=demo.OUTAGE[0]))
     outage_to = clocks.to_iso(demo.START + timedelta(hours=demo.OUTAGE[1]))
     assert conn.execute("SELECT count(*) FROM demand_samples WHERE at >= ? AND at < ?",

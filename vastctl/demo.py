@@ -198,8 +198,8 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     if configure is not None:
         configure(config)
     tokens.ensure_secret(config.secret_path)
-    conn = db.connect(config.db_path, create=True)
     clock = VirtualClock(START)
+    conn = db.connect(config.db_path, now=clock.now(), create=True)
     market = get_provider(config, conn=conn, clock=clock)
     truth = _Market(conn)
     curve = DemandCurve(options.seed)
@@ -230,7 +230,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
             demand.report(conn, math.ceil(backlog + curve.coming(minute) - 1e-9), round(sum(done_by_minute[-60:]), 1),
                           now=now)
         try:
-            reconcile.run_pass(conn, market, config, clock=clock, now=now)
+            reconcile.run_pass(conn, market, config, clock=clock)
         except VastctlError:
             errors["reconcile"] += 1  # the listing failed or was distrusted: cron's next pass retries
         try:
