@@ -70,7 +70,9 @@ def test_the_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     commands = re.findall(r"pip install -e '\.\[test\]' && (python -m pytest -q)\n", readme)
     assert commands == ["python -m pytest -q"]
-    assert "pip install --quiet -e '.[test]'" in ci and ci.rstrip().endswith("python -m pytest -q")
+    assert "pip install --quiet -e '.[test]'" in ci and "\npython -m pytest -q\n" in ci
+    demo = "vastctl demo --hours 2 --json > /dev/null"  # after the tests, a short simulated day
+    assert ci.rstrip().endswith(demo) and f"python -m pytest -q\n{demo}" in readme
 
 
 def test_the_readme_quick_start_names_the_python_it_needs():
