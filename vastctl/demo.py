@@ -17,7 +17,7 @@ minute on a VirtualClock:
 
 The demand curve (hours from the start of each simulated day): a daily swing of
 160-400 proofs/hour (low at 03:00, high at 15:00), a burst of +250 from 10:00
-to 11:30, a quiet spell with nothing arriving from 16:30 to 18:30, and an
+to 11:30, a quiet spell with nothing arriving from 16:00 to 19:00, and an
 outage of the demand source from 21:00 to 22:30; ±10% noise per 10 minutes,
 drawn from the seed.
 
@@ -64,7 +64,7 @@ DEFAULT_SEED = 9  # a day in which every failure kind the market has happens at 
 # the demand curve, in hours of the simulated day
 SWING_MEAN, SWING_AMPLITUDE, SWING_PEAK_HOUR = 280.0, 120.0, 15.0
 BURST = (10.0, 11.5, 250.0)  # from, to, extra proofs/hour
-QUIET = (16.5, 18.5)  # nothing arrives
+QUIET = (16.0, 19.0)  # nothing arrives: long enough to pass agent.scale_down_after (1h) and release machines
 OUTAGE = (21.0, 22.5)  # the demand source is down: nothing is reported
 NOISE = 0.10
 

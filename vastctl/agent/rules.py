@@ -10,15 +10,15 @@ policy is shown. In the order `plan()` applies them:
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
                              its way counts: no second launch for it. A machine vast lists as exited, offline or
                              missing is not counted (reconcile is about to kill it).
-  known, capacity above      stop the running machines the fleet can spare (least proofs per dollar first) while
-  target × (1 + headroom),   what is left still covers target × (1 + agent.headroom): when the target falls (the
-  nothing booting            daily swing, an operator's look-ahead going quiet) the fleet follows it down, never
-                             below; not while a machine boots (its rate is still a guess)
   any                        a stopped machine that was resumed once already is destroyed (replaced): it bills
                              storage and is not resumed twice
-  queued == 0 for            stop one machine a step, least proofs per dollar first (stopped, it keeps its disk
-  agent.scale_down_after     and is resumed first when work returns)
+  queued == 0 for            first stop the running machines the fleet can spare above target × (1 + headroom),
+  agent.scale_down_after     least proofs per dollar first, as many as the step allows (not while a machine boots:
+                             its rate is still a guess); with none to spare, stop one machine a step, least proofs
+                             per dollar first (stopped, it keeps its disk and is resumed first when work returns)
   queued == 0, cooling down  hold
+  queued > 0, over target    hold: the fleet never shrinks while work is queued (the incident: 59 queued, no
+                             "active" flag, every machine stopped)
   unknown                    never shrink the fleet (hold), whatever the last known queue said
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
@@ -143,10 +143,16 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason="stopped again after its one resume: replaced, not resumed twice"))
     if has_work(obs):
-        actions.extend(_grow(obs, config, offers, budget - len(actions)) or _trim(obs, config, budget - len(actions)))
-    else:
+        actions.extend(_grow(obs, config, offers, budget - len(actions)))
+    elif _cooled_down(obs, config):
         actions.extend(_trim(obs, config, budget - len(actions)) or _shrink(obs, config, budget - len(actions)))
     return actions
+
+
+def _cooled_down(obs: Observation, config: Config) -> bool:
+    """The queue is known to have been empty for agent.scale_down_after: machines may be released."""
+    since = obs.demand.empty_since
+    return since is not None and (obs.now - since).total_seconds() >= config.agent.scale_down_after
 
 
 def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
@@ -209,12 +215,10 @@ def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
 
 
 def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
-    since = obs.demand.empty_since
-    if since is None or budget < 1:
+    """One machine a step, once the queue has been empty past the cooldown (plan() checks it)."""
+    if budget < 1:
         return []
-    empty_for = (obs.now - since).total_seconds()
-    if empty_for < config.agent.scale_down_after:
-        return []  # cooling down: the queue may refill before a released machine could come back
+    empty_for = (obs.now - obs.demand.empty_since).total_seconds()
     candidates = [m for m in obs.machines if m["state"] in PENDING_STATES | {State.RUNNING}
                   and m.get("vast_id") is not None]
     if not candidates:
