@@ -122,6 +122,15 @@ def test_a_machine_never_changes_the_vast_id_its_launch_recorded(conn):
     assert (row["vast_id"], row["claimed_vast_id"]) == (100, 556)
 
 
+def test_a_launched_machine_cannot_re_say_the_gpu_its_offer_recorded(conn):
+    lifecycle.create(conn, uuid="u1", label="vastctl-u1", state=State.LAUNCHING, reason="t", source="operator",
+                     fields={"vast_id": 100, "offer_id": 7, "gpu_name": "RTX 4090", "num_gpus": 1}, now=T0)
+    row = lifecycle.register(conn, "u1", gpu_name="RTX 5090", num_gpus=8, now=T0)
+    assert (row["state"], row["gpu_name"], row["num_gpus"]) == ("registered", "RTX 4090", 1)
+    adopted = lifecycle.register(conn, "u2", label="vastctl-u2", gpu_name="RTX 5090", num_gpus=2, now=T0)
+    assert (adopted["gpu_name"], adopted["num_gpus"]) == ("RTX 5090", 2)  # no offer: its report is all we know
+
+
 def test_register_of_a_killed_row_is_refused(conn):
     make(conn, State.KILLED)
     with pytest.raises(Refused, match="was killed"):

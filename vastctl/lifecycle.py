@@ -209,7 +209,9 @@ def register(
     The machine's `vast_id` is a claim, kept in `claimed_vast_id`: it never
     sets or changes `vast_id`, which only the manager writes (at launch, or
     when reconcile finds the instance listed under the row's label). Believing
-    it would let one machine point reconcile's destroy at another.
+    it would let one machine point reconcile's destroy at another. Likewise
+    the GPU model and count a launch recorded from the offer stand: the
+    machine's own report fills them in only where the manager knows nothing.
     """
     validate_text(uuid, "--uuid")
     if label is not None:
@@ -232,6 +234,8 @@ def register(
         state = State(row["state"])
         if state is S.KILLED:
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
+        if row["offer_id"] is not None:  # launched by us: the offer said what it is, the machine cannot re-say it
+            details = {k: v for k, v in details.items() if k not in ("gpu_name", "num_gpus") or row[k] is None}
         if state is S.REGISTERED:  # a repeated report: refresh the details, no event
             if details:
                 update_fields(conn, uuid, details)
