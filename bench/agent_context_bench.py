@@ -5,12 +5,11 @@ Each case runs the real `llm.run` with the real Anthropic SDK against the local
 fake Messages API (tests/fake_anthropic.py) and measures the request bodies
 that actually went out: system prompt, tools and messages, tokens estimated as
 memory.estimate_tokens does (characters ÷ 3, high for JSON). The observation
-dicts are built here in the shape agent-step hands to llm.run (TEAM.md:
-Observation.to_prompt — fleet.instance_view rows plus expected_rate, demand,
-settings, events): every tenth machine launching, every tenth fetching
+dicts are built here in the shape agent-step hands to llm.run
+(observe.Observation.to_prompt — fleet.instance_view rows plus expected_rate,
+demand, settings, events): every tenth machine launching, every tenth fetching
 parameters, the rest running. History is written as agent-step and llm.run
-write it: an `agent_steps` row (created here with TEAM.md's columns when the
-file has no such table), the four messages of a two-round step, and a note
+write it: an `agent_steps` row, the four messages of a two-round step, and a note
 every tenth step.
 
 Every case scripts the same typical step: round 1 the model calls `launch`
@@ -45,15 +44,10 @@ from vastctl.config import from_mapping  # noqa: E402
 OUTPUT_TOKENS_PER_ROUND = 150  # a sentence and a tool call or two
 START = datetime(2026, 5, 1, tzinfo=timezone.utc)
 CASES = [(10, 0), (200, 0), (1000, 0), (10, 1000), (1000, 1000)]  # (machines, steps of history)
-AGENT_STEPS = """CREATE TABLE IF NOT EXISTS agent_steps (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT, finished_at TEXT, policy TEXT, outcome TEXT,
-    event_cursor INTEGER, observation TEXT, actions TEXT, refused TEXT, errors TEXT, input_tokens INTEGER,
-    output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER, cost REAL)"""
 
 
 def write_history(conn, steps: int, machines: int) -> None:
     """`steps` past steps of a `machines`-machine fleet, as agent-step and llm.run record them."""
-    conn.execute(AGENT_STEPS)
     stored = json.dumps(fleet_observation(machines, events=5))
     with db.transaction(conn):
         for step_id in range(1, steps + 1):

@@ -34,12 +34,6 @@ from vastctl.config import from_mapping
 
 ADMIN = "bench-admin-token-0123456789abcdef"
 TARGET_S = 0.300
-AGENT_STEPS = """CREATE TABLE IF NOT EXISTS agent_steps (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT,
-  finished_at TEXT, policy TEXT, outcome TEXT, event_cursor INTEGER, observation TEXT, actions TEXT, refused TEXT,
-  errors TEXT, input_tokens INTEGER, output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER,
-  cost REAL)"""
-DEMAND_SAMPLES = """CREATE TABLE IF NOT EXISTS demand_samples (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT,
-  queued INTEGER, proofs_per_hour REAL, source TEXT, ok INTEGER, error TEXT)"""
 BOOTING = ("launching", "registered", "params_done", "bench_done")
 
 
@@ -85,8 +79,6 @@ def build(path: Path, machines: int, now) -> None:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         conn.executemany("INSERT INTO events (at, kind, uuid, label, from_state, to_state, reason, source, code)"
                          " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
-        conn.execute(AGENT_STEPS)
-        conn.execute(DEMAND_SAMPLES)
         minutes = [now - timedelta(minutes=m) for m in range(1440, 0, -1)]
         conn.executemany("INSERT INTO vast_listings (at, ok, instances, error) VALUES (?, ?, ?, ?)",
                          [(iso(t), int(k % 97 != 0), machines, None if k % 97 else "HTTP 502")

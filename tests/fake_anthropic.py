@@ -123,7 +123,7 @@ class FakeMessagesAPI:
         self.thread.join(timeout=5)
 
 
-# --- observation dicts of the shape agent-step passes to llm.run (TEAM.md: Observation.to_prompt) ---------
+# --- observation dicts of the shape agent-step passes to llm.run (observe.Observation.to_prompt) ---------
 
 GPUS = ("RTX 4090", "RTX 5090")
 

@@ -11,10 +11,6 @@ from vastctl.agent import llm, memory
 from vastctl.config import from_mapping
 
 START = datetime(2026, 5, 1, 0, 0, tzinfo=timezone.utc)
-AGENT_STEPS = """CREATE TABLE IF NOT EXISTS agent_steps (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT, finished_at TEXT, policy TEXT, outcome TEXT,
-    event_cursor INTEGER, observation TEXT, actions TEXT, refused TEXT, errors TEXT, input_tokens INTEGER,
-    output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER, cost REAL)"""
 
 
 def data_of(prompt: memory.Prompt) -> dict:
@@ -23,7 +19,7 @@ def data_of(prompt: memory.Prompt) -> dict:
 
 def add_step(conn, step_id: int, *, outcome="ok", policy="rules", observation=None, actions=(), refused=(),
              errors=()):
-    """A row as agent-step writes it (the table's columns are agent-step's; see TEAM.md)."""
+    """A row as agent-step writes it (the columns of db.py's agent_steps migration)."""
     at = clock_module.to_iso(START + timedelta(minutes=5 * step_id))
     conn.execute(
         "INSERT INTO agent_steps (id, started_at, finished_at, policy, outcome, event_cursor, observation, actions,"
@@ -56,7 +52,6 @@ def test_a_small_fleet_is_sent_whole(conn):
 
 
 def test_a_thousand_machines_and_a_thousand_steps_stay_within_the_budget(conn):
-    conn.execute(AGENT_STEPS)
     for step_id in range(1, 1001):
         add_step(conn, step_id, policy="llm", observation=fleet_observation(50),
                  actions=[{"kind": "launch", "count": 1, "ok": True, "result": "launched"}])
@@ -128,7 +123,6 @@ def test_without_agent_steps_the_record_tells_what_was_done_and_what_came_of_it(
 
 
 def test_agent_steps_rows_give_what_each_step_saw_did_and_had_refused(conn):
-    conn.execute(AGENT_STEPS)
     add_step(conn, 1, observation=fleet_observation(4, queued=59),
              actions=[{"action": {"kind": "launch", "count": 2, "gpu_name": "RTX 4090"}, "ok": True}],
              refused=[{"action": {"kind": "stop", "label": "vastctl-00003"}, "why": "last running machine",
