@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import types
 from dataclasses import dataclass, field
@@ -119,6 +120,18 @@ def test_dry_run_buys_nothing(ready, cli, market, db_path):
     assert query(db_path, "SELECT count(*) AS n FROM instances") == [{"n": 0}]
     assert query(db_path, "SELECT outcome FROM agent_steps") == [{"outcome": "dry_run"}]
     assert "dry run: policy rules: 2 action(s), 0 refused" in cli("agent-step", "--dry-run").err
+
+
+def test_without_json_one_line_per_action_and_a_quiet_tick_prints_nothing(ready, cli, market, db_path):
+    running(cli, "vastctl-a")
+    assert cli("demand", "report", "--queued", "59").code == 0
+    result = cli("agent-step", "--if-events")
+    assert result.code == 0, result.err
+    (line,) = result.out.splitlines()  # the format reconcile's lines have: time kind label result: reason
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ launch - launched vastctl-\S+ \(instance \d+\): .+", line)
+    assert "policy rules: 1 action(s), 0 refused" in result.err
+    quiet = cli("agent-step", "--if-events")  # nothing new: cron gets no output, so no mail
+    assert (quiet.code, quiet.out, quiet.err) == (0, "", "")
 
 
 def test_if_events_skips_until_something_happens(ready, cli, market, db_path):

@@ -8,7 +8,7 @@ import typer
 
 from .. import clock
 from ..errors import Unavailable
-from .app import JsonOpt, app, globals_of, print_json, print_table, say
+from .app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -76,9 +76,12 @@ def agent_step_cmd(
 ) -> None:
     """Observe the fleet and the demand, plan, pass every action through the guard, apply.
 
-    Refused actions are listed (exit 0); a failed step (the llm's API down) exits 1 and buys nothing.
+    Prints one line per action (time, kind, label, vast id, result: reason), as reconcile does, and a
+    summary on stderr only when the step did or refused something, so cron mails only then; --json prints
+    the step as one JSON object per line. Refused actions are listed (exit 0); a failed step (the llm's
+    API down) exits 1 and buys nothing.
 
-    Example: * * * * * vastctl agent-step --if-events --json >> /var/log/vastctl/agent-step.jsonl
+    Example: * * * * * vastctl agent-step --if-events >>/var/log/vastctl/agent-step.log 2>&1
     """
     from ..agent import step
 
@@ -88,16 +91,18 @@ def agent_step_cmd(
                            dry_run=dry_run, if_events=if_events)
     if as_json:
         print_json(result.to_json())
-    elif result.actions:
-        print_table(result.actions, ["kind", "label", "result", "reason"])
+    else:
+        print_action_lines(result.actions, g.clock.now())
     if result.skipped:
-        say(f"skipped: {result.reason}")
+        if not quiet_unless_news():
+            say(f"skipped: {result.reason}")
         return
     for item in result.refused:
         say(f"refused: {item['kind']} {item.get('label') or item.get('gpu_name') or ''} ({item['limit']}): {item['why']}")
-    prefix = "dry run: " if dry_run else ""
-    say(f"{prefix}policy {result.policy}: {len(result.actions)} action(s), {len(result.refused)} refused"
-        + (f", {len(result.errors)} error(s)" if result.errors else ""))
+    if not quiet_unless_news(result.actions, result.refused, result.errors, dry_run):
+        prefix = "dry run: " if dry_run else ""
+        say(f"{prefix}policy {result.policy}: {len(result.actions)} action(s), {len(result.refused)} refused"
+            + (f", {len(result.errors)} error(s)" if result.errors else ""))
     if result.outcome == "error":
         raise Unavailable("; ".join(result.errors) or "the step failed")
     for error in result.errors:

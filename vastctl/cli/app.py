@@ -7,11 +7,12 @@ import os
 import sqlite3
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Any, ClassVar, Optional
 
 import typer
 
-from .. import __version__
+from .. import __version__, clock
 from .. import config as config_module
 from .. import db
 from ..clock import SYSTEM, Clock
@@ -117,6 +118,18 @@ def action_line(action: dict[str, Any], at: str) -> str:
     code = f" [{action['code']}]" if action.get("code") else ""
     reason = " ".join(str(action.get("reason") or "").split())
     return f"{at} {action['kind']} {action.get('label') or '-'}{vast} {action.get('result')}: {reason}{code}"
+
+
+def print_action_lines(actions: list[dict[str, Any]], now: datetime) -> None:
+    """The actions of a pass or a step, one escaped line each (action_line), stamped with the time they ran."""
+    at = clock.display_iso(clock.to_iso(now))
+    for action in actions:
+        echo(action_line(action, at))
+
+
+def quiet_unless_news(*news: Any) -> bool:
+    """Cron mails whatever a job prints: a tick that did nothing says nothing, except on a terminal."""
+    return not any(news) and not sys.stderr.isatty()
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:

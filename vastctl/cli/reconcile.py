@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .app import JsonOpt, action_line, app, globals_of, print_json, say
+from .app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -40,7 +39,6 @@ def reconcile_cmd(
 
     Example: * * * * * vastctl reconcile >>/var/log/vastctl/reconcile.log 2>&1
     """
-    from .. import clock as clocks
     from .. import reconcile
     from ..errors import Unavailable
 
@@ -51,13 +49,11 @@ def reconcile_cmd(
     if as_json:
         print_json(result.to_json())
     else:
-        at = clocks.display_iso(clocks.to_iso(clock.now()))
-        for action in result.actions:
-            typer.echo(action_line(action, at))
+        print_action_lines(result.actions, clock.now())
     errors = result.errors[:-1] if result.deadline_passed else result.errors  # the last one says why it stopped
     kills = sum(1 for a in result.actions if a["kind"] == "kill")
     destroys = sum(1 for a in result.actions if a["kind"] == "destroy")
-    if result.actions or errors or dry_run or sys.stderr.isatty():
+    if not quiet_unless_news(result.actions, errors, dry_run):
         prefix = "dry run: " if dry_run else ""
         say(f"{prefix}{result.listed} vast instances listed; {kills} kill(s), {destroys} destroy(s)"
             + (" planned" if dry_run else "")
