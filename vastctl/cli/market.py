@@ -10,7 +10,7 @@ from .. import lifecycle, operations
 from ..errors import Refused, Unavailable
 from ..lifecycle import State
 from ..providers import get_provider
-from .app import JsonOpt, app, fmt_num, globals_of, print_json, print_table, say
+from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
 
 
 @app.command("offers")
@@ -98,7 +98,7 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
     _check_rented(lifecycle.resolve(conn, instance), "stop")  # fails before the key is needed
     row = operations.stop(conn, get_provider(g.config, clock=g.clock), instance, config=g.config, actor="operator",
                           force=force, now=g.clock.now())
-    typer.echo(f"{row['label']} {row['state']}")
+    echo(f"{row['label']} {row['state']}")
 
 
 @app.command("start")
@@ -112,7 +112,7 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     _check_rented(lifecycle.resolve(conn, instance), "start")  # fails before the key is needed
     row = operations.start(conn, get_provider(g.config, clock=g.clock), g.config, instance, actor="operator",
                            now=g.clock.now())
-    typer.echo(f"{row['label']} {row['state']} (resumed)")
+    echo(f"{row['label']} {row['state']} (resumed)")
 
 
 def _check_rented(row: dict, verb: str) -> None:
