@@ -10,6 +10,7 @@ in sqlite3, sqlite-utils and Datasette.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from datetime import datetime
 from pathlib import Path
@@ -210,6 +211,7 @@ def connect(path: str | Path, *, now: datetime, create: bool = False) -> sqlite3
         if not create:
             raise BadInput(f"no state file at {path}: run `vastctl init` first, or point VASTCTL_DB at the file")
         path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
     conn = None
     try:
         conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -227,6 +229,17 @@ def connect(path: str | Path, *, now: datetime, create: bool = False) -> sqlite3
             raise (explain(exc, path) or exc) from exc
         raise
     return conn
+
+
+def _create_private(path: Path) -> None:
+    """Make the new state file empty and mode 600 before SQLite opens it.
+
+    SQLite would make it 644 (less the umask), and it gives the -wal and -shm
+    it creates later the main file's mode: so all three stay readable by the
+    vastctl user only, whatever the umask of whoever ran `init`.
+    """
+    with contextlib.suppress(FileExistsError):  # another init made it a moment ago: open that one
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _check_ours(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:

@@ -385,6 +385,9 @@ def make_server(
             asyncore_use_poll=True,  # select() stops at file descriptor 1024; poll has no such ceiling
             max_request_body_size=WAITRESS_MAX_BODY, max_request_header_size=MAX_HEADERS,
             expose_tracebacks=False, log_untrusted_proxy_headers=False,
+            # waitress would drop X-Forwarded-Proto from every peer before the dashboard sees it; the
+            # dashboard believes it from server.trusted_proxy only (dashboard.Web.tls), and nothing else reads it
+            clear_untrusted_proxy_headers=False,
         )
         dispatcher = ThreadedTaskDispatcher()
         dispatcher.set_thread_count(adj.threads)

@@ -28,6 +28,10 @@ from .upstream import cut
 from .errors import BadInput
 
 MIN_LENGTH = 32
+# What a missing secret file usually means: the command was not pointed at the manager's config.
+NO_SECRET_FIX = ("point VASTCTL_CONFIG (or --config) at the config that names the state file, or set"
+                 " server.secret_file, or restore the secret from a backup; `vastctl init` would make a new one,"
+                 " which no running machine's token matches")
 
 
 def ensure_secret(path: Path) -> bool:
@@ -165,7 +169,7 @@ def _read_lines(path: Path) -> list[tuple[bytes, datetime | None]]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise BadInput(f"no token secret at {path}: run `vastctl init` (or set server.secret_file)") from None
+        raise BadInput(f"no token secret at {path}: {NO_SECRET_FIX}") from None
     lines = []
     for number, line in enumerate(text.splitlines(), 1):
         secret, _, comment = line.partition("#")
@@ -198,6 +202,7 @@ def _write_lines(path: Path, lines: list[tuple[bytes, datetime | None]]) -> None
                    for secret, added in lines)
     temporary = path.with_name(path.name + ".new")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover .new of another mode keeps its mode through O_CREAT
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
         handle.flush()

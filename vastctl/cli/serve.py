@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -78,11 +79,11 @@ def token_cmd(
     Example: vastctl token --uuid 0f1c2d3e-…   (rotating: --rotate now, --retire-old once old machines are gone)
     """
     g = globals_of(ctx)
-    path = g.config.secret_path
     if sum((uuid is not None, rotate, retire_old)) != 1:
         raise BadInput("give one of --uuid U (print its token), --rotate or --retire-old")
     if force and not retire_old:
         raise BadInput("--force goes with --retire-old only")
+    path = _existing_secret(g.config)
     if uuid is not None:
         lifecycle.validate_text(uuid, "--uuid")
         typer.echo(tokens.machine_token(tokens.read_secret(path), uuid))
@@ -106,6 +107,24 @@ def token_cmd(
     retired = tokens.retire_old_secrets(path)
     say(f"retired {retired} old secret(s) from {path}: only tokens signed with the newest one work now"
         if retired else f"{path} holds one secret: nothing to retire")
+
+
+def _existing_secret(config) -> Path:
+    """The token secret file, or an error saying where it was looked for and why.
+
+    A missing file almost always means the command ran without the manager's
+    config (`sudo -u vastctl vastctl token …` finds the vastctl user's default
+    paths), and `init` there would start a second state file beside the real one.
+    """
+    path = config.secret_path
+    if path.exists():
+        return path
+    if config.server.secret_file:
+        whence = f"server.secret_file in {config.source}"
+    else:
+        whence = (f"beside the state file {config.db_path}; "
+                  + (f"config {config.source}" if config.source else "no config file was read"))
+    raise BadInput(f"no token secret at {path} ({whence}): {tokens.NO_SECRET_FIX}")
 
 
 def _interrupt(signum, frame) -> None:
