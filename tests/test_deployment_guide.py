@@ -245,16 +245,19 @@ def test_rolling_the_token_secret_runs_as_written(sandbox):
     assert copy.read_text() == sandbox.secret.read_text() and _mode(copy) == 0o600
 
 
-def test_a_token_command_without_the_config_says_how_to_find_the_state_file_and_makes_nothing(sandbox):
-    """`sudo -u vastctl vastctl token --rotate` finds the vastctl user's defaults, not the manager's files."""
+def test_a_command_without_the_config_says_how_to_find_the_state_file_and_makes_nothing(sandbox):
+    """A bare `sudo -u vastctl vastctl …` finds the vastctl user's default paths, not the manager's files."""
     sandbox.set_up()
     before = sandbox.secret.read_text()
     result = sandbox.sh("vastctl token --rotate", check=False)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: no token secret at ")
     assert "VASTCTL_CONFIG" in result.stderr and "no config file was read" in result.stderr
-    assert "beside the state file" in result.stderr and "second" not in result.stdout
+    assert f"beside the state file {sandbox.home}/.local/share/vastctl/vastctl.db" in result.stderr
     assert "`vastctl init` would make a new one" in result.stderr
+    result = sandbox.sh("vastctl fleet", check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: no state file at ") and "VASTCTL_CONFIG" in result.stderr
     assert not (sandbox.home / ".local").exists() and sandbox.secret.read_text() == before
 
 

@@ -209,7 +209,8 @@ def connect(path: str | Path, *, now: datetime, create: bool = False) -> sqlite3
     path = Path(path).expanduser()
     if str(path) != ":memory:" and not path.exists():
         if not create:
-            raise BadInput(f"no state file at {path}: run `vastctl init` first, or point VASTCTL_DB at the file")
+            raise BadInput(f"no state file at {path}: point VASTCTL_CONFIG (or --config) at the config that names"
+                           " the state file, or VASTCTL_DB (or --db) at the file; `vastctl init` sets up a new one")
         path.parent.mkdir(parents=True, exist_ok=True)
         _create_private(path)
     conn = None
