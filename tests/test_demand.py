@@ -137,6 +137,19 @@ def test_empty_since_is_the_start_of_the_current_empty_run(conn):
     assert demand.current(conn, cfg(), now=NOW + timedelta(minutes=33)).empty_since is None
 
 
+def test_work_in_flight_or_coming_breaks_the_empty_run(conn):
+    """Claimed tasks and PoRep tasks about to come are work: the fleet's cooldown starts when they are gone too."""
+    at = [NOW + timedelta(minutes=m) for m in range(6)]
+    demand.report(conn, 0, None, now=at[0])  # an old-style report: in flight and coming unsaid, counted as 0
+    demand.report(conn, 0, None, now=at[1], in_flight=4, lookahead=0)
+    assert demand.current(conn, cfg(), now=at[1]).empty_since is None
+    demand.report(conn, 0, None, now=at[2], in_flight=0, lookahead=9)
+    assert demand.current(conn, cfg(), now=at[2]).empty_since is None
+    demand.report(conn, 0, None, now=at[3], in_flight=0, lookahead=0)
+    demand.report(conn, 0, None, now=at[4])
+    assert demand.current(conn, cfg(), now=at[4]).empty_since == at[3]
+
+
 # --- the CLI ----------------------------------------------------------------------------------------
 
 
@@ -231,3 +244,22 @@ def test_curio_demand_fails_on_odd_output(fake_psql, counts):
     result = run_script(fake_psql, FAKE_COUNTS=counts)
     assert result.returncode != 0 and result.stdout == "" and "expected four counts" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("field", ["queued", "proofs_per_hour", "in_flight"])
+def test_an_agent_step_reads_a_400_digit_number_as_unknown_demand(ready, cli, tmp_path, monkeypatch, field):
+    """The step runs and holds (unknown demand), naming the cause; it does not fail on the number."""
+    import yaml
+
+    digits = "9" * 400
+    body = {"queued": 1, field: digits} if field != "queued" else {"queued": digits}
+    text = "{" + ", ".join(f'"{k}": {v}' for k, v in body.items()) + "}"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"demand": {"command": f"echo '{text}'"}}))
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    market = type("EmptyMarket", (), {"list_instances": lambda self: [], "search_offers": lambda self, query: []})()
+    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: market)
+    result = cli("agent-step", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    step = json.loads(result.out)
+    assert step["demand"]["known"] is False and "a number of 400 digits (out of range)" in step["demand"]["error"]
