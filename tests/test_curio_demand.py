@@ -230,6 +230,18 @@ def test_the_connection_parts_build_the_url(cluster):
     assert result.returncode == 0 and json.loads(result.stdout) == truth()
 
 
+def test_the_grants_docs_curio_demand_md_lists_are_enough(cluster):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "curio-demand.md").read_text()
+    grants = doc.split("```sql\n", 1)[1].split("```", 1)[0]
+    cluster.sql(grants.replace("'SECRET'", "'reader-password'"))
+    url = cluster.url().replace(f"{pg.USER}:{pg.PASSWORD}@", "vastctl_demand:reader-password@")
+    result = run_script(CURIO_DB_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == truth()
+    denied = run_script(CURIO_DB_URL=url, CURIO_DB_SCHEMA="curio_idle")
+    assert denied.returncode == 1 and denied.stderr.startswith("curio-demand: permission denied: ")
+
+
 @pytest.mark.parametrize("schema", ["curio; DROP TABLE curio.harmony_task", "1curio", "cu-rio", "curio.x", "curio x"])
 def test_a_schema_that_is_not_a_plain_identifier_is_refused_before_psql_runs(cluster, schema):
     result = run_script(CURIO_DB_URL=cluster.url(), CURIO_DB_SCHEMA=schema)

@@ -150,6 +150,16 @@ def test_work_in_flight_or_coming_breaks_the_empty_run(conn):
     assert demand.current(conn, cfg(), now=at[4]).empty_since == at[3]
 
 
+def test_the_observation_carries_in_flight_and_lookahead(conn):
+    from vastctl.observe import observe
+
+    demand.report(conn, 1, 20.0, now=NOW, in_flight=6, lookahead=12)
+    obs = observe(conn, cfg(), now=NOW)
+    assert (obs.demand.in_flight, obs.demand.lookahead, obs.demand.work) == (6, 12, 19)
+    prompt = obs.to_prompt()["demand"]
+    assert (prompt["queued"], prompt["in_flight"], prompt["lookahead"]) == (1, 6, 12)
+
+
 # --- the CLI ----------------------------------------------------------------------------------------
 
 
