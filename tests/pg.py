@@ -61,15 +61,16 @@ class Cluster:
 
     def __init__(self) -> None:
         self.bin = bindir()
-        self.root = Path(tempfile.mkdtemp(prefix="vastctl-pg-"))
-        self.data = self.root / "data"
-        self.sockets = self.root / "sockets"
-        self.log = self.root / "postgres.log"
-        self.port = _free_port()
         self._owner: tuple[int, int] | None = None
         if os.geteuid() == 0:
             entry = pwd.getpwnam("nobody")
             self._owner = (entry.pw_uid, entry.pw_gid)
+        # as root, in /tmp itself: $TMPDIR or pytest's directories may be closed to `nobody`
+        self.root = Path(tempfile.mkdtemp(prefix="vastctl-pg-", dir="/tmp" if self._owner else None))
+        self.data = self.root / "data"
+        self.sockets = self.root / "sockets"
+        self.log = self.root / "postgres.log"
+        self.port = _free_port()
 
     def _run(self, *args: str, check: bool = True, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
         """Run a server binary as the cluster's owner (never root)."""

@@ -120,9 +120,9 @@ TASKS = [
 ]
 # (name, minutes before now the run ended, succeeded)
 HISTORY = [
-    ("PoRep", 2, True), ("PoRep", 30, True), ("UpdateProve", 45, True), ("PSProve", 58, True),
+    ("PoRep", 2, True), ("PoRep", 30, True), ("UpdateProve", 45, True), ("PSProve", 50, True),
     ("PoRep", 20, False), ("PSProve", 10, False),           # failures in the hour
-    ("PoRep", 62, True), ("UpdateProve", 180, True),        # successes before the hour
+    ("PoRep", 70, True), ("UpdateProve", 180, True),        # successes before the hour (10 min margins: a slow run)
     ("SDR", 5, True), ("WdPost", 1, True), ("TreeRC", 15, True),  # not proving work
 ]
 # sectors at each stage: (after_precommit_msg, after_precommit_msg_success, porep task, after_porep, failed)

@@ -160,6 +160,29 @@ def test_the_observation_carries_in_flight_and_lookahead(conn):
     assert (prompt["queued"], prompt["in_flight"], prompt["lookahead"]) == (1, 6, 12)
 
 
+def test_samples_kept_before_the_new_columns_read_as_queued_only(db_path):
+    """A state file from before in_flight/lookahead: its samples survive the migration and stay whole."""
+    import sqlite3
+
+    from vastctl import db
+
+    number = next(i for i, (name, _) in enumerate(db.MIGRATIONS, 1) if name == "demand samples: in flight and look-ahead")
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for version, (name, sql) in enumerate(db.MIGRATIONS[: number - 1], 1):
+        for statement in db._statements(sql):
+            raw.execute(statement)
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-11-30T00:00:00.000000Z')", (version, name))
+    raw.execute(f"PRAGMA user_version = {number - 1}")
+    raw.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES"
+                " ('2026-11-30T12:00:00.000000Z', 59, 310.0, 'report', 1)")
+    raw.close()
+    conn = db.connect(db_path, now=NOW)
+    current = demand.current(conn, cfg(), now=NOW)
+    assert (current.known, current.queued, current.in_flight, current.lookahead, current.work) == (True, 59, None, None, 59)
+    conn.close()
+
+
 # --- the CLI ----------------------------------------------------------------------------------------
 
 
