@@ -22,12 +22,8 @@ TASKS="'PoRep','UpdateProve','PSProve'"
 
 fail() { echo "curio-demand: $*" >&2; exit 1; }
 
-case "$SCHEMA" in
-    [A-Za-z_]*) ;;
-    *) fail "CURIO_DB_SCHEMA '$SCHEMA' is not a plain identifier (letters, digits, _; e.g. curio)" ;;
-esac
-case "$SCHEMA" in
-    *[!A-Za-z0-9_]*) fail "CURIO_DB_SCHEMA '$SCHEMA' is not a plain identifier (letters, digits, _; e.g. curio)" ;;
+case "$SCHEMA" in  # it is pasted into the SQL: a plain identifier only
+    [!A-Za-z_]*|*[!A-Za-z0-9_]*) fail "CURIO_DB_SCHEMA '$SCHEMA' is not a plain identifier (letters, digits, _; e.g. curio)" ;;
 esac
 command -v psql >/dev/null 2>&1 || fail "psql not found on PATH (install postgresql-client)"
 

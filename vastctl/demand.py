@@ -26,7 +26,7 @@ import os
 import signal
 import sqlite3
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -95,9 +95,8 @@ def validate_optional_count(name: str, value: Any) -> int | None:
 def validate_rate(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_COUNT:
-        raise BadInput(f"proofs_per_hour must be at most {MAX_COUNT:,} (past any real rate), got {_show(value)}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            or (isinstance(value, float) and not math.isfinite(value))):  # math.isfinite(10**400) would overflow
         raise BadInput(f"proofs_per_hour must be a finite number ≥ 0, got {_show(value)}")
     if value > MAX_COUNT:
         raise BadInput(f"proofs_per_hour must be at most {MAX_COUNT:,} (past any real rate), got {_show(value)}")
@@ -140,7 +139,7 @@ def report(conn: sqlite3.Connection, queued: int, proofs_per_hour: float | None,
     sample = Sample(queued=validate_queued(queued), proofs_per_hour=validate_rate(proofs_per_hour),
                     in_flight=validate_optional_count("in_flight", in_flight),
                     lookahead=validate_optional_count("lookahead", lookahead))
-    return record(conn, source="report", now=now, **vars(sample))
+    return record(conn, source="report", now=now, **asdict(sample))
 
 
 def parse_output(text: str) -> Sample:
@@ -200,7 +199,7 @@ def sample_command(conn: sqlite3.Connection, config: Config, *, now: datetime, r
         error = f"demand.command could not run: {exc}"
     except BadInput as exc:
         error = str(exc)
-    record(conn, source="command", now=now, error=error, **(vars(sample) if sample else {}))
+    record(conn, source="command", now=now, error=error, **(asdict(sample) if sample else {}))
     return current(conn, config, now=now)
 
 
