@@ -182,8 +182,9 @@ def cluster():
     reason = pg.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    server = pg.Cluster().start()
+    server = pg.Cluster()
     try:
+        server.start()
         load_curio(server, "curio", rows=True)
         load_curio(server, "curio_idle", rows=False)  # a Curio with nothing to prove
         load_curio(server, "curio_locked", rows=True)  # one test locks it
