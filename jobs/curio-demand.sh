@@ -1,29 +1,66 @@
 #!/bin/sh
-# Curio's proving demand for vastctl: prints {"queued": N, "proofs_per_hour": X} (demand.command in the config).
+# Curio's proving demand for vastctl (demand.command in the config); prints one line:
+#   {"queued": N, "in_flight": N, "lookahead": N, "proofs_per_hour": X}
 #
 #   demand:
 #     command: "CURIO_DB_URL=postgres://yugabyte:yugabyte@yb.internal:5433/yugabyte /usr/local/bin/curio-demand.sh"
 #
-# queued:          unclaimed (owner_id IS NULL) harmony tasks of the three SNARK kinds cuzk proves
-# proofs_per_hour: those kinds finished successfully in the last hour
-# Any failure (psql missing, database unreachable, odd output) exits non-zero with a line on stderr:
-# vastctl then treats demand as unknown and never shrinks the fleet on it.
+# queued:          PoRep/UpdateProve/PSProve tasks no Curio node has claimed yet (owner_id IS NULL; a retry too)
+# in_flight:       those tasks claimed by a node (with cuzk: waiting or proving at a daemon)
+# lookahead:       sectors precommitted on chain whose PoRep task is not created yet (it comes ~75 min later)
+# proofs_per_hour: those tasks finished successfully in the last hour
+#
+# Curio keeps its tables in schema "curio" (CURIO_DB_SCHEMA to change it); every name is qualified with it.
+# One statement, one snapshot. Bounded well under vastctl's 20 s: connecting 5 s, waiting for a lock 5 s,
+# the statement 10 s, so no backend is left waiting on the database. Any failure exits non-zero with one
+# line on stderr naming the cause; vastctl then treats demand as unknown and never shrinks the fleet on it.
 set -eu
 
 URL="${CURIO_DB_URL:-postgres://${CURIO_DB_USER:-yugabyte}:${CURIO_DB_PASSWORD:-yugabyte}@${CURIO_DB_HOST:-127.0.0.1}:${CURIO_DB_PORT:-5433}/${CURIO_DB_NAME:-yugabyte}}"
+SCHEMA="${CURIO_DB_SCHEMA:-curio}"
 TASKS="'PoRep','UpdateProve','PSProve'"
 
-count() {
-    psql "$URL" -X -q -t -A -v ON_ERROR_STOP=1 -c "$1"
-}
+fail() { echo "curio-demand: $*" >&2; exit 1; }
 
-queued=$(count "SELECT count(*) FROM harmony_task WHERE name IN ($TASKS) AND owner_id IS NULL")
-# work_end is a TIMESTAMP without time zone: compared in the session's time zone (set PGTZ if Curio's differs)
-finished=$(count "SELECT count(*) FROM harmony_task_history WHERE name IN ($TASKS) AND result AND work_end > now() - interval '1 hour'")
+case "$SCHEMA" in  # it is pasted into the SQL: a plain identifier only
+    [!A-Za-z_]*|*[!A-Za-z0-9_]*) fail "CURIO_DB_SCHEMA '$SCHEMA' is not a plain identifier (letters, digits, _; e.g. curio)" ;;
+esac
+command -v psql >/dev/null 2>&1 || fail "psql not found on PATH (install postgresql-client)"
 
-for value in "$queued" "$finished"; do
+SQL="SELECT
+  (SELECT count(*) FROM $SCHEMA.harmony_task WHERE name IN ($TASKS) AND owner_id IS NULL),
+  (SELECT count(*) FROM $SCHEMA.harmony_task WHERE name IN ($TASKS) AND owner_id IS NOT NULL),
+  (SELECT count(*) FROM $SCHEMA.sectors_sdr_pipeline
+    WHERE after_precommit_msg_success AND NOT after_porep AND NOT failed AND task_id_porep IS NULL),
+  (SELECT count(*) FROM $SCHEMA.harmony_task_history
+    WHERE name IN ($TASKS) AND result AND work_end > now() - interval '1 hour')"
+
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
+if ! counts=$(PGCONNECT_TIMEOUT=5 PGAPPNAME=curio-demand psql "$URL" -X -q -t -A -F ' ' -v ON_ERROR_STOP=1 \
+        -c "SET statement_timeout = '10s'" -c "SET lock_timeout = '5s'" -c "$SQL" 2>"$errors"); then
+    why=$(grep -m 1 -E 'ERROR|FATAL|error' "$errors" || head -n 1 "$errors")
+    case "$why" in
+        *"authentication failed"*|*"no password supplied"*|*"role \""*"does not exist"*) cause="authentication failed" ;;
+        *"lock timeout"*) cause="timeout: waited 5 s for a lock" ;;
+        *"statement timeout"*) cause="timeout: the query ran past 10 s" ;;
+        *"timeout expired"*) cause="cannot connect: timeout (5 s)" ;;
+        *"database \""*"does not exist"*) cause="no such database" ;;
+        *"does not exist"*) cause="missing schema or table (CURIO_DB_SCHEMA is '$SCHEMA')" ;;
+        *"permission denied"*) cause="permission denied" ;;
+        *"connection to server"*|*"could not translate host name"*|*"could not connect"*) cause="cannot connect" ;;
+        *) cause="psql failed" ;;
+    esac
+    fail "$cause: $why"
+fi
+
+read -r queued in_flight lookahead finished <<EOF
+$counts
+EOF
+for value in "$queued" "$in_flight" "$lookahead" "$finished"; do
     case "$value" in
-        ''|*[!0-9]*) echo "curio-demand: psql printed '$value', expected a count" >&2; exit 1 ;;
+        ''|*[!0-9]*) fail "psql printed '$counts', expected four counts" ;;
     esac
 done
-printf '{"queued": %s, "proofs_per_hour": %s}\n' "$queued" "$finished"
+printf '{"queued": %s, "in_flight": %s, "lookahead": %s, "proofs_per_hour": %s}\n' \
+    "$queued" "$in_flight" "$lookahead" "$finished"

@@ -33,7 +33,7 @@ PINNED = {
     "locks": ["name", "holder", "acquired_at", "expires_at"],
     "agent_messages": ["id", "step_id", "at", "role", "content"],
     "agent_notes": ["id", "step_id", "at", "text"],
-    "demand_samples": ["id", "at", "queued", "proofs_per_hour", "source", "ok", "error"],
+    "demand_samples": ["id", "at", "queued", "proofs_per_hour", "source", "ok", "error", "in_flight", "lookahead"],
     "agent_steps": [
         "id", "started_at", "finished_at", "policy", "outcome", "event_cursor", "observation", "actions", "refused",
         "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost",

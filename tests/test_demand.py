@@ -23,8 +23,8 @@ def cfg(command="", stale="15m"):
 
 
 def samples(conn):
-    return [dict(r) for r in conn.execute("SELECT at, queued, proofs_per_hour, source, ok, error FROM demand_samples"
-                                          " ORDER BY id")]
+    return [dict(r) for r in conn.execute("SELECT at, queued, in_flight, lookahead, proofs_per_hour, source, ok, error"
+                                          " FROM demand_samples ORDER BY id")]
 
 
 def test_no_sample_is_unknown(conn):
@@ -42,11 +42,43 @@ def test_a_report_is_known_until_stale(conn):
 
 
 @pytest.mark.parametrize("queued, rate", [(-1, None), (1.5, None), (True, None), ("3", None), (3, -2.0),
-                                          (3, float("nan")), (3, float("inf"))])
+                                          (3, float("nan")), (3, float("inf")), (10**400, None), (3, 10**400),
+                                          (2**63, None), (1_000_000_001, None), (3, 1e308)])
 def test_bad_reports_change_nothing(conn, queued, rate):
     with pytest.raises(BadInput):
         demand.report(conn, queued, rate, now=NOW)
     assert samples(conn) == []
+
+
+@pytest.mark.parametrize("field, value", [("in_flight", -1), ("in_flight", 2.5), ("lookahead", True),
+                                          ("lookahead", 10**400), ("in_flight", "7")])
+def test_bad_optional_counts_change_nothing(conn, field, value):
+    with pytest.raises(BadInput, match=field):
+        demand.report(conn, 3, None, now=NOW, **{field: value})
+    assert samples(conn) == []
+
+
+def test_in_flight_and_lookahead_are_kept_and_shown(conn):
+    demand.report(conn, 2, 40.0, now=NOW, in_flight=10, lookahead=24)
+    current = demand.current(conn, cfg(), now=NOW)
+    assert (current.queued, current.in_flight, current.lookahead, current.work) == (2, 10, 24, 36)
+    assert {k: current.view()[k] for k in ("queued", "in_flight", "lookahead")} == {
+        "queued": 2, "in_flight": 10, "lookahead": 24}
+
+
+def test_a_report_with_only_queued_stays_whole(conn):
+    demand.report(conn, 5, None, now=NOW)
+    current = demand.current(conn, cfg(), now=NOW)
+    assert current.known and (current.queued, current.in_flight, current.lookahead, current.work) == (5, None, None, 5)
+    assert current.view()["in_flight"] is None and current.view()["lookahead"] is None
+
+
+def test_the_command_reports_in_flight_and_lookahead(conn):
+    command = cfg("""echo '{"queued": 0, "in_flight": 7, "lookahead": 3, "proofs_per_hour": 12}'""")
+    current = demand.refresh(conn, command, now=NOW)
+    assert (current.known, current.queued, current.in_flight, current.lookahead, current.proofs_per_hour) == (
+        True, 0, 7, 3, 12.0)
+    assert [(r["queued"], r["in_flight"], r["lookahead"]) for r in samples(conn)] == [(0, 7, 3)]
 
 
 def test_the_command_is_sampled_and_every_sample_kept(conn):
@@ -69,6 +101,18 @@ def test_the_command_is_sampled_and_every_sample_kept(conn):
     ("""echo '{"queued": -3}'""", "queued must be a whole number"),
     ("""echo '{"queued": 3, "proofs_per_hour": "many"}'""", "proofs_per_hour must be"),
     ("true", "printed no JSON"),
+    ("""echo '{"queued": 3, "in_flight": -1}'""", "in_flight must be a whole number"),
+    ("""echo '{"queued": 3, "lookahead": "soon"}'""", "lookahead must be a whole number"),
+    # numbers past range: unknown demand with the cause, never an unexpected error
+    ("""printf '{"queued": %s}' $(printf '9%.0s' $(seq 400))""", "a number of 400 digits (out of range)"),
+    ("""printf '{"queued": 1, "proofs_per_hour": %s}' $(printf '9%.0s' $(seq 400))""", "a number of 400 digits"),
+    ("""printf '{"queued": %s}' $(printf '9%.0s' $(seq 6000))""", "a number of 6000 digits"),
+    ("""echo '{"queued": 9223372036854775808}'""", "queued must be at most 1,000,000,000"),
+    ("""echo '{"queued": 12345678901234567890}'""", "a number of 20 digits"),
+    ("""echo '{"queued": 1000000001}'""", "queued must be at most 1,000,000,000"),
+    ("""echo '{"queued": 1, "proofs_per_hour": 1e400}'""", "proofs_per_hour must be a finite number"),
+    ("""echo '{"queued": 1, "proofs_per_hour": 1e300}'""", "proofs_per_hour must be at most"),
+    ("""echo '{"queued": 1, "lookahead": 99999999999}'""", "lookahead must be at most"),
 ])
 def test_garbage_is_unknown(conn, command, why):
     current = demand.refresh(conn, cfg(command), now=NOW)
@@ -93,6 +137,52 @@ def test_empty_since_is_the_start_of_the_current_empty_run(conn):
     assert demand.current(conn, cfg(), now=NOW + timedelta(minutes=33)).empty_since is None
 
 
+def test_work_in_flight_or_coming_breaks_the_empty_run(conn):
+    """Claimed tasks and PoRep tasks about to come are work: the fleet's cooldown starts when they are gone too."""
+    at = [NOW + timedelta(minutes=m) for m in range(6)]
+    demand.report(conn, 0, None, now=at[0])  # an old-style report: in flight and coming unsaid, counted as 0
+    demand.report(conn, 0, None, now=at[1], in_flight=4, lookahead=0)
+    assert demand.current(conn, cfg(), now=at[1]).empty_since is None
+    demand.report(conn, 0, None, now=at[2], in_flight=0, lookahead=9)
+    assert demand.current(conn, cfg(), now=at[2]).empty_since is None
+    demand.report(conn, 0, None, now=at[3], in_flight=0, lookahead=0)
+    demand.report(conn, 0, None, now=at[4])
+    assert demand.current(conn, cfg(), now=at[4]).empty_since == at[3]
+
+
+def test_the_observation_carries_in_flight_and_lookahead(conn):
+    from vastctl.observe import observe
+
+    demand.report(conn, 1, 20.0, now=NOW, in_flight=6, lookahead=12)
+    obs = observe(conn, cfg(), now=NOW)
+    assert (obs.demand.in_flight, obs.demand.lookahead, obs.demand.work) == (6, 12, 19)
+    prompt = obs.to_prompt()["demand"]
+    assert (prompt["queued"], prompt["in_flight"], prompt["lookahead"]) == (1, 6, 12)
+
+
+def test_samples_kept_before_the_new_columns_read_as_queued_only(db_path):
+    """A state file from before in_flight/lookahead: its samples survive the migration and stay whole."""
+    import sqlite3
+
+    from vastctl import db
+
+    number = next(i for i, (name, _) in enumerate(db.MIGRATIONS, 1) if name == "demand samples: in flight and look-ahead")
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for version, (name, sql) in enumerate(db.MIGRATIONS[: number - 1], 1):
+        for statement in db._statements(sql):
+            raw.execute(statement)
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-11-30T00:00:00.000000Z')", (version, name))
+    raw.execute(f"PRAGMA user_version = {number - 1}")
+    raw.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES"
+                " ('2026-11-30T12:00:00.000000Z', 59, 310.0, 'report', 1)")
+    raw.close()
+    conn = db.connect(db_path, now=NOW)
+    current = demand.current(conn, cfg(), now=NOW)
+    assert (current.known, current.queued, current.in_flight, current.lookahead, current.work) == (True, 59, None, None, 59)
+    conn.close()
+
+
 # --- the CLI ----------------------------------------------------------------------------------------
 
 
@@ -107,13 +197,28 @@ def test_cli_report_then_show_json(ready, cli, db_path):
     assert "59 queued" in cli("demand", "show").out
 
 
-@pytest.mark.parametrize("args", [["--queued", "-1"], ["--queued", "x"], [], ["--queued", "3", "--proofs-per-hour", "-1"]])
+@pytest.mark.parametrize("args", [
+    ["--queued", "-1"], ["--queued", "x"], [], ["--queued", "3", "--proofs-per-hour", "-1"],
+    ["--queued", "9" * 400], ["--queued", str(2**63)], ["--queued", "3", "--proofs-per-hour", "9" * 400],
+    ["--queued", "3", "--proofs-per-hour", "1e308"], ["--queued", "3", "--in-flight", "-1"],
+    ["--queued", "3", "--in-flight", "9" * 400], ["--queued", "3", "--lookahead", "1.5"],
+    ["--queued", "3", "--lookahead", "1000000001"],
+])
 def test_cli_bad_report_changes_nothing(ready, cli, db_path, args):
     result = cli("demand", "report", *args)
     assert result.code == 2 and result.err.startswith("error: ") and "Traceback" not in result.err
+    assert result.err.count("\n") == 1 and "unexpected" not in result.err
     from vastctl import db
 
     assert db.connect(db_path, now=NOW).execute("SELECT count(*) FROM demand_samples").fetchone()[0] == 0
+
+
+def test_cli_report_with_in_flight_and_lookahead(ready, cli):
+    result = cli("demand", "report", "--queued", "0", "--in-flight", "10", "--lookahead", "24")
+    assert result.code == 0 and "0 queued, 10 in flight, 24 coming" in result.err + result.out
+    view = json.loads(cli("demand", "show", "--json").out)
+    assert (view["queued"], view["in_flight"], view["lookahead"], view["known"]) == (0, 10, 24, True)
+    assert "0 queued, 10 in flight, 24 coming" in cli("demand", "show").out
 
 
 def test_cli_show_runs_the_command(ready, cli, tmp_path, monkeypatch):
@@ -132,14 +237,15 @@ def test_cli_show_runs_the_command(ready, cli, tmp_path, monkeypatch):
 
 @pytest.fixture
 def fake_psql(tmp_path):
-    """A `psql` first on PATH that answers the two counts and logs the queries it was given."""
+    """A `psql` first on PATH that prints $FAKE_COUNTS and logs its arguments, one a line (the real
+    database is in test_curio_demand.py; this one prints what a real psql never would)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "psql.log"
     (bin_dir / "psql").write_text(
         "#!/bin/sh\n"
-        f"for arg in \"$@\"; do last=\"$arg\"; done; echo \"$1|$last\" >> {log}\n"
-        "case \"$last\" in *harmony_task_history*) echo \"${FAKE_FINISHED:-0}\" ;; *) echo \"${FAKE_QUEUED:-0}\" ;; esac\n"
+        f"for arg in \"$@\"; do echo \"$arg\" >> {log}; done; env | grep '^PG' >> {log}\n"
+        "echo \"$FAKE_COUNTS\"\n"
     )
     (bin_dir / "psql").chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "log": log}
@@ -150,16 +256,43 @@ def run_script(fake_psql, **env):
                           capture_output=True, text=True, timeout=30)
 
 
-def test_curio_demand_prints_the_json_vastctl_reads(fake_psql):
-    result = run_script(fake_psql, FAKE_QUEUED="59", FAKE_FINISHED="312", CURIO_DB_URL="postgres://u:p@yb:5433/db")
+def test_curio_demand_bounds_itself_and_qualifies_every_table(fake_psql):
+    result = run_script(fake_psql, FAKE_COUNTS="59 10 24 312", CURIO_DB_URL="postgres://u:p@yb:5433/db",
+                        CURIO_DB_SCHEMA="curio_prod")
     assert result.returncode == 0, result.stderr
-    assert demand.parse_output(result.stdout) == (59, 312.0)
-    queries = fake_psql["log"].read_text().splitlines()
-    assert all(line.startswith("postgres://u:p@yb:5433/db|") for line in queries)
-    assert "FROM harmony_task WHERE name IN ('PoRep','UpdateProve','PSProve') AND owner_id IS NULL" in queries[0]
-    assert "harmony_task_history" in queries[1] and "interval '1 hour'" in queries[1]
+    assert demand.parse_output(result.stdout) == demand.Sample(queued=59, in_flight=10, lookahead=24,
+                                                               proofs_per_hour=312.0)
+    args = fake_psql["log"].read_text()
+    assert args.startswith("postgres://u:p@yb:5433/db\n")
+    assert "SET statement_timeout = '10s'" in args and "SET lock_timeout = '5s'" in args
+    assert "PGCONNECT_TIMEOUT=5" in args and "PGAPPNAME=curio-demand" in args
+    for table in ("harmony_task", "harmony_task_history", "sectors_sdr_pipeline"):
+        assert f"FROM curio_prod.{table}" in args
+    assert " harmony_task " not in args.replace("curio_prod.harmony_task ", "")
 
 
-def test_curio_demand_fails_on_odd_output(fake_psql):
-    result = run_script(fake_psql, FAKE_QUEUED="ERROR: relation does not exist")
-    assert result.returncode != 0 and result.stdout == "" and "expected a count" in result.stderr
+@pytest.mark.parametrize("counts", ["ERROR: relation does not exist", "", "1 2 3", "1 2 3 4 5", "1 2 -3 4",
+                                    "1 2 3 4.5"])
+def test_curio_demand_fails_on_odd_output(fake_psql, counts):
+    result = run_script(fake_psql, FAKE_COUNTS=counts)
+    assert result.returncode != 0 and result.stdout == "" and "expected four counts" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("field", ["queued", "proofs_per_hour", "in_flight"])
+def test_an_agent_step_reads_a_400_digit_number_as_unknown_demand(ready, cli, tmp_path, monkeypatch, field):
+    """The step runs and holds (unknown demand), naming the cause; it does not fail on the number."""
+    import yaml
+
+    digits = "9" * 400
+    body = {"queued": 1, field: digits} if field != "queued" else {"queued": digits}
+    text = "{" + ", ".join(f'"{k}": {v}' for k, v in body.items()) + "}"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"demand": {"command": f"echo '{text}'"}}))
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    market = type("EmptyMarket", (), {"list_instances": lambda self: [], "search_offers": lambda self, query: []})()
+    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: market)
+    result = cli("agent-step", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    step = json.loads(result.out)
+    assert step["demand"]["known"] is False and "a number of 400 digits (out of range)" in step["demand"]["error"]

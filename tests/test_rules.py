@@ -19,9 +19,10 @@ CONFIG = config_module.from_mapping({"agent": {"headroom": 0.15, "scale_down_aft
                                                "max_actions_per_step": 5}})  # sized to 115 proofs/h
 
 
-def queued(n, empty_for_min=None):
+def queued(n, empty_for_min=None, in_flight=None, lookahead=None):
     since = None if empty_for_min is None else NOW - timedelta(minutes=empty_for_min)
-    return Demand(queued=n, proofs_per_hour=50.0, at=NOW, age_s=30, source="command", known=True, empty_since=since)
+    return Demand(queued=n, proofs_per_hour=50.0, at=NOW, age_s=30, source="command", known=True, empty_since=since,
+                  in_flight=in_flight, lookahead=lookahead)
 
 
 UNKNOWN = Demand(queued=None, proofs_per_hour=None, at=NOW - timedelta(hours=2), age_s=7200, source="command",
@@ -100,6 +101,27 @@ CASES = [
      [m("vastctl-a", state="launching", rate=10)], queued(40), MARKET, {"max_instances": 2}, [("launch", 2)]),
     ("max_hourly_spend bounds the plan",
      [], queued(40), MARKET, {"max_hourly_spend": 0.8}, [("launch", 2)]),
+    # in flight: claimed tasks wait at a daemon, they are work for the fleet
+    ("nothing queued, work in flight, fleet under target: grow",
+     [m("vastctl-a")], queued(0, in_flight=8, lookahead=0), MARKET, {}, [("launch", 2)]),
+    ("nothing queued, work in flight, an old empty run: never shrink under claimed work",
+     [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9), m("vastctl-c")],
+     queued(0, empty_for_min=120, in_flight=3, lookahead=0), MARKET, {"target_proofs_per_hour": 50.0}, []),
+    # look-ahead: PoRep tasks about to be created; a machine launched now is booted when they arrive
+    ("nothing queued or in flight, PoRep coming: start machines before the tasks exist",
+     [], queued(0, in_flight=0, lookahead=24), MARKET, {}, [("launch", 2), ("launch", 1)]),
+    ("PoRep coming, a stopped machine: resume it first",
+     [m("vastctl-s", state="stopped", status="exited")], queued(0, in_flight=0, lookahead=5), MARKET, {},
+     [("start", "vastctl-s"), ("launch", 2)]),
+    ("PoRep coming past the cooldown of an old empty run: hold, not stop",
+     [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9)], queued(0, empty_for_min=90, in_flight=0, lookahead=2),
+     MARKET, {"target_proofs_per_hour": 50.0}, []),
+    ("every count zero past the cooldown: stop the least proofs per dollar",
+     [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9), m("vastctl-c")],
+     queued(0, empty_for_min=61, in_flight=0, lookahead=0), MARKET, {}, [("stop", "vastctl-b")]),
+    ("the incident with work in flight too: 59 queued, 10 claimed, fleet over target, nothing released",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], queued(59, in_flight=10, lookahead=4),
+     MARKET, {}, []),
 ]
 
 
@@ -143,3 +165,20 @@ def test_needs_offers_only_when_resuming_is_not_enough():
     assert not rules.needs_offers(observation(stopped, queued(3)), CONFIG)
     assert rules.needs_offers(observation([m("vastctl-a")], queued(3)), CONFIG)
     assert not rules.needs_offers(observation([m("vastctl-a")], queued(0, empty_for_min=5)), CONFIG)
+
+
+def test_the_reason_names_the_work_in_flight_and_coming():
+    (first, *_) = rules.plan(observation([], queued(0, in_flight=8, lookahead=24)), CONFIG, MARKET)
+    assert first.reason.startswith("work for the fleet (0 queued, 8 in flight, 24 PoRep coming): capacity 0 of 115")
+    (only_queued, *_) = rules.plan(observation([], queued(5)), CONFIG, MARKET)
+    assert only_queued.reason.startswith("queued work: capacity 0 of 115")
+
+
+@pytest.mark.parametrize("demand, wanted", [
+    (queued(0, empty_for_min=5, in_flight=3), True),
+    (queued(0, empty_for_min=5, lookahead=3), True),
+    (queued(0, empty_for_min=5, in_flight=0, lookahead=0), False),
+    (queued(0, empty_for_min=5), False),  # a source that reports only queued
+])
+def test_needs_offers_counts_work_in_flight_and_coming(demand, wanted):
+    assert rules.needs_offers(observation([m("vastctl-a")], demand), CONFIG) is wanted

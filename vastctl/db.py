@@ -190,6 +190,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX agent_steps_outcome ON agent_steps(outcome, id)
         """,
     ),
+    (
+        "demand samples: in flight and look-ahead",
+        """
+        ALTER TABLE demand_samples ADD COLUMN in_flight INTEGER;
+        ALTER TABLE demand_samples ADD COLUMN lookahead INTEGER
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

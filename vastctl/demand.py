@@ -6,7 +6,12 @@ operator can see when the source went quiet. The newest sample decides:
   known      it succeeded and is at most `demand.stale_after` old
   unknown    no sample yet, the newest is older than `demand.stale_after`, or the
              command failed, timed out or printed something other than
-             {"queued": N, "proofs_per_hour": X}
+             {"queued": N, "proofs_per_hour": X} (numbers past any real queue included)
+
+A sample may also say `in_flight` (tasks a Curio node has claimed: with cuzk they
+wait or prove at a daemon, so they are work for the fleet too) and `lookahead`
+(sectors whose PoRep task Curio will create within the hour or so: work a machine
+booting now would meet). Both are optional; a report with only `queued` is whole.
 
 Unknown demand is never read as "no work": the guard and the rules policy hold
 the fleet on it (the incident this exists for: a missing "active" flag read as
@@ -21,7 +26,7 @@ import os
 import signal
 import sqlite3
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -32,7 +37,11 @@ from .errors import BadInput
 
 COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
 MAX_OUTPUT_CHARS = 64 * 1024
-EXPECTED = 'print one JSON object like {"queued": 12, "proofs_per_hour": 40}'
+EXPECTED = ('print one JSON object like {"queued": 12, "proofs_per_hour": 40}'
+            ' (optional: "in_flight": N, "lookahead": N)')
+# Past any real Curio cluster's queue or rate, well inside SQLite's integers: beyond it a number is a fault
+MAX_COUNT = 1_000_000_000
+MAX_DIGITS = 19  # a JSON integer longer than this is refused before Python converts it
 
 
 @dataclass(frozen=True)
@@ -46,56 +55,113 @@ class Demand:
     source: str | None
     known: bool
     error: str | None = None
-    empty_since: datetime | None = None  # start of the current run of good samples that all said 0 queued
+    empty_since: datetime | None = None  # start of the current run of good samples that all said no work
+    in_flight: int | None = None  # claimed tasks (at a daemon); None: the source does not say
+    lookahead: int | None = None  # PoRep tasks about to be created; None: the source does not say
+
+    @property
+    def work(self) -> int:
+        """Known work for the fleet: queued, in flight and about to be queued (0 where the source is silent)."""
+        return (self.queued or 0) + (self.in_flight or 0) + (self.lookahead or 0)
 
     def view(self) -> dict[str, Any]:
         """The `demand show --json` object."""
-        return {"queued": self.queued, "proofs_per_hour": self.proofs_per_hour,
+        return {"queued": self.queued, "in_flight": self.in_flight, "lookahead": self.lookahead,
+                "proofs_per_hour": self.proofs_per_hour,
                 "at": clock.display_iso(clock.to_iso(self.at)), "age_s": None if self.age_s is None else round(self.age_s),
                 "source": self.source, "known": self.known, "error": self.error,
                 "empty_since": clock.display_iso(clock.to_iso(self.empty_since))}
 
 
-def validate_queued(value: Any) -> int:
+def validate_count(name: str, value: Any, what: str = "proofs waiting") -> int:
+    """A whole number of tasks, 0 … MAX_COUNT."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadInput(f"queued must be a whole number ≥ 0 (proofs waiting), got {value!r}")
+        raise BadInput(f"{name} must be a whole number ≥ 0 ({what}), got {_show(value)}")
+    if value > MAX_COUNT:
+        raise BadInput(f"{name} must be at most {MAX_COUNT:,} (past any real queue), got {_show(value)}")
     return value
+
+
+def validate_queued(value: Any) -> int:
+    return validate_count("queued", value)
+
+
+def validate_optional_count(name: str, value: Any) -> int | None:
+    """in_flight / lookahead: absent (None) or a count."""
+    what = {"in_flight": "tasks claimed", "lookahead": "PoRep tasks about to be created"}.get(name, "tasks")
+    return None if value is None else validate_count(name, value, what)
 
 
 def validate_rate(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise BadInput(f"proofs_per_hour must be a finite number ≥ 0, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            or (isinstance(value, float) and not math.isfinite(value))):  # math.isfinite(10**400) would overflow
+        raise BadInput(f"proofs_per_hour must be a finite number ≥ 0, got {_show(value)}")
+    if value > MAX_COUNT:
+        raise BadInput(f"proofs_per_hour must be at most {MAX_COUNT:,} (past any real rate), got {_show(value)}")
     return float(value)
 
 
+def _show(value: Any) -> str:
+    """A value quoted into an error, short even for a 400-digit number."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a number of {len(str(abs(value)))} digits"
+    return upstream.clip(repr(value), 40)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one report or one run of the command said (validated)."""
+
+    queued: int
+    proofs_per_hour: float | None = None
+    in_flight: int | None = None
+    lookahead: int | None = None
+
+
 def record(conn: sqlite3.Connection, *, source: str, now: datetime, queued: int | None = None,
-           proofs_per_hour: float | None = None, error: str | None = None) -> int:
+           proofs_per_hour: float | None = None, error: str | None = None, in_flight: int | None = None,
+           lookahead: int | None = None) -> int:
     """Keep one sample; a sample with an error is a failed one (queued unknown)."""
     with transaction(conn):
         cursor = conn.execute(
-            "INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok, error) VALUES (?, ?, ?, ?, ?, ?)",
-            (clock.to_iso(now), queued, proofs_per_hour, source, int(error is None), error),
+            "INSERT INTO demand_samples (at, queued, in_flight, lookahead, proofs_per_hour, source, ok, error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (clock.to_iso(now), queued, in_flight, lookahead, proofs_per_hour, source, int(error is None), error),
         )
         return cursor.lastrowid
 
 
-def report(conn: sqlite3.Connection, queued: int, proofs_per_hour: float | None, *, now: datetime) -> int:
-    """An operator's (or a script's) report: `vastctl demand report --queued N`."""
-    return record(conn, source="report", now=now, queued=validate_queued(queued),
-                  proofs_per_hour=validate_rate(proofs_per_hour))
+def report(conn: sqlite3.Connection, queued: int, proofs_per_hour: float | None, *, now: datetime,
+           in_flight: int | None = None, lookahead: int | None = None) -> int:
+    """An operator's (or a script's) report: `vastctl demand report --queued N`. Validated before anything is kept."""
+    sample = Sample(queued=validate_queued(queued), proofs_per_hour=validate_rate(proofs_per_hour),
+                    in_flight=validate_optional_count("in_flight", in_flight),
+                    lookahead=validate_optional_count("lookahead", lookahead))
+    return record(conn, source="report", now=now, **asdict(sample))
 
 
-def parse_output(text: str) -> tuple[int, float | None]:
-    """The command's stdout → (queued, proofs_per_hour); BadInput on anything else."""
+def parse_output(text: str) -> Sample:
+    """The command's stdout → a Sample; BadInput on anything else (a number past range included)."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_json_int)
     except ValueError:
         raise BadInput(f"demand.command printed no JSON ({_clip(text)!r}): {EXPECTED}") from None
+    except BadInput as exc:
+        raise BadInput(f"demand.command printed {exc}: {EXPECTED}") from None
     if not isinstance(data, dict) or "queued" not in data:
         raise BadInput(f"demand.command printed {_clip(text)!r}: {EXPECTED}")
-    return validate_queued(data["queued"]), validate_rate(data.get("proofs_per_hour"))
+    return Sample(queued=validate_queued(data["queued"]), proofs_per_hour=validate_rate(data.get("proofs_per_hour")),
+                  in_flight=validate_optional_count("in_flight", data.get("in_flight")),
+                  lookahead=validate_optional_count("lookahead", data.get("lookahead")))
+
+
+def _json_int(digits: str) -> int:
+    """JSON integers, refused past MAX_DIGITS before Python converts them (a 5,000-digit one would be slow)."""
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise BadInput(f"a number of {len(digits.lstrip('-'))} digits (out of range)")
+    return int(digits)
 
 
 Runner = Callable[[str, float], tuple[int, str, str]]
@@ -120,20 +186,20 @@ def sample_command(conn: sqlite3.Connection, config: Config, *, now: datetime, r
     if not command:
         raise BadInput("demand.command is not set in the config: set it, or use `vastctl demand report`")
     error = None
-    queued = rate = None
+    sample = None
     try:
         code, out, err = runner(command, COMMAND_TIMEOUT_S)
         if code != 0:
-            error = f"demand.command exited {code}: {_clip(err or out)}"
+            error = f"demand.command exited {code}: {_clip(err or out, 240)}"
         else:
-            queued, rate = parse_output(out[:MAX_OUTPUT_CHARS])
+            sample = parse_output(out[:MAX_OUTPUT_CHARS])
     except subprocess.TimeoutExpired:
         error = f"demand.command timed out after {COMMAND_TIMEOUT_S:g}s"
     except OSError as exc:
         error = f"demand.command could not run: {exc}"
     except BadInput as exc:
         error = str(exc)
-    record(conn, source="command", now=now, queued=queued, proofs_per_hour=rate, error=error)
+    record(conn, source="command", now=now, error=error, **(asdict(sample) if sample else {}))
     return current(conn, config, now=now)
 
 
@@ -159,16 +225,20 @@ def current(conn: sqlite3.Connection, config: Config, *, now: datetime) -> Deman
     error = (f"the newest sample is {clock.human_duration(age)} old (demand.stale_after"
              f" {clock.human_duration(config.demand.stale_after)})") if stale else None
     return Demand(queued=row["queued"], proofs_per_hour=row["proofs_per_hour"], at=at, age_s=age,
-                  source=row["source"], known=not stale, error=error, empty_since=_empty_since(conn))
+                  source=row["source"], known=not stale, error=error, empty_since=_empty_since(conn),
+                  in_flight=row["in_flight"], lookahead=row["lookahead"])
 
 
 def _empty_since(conn: sqlite3.Connection) -> datetime | None:
-    """When the queue last became empty: the first of the newest unbroken run of good samples saying 0."""
-    broken = conn.execute("SELECT coalesce(max(id), 0) FROM demand_samples WHERE NOT (ok = 1 AND queued = 0)").fetchone()[0]
+    """When the work last ran out: the first of the newest unbroken run of good samples saying 0 queued,
+    0 in flight and 0 about to come (a sample silent on the last two counts them as 0)."""
+    broken = conn.execute(
+        "SELECT coalesce(max(id), 0) FROM demand_samples WHERE NOT (ok = 1 AND queued = 0"
+        " AND coalesce(in_flight, 0) = 0 AND coalesce(lookahead, 0) = 0)").fetchone()[0]
     first = conn.execute("SELECT min(at) FROM demand_samples WHERE id > ?", (broken,)).fetchone()[0]
     return clock.from_iso(first)
 
 
-def _clip(text: str) -> str:
+def _clip(text: str, limit: int = 160) -> str:
     """The command's output quoted into an error: one line, masked, escaped, bounded (upstream.clip)."""
-    return upstream.clip(text, 160) or "(nothing)"
+    return upstream.clip(text, limit) or "(nothing)"

@@ -3,8 +3,13 @@
 It is the default policy without an Anthropic key, and the suggestion the llm
 policy is shown. In the order `plan()` applies them:
 
+  work = queued + in_flight + lookahead (demand.Demand.work): tasks unclaimed, tasks a Curio node has claimed
+  (with cuzk they wait at a daemon: a machine stopped under them loses them), and PoRep tasks Curio is about
+  to create (sectors precommitted on chain; a machine launched now is booted when they arrive). A source that
+  reports only `queued` counts the other two as 0.
+
   demand                     what it does
-  queued > 0, or unknown     size capacity + pending capacity to target × (1 + agent.headroom), because a
+  work > 0, or unknown       size capacity + pending capacity to target × (1 + agent.headroom), because a
                              replacement takes 15-90 minutes to boot: first resume stopped machines never
                              resumed before (they keep their parameters), best proofs per dollar first; then
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
@@ -12,13 +17,13 @@ policy is shown. In the order `plan()` applies them:
                              missing is not counted (reconcile is about to kill it).
   any                        a stopped machine that was resumed once already is destroyed (replaced): it bills
                              storage and is not resumed twice
-  queued == 0 for            first stop the running machines the fleet can spare above target × (1 + headroom),
+  work == 0 for              first stop the running machines the fleet can spare above target × (1 + headroom),
   agent.scale_down_after     least proofs per dollar first, as many as the step allows (not while a machine boots:
                              its rate is still a guess); with none to spare, stop one machine a step, least proofs
                              per dollar first (stopped, it keeps its disk and is resumed first when work returns)
-  queued == 0, cooling down  hold
-  queued > 0, over target    hold: the fleet never shrinks while work is queued (the incident: 59 queued, no
-                             "active" flag, every machine stopped)
+  work == 0, cooling down    hold
+  work > 0, over target      hold: the fleet never shrinks while work is queued, in flight or coming (the
+                             incident: 59 queued, no "active" flag, every machine stopped)
   unknown                    never shrink the fleet (hold), whatever the last known queue said
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
@@ -64,8 +69,23 @@ def wanted_capacity(obs: Observation, config: Config) -> float:
 
 
 def has_work(obs: Observation) -> bool:
-    """Queued work, or no trustworthy word that there is none."""
-    return not obs.demand.known or (obs.demand.queued or 0) > 0
+    """Work queued, in flight or coming, or no trustworthy word that there is none."""
+    return not obs.demand.known or obs.demand.work > 0
+
+
+def work_reason(obs: Observation) -> str:
+    """Why the fleet is sized to the target: the work the demand names, or that it is unknown."""
+    demand = obs.demand
+    if not demand.known:
+        return "demand unknown (sized as if work were queued)"
+    if not demand.in_flight and not demand.lookahead:
+        return "queued work"
+    counts = [f"{demand.queued or 0} queued"]
+    if demand.in_flight is not None:
+        counts.append(f"{demand.in_flight} in flight")
+    if demand.lookahead is not None:
+        counts.append(f"{demand.lookahead} PoRep coming")
+    return f"work for the fleet ({', '.join(counts)})"
 
 
 def counted_capacity(obs: Observation) -> float:
@@ -150,7 +170,7 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
 
 
 def _cooled_down(obs: Observation, config: Config) -> bool:
-    """The queue is known to have been empty for agent.scale_down_after: machines may be released."""
+    """The work is known to have run out agent.scale_down_after ago: machines may be released."""
     since = obs.demand.empty_since
     return since is not None and (obs.now - since).total_seconds() >= config.agent.scale_down_after
 
@@ -159,8 +179,7 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     want = wanted_capacity(obs, config)
     have = counted_capacity(obs)
     missing = want - have
-    why = "queued work" if obs.demand.known else "demand unknown (sized as if work were queued)"
-    sizing = f"{why}: capacity {have:g} of {want:g} proofs/h (target × (1 + {config.agent.headroom:g}))"
+    sizing = f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h (target × (1 + {config.agent.headroom:g}))"
     actions: list[Action] = []
     spend = obs.spend_per_hour
     live = len(obs.live())
@@ -215,7 +234,7 @@ def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
 
 
 def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
-    """One machine a step, once the queue has been empty past the cooldown (plan() checks it)."""
+    """One machine a step, once the work has run out past the cooldown (plan() checks it)."""
     if budget < 1:
         return []
     empty_for = (obs.now - obs.demand.empty_since).total_seconds()
@@ -225,6 +244,6 @@ def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
         return []
     worst = min(candidates, key=lambda m: (_per_dollar(m), m["label"]))
     return [Action(kind=Kind.STOP, actor=ACTOR, label=worst["label"], uuid=worst["uuid"],
-                   reason=(f"queue empty for {int(empty_for // 60)}m (agent.scale_down_after"
+                   reason=(f"no work queued, in flight or coming for {int(empty_for // 60)}m (agent.scale_down_after"
                            f" {int(config.agent.scale_down_after // 60)}m); least proofs per dollar"
                            f" ({_per_dollar(worst):.1f}/$)"))]

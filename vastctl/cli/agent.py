@@ -33,16 +33,24 @@ def demand_report(
     ctx: typer.Context,
     queued: Annotated[int, typer.Option("--queued", min=0, help="Proofs waiting (unclaimed proving tasks).")],
     proofs_per_hour: Annotated[Optional[float], typer.Option("--proofs-per-hour", min=0.0, help="Proofs finished in the last hour.")] = None,
+    in_flight: Annotated[Optional[int], typer.Option("--in-flight", min=0, help="Proving tasks claimed by a Curio node (with cuzk: at a daemon).")] = None,
+    lookahead: Annotated[Optional[int], typer.Option("--lookahead", min=0, help="PoRep tasks about to be created (sectors precommitted, seed pending).")] = None,
 ) -> None:
     """Record how much work is waiting now (for setups without demand.command).
 
-    Example: vastctl demand report --queued 59 --proofs-per-hour 310
+    Example: vastctl demand report --queued 59 --in-flight 10 --lookahead 24 --proofs-per-hour 310
     """
     from .. import demand
 
     g = globals_of(ctx)
-    demand.report(g.connect(), queued, proofs_per_hour, now=g.clock.now())
-    say(f"demand: {queued} queued" + ("" if proofs_per_hour is None else f", {proofs_per_hour:g} proofs/h"))
+    demand.report(g.connect(), queued, proofs_per_hour, now=g.clock.now(), in_flight=in_flight, lookahead=lookahead)
+    say(f"demand: {queued} queued" + _extra_counts(in_flight, lookahead)
+        + ("" if proofs_per_hour is None else f", {proofs_per_hour:g} proofs/h"))
+
+
+def _extra_counts(in_flight: int | None, lookahead: int | None) -> str:
+    """", 10 in flight, 24 coming" for the counts a sample has."""
+    return ("" if in_flight is None else f", {in_flight} in flight") + ("" if lookahead is None else f", {lookahead} coming")
 
 
 @demand_app.command("show")
@@ -61,7 +69,8 @@ def demand_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         return
     if current.known:
         rate = "" if current.proofs_per_hour is None else f", {current.proofs_per_hour:g} proofs/h"
-        typer.echo(f"{current.queued} queued{rate} ({current.source}, {clock.human_duration(current.age_s)} ago)")
+        extra = _extra_counts(current.in_flight, current.lookahead)
+        typer.echo(f"{current.queued} queued{extra}{rate} ({current.source}, {clock.human_duration(current.age_s)} ago)")
     else:
         typer.echo(f"unknown: {current.error}")
 
