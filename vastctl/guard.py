@@ -24,6 +24,7 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -158,7 +159,7 @@ def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
 def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, what: str) -> Verdict:
     most = float(obs.settings["max_hourly_spend"])
     before = obs.spend_per_hour + _spend_added(earlier, obs)
-    if before + extra > most + 1e-9:
+    if not before + extra <= most + 1e-9:  # a NaN anywhere in the sum is refused, not let through
         return _refuse("max_hourly_spend", f"{what} would bring spend to ${before + extra:.2f}/h (now ${before:.2f}/h);"
                        f" max_hourly_spend is ${most:g}/h (vastctl settings set max_hourly_spend X)")
     return ALLOWED
@@ -166,6 +167,9 @@ def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, wh
 
 def _check_dph(dph: float, what: str, obs: "Observation") -> Verdict:
     most = float(obs.settings["max_dph"])
+    if not (math.isfinite(dph) and dph > 0):  # NaN passes every comparison and a negative price lowers the spend
+        return _refuse("max_dph", f"{what} is priced ${dph:g}/h, which is not a price: vastctl rents only at a finite"
+                       " price above $0/h (check the offer at vast)")
     if dph > most + 1e-9:
         return _refuse("max_dph", f"{what} costs ${dph:g}/h; max_dph is ${most:g}/h (vastctl settings set max_dph X)")
     return ALLOWED
