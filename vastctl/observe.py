@@ -7,7 +7,10 @@ in how capacity is counted changes it everywhere at once.
   capacity          sum of the expected rates of machines in state `running`
   pending_capacity  the same for machines on their way (launching .. bench_done)
   expected rate     measured proofs/hour, else the machine's bench rate, else the
-                    median bench rate seen for its GPU model, else fleet.default_rate
+                    median bench rate seen for its GPU model, else fleet.default_rate;
+                    every figure a machine reported is bounded first (lifecycle.rate_ceiling,
+                    measured_rate_bound), and a machine with an `implausible_rate` event counts
+                    for no more than its model's rate among the machines that never over-claimed
   spend_per_hour    $/h of every live machine that is not stopped (GPU billed)
 
 Nothing here calls a provider or runs the demand command: demand is the newest
@@ -25,7 +28,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from . import demand as demand_module
-from . import fleet, settings
+from . import fleet, lifecycle, settings
 from .config import Config
 from .demand import Demand
 from .lifecycle import LIVE_STATES, State
@@ -79,17 +82,28 @@ def _iso(moment: datetime) -> str:
 
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
-            "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason")
+            "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
+            "implausible_claims")
     return {k: machine.get(k) for k in keys if machine.get(k) is not None}
 
 
-def model_rates(conn: sqlite3.Connection) -> dict[str, float]:
-    """GPU model → the median bench rate seen for it, over every machine that ever reported one."""
+def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> dict[str, float]:
+    """GPU model → the median bench rate seen for it, over every machine that ever reported one, each bounded
+    by its ceiling, without the machines in `implausible` (their word does not set what a model proves)."""
+    liars = set(implausible)
     rates: dict[str, list[float]] = defaultdict(list)
-    for row in conn.execute("SELECT gpu_name, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
+    for row in conn.execute("SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
                             " AND gpu_name IS NOT NULL"):
-        rates[row["gpu_name"]].append(float(row["bench_rate"]))
+        if row["uuid"] not in liars:
+            rates[row["gpu_name"]].append(lifecycle.bounded(row["bench_rate"], lifecycle.rate_ceiling(dict(row))))
     return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
+    """uuid → how many of its reports were bounded as implausible (lifecycle.IMPLAUSIBLE events)."""
+    return {row["uuid"]: row["n"] for row in conn.execute(
+        "SELECT uuid, count(*) AS n FROM events WHERE kind = ? AND uuid IS NOT NULL GROUP BY uuid",
+        (lifecycle.IMPLAUSIBLE,))}
 
 
 def rate_of_model(gpu_name: str | None, rates: Mapping[str, float], default_rate: float) -> float:
@@ -97,12 +111,17 @@ def rate_of_model(gpu_name: str | None, rates: Mapping[str, float], default_rate
     return float(rates.get(gpu_name, default_rate)) if gpu_name else float(default_rate)
 
 
-def expected_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float) -> float:
-    """What one machine proves per hour: measured, else benchmarked, else its model's rate."""
-    for value in (row.get("proofs_per_hour"), row.get("bench_rate")):
+def expected_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
+                  implausible: bool = False) -> float:
+    """What one machine proves per hour: measured, else benchmarked, else its model's rate; each figure bounded
+    by what the machine can plausibly prove, and a machine caught over-claiming by its model's rate."""
+    model = rate_of_model(row.get("gpu_name"), rates, default_rate)
+    for value, bound in ((row.get("proofs_per_hour"), lifecycle.measured_rate_bound(row)),
+                         (row.get("bench_rate"), lifecycle.rate_ceiling(row))):
         if value is not None:
-            return float(value)
-    return rate_of_model(row.get("gpu_name"), rates, default_rate)
+            rate = lifecycle.bounded(value, bound)
+            return min(rate, model) if implausible else rate
+    return model
 
 
 def capacity(machines: Iterable[Mapping[str, Any]]) -> float:
@@ -154,14 +173,18 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
             events_since: int | None = None) -> Observation:
     """One snapshot for one decision. `events_since`: the event cursor (None: no events)."""
     rows = machine_rows(conn)
-    rates = model_rates(conn)
+    flagged = implausible_claims(conn)
+    rates = model_rates(conn, flagged)
     resumes = _resumes(conn)
     machines = []
     for row in rows:
         view = fleet.instance_view(row)
-        view["expected_rate"] = expected_rate(row, rates, config.fleet.default_rate)
+        view["expected_rate"] = expected_rate(row, rates, config.fleet.default_rate,
+                                              implausible=row["uuid"] in flagged)
         view["machine_id"] = row.get("machine_id")
         view["resumes"] = resumes.get(row["uuid"], 0)
+        if row["uuid"] in flagged:
+            view["implausible_claims"] = flagged[row["uuid"]]
         machines.append(view)
     return Observation(
         now=now,
