@@ -189,6 +189,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX agent_steps_outcome ON agent_steps(outcome, id)
         """,
     ),
+    (
+        "the disk price of each listed instance, what a stopped one still bills",
+        """
+        ALTER TABLE vast_cache ADD COLUMN storage_dph REAL
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -14,7 +14,9 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
   gpus                  launch                    a GPU model not in fleet.gpus
   max_instances         launch                    more live machines than the max_instances setting
   max_dph               launch, start             a machine dearer than the max_dph setting
-  max_hourly_spend      launch, start             GPU spend above the max_hourly_spend setting
+  max_hourly_spend      launch, start             spend above the max_hourly_spend setting: what vast bills
+                                                  (observe.billing) plus the action's price (a start: its
+                                                  price less the disk it already bills)
   never_scale_to_zero   stop, kill, destroy       leaving no machine in state `running` while demand
                         (agent, operator)         shows queued work or is unknown. A stopped or killed
                                                   target is no capacity and is not refused. An operator's
@@ -151,9 +153,14 @@ def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
         if item.kind == Kind.LAUNCH:
             added += max(1, item.count) * (item.dph or 0.0)
         elif item.kind == Kind.START:
-            target = find(obs, item)
-            added += float((target or {}).get("dph") or item.dph or 0.0)
+            target = find(obs, item) or {}
+            added += _resume_adds(float(target.get("dph") or item.dph or 0.0), target)
     return added
+
+
+def _resume_adds(dph: float, target: dict) -> float:
+    """What resuming a machine adds to the spend: its price, less what it bills already (a stopped disk)."""
+    return max(0.0, dph - float(target.get("billed_per_hour") or 0.0))
 
 
 def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, what: str) -> Verdict:
@@ -206,7 +213,7 @@ def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) 
     verdict = _check_dph(float(dph), action.label or "the machine", obs)
     if not verdict.allowed:
         return verdict
-    return _check_spend(obs, earlier, float(dph), f"starting {action.label}")
+    return _check_spend(obs, earlier, _resume_adds(float(dph), target or {}), f"starting {action.label}")
 
 
 def _check_scale_to_zero(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
