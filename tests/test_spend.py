@@ -98,6 +98,15 @@ def test_an_orphan_with_our_prefix_bills_and_someone_elses_machine_is_not_ours(c
     assert spend(conn) == pytest.approx(0.25)
 
 
+def test_a_launch_that_crashed_before_recording_its_id_counts_once(conn):
+    put(conn, "vastctl-c", State.LAUNCHING, vast_id=None, dph=0.4, at=NOW - timedelta(hours=1))
+    # nothing listed yet: the row's own price
+    assert spend(conn) == pytest.approx(0.4)
+    conn.execute("INSERT INTO vast_cache (vast_id, label, actual_status, dph, first_seen_at, seen_at)"
+                 " VALUES (412, 'vastctl-c', 'running', 0.42, ?, ?)", (clock.to_iso(NOW),) * 2)
+    assert spend(conn) == pytest.approx(0.42)  # vast lists it by label: that machine, once, at vast's price
+
+
 def test_whichever_heard_last_decides(conn):
     # stopped here after the listing that still showed it running: the disk only (vast's price known)
     listed(conn, vast(408, "vastctl-late", dph=0.4, storage=0.05), at=NOW - timedelta(hours=2))

@@ -201,10 +201,13 @@ def _heard_last(row: Mapping[str, Any]) -> str:
 def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
             prefix: str) -> tuple[dict[str, float], float]:
     """(uuid → $/h each live row bills, $/h of the listed machines of ours no live row stands for)."""
+    rows = list(rows)
     listing = _listing(conn)
     per_row: dict[str, float] = {}
     claimed: set[int] = set()
-    by_label = {entry["label"]: vast_id for vast_id, entry in listing.items() if entry.get("label")}
+    known = {row.get("vast_id") for row in rows}
+    by_label = {entry["label"]: vast_id for vast_id, entry in listing.items()
+                if entry.get("label") and vast_id not in known}  # an instance another row has by id is that row's
     for row in rows:
         vast_id = row.get("vast_id")
         if vast_id is None:  # a launch that crashed before recording its id: vast may list it by label
