@@ -26,7 +26,7 @@ PINNED = {
     "vast_listings": ["id", "at", "ok", "instances", "error"],
     "vast_cache": [
         "vast_id", "label", "actual_status", "intended_status", "cur_state", "status_msg", "machine_id", "gpu_name",
-        "num_gpus", "dph", "first_seen_at", "seen_at",
+        "num_gpus", "dph", "first_seen_at", "seen_at", "storage_dph",
     ],
     "actions": ["id", "at", "actor", "kind", "uuid", "label", "vast_id", "request", "ok", "result"],
     "blocklist": ["machine_id", "reason", "until"],

@@ -197,6 +197,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE demand_samples ADD COLUMN lookahead INTEGER
         """,
     ),
+    (
+        "the disk price of each listed instance, what a stopped one still bills",
+        """
+        ALTER TABLE vast_cache ADD COLUMN storage_dph REAL
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

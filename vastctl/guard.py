@@ -14,7 +14,9 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
   gpus                  launch                    a GPU model not in fleet.gpus
   max_instances         launch                    more live machines than the max_instances setting
   max_dph               launch, start             a machine dearer than the max_dph setting
-  max_hourly_spend      launch, start             GPU spend above the max_hourly_spend setting
+  max_hourly_spend      launch, start             spend above the max_hourly_spend setting: what vast bills
+                                                  (observe.billing) plus the action's price (a start: its
+                                                  price less the disk it already bills)
   never_scale_to_zero   stop, kill, destroy       leaving no machine in state `running` while demand
                         (agent, operator)         shows queued work or is unknown. A stopped or killed
                                                   target is no capacity and is not refused. An operator's
@@ -24,6 +26,7 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -150,15 +153,20 @@ def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
         if item.kind == Kind.LAUNCH:
             added += max(1, item.count) * (item.dph or 0.0)
         elif item.kind == Kind.START:
-            target = find(obs, item)
-            added += float((target or {}).get("dph") or item.dph or 0.0)
+            target = find(obs, item) or {}
+            added += _resume_adds(float(target.get("dph") or item.dph or 0.0), target)
     return added
+
+
+def _resume_adds(dph: float, target: dict) -> float:
+    """What resuming a machine adds to the spend: its price, less what it bills already (a stopped disk)."""
+    return max(0.0, dph - float(target.get("billed_per_hour") or 0.0))
 
 
 def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, what: str) -> Verdict:
     most = float(obs.settings["max_hourly_spend"])
     before = obs.spend_per_hour + _spend_added(earlier, obs)
-    if before + extra > most + 1e-9:
+    if not before + extra <= most + 1e-9:  # a NaN anywhere in the sum is refused, not let through
         return _refuse("max_hourly_spend", f"{what} would bring spend to ${before + extra:.2f}/h (now ${before:.2f}/h);"
                        f" max_hourly_spend is ${most:g}/h (vastctl settings set max_hourly_spend X)")
     return ALLOWED
@@ -166,6 +174,9 @@ def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, wh
 
 def _check_dph(dph: float, what: str, obs: "Observation") -> Verdict:
     most = float(obs.settings["max_dph"])
+    if not (math.isfinite(dph) and dph > 0):  # NaN passes every comparison and a negative price lowers the spend
+        return _refuse("max_dph", f"{what} is priced ${dph:g}/h, which is not a price: vastctl rents only at a finite"
+                       " price above $0/h (check the offer at vast)")
     if dph > most + 1e-9:
         return _refuse("max_dph", f"{what} costs ${dph:g}/h; max_dph is ${most:g}/h (vastctl settings set max_dph X)")
     return ALLOWED
@@ -202,7 +213,7 @@ def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) 
     verdict = _check_dph(float(dph), action.label or "the machine", obs)
     if not verdict.allowed:
         return verdict
-    return _check_spend(obs, earlier, float(dph), f"starting {action.label}")
+    return _check_spend(obs, earlier, _resume_adds(float(dph), target or {}), f"starting {action.label}")
 
 
 def _check_scale_to_zero(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:

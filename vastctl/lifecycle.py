@@ -18,7 +18,7 @@ import re
 import sqlite3
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
 
 from . import clock, upstream
 from .db import transaction
@@ -62,6 +62,15 @@ KILL_CODES = (
 )
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
 RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate needs at least this much counting
+# What a machine says it proves is a claim, bounded by what is physically plausible before anything counts it.
+# cuzk's fastest published figures are ~100 proofs/h per GPU (RTX 5090, H100; the best host measured is
+# CPU-bound at ~24 s/proof, 150/h; domain.md §1): a bench rate counts for at most twice that per GPU.
+MAX_RATE_PER_GPU = 200.0
+MAX_GPUS_COUNTED = 8  # GPUs a machine's ceiling counts at most (an adopted machine's count is its own claim)
+HEARTBEAT_RATE_FACTOR = 2.0  # a rate measured from heartbeats counts for at most this many times its bench rate
+BURST_PROOFS = 10  # proofs one heartbeat may add beyond its plausible share (a -j 5 batch landing at once)
+IMPLAUSIBLE = "implausible_rate"  # the event kind of a claim bounded because it was not plausible
+IMPLAUSIBLE_EVENT_EVERY_S = 60 * 60  # a machine that keeps over-claiming is recorded once an hour, not every beat
 
 
 def allowed_sources(to_state: State) -> list[str]:
@@ -269,16 +278,56 @@ def validate_rate(rate: Any) -> float:
     return value
 
 
+def rate_ceiling(row: Mapping[str, Any]) -> float:
+    """The most proofs/hour a machine of this many GPUs can plausibly prove (MAX_RATE_PER_GPU each)."""
+    gpus = row.get("num_gpus")
+    gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1 else 1
+    return MAX_RATE_PER_GPU * min(gpus, MAX_GPUS_COUNTED)
+
+
+def measured_rate_bound(row: Mapping[str, Any]) -> float:
+    """The most a rate measured from the machine's heartbeats counts for: its own bench rate times
+    HEARTBEAT_RATE_FACTOR, and never above its ceiling."""
+    ceiling = rate_ceiling(row)
+    bench = row.get("bench_rate")
+    if bench is None:
+        return ceiling
+    return min(ceiling, max(0.0, float(bench)) * HEARTBEAT_RATE_FACTOR)
+
+
+def bounded(value: Any, bound: float) -> float | None:
+    """A stored rate as it may be counted: within [0, bound]; None stays None. For rows written before the bounds."""
+    if value is None:
+        return None
+    number = float(value)
+    return min(max(number, 0.0), bound) if math.isfinite(number) else bound
+
+
+def _record_implausible(conn: sqlite3.Connection, row: Mapping[str, Any], reason: str, *, now: datetime,
+                        throttle: bool) -> None:
+    if throttle:
+        last = conn.execute("SELECT at FROM events WHERE uuid = ? AND kind = ? ORDER BY id DESC LIMIT 1",
+                            (row["uuid"], IMPLAUSIBLE)).fetchone()
+        since = clock.from_iso(last["at"]) if last else None
+        if since is not None and (now - since).total_seconds() < IMPLAUSIBLE_EVENT_EVERY_S:
+            return
+    record_event(conn, kind=IMPLAUSIBLE, source="instance", reason=reason, now=now, uuid=row["uuid"],
+                 label=row["label"], code=IMPLAUSIBLE)
+
+
 def bench_report(
     conn: sqlite3.Connection, uuid: str, rate: Any, *, gate: float, now: datetime
 ) -> dict[str, Any]:
     """The benchmark gate: at or above `gate` → bench_done; below → killed, and BenchFailed is raised.
 
+    A rate above the machine's rate_ceiling() is recorded as that ceiling, with an `implausible_rate`
+    event keeping the claim: no figure a machine makes up reaches capacity or the ranking.
     BenchFailed carries the row in `.row`; the kill is committed before it is raised.
     """
-    rate = validate_rate(rate)
+    claimed = validate_rate(rate)
     with transaction(conn):
         row = get(conn, uuid)
+        rate = min(claimed, rate_ceiling(row))
         repeated = row["bench_rate"] == rate and (
             row["state"] == S.BENCH_DONE or (row["state"] == S.KILLED and row["kill_code"] == "bench_failed")
         )
@@ -290,6 +339,10 @@ def bench_report(
         else:
             result = _transition_in_tx(conn, uuid, S.KILLED, f"bench rate {rate:g} below gate {gate:g}", "instance",
                                        code="bench_failed", updates={"bench_rate": rate}, now=now)
+        if claimed > rate and not repeated:
+            _record_implausible(conn, row, now=now, throttle=False, reason=(
+                f"bench rate {claimed:g} proofs/h is not plausible for {row.get('num_gpus') or 1} GPU(s): counted as"
+                f" {rate:g} (at most {MAX_RATE_PER_GPU:g}/h per GPU)"))
     if result["state"] == S.BENCH_DONE:
         return result
     error = BenchFailed(f"instance {result['label']}: {result['kill_reason']}; it is being killed, do not prove")
@@ -331,7 +384,9 @@ def heartbeat(
         updates: dict[str, Any] = {"last_heartbeat_at": clock.to_iso(now)}
         if proofs_done is not None:
             updates["proofs_done"] = proofs_done
-            updates["proofs_per_hour"] = _smoothed_rate(row, proofs_done, now)
+            updates["proofs_per_hour"], implausible = _smoothed_rate(row, proofs_done, now)
+            if implausible:
+                _record_implausible(conn, row, implausible, now=now, throttle=True)
             if proofs_done < (row["proofs_done"] or 0):
                 record_event(conn, kind="counter_reset", source="instance", now=now, uuid=uuid, label=row["label"],
                              reason=f"proof counter fell from {row['proofs_done']} to {proofs_done}:"
@@ -340,22 +395,39 @@ def heartbeat(
         return get(conn, uuid)
 
 
-def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime) -> float | None:
-    """The rate after this heartbeat: the sample since the last one, weighted by the time it covers."""
+def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime) -> tuple[float | None, str | None]:
+    """The rate after this heartbeat, and why it was bounded when the counter rose implausibly fast.
+
+    The sample since the last heartbeat is weighted by the time it covers; the rate never exceeds
+    measured_rate_bound(), and a counter that rose by more than that bound allows (plus BURST_PROOFS)
+    counts as that bound and is the reason returned: a leap by 2^63 moves the rate to the bound, no further.
+    """
     last = clock.from_iso(row["last_heartbeat_at"])
-    previous_rate = row["proofs_per_hour"]
+    bound = measured_rate_bound(row)
+    previous_rate = bounded(row["proofs_per_hour"], bound)
     if last is None or row["state"] != S.RUNNING:
-        return previous_rate
+        return previous_rate, None
     elapsed = (now - last).total_seconds()
     increment = proofs_done - (row["proofs_done"] or 0)
     if elapsed <= 0 or increment < 0:
-        return previous_rate
-    sample = increment * 3600.0 / elapsed
-    start = previous_rate if previous_rate is not None else row["bench_rate"]
+        return previous_rate, None
+    why = None
+    sample = increment * 3600.0 / elapsed  # a proof landing just after a beat reads high alone: the weight evens it
+    if increment > bound * elapsed / 3600 + BURST_PROOFS:
+        why = (f"proof counter rose by {increment} in {clock.human_duration(elapsed)}: not plausible for a machine"
+               f" bounded at {bound:g} proofs/h ({_bound_source(row)}); counted at that rate")
+        sample = bound
+    start = previous_rate if previous_rate is not None else bounded(row["bench_rate"], bound)
     if start is None:  # nothing measured before: a rate only from a window long enough to mean something
-        return sample if elapsed >= RATE_MIN_WINDOW_S else None
+        return (sample if elapsed >= RATE_MIN_WINDOW_S else None), why
     weight = 1 - math.exp(-elapsed / RATE_TIME_CONSTANT_S)
-    return start + weight * (sample - start)
+    return min(start + weight * (sample - start), bound), why
+
+
+def _bound_source(row: Mapping[str, Any]) -> str:
+    if row.get("bench_rate") is not None and measured_rate_bound(row) < rate_ceiling(row):
+        return f"{HEARTBEAT_RATE_FACTOR:g} × its bench rate {float(row['bench_rate']):g}"
+    return f"{MAX_RATE_PER_GPU:g}/h per GPU"
 
 
 def kill(

@@ -54,7 +54,8 @@ class _FleetCollector:
                      obs.pending_capacity)
         yield _gauge("vastctl_target_proofs_per_hour", "The target_proofs_per_hour setting.",
                      limits["target_proofs_per_hour"])
-        yield _gauge("vastctl_spend_dollars_per_hour", "$/hour of machines billing GPU time.", summary["spend_per_hour"])
+        yield _gauge("vastctl_spend_dollars_per_hour", "$/hour vast bills for our machines (GPU and disk),"
+                     " as far as the state file and the last vast listing know.", summary["spend_per_hour"])
         yield _gauge("vastctl_max_hourly_spend_dollars_per_hour", "The max_hourly_spend setting.",
                      limits["max_hourly_spend"])
         yield _gauge("vastctl_max_instances", "The max_instances setting.", limits["max_instances"])

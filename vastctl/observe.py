@@ -7,8 +7,12 @@ in how capacity is counted changes it everywhere at once.
   capacity          sum of the expected rates of machines in state `running`
   pending_capacity  the same for machines on their way (launching .. bench_done)
   expected rate     measured proofs/hour, else the machine's bench rate, else the
-                    median bench rate seen for its GPU model, else fleet.default_rate
-  spend_per_hour    $/h of every live machine that is not stopped (GPU billed)
+                    median bench rate seen for its GPU model, else fleet.default_rate;
+                    every figure a machine reported is bounded first (lifecycle.rate_ceiling,
+                    measured_rate_bound), and a machine with an `implausible_rate` event counts
+                    for no more than its model's rate among the machines that never over-claimed
+  spend_per_hour    $/h vast bills us, as far as the file and the last good listing know: every
+                    machine of ours, by whichever of the two heard of it last (the rules at billing())
 
 Nothing here calls a provider or runs the demand command: demand is the newest
 sample (demand.refresh() takes a new one first when the caller wants it).
@@ -17,6 +21,7 @@ sample (demand.refresh() takes a new one first when the caller wants it).
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import statistics
 from collections import defaultdict
@@ -25,7 +30,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from . import demand as demand_module
-from . import fleet, settings
+from . import fleet, lifecycle, settings
 from .config import Config
 from .demand import Demand
 from .lifecycle import LIVE_STATES, State
@@ -33,7 +38,6 @@ from .lifecycle import LIVE_STATES, State
 __all__ = ["Demand", "Observation", "observe"]
 
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
-BILLING_STATES = LIVE_STATES - {State.STOPPED}
 EVENTS_KEPT = 200  # newest events after the cursor one observation carries
 
 
@@ -79,17 +83,28 @@ def _iso(moment: datetime) -> str:
 
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
-            "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason")
+            "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
+            "implausible_claims")
     return {k: machine.get(k) for k in keys if machine.get(k) is not None}
 
 
-def model_rates(conn: sqlite3.Connection) -> dict[str, float]:
-    """GPU model → the median bench rate seen for it, over every machine that ever reported one."""
+def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> dict[str, float]:
+    """GPU model → the median bench rate seen for it, over every machine that ever reported one, each bounded
+    by its ceiling, without the machines in `implausible` (their word does not set what a model proves)."""
+    liars = set(implausible)
     rates: dict[str, list[float]] = defaultdict(list)
-    for row in conn.execute("SELECT gpu_name, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
+    for row in conn.execute("SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
                             " AND gpu_name IS NOT NULL"):
-        rates[row["gpu_name"]].append(float(row["bench_rate"]))
+        if row["uuid"] not in liars:
+            rates[row["gpu_name"]].append(lifecycle.bounded(row["bench_rate"], lifecycle.rate_ceiling(dict(row))))
     return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
+    """uuid → how many of its reports were bounded as implausible (lifecycle.IMPLAUSIBLE events)."""
+    return {row["uuid"]: row["n"] for row in conn.execute(
+        "SELECT uuid, count(*) AS n FROM events WHERE kind = ? AND uuid IS NOT NULL GROUP BY uuid",
+        (lifecycle.IMPLAUSIBLE,))}
 
 
 def rate_of_model(gpu_name: str | None, rates: Mapping[str, float], default_rate: float) -> float:
@@ -97,12 +112,17 @@ def rate_of_model(gpu_name: str | None, rates: Mapping[str, float], default_rate
     return float(rates.get(gpu_name, default_rate)) if gpu_name else float(default_rate)
 
 
-def expected_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float) -> float:
-    """What one machine proves per hour: measured, else benchmarked, else its model's rate."""
-    for value in (row.get("proofs_per_hour"), row.get("bench_rate")):
+def expected_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
+                  implausible: bool = False) -> float:
+    """What one machine proves per hour: measured, else benchmarked, else its model's rate; each figure bounded
+    by what the machine can plausibly prove, and a machine caught over-claiming by its model's rate."""
+    model = rate_of_model(row.get("gpu_name"), rates, default_rate)
+    for value, bound in ((row.get("proofs_per_hour"), lifecycle.measured_rate_bound(row)),
+                         (row.get("bench_rate"), lifecycle.rate_ceiling(row))):
         if value is not None:
-            return float(value)
-    return rate_of_model(row.get("gpu_name"), rates, default_rate)
+            rate = lifecycle.bounded(value, bound)
+            return min(rate, model) if implausible else rate
+    return model
 
 
 def capacity(machines: Iterable[Mapping[str, Any]]) -> float:
@@ -113,9 +133,105 @@ def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
     return sum(m["expected_rate"] for m in machines if m["state"] in PENDING_STATES)
 
 
-def spend_per_hour(rows: Iterable[Mapping[str, Any]]) -> float:
-    """$/h of the machines billing GPU time (live and not stopped)."""
-    return sum(float(row.get("dph") or 0.0) for row in rows if row["state"] in BILLING_STATES)
+# --- spend: what vast bills us for ------------------------------------------------------------------
+#
+# A machine bills from its create until vast confirms its destroy (vast-api.md §7): GPU and disk while it
+# runs or boots, the disk alone while stopped. So every machine of ours counts:
+#   - a row the file has not seen destroyed, killed ones included while their destroy is pending;
+#   - an instance the last good listing shows under a row's vast id, whatever label vast gives it, and
+#     one it still shows after its row's destroy was confirmed (unless vast says `unloaded`);
+#   - an instance listed with our label prefix and no row (an orphan, until reconcile destroys it).
+# Where the file and the listing both know a machine, the one that heard of it last decides (a stop or
+# kill since the listing, or vast's status since our last change). A stopped machine bills its disk
+# price as the listing gives it; without one it counts at its full price, never at nothing. A price that
+# is not a finite number above zero is no price: the row's is used when the listing's is missing.
+
+
+def _price(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
+    """vast id → the instance as the last good listing showed it (vast_cache holds that listing only)."""
+    return {row["vast_id"]: dict(row) for row in conn.execute("SELECT * FROM vast_cache")}
+
+
+def _stopped_price(dph: float | None, entry: Mapping[str, Any] | None) -> float:
+    storage = None if entry is None else entry.get("storage_dph")
+    if storage is not None and float(storage) >= 0 and math.isfinite(float(storage)):
+        return float(storage) if dph is None else min(float(storage), dph)
+    return dph or 0.0
+
+
+def _listed_price(entry: Mapping[str, Any], row: Mapping[str, Any] | None) -> float:
+    """$/h for one instance as vast listed it."""
+    if entry.get("cur_state") == "unloaded":  # released: the destroy took
+        return 0.0
+    dph = _price(entry.get("dph"))
+    if dph is None and row is not None:
+        dph = _price(row.get("dph"))
+    if "stopped" in (entry.get("actual_status"), entry.get("cur_state")):
+        return _stopped_price(dph, entry)
+    return dph or 0.0
+
+
+def _file_price(row: Mapping[str, Any], entry: Mapping[str, Any] | None) -> float:
+    """$/h for one row as the file has it."""
+    if row.get("destroyed_at"):
+        return 0.0
+    dph = _price(row.get("dph"))
+    if row["state"] in (State.KILLED, State.STOPPED) and row.get("vast_id") is None:
+        return 0.0  # nothing rented that the file knows of (the listing finds one by label: billing())
+    if row["state"] == State.KILLED:  # bills until vast confirms the destroy
+        return dph or 0.0
+    if row["state"] == State.STOPPED:
+        return _stopped_price(dph, entry)
+    return dph or 0.0  # live: a launch whose create is still unanswered may be billing already
+
+
+def _heard_last(row: Mapping[str, Any]) -> str:
+    """When the file last learned something that changes the row's billing (ISO text sorts as time)."""
+    return max(row.get("state_since") or "", row.get("destroyed_at") or "")
+
+
+def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
+            prefix: str) -> tuple[dict[str, float], float]:
+    """(uuid → $/h each live row bills, $/h of the listed machines of ours no live row stands for)."""
+    rows = list(rows)
+    listing = _listing(conn)
+    per_row: dict[str, float] = {}
+    claimed: set[int] = set()
+    known = {row.get("vast_id") for row in rows}
+    by_label = {entry["label"]: vast_id for vast_id, entry in listing.items()
+                if entry.get("label") and vast_id not in known}  # an instance another row has by id is that row's
+    for row in rows:
+        vast_id = row.get("vast_id")
+        if vast_id is None:  # a launch that crashed before recording its id: vast may list it by label
+            vast_id = by_label.get(row["label"])
+        entry = listing.get(vast_id) if vast_id is not None else None
+        if entry is not None:
+            claimed.add(vast_id)
+        if entry is not None and entry["seen_at"] >= _heard_last(row):
+            per_row[row["uuid"]] = _listed_price(entry, row)
+        else:
+            per_row[row["uuid"]] = _file_price(row, entry)
+    others = 0.0
+    unclaimed = {vast_id: entry for vast_id, entry in listing.items() if vast_id not in claimed}
+    if unclaimed:
+        gone = {row["vast_id"]: dict(row) for row in conn.execute(
+            f"SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND vast_id IN"
+            f" ({', '.join('?' for _ in unclaimed)})", tuple(unclaimed))}
+        for vast_id, entry in unclaimed.items():
+            row = gone.get(vast_id)
+            if row is not None:  # destroyed here; billing only if vast still listed it after
+                others += _listed_price(entry, row) if entry["seen_at"] >= _heard_last(row) else 0.0
+            elif prefix and (entry.get("label") or "").startswith(prefix):
+                others += _listed_price(entry, None)
+    return per_row, others
 
 
 def machine_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -154,14 +270,20 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
             events_since: int | None = None) -> Observation:
     """One snapshot for one decision. `events_since`: the event cursor (None: no events)."""
     rows = machine_rows(conn)
-    rates = model_rates(conn)
+    billed, unlisted = billing(conn, rows, config.vast.label_prefix)
+    flagged = implausible_claims(conn)
+    rates = model_rates(conn, flagged)
     resumes = _resumes(conn)
     machines = []
     for row in rows:
         view = fleet.instance_view(row)
-        view["expected_rate"] = expected_rate(row, rates, config.fleet.default_rate)
+        view["expected_rate"] = expected_rate(row, rates, config.fleet.default_rate,
+                                              implausible=row["uuid"] in flagged)
         view["machine_id"] = row.get("machine_id")
         view["resumes"] = resumes.get(row["uuid"], 0)
+        view["billed_per_hour"] = billed[row["uuid"]]
+        if row["uuid"] in flagged:
+            view["implausible_claims"] = flagged[row["uuid"]]
         machines.append(view)
     return Observation(
         now=now,
@@ -170,7 +292,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         machines=machines,
         capacity=capacity(machines),
         pending_capacity=pending_capacity(machines),
-        spend_per_hour=spend_per_hour(rows),
+        spend_per_hour=sum(billed.values()) + unlisted,
         events=[] if events_since is None else fleet.events(conn, since=events_since, limit=EVENTS_KEPT),
         last_actions=last_step_actions(conn),
         model_rates=rates,

@@ -533,13 +533,14 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
         _prune_listings(conn, now)
         conn.executemany(
             "INSERT INTO vast_cache (vast_id, label, actual_status, intended_status, cur_state, status_msg, machine_id,"
-            " gpu_name, num_gpus, dph, first_seen_at, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " gpu_name, num_gpus, dph, storage_dph, first_seen_at, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(vast_id) DO UPDATE SET label = excluded.label, actual_status = excluded.actual_status,"
             " intended_status = excluded.intended_status, cur_state = excluded.cur_state,"
             " status_msg = excluded.status_msg, machine_id = excluded.machine_id, gpu_name = excluded.gpu_name,"
-            " num_gpus = excluded.num_gpus, dph = excluded.dph, seen_at = excluded.seen_at",
+            " num_gpus = excluded.num_gpus, dph = excluded.dph, storage_dph = excluded.storage_dph,"
+            " seen_at = excluded.seen_at",
             [(e.id, e.label, e.actual_status, e.intended_status, e.cur_state, e.status_msg, e.machine_id, e.gpu_name,
-              e.num_gpus, e.dph_total, at, at) for e in listing],
+              e.num_gpus, e.dph_total, e.storage_dph, at, at) for e in listing],
         )
         conn.execute("DELETE FROM vast_cache WHERE seen_at != ?", (at,))
         conn.executemany(

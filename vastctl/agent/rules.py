@@ -188,12 +188,13 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
         dph = float(machine.get("dph") or 0.0)
         if missing <= 0 or len(actions) >= budget:
             break
-        if spend + dph > max_spend + 1e-9 or dph > float(obs.settings["max_dph"]) + 1e-9:
+        adds = max(0.0, dph - float(machine.get("billed_per_hour") or 0.0))  # its disk bills already
+        if spend + adds > max_spend + 1e-9 or dph > float(obs.settings["max_dph"]) + 1e-9:
             continue
         actions.append(Action(kind=Kind.START, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                               dph=machine.get("dph"), reason=f"{sizing}; resume before renting anew"))
         missing -= machine["expected_rate"]
-        spend += dph
+        spend += adds
     for offer, rate in rank_offers(offers, obs, config):
         if missing <= 0 or len(actions) >= budget or live >= int(obs.settings["max_instances"]):
             break

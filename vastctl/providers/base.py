@@ -43,8 +43,9 @@ class RemoteInstance:
     machine_id: int | None = None
     gpu_name: str | None = None
     num_gpus: int | None = None
-    dph_total: float | None = None
+    dph_total: float | None = None  # $/h, GPU and disk; None when vast's figure is not a real price
     start_date: float | None = None
+    storage_dph: float | None = None  # $/h the disk alone bills (all a stopped instance costs), when vast says
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 

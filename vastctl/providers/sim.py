@@ -700,7 +700,7 @@ class SimProvider:
             id=machine.vast_id, label=machine.label, actual_status=machine.actual_status,
             intended_status=machine.intended_status, cur_state=machine.cur_state, status_msg=machine.status_msg,
             machine_id=machine.machine_id, gpu_name=host.gpu_name, num_gpus=host.num_gpus, dph_total=dph,
-            start_date=machine.created_at, raw=raw,
+            start_date=machine.created_at, storage_dph=machine.storage_dph, raw=raw,
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -164,6 +165,8 @@ class VastProvider:
         offers = [offer for offer in (_offer(raw) for raw in rows) if offer is not None]
         if query.offer_id is not None:
             offers = [offer for offer in offers if offer.id == query.offer_id]
+            if not offers:
+                _refuse_unpriced(rows, query.offer_id)
         return sorted(offers, key=lambda offer: offer.dph_total)
 
     def create_instance(self, request: CreateRequest) -> int:
@@ -366,9 +369,30 @@ def create_body(request: CreateRequest) -> dict[str, Any]:
 
 
 def _number(value: Any) -> float | None:
+    """A finite JSON number, else None: vast's JSON may carry NaN, Infinity or 1e400, and none of them is a figure."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past float range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _price(value: Any) -> float | None:
+    """A $/h vast quotes: finite and above zero, else None. A NaN compares false against every limit and a
+    negative price lowers the spend the guard adds up, so neither is ever a price."""
+    number = _number(value)
+    return number if number is not None and number > 0 else None
+
+
+def _storage_price(raw: Mapping[str, Any]) -> float | None:
+    """$/h the allocated disk bills (all a stopped instance costs): `storage_total_cost`, else dph_total − dph_base."""
+    storage = _number(raw.get("storage_total_cost"))
+    if storage is None:
+        total, base = _price(raw.get("dph_total")), _number(raw.get("dph_base"))
+        storage = None if total is None or base is None or base < 0 else total - base
+    return storage if storage is not None and storage >= 0 else None
 
 
 def _integer(value: Any) -> int | None:
@@ -389,8 +413,18 @@ def _instance(raw: Any, what: str) -> RemoteInstance:
         intended_status=_text(raw.get("intended_status")), cur_state=_text(raw.get("cur_state")),
         status_msg=_text(raw.get("status_msg")), machine_id=_integer(raw.get("machine_id")),
         gpu_name=_text(raw.get("gpu_name")), num_gpus=_integer(raw.get("num_gpus")),
-        dph_total=_number(raw.get("dph_total")), start_date=_number(raw.get("start_date")), raw=raw,
+        dph_total=_price(raw.get("dph_total")), storage_dph=_storage_price(raw),
+        start_date=_number(raw.get("start_date")), raw=raw,
     )
+
+
+def _refuse_unpriced(rows: list, offer_id: int) -> None:
+    """The offer asked for by id is listed but without a real price: say so, rather than "not available"."""
+    for raw in rows:
+        if isinstance(raw, dict) and _integer(raw.get("id")) == offer_id and _price(raw.get("dph_total")) is None:
+            shown = upstream.clip(repr(raw.get("dph_total")), 40)
+            raise ProviderError(f"vast offer {offer_id}: its price dph_total {shown} is not a finite $/h above 0;"
+                                " not renting it")
 
 
 def _facts(instance: RemoteInstance) -> tuple:
@@ -399,10 +433,10 @@ def _facts(instance: RemoteInstance) -> tuple:
 
 
 def _offer(raw: Any) -> Offer | None:
-    """One offer, or None for a row too incomplete to rent from (skipped)."""
+    """One offer, or None for a row too incomplete to rent from or without a real price (skipped)."""
     if not isinstance(raw, dict):
         return None
-    offer_id, dph = _integer(raw.get("id")), _number(raw.get("dph_total"))
+    offer_id, dph = _integer(raw.get("id")), _price(raw.get("dph_total"))
     if offer_id is None or dph is None:
         return None
     ram_mb = _number(raw.get("cpu_ram"))

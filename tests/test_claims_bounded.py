@@ -1,0 +1,275 @@
+"""A machine's word about its own speed is bounded before it counts: capacity and the release ranking never
+follow a liar, and every bounded claim is an `implausible_rate` event the operator sees.
+
+The incident: one heartbeat's proofs_done leapt to 2^63-1 (or `bench-report --rate 1e308`), fleet capacity
+read ~1e19, agent-step planned nothing with 59 queued, and the liar ranked best per dollar (released last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid as uuid_module
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+from serving import ADMIN_TOKEN, Manager
+
+from vastctl import lifecycle
+from vastctl.lifecycle import MAX_INT, MAX_RATE_PER_GPU, State
+from vastctl.providers.base import Offer
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+
+
+# --- over HTTP: a real `vastctl serve` ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def manager(tmp_path_factory):
+    m = Manager(tmp_path_factory.mktemp("claims"), gate=40).start(0, "--timeout", "2")
+    yield m
+    assert m.stop() == 0
+
+
+def post(manager, uuid, report, body=None):
+    response = requests.post(f"{manager.url}/v1/instances/{uuid}/{report}", data=json.dumps(body or {}), timeout=10,
+                             headers={"Authorization": f"Bearer {manager.token(uuid)}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def to_running(manager, uuid, rate):
+    post(manager, uuid, "register", {"label": f"vastctl-{uuid[:12]}", "gpu_name": "RTX 4090", "num_gpus": 1})
+    post(manager, uuid, "params-done")
+    post(manager, uuid, "bench-report", {"rate": rate})
+    post(manager, uuid, "running")
+
+
+def fleet(manager):
+    response = requests.get(f"{manager.url}/v1/fleet", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                            timeout=10)
+    assert response.status_code == 200
+    return response.json()
+
+
+def implausible_events(manager, uuid):
+    return [e for e in manager.events(uuid) if e["kind"] == "implausible_rate"]
+
+
+@pytest.mark.slow
+def test_a_leaping_heartbeat_counter_over_http_is_bounded_and_recorded(manager):
+    honest, liar = f"h-{uuid_module.uuid4()}", f"l-{uuid_module.uuid4()}"
+    to_running(manager, honest, 70)
+    to_running(manager, liar, 70)
+    for uuid in (honest, liar):
+        post(manager, uuid, "heartbeat", {"proofs_done": 0})
+    post(manager, honest, "heartbeat", {"proofs_done": 1})
+    post(manager, liar, "heartbeat", {"proofs_done": MAX_INT})
+    post(manager, liar, "heartbeat", {"proofs_done": MAX_INT})  # the same claim again: no second event
+    rows = manager.rows()
+    assert rows[liar]["proofs_done"] == MAX_INT  # the claim is kept as said; the rate it implies is not
+    assert rows[liar]["proofs_per_hour"] <= 2 * 70
+    (event,) = implausible_events(manager, liar)
+    assert event["source"] == "instance" and "not plausible" in event["reason"] and "140" in event["reason"]
+    assert implausible_events(manager, honest) == []
+    capacity = fleet(manager)["summary"]["capacity_proofs_per_hour"]
+    assert capacity <= 70 + 2 * 70  # the honest machine and the liar at its bound; before: ~1e19
+
+
+@pytest.mark.slow
+def test_an_impossible_bench_rate_over_http_counts_as_the_ceiling(manager):
+    liar = f"b-{uuid_module.uuid4()}"
+    post(manager, liar, "register", {"label": f"vastctl-{liar[:12]}", "gpu_name": "RTX 4090", "num_gpus": 1})
+    post(manager, liar, "params-done")
+    for _ in range(2):  # delivered twice: one answer, one transition, one implausible event
+        assert post(manager, liar, "bench-report", {"rate": 1e308}) == {"state": "bench_done", "passed": True}
+    assert manager.rows()[liar]["bench_rate"] == MAX_RATE_PER_GPU
+    (event,) = implausible_events(manager, liar)
+    assert "1e+308" in event["reason"] and f"counted as {MAX_RATE_PER_GPU:g}" in event["reason"]
+    assert [e["to_state"] for e in manager.events(liar)].count("bench_done") == 1
+
+
+# --- at the command line ----------------------------------------------------------------------------
+
+
+class Market:
+    """Offers to rent and every call made; nothing leaves the process."""
+
+    def __init__(self):
+        self.offers = [Offer(id=i, machine_id=i * 10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.4,
+                             cpu_ram_gb=512, inet_down_mbps=900, reliability=0.99) for i in range(1, 9)]
+        self.calls: list[tuple] = []
+        self.next_id = 9000
+
+    def search_offers(self, query):
+        self.calls.append(("search", query.offer_id))
+        found = [o for o in self.offers if query.offer_id in (None, o.id)]
+        return [o for o in found if query.max_dph is None or o.dph_total <= query.max_dph][: query.limit]
+
+    def create_instance(self, request):
+        self.next_id += 1
+        self.calls.append(("create", request.offer_id))
+        return self.next_id
+
+    def stop_instance(self, vast_id):
+        self.calls.append(("stop", vast_id))
+
+
+@pytest.fixture
+def market(monkeypatch):
+    fake = Market()
+    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
+    monkeypatch.setattr("vastctl.providers.get_provider", lambda config, *, clock: fake)
+    return fake
+
+
+@pytest.fixture
+def ready(cli, tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text("server:\n  url: https://manager.example\n"
+                      "launch:\n  vastctl_source: vastctl\n  install: ./install-provers.sh\n"
+                      "fleet:\n  target_proofs_per_hour: 300\n  max_instances: 10\n  max_hourly_spend: 10\n"
+                      "agent:\n  max_actions_per_step: 5\n")
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    assert cli("init").code == 0
+
+
+def machine(cli, label, rate, vast_id, dph=0.4):
+    """A machine reporting its way to running at the command line, with what its launch would have recorded."""
+    uuid = f"u-{label}"
+    for args in (["register", "--uuid", uuid, "--label", label, "--gpu", "RTX 4090"], ["params-done", "--uuid", uuid],
+                 ["bench-report", "--uuid", uuid, "--rate", str(rate)], ["running", "--uuid", uuid],
+                 ["heartbeat", "--uuid", uuid, "--proofs-done", "0"]):
+        assert cli(*args).code == 0, args
+    with sqlite3.connect(os.environ["VASTCTL_DB"]) as raw:
+        raw.execute("UPDATE instances SET vast_id = ?, dph = ? WHERE uuid = ?", (vast_id, dph, uuid))
+    return uuid
+
+
+def step(cli, *extra):
+    result = cli("agent-step", "--json", *extra)
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+@pytest.mark.parametrize("lie", [["bench-report", "--rate", "1e308"], ["heartbeat", "--proofs-done", str(MAX_INT)]])
+def test_with_59_queued_a_liar_does_not_stop_the_fleet_growing(ready, cli, market, db_path, lie):
+    machine(cli, "vastctl-a", 70, 500)
+    if lie[0] == "bench-report":  # the liar benches at 1e308/h
+        uuid = "u-vastctl-b"
+        for args in (["register", "--uuid", uuid, "--label", "vastctl-b", "--gpu", "RTX 4090"],
+                     ["params-done", "--uuid", uuid], ["bench-report", "--uuid", uuid, "--rate", "1e308"],
+                     ["running", "--uuid", uuid]):
+            assert cli(*args).code == 0, args
+    else:  # the liar benches honestly, then its counter leaps to 2^63-1
+        uuid = machine(cli, "vastctl-b", 70, 501)
+        assert cli("heartbeat", "--uuid", uuid, "--proofs-done", str(MAX_INT)).code == 0
+    assert cli("demand", "report", "--queued", "59").code == 0
+    data = step(cli)
+    launches = [a for a in data["actions"] if a["kind"] == "launch"]
+    assert launches and all(a["result"].startswith("launched") for a in launches)
+    assert ("create", 1) in market.calls
+    observed = json.loads(sqlite3.connect(db_path).execute("SELECT observation FROM agent_steps").fetchone()[0])
+    assert observed["capacity"] == 70 + 70  # the liar counts for its model's honest rate; before: ~1e19
+    assert "capacity 140 of 345 proofs/h" in launches[0]["reason"]
+    events = json.loads(cli("events", "--json").out)
+    assert [e["label"] for e in events if e["kind"] == "implausible_rate"] == ["vastctl-b"]
+
+
+def test_the_liar_is_not_released_last(ready, cli, market, db_path):
+    """Queue empty past the cooldown: machines are released least proofs per dollar first, the liar among them
+    at its model's honest rate, not at the 1e308/h it claimed."""
+    machine(cli, "vastctl-a", 60, 500)
+    machine(cli, "vastctl-b", 1e308, 501)
+    machine(cli, "vastctl-c", 90, 502)
+    assert cli("settings", "set", "target_proofs_per_hour", "0").code == 0
+    assert cli("demand", "report", "--queued", "0").code == 0
+    with sqlite3.connect(db_path) as raw:  # the empty queue was first seen two hours ago
+        raw.execute("UPDATE demand_samples SET at = ?", ((datetime.now(timezone.utc) - timedelta(hours=2))
+                                                       .strftime("%Y-%m-%dT%H:%M:%S.%fZ"),))
+    assert cli("demand", "report", "--queued", "0").code == 0  # and it is still empty now
+    data = step(cli, "--dry-run")
+    stops = [a["label"] for a in data["actions"] if a["kind"] == "stop"]
+    assert stops == ["vastctl-a", "vastctl-b", "vastctl-c"]  # 60/h, 75/h (the median of a and c), 90/h
+
+
+def test_the_fleet_table_shows_the_bounded_figures(ready, cli, market):
+    machine(cli, "vastctl-b", 1e308, 501)
+    view = json.loads(cli("fleet", "--json").out)
+    (row,) = view["instances"]
+    assert row["bench_rate"] == MAX_RATE_PER_GPU
+    assert view["summary"]["capacity_proofs_per_hour"] <= MAX_RATE_PER_GPU
+
+
+# --- the bounds themselves, on the lifecycle ---------------------------------------------------------
+
+
+def running_machine(conn, uuid="u1", bench=70.0, num_gpus=1):
+    lifecycle.create(conn, uuid=uuid, label=f"vastctl-{uuid}", state=State.REGISTERED, reason="test",
+                     source="operator", now=T0, fields={"num_gpus": num_gpus})
+    lifecycle.params_done(conn, uuid, now=T0)
+    lifecycle.bench_report(conn, uuid, bench, gate=40, now=T0)
+    lifecycle.running(conn, uuid, now=T0)
+    return lifecycle.heartbeat(conn, uuid, proofs_done=0, now=T0)
+
+
+def beat(conn, proofs, seconds, uuid="u1"):
+    return lifecycle.heartbeat(conn, uuid, proofs_done=proofs, now=T0 + timedelta(seconds=seconds))
+
+
+def implausible(conn, uuid="u1"):
+    return conn.execute("SELECT count(*) FROM events WHERE uuid = ? AND kind = 'implausible_rate'",
+                        (uuid,)).fetchone()[0]
+
+
+def test_a_liar_that_keeps_lying_is_recorded_once_an_hour_and_stays_at_its_bound(conn):
+    running_machine(conn, bench=70)
+    proofs = 0
+    for minute in range(1, 121):
+        proofs += 1000
+        row = beat(conn, proofs, minute * 60)
+        assert row["proofs_per_hour"] <= 140
+    assert row["proofs_per_hour"] == pytest.approx(140, abs=2)
+    assert implausible(conn) == 2  # at minute 1 and at minute 61
+
+
+def test_an_honest_batch_of_proofs_is_not_called_a_lie(conn):
+    running_machine(conn, bench=70)
+    row = beat(conn, 5, 30)  # a -j 5 batch lands between two beats
+    assert implausible(conn) == 0 and 70 < row["proofs_per_hour"] < 80
+
+
+def test_the_ceiling_counts_each_gpu_up_to_eight(conn):
+    lifecycle.create(conn, uuid="u8", label="vastctl-u8", state=State.PARAMS_DONE, reason="test", source="operator",
+                     now=T0, fields={"num_gpus": 4})
+    assert lifecycle.bench_report(conn, "u8", 500, gate=40, now=T0)["bench_rate"] == 500
+    assert implausible(conn, "u8") == 0
+    lifecycle.create(conn, uuid="u9", label="vastctl-u9", state=State.PARAMS_DONE, reason="test", source="operator",
+                     now=T0, fields={"num_gpus": 10**6})
+    assert lifecycle.bench_report(conn, "u9", 1e9, gate=40, now=T0)["bench_rate"] == 8 * MAX_RATE_PER_GPU
+
+
+def test_rows_written_before_the_bounds_are_bounded_when_read(conn, config):
+    from vastctl.observe import observe
+
+    running_machine(conn, bench=70)
+    conn.execute("UPDATE instances SET bench_rate = 1e308, proofs_per_hour = 1e19")
+    obs = observe(conn, config, now=T0)
+    assert obs.capacity == MAX_RATE_PER_GPU
+
+
+def test_the_observation_flags_the_liar_and_counts_it_at_its_models_rate(conn, config):
+    from vastctl.observe import observe
+
+    for uuid, bench in (("a", 60.0), ("b", 1e308), ("c", 90.0)):
+        running_machine(conn, uuid=uuid, bench=bench)
+    conn.execute("UPDATE instances SET gpu_name = 'RTX 4090'")
+    obs = observe(conn, config, now=T0)
+    rates = {m["uuid"]: m["expected_rate"] for m in obs.machines}
+    assert rates == {"a": 60.0, "b": 75.0, "c": 90.0} and obs.model_rates == {"RTX 4090": 75.0}
+    flags = {m["uuid"]: m.get("implausible_claims") for m in obs.machines}
+    assert flags == {"a": None, "b": 1, "c": None}
+    assert [m["implausible_claims"] for m in obs.to_prompt()["machines"] if "implausible_claims" in m] == [1]
