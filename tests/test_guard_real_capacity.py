@@ -246,3 +246,31 @@ def test_kill_of_a_row_without_our_prefix(ready, cli, market, db_path):
     assert forced["result"].startswith("forced past the guard (label_prefix)")
     (event,) = query(db_path, "SELECT reason FROM events WHERE label = 'oldprefix-c' AND to_state = 'killed'")
     assert event["reason"] == "operator: old fleet (forced)"
+
+
+# --- stop of a machine whose vast id is only claimed ------------------------------------------------------
+
+
+def test_stop_of_a_claimed_id_says_it_is_unconfirmed_and_what_confirms_it(ready, cli, market, db_path):
+    assert cli("register", "--uuid", "u1", "--label", "vastctl-c", "--vast-id", "4711").code == 0
+    for verb in ("stop", "start"):
+        result = cli(verb, "vastctl-c")
+        assert result.code == 3 and "never rented" not in result.err
+        assert "vastctl-c claims vast instance 4711" in result.err and "no vast listing has confirmed it" in result.err
+        assert "`vastctl reconcile` confirms it once vast lists instance 4711 under the label 'vastctl-c'" in result.err
+    assert cli("register", "--uuid", "u2", "--label", "hand-made", "--vast-id", "4712").code == 0
+    result = cli("stop", "hand-made")
+    assert result.code == 3 and "reconcile never confirms it: the label lacks our prefix 'vastctl-'" in result.err
+    assert cli("register", "--uuid", "u3", "--label", "vastctl-n").code == 0
+    assert "vastctl-n was never rented" in cli("stop", "vastctl-n").err  # no claim: that is what is true
+    assert market.calls == []
+    assert {r["state"] for r in query(db_path, "SELECT state FROM instances")} == {"registered"}
+
+
+def test_the_library_stop_says_the_same(conn, cfg):
+    from vastctl import lifecycle, operations
+    from vastctl.errors import Refused
+
+    lifecycle.register(conn, "u1", label="vastctl-c", vast_id=4711, now=NOW)
+    with pytest.raises(Refused, match="vastctl-c claims vast instance 4711"):
+        operations.stop(conn, Market(), "vastctl-c", config=cfg, now=NOW)

@@ -95,7 +95,7 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
     """
     g = globals_of(ctx)
     conn = g.connect()
-    _check_rented(lifecycle.resolve(conn, instance), "stop")  # fails before the key is needed
+    _check_rented(lifecycle.resolve(conn, instance), "stop", g.config)  # fails before the key is needed
     row = operations.stop(conn, get_provider(g.config, clock=g.clock), instance, config=g.config, actor="operator",
                           force=force, now=g.clock.now())
     echo(f"{row['label']} {row['state']}")
@@ -109,14 +109,14 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     """
     g = globals_of(ctx)
     conn = g.connect()
-    _check_rented(lifecycle.resolve(conn, instance), "start")  # fails before the key is needed
+    _check_rented(lifecycle.resolve(conn, instance), "start", g.config)  # fails before the key is needed
     row = operations.start(conn, get_provider(g.config, clock=g.clock), g.config, instance, actor="operator",
                            now=g.clock.now())
     echo(f"{row['label']} {row['state']} (resumed)")
 
 
-def _check_rented(row: dict, verb: str) -> None:
-    """A machine past launching without a vast id was registered by hand: there is nothing at vast to act on."""
+def _check_rented(row: dict, verb: str, config) -> None:
+    """A machine past launching without a confirmed vast id was registered by hand (perhaps claiming an id):
+    there is nothing vastctl may act on at vast."""
     if row["vast_id"] is None and row["state"] not in (State.LAUNCHING, State.KILLED):
-        raise Refused(f"{row['label']} was never rented (it has no vast instance id): there is nothing to {verb}"
-                      " at vast; `vastctl kill` retires it")
+        raise Refused(operations.without_vast_id(row, verb, config.vast.label_prefix))
