@@ -316,7 +316,7 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
     reports.running("u1")
     now = clock.SYSTEM.now()
     lifecycle.create(conn, uuid="u9", label=XSS, state="launching", reason="launch", source="operator",
-                     now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090"})
+                     now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090", "vast_id": 99})
     for state in ("stopped", "launching", "stopped"):  # resumed once, stopped again: the rules replace it
         lifecycle.transition(conn, "u9", state, state, "operator", now=now - timedelta(hours=1))
     settings.set_value(conn, app.config, "target_proofs_per_hour", 60, now=now)

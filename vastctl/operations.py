@@ -27,6 +27,7 @@ from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, Of
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
 SEARCH_SLACK = 10  # extra offers fetched per launch, to skip blocklisted or vanished ones
+BLOCKLIST = "blocklist"  # the limit a refusal names when the offer's machine is blocklisted
 PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER")  # env values the audit may show
 
 
@@ -219,7 +220,7 @@ def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *
     verdict = guard.check(observe(conn, config, now=now), action, config)
     guard.record(conn, action, verdict, now=now)
     if not verdict.allowed:
-        raise GuardRefused(verdict.why)
+        raise GuardRefused(verdict.why, limit=verdict.limit)
     return verdict
 
 
@@ -232,7 +233,7 @@ def _the_offer(conn, provider, config, offer_id, now) -> Offer:
     entry = blocklist.blocked(conn, now).get(offer.machine_id)
     if entry:
         raise GuardRefused(f"machine {offer.machine_id} of offer {offer_id} is blocklisted until"
-                           f" {clock.display_iso(entry['until'])}: {entry['reason']}")
+                           f" {clock.display_iso(entry['until'])}: {entry['reason']}", limit=BLOCKLIST)
     return offer
 
 
@@ -261,6 +262,8 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
                                                   offer_id=offer.id, dph=offer.dph_total,
                                                   reason=f"launch by {actor}"), now=now)
         except GuardRefused as exc:
+            if not result.launched:  # nothing rented: the launch as a whole was refused, and names its limit
+                raise
             result.error = f"launched {len(result.launched)} of {count}: {exc}"
             break
         outcome, row, why = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
