@@ -57,6 +57,7 @@ REMOVING = frozenset({Kind.STOP, Kind.KILL, Kind.DESTROY})
 RETIRING = frozenset({Kind.KILL, Kind.DESTROY})
 SCALE_TO_ZERO = "never_scale_to_zero"
 LABEL_PREFIX = "label_prefix"
+FORCEABLE = frozenset({SCALE_TO_ZERO, LABEL_PREFIX})  # the rules an operator's --force passes (for a kill)
 
 
 @dataclass(frozen=True)
