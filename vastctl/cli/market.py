@@ -81,7 +81,7 @@ def launch_cmd(
         raise Unavailable(result.error)
 
 
-ForceOpt = Annotated[bool, typer.Option("--force", help="Even if it leaves no machine running while work is queued or demand is unknown (recorded as forced).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Even if it is the last machine proving while work is queued or demand is unknown (recorded as forced).")]
 
 
 @app.command("stop")
@@ -89,7 +89,8 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
              force: ForceOpt = False) -> None:
     """Stop a machine at vast: it keeps its disk (and bills storage) until started or killed.
 
-    Refused (exit 4) when it would leave no machine running while work is queued or demand is unknown.
+    Refused (exit 4) when it is the last machine really proving (running here and at vast, heartbeat fresh)
+    while work is queued or demand is unknown.
 
     Example: vastctl stop vastctl-3f2a9c1d
     """
