@@ -7,6 +7,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from .. import lifecycle, operations
+from ..config import Config
 from ..errors import Refused, Unavailable
 from ..lifecycle import State
 from ..providers import get_provider
@@ -116,7 +117,7 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     echo(f"{row['label']} {row['state']} (resumed)")
 
 
-def _check_rented(row: dict, verb: str, config) -> None:
+def _check_rented(row: dict, verb: str, config: Config) -> None:
     """A machine past launching without a confirmed vast id was registered by hand (perhaps claiming an id):
     there is nothing vastctl may act on at vast."""
     if row["vast_id"] is None and row["state"] not in (State.LAUNCHING, State.KILLED):

@@ -293,7 +293,10 @@ class VastProvider:
         if not isinstance(body, dict):
             raise ProviderError(f"{what}: the answer is not a JSON object; not trusting it")
         if body.get("success") is False:
-            code, message = _error_fields(self._masked(body))
+            try:
+                code, message = _error_fields(self._masked(body))
+            except RecursionError:  # nested past any real error body: nothing of it is read
+                code, message = "", ""
             text = self._scrub(message or code or "no reason given")
             if code in ("no_such_ask", "no_such_instance"):
                 raise _NotFound(f"{code}: {text}")
