@@ -316,7 +316,7 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
     reports.running("u1")
     now = clock.SYSTEM.now()
     lifecycle.create(conn, uuid="u9", label=XSS, state="launching", reason="launch", source="operator",
-                     now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090"})
+                     now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090", "vast_id": 99})
     for state in ("stopped", "launching", "stopped"):  # resumed once, stopped again: the rules replace it
         lifecycle.transition(conn, "u9", state, state, "operator", now=now - timedelta(hours=1))
     settings.set_value(conn, app.config, "target_proofs_per_hour", 60, now=now)
@@ -473,6 +473,90 @@ def test_a_guard_refusal_is_shown_as_a_message(signed_in, app, monkeypatch):
     message = signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "x"})
     assert message == "error: killing vastctl-one would leave no machine running while work is queued"
     assert rows(app)["vastctl-one"]["state"] == "registered"
+
+
+def proving(app, uuid: str, label: str, **fields) -> None:
+    register(app, uuid, label, **fields)
+    reports = LocalReports(app.connection(), app.config, now=clock.SYSTEM.now())
+    reports.params_done(uuid)
+    reports.bench_report(uuid, 55)
+    reports.running(uuid)
+    reports.heartbeat(uuid, 0)
+
+
+def override_form(page: str) -> dict[str, str]:
+    """The hidden fields of the page's second kill step, and whether its confirm box is required."""
+    form = re.search(r'<form method="post" action="/dashboard/kill" id="kill-override"[^>]*>(.*?)</form>', page)
+    assert form, "no second step on the page"
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form.group(1)))
+    assert re.search(r'<input type="checkbox" name="confirm" value="yes" required>', form.group(1))
+    return {name: unescape(value) for name, value in fields.items()}
+
+
+def test_a_refused_kill_offers_the_forced_kill_with_a_confirmation(signed_in, app):
+    proving(app, "u1", "vastctl-one")
+    demand.report(app.connection(), 9, None, now=clock.SYSTEM.now())
+    message = signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "GPU <errors>"})
+    assert message.startswith("error: kill vastctl-one would leave no machine running") and "last one proving" in message
+    answer = signed_in.post("/dashboard/kill", {"csrf": signed_in.form_token(), "instance": "vastctl-one",
+                                                "reason": "GPU <errors>"})
+    assert answer.status == 303
+    page = signed_in.get("/").text
+    fields = override_form(page)
+    assert {k: v for k, v in fields.items() if k != "csrf"} == {"instance": "vastctl-one", "reason": "GPU <errors>",
+                                                                "force": "1"}
+    assert "Recorded as forced past the guard (never_scale_to_zero)" in page and "GPU <errors>" not in page
+    assert 'id="kill-override"' not in signed_in.get("/").text  # shown once, with its message
+    assert rows(app)["vastctl-one"]["state"] == "running"
+
+    unticked = signed_in.act("/dashboard/kill", fields)  # the box not ticked: nothing happens
+    assert unticked == "error: a kill past the guard needs its confirm box ticked: tick it and submit again"
+    assert rows(app)["vastctl-one"]["state"] == "running"
+
+    done = signed_in.act("/dashboard/kill", {**fields, "csrf": signed_in.form_token(), "confirm": "yes"})
+    assert done == "vastctl-one killed (forced past the guard)"
+    row = rows(app)["vastctl-one"]
+    assert (row["state"], row["kill_code"], row["kill_reason"]) == ("killed", "operator", "operator: GPU <errors> (forced)")
+    audit = [dict(a) for a in app.connection().execute("SELECT actor, kind, ok, result FROM actions ORDER BY id")]
+    assert [(a["actor"], a["kind"], a["ok"]) for a in audit] == [("operator", "kill", 0)] * 2 + [("operator", "kill", 1)]
+    assert audit[-1]["result"].startswith("forced past the guard (never_scale_to_zero)")
+
+
+def test_a_kill_past_a_label_without_our_prefix_is_offered_too(signed_in, app, monkeypatch):
+    monkeypatch.setenv("VAST_API_KEY", "k-dash")  # the guard refuses before vast is called
+    monkeypatch.setenv("VAST_API_URL", "https://vast.test")
+    proving(app, "u1", "vastctl-one")
+    register(app, "u2", "oldprefix-two", vast_id=4242)
+    signed_in.post("/dashboard/kill", {"csrf": signed_in.form_token(), "instance": "oldprefix-two", "reason": "old"})
+    page = signed_in.get("/").text
+    assert "does not carry our label prefix" in unescape(page)
+    assert override_form(page)["instance"] == "oldprefix-two" and "(label_prefix)" in page
+
+
+def test_no_second_step_for_what_force_cannot_pass(signed_in, app):
+    register(app, "u1", "vastctl-one")
+    empty_queue(app)
+    assert signed_in.act("/dashboard/kill", {"instance": "vastctl-one", "reason": "x"}) == "vastctl-one killed"
+    signed_in.post("/dashboard/kill", {"csrf": signed_in.form_token(), "instance": "vastctl-one", "reason": "x"})
+    page = signed_in.get("/").text
+    assert "is killed" in page and 'id="kill-override"' not in page  # Refused, not the guard
+
+
+@pytest.mark.parametrize("reason, carried", [("é" * 500, True), ("\U0001f600" * 500, False)], ids=["fits", "too-long"])
+def test_a_long_refusal_keeps_its_second_step(signed_in, app, reason, carried):
+    label = "vastctl-" + "x" * 240  # as long as a label may be
+    proving(app, "u1", label)
+    demand.report(app.connection(), 9, None, now=clock.SYSTEM.now())
+    answer = signed_in.post("/dashboard/kill", {"csrf": signed_in.form_token(), "instance": label, "reason": reason})
+    (cookie,) = answer.cookies()
+    assert len(cookie.split(";")[0]) < 4000  # one cookie a browser keeps
+    page = signed_in.get("/").text
+    assert "never scale to zero" in page
+    fields = override_form(page)
+    if carried:
+        assert fields["reason"] == reason
+    else:  # the second step asks for the reason again
+        assert "reason" not in fields and '<input name="reason" required maxlength="500"' in page.split("kill-override")[1]
 
 
 # --- cross-site request forgery ----------------------------------------------------------------------

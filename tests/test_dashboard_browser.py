@@ -139,6 +139,49 @@ def test_kill_a_machine_and_see_it_go(page, manager):
     assert "registered → killed" in page.inner_text("#events")
 
 
+def report(manager, uuid: str, name: str, body: dict | None = None) -> None:
+    response = requests.post(f"{manager.url}/v1/instances/{uuid}/{name}", json=body or {},
+                             headers={"Authorization": f"Bearer {manager.token(uuid)}"}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def queue(manager, queued: int) -> None:
+    conn = db.connect(manager.db_path, now=clock.SYSTEM.now())
+    try:
+        demand.report(conn, queued, None, now=clock.SYSTEM.now())
+    finally:
+        conn.close()
+
+
+def test_a_refused_kill_is_confirmed_and_forced(page, manager):
+    label = f"vastctl-last-{uuid_module.uuid4().hex[:6]}"
+    uuid = register(manager, label)
+    for name, body in (("params-done", None), ("bench-report", {"rate": 55}), ("running", None),
+                       ("heartbeat", {"proofs_done": 1})):
+        report(manager, uuid, name, body)
+    queue(manager, 9)  # work queued and this the only machine proving: the guard refuses its kill
+    try:
+        sign_in(page, manager)
+        page.fill('#kill-form input[name="instance"]', label)
+        page.fill('#kill-form input[name="reason"]', "GPU errors in dmesg")
+        page.click('#kill-form button[type="submit"]')
+        page.wait_for_selector("#flash")
+        assert "never scale to zero" in page.inner_text("#flash")
+        second = page.locator("#kill-override")
+        assert label in second.inner_text() and "Recorded as forced" in second.inner_text()
+        assert page.evaluate("document.getElementById('kill-override').checkValidity()") is False  # box unticked
+        assert manager.rows()[uuid]["state"] == "running"
+        second.locator('input[name="confirm"]').check()
+        second.locator('button[type="submit"]').click()
+        sync_api.expect(page.locator("#flash")).to_have_text(f"{label} killed (forced past the guard)")
+        row = manager.rows()[uuid]
+        assert (row["state"], row["kill_reason"]) == ("killed", "operator: GPU errors in dmesg (forced)")
+        assert page.locator("#kill-override").count() == 0
+        assert [t for t in page.console_errors if "Content Security Policy" in t or "Refused to" in t] == []
+    finally:
+        queue(manager, 0)
+
+
 def test_a_hostile_label_is_shown_as_text(page, manager):
     register(manager, XSS)
     sign_in(page, manager)

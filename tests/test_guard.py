@@ -143,10 +143,9 @@ def test_never_scale_to_zero_counts_the_earlier_actions_of_the_step(cfg):
     assert guard.check(fleet, first, cfg).allowed
     verdict = guard.check(fleet, Action(kind=Kind.DESTROY, actor="agent", label="vastctl-b"), cfg, earlier=[first])
     assert verdict.limit == "never_scale_to_zero"
-    # nothing running at all: killing a machine on its way is refused too (whatever else is launching)
+    # nothing proving at all: a machine on its way proves nothing, and retiring it takes nothing away
     booting = obs([machine("vastctl-l", state="params_done")])
-    assert guard.check(booting, Action(kind=Kind.KILL, actor="agent", label="vastctl-l"), cfg).limit == (
-        "never_scale_to_zero")
+    assert guard.check(booting, Action(kind=Kind.KILL, actor="agent", label="vastctl-l"), cfg).allowed
 
 
 def test_force_passes_only_the_operator_and_only_that_rule(cfg):

@@ -509,3 +509,25 @@ def test_factory(monkeypatch):
     assert isinstance(provider, VastProvider) and provider.base_url == "http://127.0.0.1:9"
     assert provider.clock is SYSTEM
     assert get_provider(Config(), clock=SYSTEM, env={"VAST_API_KEY": KEY}).base_url == "https://console.vast.ai"
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param({"success": False, "error": f"bad_key_{KEY}", "msg": "invalid"}, id="error"),
+    pytest.param({"error": f"{KEY}"}, id="error-alone"),
+    pytest.param({"detail": f"key {KEY}"}, id="detail"),
+    pytest.param({"error": {"nested": [KEY]}}, id="nested"),
+])
+@pytest.mark.parametrize("status", [400, 422, 404])
+def test_the_key_in_any_field_of_an_error_body_is_masked(vast, mocked, body, status):
+    mocked.put(f"{BASE}/api/v0/instances/3/", status=status, json=body)
+    with pytest.raises(ProviderError) as info:
+        vast.stop_instance(3)
+    assert KEY[:6] not in str(info.value) and KEY[-6:] not in str(info.value)
+
+
+def test_the_key_in_a_quota_reset_header_is_masked(vast, mocked, sleeps):
+    mocked.post(f"{BASE}/api/v0/bundles/", status=429, headers={"X-RateLimit-Reset": f"never {KEY}"},
+                json={"success": False, "error": "search_quota_exceeded"})
+    with pytest.raises(ProviderRejected) as info:
+        vast.search_offers(OfferQuery(gpu_names=["RTX 4090"]))
+    assert KEY not in str(info.value) and "***" in str(info.value)

@@ -8,7 +8,8 @@ stays with the machines' API. Routes:
   POST /logout              forget the session cookie
   GET  /dashboard/live      the live part of the page, as HTML, for /static/dashboard.js to swap in
   POST /dashboard/settings  settings.set_value — as `vastctl settings set`
-  POST /dashboard/kill      operations.kill — as `vastctl kill` (same reason prefix, code, provider)
+  POST /dashboard/kill      operations.operator_kill — as `vastctl kill` (same reason prefix, code, provider);
+                            with force=1 and the confirm box ticked, as `vastctl kill --force`
   POST /dashboard/note      fleet.notify — as `vastctl notify`
   GET  /static/NAME         dashboard.js and dashboard.css (package data)
   GET  /metrics             Prometheus text; bearer server.admin_token or server.metrics_token
@@ -26,6 +27,9 @@ the session's form token (an HMAC of the session id) in a hidden field. A
 refused request changes nothing. An action's outcome, or the typed error that
 refused it (GuardRefused, BadInput, Refused, Unavailable), comes back as a
 one-line message on the page after a redirect, so a reload never repeats it.
+A kill the guard refused under a rule --force passes comes back with a second
+step: a form repeating the kill with force=1 and a confirm box to tick (no
+script: the policy forbids inline script), recorded as forced like the CLI's.
 """
 
 from __future__ import annotations
@@ -43,14 +47,17 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import clock as clock_module
 from . import dashboard_page as page
-from . import fleet, operations, overview, settings
+from . import fleet, guard, operations, overview, settings
 from .config import Config
-from .errors import BadInput, VastctlError
+from .errors import BadInput, GuardRefused, VastctlError
+from .upstream import cut
 from .server import HTTPError, _bearer, access_log
 
 SESSION_S = 12 * 3600
 FLASH_S = 60
+FLASH_BYTES = 2400  # the flash's JSON in UTF-8: base64'd and signed, one cookie stays under 4 KiB
 MAX_FORM = 64 * 1024
+CONFIRMED = "yes"  # the value of the ticked confirm box of a forced kill
 ROUTES = frozenset({"/login", "/logout", "/metrics", "/dashboard/live", "/dashboard/settings", "/dashboard/kill",
                     "/dashboard/note"})
 STATIC = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
@@ -146,6 +153,9 @@ class Web:
             flash = {"kind": "ok", "text": self.act(path, form)}
         except VastctlError as exc:
             flash = {"kind": "error", "text": f"error: {exc}"}
+            override = _override(path, form, exc)
+            if override:
+                flash["override"] = override
         return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, FLASH, self.sign_flash(flash), FLASH_S))], b""
 
     # --- pages ------------------------------------------------------------------------------------
@@ -210,7 +220,7 @@ class Web:
         return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
 
     def sign_flash(self, flash: dict) -> str:
-        payload = base64.urlsafe_b64encode(json.dumps(flash)[:1500].encode()).decode().rstrip("=")
+        payload = base64.urlsafe_b64encode(_fitted(flash).encode()).decode().rstrip("=")
         return f"{payload}.{self.mac('flash' + payload)}"
 
     def read_flash(self, environ: dict) -> dict | None:
@@ -246,25 +256,64 @@ class Web:
         if path == "/dashboard/note":
             return f"note {fleet.notify(conn, form.get('text', ''), now=self.clock.now())} left for the agent"
         if path == "/dashboard/kill":
-            return self.kill(conn, form.get("instance", "").strip(), form.get("reason", "").strip())
+            force = form.get("force") == "1"
+            if force and form.get("confirm") != CONFIRMED:
+                raise BadInput("a kill past the guard needs its confirm box ticked: tick it and submit again")
+            return self.kill(conn, form.get("instance", "").strip(), form.get("reason", "").strip(), force=force)
         raise BadInput(f"no such action {path}")
 
-    def kill(self, conn: sqlite3.Connection, instance: str, reason: str) -> str:
-        """`vastctl kill INSTANCE --reason R`: marked killed with the operator's reason, then destroyed at vast."""
+    def kill(self, conn: sqlite3.Connection, instance: str, reason: str, *, force: bool = False) -> str:
+        """`vastctl kill INSTANCE --reason R [--force]`: marked killed with the operator's reason, then destroyed
+        at vast."""
         if not instance:
             raise BadInput("name the machine to kill: its label or uuid")
         from .providers import get_provider
 
         row, error = operations.operator_kill(
-            conn, self.config, instance, reason, now=self.clock.now(),
+            conn, self.config, instance, reason, force=force, now=self.clock.now(),
             make_provider=lambda config: get_provider(config, clock=self.clock))
+        forced = " (forced past the guard)" if force and (row["kill_reason"] or "").endswith("(forced)") else ""
         if error:
-            raise VastctlError(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")
+            raise VastctlError(f"{row['label']} is killed{forced} but not yet destroyed at vast ({error});"
+                               " reconcile retries")
         destroyed = f"; vast instance {row['vast_id']} destroyed" if row["vast_id"] is not None else ""
-        return f"{row['label']} killed{destroyed}"
+        return f"{row['label']} killed{forced}{destroyed}"
 
 
 SESSION, FLASH = "session", "flash"
+
+
+def _override(path: str, form: dict[str, str], exc: VastctlError) -> dict[str, str] | None:
+    """The second step offered after a kill the guard refused under a rule an operator may force past."""
+    if path != "/dashboard/kill" or not isinstance(exc, GuardRefused) or exc.limit not in guard.FORCEABLE:
+        return None
+    if form.get("force") == "1":
+        return None
+    return {"instance": form.get("instance", "").strip(), "reason": form.get("reason", "").strip(),
+            "limit": exc.limit}
+
+
+def _fitted(flash: dict) -> str:
+    """The flash as JSON of at most FLASH_BYTES in UTF-8 (one cookie, base64'd). Its text is cut to fit, never
+    the JSON (which would no longer parse); an override too long to carry loses its reason first (the second
+    step then asks for it again), and is dropped only when even that cannot fit."""
+    text = str(flash.get("text", ""))
+    override = flash.get("override")
+    candidates = [flash]
+    if isinstance(override, dict):
+        candidates += [{**flash, "override": {**override, "reason": ""}},
+                       {k: v for k, v in flash.items() if k != "override"}]
+    for candidate in candidates:
+        keep = len(text)
+        while True:
+            data = json.dumps({**candidate, "text": cut(text, keep)}, ensure_ascii=False)
+            excess = len(data.encode()) - FLASH_BYTES
+            if excess <= 0:
+                return data
+            if keep <= 120:
+                break
+            keep = max(120, keep - excess)
+    return json.dumps({"kind": flash.get("kind", "error"), "text": cut(text, 120)}, ensure_ascii=False)
 
 
 def _cookie_name(kind: str, secure: bool) -> str:

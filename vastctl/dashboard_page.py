@@ -75,10 +75,11 @@ def message_page(title: str, message: str) -> str:
 
 def dashboard_page(data: dict[str, Any], *, csrf: str, flash: dict[str, str] | None = None) -> str:
     note = ""
+    hidden = f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
     if flash:
         kind = "error" if flash.get("kind") == "error" else "ok"
         note = f'<p class="flash {kind}" role="status" id="flash">{esc(flash.get("text"))}</p>'
-    hidden = f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+        note += _override_form(flash.get("override"), hidden)
     body = (
         '<header><h1>vastctl</h1><span id="refreshed" aria-live="polite"></span>'
         f'<form method="post" action="/logout" class="inline">{hidden}<button type="submit">Sign out</button></form>'
@@ -272,6 +273,33 @@ def _kill_form(hidden: str) -> str:
         '<label>Machine <input name="instance" list="machine-labels" required placeholder="label or uuid"></label>'
         '<label>Reason <input name="reason" required maxlength="500" placeholder="why, for the event log"></label>'
         '<button type="submit" class="danger">Kill and destroy</button></form></section>'
+    )
+
+
+OVERRIDE_WHY = {  # the guard's rule a forced kill goes past, as the confirm box says it
+    "never_scale_to_zero": "it may be the last machine proving while work is queued or demand is unknown",
+    "label_prefix": "its label lacks our prefix, and the machine vast lists under that label is destroyed",
+}
+
+
+def _override_form(override: Any, hidden: str) -> str:
+    """The second step of a kill the guard refused: the same kill with --force, once the box is ticked."""
+    if not isinstance(override, dict) or override.get("limit") not in OVERRIDE_WHY:
+        return ""
+    instance, reason = str(override.get("instance", "")), str(override.get("reason", ""))
+    if reason:
+        reason_field = f'<input type="hidden" name="reason" value="{esc(reason, "")}">'
+    else:  # too long to carry back in the flash: asked for again
+        reason_field = ('<label>Reason <input name="reason" required maxlength="500"'
+                        ' placeholder="why, for the event log"></label>')
+    return (
+        f'<form method="post" action="/dashboard/kill" id="kill-override" class="override">{hidden}'
+        f'<input type="hidden" name="instance" value="{esc(instance, "")}">{reason_field}'
+        '<input type="hidden" name="force" value="1">'
+        f'<label><input type="checkbox" name="confirm" value="yes" required> Kill {esc(instance)} anyway:'
+        f' {esc(OVERRIDE_WHY[override["limit"]])}. Recorded as forced past the guard'
+        f' ({esc(override["limit"])}).</label>'
+        '<button type="submit" class="danger">Kill anyway</button></form>'
     )
 
 

@@ -34,9 +34,13 @@ class Refused(VastctlError):
 
 
 class GuardRefused(VastctlError):
-    """Over a configured limit."""
+    """Over a configured limit; `limit` names it (as guard.Verdict.limit does), for the lists of refusals."""
 
     exit_code = 4
+
+    def __init__(self, message: str = "", *, limit: str | None = None):
+        super().__init__(message)
+        self.limit = limit
 
 
 class BenchFailed(VastctlError):

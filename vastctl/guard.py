@@ -10,18 +10,24 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
   max_actions_per_step  agent                     more than agent.max_actions_per_step actions in one step
                                                   (a launch of N counts N; notes do not count)
   label_prefix          agent, operator; reconcile  a machine whose label lacks vast.label_prefix (reconcile:
-                        only when it acts by vast id  its kills and destroys of rows are the safety net)
+                        only when it acts by vast id  its kills and destroys of rows are the safety net). A kill
+                                                  of a row with no vast instance (no vast id, not launching)
+                                                  touches nothing at vast and is not refused; an operator's
+                                                  --force passes it for a kill (recorded as forced).
   gpus                  launch                    a GPU model not in fleet.gpus
   max_instances         launch                    more live machines than the max_instances setting
   max_dph               launch, start             a machine dearer than the max_dph setting
   max_hourly_spend      launch, start             spend above the max_hourly_spend setting: what vast bills
                                                   (observe.billing) plus the action's price (a start: its
                                                   price less the disk it already bills)
-  never_scale_to_zero   stop, kill, destroy       leaving no machine in state `running` while demand
-                        (agent, operator)         shows queued work or is unknown. A stopped or killed
-                                                  target is no capacity and is not refused. An operator's
-                                                  --force passes it (recorded as forced); reconcile's kills
-                                                  of dead machines are never refused by it.
+  never_scale_to_zero   stop, kill, destroy       removing the last machine really proving (see proving():
+                        (agent, operator)         running here, running at vast, heartbeat fresh) while
+                                                  demand shows work (queued, in flight or look-ahead)
+                                                  or is unknown. Retiring a machine
+                                                  that proves nothing (booting, stopped, dead at vast, silent)
+                                                  is not refused. An operator's --force passes it (recorded
+                                                  as forced); reconcile's kills of dead machines are never
+                                                  refused by it.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ import math
 import sqlite3
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from . import clock
 from .audit import record_action
 from .config import Config
 from .lifecycle import State, StrEnum
@@ -51,8 +58,10 @@ class Kind(StrEnum):
 
 ACTORS = ("agent", "operator", "reconcile")
 REMOVING = frozenset({Kind.STOP, Kind.KILL, Kind.DESTROY})
-NO_CAPACITY = frozenset({State.STOPPED, State.KILLED})
+RETIRING = frozenset({Kind.KILL, Kind.DESTROY})
 SCALE_TO_ZERO = "never_scale_to_zero"
+LABEL_PREFIX = "label_prefix"
+FORCEABLE = frozenset({SCALE_TO_ZERO, LABEL_PREFIX})  # the rules an operator's --force passes (for a kill)
 
 
 @dataclass(frozen=True)
@@ -126,25 +135,42 @@ def check(obs: "Observation", action: Action, config: Config, *, earlier: Sequen
         if used + weight(action) > most:
             return _refuse("max_actions_per_step", f"this step already took {used} action(s); agent.max_actions_per_step"
                            f" is {most}: the rest waits for the next step")
-    if kind is not Kind.LAUNCH:
-        verdict = _check_prefix(action, config)
-        if not verdict.allowed:
-            return verdict
     if kind is Kind.LAUNCH:
         return _check_launch(obs, action, config, earlier)
+    prefix = _check_prefix(obs, kind, action, config)
+    if not prefix.allowed:
+        return prefix
     if kind is Kind.START:
         return _check_start(obs, action, earlier)
-    return _check_scale_to_zero(obs, action, earlier)
+    return _both(prefix, _check_scale_to_zero(obs, action, config, earlier))
 
 
-def _check_prefix(action: Action, config: Config) -> Verdict:
+def _both(first: Verdict, second: Verdict) -> Verdict:
+    """Two rules passed in turn: a refusal of the second stands; overrides of both are recorded together."""
+    if not second.allowed or not first.forced:
+        return second
+    if not second.forced:
+        return first
+    return Verdict(True, f"{first.why}; {second.why}", f"{first.limit}+{second.limit}")
+
+
+def _check_prefix(obs: "Observation", kind: Kind, action: Action, config: Config) -> Verdict:
     prefix = config.vast.label_prefix
     if action.actor == "reconcile" and action.uuid is not None:
         return ALLOWED
-    if prefix and not (action.label or "").startswith(prefix):
-        return _refuse("label_prefix", f"{action.label or f'vast instance {action.vast_id}'} does not carry our label"
-                       f" prefix {prefix!r}: vastctl never touches machines that are not its own")
-    return ALLOWED
+    if not prefix or (action.label or "").startswith(prefix):
+        return ALLOWED
+    if kind in RETIRING and action.vast_id is None and (action.uuid or action.label):
+        target = find(obs, action)
+        if target is not None and target.get("vast_id") is None and target["state"] != State.LAUNCHING:
+            return ALLOWED  # only our row is retired: nothing at vast is touched
+    text = (f"{action.label or f'vast instance {action.vast_id}'} does not carry our label prefix {prefix!r}:"
+            " vastctl never touches machines that are not its own")
+    if action.actor == "operator" and kind in RETIRING:
+        if action.force:
+            return Verdict(True, f"forced: {text}", LABEL_PREFIX)
+        text += " (pass --force to retire it anyway)"
+    return _refuse(LABEL_PREFIX, text)
 
 
 def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
@@ -216,26 +242,44 @@ def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) 
     return _check_spend(obs, earlier, _resume_adds(float(dph), target or {}), f"starting {action.label}")
 
 
-def _check_scale_to_zero(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
+def heartbeat_fresh(machine: Mapping[str, Any], limit_s: float, now: datetime) -> bool:
+    """Alive as reconcile's heartbeat_timeout judges it: a heartbeat since the machine entered its state
+    within `limit_s` (timeouts.heartbeat), or, without one yet, in that state for no longer than that."""
+    since = clock.from_iso(machine.get("state_since"))
+    beat = clock.from_iso(machine.get("last_heartbeat_at"))
+    last = since if beat is None or (since is not None and beat < since) else beat
+    return last is None or (now - last).total_seconds() <= limit_s
+
+
+def proving(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
+    """Really proving: running in our file, running at vast (when vast has listed it at all: missing or any
+    other status is not running), and its heartbeat fresh. What never_scale_to_zero protects."""
+    if machine.get("state") != State.RUNNING or machine.get("vast_missing"):
+        return False
+    if machine.get("vast_status") not in (None, "running"):
+        return False
+    return heartbeat_fresh(machine, config.timeouts.heartbeat, now)
+
+
+def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, earlier: Sequence[Action]) -> Verdict:
     if action.actor == "reconcile":  # a dead machine is no capacity: the safety net is never held back
         return ALLOWED
     target = find(obs, action)
-    if target is not None and target["state"] in NO_CAPACITY:
-        return ALLOWED
+    if target is None or not proving(target, config, obs.now):
+        return ALLOWED  # it proves nothing: retiring it takes no capacity away
     gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
-    if target is not None:
-        gone.add(_key(target))
-    if any(_key(m) not in gone for m in obs.running()):
+    gone.add(_key(target))
+    if any(_key(m) not in gone for m in obs.machines if proving(m, config, obs.now)):
         return ALLOWED
     demand = obs.demand
-    if demand.known and demand.queued == 0:
+    if demand.known and demand.work == 0:
         return ALLOWED
     if demand.known:
-        why = f"{demand.queued} proofs are queued"
+        why = f"{demand.work} proofs are queued, in flight or about to be queued"
     else:
         why = f"demand is unknown ({demand.error or 'no sample'})"
-    text = (f"{action.kind} {action.label or action.uuid} would leave no machine running while {why};"
-            " never scale to zero")
+    text = (f"{action.kind} {action.label or action.uuid} would leave no machine running: it is the last one"
+            f" proving (running here and at vast, heartbeat fresh) while {why}; never scale to zero")
     if action.actor == "operator" and action.force:
         return Verdict(True, f"forced: {text}", SCALE_TO_ZERO)
     hint = " (pass --force to do it anyway)" if action.actor == "operator" else ""

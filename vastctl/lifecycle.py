@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, Mapping
 
 from . import clock, upstream
+from .upstream import cut
 from .db import transaction
 from .errors import BadInput, BenchFailed, Refused, UnknownInstance
 
@@ -207,6 +208,7 @@ def register(
     vast_id: int | None = None,
     gpu_name: str | None = None,
     num_gpus: int | None = None,
+    label_prefix: str = "",
     now: datetime,
 ) -> dict[str, Any]:
     """The boot script started.
@@ -221,6 +223,7 @@ def register(
     it would let one machine point reconcile's destroy at another. Likewise
     the GPU model and count a launch recorded from the offer stand: the
     machine's own report fills them in only where the manager knows nothing.
+    An adopted label without `label_prefix` is said in the adoption event (prefix_note).
     """
     validate_text(uuid, "--uuid")
     if label is not None:
@@ -238,8 +241,10 @@ def register(
         if row is None:
             if not label:
                 raise BadInput(f"instance {uuid} is new here: register it with --label")
+            note = prefix_note(label, label_prefix)
             return _create_in_tx(conn, uuid=uuid, label=label, state=S.REGISTERED, source="instance", now=now,
-                                 reason="registered without a launch record: adopted", fields=details)
+                                 reason="registered without a launch record: adopted" + (f"; {note}" if note else ""),
+                                 fields=details)
         state = State(row["state"])
         if state is S.KILLED:
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
@@ -256,6 +261,14 @@ def register(
             reason = f"container restarted (was {state})"
             updates = {**details, "restarts": row["restarts"] + 1}
         return _transition_in_tx(conn, uuid, S.REGISTERED, reason, "instance", updates=updates, now=now)
+
+
+def prefix_note(label: str | None, prefix: str) -> str | None:
+    """What a label without our prefix means for its machine, or None when it carries the prefix."""
+    if not prefix or not label or label.startswith(prefix):
+        return None
+    return (f"the label {label!r} lacks our prefix {prefix!r}: reconcile never pairs it with a vast instance,"
+            " so vastctl will not stop, start or destroy anything at vast for it; `vastctl kill` retires only the row")
 
 
 def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
@@ -485,6 +498,9 @@ def validate_text(value: Any, flag: str, *, max_len: int = 256) -> str:
     if bad:
         raise BadInput(f"{flag} must be 1 to {max_len} printable characters: {printable(bad.group())}"
                        f" (character {bad.start() + 1}) is a control or bidi character")
+    if value != value.strip():  # ' vastctl-a' would be another label than the one it reads as
+        raise BadInput(f"{flag} must not begin or end with a space, got {printable(repr(cut(value, 60)))}:"
+                       f" give {printable(repr(cut(value.strip(), 60)))}")
     return value
 
 

@@ -27,6 +27,7 @@ from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, Of
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
 SEARCH_SLACK = 10  # extra offers fetched per launch, to skip blocklisted or vanished ones
+BLOCKLIST = "blocklist"  # the limit a refusal names when the offer's machine is blocklisted
 PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER")  # env values the audit may show
 
 
@@ -219,7 +220,7 @@ def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *
     verdict = guard.check(observe(conn, config, now=now), action, config)
     guard.record(conn, action, verdict, now=now)
     if not verdict.allowed:
-        raise GuardRefused(verdict.why)
+        raise GuardRefused(verdict.why, limit=verdict.limit)
     return verdict
 
 
@@ -232,7 +233,7 @@ def _the_offer(conn, provider, config, offer_id, now) -> Offer:
     entry = blocklist.blocked(conn, now).get(offer.machine_id)
     if entry:
         raise GuardRefused(f"machine {offer.machine_id} of offer {offer_id} is blocklisted until"
-                           f" {clock.display_iso(entry['until'])}: {entry['reason']}")
+                           f" {clock.display_iso(entry['until'])}: {entry['reason']}", limit=BLOCKLIST)
     return offer
 
 
@@ -261,6 +262,8 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
                                                   offer_id=offer.id, dph=offer.dph_total,
                                                   reason=f"launch by {actor}"), now=now)
         except GuardRefused as exc:
+            if not result.launched:  # nothing rented: the launch as a whole was refused, and names its limit
+                raise
             result.error = f"launched {len(result.launched)} of {count}: {exc}"
             break
         outcome, row, why = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
@@ -341,7 +344,7 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
     or demand is unknown; an operator's `force` passes that rule, and the event says so.
     """
     row = lifecycle.resolve(conn, label_or_uuid)
-    _check_move(row, State.STOPPED, "stopped")
+    _check_move(row, State.STOPPED, "stopped", "stop")
     verdict = pass_guard(conn, config, guard.Action(kind=guard.Kind.STOP, actor=actor, label=row["label"],
                                                     uuid=row["uuid"], vast_id=row["vast_id"], reason=reason,
                                                     force=force), now=now)
@@ -360,7 +363,7 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     row = lifecycle.resolve(conn, label_or_uuid)
     if row["state"] != State.STOPPED:
         raise Refused(f"instance {row['label']} is {row['state']}: only a stopped machine can be started")
-    _check_move(row, State.LAUNCHING, "started")
+    _check_move(row, State.LAUNCHING, "started", "start")
     pass_guard(conn, config, guard.Action(kind=guard.Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
                                           vast_id=row["vast_id"], dph=row["dph"]), now=now)
     _call(conn, provider, row, "start", actor, now)
@@ -368,11 +371,36 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
                                 updates={"resumed_at": clock.to_iso(now)}, now=now)
 
 
-def _check_move(row: dict[str, Any], to_state: State, verb: str) -> None:
+def _check_move(row: dict[str, Any], to_state: State, verb: str, action: str) -> None:
     if to_state not in lifecycle.ALLOWED[State(row["state"])]:
         raise Refused(f"instance {row['label']} is {row['state']}: it cannot be {verb}")
     if row["vast_id"] is None:
-        raise Refused(f"instance {row['label']} has no vast instance id yet: wait for reconcile, or kill it")
+        raise Refused(without_vast_id(row, action))
+
+
+def without_vast_id(row: dict[str, Any], verb: str, label_prefix: str | None = None) -> str:
+    """Why a row without a confirmed vast id cannot be stopped or started at vast, and what would confirm one.
+
+    A machine's `register --vast-id` is only a claim (claimed_vast_id): vast is asked about an instance only
+    once a listing (reconcile's) shows it under the row's label and the manager records its id.
+    """
+    label = row["label"]
+    if row["state"] == State.LAUNCHING:
+        return (f"{label} has no vast instance id yet (its create answer is pending or was lost): there is nothing"
+                f" to {verb} at vast until `vastctl reconcile` finds it listed under its label; or kill it")
+    if row.get("claimed_vast_id") is None:
+        return (f"{label} was never rented (it has no vast instance id): there is nothing to {verb} at vast;"
+                " `vastctl kill` retires it")
+    claimed = row["claimed_vast_id"]
+    if label_prefix is not None and not (label_prefix and label.startswith(label_prefix)):
+        confirm = (f"reconcile never confirms it: the label lacks our prefix {label_prefix!r}, and vastctl acts"
+                   " only on instances it can tell are its own")
+    else:
+        confirm = (f"`vastctl reconcile` confirms it once vast lists instance {claimed} under the label {label!r}"
+                   f" (see `vastctl fleet`)")
+    return (f"{label} claims vast instance {claimed} (its register --vast-id), but no vast listing has confirmed"
+            f" it: vastctl does not {verb} an instance on a machine's word; {confirm}. `vastctl kill` retires the"
+            " row")
 
 
 def _call(conn, provider, row, kind: str, actor: str, now) -> None:

@@ -38,9 +38,11 @@ class LocalReports:
         self.now = now
 
     def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
+        prefix = self.config.vast.label_prefix
         row = lifecycle.register(self.conn, uuid, label=label, vast_id=vast_id, gpu_name=gpu_name,
-                                 num_gpus=num_gpus, now=self.now)
-        return {"state": row["state"]}
+                                 num_gpus=num_gpus, label_prefix=prefix, now=self.now)
+        note = lifecycle.prefix_note(row["label"], prefix)
+        return {"state": row["state"], **({"note": note} if note else {})}
 
     def params_done(self, uuid):
         return {"state": lifecycle.params_done(self.conn, uuid, now=self.now)["state"]}

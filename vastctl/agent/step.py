@@ -232,7 +232,7 @@ class Executor:
             outcome = apply(self.conn, self.provider, self.config, action, now=self.now)
         except GuardRefused as exc:  # the fleet changed under the step; operations recorded the refusal
             self.accepted.remove(action)
-            self.refused.append({**action.view(None), "why": str(exc), "limit": None})
+            self.refused.append({**action.view(None), "why": str(exc), "limit": exc.limit})
             return False, f"refused by the guard: {exc}"
         except VastctlError as exc:
             outcome = f"error: {exc}"

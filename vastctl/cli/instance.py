@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from .. import upstream
 from ..reports import LocalReports, Reports
 from .app import app, env_flag, globals_of, say
 
@@ -46,6 +47,8 @@ def register_cmd(
     """
     result = reports_for(ctx).register(uuid, label=label, vast_id=vast_id, gpu_name=gpu, num_gpus=num_gpus)
     typer.echo(result["state"])
+    if isinstance(result.get("note"), str):  # e.g. the label lacks our prefix
+        say(f"note: {upstream.cut(result['note'], 500)}")
 
 
 @app.command("params-done")

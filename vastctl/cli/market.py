@@ -7,6 +7,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from .. import lifecycle, operations
+from ..config import Config
 from ..errors import Refused, Unavailable
 from ..lifecycle import State
 from ..providers import get_provider
@@ -81,7 +82,7 @@ def launch_cmd(
         raise Unavailable(result.error)
 
 
-ForceOpt = Annotated[bool, typer.Option("--force", help="Even if it leaves no machine running while work is queued or demand is unknown (recorded as forced).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Even if it is the last machine proving while work is queued or demand is unknown (recorded as forced).")]
 
 
 @app.command("stop")
@@ -89,13 +90,14 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
              force: ForceOpt = False) -> None:
     """Stop a machine at vast: it keeps its disk (and bills storage) until started or killed.
 
-    Refused (exit 4) when it would leave no machine running while work is queued or demand is unknown.
+    Refused (exit 4) when it is the last machine really proving (running here and at vast, heartbeat fresh)
+    while work is queued or demand is unknown.
 
     Example: vastctl stop vastctl-3f2a9c1d
     """
     g = globals_of(ctx)
     conn = g.connect()
-    _check_rented(lifecycle.resolve(conn, instance), "stop")  # fails before the key is needed
+    _check_rented(lifecycle.resolve(conn, instance), "stop", g.config)  # fails before the key is needed
     row = operations.stop(conn, get_provider(g.config, clock=g.clock), instance, config=g.config, actor="operator",
                           force=force, now=g.clock.now())
     echo(f"{row['label']} {row['state']}")
@@ -109,14 +111,14 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     """
     g = globals_of(ctx)
     conn = g.connect()
-    _check_rented(lifecycle.resolve(conn, instance), "start")  # fails before the key is needed
+    _check_rented(lifecycle.resolve(conn, instance), "start", g.config)  # fails before the key is needed
     row = operations.start(conn, get_provider(g.config, clock=g.clock), g.config, instance, actor="operator",
                            now=g.clock.now())
     echo(f"{row['label']} {row['state']} (resumed)")
 
 
-def _check_rented(row: dict, verb: str) -> None:
-    """A machine past launching without a vast id was registered by hand: there is nothing at vast to act on."""
+def _check_rented(row: dict, verb: str, config: Config) -> None:
+    """A machine past launching without a confirmed vast id was registered by hand (perhaps claiming an id):
+    there is nothing vastctl may act on at vast."""
     if row["vast_id"] is None and row["state"] not in (State.LAUNCHING, State.KILLED):
-        raise Refused(f"{row['label']} was never rented (it has no vast instance id): there is nothing to {verb}"
-                      " at vast; `vastctl kill` retires it")
+        raise Refused(operations.without_vast_id(row, verb, config.vast.label_prefix))

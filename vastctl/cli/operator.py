@@ -104,13 +104,14 @@ def kill_cmd(
     ctx: typer.Context,
     instance: Annotated[str, typer.Argument(help="Label or uuid.")],
     reason: Annotated[str, typer.Option("--reason", help="Why, for the event log.")],
-    force: Annotated[bool, typer.Option("--force", help="Even if it leaves no machine running while work is queued or demand is unknown (recorded as forced).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Even if it is the last machine proving while work is queued or demand is unknown, or its label lacks our prefix (recorded as forced).")] = False,
 ) -> None:
     """Kill a machine: it is marked killed (terminal) with your reason, then destroyed at vast.
 
     The machine is named by its full label or its uuid (no prefixes). A machine with a vast id needs the
-    vast key (the destroy); one never rented does not. Refused (exit 4) when it would leave no machine
-    running while work is queued or demand is unknown (--force overrides, recorded as forced).
+    vast key (the destroy); one never rented does not. Refused (exit 4) when it is the last machine really
+    proving (running here and at vast, heartbeat fresh) while work is queued or demand is unknown, or when it
+    has a vast instance and its label lacks our prefix; --force overrides either, recorded as forced.
 
     Example: vastctl kill vastctl-3f2a91c0 --reason "GPU errors in dmesg"
     """

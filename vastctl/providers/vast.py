@@ -239,9 +239,9 @@ class VastProvider:
                 status = response.status_code
                 if status not in RETRY_STATUSES:
                     return self._answer(response, what)
-                code, message = _error_of(response)
+                code, message = self._error_of(response)
                 if status == 429 and code == "search_quota_exceeded":
-                    reset = response.headers.get("X-RateLimit-Reset", "UTC midnight")
+                    reset = self._scrub(response.headers.get("X-RateLimit-Reset", "UTC midnight"))
                     raise ProviderRejected(f"{what}: the daily search quota is used up (resets {reset})")
                 retryable = status == 429 or idempotent
                 if last or not retryable:
@@ -279,7 +279,7 @@ class VastProvider:
             raise ProviderError(f"{what}: redirected (HTTP {status}); not following it with the key:"
                                 " check VAST_API_URL")
         if status >= 400:
-            code, message = _error_of(response)
+            code, message = self._error_of(response)
             text = self._scrub(message or code or response.reason or "")
             if status in (404, 410) and code in ("no_such_ask", "no_such_instance"):
                 raise _NotFound(f"HTTP {status} {code}: {text}")
@@ -296,8 +296,11 @@ class VastProvider:
         if not isinstance(body, dict):
             raise ProviderError(f"{what}: the answer is not a JSON object; not trusting it")
         if body.get("success") is False:
-            code = str(body.get("error") or "")
-            text = self._scrub(str(body.get("msg") or body.get("message") or code or "no reason given"))
+            try:
+                code, message = _error_fields(self._masked(body))
+            except RecursionError:  # nested past any real error body: nothing of it is read
+                code, message = "", ""
+            text = self._scrub(message or code or "no reason given")
             if code in ("no_such_ask", "no_such_instance"):
                 raise _NotFound(f"{code}: {text}")
             raise ProviderRejected(f"{what}: vast said no ({text})")
@@ -307,18 +310,36 @@ class VastProvider:
         """Error text as we pass it on: one line, the key masked before it is bounded (upstream.clip)."""
         return upstream.clip(str(text).replace(self._key, upstream.MASK), ERROR_CHARS)
 
+    def _masked(self, value: Any) -> Any:
+        """An error body with the key and token-like text masked in every string, keys and nested values too:
+        whichever field vast (or a proxy) echoed the request into, no part of it is used unmasked."""
+        if isinstance(value, str):
+            return upstream.mask(value.replace(self._key, upstream.MASK))
+        if isinstance(value, dict):
+            return {self._masked(str(k)): self._masked(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._masked(item) for item in value]
+        return value
+
+    def _error_of(self, response: requests.Response) -> tuple[str, str]:
+        """(error code, message) of a failed answer, every field of its body masked before either is read;
+        each is bounded by the caller's _scrub."""
+        try:
+            body = self._masked(response.json())
+        except (ValueError, RecursionError):  # not JSON, or nested past any real error body
+            return "", response.text  # whole: cut only after the key is masked (_scrub)
+        if not isinstance(body, dict):
+            return "", str(body)
+        code, message = _error_fields(body)
+        return self._scrub(code) if code else "", message
+
 
 class _NotFound(ProviderRejected):
     """vast says the ask or instance does not exist (404/410 no_such_*)."""
 
 
-def _error_of(response: requests.Response) -> tuple[str, str]:
-    try:
-        body = response.json()
-    except ValueError:
-        return "", response.text  # whole: cut only after the key is masked (_scrub)
-    if not isinstance(body, dict):
-        return "", str(body)
+def _error_fields(body: dict[str, Any]) -> tuple[str, str]:
+    """The error code and the message of a (masked) error body."""
     return str(body.get("error") or ""), str(body.get("msg") or body.get("message") or body.get("detail") or "")
 
 
