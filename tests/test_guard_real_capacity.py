@@ -21,6 +21,10 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 QUEUED = Demand(queued=59, proofs_per_hour=80.0, at=NOW, age_s=10, source="command", known=True)
 UNKNOWN = Demand(queued=None, proofs_per_hour=None, at=None, age_s=None, source=None, known=False, error="no sample")
 EMPTY = Demand(queued=0, proofs_per_hour=0.0, at=NOW, age_s=10, source="command", known=True)
+# nothing unclaimed, but work waiting at a daemon or about to be created: still work for the last prover
+IN_FLIGHT = Demand(queued=0, in_flight=4, proofs_per_hour=80.0, at=NOW, age_s=10, source="command", known=True)
+LOOKAHEAD = Demand(queued=0, in_flight=0, lookahead=12, proofs_per_hour=0.0, at=NOW, age_s=10, source="command",
+                   known=True)
 LIMITS = {"target_proofs_per_hour": 100.0, "min_bench_rate": 40.0, "max_instances": 8, "max_hourly_spend": 9.0,
           "max_dph": 1.0}
 
@@ -74,7 +78,8 @@ def observe(machines, demand):
 
 
 @pytest.mark.parametrize("kind", [Kind.STOP, Kind.KILL, Kind.DESTROY])
-@pytest.mark.parametrize("demand", [QUEUED, UNKNOWN, EMPTY], ids=["queued", "unknown", "empty"])
+@pytest.mark.parametrize("demand", [QUEUED, UNKNOWN, EMPTY, IN_FLIGHT, LOOKAHEAD],
+                         ids=["queued", "unknown", "empty", "in_flight", "lookahead"])
 @pytest.mark.parametrize("fleet", list(FLEETS))
 def test_the_guard_table(cfg, fleet, demand, kind):
     machines, target, holds_last = FLEETS[fleet]
