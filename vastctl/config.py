@@ -312,7 +312,8 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInput(f"config key {name!r} must be a whole number ≥ 0, got {value!r}")
         if section == "launch" and f.name in ("bench_count", "bench_concurrency") and value < 1:
-            raise BadInput(f"config key {name!r} must be at least 1 (a benchmark of no proof measures nothing), got {value!r}")
+            raise BadInput(f"config key {name!r} must be at least 1 (a benchmark of no proof measures nothing),"
+                           f" got {value!r}")
         return value
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

@@ -76,7 +76,7 @@ def boot_problems(launch: LaunchSection) -> list[str]:
         problems.append("set launch.vastctl_source to where the machine installs vastctl from"
                         " (a pip requirement, e.g. git+https://github.com/OWNER/vastctl@v0.1.0)")
     if not env.get("VASTCTL_INSTALL"):
-        problems.append("set launch.install to a command that installs curio and cuzk (see the README,"
+        problems.append("set launch.install to a command that installs curio, cuzk and cuzk-bench (see the README,"
                         " 'What a rented machine needs')")
     return problems
 
