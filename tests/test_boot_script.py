@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 import requests
+import responses
 from serving import ADMIN_TOKEN, Manager, free_port, run_vastctl
 from test_end_to_end import KEY, FakeVast
 
 from vastctl import blocklist, config as config_module, lifecycle, onstart
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput, BenchFailed, Refused
+from vastctl.remote import RemoteReports
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 VENV_BIN = Path(sys.executable).parent
@@ -211,7 +213,7 @@ def test_a_daemon_left_on_its_defaults_never_answers_and_is_reported(machine):
     machine.boot(VASTCTL_CUZK_CMD="cuzk")
     assert machine.wait_exit() == 1
     row = assert_killed_and_blocklisted(machine, from_state="params_done", says="did not answer in 4s")
-    assert "using defaults" in row["kill_reason"] or "unix://" in row["kill_reason"]
+    assert "serving on unix://" in row["kill_reason"]  # the end of cuzk.log: it went to its default socket
 
 
 @pytest.mark.slow
@@ -370,6 +372,21 @@ def test_launch_hands_the_bench_settings_to_the_machine():
     for key in ("bench_count", "bench_concurrency"):
         with pytest.raises(BadInput, match=f"launch.{key}' must be at least 1"):
             config_module.from_mapping({"launch": {key: 0}})
+
+
+@responses.activate
+def test_a_failed_bench_in_remote_mode_sends_the_reason_and_stops_the_machine():
+    remote = RemoteReports("https://manager.example.test", "a" * 64, clock=SYSTEM, retry_for=0)
+    url = "https://manager.example.test/v1/instances/u1/bench-report"
+    said = 'instance vastctl-u1: bench failed: the "rate" field …; it is being killed, do not prove'
+    responses.post(url, json={"state": "killed", "passed": False, "reason": said})
+    with pytest.raises(BenchFailed) as caught:
+        remote.bench_failed("u1", "cuzk exited at start: CUDA error")
+    assert caught.value.exit_code == 5 and str(caught.value) == said.replace('the "rate" field', "--rate")
+    assert json.loads(responses.calls[0].request.body) == {"failed": True, "reason": "cuzk exited at start: CUDA error"}
+    with pytest.raises(BadInput, match="--reason must be 1 to 500 printable characters"):
+        remote.bench_failed("u1", "two\nlines")
+    assert len(responses.calls) == 1  # refused before any request
 
 
 @pytest.fixture(scope="module")

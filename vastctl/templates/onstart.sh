@@ -18,7 +18,7 @@ STATUS=${VASTCTL_CUZK_STATUS_LISTEN:-127.0.0.1:9821}  # its GET /status (JSON); 
 case "$LISTEN" in unix://*) ADDR=$LISTEN ;; *) ADDR=http://$LISTEN ;; esac
 CUZK=
 # the end of a log as one short printable line, for a reason
-tail1() { tail -n 8 "$1" 2>/dev/null | LC_ALL=C tr -c ' -~' ' ' | tr -s ' ' | LC_ALL=C grep -o '.\{0,300\}$'; }
+tail1() { tail -n 8 "$1" 2>/dev/null | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | LC_ALL=C tr -c ' -~' ' ' | tr -s ' ' | LC_ALL=C grep -o '.\{0,300\}$'; }
 stop() {  # the prover, given 10 s to exit
   [ -n "$CUZK" ] || return 0; kill "$CUZK" 2>/dev/null
   for _ in $(seq 50); do kill -0 "$CUZK" 2>/dev/null || return 0; sleep 0.2; done; kill -9 "$CUZK" 2>/dev/null
