@@ -69,6 +69,8 @@ class LaunchSection:
     env: dict = field(default_factory=dict)
     vastctl_source: str = ""  # pip requirement the boot script installs vastctl from; empty: the image has it
     install: str = ""  # shell command the boot script runs to install curio and cuzk; empty: the image has them
+    bench_count: int = 5  # proofs the benchmark times, after one warm-up proof (the gate's calibration)
+    bench_concurrency: int = 5  # proofs in flight at once (`cuzk-bench batch -j`): 5 is the published setting
 
 
 @dataclass
@@ -309,6 +311,9 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInput(f"config key {name!r} must be a whole number ≥ 0, got {value!r}")
+        if section == "launch" and f.name in ("bench_count", "bench_concurrency") and value < 1:
+            raise BadInput(f"config key {name!r} must be at least 1 (a benchmark of no proof measures nothing),"
+                           f" got {value!r}")
         return value
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

@@ -18,7 +18,7 @@ import re
 import sqlite3
 from datetime import datetime
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 from . import clock, upstream
 from .upstream import cut
@@ -358,6 +358,37 @@ def bench_report(
                 f" {rate:g} (at most {MAX_RATE_PER_GPU:g}/h per GPU)"))
     if result["state"] == S.BENCH_DONE:
         return result
+    error = BenchFailed(f"instance {result['label']}: {result['kill_reason']}; it is being killed, do not prove")
+    error.row = result
+    raise error
+
+
+BENCH_FAILED_STATES = (S.REGISTERED, S.PARAMS_DONE)  # where a boot can fail before its bench passes
+REASON_CHARS = 500  # a machine's reason: one line in the event log and the fleet table, like a kill --reason
+
+
+def bench_failed(conn: sqlite3.Connection, uuid: str, reason: Any = None, *, now: datetime) -> NoReturn:
+    """The boot could not measure a rate (the parameter fetch failed, the daemon never answered, no proof
+    completed): killed at once, as a below-gate bench is, so the host is blocklisted and the machine
+    destroyed within minutes rather than at a timeout. BenchFailed is raised with the row in `.row`.
+
+    The reason comes from the machine: it is refused unless it is one printable line, and masked and
+    clipped before it is stored. A repeat after the kill answers as the first report did.
+    """
+    validate_text(uuid, "--uuid")
+    if reason is not None:
+        validate_text(reason, "--reason", max_len=REASON_CHARS)
+    text = upstream.clip(reason or "the machine gave no reason", REASON_CHARS - len("bench failed: "))
+    with transaction(conn):
+        row = get(conn, uuid)
+        if row["state"] == S.KILLED and row["kill_code"] == "bench_failed" and row["bench_rate"] is None:
+            result = row  # the same report again: no second event
+        elif row["state"] not in BENCH_FAILED_STATES:
+            raise Refused(f"instance {row['label']} is {row['state']}: a failed bench is reported while it boots"
+                          f" ({' or '.join(BENCH_FAILED_STATES)})")
+        else:
+            result = _transition_in_tx(conn, uuid, S.KILLED, f"bench failed: {text}", "instance",
+                                       code="bench_failed", now=now)
     error = BenchFailed(f"instance {result['label']}: {result['kill_reason']}; it is being killed, do not prove")
     error.row = result
     raise error

@@ -2,9 +2,10 @@
 
 The default is the template shipped in the package (`templates/onstart.sh`,
 also at `jobs/onstart.sh`); `launch.onstart` in the config replaces it. It
-carries no values of its own: `launch.vastctl_source` and `launch.install`
-reach it as VASTCTL_PIP and VASTCTL_INSTALL in the create request's `env`,
-beside the per-machine values.
+carries no values of its own: `launch.vastctl_source`, `launch.install`,
+`launch.bench_count` and `launch.bench_concurrency` reach it as VASTCTL_PIP,
+VASTCTL_INSTALL, VASTCTL_BENCH_COUNT and VASTCTL_BENCH_CONCURRENCY in the
+create request's `env`, beside the per-machine values.
 
 The shipped script needs three programs on the machine: vastctl (to report),
 curio (`curio fetch-params`) and cuzk with cuzk-bench (the prover and its
@@ -57,6 +58,8 @@ def boot_env(launch: LaunchSection) -> dict[str, str]:
         env["VASTCTL_PIP"] = launch.vastctl_source.strip()
     if launch.install.strip():
         env["VASTCTL_INSTALL"] = launch.install.strip()
+    env["VASTCTL_BENCH_COUNT"] = str(launch.bench_count)
+    env["VASTCTL_BENCH_CONCURRENCY"] = str(launch.bench_concurrency)
     return env
 
 
@@ -73,7 +76,7 @@ def boot_problems(launch: LaunchSection) -> list[str]:
         problems.append("set launch.vastctl_source to where the machine installs vastctl from"
                         " (a pip requirement, e.g. git+https://github.com/OWNER/vastctl@v0.1.0)")
     if not env.get("VASTCTL_INSTALL"):
-        problems.append("set launch.install to a command that installs curio and cuzk (see the README,"
+        problems.append("set launch.install to a command that installs curio, cuzk and cuzk-bench (see the README,"
                         " 'What a rented machine needs')")
     return problems
 

@@ -40,7 +40,7 @@ READ_TIMEOUT = 30.0
 
 # The report bodies' fields and the instance-command flags that carry them (the HTTP API ↔ the CLI).
 FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", "num_gpus": "--num-gpus",
-               "rate": "--rate", "proofs_done": "--proofs-done"}
+               "rate": "--rate", "proofs_done": "--proofs-done", "failed": "--failed", "reason": "--reason"}
 
 
 class RemoteReports:
@@ -80,7 +80,7 @@ class RemoteReports:
         retry_for = parse_duration(retry_text, "VASTCTL_RETRY_FOR") if retry_text else DEFAULT_RETRY_FOR
         return cls(env.get("VASTCTL_SERVER") or "", token, clock=clock, retry_for=retry_for, **kwargs)
 
-    # --- the five reports ---------------------------------------------------------------------
+    # --- the five reports (bench-report as a rate, or as a failure) ---------------------------------------------------------------------
 
     def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
         lifecycle.validate_text(uuid, "--uuid")
@@ -106,6 +106,18 @@ class RemoteReports:
             error.row = answer
             raise error
         return answer
+
+    def bench_failed(self, uuid, reason=None):
+        lifecycle.validate_text(uuid, "--uuid")
+        body: dict[str, Any] = {"failed": True}
+        if reason is not None:
+            body["reason"] = lifecycle.validate_text(reason, "--reason", max_len=lifecycle.REASON_CHARS)
+        answer = self._report(uuid, "bench-report", body)
+        reason = answer.get("reason")
+        error = BenchFailed(in_cli_terms(reason) if isinstance(reason, str) else
+                            f"instance {uuid}: the bench failed; it is being killed, do not prove")
+        error.row = answer
+        raise error
 
     def running(self, uuid):
         lifecycle.validate_text(uuid, "--uuid")

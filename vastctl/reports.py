@@ -3,7 +3,8 @@
 `LocalReports` writes the state file directly (the manager host, the
 simulator, `vastctl serve`); a remote implementation speaks HTTP to `serve`.
 Each method returns `{"state": …}` (bench_report adds `passed`) or raises the
-typed error whose exit code the contract names.
+typed error whose exit code the contract names (bench_failed always raises
+BenchFailed: the machine is killed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Reports(Protocol):
     def params_done(self, uuid: str) -> dict[str, Any]: ...
 
     def bench_report(self, uuid: str, rate: float) -> dict[str, Any]: ...
+
+    def bench_failed(self, uuid: str, reason: str | None) -> dict[str, Any]: ...
 
     def running(self, uuid: str) -> dict[str, Any]: ...
 
@@ -51,6 +54,9 @@ class LocalReports:
         gate = settings.get(self.conn, self.config, "min_bench_rate")
         row = lifecycle.bench_report(self.conn, uuid, rate, gate=gate, now=self.now)
         return {"state": row["state"], "passed": True}
+
+    def bench_failed(self, uuid, reason=None):
+        lifecycle.bench_failed(self.conn, uuid, reason, now=self.now)  # always raises BenchFailed: the kill is done
 
     def running(self, uuid):
         return {"state": lifecycle.running(self.conn, uuid, now=self.now)["state"]}

@@ -75,7 +75,7 @@ access_log = logging.getLogger("vastctl.serve")
 _FIELDS: dict[str, dict[str, tuple[str, int]]] = {
     "register": {"label": ("text", 0), "vast_id": ("int", 0), "gpu_name": ("text", 0), "num_gpus": ("int", 1)},
     "params-done": {},
-    "bench-report": {"rate": ("number", 0)},
+    "bench-report": {"rate": ("number", 0), "failed": ("bool", 0), "reason": ("reason", 0)},
     "running": {},
     "heartbeat": {"proofs_done": ("int", 0)},
 }
@@ -168,6 +168,15 @@ class App:
         if report == "params-done":
             return reports.params_done(uuid)
         if report == "bench-report":
+            if body.get("failed"):  # the boot could not measure a rate: killed with the machine's reason
+                if "rate" in body:
+                    raise BadInput('bench-report takes "rate" or "failed": true, not both')
+                try:
+                    reports.bench_failed(uuid, body.get("reason"))
+                except BenchFailed as exc:
+                    return {"state": exc.row["state"], "passed": False, "reason": in_api_terms(str(exc))}
+            if "reason" in body:
+                raise BadInput('the "reason" field goes with "failed": true (a measured rate needs no reason)')
             if "rate" not in body:
                 raise BadInput('bench-report needs the "rate" field (proofs per hour)')
             try:
@@ -306,6 +315,13 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
                 raise BadInput(f"{field} must be a whole number ≥ {minimum}, got {_shown(value)}")
         elif kind == "number":
             value = _finite_number(value, field)
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise BadInput(f"{field} must be true or false, got {_shown(value)}")
+        elif kind == "reason":
+            if isinstance(value, str) and not _encodable(value):
+                raise BadInput(f"{field} must be Unicode text, got a lone surrogate in {_shown(value)}")
+            lifecycle.validate_text(value, field, max_len=lifecycle.REASON_CHARS)
         else:
             if isinstance(value, str) and not _encodable(value):
                 raise BadInput(f"{field} must be Unicode text, got a lone surrogate in {_shown(value)}")

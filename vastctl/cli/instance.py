@@ -64,12 +64,23 @@ def params_done_cmd(ctx: typer.Context, uuid: UuidOpt) -> None:
 def bench_report_cmd(
     ctx: typer.Context,
     uuid: UuidOpt,
-    rate: Annotated[str, typer.Option("--rate", help="Measured proofs per hour (a finite number ≥ 0).")],
+    rate: Annotated[Optional[str], typer.Option("--rate", help="Measured proofs per hour (a finite number ≥ 0).")] = None,
+    failed: Annotated[bool, typer.Option("--failed", help="No rate could be measured: the boot failed (killed, exit 5).")] = False,
+    reason: Annotated[Optional[str], typer.Option("--reason", help="With --failed: why, one line of at most 500 characters.")] = None,
 ) -> None:
-    """Report the benchmark: at or above the gate → bench_done (exit 0); below → killed (exit 5).
+    """Report the benchmark: at or above the gate → bench_done (exit 0); below, or --failed → killed (exit 5).
 
     Example: vastctl bench-report --uuid "$VASTCTL_UUID" --rate 68.2
+    Example: vastctl bench-report --uuid "$VASTCTL_UUID" --failed --reason "parameter fetch failed: …"
     """
+    if failed:
+        if rate is not None:
+            raise typer.BadParameter("give --rate or --failed, not both", param_hint="--failed")
+        reports_for(ctx).bench_failed(uuid, reason)
+    if reason is not None:
+        raise typer.BadParameter("--reason goes with --failed (a measured rate needs no reason)", param_hint="--reason")
+    if rate is None:
+        raise typer.BadParameter("give the measured --rate, or --failed when none could be measured", param_hint="--rate")
     typer.echo(reports_for(ctx).bench_report(uuid, rate)["state"])
 
 

@@ -1,8 +1,8 @@
 #!/bin/bash
-# vastctl boot script, run by vast at each container start. The launch sets VASTCTL_SERVER,
-# _TOKEN, _UUID, _LABEL, _PIP (launch.vastctl_source), _INSTALL (launch.install: curio, cuzk).
-# launch.env may set VASTCTL_FETCH_CMD, _CUZK_CMD, _BENCH_CMD (prints proofs/h),
-# _PROOFS_CMD (prints proofs done), _ZK_DIR, _HEARTBEAT_S.
+# vastctl boot script, run by vast at each container start. The launch sets VASTCTL_SERVER, _TOKEN,
+# _UUID, _LABEL, _PIP (launch.vastctl_source), _INSTALL (launch.install), _BENCH_COUNT, _BENCH_CONCURRENCY.
+# launch.env may set VASTCTL_FETCH_CMD, _CUZK_CMD, _BENCH_CMD (prints proofs/h), _PROOFS_CMD (prints
+# proofs done), _ZK_DIR, _CUZK_LISTEN, _CUZK_STATUS_LISTEN, _CUZK_MEMORY, _CUZK_WAIT_S, _HEARTBEAT_S, _C1_URL.
 set -u
 exec >>"${VASTCTL_LOG:-/var/log/vastctl-onstart.log}" 2>&1
 log() { echo "$(date -u +%FT%TZ) vastctl-onstart: $*"; }
@@ -13,6 +13,21 @@ export VASTCTL_SERVER VASTCTL_TOKEN VASTCTL_UUID VASTCTL_LABEL PATH="${HOME:-/ro
 ZK=${VASTCTL_ZK_DIR:-/data/zk}
 export FIL_PROOFS_PARAMETER_CACHE=${FIL_PROOFS_PARAMETER_CACHE:-$ZK/params}
 mkdir -p "$FIL_PROOFS_PARAMETER_CACHE" && cd "$ZK" || exit 1
+LISTEN=${VASTCTL_CUZK_LISTEN:-127.0.0.1:9820}  # cuzk's gRPC; without a config it is a Unix socket
+STATUS=${VASTCTL_CUZK_STATUS_LISTEN:-127.0.0.1:9821}  # its GET /status (JSON); without a config, none
+case "$LISTEN" in unix://*) ADDR=$LISTEN ;; *) ADDR=http://$LISTEN ;; esac
+CUZK=
+# the end of a log as one short printable line, for a reason
+tail1() { tail -n 8 "$1" 2>/dev/null | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | LC_ALL=C tr -c ' -~' ' ' | tr -s ' ' | LC_ALL=C grep -o '.\{0,300\}$'; }
+stop() {  # the prover, given 10 s to exit
+  [ -n "$CUZK" ] || return 0; kill "$CUZK" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$CUZK" 2>/dev/null || return 0; sleep 0.2; done; kill -9 "$CUZK" 2>/dev/null
+}
+# a boot that cannot measure a rate is a failed bench, reported at once: the manager kills the machine
+fail() {
+  log "$1"; stop
+  vastctl bench-report --failed --reason="$1"; log "failed bench reported (exit $?)"; exit 1
+}
 
 # 1. vastctl itself
 if ! command -v vastctl >/dev/null; then
@@ -26,51 +41,68 @@ fi
 VID=${CONTAINER_ID:-}; case "$VID" in ''|*[!0-9]*) VID= ;; esac
 vastctl register ${VID:+--vast-id "$VID"} || { log "register failed (exit $?)"; exit 1; }
 if [ -n "${VASTCTL_INSTALL:-}" ]; then bash -c "$VASTCTL_INSTALL" || { log "launch.install failed"; exit 1; }; fi
-need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or launch.image"; exit 1; }; }
+need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or launch.image${2:-}"; exit 1; }; }
 [ -n "${VASTCTL_FETCH_CMD:-}" ] || need curio
 [ -n "${VASTCTL_CUZK_CMD:-}" ] || need cuzk
-[ -n "${VASTCTL_BENCH_CMD:-}" ] || need cuzk-bench
+[ -n "${VASTCTL_BENCH_CMD:-}" ] || need cuzk-bench " (make cuzk builds only the daemon; cargo build --release -p cuzk-bench in extern/cuzk)"
 
 # 3. proving parameters (~53 GiB)
-bash -c "${VASTCTL_FETCH_CMD:-curio fetch-params 32GiB}" || { log "parameter fetch failed"; exit 1; }
+log "fetching parameters (fetch.log)"
+bash -c "${VASTCTL_FETCH_CMD:-curio fetch-params 32GiB}" >fetch.log 2>&1 || fail "parameter fetch failed (exit $?): $(tail1 fetch.log)"
 vastctl params-done || exit 1
 
-# 4. the prover, then the benchmark gate
-bash -c "${VASTCTL_CUZK_CMD:-cuzk --config $ZK/cuzk.toml}" & CUZK=$!
-sleep 20
-kill -0 $CUZK 2>/dev/null || { log "cuzk exited at start"; exit 1; }
+# 4. the prover on the config written here, then the benchmark gate
+cat >cuzk.toml <<EOF
+[daemon]
+listen = "$LISTEN"
+status_listen = "$STATUS"
+[srs]
+param_cache = "$FIL_PROOFS_PARAMETER_CACHE"
+[memory]
+total_budget = "${VASTCTL_CUZK_MEMORY:-auto}"
+EOF
+if [ -n "${VASTCTL_CUZK_CMD:-}" ]; then bash -c "$VASTCTL_CUZK_CMD" >cuzk.log 2>&1 & else cuzk --config "$ZK/cuzk.toml" >cuzk.log 2>&1 & fi
+CUZK=$!
+status() {  # the daemon's completed proofs, from its status API
+  python3 -c 'import json,sys,urllib.request as u; print(int(json.load(u.urlopen(sys.argv[1],timeout=10))["counters"]["total_completed"]))' "http://$STATUS/status"
+}
+WAIT=${VASTCTL_CUZK_WAIT_S:-600} T0=$SECONDS
+until status >/dev/null 2>&1; do
+  kill -0 $CUZK 2>/dev/null || fail "cuzk exited at start: $(tail1 cuzk.log)"
+  [ $((SECONDS - T0)) -lt "$WAIT" ] || fail "cuzk status API at $STATUS did not answer in ${WAIT}s: $(tail1 cuzk.log)"
+  sleep 1
+done
+log "cuzk is up (cuzk.log); benchmarking (bench.log)"
 if [ -n "${VASTCTL_BENCH_CMD:-}" ]; then
-  RATE=$(bash -c "$VASTCTL_BENCH_CMD")
+  RATE=$(bash -c "$VASTCTL_BENCH_CMD" 2>bench.log)
 else
-  [ -s c1.json ] || curl -fsSL -o c1.json "${VASTCTL_C1_URL:-https://pub-08ae819c828244bdbe5f615fd8c5e144.r2.dev/c1.json}"
-  OUT=$(cuzk-bench batch --type porep --c1 c1.json --count "${VASTCTL_BENCH_COUNT:-5}" 2>&1); echo "$OUT"
-  PPM=$(echo "$OUT" | grep -oiE '[0-9]+(\.[0-9]+)? *proofs/min' | tail -1 | grep -oE '^[0-9.]+')
-  RATE=${PPM:+$(awk "BEGIN{print $PPM*60}")}
+  if [ ! -s c1.json ]; then
+    python3 -c 'import sys,urllib.request as u; u.urlretrieve(*sys.argv[1:])' "${VASTCTL_C1_URL:-https://pub-08ae819c828244bdbe5f615fd8c5e144.r2.dev/c1.json}" \
+      c1.part >bench.log 2>&1 && mv c1.part c1.json || fail "cannot download the benchmark input c1.json: $(tail1 bench.log)"
+  fi
+  # as the gate was calibrated: one warm-up proof (SRS and PCE loaded), then N proofs J at a time
+  cuzk-bench -a "$ADDR" single -t porep --c1 c1.json >bench.log 2>&1
+  grep -q '^status: *COMPLETED' bench.log || fail "warm-up proof failed: $(tail1 bench.log)"
+  cuzk-bench -a "$ADDR" batch -t porep --c1 c1.json -c "${VASTCTL_BENCH_COUNT:-5}" -j "${VASTCTL_BENCH_CONCURRENCY:-5}" >bench.log 2>&1
+  PPM=$(sed -n 's|^throughput: *\([0-9][0-9.]*\) proofs/min.*|\1|p' bench.log | tail -1)
+  [ -n "$PPM" ] || fail "benchmark completed no proof: $(tail1 bench.log)"
+  RATE=$(awk -v p="$PPM" 'BEGIN{printf "%.3f", p*60}')
 fi
-case "$RATE" in ''|*[!0-9.]*) log "no benchmark rate (got '$RATE')"; kill $CUZK; exit 1 ;; esac
+case "$RATE" in ''|*[!0-9.]*) fail "no benchmark rate (got '$(echo "$RATE" | LC_ALL=C tr -c ' -~' ' ' | cut -c1-60)')" ;; esac
 vastctl bench-report --rate "$RATE"; rc=$?
-if [ $rc -eq 5 ]; then log "rate $RATE is below the gate: not proving"; kill $CUZK; exit 0; fi
-[ $rc -eq 0 ] || { log "bench-report failed (exit $rc)"; exit 1; }
+if [ $rc -eq 5 ]; then log "rate $RATE is below the gate: not proving"; stop; exit 0; fi
+[ $rc -eq 0 ] || { log "bench-report failed (exit $rc)"; stop; exit 1; }
 
-# 5. prove, with a heartbeat carrying the cumulative proof count
-vastctl running || exit 1
+# 5. prove, with a heartbeat carrying the daemon's cumulative proof count
+vastctl running || { stop; exit 1; }
 proofs() {
   if [ -n "${VASTCTL_PROOFS_CMD:-}" ]; then bash -c "$VASTCTL_PROOFS_CMD"; return; fi
-  curl -fsS --max-time 10 "${VASTCTL_CUZK_STATUS:-http://127.0.0.1:9821/status}" | python3 -c '
-import json, sys
-def find(o):
-    if isinstance(o, dict):
-        if "total_proofs_completed" in o: return o["total_proofs_completed"]
-        o = list(o.values())
-    for v in o if isinstance(o, list) else []:
-        r = find(v)
-        if r is not None: return r
-print(int(find(json.load(sys.stdin)) or 0))'
+  status || cuzk-bench -a "$ADDR" status | sed -n 's/^proofs completed: *\([0-9]*\)$/\1/p'
 }
 while kill -0 $CUZK 2>/dev/null; do
-  N=$(proofs 2>/dev/null); case "$N" in ''|*[!0-9]*) N= ;; esac
+  N=$(proofs 2>/dev/null | tail -1); case "$N" in ''|*[!0-9]*) N= ;; esac
   vastctl heartbeat ${N:+--proofs-done "$N"}; rc=$?
-  if [ $rc -eq 2 ] || [ $rc -eq 3 ]; then log "the manager refused the heartbeat (exit $rc): stopping"; kill $CUZK; exit 0; fi
+  if [ $rc -eq 2 ] || [ $rc -eq 3 ]; then log "the manager refused the heartbeat (exit $rc): stopping"; stop; exit 0; fi
   sleep "${VASTCTL_HEARTBEAT_S:-60}"
 done
 log "cuzk exited: no more heartbeats (reconcile will notice)"
