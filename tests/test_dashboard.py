@@ -333,7 +333,8 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
     (row,) = page.split('id="steps"')[1].split("<tbody>")[1].split("</tr>")[:1]
     cells = [unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
     assert cells[1:3] == ["rules", "ok"]
-    assert cells[3] == "capacity 55 / 60 · +0 on the way · $0.00/h · 9 queued · 1 running, 1 stopped · 9 new events"
+    # the stopped machine still bills its disk; with no disk price listed, its whole price counts
+    assert cells[3] == "capacity 55 / 60 · +0 on the way · $0.20/h · 9 queued · 1 running, 1 stopped · 9 new events"
     assert re.fullmatch(r"launch RTX 4090: queued work: capacity 55 of 69 .+ → launched vastctl-\S+ \(instance 9001\)", cells[4])
     assert cells[5].startswith(f"destroy {XSS} [label_prefix]: {XSS} does not carry our label prefix")
     assert XSS not in page and "destroy &lt;img src=x onerror=alert(1)&gt; [label_prefix]" in page
