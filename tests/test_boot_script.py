@@ -33,7 +33,8 @@ from vastctl.remote import RemoteReports
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 VENV_BIN = Path(sys.executable).parent
-GATE = 20000  # proofs/hour: the fake daemon proves in 0.05 s (good) or 0.5 s (slow), one proof at a time
+GATE = 40  # proofs/hour: the fake daemon proves in 0.05 s (good) or 0.5 s (slow), one proof at a time, which the
+TIME_SCALE = "1000"  # fake bench reads 1000 times slower: 72 proofs/h (good) or 7.2 (slow), real machines' rates
 SANE = re.compile(r"^[ -~]*$")  # what a reason may hold once the script and the manager have cleaned it
 
 
@@ -95,7 +96,7 @@ class Machine:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VASTCTL_", "VAST_"))}
         env.update(self.create["env"])
         env.update(PATH=f"{FAKES}:{VENV_BIN}:/usr/bin:/bin", HOME=str(self.home), CONTAINER_ID="5001",
-                   VASTCTL_LOG=str(self.log), VASTCTL_ZK_DIR=str(self.zk), FAKES_ROOT=str(self.home / "root"),
+                   VASTCTL_LOG=str(self.log), VASTCTL_ZK_DIR=str(self.zk), FAKE_BENCH_TIME_SCALE=TIME_SCALE, FAKES_ROOT=str(self.home / "root"),
                    VASTCTL_CUZK_LISTEN=f"127.0.0.1:{self.grpc}", VASTCTL_CUZK_STATUS_LISTEN=f"127.0.0.1:{self.status}",
                    **knobs)
         self.zk.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ stop() {  # the prover, given 10 s to exit
 }
 # a boot that cannot measure a rate is a failed bench, reported at once: the manager kills the machine
 fail() {
-  log "$1"; stop
+  log "$1"; stop; set -- "$(echo "$1" | sed 's/ *$//')"  # a reason never ends in a space
   vastctl bench-report --failed --reason="$1"; log "failed bench reported (exit $?)"; exit 1
 }
 
