@@ -71,7 +71,8 @@ def populated(app):
                      (clock.to_iso(now - timedelta(minutes=minutes)),))
     conn.execute("INSERT INTO demand_samples (at, queued, source, ok, error) VALUES (?, NULL, 'command', 0, 'timeout')",
                  (clock.to_iso(now - timedelta(minutes=3)),))
-    conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, 42, 250, 'report', 1)",
+    conn.execute("INSERT INTO demand_samples (at, queued, in_flight, lookahead, proofs_per_hour, source, ok)"
+                 " VALUES (?, 42, 7, 3, 250, 'report', 1)",
                  (clock.to_iso(now - timedelta(minutes=2)),))
     add_step(conn, now - timedelta(minutes=6), input_tokens=1000, output_tokens=100, cache_read_tokens=800,
              cache_write_tokens=50, cost=0.01, refused=json.dumps([{"kind": "destroy", "why": "x"}, {"kind": "stop"}]))
@@ -95,6 +96,7 @@ def test_metrics_parse_and_hold_the_files_figures(app):
     assert got[("vastctl_spend_dollars_per_hour", ())] == 1.5
     assert got[("vastctl_max_hourly_spend_dollars_per_hour", ())] == 1.25
     assert got[("vastctl_demand_queued", ())] == 42 and got[("vastctl_demand_proofs_per_hour", ())] == 250
+    assert got[("vastctl_demand_in_flight", ())] == 7 and got[("vastctl_demand_lookahead", ())] == 3
     assert got[("vastctl_demand_known", ())] == 1 and 100 <= got[("vastctl_demand_age_seconds", ())] <= 200
     assert got[("vastctl_kills_total", (("code", "bench_failed"),))] == 1
     assert got[("vastctl_kills_total", (("code", "exited"),))] == 1
@@ -116,6 +118,7 @@ def test_a_new_file_exports_zeros_and_unknown_demand(app):
     got = samples(scrape(app).text)
     assert got[("vastctl_reconcile_last_success_timestamp_seconds", ())] == 0  # never: `time() - x` alerts fire
     assert got[("vastctl_demand_known", ())] == 0 and math.isnan(got[("vastctl_demand_queued", ())])
+    assert math.isnan(got[("vastctl_demand_in_flight", ())]) and math.isnan(got[("vastctl_demand_lookahead", ())])
     assert got[("vastctl_agent_cost_dollars_total", ())] == 0 and got[("vastctl_agent_refused_actions_total", ())] == 0
 
 

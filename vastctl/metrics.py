@@ -86,6 +86,10 @@ def _demand(demand: dict | None) -> Iterator[Metric]:
                  bool(demand.get("known")))
     for name, key, documentation in (
         ("vastctl_demand_queued", "queued", "Proofs queued, as of the newest demand sample (NaN: unknown)."),
+        ("vastctl_demand_in_flight", "in_flight",
+         "Proofs claimed and waiting or proving at a daemon, newest sample (NaN: unknown or not reported)."),
+        ("vastctl_demand_lookahead", "lookahead",
+         "Proofs about to be queued (PoRep look-ahead), newest sample (NaN: unknown or not reported)."),
         ("vastctl_demand_proofs_per_hour", "proofs_per_hour", "Demanded proofs/hour, newest sample (NaN: unknown)."),
         ("vastctl_demand_age_seconds", "age_s", "Age of the newest demand sample (NaN: none kept)."),
     ):
