@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 from importlib import resources
 
 from .config import DEFAULT_IMAGE, LaunchSection
@@ -32,7 +33,8 @@ def default_script() -> str:
 
 
 def for_vast(script: str) -> str:
-    """The script as sent: unchanged when it fits, else gzip+base64 inside a short unpacking wrapper."""
+    """The script as sent: unchanged when it fits, else gzip+base64 inside a short unpacking wrapper, else (too
+    long even packed) a short loader that fetches it from the manager, pinned by its sha256."""
     if len(script) <= MAX_CHARS:
         return script
     packed = base64.b64encode(gzip.compress(script.encode("utf-8"), mtime=0)).decode("ascii")
@@ -40,15 +42,42 @@ def for_vast(script: str) -> str:
         "#!/bin/sh\n# vastctl boot script, gzip+base64 (it is longer than vast's onstart limit)\n"
         f"echo '{packed}' | base64 -d | gunzip > /tmp/vastctl-onstart.sh && exec bash /tmp/vastctl-onstart.sh\n"
     )
-    if len(wrapper) > MAX_CHARS:
-        raise BadInput(f"launch.onstart is too long even compressed ({len(wrapper)} > {MAX_CHARS} characters):"
-                       " shorten it, or fetch the rest from the script")
-    return wrapper
+    if len(wrapper) <= MAX_CHARS:
+        return wrapper
+    return loader(script)
+
+
+def loader(script: str) -> str:
+    """What vast runs when the boot script is too long even packed: fetch it from the manager
+    (`GET /v1/instances/UUID/onstart` with the machine's own token, retried while the manager is unreachable),
+    check it is byte for byte the script this launch was made with, and run it.
+
+    The sha256 pins the script: a changed `launch.onstart` or another vastctl version on the manager, or
+    anything in between, gives a machine that stops here instead of running a script nobody launched it with.
+    """
+    digest = hashlib.sha256(script.encode("utf-8")).hexdigest()
+    return (
+        "#!/bin/bash\n# vastctl boot script, fetched from the manager (too long for vast's onstart limit even packed);\n"
+        "# runs only if its sha256 is the one pinned at launch\n"
+        'f=/tmp/vastctl-onstart.sh u="$VASTCTL_SERVER/v1/instances/$VASTCTL_UUID/onstart"\n'
+        'get() { if command -v curl >/dev/null; then curl -fsS --max-time 30 -H "Authorization: Bearer $VASTCTL_TOKEN"'
+        ' -o "$f.part" "$u"; else python3 -c \'import os,sys,urllib.request as r; q=r.Request(sys.argv[1],'
+        ' headers={"Authorization": "Bearer " + os.environ["VASTCTL_TOKEN"]}); open(sys.argv[2], "wb")'
+        '.write(r.urlopen(q, timeout=30).read())\' "$u" "$f.part"; fi; }\n'
+        'for i in $(seq 60); do get && break; sleep 10; done\n'
+        f'echo "{digest}  $f.part" | sha256sum -c --status && mv "$f.part" "$f" && exec bash "$f"\n'
+        'echo "vastctl: no boot script with the pinned sha256 from $u" >&2; exit 1\n'
+    )
+
+
+def full_script(configured: str) -> str:
+    """The boot script a launch runs, before packing: the configured one, else the shipped template."""
+    return configured if configured.strip() else default_script()
 
 
 def script_for(configured: str) -> str:
     """What a launch sends: the configured script, else the shipped template, packed to fit."""
-    return for_vast(configured if configured.strip() else default_script())
+    return for_vast(full_script(configured))
 
 
 def boot_env(launch: LaunchSection) -> dict[str, str]:

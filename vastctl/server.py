@@ -26,6 +26,9 @@ Decisions the contract leaves open:
 - A request must arrive in full within `request_timeout` of its first byte
   (a connection trickling a byte at a time is closed), a connection that sends
   nothing for `timeout` is closed, and at most `connection_limit` are open.
+- `GET /v1/instances/UUID/onstart` answers the boot script a launch pinned by
+  its sha256 when it was too long for vast's onstart field (onstart.loader),
+  with the same token and killed-machine checks as a report.
 - The access log is method, path, status and duration: never headers, query
   strings or bodies, so no token reaches a log.
 """
@@ -49,7 +52,7 @@ from waitress.channel import HTTPChannel
 from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
-from . import db, fleet, lifecycle, tokens
+from . import db, fleet, lifecycle, onstart, tokens
 from .clock import Clock
 from .upstream import cut
 from .config import Config
@@ -79,6 +82,10 @@ _FIELDS: dict[str, dict[str, tuple[str, int]]] = {
     "running": {},
     "heartbeat": {"proofs_done": ("int", 0)},
 }
+
+
+class Script(str):
+    """A body answered as the shell script it is, not as JSON."""
 
 
 class HTTPError(Exception):
@@ -133,10 +140,13 @@ class App:
             elif status == 500:
                 access_log.exception("unexpected error answering %s %s", method, _loggable(path))
                 body = {"error": "internal error: see the manager's log"}
-        payload = json.dumps(body).encode()
+        if isinstance(body, Script):
+            payload, kind = body.encode(), "text/x-shellscript; charset=utf-8"
+        else:
+            payload, kind = json.dumps(body).encode(), "application/json"
         start_response(
             f"{status} {HTTPStatus(status).phrase}",
-            [("Content-Type", "application/json"), ("Content-Length", str(len(payload))), *headers],
+            [("Content-Type", kind), ("Content-Length", str(len(payload))), *headers],
         )
         access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, _loggable(path), status,
                         (self.clock.monotonic() - started) * 1000)
@@ -155,6 +165,11 @@ class App:
             return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed,
                                           now=self.clock.now())
         uuid, report = _report_route(path)
+        if report == "onstart":  # the boot script itself, for a machine whose onstart is the loader
+            _allow(method, "GET")
+            self.check_machine(environ, uuid)
+            self.check_retired(uuid, report)
+            return 200, Script(onstart.full_script(self.config.launch.onstart))
         _allow(method, "POST")
         self.check_machine(environ, uuid)
         self.check_retired(uuid, report)
@@ -252,11 +267,12 @@ def _raw_path(environ: dict) -> str:
 
 def _report_route(path: str) -> tuple[str, str]:
     parts = path.split("/")
-    if len(parts) == 5 and parts[0] == "" and parts[1:3] == ["v1", "instances"] and parts[4] in REPORTS and parts[3]:
+    if (len(parts) == 5 and parts[0] == "" and parts[1:3] == ["v1", "instances"]
+            and parts[4] in (*REPORTS, "onstart") and parts[3]):
         uuid = unquote(parts[3].encode("latin-1").decode("utf-8", "replace"))
         return uuid, parts[4]
     raise HTTPError(404, f"no such endpoint {_loggable(path)}: the endpoints are POST /v1/instances/UUID/REPORT"
-                         f" (REPORT: {', '.join(REPORTS)}), GET /v1/fleet and GET /healthz")
+                         f" (REPORT: {', '.join(REPORTS)}), GET /v1/instances/UUID/onstart, GET /v1/fleet and GET /healthz")
 
 
 def _allow(method: str, allowed: str) -> None:
