@@ -23,6 +23,9 @@ Decisions the contract leaves open:
   the request carries: the fleet view is never open. `?all=1` adds killed rows.
 - Bodies over 64 KiB get a JSON 413 from the app; bodies over 1 MiB are
   refused by waitress before they are read (its 413 body is plain text).
+- A request framed two ways (Content-Length and Transfer-Encoding, or an
+  HTTP/1.0 Transfer-Encoding) is refused by the parser (400, plain text) and
+  its connection closed, so nothing sent after it is read as a request.
 - A request must arrive in full within `request_timeout` of its first byte
   (a connection trickling a byte at a time is closed), a connection that sends
   nothing for `timeout` is closed, and at most `connection_limit` are open.
@@ -46,6 +49,7 @@ from urllib.parse import parse_qs, unquote
 
 from waitress.adjustments import Adjustments  # only `serve` imports this module: other commands never load waitress
 from waitress.channel import HTTPChannel
+from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
@@ -402,9 +406,40 @@ def make_server(
     return MultiSocketServer(sockets, adj, listening, dispatcher, servers[-1].log_info)
 
 
+class _FramingParser(HTTPRequestParser):
+    """waitress's request parser, refusing a request whose length is framed two ways (RFC 9112 §6.1).
+
+    waitress reads a body by Transfer-Encoding when Content-Length is also
+    given, so a proxy in front that trusts Content-Length and waitress disagree
+    on where the request ends: the bytes after the chunked body run as a second
+    request the proxy never saw (request smuggling). Such a request, or an
+    HTTP/1.0 one with any Transfer-Encoding, is answered 400 and the connection
+    closed (waitress closes after every error answer); the bytes that arrived
+    with it are dropped, never parsed as a request.
+    """
+
+    framing_refused = False
+
+    def parse_header(self, header_plus):
+        super().parse_header(header_plus)  # pops TRANSFER_ENCODING in HTTP/1.1, setting `chunked`
+        if "CONTENT_LENGTH" in self.headers and (self.chunked or "TRANSFER_ENCODING" in self.headers):
+            self.framing_refused = True
+            raise ParsingError("a request may give Content-Length or Transfer-Encoding, not both"
+                               " (RFC 9112 section 6.1): send one; this connection is closed")
+        if "TRANSFER_ENCODING" in self.headers:  # left there only for HTTP/1.0, which has no chunked bodies
+            self.framing_refused = True
+            raise ParsingError("HTTP/1.0 has no Transfer-Encoding (RFC 9112 section 6.1): send Content-Length;"
+                               " this connection is closed")
+
+    def received(self, data):
+        consumed = super().received(data)
+        return len(data) if self.framing_refused else consumed  # what followed it is no request of ours
+
+
 class _DeadlineChannel(HTTPChannel):
     """A connection that remembers when its current request began to arrive."""
 
+    parser_class = _FramingParser
     request_started: float | None = None  # clock.monotonic() at the current request's first byte
 
     def received(self, data):
