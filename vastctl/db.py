@@ -189,6 +189,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX agent_steps_outcome ON agent_steps(outcome, id)
         """,
     ),
+    (
+        "dashboard sessions ended by sign-out",
+        """
+        CREATE TABLE dashboard_sign_outs (
+            session TEXT PRIMARY KEY,
+            expires_at TEXT NOT NULL,
+            signed_out_at TEXT NOT NULL
+        )
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

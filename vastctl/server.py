@@ -53,7 +53,7 @@ from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
-from . import db, fleet, lifecycle, tokens
+from . import db, fleet, lifecycle, signin, tokens
 from .clock import Clock
 from .upstream import cut
 from .config import Config
@@ -106,6 +106,7 @@ class App:
         self.keyring = keyring
         self.clock = clock
         self.admin_token = config.server.admin_token.encode()
+        self.sign_ins = signin.Throttle(clock)  # the dashboard's failed sign-ins, shared by every request
         self._local = threading.local()  # sqlite3 connections are per thread
 
     def connection(self) -> sqlite3.Connection:
@@ -378,6 +379,7 @@ def make_server(
         raise BadInput(f"--request-timeout must be more than 0 seconds, got {request_timeout:g}")
     if connection_limit < 1:
         raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
+    _refuse_weak_tokens(config)
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
     keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
     db.connect(config.db_path, now=clock.now()).close()  # a missing or broken file fails here, not at the first report
@@ -479,6 +481,16 @@ class _DeadlineServer(TcpWSGIServer):
             started = channel.request_started
             if not channel.requests and started is not None and started < cutoff:
                 channel.will_close = True
+
+
+def _refuse_weak_tokens(config: Config) -> None:
+    """serve does not start with an admin or metrics token a guesser could find (empty turns the feature off)."""
+    for key in ("admin_token", "metrics_token"):
+        token = getattr(config.server, key)
+        why = signin.weakness(token) if token else None
+        if why:
+            raise BadInput(f"server.{key} is too weak to guard the dashboard and /metrics ({why}):"
+                           f" set a random one, e.g. the output of `{signin.GENERATE}`")
 
 
 def _allow_open_files(needed: int) -> None:
