@@ -164,6 +164,15 @@ class Trickler(threading.Thread):
             sock.close()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The process's user + system CPU time so far (Linux /proc), or None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -194,12 +203,14 @@ def main() -> int:
                 trickler.start()
                 time.sleep(args.slow_every * 1.5)  # every slow connection accepted and trickling
             started = time.monotonic()
+            cpu_before = cpu_seconds(proc.pid)
             for client in clients:
                 client.stop_at = started + args.seconds
                 client.start()
             for client in clients:
                 client.join()
             elapsed = time.monotonic() - started
+            cpu_after = cpu_seconds(proc.pid)
             trickler.stop()
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -220,6 +231,9 @@ def main() -> int:
     print(f"sustained: {rate:.0f} reports/s (target ≥ {TARGET_RPS})")
     print(f"latency p50 {percentile(latencies, 0.50) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms,"
           f" mean {statistics.fmean(latencies) * 1000:.1f} ms")
+    if cpu_before is not None and cpu_after is not None and sent:
+        print(f"serve CPU: {(cpu_after - cpu_before) * 1e6 / sent:.0f} µs per report"
+              f" ({(cpu_after - cpu_before) / elapsed:.2f} cores)")
     print(f"errors: {len(errors)}{' e.g. ' + errors[0] if errors else ''}")
     print(f"machines whose proofs_done in the file differs from heartbeats sent: {lost}")
     p99 = percentile(latencies, 0.99)

@@ -35,11 +35,13 @@ Decisions the contract leaves open:
 
 from __future__ import annotations
 
+import collections
 import hmac
 import json
 import logging
 import math
 import re
+import select
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
@@ -52,6 +54,7 @@ from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
+from waitress.wasyncore import readwrite
 
 from . import db, fleet, lifecycle, signin, tokens
 from .clock import Clock
@@ -451,7 +454,24 @@ class _DeadlineChannel(HTTPChannel):
 
     def service(self):
         self.request_started = None  # arrived in full: from here on it is the worker's time, not the client's
-        return super().service()
+        _serving.fd = self._fileno
+        try:
+            return super().service()
+        finally:
+            _serving.fd = None
+
+    def add_channel(self, map=None):
+        super().add_channel(map)
+        loop = getattr(self.server, "event_loop", None)
+        if loop is not None:
+            loop.recheck.add(self._fileno)
+
+    def del_channel(self, map=None):
+        fd = self._fileno
+        loop = getattr(self.server, "event_loop", None)
+        if loop is not None and fd is not None:
+            loop.forget(fd)  # before the socket closes, so a new connection on the same number starts clean
+        super().del_channel(map)
 
 
 class _DeadlineServer(TcpWSGIServer):
@@ -474,6 +494,8 @@ class _DeadlineServer(TcpWSGIServer):
         self.clock = clock
         super().__init__(*args, **kwargs)
 
+    event_loop: _EventLoop | None = None
+
     def maintenance(self, now):
         super().maintenance(now)  # the idle ones
         cutoff = self.clock.monotonic() - self.request_timeout
@@ -481,6 +503,161 @@ class _DeadlineServer(TcpWSGIServer):
             started = channel.request_started
             if not channel.requests and started is not None and started < cutoff:
                 channel.will_close = True
+        if self.event_loop is not None:
+            self.event_loop.sweep_ran = True  # any channel may now be closing: ask them all again
+
+    def pull_trigger(self):
+        fd = getattr(_serving, "fd", None)
+        if fd is not None and self.event_loop is not None:
+            self.event_loop.touched.append(fd)  # before the wake-up, so the pass it causes asks this connection
+        super().pull_trigger()
+
+    def run(self):
+        """waitress's run(), on _EventLoop where epoll exists (Linux), else on waitress's own poll loop."""
+        if not hasattr(select, "epoll"):
+            return super().run()
+        self.event_loop = _EventLoop(self._map, self.channel_class, self.adj)
+        try:
+            self.event_loop.run(self.adj.asyncore_loop_timeout)
+        except (SystemExit, KeyboardInterrupt):
+            self.task_dispatcher.shutdown()
+        finally:
+            self.event_loop.close()
+
+
+class _EventLoop:
+    """waitress's poll loop, paying per pass only for the connections whose wishes may have changed.
+
+    wasyncore's poll2 asks every open connection readable() and writable()
+    and registers each anew on every pass: with 500 idle or trickling
+    connections open, that Python loop held the GIL for more than half of
+    serve's time under the bench, while the one worker waited for it. Here
+    the events a connection wants stay registered in an epoll set, and a pass
+    asks again only: the dispatchers that are not connections (the listener,
+    whose readable() runs the maintenance sweep, and the trigger), the
+    connections that had an event, the ones a worker touched (it pulls the
+    trigger when it finishes a request or leaves output behind, and
+    _DeadlineServer.pull_trigger names the connection), the new ones, and
+    after a sweep or a quiet second, all of them.
+
+    The registration may want more than the connection does (a connection
+    whose request is in service keeps its read interest): an event nobody
+    wants is not handed on, and the registration is narrowed then, so a
+    pipelining client or a socket that is always writable cannot spin the loop.
+    """
+
+    READ = select.POLLIN | select.POLLPRI
+    WRITE = select.POLLOUT
+    TROUBLE = select.POLLHUP | select.POLLERR
+
+    def __init__(self, map: dict, channel_class: type, adj: Adjustments):
+        self.map = map
+        self.channel_class = channel_class
+        self.lookahead = adj.channel_request_lookahead
+        self.epoll = select.epoll()
+        self.registered: dict[int, int] = {}  # fd → the events registered for it (absent: not registered)
+        self.recheck: set[int] = set()  # connections to ask again at the next pass (main thread only)
+        self.touched: collections.deque[int] = collections.deque()  # connections workers are done with (thread-safe)
+        self.sweep_ran = True  # the first pass asks every dispatcher
+        self.others: list[tuple[int, Any]] = []  # the dispatchers that are not connections, found at each full pass
+
+    def run(self, timeout: float) -> None:
+        while self.map:
+            self.once(timeout)
+
+    def once(self, timeout: float) -> None:
+        if self.sweep_ran:
+            self.others = [(fd, obj) for fd, obj in list(self.map.items()) if not isinstance(obj, self.channel_class)]
+        for fd, obj in self.others:
+            flags = self.flags_of(obj) if self.map.get(fd) is obj else 0  # the listener's readable() may run the sweep
+            if self.registered.get(fd, 0) != flags:
+                self.set(fd, flags)  # exactly: a listener past connection_limit must stop accepting
+        touched = self.touched
+        while touched:
+            self.recheck.add(touched.popleft())
+        if self.sweep_ran:
+            self.sweep_ran = False
+            check = list(self.map)
+        else:
+            check, self.recheck = self.recheck, set()
+        for fd in check:
+            obj = self.map.get(fd)
+            if obj is not None and isinstance(obj, self.channel_class):
+                self.ask(fd, self.channel_flags(obj))
+        try:
+            events = self.epoll.poll(timeout)
+        except InterruptedError:
+            events = []
+        if not events:
+            self.sweep_ran = True  # a quiet second: ask everything again, whatever was missed
+        for fd, flags in events:
+            obj = self.map.get(fd)
+            if obj is None:
+                continue
+            if isinstance(obj, self.channel_class):
+                wanted = self.channel_flags(obj)
+                if flags & ~(wanted | self.TROUBLE) or (flags & self.TROUBLE and not wanted):
+                    self.narrow(fd, wanted)  # registered for more than it wants now: no spinning on it
+                flags &= wanted | (self.TROUBLE if wanted else 0)
+                self.recheck.add(fd)
+                if not flags:
+                    continue
+            readwrite(obj, flags)
+
+    def channel_flags(self, channel) -> int:
+        """HTTPChannel.readable() and writable(), inline: this runs at least once per request."""
+        closing = channel.will_close or channel.close_when_flushed
+        pending = channel.total_outbufs_len
+        readable = not (closing or pending or len(channel.requests) > self.lookahead)
+        return (self.READ if readable else 0) | (self.WRITE if closing or pending else 0)
+
+    def flags_of(self, obj) -> int:
+        return (self.READ if obj.readable() else 0) | (self.WRITE if obj.writable() and not obj.accepting else 0)
+
+    def ask(self, fd: int, wanted: int) -> None:
+        """Make sure the registration covers `wanted` (it may cover more until an unwanted event narrows it)."""
+        have = self.registered.get(fd, 0)
+        if wanted & ~have:
+            self.set(fd, have | wanted)
+
+    def narrow(self, fd: int, wanted: int) -> None:
+        self.set(fd, wanted)
+
+    def set(self, fd: int, flags: int) -> None:
+        try:
+            if not flags:
+                if fd in self.registered:
+                    self.epoll.unregister(fd)
+            elif fd in self.registered:
+                self.epoll.modify(fd, flags)
+            else:
+                self.epoll.register(fd, flags)
+        except FileNotFoundError:  # closed and reopened behind our back: register afresh
+            if flags:
+                self.epoll.register(fd, flags)
+        except FileExistsError:
+            self.epoll.modify(fd, flags)
+        except OSError:  # the fd is gone: its dispatcher leaves the map
+            self.registered.pop(fd, None)
+            return
+        if flags:
+            self.registered[fd] = flags
+        else:
+            self.registered.pop(fd, None)
+
+    def forget(self, fd: int) -> None:
+        if self.registered.pop(fd, None) is not None:
+            try:
+                self.epoll.unregister(fd)
+            except OSError:
+                pass
+        self.recheck.discard(fd)
+
+    def close(self) -> None:
+        self.epoll.close()
+
+
+_serving = threading.local()  # the connection a worker thread is serving, for _DeadlineServer.pull_trigger
 
 
 def _refuse_weak_tokens(config: Config) -> None:
