@@ -52,7 +52,7 @@ from . import dashboard_page as page
 from . import fleet, operations, overview, settings, signin
 from .config import Config
 from .errors import BadInput, VastctlError
-from .server import HTTPError, _bearer, access_log
+from .server import HTTPError, _bearer, _loggable, access_log
 
 SESSION_S = 12 * 3600
 FLASH_S = 60
@@ -202,7 +202,7 @@ class Web:
         given = _read_form(environ).get("token", "")
         if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
             wait = self.throttle.failed(client)
-            access_log.warning("failed dashboard sign-in from %s", client[:100])
+            access_log.warning("failed dashboard sign-in from %s", _loggable(client[:100]))
             later = f"; wait {math.ceil(wait)} s before the next try" if wait > 0 else ""
             return _html(401, page.sign_in_page(f"wrong token: use server.admin_token from the manager's config{later}"))
         self.throttle.succeeded(client)

@@ -5,7 +5,9 @@ functions the local commands call, so a report over HTTP behaves exactly like
 one typed on the manager: same validation, same idempotence, one event per
 real change. waitress serves it: its event loop reads each request in full
 before a worker thread sees it, so slow clients hold no worker, and it caps
-header and body sizes before anything is buffered.
+header and body sizes before anything is buffered. On Linux the loop is
+_EventLoop (epoll), whose pass costs the same however many idle or trickling
+connections are open.
 
 Decisions the contract leaves open:
 - Order of checks: route (404/405), token (401/403), a killed machine (409),
