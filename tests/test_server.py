@@ -534,7 +534,7 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
     """The loop asks only connections that can have changed: idle ones cost nothing per pass (serve_bench --slow)."""
     from waitress import wasyncore
 
-    from vastctl import server, tokens
+    from vastctl import server, tokens, transport
 
     config = config_module.from_mapping({})
     config.db = str(tmp_path / "loop.db")
@@ -548,9 +548,8 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
             return original(*args)
         return wrapper
 
-    monkeypatch.setattr(server._DeadlineChannel, "readable", counting(server._DeadlineChannel.readable))
-    if hasattr(server, "_EventLoop"):
-        monkeypatch.setattr(server._EventLoop, "channel_flags", counting(server._EventLoop.channel_flags))
+    monkeypatch.setattr(transport.DeadlineChannel, "readable", counting(transport.DeadlineChannel.readable))
+    monkeypatch.setattr(transport.EventLoop, "channel_flags", counting(transport.EventLoop.channel_flags))
     srv = server.make_server(config, port=0, clock=SYSTEM)
     loop = threading.Thread(target=srv.run, daemon=True)
     loop.start()
@@ -561,21 +560,23 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
             time.sleep(0.01)
         assert len(srv.active_channels) == 300
         secret = tokens.read_secret(config.secret_path)
+        url = f"http://127.0.0.1:{srv.effective_port}/v1/instances/u-loop"
+        auth = {"Authorization": f"Bearer {tokens.machine_token(secret, 'u-loop')}"}
         with requests.Session() as session:
             def report(name, body):
-                response = session.post(f"http://127.0.0.1:{srv.effective_port}/v1/instances/u-loop/{name}",
-                                        json=body, headers={"Authorization": f"Bearer {tokens.machine_token(secret, 'u-loop')}"},
-                                        timeout=10)
+                response = session.post(f"{url}/{name}", json=body, headers=auth, timeout=10)
                 assert response.status_code == 200, response.text
             report("register", {"label": "vastctl-u-loop"})
             asked["n"] = 0
-            for proofs in range(1, 21):
+            for proofs in range(1, 51):
                 report("heartbeat", {"proofs_done": proofs})
-            per_report = asked["n"] / 20
+            per_report = asked["n"] / 50
     finally:
         for sock in idle:
             sock.close()
         wasyncore.close_all(srv._map)  # the loop leaves once its map is empty
         loop.join(timeout=10)
         srv.task_dispatcher.shutdown()
-    assert per_report < 30, per_report  # poll2 asked all 301 connections on every pass: > 600 a report
+    # poll2 asked all 301 connections on every pass, > 600 a report; now a few, plus all of them at each
+    # maintenance sweep (every 2.5 s here), which a slow machine may spread over fewer reports
+    assert per_report < 60, per_report

@@ -71,7 +71,7 @@ class Throttle:
             self._drain(now)
             mine = self._clients.get(client)
             own = max(0.0, mine.wait_until - now) if mine else 0.0
-            overall = (self._global_level - GLOBAL_BURST + 1) * GLOBAL_EVERY_S if self._global_level > GLOBAL_BURST - 1 else 0.0
+            overall = max(0.0, self._global_level - (GLOBAL_BURST - 1)) * GLOBAL_EVERY_S  # until one more fits
             return max(own, overall)
 
     def failed(self, client: str) -> float:
