@@ -31,6 +31,15 @@ class Status:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class Raw:
+    """An answer sent byte for byte: what a proxy or a broken API might put in place of a message."""
+
+    code: int
+    body: bytes
+    content_type: str = "application/json"
+
+
 def error(code: int, kind: str | None = None, message: str | None = None, retry_after: float | None = None) -> Status:
     kinds = {429: "rate_limit_error", 500: "api_error", 529: "overloaded_error", 400: "invalid_request_error"}
     headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
@@ -80,16 +89,19 @@ class FakeMessagesAPI:
                     reply = reply(body)
                 if self.path.split("?")[0] != "/v1/messages":
                     reply = error(404, "not_found_error", f"no route {self.path}")
-                if isinstance(reply, Status):
+                if isinstance(reply, Raw):
+                    self._send_raw(reply.code, reply.body, {"content-type": reply.content_type})
+                elif isinstance(reply, Status):
                     payload = {"type": "error", "error": {"type": reply.kind, "message": reply.message}}
                     self._send(reply.code, payload, reply.headers)
                 else:
                     self._send(200, reply, {})
 
             def _send(self, code: int, payload: dict, headers: dict[str, str]) -> None:
-                data = json.dumps(payload).encode()
+                self._send_raw(code, json.dumps(payload).encode(), {"content-type": "application/json", **headers})
+
+            def _send_raw(self, code: int, data: bytes, headers: dict[str, str]) -> None:
                 self.send_response(code)
-                self.send_header("content-type", "application/json")
                 self.send_header("request-id", f"req_fake{next(_ids):04d}")
                 for name, value in headers.items():
                     self.send_header(name, value)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fake_anthropic import FakeMessagesAPI, error, message, text, tool_use
+from fake_anthropic import FakeMessagesAPI, Raw, error, message, text, tool_use
 from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
 from vastctl.agent import memory
 
@@ -148,3 +148,45 @@ def test_a_step_the_model_cuts_short_ran_and_says_why(ready, cli, market, api, d
     result = cli("agent-step", "--policy", "llm")
     assert result.code == 0 and f"warning: llm: {says}" in result.err
     assert [r["outcome"] for r in query(db_path, "SELECT outcome FROM agent_steps")] == ["ok", "ok"]
+
+
+def _without(key: str, reply: dict) -> dict:
+    reply = dict(reply)
+    del reply[key]
+    return reply
+
+
+@pytest.mark.parametrize(("reply", "says"), [
+    (Raw(200, b"<html><body>502 Bad Gateway</body></html>", "text/html"), "not a message"),
+    (Raw(200, b'{"id": "msg_1", "type": "mess', "application/json"), "not a message"),
+    (Raw(200, b"[1, 2, 3]", "application/json"), "not a message"),
+    (_without("usage", message(text("fine"))), "without usage"),
+    (_without("content", message(text("fine"))), "not a message"),
+    ({**message(text("fine")), "usage": {"input_tokens": "many", "output_tokens": -3}}, "without usage"),
+])
+def test_a_reply_that_is_not_a_message_is_a_clear_error_with_the_steps_json(ready, cli, market, api, db_path,
+                                                                             reply, says):
+    assert cli("demand", "report", "--queued", "59").code == 0
+    api.answer(reply)
+    result = cli("agent-step", "--policy", "llm", "--json")
+    assert result.code == 1
+    last = result.err.strip().splitlines()[-1]
+    assert last.startswith("error: llm: the Messages API answered") and says in last, result.err
+    assert "unexpected" not in result.err and "Traceback" not in result.err
+    assert "Bad Gateway" not in result.err  # a proxy's page is hostile text: described, never echoed
+    data = json.loads(result.out)
+    assert (data["policy"], data["outcome"], data["actions"]) == ("llm", "error", [])
+    assert len(api.requests) == 1  # a broken answer is not retried within the step: the next tick is
+    (row,) = query(db_path, "SELECT outcome, errors FROM agent_steps")
+    assert row["outcome"] == "error" and says in json.loads(row["errors"])[0]
+
+
+def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, api, db_path, tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text("agent:\n  max_rounds: 1\n  deadline: 4s\n")  # under llm.MIN_ROUND_S: no round can start
+    assert cli("demand", "report", "--queued", "59").code == 0
+    result = cli("--config", str(config), "agent-step", "--policy", "llm", "--json")
+    assert result.code == 1, result.err
+    data = json.loads(result.out)
+    assert data["outcome"] == "error" and "the model was not asked" in data["errors"][0]
+    assert api.requests == []

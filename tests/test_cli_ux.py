@@ -88,7 +88,7 @@ def test_the_readme_quick_start_names_the_python_it_needs():
 def test_a_negative_setting_is_an_invalid_value_not_an_option(ready, cli):
     result = cli("settings", "set", "target_proofs_per_hour", "-5")
     assert result.code == 2
-    assert result.err == "error: target_proofs_per_hour must be a finite number ≥ 0, got '-5'\n"
+    assert result.err == "error: target_proofs_per_hour must be a number from 0 to 10000000, got '-5'\n"
 
 
 @pytest.mark.parametrize("key", ["max_dph", "max_hourly_spend"])

@@ -399,8 +399,8 @@ def test_set_a_setting_records_the_cli_event(signed_in, app):
 
 
 @pytest.mark.parametrize("key, value, says", [
-    ("max_instances", "2.5", "max_instances must be a whole number ≥ 0"),
-    ("max_dph", "-1", "max_dph must be a finite number ≥ 0"),
+    ("max_instances", "2.5", "max_instances must be a whole number from 0 to 10000"),
+    ("max_dph", "-1", "max_dph must be a number above 0 and at most 1000"),
     ("no_such_key", "1", "unknown setting 'no_such_key'"),
 ])
 def test_bad_settings_are_refused_with_the_cli_message(signed_in, app, key, value, says):

@@ -527,3 +527,56 @@ def test_state_file_that_cannot_be_opened_is_503(tmp_path):
     finally:
         assert m.stop() == 0
     assert "cannot open the state file: no state file at" in m.log()
+
+
+@pytest.mark.slow
+def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(tmp_path, monkeypatch):
+    """The loop asks only connections that can have changed: idle ones cost nothing per pass (serve_bench --slow)."""
+    from waitress import wasyncore
+
+    from vastctl import server, tokens, transport
+
+    config = config_module.from_mapping({})
+    config.db = str(tmp_path / "loop.db")
+    db.connect(config.db_path, create=True, now=SYSTEM.now()).close()
+    tokens.ensure_secret(config.secret_path)
+    asked = {"n": 0}
+
+    def counting(original):
+        def wrapper(*args):
+            asked["n"] += 1
+            return original(*args)
+        return wrapper
+
+    monkeypatch.setattr(transport.DeadlineChannel, "readable", counting(transport.DeadlineChannel.readable))
+    monkeypatch.setattr(transport.EventLoop, "channel_flags", counting(transport.EventLoop.channel_flags))
+    srv = server.make_server(config, port=0, clock=SYSTEM)
+    loop = threading.Thread(target=srv.run, daemon=True)
+    loop.start()
+    idle = [socket.create_connection(("127.0.0.1", srv.effective_port)) for _ in range(300)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(srv.active_channels) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(srv.active_channels) == 300
+        secret = tokens.read_secret(config.secret_path)
+        url = f"http://127.0.0.1:{srv.effective_port}/v1/instances/u-loop"
+        auth = {"Authorization": f"Bearer {tokens.machine_token(secret, 'u-loop')}"}
+        with requests.Session() as session:
+            def report(name, body):
+                response = session.post(f"{url}/{name}", json=body, headers=auth, timeout=10)
+                assert response.status_code == 200, response.text
+            report("register", {"label": "vastctl-u-loop"})
+            asked["n"] = 0
+            for proofs in range(1, 51):
+                report("heartbeat", {"proofs_done": proofs})
+            per_report = asked["n"] / 50
+    finally:
+        for sock in idle:
+            sock.close()
+        wasyncore.close_all(srv._map)  # the loop leaves once its map is empty
+        loop.join(timeout=10)
+        srv.task_dispatcher.shutdown()
+    # poll2 asked all 301 connections on every pass, > 600 a report; now a few, plus all of them at each
+    # maintenance sweep (every 2.5 s here), which a slow machine may spread over fewer reports
+    assert per_report < 60, per_report

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 from .errors import BadInput
 
 DURATION = {"duration": True}
+MAX_INT = 2**63 - 1  # SQLite INTEGER
+DAY_S = 86400.0
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -37,6 +39,97 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise BadInput(f"{key}: a duration must be a finite number of seconds ≥ 0, got {value!r}")
     return seconds
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values one number may take: from `low` to `high`, `low` itself excluded when `above`.
+
+    One table (RANGES) serves the config file and `settings set` (the CLI and
+    the dashboard), so a value one of them refuses the other refuses too.
+    """
+
+    low: float
+    high: float
+    above: bool = False
+    why: str = ""  # said after the refusal: what the excluded end would do
+
+    def allows(self, value: float) -> bool:
+        return (value > self.low if self.above else value >= self.low) and value <= self.high
+
+    def describe(self, kind: str) -> str:
+        """`a whole number from 1 to 100`, `a number above 0 and at most 1000`, `a duration above 0s and at most 1h`."""
+        shown = _duration_text if kind == "duration" else _number_text
+        noun = {"int": "a whole number", "duration": "a duration"}.get(kind, "a number")
+        if self.above:
+            return f"{noun} above {shown(self.low)} and at most {shown(self.high)}"
+        return f"{noun} from {shown(self.low)} to {shown(self.high)}"
+
+    def refusal(self, subject: str, kind: str, got: Any, value: float | None = None) -> str:
+        """The one-line refusal; `why` is said when the value is the excluded end itself."""
+        why = f": {self.why}" if self.why and value == self.low else ""
+        return f"{subject} must be {self.describe(kind)}, got {_shown(got)}{why}"
+
+
+def _shown(value: Any) -> str:
+    """A refused value for a message: its repr, cut short (a 400-digit number is not worth repeating)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        text = "a number of thousands of digits"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _number_text(number: float) -> str:
+    if isinstance(number, int) or (number.is_integer() and abs(number) < 1e16):
+        return str(int(number))
+    return f"{number:g}"
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("d", DAY_S), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+_NO_LAUNCH = "0 would refuse every launch (to pause launches, set max_instances 0)"
+_POSITIVE_DURATION = Range(0, 365 * DAY_S, above=True)
+# Every number's range by its dotted key; a key not listed takes its kind's default below.
+RANGES: dict[str, Range] = {
+    "fleet.target_proofs_per_hour": Range(0, 1e7),
+    "fleet.min_bench_rate": Range(0, 1e6),
+    "fleet.max_instances": Range(0, 10_000),
+    "fleet.max_hourly_spend": Range(0, 1e6, above=True, why=_NO_LAUNCH),
+    "fleet.max_dph": Range(0, 1000, above=True, why=_NO_LAUNCH),
+    "fleet.default_rate": Range(0, 1e6),
+    "fleet.min_cpu_ram_gb": Range(0, 1e5),
+    "fleet.min_inet_down_mbps": Range(0, 1e6),
+    "launch.disk_gb": Range(0, 1e5, above=True),
+    "launch.bench_count": Range(1, 1000, why="a benchmark of no proof measures nothing"),
+    "launch.bench_concurrency": Range(1, 1000, why="a benchmark of no proof measures nothing"),
+    "timeouts.launching": _POSITIVE_DURATION,
+    "timeouts.registered": _POSITIVE_DURATION,
+    "timeouts.params_done": _POSITIVE_DURATION,
+    "timeouts.bench_done": _POSITIVE_DURATION,
+    "timeouts.heartbeat": _POSITIVE_DURATION,
+    "reconcile.disappear_confirmations": Range(1, 100),
+    "reconcile.max_vanish_fraction": Range(0, 1),
+    "reconcile.deadline": Range(0, 3600, above=True, why="0 would stop every pass before it asks vast anything"),
+    "agent.interval": _POSITIVE_DURATION,
+    "agent.max_actions_per_step": Range(0, 1000),
+    "agent.max_context_tokens": Range(1000, 1_000_000),
+    "agent.headroom": Range(0, 10),
+    "agent.max_rounds": Range(1, 100),
+    "agent.deadline": Range(0, 3600, above=True, why="0 would end every step before it asks the model"),
+    "demand.stale_after": _POSITIVE_DURATION,
+}
+DEFAULT_RANGES = {"int": Range(0, MAX_INT), "float": Range(0, 1e15), "duration": Range(0, 365 * DAY_S)}
+
+
+def range_of(key: str, kind: str) -> Range:
+    """The allowed values of the number at dotted `key` (e.g. `fleet.max_instances`); `kind` is int, float or duration."""
+    return RANGES.get(key) or DEFAULT_RANGES[kind]
 
 
 @dataclass
@@ -203,6 +296,9 @@ def _read_yaml(path: Path) -> dict:
         raise BadInput(f"config file {path} is nested too deeply to be a vastctl config") from exc
     except yaml.YAMLError as exc:
         raise BadInput(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    except ValueError as exc:  # PyYAML building a value Python refuses, e.g. an integer of 5,000 digits
+        raise BadInput(f"config file {path} holds a value no setting can take ({_shown(str(exc))}):"
+                       " fix the number") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -290,6 +386,19 @@ def _prices(value: Any, name: str) -> dict:
     return prices
 
 
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a float's range (YAML reads 400 digits as an int)
+        return math.inf
+
+
+def _check_range(name: str, value: float, kind: str, given: Any) -> None:
+    allowed = range_of(name, kind)
+    if not allowed.allows(value):
+        raise BadInput(allowed.refusal(f"config key {name!r}", kind, given, value))
+
+
 def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     if dataclasses.is_dataclass(default):
@@ -299,7 +408,9 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
             raise BadInput(f"config key {name!r} must be a mapping of keys")
         return _build(type(default), value, prefix=f"{name}.")
     if f.metadata.get("duration"):
-        return parse_duration(value, name)
+        seconds = parse_duration(value, name)
+        _check_range(name, seconds, "duration", value)
+        return seconds
     if f.metadata.get("prices"):
         return _prices(value, name)
     section = prefix.rstrip(".") or "root"
@@ -309,17 +420,14 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
             raise BadInput(f"config key {name!r} must be true or false, got {value!r}")
         return value
     if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise BadInput(f"config key {name!r} must be a whole number ≥ 0, got {value!r}")
-        if section == "launch" and f.name in ("bench_count", "bench_concurrency") and value < 1:
-            raise BadInput(f"config key {name!r} must be at least 1 (a benchmark of no proof measures nothing),"
-                           f" got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadInput(range_of(name, "int").refusal(f"config key {name!r}", "int", value))
+        _check_range(name, value, "int", value)
         return value
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise BadInput(f"config key {name!r} must be a number ≥ 0, got {value!r}")
-        if f.name == "max_vanish_fraction" and value > 1:
-            raise BadInput(f"config key {name!r} must be a fraction between 0 and 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(_as_float(value)):
+            raise BadInput(range_of(name, "float").refusal(f"config key {name!r}", "float", value))
+        _check_range(name, value, "float", value)
         return float(value)
     if isinstance(default, str):
         if value is None:

@@ -5,7 +5,7 @@ stays with the machines' API. Routes:
 
   GET  /                    the dashboard, or the sign-in form without a session
   POST /login               the admin token in a form field → a session cookie (never in a URL)
-  POST /logout              forget the session cookie
+  POST /logout              end the session: forgotten by the browser and refused by the server
   GET  /dashboard/live      the live part of the page, as HTML, for /static/dashboard.js to swap in
   POST /dashboard/settings  settings.set_value — as `vastctl settings set`
   POST /dashboard/kill      operations.operator_kill — as `vastctl kill` (same reason prefix, code, provider);
@@ -17,6 +17,10 @@ stays with the machines' API. Routes:
 Sessions are signed, not stored: the cookie holds a random id and an expiry
 under an HMAC keyed by the token secret and the admin token, so a restart
 keeps operators signed in and changing server.admin_token signs everyone out.
+Signing out records the session id in the state file (signin.end_session),
+so a copy of the cookie taken before is refused from then on. Wrong tokens
+are throttled per client and overall (signin.Throttle: 429 with Retry-After),
+and serve does not start with a weak admin token (signin.weakness).
 The cookie is HttpOnly, SameSite=Strict, and Secure (named `__Host-…`) when
 the request came over TLS: wsgi.url_scheme, or X-Forwarded-Proto from the
 address in server.trusted_proxy only.
@@ -38,20 +42,22 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import sqlite3
 from collections.abc import Callable
+from datetime import datetime, timezone
 from http import HTTPStatus
 from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
 from . import clock as clock_module
 from . import dashboard_page as page
-from . import fleet, guard, operations, overview, settings
+from . import fleet, guard, operations, overview, settings, signin
 from .config import Config
 from .errors import BadInput, GuardRefused, VastctlError
 from .upstream import cut
-from .server import HTTPError, _bearer, access_log
+from .server import HTTPError, _bearer, _loggable, access_log
 
 SESSION_S = 12 * 3600
 FLASH_S = 60
@@ -80,7 +86,8 @@ def owns(method: str, path: str) -> bool:
 def serve(app, environ: dict, start_response: Callable, method: str, path: str) -> list[bytes]:
     """The WSGI answer for a request `owns()` accepted; logged like every other request of serve."""
     started = app.clock.monotonic()
-    web = Web(app.config, app.keyring.secrets()[0], app.connection, clock=app.clock)  # the signing secret (tokens.Keyring)
+    web = Web(app.config, app.keyring.secrets()[0], app.connection, clock=app.clock,  # the signing secret (tokens.Keyring)
+              throttle=app.sign_ins)
     try:
         status, headers, body = web.handle(environ, method, path)
     except _MethodNotAllowed as exc:
@@ -109,10 +116,11 @@ class Web:
     """One request's view of the operator pages: config, token secret, the state file, the clock."""
 
     def __init__(self, config: Config, secret: bytes, connect: Callable[[], sqlite3.Connection], *,
-                 clock: clock_module.Clock):
+                 clock: clock_module.Clock, throttle: signin.Throttle | None = None):
         self.config = config
         self.connect = connect
         self.clock = clock
+        self.throttle = throttle if throttle is not None else signin.Throttle(clock)
         self.admin_token = config.server.admin_token
         self.key = hmac.new(secret, b"vastctl dashboard\0" + self.admin_token.encode(), hashlib.sha256).digest()
 
@@ -148,6 +156,7 @@ class Web:
             return _html(403, page.message_page("Refused", "this form did not come from your dashboard session:"
                                                            " reload the dashboard and try again"))
         if path == "/logout":
+            signin.end_session(self.connect(), sid, expires=self.session_expiry(environ), now=self.clock.now())
             return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, "", 0))], b""
         try:
             flash = {"kind": "ok", "text": self.act(path, form)}
@@ -196,22 +205,47 @@ class Web:
     # --- sign-in ----------------------------------------------------------------------------------
 
     def login(self, environ: dict) -> Response:
+        client = self.client(environ)
+        wait = self.throttle.wait(client)
+        if wait > 0:  # the token is not looked at: a guess during the wait learns nothing
+            return self.throttled(wait)
         given = _read_form(environ).get("token", "")
         if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
-            return _html(401, page.sign_in_page("wrong token: use server.admin_token from the manager's config"))
+            wait = self.throttle.failed(client)
+            access_log.warning("failed dashboard sign-in from %s", _loggable(client[:100]))
+            later = f"; wait {math.ceil(wait)} s before the next try" if wait > 0 else ""
+            return _html(401, page.sign_in_page(f"wrong token: use server.admin_token from the manager's config{later}"))
+        self.throttle.succeeded(client)
         sid = secrets.token_urlsafe(24)
         expires = int(self.clock.now().timestamp()) + SESSION_S
         value = f"{sid}.{expires}.{self.mac(f'{sid}.{expires}')}"
         return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, value, SESSION_S))], b""
 
+    def throttled(self, wait: float) -> Response:
+        seconds = max(1, math.ceil(wait))
+        text = page.sign_in_page(f"too many wrong tokens: wait {seconds} s, then sign in again")
+        return 429, [("Content-Type", HTML), ("Retry-After", str(seconds))], text.encode()
+
     def session(self, environ: dict) -> str | None:
-        """The session id of a valid, unexpired cookie; None otherwise."""
+        """The session id of a valid, unexpired cookie that was not signed out; None otherwise."""
+        signed = self.signed_session(environ)
+        if signed is None or int(signed[1]) <= self.clock.now().timestamp():
+            return None
+        return None if signin.session_ended(self.connect(), signed[0]) else signed[0]
+
+    def signed_session(self, environ: dict) -> tuple[str, str] | None:
+        """(session id, expiry) from a cookie this server signed; None for a missing or forged one."""
         value = _cookies(environ).get(_cookie_name(SESSION, self.tls(environ)), "")
         sid, _, rest = value.partition(".")
         expires, _, mac = rest.partition(".")
-        if not (sid and expires.isdigit() and hmac.compare_digest(mac, self.mac(f"{sid}.{expires}"))):
+        if not (sid and expires.isdigit() and len(expires) < 20 and hmac.compare_digest(mac, self.mac(f"{sid}.{expires}"))):
             return None
-        return sid if int(expires) > self.clock.now().timestamp() else None
+        return sid, expires
+
+    def session_expiry(self, environ: dict) -> datetime:
+        """When the presented session would have expired (until then its sign-out must be remembered)."""
+        signed = self.signed_session(environ)
+        return datetime.fromtimestamp(int(signed[1]), timezone.utc) if signed else self.clock.now()
 
     def form_token(self, sid: str) -> str:
         return self.mac(f"form\0{sid}")
@@ -236,9 +270,20 @@ class Web:
         """Whether the browser reached us over TLS (directly, or through the configured proxy)."""
         if environ.get("wsgi.url_scheme") == "https":
             return True
-        trusted = {a.strip() for a in self.config.server.trusted_proxy.split(",") if a.strip()}
         forwarded = environ.get("HTTP_X_FORWARDED_PROTO", "").split(",")[0].strip().lower()
-        return environ.get("REMOTE_ADDR") in trusted and forwarded == "https"
+        return self.from_proxy(environ) and forwarded == "https"
+
+    def from_proxy(self, environ: dict) -> bool:
+        trusted = {a.strip() for a in self.config.server.trusted_proxy.split(",") if a.strip()}
+        return environ.get("REMOTE_ADDR") in trusted
+
+    def client(self, environ: dict) -> str:
+        """Who signs in, for the throttle: the address the trusted proxy saw (the last X-Forwarded-For hop), else ours."""
+        if self.from_proxy(environ):
+            forwarded = environ.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
+            if forwarded:
+                return forwarded
+        return environ.get("REMOTE_ADDR") or "-"
 
     def cookie(self, environ: dict, kind: str, value: str, max_age: int) -> str:
         secure = self.tls(environ)

@@ -203,6 +203,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE vast_cache ADD COLUMN storage_dph REAL
         """,
     ),
+    (
+        "dashboard sessions ended by sign-out",
+        """
+        CREATE TABLE dashboard_sign_outs (
+            session TEXT PRIMARY KEY,
+            expires_at TEXT NOT NULL,
+            signed_out_at TEXT NOT NULL
+        )
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

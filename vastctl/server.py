@@ -5,7 +5,9 @@ functions the local commands call, so a report over HTTP behaves exactly like
 one typed on the manager: same validation, same idempotence, one event per
 real change. waitress serves it: its event loop reads each request in full
 before a worker thread sees it, so slow clients hold no worker, and it caps
-header and body sizes before anything is buffered.
+header and body sizes before anything is buffered. transport.py holds
+what serve changes in waitress (double framing refused, the request deadline,
+an epoll event loop).
 
 Decisions the contract leaves open:
 - Order of checks: route (404/405), token (401/403), a killed machine (409),
@@ -23,6 +25,9 @@ Decisions the contract leaves open:
   the request carries: the fleet view is never open. `?all=1` adds killed rows.
 - Bodies over 64 KiB get a JSON 413 from the app; bodies over 1 MiB are
   refused by waitress before they are read (its 413 body is plain text).
+- A request framed two ways (Content-Length and Transfer-Encoding, or an
+  HTTP/1.0 Transfer-Encoding) is refused by the parser (400, plain text) and
+  its connection closed, so nothing sent after it is read as a request.
 - A request must arrive in full within `request_timeout` of its first byte
   (a connection trickling a byte at a time is closed), a connection that sends
   nothing for `timeout` is closed, and at most `connection_limit` are open.
@@ -48,17 +53,17 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from waitress.adjustments import Adjustments  # only `serve` imports this module: other commands never load waitress
-from waitress.channel import HTTPChannel
-from waitress.server import MultiSocketServer, TcpWSGIServer
+from waitress.server import MultiSocketServer
 from waitress.task import ThreadedTaskDispatcher
 
-from . import db, fleet, lifecycle, onstart, tokens
+from . import db, fleet, lifecycle, onstart, signin, tokens
 from .clock import Clock
 from .upstream import cut
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from .remote import FIELD_FLAGS
 from .reports import LocalReports
+from .transport import DeadlineServer
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
@@ -109,6 +114,7 @@ class App:
         self.keyring = keyring
         self.clock = clock
         self.admin_token = config.server.admin_token.encode()
+        self.sign_ins = signin.Throttle(clock)  # the dashboard's failed sign-ins, shared by every request
         self._local = threading.local()  # sqlite3 connections are per thread
 
     def connection(self) -> sqlite3.Connection:
@@ -406,6 +412,7 @@ def make_server(
         raise BadInput(f"--request-timeout must be more than 0 seconds, got {request_timeout:g}")
     if connection_limit < 1:
         raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
+    _refuse_weak_tokens(config)
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
     keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
     db.connect(config.db_path, now=clock.now()).close()  # a missing or broken file fails here, not at the first report
@@ -424,7 +431,7 @@ def make_server(
         dispatcher = ThreadedTaskDispatcher()
         dispatcher.set_thread_count(adj.threads)
         sockets: dict = {}
-        servers = [_DeadlineServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo,
+        servers = [DeadlineServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo,
                                    request_timeout=request_timeout, clock=clock) for sockinfo in adj.listen]
     except OSError as exc:
         raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}"
@@ -437,48 +444,14 @@ def make_server(
     return MultiSocketServer(sockets, adj, listening, dispatcher, servers[-1].log_info)
 
 
-class _DeadlineChannel(HTTPChannel):
-    """A connection that remembers when its current request began to arrive."""
-
-    request_started: float | None = None  # clock.monotonic() at the current request's first byte
-
-    def received(self, data):
-        if data and self.request_started is None:
-            self.request_started = self.server.clock.monotonic()
-        return super().received(data)
-
-    def service(self):
-        self.request_started = None  # arrived in full: from here on it is the worker's time, not the client's
-        return super().service()
-
-
-class _DeadlineServer(TcpWSGIServer):
-    """waitress's TCP server, whose sweep also closes a connection whose request is overdue.
-
-    waitress's `channel_timeout` closes a connection only after that long
-    without a byte, so a client sending one byte every few seconds holds its
-    connection for ever; a few hundred of them fill `connection_limit` and no
-    report gets in. Here a request must arrive in full within
-    `request_timeout` of its first byte, however busy its sender looks. The
-    clock starts at a request's first byte and stops when a worker takes the
-    request, so a keep-alive connection idle between requests is judged by
-    `channel_timeout` alone.
-    """
-
-    channel_class = _DeadlineChannel
-
-    def __init__(self, *args, request_timeout: float, clock: Clock, **kwargs):
-        self.request_timeout = request_timeout
-        self.clock = clock
-        super().__init__(*args, **kwargs)
-
-    def maintenance(self, now):
-        super().maintenance(now)  # the idle ones
-        cutoff = self.clock.monotonic() - self.request_timeout
-        for channel in list(self.active_channels.values()):
-            started = channel.request_started
-            if not channel.requests and started is not None and started < cutoff:
-                channel.will_close = True
+def _refuse_weak_tokens(config: Config) -> None:
+    """serve does not start with an admin or metrics token a guesser could find (empty turns the feature off)."""
+    for key in ("admin_token", "metrics_token"):
+        token = getattr(config.server, key)
+        why = signin.weakness(token) if token else None
+        if why:
+            raise BadInput(f"server.{key} is too weak to guard the dashboard and /metrics ({why}):"
+                           f" set a random one, e.g. the output of `{signin.GENERATE}`")
 
 
 def _allow_open_files(needed: int) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from . import clock
-from .config import Config
+from .config import Config, range_of
 from .db import transaction
 from .errors import BadInput
 from .lifecycle import record_event
@@ -33,17 +33,17 @@ def _check_key(key: str) -> None:
 
 
 def parse_value(key: str, text: Any) -> float | int:
-    """A setting's value: a finite number ≥ 0 (a whole number for max_instances)."""
+    """A setting's value, in the range the config file allows for `fleet.KEY` (config.RANGES: one rule for both)."""
     _check_key(key)
-    kind = KEYS[key]
+    kind = "int" if KEYS[key] is int else "float"
+    allowed = range_of(f"fleet.{key}", kind)
     try:
         value = float(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (kind is int and not value.is_integer()):
-        wanted = "a whole number ≥ 0" if kind is int else "a finite number ≥ 0"
-        raise BadInput(f"{key} must be {wanted}, got {text!r}")
-    return int(value) if kind is int else value
+    if not math.isfinite(value) or (kind == "int" and not value.is_integer()) or not allowed.allows(value):
+        raise BadInput(allowed.refusal(key, kind, text, value))
+    return int(value) if kind == "int" else value
 
 
 def effective(conn: sqlite3.Connection, config: Config) -> dict[str, float | int]:

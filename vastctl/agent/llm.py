@@ -23,7 +23,11 @@ tick. The SDK itself never retries (its retries honour `retry-after` without an
 upper bound and sleep on the system clock): this loop retries once per step,
 on the injected clock, only when the wait fits in the deadline. The next tick
 is the real retry. An API error ends the step with stop_reason `error`, the
-failure recorded, nothing bought by that round.
+failure recorded, nothing bought by that round. So does an answer that is not
+a message (a proxy's HTML page, broken JSON, a reply without `usage`, whose
+cost could not be counted): its tool calls are not run. A step that ends
+before any request was answered (the deadline or the context budget leave no
+room for a first round) is an `error` too: the model was never asked.
 
 `import anthropic` happens inside run() only: it costs about a second, and no
 other command may pay it.
@@ -250,6 +254,20 @@ class _Step:
         memory.record_message(self.conn, step_id=self.step_id, role=role, content=content, now=self.clock.now())
 
     def loop(self, client, anthropic) -> tuple[str, str | None]:
+        stop_reason, error = self.rounds_until_done(client, anthropic)
+        if self.rounds == 0 and stop_reason in ("max_rounds", "deadline"):  # nothing answered: not a step that ran
+            why = (f"agent.deadline ({self.config.agent.deadline:g}s) left no room for a request"
+                   if stop_reason == "deadline" else
+                   "the opening message does not fit agent.max_context_tokens with the tools")
+            return self.failed(f"the model was not asked: {why}; the next step retries")
+        return stop_reason, error
+
+    def failed(self, text: str) -> tuple[str, str]:
+        self.record("error", {"round": self.rounds + 1, "error": text})
+        self.transcript.append({"round": self.rounds + 1, "error": text})
+        return "error", text
+
+    def rounds_until_done(self, client, anthropic) -> tuple[str, str | None]:
         budget = self.config.agent.max_context_tokens - prefix_tokens()
         while True:
             if self.rounds >= self.config.agent.max_rounds:
@@ -270,10 +288,12 @@ class _Step:
                     self.transcript.append({"round": self.rounds + 1, "retry_after_s": wait, "error": _describe(exc)})
                     self.clock.sleep(wait)
                     continue
-                text = _describe(exc)
-                self.record("error", {"round": self.rounds + 1, "error": text})
-                self.transcript.append({"round": self.rounds + 1, "error": text})
-                return "error", text
+                return self.failed(_describe(exc))
+            except ValueError as exc:  # a 200 whose body is not JSON (json.JSONDecodeError): the SDK's own parse
+                return self.failed(_not_a_message(f"a body that is not JSON ({memory.clip(str(exc), 120)})"))
+            problem = _reply_problem(reply)
+            if problem:
+                return self.failed(problem)
             self.rounds += 1
             self.count(reply.usage)
             content = [block.model_dump(mode="json", exclude_none=True) for block in reply.content]
@@ -371,6 +391,31 @@ def _fit_rounds(messages: list[dict], budget_tokens: int) -> bool:
             return False
         block["content"] = ELIDED
     return True
+
+
+def _not_a_message(what: str) -> str:
+    return (f"the Messages API answered with {what}, not a message: check ANTHROPIC_BASE_URL and any proxy"
+            " in front of it; nothing was run, the next step retries")
+
+
+def _reply_problem(reply: Any) -> str | None:
+    """Why a 200 answer cannot be used as a message, or None. The SDK does not validate what it is sent."""
+    content = getattr(reply, "content", None)
+    if not isinstance(content, list) or not all(hasattr(block, "model_dump") for block in content):
+        if isinstance(reply, (str, bytes)):  # the SDK hands back a non-JSON body as text; never echoed, it is hostile
+            return _not_a_message(f"{len(reply)} characters of text that are not JSON")
+        return _not_a_message(f"JSON without content blocks (a {type(reply).__name__})")
+    usage = getattr(reply, "usage", None)
+    counts = [getattr(usage, name, None) for name in ("input_tokens", "output_tokens")]
+    optional = [getattr(usage, name, None) for name in ("cache_read_input_tokens", "cache_creation_input_tokens")]
+    if usage is None or not all(_count(n) for n in counts) or not all(n is None or _count(n) for n in optional):
+        return ("the Messages API answered a message without usage (its token counts), so its cost cannot be"
+                " counted: nothing was run, the next step retries")
+    return None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**9
 
 
 def _retry_wait(exc: Exception, anthropic) -> float | None:

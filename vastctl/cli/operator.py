@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from .. import clock, fleet, settings, tokens
-from ..errors import BadInput
 from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
 
 
@@ -149,8 +148,6 @@ SETTINGS_HELP = {
     "max_hourly_spend": "most $/hour across the fleet (above 0)",
     "max_dph": "most $/hour for one machine (above 0)",
 }
-# A limit of 0 for these refuses every launch; max_instances 0 is how to pause launches on purpose.
-NONZERO_LIMITS = ("max_hourly_spend", "max_dph")
 KEYS_HELP = "\b\nKeys:\n" + "\n".join(f"  {key:<24}{meaning}" for key, meaning in SETTINGS_HELP.items())
 
 settings_app = typer.Typer(help="Runtime settings: list, get KEY, set KEY VALUE.\n\n" + KEYS_HELP,
@@ -224,9 +221,6 @@ def settings_set(
 ) -> None:
     g = globals_of(ctx)
     parsed = settings.parse_value(key, value)
-    if key in NONZERO_LIMITS and parsed == 0:
-        raise BadInput(f"{key} 0 would refuse every launch: give a value above 0"
-                       " (to pause launches, set max_instances 0)")
     changed = settings.set_value(g.connect(), g.config, key, value, now=g.clock.now())
     say(f"{key} = {_setting_text(parsed)}" + ("" if changed else " (unchanged)"))
     if key == "max_instances" and parsed == 0:

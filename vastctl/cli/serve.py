@@ -48,8 +48,6 @@ def serve_cmd(
     log_handler = _log_to_stderr(access_log)
     if not g.config.server.admin_token:
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
-    elif len(g.config.server.admin_token) < 16:
-        say("warning: server.admin_token is shorter than 16 characters: use a long random one")
     signal.signal(signal.SIGTERM, _interrupt)
     # Hand the GIL over after 1 ms instead of 5: each request is a few short steps between the
     # event loop, a worker and SQLite, and waiting out the default interval at each hand-off
