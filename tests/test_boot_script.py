@@ -371,7 +371,7 @@ def test_launch_hands_the_bench_settings_to_the_machine():
     defaults = onstart.boot_env(config_module.from_mapping({}).launch)
     assert (defaults["VASTCTL_BENCH_COUNT"], defaults["VASTCTL_BENCH_CONCURRENCY"]) == ("5", "5")
     for key in ("bench_count", "bench_concurrency"):
-        with pytest.raises(BadInput, match=f"launch.{key}' must be at least 1"):
+        with pytest.raises(BadInput, match=f"launch.{key}' must be a whole number from 1 to 1000, got 0"):
             config_module.from_mapping({"launch": {key: 0}})
 
 

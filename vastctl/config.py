@@ -106,8 +106,8 @@ RANGES: dict[str, Range] = {
     "fleet.min_cpu_ram_gb": Range(0, 1e5),
     "fleet.min_inet_down_mbps": Range(0, 1e6),
     "launch.disk_gb": Range(0, 1e5, above=True),
-    "launch.bench_count": Range(1, 1000, why="a benchmark of no proof measures nothing"),
-    "launch.bench_concurrency": Range(1, 1000, why="a benchmark of no proof measures nothing"),
+    "launch.bench_count": Range(1, 1000),  # a benchmark of no proof measures nothing
+    "launch.bench_concurrency": Range(1, 1000),
     "timeouts.launching": _POSITIVE_DURATION,
     "timeouts.registered": _POSITIVE_DURATION,
     "timeouts.params_done": _POSITIVE_DURATION,
