@@ -590,6 +590,12 @@ def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
     return listing
 
 
+def listing_notes(provider: Provider) -> list[str]:
+    """What the provider left out of its last listing (entries it could not represent), to be reported."""
+    notes = getattr(provider, "listing_notes", None)
+    return [str(note) for note in notes] if isinstance(notes, list) else []
+
+
 def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock,
              dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
@@ -612,7 +618,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             actions = plan(rows, listing, settings.effective(conn, config), config, now,
                            first_seen=first_seen, history=history)
             return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing),
-                              dry_run=True)
+                              dry_run=True, errors=listing_notes(provider))
         with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
             try:
                 listing = _list(provider, budget)
@@ -632,6 +638,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             result = apply(conn, provider, actions, config, now=now, keepalive=lambda: lease.renew(clock.now()), listing=listing,
                            budget=budget)
             result.listed = len(listing)
+            result.errors[:0] = listing_notes(provider)
             return result
     finally:
         provider.deadline = previous
