@@ -264,9 +264,18 @@ class _Step:
                 return "max_rounds", None
             remaining = self.remaining()
             if remaining < MIN_ROUND_S:
+                if self.rounds == 0:  # a step that never reached the model did not run
+                    return self.not_asked(f"agent.deadline ({self.config.agent.deadline:g}s) left"
+                                          f" {max(remaining, 0):.1f}s, under the {MIN_ROUND_S:g}s a request needs:"
+                                          " the model was not asked; raise agent.deadline")
                 return "deadline", None
             if not _fit_rounds(self.messages, budget):
                 self.transcript.append({"round": self.rounds + 1, "stopped": "context budget reached"})
+                if self.rounds == 0:
+                    tokens = memory.estimate_tokens(memory.as_data(self.messages))
+                    return self.not_asked(f"the opening message (~{tokens} tokens) and the tools do not fit"
+                                          f" agent.max_context_tokens ({self.config.agent.max_context_tokens}) even"
+                                          " compacted: the model was not asked; raise agent.max_context_tokens")
                 return "max_rounds", None
             try:
                 reply = client.messages.create(model=self.config.agent.model, max_tokens=MAX_OUTPUT_TOKENS,
@@ -302,6 +311,12 @@ class _Step:
             if reply.stop_reason == "model_context_window_exceeded":
                 return "max_tokens", None
             return "error", f"the model stopped with an unknown stop_reason {reply.stop_reason!r}"
+
+    def not_asked(self, text: str) -> tuple[str, str]:
+        """End a step that could not send its first request: an error (the step did not run), recorded."""
+        self.record("error", {"round": 1, "error": text})
+        self.transcript.append({"round": 1, "error": text})
+        return "error", text
 
     def count(self, usage) -> None:
         self.tokens["input"] += usage.input_tokens or 0
