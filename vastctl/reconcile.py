@@ -48,7 +48,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import blocklist, clock, guard, locks, operations, settings, upstream
-from .audit import record_action
+from .audit import record_action, settle_pending_launches
 from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
@@ -546,6 +546,8 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
             "UPDATE instances SET vast_id = ? WHERE uuid = ? AND vast_id IS NULL",
             [(vast_id, uuid) for uuid, vast_id in matched.recovered.items()],
         )
+        for uuid, vast_id in matched.recovered.items():  # the launch a crash left pending in the audit
+            settle_pending_launches(conn, uuid, vast_id, by="reconcile")
         conn.executemany(
             "UPDATE instances SET vast_status = ?, vast_status_msg = ?, vast_seen_at = ?, vast_missing = 0,"
             " machine_id = COALESCE(machine_id, ?), gpu_name = COALESCE(gpu_name, ?),"
