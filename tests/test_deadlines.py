@@ -182,3 +182,23 @@ def test_the_agent_step_lease_outlives_the_step_whatever_its_deadline():
         config = from_mapping({"agent": {"deadline": deadline}})
         assert step_module.lease_ttl(config) >= config.agent.deadline + 60
     assert step_module.lease_ttl(from_mapping({})) == step_module.LEASE_TTL_S
+
+
+def test_the_reconcile_lease_outlives_a_long_deadline(conn):
+    from vastctl import clock as clock_module, reconcile
+    from vastctl.clock import VirtualClock
+
+    virtual = VirtualClock(datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc))
+    seen = []
+
+    class Listing:
+        deadline = None
+
+        def list_instances(self):
+            (row,) = conn.execute("SELECT expires_at FROM locks WHERE name = 'reconcile'").fetchall()
+            seen.append((clock_module.from_iso(row[0]) - virtual.now()).total_seconds())
+            return []
+
+    config = from_mapping({"reconcile": {"deadline": "2h"}})
+    reconcile.run_pass(conn, Listing(), config, clock=virtual)
+    assert seen and seen[0] >= config.reconcile.deadline + 60

@@ -251,7 +251,8 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict, suggestion: Seq
     budget_chars = budget_tokens * CHARS_PER_TOKEN
     if len(as_data(suggested)) > budget_chars // 4:  # a plan of long reasons: its actions condensed, then fewer
         condensed = [_condensed_action(item) for item in suggested]
-        suggested = condensed[:_most_that_fit(len(condensed), lambda n: len(as_data(condensed[:n])) <= budget_chars // 4)]
+        shown = _most_that_fit(len(condensed), lambda n: len(as_data(condensed[:n])) <= budget_chars // 4)
+        suggested = condensed[:shown]
     base_omitted: dict[str, int] = {}
     if len(suggestion) > len(suggested):
         base_omitted["suggestion"] = len(suggestion) - len(suggested)
