@@ -86,12 +86,15 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
     proc = subprocess.Popen([sys.executable, "-m", "vastctl", *LAUNCH], env={**os.environ, **operator},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert vast.arrived.wait(30), proc.stderr.read() if proc.poll() is not None else "no create arrived"
+        arrived = vast.arrived.wait(60)
+        said = "" if arrived else proc.communicate(timeout=60)[1].decode(errors="replace")
+        assert arrived, f"no create arrived; the launch said: {said}"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(10)
         proc.stdout.close()
         proc.stderr.close()
     vast.release.set()
@@ -107,6 +110,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
     assert result.code == 0, result.err
     (found,) = rows(db_path, "SELECT vast_id FROM instances")
     (settled,) = launches(db_path)
+    assert settled["ok"] == 1, (settled, result.out)
     assert found["vast_id"] == 5001 and (settled["ok"], settled["vast_id"]) == (1, 5001)
     assert "found by label by reconcile" in settled["result"]
 

@@ -58,7 +58,8 @@ from .observe import observe
 from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
 LEASE = "reconcile"
-LEASE_TTL_S = 10 * 60  # beyond reconcile.deadline, renewed before each action; a crashed holder here is ignored
+LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)
+LEASE_SLACK_S = 5 * 60  # the lease lasts at least this beyond reconcile.deadline
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
@@ -592,6 +593,11 @@ def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
     return listing
 
 
+def lease_ttl(config: Config) -> float:
+    """The lease outlives a pass however long reconcile.deadline is, so a second pass is turned away meanwhile."""
+    return max(LEASE_TTL_S, config.reconcile.deadline + LEASE_SLACK_S)
+
+
 def listing_notes(provider: Provider) -> list[str]:
     """What the provider left out of its last listing (entries it could not represent), to be reported."""
     notes = getattr(provider, "listing_notes", None)
@@ -621,7 +627,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
                            first_seen=first_seen, history=history)
             return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing),
                               dry_run=True, errors=listing_notes(provider))
-        with locks.held(conn, LEASE, ttl_s=config.reconcile.deadline + LEASE_TTL_S, now=now) as lease:
+        with locks.held(conn, LEASE, ttl_s=lease_ttl(config), now=now) as lease:
             try:
                 listing = _list(provider, budget)
             except ProviderError as exc:
