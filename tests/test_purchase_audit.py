@@ -23,13 +23,19 @@ LAUNCH = ("launch", "--gpu", "RTX 4090", "--json")
 
 
 class BlockingHandler(FakeVastHandler):
-    """A create arrives, is noted, then waits until the test lets vast go on (and rent the machine)."""
+    """A create arrives whole, is noted, then waits until the test lets vast go on (and rent the machine)."""
+
+    early: dict | None = None
 
     def do_PUT(self):
         if self.path.startswith("/api/v0/asks/"):
+            self.early = super()._body()  # the whole request is here before the test is told
             self.server.arrived.set()
             self.server.release.wait(30)
         super().do_PUT()
+
+    def _body(self) -> dict:
+        return self.early if self.early is not None else super()._body()
 
 
 @pytest.fixture
