@@ -202,3 +202,36 @@ def test_the_reconcile_lease_outlives_a_long_deadline(conn):
     config = from_mapping({"reconcile": {"deadline": "2h"}})
     reconcile.run_pass(conn, Listing(), config, clock=virtual)
     assert seen and seen[0] >= config.reconcile.deadline + 60
+
+
+def test_answers_read_to_the_end_keep_their_connection_for_the_next_call():
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    peers = set()
+
+    class KeepAlive(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            peers.add(self.client_address)
+            body = json.dumps(LISTING).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        vast = VastProvider("k" * 20, f"http://127.0.0.1:{server.server_address[1]}", clock=SYSTEM,
+                            deadline=SYSTEM.monotonic() + 30)
+        for _ in range(3):
+            assert vast.list_instances() == []
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(peers) == 1  # one connection: streaming the body did not cost a new handshake per call

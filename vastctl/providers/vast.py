@@ -309,13 +309,17 @@ class VastProvider:
                 if size > MAX_ANSWER_BYTES:
                     raise ProviderError(f"{what}: the answer is larger than {MAX_ANSWER_BYTES} bytes; not trusting it")
         except urllib3.exceptions.ReadTimeoutError as exc:
+            response.close()  # an answer abandoned half-way: its connection is dropped, not reused
             raise requests.ReadTimeout(str(exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise requests.ConnectionError(str(exc)) from None
-        finally:
             response.close()
+            raise requests.ConnectionError(str(exc)) from None
+        except BaseException:
+            response.close()
+            raise
         response._content = b"".join(chunks)  # what requests' .json() and .text read
         response._content_consumed = True
+        response.close()  # read to the end: the connection goes back to the session's pool
 
     def _sleep_within_deadline(self, delay: float, what: str, failure: str) -> None:
         """Back off before a retry, unless the wait (a Retry-After included) would end past the deadline."""
