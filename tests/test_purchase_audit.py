@@ -12,10 +12,12 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 
 from test_end_to_end import FakeVast, FakeVastHandler, KEY
+from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 from vastctl import db, operations
 from vastctl.audit import PENDING
 
@@ -197,3 +199,29 @@ def test_a_rental_the_file_cannot_record_says_so_and_where_to_find_it(operator, 
     assert "reconcile finds the machine by its label" in result.err and "not saved" not in result.err
     (intent,) = launches(db_path)
     assert intent["result"].startswith(PENDING)  # rolled back with the row's vast id: still says "may have"
+
+
+def test_the_intent_is_in_the_file_when_the_create_goes_out_and_a_create_past_the_deadline_rents_nothing(conn, cfg):
+    from vastctl.providers.base import DeadlinePassed
+
+    now = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
+    market = FakeMarket(conn, [offer(10, 100, 0.3), offer(11, 110, 0.4)])
+    seen_at_create = []
+    real_create = market.create_instance
+
+    def create(request):
+        seen_at_create.append([dict(r) for r in conn.execute("SELECT label, ok, result FROM actions")])
+        if len(seen_at_create) == 1:
+            raise DeadlinePassed("vast PUT /api/v0/asks/10/: not called: the deadline had passed")
+        return real_create(request)
+
+    market.create_instance = create
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=now)
+    (first,) = seen_at_create  # the deadline passed: no further create is tried
+    assert [(r["ok"], r["result"][:8]) for r in first] == [(0, PENDING)]  # committed before the create went out
+    assert result.failed and "deadline" in result.failed[0]["reason"]
+    audit = [dict(r) for r in conn.execute("SELECT label, ok, result FROM actions WHERE kind = 'launch' ORDER BY id")]
+    assert audit[0]["ok"] == 0 and audit[0]["result"].startswith("not sent: ")
+    killed = conn.execute("SELECT state, kill_code, destroyed_at FROM instances WHERE label = ?",
+                          (audit[0]["label"],)).fetchone()
+    assert (killed["state"], killed["kill_code"]) == ("killed", "start_failed") and killed["destroyed_at"]
