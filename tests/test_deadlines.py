@@ -235,3 +235,20 @@ def test_answers_read_to_the_end_keep_their_connection_for_the_next_call():
         server.shutdown()
         server.server_close()
     assert len(peers) == 1  # one connection: streaming the body did not cost a new handshake per call
+
+
+def test_the_deadline_also_holds_through_an_environment_proxy(monkeypatch):
+    import anthropic
+
+    from vastctl.agent import deadline_http
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    http_client = deadline_http.bound(anthropic.DefaultHttpxClient(), lambda: 1.0)
+    try:
+        mounted = [t for t in http_client._mounts.values() if t is not None]
+        assert mounted  # the SDK's client still goes through the operator's proxy
+        for transport in [http_client._transport, *mounted]:
+            assert isinstance(transport._pool._network_backend, deadline_http.DeadlineBackend)
+    finally:
+        http_client.close()

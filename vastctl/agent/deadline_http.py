@@ -1,4 +1,4 @@
-"""deadline_http: an HTTP client for the Anthropic SDK in which a deadline bounds the whole exchange.
+"""deadline_http: the Anthropic SDK's HTTP client, with a deadline that bounds the whole exchange.
 
 The SDK's timeout, like every socket timeout, bounds each read: a reply sent
 one byte every few seconds never trips it, and a step could run for minutes
@@ -7,7 +7,10 @@ and each read, of the headers and of the body alike) waits at most the time
 `left()` says remains, and none starts once it is gone: it fails as a timeout,
 which the SDK reports as APITimeoutError and the step records as an API error.
 
-`left` reads the step's injected clock. Imported inside llm.run() only, like the SDK.
+The SDK's own DefaultHttpxClient is kept (its limits, TLS settings and the
+environment's proxies); only the network backend under each of its connection
+pools is wrapped. `left` reads the step's injected clock. Imported inside
+llm.run() only, like the SDK.
 """
 
 from __future__ import annotations
@@ -20,19 +23,18 @@ import httpx2
 MIN_WAIT_S = 0.001  # a socket timeout of 0 would mean "do not block", not "no time left"
 
 
-def client(left: Callable[[], float]) -> httpx2.Client:
-    """An httpx2 client for anthropic.Anthropic(http_client=…) whose every operation ends by `left()` reaching 0."""
-    return httpx2.Client(transport=DeadlineTransport(left))
-
-
-class DeadlineTransport(httpx2.HTTPTransport):
-    """The default transport over a connection pool whose network backend keeps the deadline."""
-
-    def __init__(self, left: Callable[[], float]):
-        super().__init__()
-        self._pool.close()  # the default pool, replaced by one on the deadline backend (same settings otherwise)
-        self._pool = httpcore2.ConnectionPool(ssl_context=httpx2.create_ssl_context(),
-                                              network_backend=DeadlineBackend(left))
+def bound(http_client: httpx2.Client, left: Callable[[], float]) -> httpx2.Client:
+    """`http_client` (the SDK's DefaultHttpxClient: its limits, TLS and environment proxies kept) with every
+    connection pool on the deadline backend; RuntimeError when httpx2 no longer has the pools this relies on
+    (an upgrade must not quietly lose the deadline)."""
+    transports = [http_client._transport, *(t for t in http_client._mounts.values() if t is not None)]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        if pool is None or not hasattr(pool, "_network_backend"):
+            raise RuntimeError(f"httpx2 {httpx2.__version__}: {type(transport).__name__} has no connection pool with"
+                               " a network backend; agent.deadline could not bound the Messages API calls")
+        pool._network_backend = DeadlineBackend(left, pool._network_backend)
+    return http_client
 
 
 def _bounded(left: Callable[[], float], timeout: float | None, fail: type[Exception], what: str) -> float:

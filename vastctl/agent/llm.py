@@ -221,7 +221,7 @@ def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggesti
     from . import deadline_http
 
     step = _Step(conn, config, clock, step_id, execute, started)
-    http_client = deadline_http.client(step.remaining)  # the deadline bounds each exchange whole, not each read
+    http_client = deadline_http.bound(anthropic.DefaultHttpxClient(), step.remaining)  # whole exchanges, not reads
     client = anthropic.Anthropic(api_key=api_key, base_url=env.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
                                  timeout=max(1.0, config.agent.deadline), max_retries=0, http_client=http_client)
     step.say("user", [{"type": "text", "text": prompt.text}])
