@@ -116,10 +116,16 @@ def event_view(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
+MAX_EVENT_ID = 2**63 - 1  # the largest id (and count) SQLite can hold
+
+
 def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Events oldest first: the newest `limit` of those after `since`."""
     if limit < 1:
         raise BadInput(f"--limit must be at least 1, got {limit}")
+    for name, value in (("--since", since), ("--limit", limit)):
+        if value is not None and value > MAX_EVENT_ID:  # SQLite's INTEGER: a larger number cannot even be compared
+            raise BadInput(f"{name} must be at most {MAX_EVENT_ID}, got a {len(str(value))}-digit number")
     rows = conn.execute(
         "SELECT * FROM (SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?) ORDER BY id",
         (since or 0, limit),

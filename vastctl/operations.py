@@ -1,13 +1,15 @@
 """Provider calls that spend or stop spending money, each audited and reflected in the state file.
 
-launch rents machines (the row is written before the create call, so a crash
-in between is recovered by label), stop/start pause and resume one, destroy
+launch rents machines (the row and a pending audit entry are committed before
+the create call and completed after, so a crash at any point is recovered by
+label and the audit says a purchase may have happened), stop/start pause and resume one, destroy
 ends the billing of a killed one. Callers pass who asks (`actor`: operator,
 reconcile or agent); it becomes the event source and the audit's actor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid as uuid_module
 from dataclasses import dataclass, field, replace
@@ -15,10 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from . import blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, upstream
-from .audit import record_action
+from .audit import begin_action, finish_action, record_action, settle
 from .config import Config
 from .db import transaction
-from .errors import BadInput, GuardRefused, Refused, Unavailable
+from .errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
 from .lifecycle import State
 from .observe import observe
 from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, Provider, ProviderError,
@@ -286,7 +288,13 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
 
 def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes, *, actor: str,
                 now: datetime) -> tuple[str, dict[str, Any], str]:
-    """Write the row, then rent. Returns (launched|failed|unknown, row, why)."""
+    """Write the row and the audit's intent, then rent, then record the outcome. Returns (launched|failed|unknown,
+    row, why).
+
+    Both writes are committed before the create goes out: a crash or a kill -9 at any later point leaves a
+    launching row and a `pending` launch in the audit under the label vast knows the machine by (reconcile
+    finds it); when the intent cannot be written (a full disk), no create is sent.
+    """
     uuid, label = _new_identity(conn, config.vast.label_prefix)
     row = lifecycle.create(
         conn, uuid=uuid, label=label, state=State.LAUNCHING, source=actor, now=now,
@@ -301,27 +309,49 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label,
              "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
     try:
+        intent = begin_action(conn, actor=actor, kind="launch", uuid=uuid, label=label, request=audit, now=now,
+                              what=f"create on offer {offer.id} sent; if this stays pending, vast may have rented"
+                                   f" a machine labelled {label}: reconcile finds it by that label")
+    except BaseException:
+        with contextlib.suppress(Exception):  # on a full disk this fails too: reconcile times the row out
+            _not_rented(conn, uuid, "the launch's audit row could not be written, so no create was sent", actor, now)
+        raise
+    try:
         vast_id = provider.create_instance(request)
+    except DeadlinePassed as exc:  # raised before anything was sent: nothing was rented
+        finish_action(conn, intent, ok=False, result=f"not sent: {exc}")
+        _not_rented(conn, uuid, f"the create was not sent: {exc}", actor, now)
+        return "failed", lifecycle.get(conn, uuid), str(exc)
     except ProviderRejected as exc:
         why = f"gone: {exc}" if isinstance(exc, OfferGone) else str(exc)
-        record_action(conn, actor=actor, kind="launch", ok=False, result=f"refused: {exc}", uuid=uuid, label=label,
-                      request=audit, now=now)
-        lifecycle.kill(conn, uuid, f"vast refused the create: {exc}", source=actor, code="start_failed", now=now)
-        _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})  # nothing was rented
+        finish_action(conn, intent, ok=False, result=f"refused: {exc}")
+        _not_rented(conn, uuid, f"vast refused the create: {exc}", actor, now)
         return "failed", lifecycle.get(conn, uuid), why
     except ProviderError as exc:
-        record_action(conn, actor=actor, kind="launch", ok=False, result=f"outcome unknown: {exc}", uuid=uuid,
-                      label=label, request=audit, now=now)
+        finish_action(conn, intent, ok=False, result=f"outcome unknown: {exc}")
         return "unknown", row, str(exc)
-    record_action(conn, actor=actor, kind="launch", ok=True, result=f"instance {vast_id}", uuid=uuid, label=label,
-                  vast_id=vast_id, request=audit, now=now)
-    # destroyed_at cleared: a kill that raced the create must not hide the machine now rented
-    _mark(conn, uuid, {"vast_id": vast_id, "destroyed_at": None})
+    try:
+        with transaction(conn):  # the outcome and the row's vast id together
+            settle(conn, intent, ok=True, result=f"instance {vast_id}", vast_id=vast_id)
+            # destroyed_at cleared: a kill that raced the create must not hide the machine now rented
+            lifecycle.update_fields(conn, uuid, {"vast_id": vast_id, "destroyed_at": None})
+    except (VastctlError, sqlite3.Error) as exc:
+        detail = exc.__cause__ if isinstance(exc.__cause__, sqlite3.Error) else exc  # SQLite's words, not "retry"
+        raise Unavailable(f"vast rented instance {vast_id} ({label}) but the state file could not record it"
+                          f" ({detail}); free space for the file (do not launch again to make up for it):"
+                          f" {label} stays launching with a pending launch in the audit, and reconcile finds the"
+                          " machine by its label once the file can be written") from exc
     row = lifecycle.get(conn, uuid)
     if row["state"] == State.KILLED:  # killed while the create was in flight: end the billing now
         destroy(conn, provider, row, actor=actor, now=now)
         row = lifecycle.get(conn, uuid)
     return "launched", row, ""
+
+
+def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, now: datetime) -> None:
+    """Kill a launching row whose create surely rented nothing (code start_failed) and mark it destroyed."""
+    lifecycle.kill(conn, uuid, why, source=actor, code="start_failed", now=now)
+    _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
 
 
 def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:

@@ -48,7 +48,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import blocklist, clock, guard, locks, operations, settings, upstream
-from .audit import record_action
+from .audit import record_action, settle_pending_launches
 from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
@@ -59,6 +59,7 @@ from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInsta
 
 LEASE = "reconcile"
 LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)
+LEASE_SLACK_S = 5 * 60  # the lease lasts at least this beyond reconcile.deadline
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
@@ -547,6 +548,8 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
             "UPDATE instances SET vast_id = ? WHERE uuid = ? AND vast_id IS NULL",
             [(vast_id, uuid) for uuid, vast_id in matched.recovered.items()],
         )
+        for uuid, vast_id in matched.recovered.items():  # the launch a crash left pending in the audit
+            settle_pending_launches(conn, uuid, vast_id, by="reconcile")
         conn.executemany(
             "UPDATE instances SET vast_status = ?, vast_status_msg = ?, vast_seen_at = ?, vast_missing = 0,"
             " machine_id = COALESCE(machine_id, ?), gpu_name = COALESCE(gpu_name, ?),"
@@ -591,6 +594,17 @@ def _list(provider: Provider, budget: "Budget") -> list[RemoteInstance]:
     return listing
 
 
+def lease_ttl(config: Config) -> float:
+    """The lease outlives a pass however long reconcile.deadline is, so a second pass is turned away meanwhile."""
+    return max(LEASE_TTL_S, config.reconcile.deadline + LEASE_SLACK_S)
+
+
+def listing_notes(provider: Provider) -> list[str]:
+    """What the provider left out of its last listing (entries it could not represent), to be reported."""
+    notes = getattr(provider, "listing_notes", None)
+    return [str(note) for note in notes] if isinstance(notes, list) else []
+
+
 def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock,
              dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
@@ -613,8 +627,8 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             actions = plan(rows, listing, settings.effective(conn, config), config, now,
                            first_seen=first_seen, history=history)
             return PassResult(actions=[a.view("planned (dry run)") for a in actions], listed=len(listing),
-                              dry_run=True)
-        with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now) as lease:
+                              dry_run=True, errors=listing_notes(provider))
+        with locks.held(conn, LEASE, ttl_s=lease_ttl(config), now=now) as lease:
             try:
                 listing = _list(provider, budget)
             except ProviderError as exc:
@@ -633,6 +647,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             result = apply(conn, provider, actions, config, now=now, keepalive=lambda: lease.renew(clock.now()), listing=listing,
                            budget=budget)
             result.listed = len(listing)
+            result.errors[:0] = listing_notes(provider)
             return result
     finally:
         provider.deadline = previous

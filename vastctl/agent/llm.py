@@ -19,7 +19,9 @@ the observation, all inside one data block). Then, round by round:
 The loop also stops at `agent.max_rounds` requests and at `agent.deadline`
 seconds on the injected clock (a round needs MIN_ROUND_S left; a call that
 would start past the deadline is answered "not run"), so a step fits a cron
-tick. The SDK itself never retries (its retries honour `retry-after` without an
+tick. The deadline bounds each request whole, not each read: the SDK's HTTP
+client (deadline_http) gives every connect, write and read at most the time
+left, so a reply trickled a byte at a time ends the step at the deadline too. The SDK itself never retries (its retries honour `retry-after` without an
 upper bound and sleep on the system clock): this loop retries once per step,
 on the injected clock, only when the wait fits in the deadline. The next tick
 is the real retry. An API error ends the step with stop_reason `error`, the
@@ -220,11 +222,17 @@ def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggesti
 
     import anthropic  # only here: about a second to import
 
-    client = anthropic.Anthropic(api_key=api_key, base_url=env.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
-                                 timeout=max(1.0, config.agent.deadline), max_retries=0)
+    from . import deadline_http
+
     step = _Step(conn, config, clock, step_id, execute, started)
+    http_client = deadline_http.bound(anthropic.DefaultHttpxClient(), step.remaining)  # whole exchanges, not reads
+    client = anthropic.Anthropic(api_key=api_key, base_url=env.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
+                                 timeout=max(1.0, config.agent.deadline), max_retries=0, http_client=http_client)
     step.say("user", [{"type": "text", "text": prompt.text}])
-    stop_reason, error = step.loop(client, anthropic)
+    try:
+        stop_reason, error = step.loop(client, anthropic)
+    finally:
+        http_client.close()
     return LlmResult(tokens=step.tokens, cost=cost_of(step.tokens, prices), rounds=step.rounds,
                      stop_reason=stop_reason, error=error, transcript=step.transcript)
 
@@ -274,16 +282,25 @@ class _Step:
                 return "max_rounds", None
             remaining = self.remaining()
             if remaining < MIN_ROUND_S:
+                if self.rounds == 0:  # a step that never reached the model did not run
+                    return self.not_asked(f"agent.deadline ({self.config.agent.deadline:g}s) left"
+                                          f" {max(remaining, 0):.1f}s, under the {MIN_ROUND_S:g}s a request needs:"
+                                          " the model was not asked; raise agent.deadline")
                 return "deadline", None
             if not _fit_rounds(self.messages, budget):
                 self.transcript.append({"round": self.rounds + 1, "stopped": "context budget reached"})
+                if self.rounds == 0:
+                    tokens = memory.estimate_tokens(memory.as_data(self.messages))
+                    return self.not_asked(f"the opening message (~{tokens} tokens) and the tools do not fit"
+                                          f" agent.max_context_tokens ({self.config.agent.max_context_tokens}) even"
+                                          " compacted: the model was not asked; raise agent.max_context_tokens")
                 return "max_rounds", None
             try:
                 reply = client.messages.create(model=self.config.agent.model, max_tokens=MAX_OUTPUT_TOKENS,
                                                system=SYSTEM, tools=TOOLS, messages=self.messages, timeout=remaining)
             except anthropic.APIError as exc:
                 wait = _retry_wait(exc, anthropic)
-                if not self.retried and wait is not None and remaining - wait >= MIN_ROUND_S:
+                if not self.retried and wait is not None and self.remaining() - wait >= MIN_ROUND_S:  # left now
                     self.retried = True
                     self.transcript.append({"round": self.rounds + 1, "retry_after_s": wait, "error": _describe(exc)})
                     self.clock.sleep(wait)
@@ -314,6 +331,12 @@ class _Step:
             if reply.stop_reason == "model_context_window_exceeded":
                 return "max_tokens", None
             return "error", f"the model stopped with an unknown stop_reason {reply.stop_reason!r}"
+
+    def not_asked(self, text: str) -> tuple[str, str]:
+        """End a step that could not send its first request: an error (the step did not run), recorded."""
+        self.record("error", {"round": 1, "error": text})
+        self.transcript.append({"round": 1, "error": text})
+        return "error", text
 
     def count(self, usage) -> None:
         self.tokens["input"] += usage.input_tokens or 0

@@ -16,7 +16,10 @@ grows. Tokens are estimated locally (CHARS_PER_TOKEN, conservative for JSON).
 When the budget is short, the oldest recent steps and notes go first, then the
 observation is compacted: machines become a table (healthy running machines
 dropped first, with counts of what was dropped), and only the newest events
-are kept.
+and last actions are kept; past that every text is cut short and every list
+emptied, so everything in the message is bounded, however many machines,
+events or refused calls came before (a recent step shows ITEMS_PER_STEP of
+each kind, with a count of the rest).
 
 Everything dynamic — labels, vast status messages, kill reasons, even the
 model's own notes — is sent as JSON inside one data block (DATA_OPEN …
@@ -44,6 +47,9 @@ NOTES_SHOWN = 20
 RECENT_STEPS_SHOWN = 12
 SUGGESTION_SHOWN = 20
 EVENTS_WHEN_SHORT = 30  # events kept first when the observation must shrink (the newest)
+LAST_ACTIONS_WHEN_SHORT = 20  # the previous step's actions kept first when the observation must shrink (the newest)
+ITEMS_PER_STEP = 8  # actions, refusals, errors or calls shown per recent step; the rest counted
+SHORT_TEXT_CHARS = 60  # every string, when even the compacted observation is over the budget
 DATA_OPEN = "<fleet-data>"
 DATA_CLOSE = "</fleet-data>"
 CLOSING = (
@@ -115,7 +121,7 @@ def recent_steps(conn: sqlite3.Connection, *, before_step: int | None = None,
         summary = summaries.setdefault(step_id, {"step": step_id, "at": clock.display_iso(messages[0]["at"])})
         calls, said = _calls_and_words(messages)
         if "did" not in summary and calls:
-            summary["did"] = calls
+            _put_items(summary, "did", calls)
         if said:
             summary["said"] = clip(said, 200)
     return [summaries[key] for key in sorted(summaries)[-limit:]]
@@ -140,8 +146,15 @@ def _step_row_summary(row: sqlite3.Row) -> dict[str, Any]:
     for column in ("actions", "refused", "errors"):
         items = stored_json(row[column])
         if items or (column == "actions" and row[column] is not None):  # the step's own account, even of doing nothing
-            summary["did" if column == "actions" else column] = [_condensed_action(item) for item in items]
+            _put_items(summary, "did" if column == "actions" else column, [_condensed_action(item) for item in items])
     return summary
+
+
+def _put_items(summary: dict[str, Any], name: str, items: list) -> None:
+    """The first ITEMS_PER_STEP items under `name`, and how many more there were under `name_omitted`."""
+    summary[name] = items[:ITEMS_PER_STEP]
+    if len(items) > ITEMS_PER_STEP:
+        summary[f"{name}_omitted"] = len(items) - ITEMS_PER_STEP
 
 
 SAW_KEYS = ("capacity", "pending_capacity", "spend_per_hour")
@@ -235,9 +248,14 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict, suggestion: Seq
     remembered_notes = notes(conn)
     steps = recent_steps(conn, before_step=step_id)
     suggested = clip(list(suggestion)[:SUGGESTION_SHOWN])
+    budget_chars = budget_tokens * CHARS_PER_TOKEN
+    if len(as_data(suggested)) > budget_chars // 4:  # a plan of long reasons: its actions condensed, then fewer
+        condensed = [_condensed_action(item) for item in suggested]
+        shown = _most_that_fit(len(condensed), lambda n: len(as_data(condensed[:n])) <= budget_chars // 4)
+        suggested = condensed[:shown]
     base_omitted: dict[str, int] = {}
-    if len(suggestion) > SUGGESTION_SHOWN:
-        base_omitted["suggestion"] = len(suggestion) - SUGGESTION_SHOWN
+    if len(suggestion) > len(suggested):
+        base_omitted["suggestion"] = len(suggestion) - len(suggested)
 
     def dropped(kept_notes: list, kept_steps: list) -> dict[str, int]:
         counts = {"notes": len(remembered_notes) - len(kept_notes), "recent_steps": len(steps) - len(kept_steps)}
@@ -250,7 +268,6 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict, suggestion: Seq
             data["omitted"] = omitted
         return f"{DATA_OPEN}\n{as_data(data)}\n{DATA_CLOSE}\n{CLOSING}"
 
-    budget_chars = budget_tokens * CHARS_PER_TOKEN
     memory_floor = min(len(as_data(remembered_notes)) + len(as_data(steps)), budget_chars // 5)
     frame = len(render({}, [], [], {"suggestion": 0, "machines": 0, "events": 0})) + 40
     fitted, obs_omitted = fit_observation(observation, max(0, budget_chars - frame - memory_floor))
@@ -280,9 +297,11 @@ def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[st
 
     In order, while over: machines become a table (column names once, without
     TABLE_DROPS) with a summary by state and GPU; only the newest
-    EVENTS_WHEN_SHORT events stay; machine rows are cut, the least in need of
+    EVENTS_WHEN_SHORT events stay; the last actions are condensed, the newest
+    LAST_ACTIONS_WHEN_SHORT kept; machine rows are cut, the least in need of
     a decision first (healthy running machines with the best proofs per
-    dollar); events are cut, oldest first.
+    dollar); events are cut, oldest first; last actions likewise; and as a
+    last resort every text is cut short and the largest fields emptied (_bare).
     """
     obs = clip(dict(observation))
     omitted: dict[str, int] = {}
@@ -298,6 +317,11 @@ def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[st
     if len(as_data(obs)) > budget_chars and len(events) > EVENTS_WHEN_SHORT:
         obs["events"] = events[-EVENTS_WHEN_SHORT:]
         omitted["events"] = len(events) - EVENTS_WHEN_SHORT
+    actions = obs.get("last_actions") if isinstance(obs.get("last_actions"), list) else []
+    if len(as_data(obs)) > budget_chars and actions:  # what each led to, in few words; the newest
+        obs["last_actions"] = [_condensed_action(item) for item in actions[-LAST_ACTIONS_WHEN_SHORT:]]
+        if len(actions) > LAST_ACTIONS_WHEN_SHORT:
+            omitted["last_actions"] = len(actions) - LAST_ACTIONS_WHEN_SHORT
     if rows and len(as_data(obs)) > budget_chars:
         shown = _most_that_fit(len(rows), lambda n: len(as_data({**obs, "machines": _table(rows[:n])})) <= budget_chars)
         obs["machines"] = _table(rows[:shown])
@@ -308,7 +332,31 @@ def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[st
                                lambda n: len(as_data({**obs, "events": kept_events[len(kept_events) - n:]})) <= budget_chars)
         obs["events"] = kept_events[len(kept_events) - shown:]
         omitted["events"] = len(events) - shown
+    kept_actions = obs.get("last_actions") if isinstance(obs.get("last_actions"), list) else []
+    if kept_actions and len(as_data(obs)) > budget_chars:
+        shown = _most_that_fit(len(kept_actions), lambda n: len(as_data(
+            {**obs, "last_actions": kept_actions[len(kept_actions) - n:]})) <= budget_chars)
+        obs["last_actions"] = kept_actions[len(kept_actions) - shown:]
+        omitted["last_actions"] = len(actions) - shown
+    if len(as_data(obs)) > budget_chars:
+        obs = _bare(obs, budget_chars, omitted)
     return obs, omitted
+
+
+def _bare(obs: dict, budget_chars: int, omitted: dict[str, int]) -> dict:
+    """The last resort: every text cut to SHORT_TEXT_CHARS, then every list and map left empty (counted)."""
+    obs = clip(obs, SHORT_TEXT_CHARS)
+    omitted["texts_cut_to_chars"] = SHORT_TEXT_CHARS
+    for key in sorted(obs, key=lambda name: -len(as_data(obs[name]))):  # the largest first
+        if len(as_data(obs)) <= budget_chars:
+            break
+        value = obs[key]
+        if isinstance(value, (list, dict)) and value:
+            omitted[key] = omitted.get(key, 0) + len(value)
+            obs[key] = type(value)()
+        elif isinstance(value, str):
+            obs[key] = clip(value, 0)
+    return obs
 
 
 def _most_that_fit(total: int, fits) -> int:

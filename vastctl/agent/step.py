@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 LEASE = "agent-step"
 LEASE_TTL_S = 10 * 60
+LEASE_SLACK_S = 5 * 60  # beyond agent.deadline: the demand command, the state file, the record of the step
 OFFERS_SEARCHED = 30
 POLICIES = ("rules", "llm")
 ZERO_TOKENS = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
@@ -96,10 +97,23 @@ def run_step(conn: sqlite3.Connection, provider: "Provider", config: Config, *, 
 
         llm.require(config, env)  # a missing key or price is bad input: nothing asked, nothing written
     now = clock.now()
-    if dry_run:
-        return _step(conn, provider, config, clock, chosen, now, dry_run=True, if_events=if_events, env=env)
-    with locks.held(conn, LEASE, ttl_s=LEASE_TTL_S, now=now):
-        return _step(conn, provider, config, clock, chosen, now, dry_run=False, if_events=if_events, env=env)
+    previous = getattr(provider, "deadline", None)
+    if provider is not None:  # the step's vast calls end by agent.deadline too, however slowly vast answers
+        provider.deadline = clock.monotonic() + config.agent.deadline
+    try:
+        if dry_run:
+            return _step(conn, provider, config, clock, chosen, now, dry_run=True, if_events=if_events, env=env)
+        with locks.held(conn, LEASE, ttl_s=lease_ttl(config), now=now):
+            return _step(conn, provider, config, clock, chosen, now, dry_run=False, if_events=if_events, env=env)
+    finally:
+        if provider is not None:
+            provider.deadline = previous
+
+
+def lease_ttl(config: Config) -> float:
+    """How long the lease outlives a step's start: past its deadline with room to spare, so a second step is
+    turned away while the first runs (it ends by agent.deadline), and a crashed one frees the lease soon after."""
+    return max(LEASE_TTL_S, config.agent.deadline + LEASE_SLACK_S)
 
 
 def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env) -> StepResult:

@@ -78,8 +78,9 @@ def fleet_cmd(
 @app.command("events")
 def events_cmd(
     ctx: typer.Context,
-    since: Annotated[Optional[int], typer.Option("--since", min=0, help="Only events after this id.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Keep the newest N.")] = 50,
+    since: Annotated[Optional[int], typer.Option("--since", min=0, max=fleet.MAX_EVENT_ID,
+                                                 help="Only events after this id.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=fleet.MAX_EVENT_ID, help="Keep the newest N.")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """State changes, notes and settings changes, oldest first.

@@ -11,6 +11,14 @@ A create (renting an offer) is retried only when the request surely did not
 take effect (a 429, a connect timeout); any other failure of a create is an
 unknown outcome and raises plain ProviderError, so the caller keeps its row
 and finds the machine by label later instead of renting a second one.
+
+A deadline (`deadline`, on the injected clock) bounds the whole exchange, not
+each read: the body is read as it arrives and the clock is checked between
+reads, each read waiting no longer than the time left, so an answer sent one
+byte a second ends at the deadline like a silent one. Numbers from vast are
+hostile too: an instance id the state file cannot hold (SQLite's 64-bit
+integers) drops that entry from the listing with a note in `listing_notes`,
+and any other such number is read as missing.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import requests
+import urllib3
 
 from .. import upstream
 from ..clock import Clock
@@ -40,6 +49,10 @@ MAX_RETRY_AFTER_S = 60.0
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 USER_AGENT = "vastctl"
 ERROR_CHARS = 300  # upstream text kept in an error message
+READ_CHUNK_BYTES = 64 * 1024  # one read of an answer's body; the deadline is checked between reads
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # an answer larger than this is not read to the end, nor trusted
+MAX_INTEGER = 2**63 - 1  # SQLite's INTEGER: a number from vast past it cannot be stored, compared or acted on
+MIN_INTEGER = -(2**63)
 
 
 def find_api_key(env: Mapping[str, str] | None = None) -> str | None:
@@ -89,6 +102,7 @@ class VastProvider:
         self.backoff_s = backoff_s
         self.clock = clock  # backoff sleeps and the deadline run on it (a VirtualClock in tests and the simulator)
         self.deadline = deadline  # see base.Provider.deadline
+        self.listing_notes: list[str] = []  # entries the last listing left out, and why (reconcile reports them)
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT,
                                      "Accept": "application/json"})
@@ -110,6 +124,7 @@ class VastProvider:
     def list_instances(self) -> list[RemoteInstance]:
         """Every instance of ours, all pages of /api/v1/instances/ (ordered by id), or ProviderError."""
         found: dict[int, RemoteInstance] = {}
+        self.listing_notes = []
         token: str | None = None
         seen_tokens: set[str] = set()
         total: Any = None
@@ -123,6 +138,9 @@ class VastProvider:
             if not isinstance(rows, list):
                 raise ProviderError("vast listing: the answer has no list of instances; not trusting it")
             for raw in rows:
+                if _out_of_range_id(raw):
+                    self.listing_notes.append(_out_of_range_note(raw))
+                    continue
                 instance = _instance(raw, "vast listing")
                 earlier = found.setdefault(instance.id, instance)
                 if _facts(earlier) != _facts(instance):  # which one is true? neither can be acted on
@@ -175,8 +193,8 @@ class VastProvider:
             body = self._call("PUT", path, json=create_body(request), idempotent=False)
         except _NotFound as exc:
             raise OfferGone(f"offer {request.offer_id} is no longer available ({exc})") from None
-        contract = body.get("new_contract")
-        if isinstance(contract, bool) or not isinstance(contract, int):
+        contract = _integer(body.get("new_contract"))
+        if contract is None or contract < 1:
             # the rental may exist: say "unknown", not "refused"
             raise ProviderError(f"vast create on offer {request.offer_id}: answered without an instance id;"
                                 " the outcome is unknown")
@@ -221,7 +239,8 @@ class VastProvider:
             timeout = self._timeout_within_deadline(what)
             try:
                 response = self.session.request(method, self.base_url + path, params=params, json=json,
-                                                timeout=timeout, allow_redirects=False)
+                                                timeout=timeout, allow_redirects=False, stream=True)
+                self._read_within_deadline(response, what, idempotent)
             except requests.ConnectTimeout as exc:  # never connected: nothing was sent
                 failure = f"could not connect ({self._scrub(exc)})"
                 if last:
@@ -267,6 +286,44 @@ class VastProvider:
             return tuple(min(part, left) for part in self.timeout)  # type: ignore[return-value]
         return min(self.timeout, left)
 
+    def _read_within_deadline(self, response: requests.Response, what: str, idempotent: bool) -> None:
+        """Read the answer's body as it arrives, each read waiting at most the time left; past the deadline
+        the answer is abandoned (DeadlinePassed, or an unknown outcome for a create). The body is then
+        the response's content, as if requests had read it."""
+        read_timeout = self.timeout[1] if isinstance(self.timeout, tuple) else self.timeout
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while True:
+                if self.deadline is not None:
+                    left = self.deadline - self.clock.monotonic()
+                    if left <= 0:
+                        if idempotent:
+                            raise DeadlinePassed(f"{what}: the answer was still arriving at the deadline"
+                                                 f" ({size} bytes read); abandoned")
+                        raise ProviderError(f"{what}: the answer was still arriving at the deadline; the outcome"
+                                            " is unknown")
+                    _set_read_timeout(response, min(read_timeout, left))
+                chunk = response.raw.read1(READ_CHUNK_BYTES, decode_content=True)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ProviderError(f"{what}: the answer is larger than {MAX_ANSWER_BYTES} bytes; not trusting it")
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            response.close()  # an answer abandoned half-way: its connection is dropped, not reused
+            raise requests.ReadTimeout(str(exc)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            response.close()
+            raise requests.ConnectionError(str(exc)) from None
+        except BaseException:
+            response.close()
+            raise
+        response._content = b"".join(chunks)  # what requests' .json() and .text read
+        response._content_consumed = True
+        response.close()  # read to the end: the connection goes back to the session's pool
+
     def _sleep_within_deadline(self, delay: float, what: str, failure: str) -> None:
         """Back off before a retry, unless the wait (a Retry-After included) would end past the deadline."""
         if self.deadline is not None and self.clock.monotonic() + delay > self.deadline:
@@ -290,7 +347,7 @@ class VastProvider:
                 raise ProviderError(f"{what}: HTTP {status} {text}: retry later")
             raise ProviderRejected(f"{what}: HTTP {status} {code + ': ' if code else ''}{text}")
         try:
-            body = response.json()
+            body = response.json(parse_int=_parse_int)
         except ValueError:
             raise ProviderError(f"{what}: the answer is not valid JSON (truncated?); not trusting it") from None
         if not isinstance(body, dict):
@@ -341,6 +398,27 @@ class _NotFound(ProviderRejected):
 def _error_fields(body: dict[str, Any]) -> tuple[str, str]:
     """The error code and the message of a (masked) error body."""
     return str(body.get("error") or ""), str(body.get("msg") or body.get("message") or body.get("detail") or "")
+
+
+def _set_read_timeout(response: requests.Response, seconds: float) -> None:
+    """The socket's timeout for the next read of this answer (each read may wait at most the time left)."""
+    sock = getattr(getattr(response.raw, "connection", None), "sock", None)
+    if sock is not None:
+        try:
+            sock.settimeout(max(seconds, 0.001))
+        except OSError:
+            pass
+
+
+class _HugeInteger(str):
+    """A JSON integer too long to be worth converting: its digits (for the note, and for json.dumps of the raw
+    entry); no integer or text field accepts it."""
+
+
+def _parse_int(digits: str) -> int | _HugeInteger:
+    """JSON integers as Python ints, except absurdly long ones (Python refuses 4,300+ digits: the whole answer
+    would fail to parse for one hostile number)."""
+    return _HugeInteger(digits) if len(digits.lstrip("-")) > 40 else int(digits)
 
 
 def _retry_after(response: requests.Response) -> float | None:
@@ -417,13 +495,31 @@ def _storage_price(raw: Mapping[str, Any]) -> float | None:
 
 
 def _integer(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An integer the state file can hold, else None (vast's numbers are hostile too)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_INTEGER <= value <= MAX_INTEGER:
         return None
     return value
 
 
+def _out_of_range_id(raw: Any) -> bool:
+    """An entry whose id is an integer past what the state file holds: dropped from the listing, with a note."""
+    if not isinstance(raw, dict):
+        return False
+    value = raw.get("id")
+    return isinstance(value, _HugeInteger) or (isinstance(value, int) and not isinstance(value, bool)
+                                                and _integer(value) is None)
+
+
+def _out_of_range_note(raw: dict) -> str:
+    digits = str(raw.get("id"))
+    shown = digits if len(digits) <= 24 else f"{digits[:12]}…({len(digits)} digits)"
+    label = upstream.clip(str(raw.get("label")), 80) if raw.get("label") is not None else "none"
+    return (f"vast listing: ignored an instance whose id {shown} is out of range (label {label}): an id past"
+            f" {MAX_INTEGER} cannot be stored or acted on; check it at vast")
+
+
 def _text(value: Any) -> str | None:
-    return value.strip() if isinstance(value, str) else None
+    return value.strip() if isinstance(value, str) and not isinstance(value, _HugeInteger) else None
 
 
 def _instance(raw: Any, what: str) -> RemoteInstance:
