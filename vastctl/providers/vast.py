@@ -27,6 +27,8 @@ import dataclasses
 import json
 import math
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -238,8 +240,10 @@ class VastProvider:
             last = attempt == self.attempts
             timeout = self._timeout_within_deadline(what)
             try:
-                response = self.session.request(method, self.base_url + path, params=params, json=json,
-                                                timeout=timeout, allow_redirects=False, stream=True)
+                response = self._headers_within_deadline(
+                    lambda: self.session.request(method, self.base_url + path, params=params, json=json,
+                                                 timeout=timeout, allow_redirects=False, stream=True),
+                    what, idempotent)
                 self._read_within_deadline(response, what, idempotent)
             except requests.ConnectTimeout as exc:  # never connected: nothing was sent
                 failure = f"could not connect ({self._scrub(exc)})"
@@ -285,6 +289,35 @@ class VastProvider:
         if isinstance(self.timeout, tuple):
             return tuple(min(part, left) for part in self.timeout)  # type: ignore[return-value]
         return min(self.timeout, left)
+
+    def _headers_within_deadline(self, send: Callable[[], requests.Response], what: str,
+                                 idempotent: bool) -> requests.Response:
+        """The status line and headers, by the deadline. requests bounds each read, not the wait for the headers,
+        so a server trickling them a byte at a time would outlast any deadline: the call runs on a worker thread,
+        and at the deadline it is abandoned (the thread ends with its socket's own timeout; the process goes on)."""
+        if self.deadline is None:
+            return send()
+        left = self.deadline - self.clock.monotonic()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["response"] = send()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it was
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, name="vast-call", daemon=True)
+        worker.start()
+        worker.join(max(left, 0.0))
+        if worker.is_alive():
+            if idempotent:
+                raise DeadlinePassed(f"{what}: its status line and headers were still arriving at the deadline;"
+                                     " abandoned")
+            raise ProviderError(f"{what}: its status line and headers were still arriving at the deadline; the"
+                                " outcome is unknown")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["response"]
 
     def _read_within_deadline(self, response: requests.Response, what: str, idempotent: bool) -> None:
         """Read the answer's body as it arrives, each read waiting at most the time left; past the deadline
