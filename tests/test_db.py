@@ -38,6 +38,7 @@ PINNED = {
         "id", "started_at", "finished_at", "policy", "outcome", "event_cursor", "observation", "actions", "refused",
         "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost",
     ],
+    "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event"],
 }
 
 
