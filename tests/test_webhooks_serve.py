@@ -188,3 +188,38 @@ def test_the_same_event_three_times_is_one_event_and_one_pass(manager, vast):
     assert query(manager, "SELECT count(*) AS n FROM vast_listings")[0]["n"] == 2  # one pass each
     deliveries = query(manager, "SELECT event_id, attempt FROM webhook_deliveries ORDER BY event_id")
     assert deliveries == [{"event_id": "evt-barrier", "attempt": 1}, {"event_id": "evt-same", "attempt": 1}]
+
+
+# --- the guide's section, as written ----------------------------------------------------------------------
+
+
+def test_the_guides_webhook_commands_run_as_written(tmp_path):
+    import subprocess
+
+    from test_deployment_guide import GUIDE, Sandbox, _commands
+
+    (number,) = re.findall(r"^## (\d+)\. vast's webhooks", GUIDE.read_text(), flags=re.M)
+    sandbox = Sandbox(tmp_path / "host")
+    sandbox.set_up()
+    lines = [sandbox.runnable(line) for line in _commands(number)]
+    assert None not in lines
+    add, events, rotate, retire, backup = lines
+    secret_file = sandbox.path("/var/lib/vastctl/vastctl.db.webhook-secret")
+
+    def sh(line, stdin=""):
+        done = subprocess.run(["sh", "-c", line], env=sandbox.env, input=stdin, capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 0, f"{line}\n{done.stderr}"
+        return done
+
+    assert SECRET not in sh(add, SECRET + "\n").stderr
+    assert webhooks.read_secrets(secret_file) == [SECRET.encode()] and secret_file.stat().st_mode & 0o777 == 0o600
+    sh(events)
+    sh(rotate, "whsec_rotated_0123456789abcdef01\n")
+    assert len(webhooks.read_secrets(secret_file)) == 2
+    assert "retired 1 old webhook secret" in sh(retire).stderr
+    assert webhooks.read_secrets(secret_file) == [b"whsec_rotated_0123456789abcdef01"]
+    sandbox.sh("install -d -m 700 " + str(sandbox.path("/var/lib/vastctl/backups")))
+    sh(backup)
+    copy = sandbox.path("/var/lib/vastctl/backups/vastctl.db.webhook-secret")
+    assert copy.read_text() == secret_file.read_text() and copy.stat().st_mode & 0o777 == 0o600
