@@ -383,16 +383,20 @@ class Waker:
             except VastctlError as exc:
                 result.errors.append(f"cannot reach vast: {exc}")
                 return result
-            run = lambda: reconcile.run_pass(conn, provider, self.config, clock=self.clock)  # noqa: E731
-            if self._under_lease(conn, reconcile.LEASE, run, result):
+            def reconcile_pass():
+                reconcile.run_pass(conn, provider, self.config, clock=self.clock)
+
+            def agent_step():
+                step.run_step(conn, provider, self.config, clock=self.clock, if_events=True)
+
+            if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
                 result.passes += 1
                 if needs_confirmation(conn) and not self._wait(self.config.server.webhook_confirm_after):
-                    if self._under_lease(conn, reconcile.LEASE, run, result):
+                    if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
                         result.passes += 1
             if self._stopping.is_set():
                 return result
-            act = lambda: step.run_step(conn, provider, self.config, clock=self.clock, if_events=True)  # noqa: E731
-            if self._under_lease(conn, step.LEASE, act, result):
+            if self._under_lease(conn, step.LEASE, agent_step, result):
                 result.steps += 1
         finally:
             conn.close()
