@@ -294,3 +294,66 @@ def test_a_wake_confirms_only_when_the_listing_showed_a_live_machine_dead(conn):
     conn.execute("UPDATE instances SET state = 'killed'")
     assert not webhooks.needs_confirmation(conn)
 
+
+
+class EmptyMarket:
+    """A market with nothing rented; notes who held the reconcile lease whenever it was listed."""
+
+    def __init__(self, db_path):
+        self.db_path = db_path
+        self.listed_under: list[list[str]] = []
+
+    def list_instances(self):
+        import sqlite3
+
+        check = sqlite3.connect(self.db_path)
+        try:
+            self.listed_under.append([r[0] for r in check.execute("SELECT holder FROM locks WHERE name = 'reconcile'")])
+        finally:
+            check.close()
+        return []
+
+    def search_offers(self, query):
+        return []
+
+
+class LeaseWaker(webhooks.Waker):
+    """Waits advance virtual time; `on_wait` runs at each (cron's pass finishing, say)."""
+
+    def __init__(self, config, market, on_wait=lambda: None):
+        super().__init__(config, clock=VirtualClock(NOW), make_provider=lambda c, k: market)
+        self.on_wait = on_wait
+        self.waited: list[float] = []
+
+    def _wait(self, seconds):
+        self.waited.append(seconds)
+        self.clock.advance(seconds)
+        self.on_wait()
+        return False
+
+
+def test_a_wake_waits_for_crons_pass_to_release_the_lease_then_runs_its_own(conn, config, db_path):
+    from vastctl import locks
+
+    locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="cron-host:4242")  # cron's pass, mid-way
+    market = EmptyMarket(db_path)
+    waker = LeaseWaker(config, market, on_wait=lambda: locks.release(conn, "reconcile", "cron-host:4242"))
+    result = waker.run_wake(["evt-1"])
+    assert (result.passes, result.steps, result.errors) == (1, 1, [])
+    assert waker.waited == [webhooks.LEASE_RETRY_S]
+    (holders,) = market.listed_under  # one listing, made while the wake held the lease, never cron's
+    assert len(holders) == 1 and holders[0] != "cron-host:4242"
+    assert conn.execute("SELECT count(*) FROM vast_listings").fetchone()[0] == 1
+
+
+def test_a_wake_never_lists_while_another_pass_holds_the_lease(conn, config, db_path):
+    from vastctl import locks
+
+    locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="cron-host:4242")
+    market = EmptyMarket(db_path)
+    waker = LeaseWaker(config, market)
+    result = waker.run_wake(["evt-1"])
+    assert result.passes == 0 and market.listed_under == []
+    assert len(waker.waited) == webhooks.LEASE_RETRIES
+    assert "another reconcile is running" in result.errors[0]
+    assert result.steps == 1  # the agent step's lease was free
