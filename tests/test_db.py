@@ -39,6 +39,7 @@ PINNED = {
         "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost",
     ],
     "dashboard_sign_outs": ["session", "expires_at", "signed_out_at"],
+    "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event"],
 }
 
 

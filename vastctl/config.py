@@ -209,6 +209,10 @@ class ServerSection:
     secret_file: str = ""
     metrics_token: str = ""
     trusted_proxy: str = ""  # address(es) of the TLS proxy whose X-Forwarded-Proto the dashboard believes
+    webhook_secret_file: str = ""  # vast's webhook signing secrets, one a line; empty: beside the state file
+    webhook_tolerance: float = field(default=300.0, metadata=DURATION)  # a delivery's timestamp this far off is refused
+    webhook_min_interval: float = field(default=10.0, metadata=DURATION)  # between the starts of two wakes
+    webhook_confirm_after: float = field(default=5.0, metadata=DURATION)  # the second listing a kill needs
 
 
 @dataclass
@@ -249,6 +253,13 @@ class Config:
         if self.server.secret_file:
             return Path(self.server.secret_file).expanduser()
         return self.db_path.with_name(self.db_path.name + ".secret")
+
+    @property
+    def webhook_secret_path(self) -> Path:
+        """vast's webhook signing secrets: configured, else beside the state file (missing: webhooks off)."""
+        if self.server.webhook_secret_file:
+            return Path(self.server.webhook_secret_file).expanduser()
+        return self.db_path.with_name(self.db_path.name + ".webhook-secret")
 
 
 def default_config_path(env: Mapping[str, str]) -> Path:

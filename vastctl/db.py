@@ -213,6 +213,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
+    (
+        "vast webhook deliveries, one row an event id",
+        # what makes a delivery vast retries (or anyone replays) a duplicate; event: the events row it made
+        """
+        CREATE TABLE webhook_deliveries (
+            event_id TEXT PRIMARY KEY,
+            received_at TEXT NOT NULL,
+            notif_type TEXT,
+            attempt INTEGER,
+            event INTEGER
+        );
+        CREATE INDEX webhook_deliveries_received ON webhook_deliveries(received_at)
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

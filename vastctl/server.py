@@ -56,7 +56,7 @@ from waitress.adjustments import Adjustments  # only `serve` imports this module
 from waitress.server import MultiSocketServer
 from waitress.task import ThreadedTaskDispatcher
 
-from . import db, fleet, lifecycle, onstart, signin, tokens
+from . import db, fleet, lifecycle, onstart, signin, tokens, webhooks
 from .clock import Clock
 from .upstream import cut
 from .config import Config
@@ -109,10 +109,11 @@ class App:
     `clock` stamps every report and times every request (the system clock from `vastctl serve`).
     """
 
-    def __init__(self, config: Config, keyring: tokens.Keyring, *, clock: Clock):
+    def __init__(self, config: Config, keyring: tokens.Keyring, *, clock: Clock, waker: webhooks.Waker | None = None):
         self.config = config
         self.keyring = keyring
         self.clock = clock
+        self.webhooks = webhooks.Receiver(config, clock=clock, waker=waker)  # vast's deliveries (webhooks.py)
         self.admin_token = config.server.admin_token.encode()
         self.sign_ins = signin.Throttle(clock)  # the dashboard's failed sign-ins, shared by every request
         self._local = threading.local()  # sqlite3 connections are per thread
@@ -170,6 +171,12 @@ class App:
             include_killed = query.get("all", ["0"])[-1].lower() in ("1", "true", "yes")
             return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed,
                                           now=self.clock.now())
+        if path == webhooks.PATH:
+            _allow(method, "POST")
+            try:
+                return 200, self.webhooks.receive(environ, self.connection())
+            except webhooks.Rejected as exc:
+                raise HTTPError(exc.status, exc.message) from None
         uuid, report = _report_route(path)
         if report == "onstart":  # the boot script itself, for a machine whose onstart is the loader
             _allow(method, "GET")
@@ -278,7 +285,8 @@ def _report_route(path: str) -> tuple[str, str]:
         uuid = unquote(parts[3].encode("latin-1").decode("utf-8", "replace"))
         return uuid, parts[4]
     raise HTTPError(404, f"no such endpoint {_loggable(path)}: the endpoints are POST /v1/instances/UUID/REPORT"
-                         f" (REPORT: {', '.join(REPORTS)}), GET /v1/instances/UUID/onstart, GET /v1/fleet and GET /healthz")
+                         f" (REPORT: {', '.join(REPORTS)}), GET /v1/instances/UUID/onstart, POST {webhooks.PATH},"
+                         " GET /v1/fleet and GET /healthz")
 
 
 def _allow(method: str, allowed: str) -> None:
@@ -406,8 +414,12 @@ def make_server(
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     clock: Clock,
+    waker: webhooks.Waker | None = None,
 ):
-    """A waitress server bound and ready for `.run()`; checks the state file and the token secret first."""
+    """A waitress server bound and ready for `.run()`; checks the state file and the token secret first.
+
+    `waker` runs the safety net after a webhook delivery; without one, deliveries are recorded only.
+    """
     if request_timeout <= 0:
         raise BadInput(f"--request-timeout must be more than 0 seconds, got {request_timeout:g}")
     if connection_limit < 1:
@@ -416,7 +428,7 @@ def make_server(
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
     keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
     db.connect(config.db_path, now=clock.now()).close()  # a missing or broken file fails here, not at the first report
-    app = App(config, keyring, clock=clock)
+    app = App(config, keyring, clock=clock, waker=waker)
     try:
         adj = Adjustments(
             host=host, port=port, threads=threads, ident="vastctl", connection_limit=connection_limit,

@@ -40,12 +40,15 @@ def serve_cmd(
 
     Example: vastctl serve --host 127.0.0.1 --port 8080   # behind a TLS proxy
     """
-    from .. import server
+    from .. import server, webhooks
 
     g = globals_of(ctx)
+    waker = webhooks.Waker(g.config, clock=g.clock, make_provider=make_provider)
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
-                             request_timeout=request_timeout, connection_limit=connection_limit, clock=g.clock)
+                             request_timeout=request_timeout, connection_limit=connection_limit, clock=g.clock,
+                             waker=waker)
     log_handler = _log_to_stderr(access_log)
+    _say_webhooks(g)
     if not g.config.server.admin_token:
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
     signal.signal(signal.SIGTERM, _interrupt)
@@ -57,8 +60,66 @@ def serve_cmd(
     try:
         srv.run()  # returns after SIGINT/SIGTERM, once running requests have finished
     finally:
+        waker.stop()
         log_handler.close()
     say("stopped")
+
+
+def make_provider(config, clock):
+    """The market a webhook's wake reconciles against and steps with, as cron's commands build it."""
+    from ..providers import get_provider
+
+    return get_provider(config, clock=clock)
+
+
+def _say_webhooks(g) -> None:
+    """Whether vast's deliveries are taken, and a warning when their wakes could not reach vast."""
+    from .. import webhooks
+
+    path = g.config.webhook_secret_path
+    if not path.exists():
+        say(f"POST {webhooks.PATH} is off: no webhook secret at {path} (`vastctl webhook-secret --add` stores it)")
+        return
+    try:
+        make_provider(g.config, g.clock)
+    except BadInput as exc:
+        say(f"warning: vast's webhooks are recorded but wake nothing until serve can reach vast: {exc}")
+
+
+@app.command("webhook-secret")
+def webhook_secret_cmd(
+    ctx: typer.Context,
+    add: Annotated[bool, typer.Option(
+        "--add", help="Store the secret vast showed (read from stdin) first; the older ones keep verifying.")] = False,
+    retire_old: Annotated[bool, typer.Option(
+        "--retire-old", help="Drop every secret but the newest, once vast signs with it.")] = False,
+) -> None:
+    """Store or rotate the secret vast signs its webhook deliveries with (server.webhook_secret_file).
+
+    Example: vastctl webhook-secret --add < secret.txt   (rotating: --add the new one, then --retire-old)
+    """
+    from .. import webhooks
+
+    g = globals_of(ctx)
+    if add == retire_old:
+        raise BadInput("give one of --add (the secret on stdin) or --retire-old")
+    path = g.config.webhook_secret_path
+    if retire_old:
+        if not path.exists():
+            raise BadInput(f"no webhook secret at {path}: nothing to retire; {webhooks.NO_SECRET_FIX}")
+        retired = webhooks.retire_old(path)
+        say(f"retired {retired} old webhook secret(s) from {path}: only deliveries signed with the newest verify now"
+            if retired else f"{path} holds one webhook secret: nothing to retire")
+        return
+    if sys.stdin.isatty():
+        secret = typer.prompt("webhook secret (as vast showed it)", hide_input=True)
+    else:
+        secret = sys.stdin.readline()
+    count = webhooks.add_secret(path, webhooks.check_secret(secret.strip()), now=g.clock.now())
+    say(f"{path} now holds {count} webhook secret(s), newest first; a running serve verifies deliveries"
+        f" with any of them from its next one" + ("" if count == 1 else
+                                                   ": once vast signs with the new one, run"
+                                                   " `vastctl webhook-secret --retire-old`"))
 
 
 @app.command("token")
@@ -188,6 +249,7 @@ def _log_to_stderr(access_log: bool) -> _BatchedStream:
     handler = _BatchedStream(sys.stderr)
     handler.setFormatter(_UTCFormatter("%(asctime)s %(levelname)s %(message)s"))
     levels = {"vastctl.serve": logging.INFO if access_log else logging.WARNING, "waitress": logging.WARNING,
+              "vastctl.serve.wake": logging.INFO,  # one line a webhook's wake, access log or not
               "waitress.queue": logging.ERROR}  # waitress warns at every queued task under load: noise
     for name, level in levels.items():
         logger = logging.getLogger(name)

@@ -1,0 +1,225 @@
+"""vast's webhooks against a real `vastctl serve` on loopback, with a loopback fake of vast behind it.
+
+A signed `offline` delivery gets the machine vast lists offline killed within seconds (cron would take a
+minute or more); refused deliveries record and wake nothing; one event delivered three times is one event
+and one wake. Each wake writes one log line naming the deliveries it serves, which is how the tests count.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+
+import pytest
+import requests
+from serving import Manager, free_port, run_vastctl
+from test_end_to_end import KEY, FakeVast, FakeVastHandler
+
+from vastctl import webhooks
+from vastctl.clock import SYSTEM
+
+pytestmark = pytest.mark.slow  # real processes and servers on loopback
+
+SECRET = "whsec_serve_test_0123456789abcdef"
+WAKE = re.compile(r"webhook wake for (\d+) delivery\(ies\) \(([^)]*)\): (\d+) reconcile pass\(es\), (\d+) agent step")
+
+
+class CountingHandler(FakeVastHandler):
+    def do_GET(self):
+        if self.path.startswith("/api/v1/instances/"):
+            with self.server.lock:
+                self.server.listings += 1
+        super().do_GET()
+
+
+class CountingVast(FakeVast):
+    def __init__(self):
+        super().__init__()
+        self.RequestHandlerClass = CountingHandler
+        self.listings = 0
+
+
+@pytest.fixture
+def vast():
+    import threading
+
+    server = CountingVast()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def start_manager(home, vast, *, min_interval="10s") -> Manager:
+    m = Manager(home)
+    port = free_port()
+    m.config_path.write_text(
+        f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: admin-token-for-tests-0123456789\n"
+        f"  webhook_min_interval: {min_interval}\n"
+        "fleet:\n  min_bench_rate: 40\n  max_dph: 1.0\n"
+        "launch:\n  vastctl_source: vastctl==0.1.0\n  install: /opt/provers/install.sh\n"
+    )
+    webhooks.add_secret(m.db_path.with_name(m.db_path.name + ".webhook-secret"), SECRET, now=SYSTEM.now())
+    m.env.update(VAST_API_KEY=KEY, VAST_API_URL=vast.url)
+    return m.start(port)
+
+
+@pytest.fixture
+def manager(tmp_path, vast):
+    m = start_manager(tmp_path / "manager", vast, min_interval="1s")
+    yield m
+    assert m.stop() == 0
+
+
+def deliver(manager, event_id, notif_type="offline", *, secret=SECRET, age=0, attempt=1, body=None, signature=None):
+    timestamp = str(int(time.time()) - age)
+    if body is None:
+        body = json.dumps({"event_id": event_id, "user_id": 123, "notif_type": notif_type,
+                           "subject": "Instance offline", "message": "An instance on machine 9001 went offline",
+                           "timestamp": float(timestamp)}).encode()
+    headers = {"Content-Type": "application/json", "X-Vast-Event-Id": event_id, "X-Vast-Delivery-Attempt": str(attempt),
+               "X-Vast-Timestamp": timestamp,
+               "X-Vast-Signature-256": signature or webhooks.signature(secret.encode(), timestamp.encode(), body)}
+    return requests.post(f"{manager.url}{webhooks.PATH}", data=body, headers=headers, timeout=10)
+
+
+def wakes(manager) -> list[tuple[list[str], int, int]]:
+    """(event ids, reconcile passes, agent steps) of each wake the log has finished."""
+    return [([one for one in found[1].split(", ") if one], int(found[2]), int(found[3]))
+            for found in WAKE.findall(manager.log())]
+
+
+def wait_for(condition, timeout=30.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def query(manager, sql, *args):
+    conn = sqlite3.connect(manager.db_path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def vast_events(manager):
+    return query(manager, "SELECT * FROM events WHERE source = 'vast' ORDER BY id")
+
+
+def test_an_offline_delivery_gets_the_machine_vast_lists_offline_killed_within_seconds(tmp_path, vast):
+    manager = start_manager(tmp_path / "manager", vast)  # the shipped rate limit: 10s between wakes
+    try:
+        operator = {**manager.env, "VAST_API_KEY": KEY, "VAST_API_URL": vast.url}
+        launched = run_vastctl("launch", "--gpu", "RTX 4090", "--json", env=operator)
+        assert launched.returncode == 0, launched.stderr
+        (machine,) = json.loads(launched.stdout)["launched"]
+        assert run_vastctl("reconcile", env=operator).returncode == 0  # cron's last pass saw it running
+        vast.instances[machine["vast_id"]]["actual_status"] = "offline"
+
+        started = time.monotonic()
+        answer = deliver(manager, "evt-offline-1")
+        assert answer.status_code == 200 and answer.json()["duplicate"] is False
+        assert time.monotonic() - started < 1.0  # answered before the safety net runs
+
+        def killed():
+            return [e for e in manager.events(machine["uuid"]) if e["to_state"] == "killed"]
+
+        (kill,) = wait_for(killed, timeout=15, what="the kill event")
+        latency = time.monotonic() - started
+        assert latency < 15
+        assert (kill["source"], kill["code"]) == ("reconcile", "offline")
+        wait_for(lambda: vast.instances == {}, timeout=15, what="the destroy")  # the pass that killed destroyed it
+        print(f"delivery → kill event: {latency:.1f}s")  # shown with -s: the latency cron's minute would be
+        (wake,) = wait_for(lambda: wakes(manager), what="the wake's log line")
+        assert wake == (["evt-offline-1"], 2, 1)  # one listing, then the confirming one the rule needs
+        (event,) = vast_events(manager)
+        assert (event["kind"], event["code"], event["uuid"]) == ("webhook", "offline", None)
+    finally:
+        assert manager.stop() == 0
+
+
+def test_refused_deliveries_record_nothing_and_wake_nothing(manager, vast):
+    accepted = deliver(manager, "evt-1")
+    assert accepted.status_code == 200
+    wait_for(lambda: wakes(manager), what="the first wake")
+    listings = vast.listings
+
+    assert deliver(manager, "evt-2", secret="whsec_someone_else_0123456789ab").status_code == 401
+    assert deliver(manager, "evt-3", age=301).status_code == 401
+    assert deliver(manager, "evt-4", age=-301).status_code == 401
+    big = json.dumps({"event_id": "evt-5", "notif_type": "offline", "message": "x" * webhooks.MAX_BODY}).encode()
+    too_big = deliver(manager, "evt-5", body=big)
+    assert too_big.status_code == 413 and "limit" in too_big.json()["error"]
+    replay = deliver(manager, "evt-1")  # the same delivery again, freshly signed: a duplicate
+    assert replay.status_code == 200 and replay.json()["duplicate"] is True
+    body = json.dumps({"event_id": "evt-1", "notif_type": "offline"}).encode()
+    stale = str(int(time.time()) - 400)
+    captured = webhooks.signature(SECRET.encode(), stale.encode(), body)
+    old = requests.post(f"{manager.url}{webhooks.PATH}", data=body, timeout=10, headers={
+        "X-Vast-Event-Id": "evt-1", "X-Vast-Timestamp": stale, "X-Vast-Signature-256": captured})
+    assert old.status_code == 401  # a capture replayed later is stale
+
+    assert [e["code"] for e in vast_events(manager)] == ["offline"]
+    assert [d["event_id"] for d in query(manager, "SELECT event_id FROM webhook_deliveries")] == ["evt-1"]
+    assert deliver(manager, "evt-6").status_code == 200  # a barrier: its wake comes after any a refusal caused
+    wait_for(lambda: any("evt-6" in ids for ids, _, _ in wakes(manager)), what="the barrier's wake")
+    assert [ids for ids, _, _ in wakes(manager)] == [["evt-1"], ["evt-6"]]
+    assert vast.listings == listings + 1  # the barrier's pass, nothing for the refused ones
+
+
+def test_the_same_event_three_times_is_one_event_and_one_pass(manager, vast):
+    answers = [deliver(manager, "evt-same", attempt=n) for n in (1, 2, 3)]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.json()["duplicate"] for a in answers] == [False, True, True]
+    wait_for(lambda: wakes(manager), what="the first wake")
+    assert deliver(manager, "evt-barrier").status_code == 200
+    wait_for(lambda: any("evt-barrier" in ids for ids, _, _ in wakes(manager)), what="the barrier's wake")
+    assert wakes(manager) == [(["evt-same"], 1, 1), (["evt-barrier"], 1, 1)]
+    assert [e["code"] for e in vast_events(manager)] == ["offline", "offline"]
+    assert query(manager, "SELECT count(*) AS n FROM vast_listings")[0]["n"] == 2  # one pass each
+    deliveries = query(manager, "SELECT event_id, attempt FROM webhook_deliveries ORDER BY event_id")
+    assert deliveries == [{"event_id": "evt-barrier", "attempt": 1}, {"event_id": "evt-same", "attempt": 1}]
+
+
+# --- the guide's section, as written ----------------------------------------------------------------------
+
+
+def test_the_guides_webhook_commands_run_as_written(tmp_path):
+    import subprocess
+
+    from test_deployment_guide import GUIDE, Sandbox, _commands
+
+    (number,) = re.findall(r"^## (\d+)\. vast's webhooks", GUIDE.read_text(), flags=re.M)
+    sandbox = Sandbox(tmp_path / "host")
+    sandbox.set_up()
+    lines = [sandbox.runnable(line) for line in _commands(number)]
+    assert None not in lines
+    add, events, rotate, retire, backup = lines
+    secret_file = sandbox.path("/var/lib/vastctl/vastctl.db.webhook-secret")
+
+    def sh(line, stdin=""):
+        done = subprocess.run(["sh", "-c", line], env=sandbox.env, input=stdin, capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 0, f"{line}\n{done.stderr}"
+        return done
+
+    assert SECRET not in sh(add, SECRET + "\n").stderr
+    assert webhooks.read_secrets(secret_file) == [SECRET.encode()] and secret_file.stat().st_mode & 0o777 == 0o600
+    sh(events)
+    sh(rotate, "whsec_rotated_0123456789abcdef01\n")
+    assert len(webhooks.read_secrets(secret_file)) == 2
+    assert "retired 1 old webhook secret" in sh(retire).stderr
+    assert webhooks.read_secrets(secret_file) == [b"whsec_rotated_0123456789abcdef01"]
+    sandbox.sh("install -d -m 700 " + str(sandbox.path("/var/lib/vastctl/backups")))
+    sh(backup)
+    copy = sandbox.path("/var/lib/vastctl/backups/vastctl.db.webhook-secret")
+    assert copy.read_text() == secret_file.read_text() and copy.stat().st_mode & 0o777 == 0o600

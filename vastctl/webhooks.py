@@ -1,0 +1,437 @@
+"""vast's notification webhooks: verify a delivery, record it once, and wake the safety net soon after.
+
+A delivery (vast-api.md "Notification webhooks") says that something
+happened to one of the account's instances (offline, outbid, error detected,
+…) in human prose, with no instance id. It is a prompt to look, never the
+truth about an instance: what follows it is an ordinary reconcile pass, which
+reads vast's own listing, and an agent step, each under the lease cron's
+runs take, so never two of one kind at once.
+
+Decisions:
+- Checks, in order: size (413), the secret file exists (404: webhooks are
+  off), signature over `<X-Vast-Timestamp>.<raw body>` under any secret in
+  the file (401), the timestamp within `server.webhook_tolerance` of now
+  either way (401: stale or from the future), headers and body (400), then
+  the event id. A refused delivery changes nothing and wakes nothing.
+- A delivery whose `X-Vast-Event-Id` was accepted before is answered
+  200 `{"duplicate": true}` and changes nothing: delivery is at-least-once,
+  a retry of an accepted delivery is not an error, and a 4xx would read as a
+  permanent failure to vast. A captured delivery replayed later fails the
+  timestamp check; within the window it is this duplicate.
+- One event a delivery: kind `webhook`, source `vast`, code the
+  `notif_type` slug, reason the slug, subject and message; all of it vast's
+  text, so escaped, masked and cut (upstream.clip).
+- Wakes are coalesced and rate-limited: deliveries that arrive while a wake
+  is running or within `server.webhook_min_interval` of the last one's start
+  are served by one more wake. A wake is one reconcile pass, a second one
+  `server.webhook_confirm_after` later only when the first saw a live
+  machine listed dead or missing (the rules need two listings to agree
+  before they kill), then one agent step (`--if-events`: the delivery's
+  event is its news).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import clock as clocks
+from . import db, upstream
+from .clock import Clock
+from .config import Config
+from .db import transaction
+from .errors import BadInput, VastctlError
+from .lifecycle import record_event
+
+if TYPE_CHECKING:
+    from .providers.base import Provider
+
+PATH = "/v1/vast/webhook"
+MAX_BODY = 16 * 1024  # vast's bodies are a few hundred bytes
+MIN_SECRET_CHARS = 16
+MAX_SECRET_CHARS = 256
+MAX_EVENT_ID_CHARS = 128
+SLUG_CHARS = 40
+REASON_CHARS = 500
+DELIVERIES_KEPT = timedelta(days=30)  # vast's retries are long over by then; older deliveries are stale anyway
+LEASE_RETRIES = 3  # a cron pass holding the lease: try again this many times…
+LEASE_RETRY_S = 2.0  # …this far apart, so the pass after the delivery still happens
+
+wake_log = logging.getLogger("vastctl.serve.wake")
+
+
+class Rejected(Exception):
+    """A delivery refused with an HTTP status; nothing was recorded."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# --- the secret file -------------------------------------------------------------------------------------
+
+NO_SECRET_FIX = ("store the secret vast showed when the webhook was created with"
+                 " `vastctl webhook-secret --add` (it reads the secret from stdin)")
+
+
+def read_secrets(path: Path) -> list[bytes]:
+    """Every secret in the file, newest first; a `# …` comment after a secret is ignored."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"no webhook secret at {path}: {NO_SECRET_FIX}") from None
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        secret = line.partition("#")[0].strip()
+        if secret:
+            check_secret(secret, f"the webhook secret on line {number} of {path}")
+            found.append(secret.encode())
+    if not found:
+        raise BadInput(f"the webhook secret file {path} holds no secret: {NO_SECRET_FIX}")
+    return found
+
+
+def check_secret(secret: str, what: str = "the webhook secret") -> str:
+    if not (MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS) or not secret.isascii() or not secret.isprintable() \
+            or any(ch.isspace() or ch == "#" for ch in secret):
+        raise BadInput(f"{what} must be {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} printable ASCII characters without"
+                       " spaces or '#': paste the secret vast showed for the webhook, on one line")
+    return secret
+
+
+def add_secret(path: Path, secret: str, *, now: datetime) -> int:
+    """Put `secret` first (vast's newest); the others keep verifying until retired. Returns how many there are."""
+    check_secret(secret)
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept = [line for line in lines if line.partition("#")[0].strip() not in ("", secret)]
+    _write(path, [f"{secret}  # added {clocks.to_iso(now)}", *kept])
+    return len(kept) + 1
+
+
+def retire_old(path: Path) -> int:
+    """Keep only the newest secret; returns how many went."""
+    lines = [line for line in path.read_text().splitlines() if line.partition("#")[0].strip()]
+    if len(lines) > 1:
+        _write(path, lines[:1])
+    return max(0, len(lines) - 1)
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    """Replace the file in one step, mode 600 (a crash leaves the old file or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".new")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+class Secrets:
+    """The file's secrets, re-read when it changes (one stat a delivery), so a rotation needs no restart.
+
+    None while the file is missing: webhooks are off. A file that became
+    broken keeps the secrets already loaded, and the log hears why.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+        self._secrets: list[bytes] | None = None
+
+    def current(self) -> list[bytes] | None:
+        try:
+            stat = self.path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        except OSError:
+            return None
+        with self._lock:
+            if stamp != self._stamp:
+                try:
+                    self._secrets = read_secrets(self.path)
+                except (BadInput, OSError) as exc:
+                    wake_log.error("keeping the webhook secrets already loaded: %s", exc)
+                self._stamp = stamp
+            return self._secrets
+
+
+def signature(secret: bytes, timestamp: bytes, body: bytes) -> str:
+    """vast's `X-Vast-Signature-256` value for a delivery."""
+    return "sha256=" + hmac.new(secret, timestamp + b"." + body, hashlib.sha256).hexdigest()
+
+
+# --- receiving -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delivery:
+    event_id: str
+    notif_type: str
+    subject: str
+    message: str
+    attempt: int | None
+
+
+class Receiver:
+    """Checks and records deliveries for the HTTP app, and tells the Waker."""
+
+    def __init__(self, config: Config, *, clock: Clock, waker: "Waker | None" = None):
+        self.config = config
+        self.clock = clock
+        self.waker = waker
+        self.secrets = Secrets(config.webhook_secret_path)
+
+    def receive(self, environ: Mapping[str, Any], conn: sqlite3.Connection) -> dict[str, Any]:
+        """Answer one delivery (200 body), or raise Rejected having changed nothing."""
+        body = _read_body(environ)
+        secrets = self.secrets.current()
+        if not secrets:
+            raise Rejected(404, f"webhooks are off on this manager: {NO_SECRET_FIX}")
+        timestamp = environ.get("HTTP_X_VAST_TIMESTAMP", "").strip()
+        sent = environ.get("HTTP_X_VAST_SIGNATURE_256", "").strip().lower().encode("latin-1", "replace")
+        expected = [signature(secret, timestamp.encode("latin-1", "replace"), body).encode() for secret in secrets]
+        if not any([hmac.compare_digest(sent, one) for one in expected]):  # every secret: same time
+            raise Rejected(401, "bad or missing X-Vast-Signature-256: check server.webhook_secret_file holds"
+                                " the webhook's current secret (`vastctl webhook-secret --add`)")
+        now = self.clock.now()
+        self.check_fresh(timestamp, now)
+        delivery = parse(environ, body)
+        new = record(conn, delivery, now=now)
+        if not new:
+            return {"ok": True, "duplicate": True, "event_id": delivery.event_id}
+        if self.waker is not None:
+            self.waker.wake(delivery.event_id)
+        return {"ok": True, "duplicate": False, "event_id": delivery.event_id}
+
+    def check_fresh(self, timestamp: str, now: datetime) -> None:
+        if not timestamp.isdigit() or len(timestamp) > 12:
+            raise Rejected(401, "X-Vast-Timestamp must be whole Unix seconds")
+        skew = int(timestamp) - now.timestamp()
+        tolerance = self.config.server.webhook_tolerance
+        if skew < -tolerance:
+            raise Rejected(401, f"X-Vast-Timestamp is {int(-skew)}s old, over server.webhook_tolerance"
+                                f" ({tolerance:g}s): a stale or replayed delivery")
+        if skew > tolerance:
+            raise Rejected(401, f"X-Vast-Timestamp is {int(skew)}s in the future, over server.webhook_tolerance"
+                                f" ({tolerance:g}s): check this host's clock")
+
+
+def _read_body(environ: Mapping[str, Any]) -> bytes:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise Rejected(400, "Content-Length is not a number") from None
+    if length > MAX_BODY:
+        raise Rejected(413, f"body of {length} bytes is over the {MAX_BODY // 1024} KiB limit for a delivery")
+    body = environ["wsgi.input"].read(length) if length > 0 else b""
+    if len(body) != length:
+        raise Rejected(400, f"body ended after {len(body)} of {length} bytes")
+    return body
+
+
+def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
+    """The signed delivery's fields, checked; Rejected(400) for anything malformed."""
+    event_id = environ.get("HTTP_X_VAST_EVENT_ID", "").strip()
+    if not event_id or len(event_id) > MAX_EVENT_ID_CHARS or not event_id.isascii() or not event_id.isprintable():
+        raise Rejected(400, f"X-Vast-Event-Id must be 1 to {MAX_EVENT_ID_CHARS} printable ASCII characters")
+    attempt_text = environ.get("HTTP_X_VAST_DELIVERY_ATTEMPT", "").strip()
+    attempt = int(attempt_text) if attempt_text.isdigit() and len(attempt_text) <= 6 else None
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise Rejected(400, "the body is not a JSON object in UTF-8") from None
+    if not isinstance(value, dict):
+        raise Rejected(400, "the body is not a JSON object")
+    if value.get("event_id") is not None and value.get("event_id") != event_id:
+        raise Rejected(400, "the body's event_id is not the X-Vast-Event-Id header's")
+    texts = {}
+    for key in ("notif_type", "subject", "message"):
+        text = value.get(key)
+        if text is not None and not isinstance(text, str):
+            raise Rejected(400, f'the "{key}" field must be text')
+        texts[key] = text or ""
+    slug = upstream.clip(texts["notif_type"].removeprefix("client:"), SLUG_CHARS) or "unknown"
+    return Delivery(event_id=event_id, notif_type=slug, subject=texts["subject"], message=texts["message"],
+                    attempt=attempt)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number")
+
+
+def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bool:
+    """The delivery and its one event, in one transaction; False (and nothing written) for a known event id."""
+    parts = [delivery.notif_type, delivery.subject, delivery.message]
+    reason = upstream.clip(": ".join(part for part in parts if part.strip()), REASON_CHARS)
+    with transaction(conn):
+        if conn.execute("SELECT 1 FROM webhook_deliveries WHERE event_id = ?", (delivery.event_id,)).fetchone():
+            return False
+        event = record_event(conn, kind="webhook", source="vast", reason=reason, now=now, code=delivery.notif_type)
+        conn.execute("INSERT INTO webhook_deliveries (event_id, received_at, notif_type, attempt, event)"
+                     " VALUES (?, ?, ?, ?, ?)",
+                     (delivery.event_id, clocks.to_iso(now), delivery.notif_type, delivery.attempt, event))
+        conn.execute("DELETE FROM webhook_deliveries WHERE received_at < ?", (clocks.to_iso(now - DELIVERIES_KEPT),))
+    return True
+
+
+# --- waking the safety net -------------------------------------------------------------------------------
+
+
+def _default_provider(config: Config, clock: Clock) -> "Provider":
+    from .providers import get_provider
+
+    return get_provider(config, clock=clock)
+
+
+@dataclass
+class WakeResult:
+    """What one wake did: for the log line and the tests."""
+
+    event_ids: list[str]
+    passes: int = 0
+    steps: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Waker:
+    """One background thread of `serve` that runs the safety net soon after a delivery.
+
+    `wake()` only notes the event id and returns, so the delivery's answer
+    never waits on vast. The thread takes every noted id at once, waits out
+    `server.webhook_min_interval` since the last wake began (on `clock`), and
+    runs the wake (class docstring of the module).
+    """
+
+    def __init__(self, config: Config, *, clock: Clock,
+                 make_provider: Callable[[Config, Clock], "Provider"] = _default_provider,
+                 on_done: Callable[[WakeResult], None] | None = None):
+        self.config = config
+        self.clock = clock
+        self.make_provider = make_provider
+        self.on_done = on_done or _log_wake
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._signal = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_start: float | None = None
+
+    def wake(self, event_id: str) -> None:
+        with self._lock:
+            self._pending.append(event_id)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run_forever, name="vastctl-wake", daemon=True)
+                self._thread.start()
+        self._signal.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop waiting for wakes; a wake under way is given `timeout` to finish (its leases die with the process)."""
+        self._stopping.set()
+        self._signal.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep, or return True at once when serve is stopping."""
+        return self._stopping.wait(max(0.0, seconds))
+
+    def _run_forever(self) -> None:
+        while not self._stopping.is_set():
+            self._signal.wait()
+            if self._stopping.is_set():
+                return
+            if self._last_start is not None:
+                if self._wait(self._last_start + self.config.server.webhook_min_interval - self.clock.monotonic()):
+                    return
+            with self._lock:
+                event_ids, self._pending = self._pending, []
+                self._signal.clear()
+            if not event_ids:
+                continue
+            self._last_start = self.clock.monotonic()
+            try:
+                result = self.run_wake(event_ids)
+            except Exception as exc:  # noqa: BLE001 - the thread outlives any one wake
+                wake_log.exception("webhook wake failed")
+                result = WakeResult(event_ids, errors=[str(exc) or type(exc).__name__])
+            self.on_done(result)
+
+    def run_wake(self, event_ids: list[str]) -> WakeResult:
+        """A reconcile pass (and its confirming pass), then an agent step, on a connection of this thread."""
+        from . import reconcile
+        from .agent import step
+
+        result = WakeResult(list(event_ids))
+        conn = db.connect(self.config.db_path, now=self.clock.now())
+        try:
+            try:
+                provider = self.make_provider(self.config, self.clock)
+            except VastctlError as exc:
+                result.errors.append(f"cannot reach vast: {exc}")
+                return result
+            def reconcile_pass():
+                reconcile.run_pass(conn, provider, self.config, clock=self.clock)
+
+            def agent_step():
+                step.run_step(conn, provider, self.config, clock=self.clock, if_events=True)
+
+            if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
+                result.passes += 1
+                if needs_confirmation(conn) and not self._wait(self.config.server.webhook_confirm_after):
+                    if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
+                        result.passes += 1
+            if self._stopping.is_set():
+                return result
+            if self._under_lease(conn, step.LEASE, agent_step, result):
+                result.steps += 1
+        finally:
+            conn.close()
+        return result
+
+    def _under_lease(self, conn: sqlite3.Connection, lease: str, run: Callable[[], Any], result: WakeResult) -> bool:
+        """Run `run` (which takes `lease` itself); while cron's run holds it, try again a little later."""
+        for attempt in range(LEASE_RETRIES + 1):
+            try:
+                run()
+                return True
+            except VastctlError as exc:
+                busy = conn.execute("SELECT 1 FROM locks WHERE name = ?", (lease,)).fetchone() is not None
+                if not busy or attempt == LEASE_RETRIES or self._wait(LEASE_RETRY_S):
+                    result.errors.append(f"{lease}: {exc}")
+                    return False
+        return False  # pragma: no cover
+
+
+def needs_confirmation(conn: sqlite3.Connection) -> bool:
+    """A live machine the last listing showed dead or missing: the next listing decides whether it is killed."""
+    from .reconcile import DEAD_STATUSES  # the statuses the rules kill for once two listings agree
+
+    dead = sorted(DEAD_STATUSES)
+    marks = ", ".join("?" for _ in dead)
+    return conn.execute(
+        "SELECT 1 FROM instances WHERE state NOT IN ('killed', 'stopped') AND destroyed_at IS NULL"
+        f" AND (vast_status IN ({marks}) OR vast_missing > 0) LIMIT 1", dead).fetchone() is not None
+
+
+def _log_wake(result: WakeResult) -> None:
+    ids = ", ".join(upstream.clip(one, MAX_EVENT_ID_CHARS) for one in result.event_ids)
+    line = (f"webhook wake for {len(result.event_ids)} delivery(ies) ({ids}): {result.passes} reconcile pass(es),"
+            f" {result.steps} agent step(s)")
+    if result.errors:
+        wake_log.warning("%s; %s", line, "; ".join(upstream.clip(error, 300) for error in result.errors))
+    else:
+        wake_log.info("%s", line)
