@@ -20,6 +20,7 @@ from test_end_to_end import FakeVast, FakeVastHandler, KEY
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 from vastctl import db, operations
 from vastctl.audit import PENDING
+from vastctl.errors import Unavailable
 
 LAUNCH = ("launch", "--gpu", "RTX 4090", "--json")
 
@@ -225,3 +226,39 @@ def test_the_intent_is_in_the_file_when_the_create_goes_out_and_a_create_past_th
     killed = conn.execute("SELECT state, kill_code, destroyed_at FROM instances WHERE label = ?",
                           (audit[0]["label"],)).fetchone()
     assert (killed["state"], killed["kill_code"]) == ("killed", "start_failed") and killed["destroyed_at"]
+
+
+# --- a start spends money again: its intent is committed before the call too ------------------------------
+
+
+def stopped_machine(conn):
+    from test_operations import NOW, live_row
+    live_row(conn, operations.State.REGISTERED)
+    operations.lifecycle.transition(conn, "u1", operations.State.STOPPED, "t", "operator", now=NOW)
+    return NOW
+
+
+def test_the_start_intent_is_in_the_file_when_the_call_goes_out(conn, cfg):
+    now = stopped_machine(conn)
+    market = FakeMarket(conn)
+    seen = []
+    market.start_instance = lambda vast_id: seen.append(
+        [tuple(r) for r in conn.execute("SELECT kind, ok, result FROM actions WHERE kind = 'start'")])
+    operations.start(conn, market, cfg, "vastctl-a", now=now)
+    ((kind, ok, result),) = seen[0]
+    assert (kind, ok) == ("start", 0) and result.startswith(PENDING) and "may have resumed it" in result
+    assert [tuple(r) for r in conn.execute("SELECT kind, ok, result, vast_id FROM actions WHERE kind = 'start'")] == [
+        ("start", 1, "accepted", 77)]
+
+
+def test_on_a_full_disk_no_start_goes_out(conn, cfg):
+    now = stopped_machine(conn)
+    market = FakeMarket(conn)
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        while True:  # the actions table's pages full, as the disk is
+            conn.execute("INSERT INTO actions (at, actor, kind, ok) VALUES ('2026-01-01T00:00:00Z', 'x', 'x', 1)")
+    with pytest.raises(Unavailable, match="cannot grow"):
+        operations.start(conn, market, cfg, "vastctl-a", now=now)
+    assert market.calls == [] and operations.lifecycle.get(conn, "u1")["state"] == "stopped"

@@ -434,15 +434,18 @@ def without_vast_id(row: dict[str, Any], verb: str, label_prefix: str | None = N
 
 
 def _call(conn, provider, row, kind: str, actor: str, now) -> None:
+    """A stop or start at vast, its intent committed first: a start spends money again, so a crash (or a full
+    disk) at any point leaves a row that says the call may have been made, and no call goes out unrecorded."""
     method = {"stop": provider.stop_instance, "start": provider.start_instance}[kind]
+    intent = begin_action(conn, actor=actor, kind=kind, uuid=row["uuid"], label=row["label"], now=now,
+                          what=f"{kind} of instance {row['vast_id']} sent; if this stays pending, vast may have"
+                               f" {'resumed' if kind == 'start' else 'stopped'} it: reconcile's listing shows which")
     try:
         method(row["vast_id"])
     except ProviderError as exc:
-        record_action(conn, actor=actor, kind=kind, ok=False, result=str(exc), uuid=row["uuid"], label=row["label"],
-                      vast_id=row["vast_id"], now=now)
+        finish_action(conn, intent, ok=False, result=str(exc), vast_id=row["vast_id"])
         raise
-    record_action(conn, actor=actor, kind=kind, ok=True, result="accepted", uuid=row["uuid"], label=row["label"],
-                  vast_id=row["vast_id"], now=now)
+    finish_action(conn, intent, ok=True, result="accepted", vast_id=row["vast_id"])
 
 
 # --- kill -------------------------------------------------------------------------------------------
