@@ -275,7 +275,7 @@ def _build(cls, raw: Mapping[str, Any], prefix: str):
         if key not in fields:
             known = ", ".join(sorted(fields))
             nearest = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
-            hint = f"did you mean {prefix}{nearest[0]!r}? " if nearest else ""
+            hint = f"did you mean {prefix + nearest[0]!r}? " if nearest else ""
             raise BadInput(f"config key {name!r} is unknown ({hint}known here: {known})")
         values[key] = _convert(fields[key], value, name, prefix)
     return cls(**values)
