@@ -50,6 +50,9 @@ def serve_cmd(
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
     elif len(g.config.server.admin_token) < 16:
         say("warning: server.admin_token is shorter than 16 characters: use a long random one")
+    if not _loopback(host):
+        say(f"warning: --host {host} takes connections from other machines, in plain HTTP: keep serve on"
+            " 127.0.0.1 behind the TLS proxy (docs/deployment.md) so tokens never cross a network in clear")
     signal.signal(signal.SIGTERM, _interrupt)
     # Hand the GIL over after 1 ms instead of 5: each request is a few short steps between the
     # event loop, a worker and SQLite, and waiting out the default interval at each hand-off
@@ -125,6 +128,18 @@ def _existing_secret(config) -> Path:
         whence = (f"beside the state file {config.db_path}; "
                   + (f"config {config.source}" if config.source else "no config file was read"))
     raise BadInput(f"no token secret at {path} ({whence}): {tokens.NO_SECRET_FIX}")
+
+
+def _loopback(host: str) -> bool:
+    """Whether an address to bind reaches this machine only (a name is taken at its word only for localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _interrupt(signum, frame) -> None:
