@@ -173,11 +173,13 @@ def _demand_figures(demand: dict[str, Any]) -> str:
     """Each figure of the demand sample with its name; one the source does not report says so."""
     parts = []
     for key, name, meaning in DEMAND_FIGURES:
-        value = demand.get(key)
-        shown = "not reported" if value is None else esc(value)
-        big = ' class="big"' if key == "queued" else ""
-        parts.append(f'<span id="demand-{key.replace("_", "-")}" title="{esc(meaning)}"><span{big}>{shown}</span>'
-                     f" {name}</span>")
+        value, ident = demand.get(key), f'demand-{key.replace("_", "-")}'
+        if value is None:
+            figure = f'{name} <span class="note">not reported</span>'
+        else:
+            big = ' class="big"' if key == "queued" else ""
+            figure = f"<span{big}>{esc(value)}</span> {name}"
+        parts.append(f'<span id="{ident}" title="{name}: {esc(meaning)}">{figure}</span>')
     return " · ".join(parts)
 
 
@@ -454,6 +456,8 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
 
     shapes = []
     for moment in _time_ticks(start, end):
+        if not 0.04 * width <= x(moment) <= 0.96 * width:  # its label would be cut at the edge
+            continue
         shapes.append(f'<line class="grid" x1="{x(moment)}" x2="{x(moment)}" y1="0" y2="{height}"/>'
                       f'<text class="axis time" x="{x(moment)}" y="{height + 12}" text-anchor="middle">'
                       f'{moment.strftime("%H:%M")}</text>')
@@ -482,7 +486,7 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
     return (
         f'<svg class="chart" viewBox="0 -14 {width} {height + 28}" role="img" aria-label="{esc(title)}">'
         f"<title>{esc(title)}</title>"
-        f'<text class="axis" x="0" y="-3">{esc(title)} · top {num(top / 1.1, 2)}</text>'
+        f'<text class="axis" x="0" y="-3">{esc(title)} · top {num(top / 1.1, 2 if top < 11 else 0)}</text>'
         f'<text class="axis" x="{width}" y="-3" text-anchor="end">{legend}</text>'
         f'<rect class="frame" x="0" y="0" width="{width}" height="{height}"/>{"".join(shapes)}</svg>'
     )

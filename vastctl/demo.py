@@ -392,6 +392,39 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     }
 
 
+def check_keep(path: Path) -> None:
+    """--keep FILE: a new file in a directory that exists (an operator's state file is never overwritten)."""
+    if path.exists() or Path(f"{path}.secret").exists():
+        raise BadInput(f"--keep {path}: the file (or {path}.secret) already exists: name a new file")
+    if not path.resolve().parent.is_dir():
+        raise BadInput(f"--keep {path}: the directory {path.resolve().parent} does not exist")
+
+
+def keep_state(directory: Path, path: Path) -> None:
+    """Copy the demo's state file out of its scratch `directory` as one self-contained file (SQLite's backup:
+    the write-ahead log folded in), its token secret beside it, both readable by the owner only."""
+    import os
+    import shutil
+
+    check_keep(path)
+    source = sqlite3.connect(directory / "demo.db")
+    target = sqlite3.connect(path)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    secret = Path(f"{path}.secret")
+    shutil.copyfile(directory / "demo.db.secret", secret)
+    for name in (path, secret):
+        os.chmod(name, 0o600)
+
+
+def end_of(options: DemoOptions) -> str:
+    """The simulated clock's time at the end of the run (where `serve --as-of` shows the kept file)."""
+    return clocks.display_iso(clocks.to_iso(START + timedelta(minutes=options.minutes)))
+
+
 def write_chart(result: DemoResult, path: Path) -> None:
     """Target, capacity, queue and spend over time, as SVG or PNG by the file's extension (matplotlib)."""
     suffix = path.suffix.lower()
