@@ -27,6 +27,15 @@ SUMMARY = [
 ]
 
 
+EXPLAINED = (
+    "lower bound: what the market's cheapest offers each minute would have cost sized exactly to the work"
+    " arriving (fractions of a machine, no boot, no failures, no headroom), knowing every host's true rate:"
+    " no fleet of these hosts proves the day for less.",
+    "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
+    " machines, boot and benchmark time, failures and the headroom kept for bursts).",
+)
+
+
 @app.command("demo")
 def demo_cmd(
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
@@ -99,6 +108,8 @@ def _print_summary(figures: dict[str, Any]) -> None:
     faults = ", ".join(f"{kind} {n}" for kind, n in figures["faults"].items() if n) or "none"
     typer.echo(f"kills by reason: {kills}")
     typer.echo(f"market faults: {faults}")
+    for line in EXPLAINED:
+        typer.echo(line)
 
 
 def _cell(figures: dict[str, Any], key: Any, kind: str) -> str:
