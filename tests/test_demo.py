@@ -217,3 +217,30 @@ def test_keep_never_overwrites_a_file(cli, tmp_path):
     result = cli("demo", "--hours", "1", "--keep", kept)
     assert result.code == 2 and result.err.startswith("error: --keep") and "already exists" in result.err
     assert kept.read_text() == "the operator's" and not (tmp_path / "day.db.secret").exists()
+
+
+def test_serve_as_of_rejects_a_time_it_cannot_read(cli):
+    result = cli("serve", "--port", "0", "--as-of", "yesterday")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert result.err.startswith("error: --as-of must be a UTC time like 2031-03-04T00:00:00Z")
+
+
+@pytest.mark.slow
+def test_serve_as_of_shows_the_kept_day_on_its_own_clock(cli, tmp_path):
+    import requests
+    from serving import ADMIN_TOKEN, Manager
+
+    kept = tmp_path / "m" / "day.db"
+    kept.parent.mkdir()
+    assert cli("demo", "--hours", "2", "--keep", kept).code == 0
+    manager = Manager(tmp_path / "m2")
+    manager.env["VASTCTL_DB"] = str(kept)
+    manager.start(0, "--as-of", "2031-03-03T02:00:00Z")
+    try:
+        session = requests.Session()
+        session.post(f"{manager.url}/login", data={"token": ADMIN_TOKEN}, timeout=10)
+        page = session.get(f"{manager.url}/", timeout=10).text
+    finally:
+        assert manager.stop() == 0
+    assert "Since the fleet began (2h" in page  # the simulated day, not the wall clock's empty last day
+    assert '<time datetime="2031-03-03T01:' in page
