@@ -12,7 +12,8 @@ stays with the machines' API. Routes:
                             with force=1 and the confirm box ticked, as `vastctl kill --force`
   POST /dashboard/note      fleet.notify — as `vastctl notify`
   GET  /static/NAME         dashboard.js and dashboard.css (package data)
-  GET  /metrics             Prometheus text; bearer server.admin_token or server.metrics_token
+  GET  /metrics             Prometheus text; bearer server.admin_token or server.metrics_token; its refusals and
+                            errors are {"error": …} JSON like the machines' API (a scraper is not a browser)
 
 Sessions are signed, not stored: the cookie holds a random id and an expiry
 under an HMAC keyed by the token secret and the admin token, so a restart

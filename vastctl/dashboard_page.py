@@ -6,6 +6,12 @@ vast, and a label like `<img src=x onerror=alert(1)>` must show as text. The
 page carries no inline script or style (the content security policy forbids
 both): behaviour is /static/dashboard.js, looks are /static/dashboard.css, and
 the chart is inline SVG drawn here with presentation classes only.
+
+Read at a glance: a machine's `why` is vastctl's own word (kill reason, the
+guard's refusal, a disagreement with vast) and vast's raw status message waits
+in a <details> behind its status; the steps --if-events skipped are folded in
+another (dashboard.js keeps an opened one open across refreshes). Every time is
+UTC, and the page fits an 820 px window.
 """
 
 from __future__ import annotations
