@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,28 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path):
     assert m.log().rstrip().endswith("stopped")
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{m.url}/healthz", timeout=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("host, warned", [("0.0.0.0", True), ("127.0.0.1", False), ("::1", False)])
+def test_serve_off_loopback_warns_it_belongs_behind_the_tls_proxy(tmp_path, host, warned):
+    m = Manager(tmp_path / "m")
+    log = m.log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "vastctl", "serve", "--host", host, "--port", "0"], env=m.env,
+                            stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while "serving on" not in m.log() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "serving on" in m.log(), m.log()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        log.close()
+    warning = f"warning: --host {host} takes connections from other machines"
+    assert (warning in m.log()) is warned
+    if warned:
+        assert "behind the TLS proxy" in m.log().split(warning, 1)[1].splitlines()[0]
 
 
 @pytest.mark.slow

@@ -119,8 +119,17 @@ def test_bad_config_reaches_the_user_as_one_line_exit_2(tmp_path, cli):
     path = write(tmp_path, "fleet:\n  min_bench_rte: 3\n")
     result = cli("--config", str(path), "fleet")
     assert result.code == 2
-    assert result.err.startswith("error: config key 'fleet.min_bench_rte' is unknown")
+    assert result.err.startswith(f"error: config file {path}: config key 'fleet.min_bench_rte' is unknown"
+                                 " (did you mean 'fleet.min_bench_rate'? known here: ")
     assert result.err.count("\n") == 1
+
+
+def test_a_typo_far_from_every_key_names_the_file_and_the_keys(tmp_path):
+    path = write(tmp_path, "server:\n  zzzz: 1\n")
+    with pytest.raises(BadInput) as raised:
+        config_module.load(str(path))
+    assert str(raised.value).startswith(f"config file {path}: config key 'server.zzzz' is unknown (known here: ")
+    assert "did you mean" not in str(raised.value)
 
 
 BOMB = """\

@@ -302,7 +302,7 @@ def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     assert "$0.70</span>/h" in page
     assert "registered here but vast says exited" in page and 'class="disagree"' in page
     assert "target_proofs_per_hour 0 → 200" in page
-    assert "no demand samples kept" in page and "no agent steps yet" in page
+    assert "no demand samples kept" in page and "no agent step has run yet" in page
 
 
 def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):

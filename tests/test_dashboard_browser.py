@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 import uuid as uuid_module
@@ -14,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from vastctl import clock, db, demand
+from vastctl import clock, db, demand, lifecycle
 from serving import ADMIN_TOKEN, Manager
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -234,3 +235,73 @@ def test_a_forged_cross_site_post_is_refused(page, manager, host):
     assert target(manager) == before
     page.goto(manager.url + "/")
     assert page.locator("#fleet").count() == 1  # still signed in; nothing changed
+
+
+def say_vast(manager, uuid: str, status: str, message: str) -> None:
+    """What reconcile records from vast's listing for a machine: its status and raw status message."""
+    conn = db.connect(manager.db_path, now=clock.SYSTEM.now())
+    try:
+        with db.transaction(conn):
+            lifecycle.update_fields(conn, uuid, {"vast_status": status, "vast_status_msg": message})
+    finally:
+        conn.close()
+
+
+def no_sideways_scroll(page) -> dict:
+    """How far the page, and each table's box, is wider than what shows (0 when nothing scrolls sideways)."""
+    return page.evaluate("""() => {
+        const over = {page: document.documentElement.scrollWidth - window.innerWidth};
+        document.querySelectorAll('.scroll').forEach(box => {
+            over[box.parentElement.id] = box.scrollWidth - box.clientWidth; });
+        return over; }""")
+
+
+def test_the_page_fits_820px_without_scrolling_sideways(chromium, manager):
+    long_label = "vastctl-" + "a-very-long-label-" * 6
+    uuid = register(manager, long_label)
+    say_vast(manager, uuid, "running", "success, running nvidia/cuda:12.4.1-devel-ubuntu22.04/ssh " * 4)
+    register(manager, f"{XSS}-{uuid_module.uuid4().hex[:6]}")
+    context = chromium.new_context(viewport={"width": 820, "height": 900})
+    page = context.new_page()
+    try:
+        sign_in(page, manager)
+        page.wait_for_selector(f'#fleet tr[data-label="{long_label}"]')
+        assert all(over <= 0 for over in no_sideways_scroll(page).values()), no_sideways_scroll(page)
+        page.click(f'#fleet tr[data-label="{long_label}"] details.vastmsg summary')  # vast's message, opened
+        assert all(over <= 0 for over in no_sideways_scroll(page).values()), no_sideways_scroll(page)
+    finally:
+        context.close()
+
+
+def test_the_charts_are_drawn_with_utc_time_ticks(page, manager):
+    register(manager, f"vastctl-chart-{uuid_module.uuid4().hex[:6]}")
+    queue(manager, 3)
+    sign_in(page, manager)
+    assert page.locator("#chart svg.chart").count() == 3
+    drawn = page.evaluate("""() => Array.from(document.querySelectorAll('#chart polyline')).map(
+        line => { const box = line.getBBox(); return [line.getAttribute('class'), box.width]; })""")
+    assert {name for name, _ in drawn} >= {"line capacity", "line target", "line queue", "line spend"}
+    assert {name for name, width in drawn if width > 100} >= {"line capacity", "line target", "line spend"}
+    ticks = page.locator("#chart svg.chart").first.locator("text.time").all_text_contents()
+    assert ticks and all(re.fullmatch(r"\d\d:\d\d", tick) for tick in ticks)
+    colour = page.evaluate("getComputedStyle(document.querySelector('#chart polyline.target')).stroke")
+    assert colour == "rgb(214, 39, 40)"  # the demo chart's target red, #d62728
+    assert re.fullmatch(r"updated \d\d:\d\d:\d\d UTC", page.inner_text("#refreshed")) or \
+        page.inner_text("#refreshed").startswith("live")
+
+
+def test_vasts_hostile_message_is_text_in_a_detail_that_stays_open(page, manager):
+    label = f"vastctl-msg-{uuid_module.uuid4().hex[:6]}"
+    uuid = register(manager, label)
+    say_vast(manager, uuid, "running", f"success, running {XSS}")
+    sign_in(page, manager)
+    row = page.locator(f'#fleet tr[data-label="{label}"]')
+    assert XSS not in row.locator("td").nth(9).inner_text()  # `why` is vastctl's own word, not vast's
+    message = row.locator("details.vastmsg .msg")
+    assert not message.is_visible()  # folded away until asked for
+    row.locator("details.vastmsg summary").click()
+    assert message.inner_text() == f"success, running {XSS}"
+    sync_api.expect(page.locator("#refreshed")).to_contain_text("updated", timeout=REFRESH_WAIT_MS)
+    assert page.locator(f'#fleet tr[data-label="{label}"] details.vastmsg .msg').is_visible()  # still open
+    assert re.fullmatch(r"updated \d\d:\d\d:\d\d UTC", page.inner_text("#refreshed"))
+    assert page.locator("#live img").count() == 0 and page.dialogs == []

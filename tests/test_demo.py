@@ -160,3 +160,87 @@ def test_the_demand_source_outage_makes_demand_unknown_and_the_agent_holds(day):
                          " AND at >= ? AND at < ?", (outage_from, outage_to)).fetchone()[0]
     assert stops == 0  # unknown demand never shrinks the fleet
     conn.close()
+
+
+# --- the demo explains itself; --keep --------------------------------------------------------------
+
+
+def test_the_summary_says_what_the_lower_bound_is_and_what_the_ratio_means(cli):
+    result = cli("demo", "--hours", "1")
+    assert result.code == 0, result.err
+    bound = next(line for line in result.out.splitlines() if line.startswith("lower bound:"))
+    assert "cheapest offers" in bound and "sized exactly to the work arriving" in bound and "for less" in bound
+    ratio = next(line for line in result.out.splitlines() if line.startswith("cost / lower bound:"))
+    assert "how many times that bound the run paid" in ratio
+
+
+def test_the_chart_marks_launches_kills_by_reason_the_outage_and_shows_spend_so_far_and_proof_waits(day, tmp_path):
+    result, _ = day
+    chart = tmp_path / "day.svg"
+    demo.write_chart(result, chart)
+    text = chart.read_text()
+    assert f"launch ({len(result.launches)})" in text and len(result.launches) == result.figures["machines_launched"]
+    for code, n in result.figures["kills_by_reason"].items():
+        assert f"kill: {code} ({n})" in text
+    assert "demand source down (nothing reported)" in text
+    assert "$ so far" in text and "minutes a proof waited" in text and "p95" in text
+
+
+def sample(minute: int, arrival: float, queued: float) -> demo.Sample:
+    return demo.Sample(minute=minute, target=0, capacity=0, believed=0, queued=queued, spend_per_hour=0,
+                       arrival=arrival)
+
+
+def test_proof_waits_are_first_in_first_out_from_arrivals_and_backlog():
+    # 2 proofs arrive in minute 0 and wait; none served until minute 3, when both go
+    samples = [sample(0, 120, 2), sample(1, 0, 2), sample(2, 0, 2), sample(3, 0, 0)]
+    assert demo.proof_waits(samples) == pytest.approx([3.0, 3.0])
+    # served as they arrive: no wait
+    assert demo.proof_waits([sample(0, 60, 0), sample(1, 60, 0)]) == pytest.approx([0.0, 0.0])
+
+
+def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
+    kept = tmp_path / "day.db"
+    result = cli("demo", "--hours", "2", "--keep", kept)
+    assert result.code == 0, result.err
+    assert f"state file kept at {kept}" in result.err and "serve --as-of 2031-03-03T02:00:00Z" in result.err
+    assert (tmp_path / "day.db.secret").stat().st_mode & 0o777 == 0o600
+    conn = db.connect(kept, now=demo.START + timedelta(hours=2))  # a whole file: no -wal beside it needed
+    assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] > 0
+    conn.close()
+    assert not (tmp_path / "day.db-wal").exists() or (tmp_path / "day.db-wal").stat().st_size == 0
+
+
+def test_keep_never_overwrites_a_file(cli, tmp_path):
+    kept = tmp_path / "day.db"
+    kept.write_text("the operator's")
+    result = cli("demo", "--hours", "1", "--keep", kept)
+    assert result.code == 2 and result.err.startswith("error: --keep") and "already exists" in result.err
+    assert kept.read_text() == "the operator's" and not (tmp_path / "day.db.secret").exists()
+
+
+def test_serve_as_of_rejects_a_time_it_cannot_read(cli):
+    result = cli("serve", "--port", "0", "--as-of", "yesterday")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert result.err.startswith("error: --as-of must be a UTC time like 2031-03-04T00:00:00Z")
+
+
+@pytest.mark.slow
+def test_serve_as_of_shows_the_kept_day_on_its_own_clock(cli, tmp_path):
+    import requests
+    from serving import ADMIN_TOKEN, Manager
+
+    kept = tmp_path / "m" / "day.db"
+    kept.parent.mkdir()
+    assert cli("demo", "--hours", "2", "--keep", kept).code == 0
+    manager = Manager(tmp_path / "m2")
+    manager.env["VASTCTL_DB"] = str(kept)
+    manager.start(0, "--as-of", "2031-03-03T02:00:00Z")
+    try:
+        session = requests.Session()
+        session.post(f"{manager.url}/login", data={"token": ADMIN_TOKEN}, timeout=10)
+        page = session.get(f"{manager.url}/", timeout=10).text
+    finally:
+        assert manager.stop() == 0
+    assert "Since the fleet began (2h" in page  # the simulated day, not the wall clock's empty last day
+    assert '<time datetime="2031-03-03T01:' in page

@@ -134,6 +134,21 @@ def test_metrics_need_a_token(app, token):
     assert "vastctl_" not in answer.text
 
 
+def error_of(answer) -> str:
+    """The message of a JSON error answer (as the machines' API gives them)."""
+    assert answer.header("Content-Type") == "application/json"
+    body = json.loads(answer.text)
+    assert list(body) == ["error"]
+    return body["error"]
+
+
+def test_metrics_errors_are_json_like_the_rest_of_the_api(app, db_path):
+    assert "Authorization: Bearer" in error_of(scrape(app, "wrong-token"))
+    assert "set server.metrics_token" in error_of(scrape(make_app(db_path, admin_token=""), "anything"))
+    wrong = Browser(app).post("/metrics", {})
+    assert wrong.status == 405 and wrong.header("Allow") == "GET" and "use GET here" in error_of(wrong)
+
+
 def test_a_session_cookie_is_not_a_metrics_token(app):
     browser = Browser(app)
     browser.sign_in()

@@ -9,6 +9,7 @@ silently falls back to a default that spends money.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -285,7 +286,10 @@ def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Confi
         raise BadInput(f"config file {config_path} not found: fix VASTCTL_CONFIG or --config")
     if config_path.is_file():
         raw = _read_yaml(config_path)
-    config = from_mapping(raw)
+    try:
+        config = from_mapping(raw)
+    except BadInput as exc:  # the key's file, so an operator with several configs knows which to fix
+        raise BadInput(f"config file {config_path}: {exc}") from None
     config.source = str(config_path) if config_path.is_file() else ""
     if env.get("VASTCTL_DB"):
         config.db = env["VASTCTL_DB"]
@@ -377,7 +381,9 @@ def _build(cls, raw: Mapping[str, Any], prefix: str):
         name = f"{prefix}{key}"
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise BadInput(f"config key {name!r} is unknown (known here: {known})")
+            nearest = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            hint = f"did you mean {prefix + nearest[0]!r}? " if nearest else ""
+            raise BadInput(f"config key {name!r} is unknown ({hint}known here: {known})")
         values[key] = _convert(fields[key], value, name, prefix)
     return cls(**values)
 

@@ -12,7 +12,8 @@ stays with the machines' API. Routes:
                             with force=1 and the confirm box ticked, as `vastctl kill --force`
   POST /dashboard/note      fleet.notify — as `vastctl notify`
   GET  /static/NAME         dashboard.js and dashboard.css (package data)
-  GET  /metrics             Prometheus text; bearer server.admin_token or server.metrics_token
+  GET  /metrics             Prometheus text; bearer server.admin_token or server.metrics_token; its refusals and
+                            errors are {"error": …} JSON like the machines' API (a scraper is not a browser)
 
 Sessions are signed, not stored: the cookie holds a random id and an expiry
 under an HMAC keyed by the token secret and the admin token, so a restart
@@ -88,18 +89,17 @@ def serve(app, environ: dict, start_response: Callable, method: str, path: str) 
     started = app.clock.monotonic()
     web = Web(app.config, app.keyring.secrets()[0], app.connection, clock=app.clock,  # the signing secret (tokens.Keyring)
               throttle=app.sign_ins)
+    api = path == "/metrics"  # a scraper, not a browser: its errors are JSON like the machines' API
     try:
         status, headers, body = web.handle(environ, method, path)
     except _MethodNotAllowed as exc:
-        status, headers = 405, [("Content-Type", HTML), ("Allow", exc.allowed)]
-        body = page.message_page("Wrong method", f"use {exc.allowed} here, not {method}").encode()
+        status, headers, body = _error(405, f"use {exc.allowed} here, not {method}", api=api, title="Wrong method")
+        headers.append(("Allow", exc.allowed))
     except (BadInput, HTTPError) as exc:
-        status = exc.status if isinstance(exc, HTTPError) else 400
-        headers, body = [("Content-Type", HTML)], page.message_page("Error", f"error: {exc}").encode()
+        status, headers, body = _error(exc.status if isinstance(exc, HTTPError) else 400, f"error: {exc}", api=api)
     except Exception:  # noqa: BLE001 - one bad request must never take the server down
         access_log.exception("unexpected error answering %s %s", method, path[:300])
-        status, headers = 500, [("Content-Type", HTML)]
-        body = page.message_page("Error", "internal error: see the manager's log").encode()
+        status, headers, body = _error(500, "internal error: see the manager's log", api=api)
     headers = [*headers, *SECURITY_HEADERS, ("Content-Length", str(len(body)))]
     if not any(name == "Cache-Control" for name, _ in headers):
         headers.append(("Cache-Control", "no-store"))
@@ -190,13 +190,12 @@ class Web:
 
     def metrics(self, environ: dict) -> Response:
         tokens = [t for t in (self.admin_token, self.config.server.metrics_token) if t]
-        text = [("Content-Type", "text/plain; charset=utf-8")]
         if not tokens:
-            return 403, text, b"GET /metrics is disabled: set server.metrics_token (or server.admin_token)\n"
+            return _json(403, "GET /metrics is disabled: set server.metrics_token (or server.admin_token)")
         given = _bearer(environ)
         if given is None or not any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
-            return 401, [*text, ("WWW-Authenticate", 'Bearer realm="vastctl"')], \
-                b"GET /metrics needs 'Authorization: Bearer <server.metrics_token>'\n"
+            status, headers, body = _json(401, "GET /metrics needs 'Authorization: Bearer <server.metrics_token>'")
+            return status, [*headers, ("WWW-Authenticate", 'Bearer realm="vastctl"')], body
         from . import metrics  # prometheus_client loads only here
 
         return 200, [("Content-Type", metrics.CONTENT_TYPE)], metrics.render(self.connect(), self.config,
@@ -417,4 +416,16 @@ class _MethodNotAllowed(Exception):
 
 def _html(status: int, text: str) -> Response:
     return status, [("Content-Type", HTML)], text.encode()
+
+
+def _json(status: int, message: str) -> Response:
+    """An error as the machines' API answers one: `{"error": "…"}`."""
+    return status, [("Content-Type", "application/json")], json.dumps({"error": message}).encode()
+
+
+def _error(status: int, message: str, *, api: bool, title: str = "Error") -> Response:
+    """A refused or failed request: JSON for /metrics, a page for a browser."""
+    if api:
+        return _json(status, message)
+    return status, [("Content-Type", HTML)], page.message_page(title, message).encode()
 

@@ -6,12 +6,18 @@ vast, and a label like `<img src=x onerror=alert(1)>` must show as text. The
 page carries no inline script or style (the content security policy forbids
 both): behaviour is /static/dashboard.js, looks are /static/dashboard.css, and
 the chart is inline SVG drawn here with presentation classes only.
+
+Read at a glance: a machine's `why` is vastctl's own word (kill reason, the
+guard's refusal, a disagreement with vast) and vast's raw status message waits
+in a <details> behind its status; the steps --if-events skipped are folded in
+another (dashboard.js keeps an opened one open across refreshes). Every time is
+UTC, and the page fits an 820 px window.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from html import escape
 from typing import Any, Iterable
 
@@ -39,6 +45,20 @@ def num(value: Any, digits: int = 1) -> str:
 
 def age(iso: str | None, now: datetime) -> str:
     return "-" if not iso else clock.human_age(clock.from_iso(iso), now)
+
+
+def when(iso: str | None, now: datetime) -> str:
+    """A stored time in UTC, as the CLI speaks it: `07:40:16` today, `03-02 07:40` another day; the whole
+    ISO time in the cell's title."""
+    try:
+        moment = clock.from_iso(iso) if iso else None
+    except ValueError:
+        return esc(iso)
+    if moment is None:
+        return "-"
+    moment = moment.astimezone(timezone.utc)
+    short = moment.strftime("%H:%M:%S" if moment.date() == now.astimezone(timezone.utc).date() else "%m-%d %H:%M")
+    return f'<time datetime="{esc(clock.display_iso(iso))}" title="{esc(clock.display_iso(iso))}">{short}</time>'
 
 
 # --- pages ------------------------------------------------------------------------------------------
@@ -98,10 +118,10 @@ def live_fragment(data: dict[str, Any]) -> str:
     parts = [
         _summary(data["summary"], now),
         _chart(data["history"], data["summary"]["settings"]) if "history" in data else "",
-        _fleet(data["instances"], now),
+        _fleet(data["instances"], now, refusals=_refusals(data["steps"])),
         f'<datalist id="machine-labels">{labels}</datalist>',
-        _events(data["events"]),
-        _steps(data["steps"]),
+        _events(data["events"], now),
+        _steps(data["steps"], now, skipped=data.get("skipped_steps", []), skipped_count=data.get("skipped_step_count", 0)),
     ]
     return "".join(parts)
 
@@ -117,9 +137,11 @@ def _summary(s: dict[str, Any], now: datetime) -> str:
     if demand is None:
         demand_text, demand_note = "-", "no demand samples kept"
     else:
-        demand_text = f'{esc(demand["queued"])} queued'
-        stale = "" if demand["known"] else " (stale)"
-        demand_note = f'{esc(num(demand["proofs_per_hour"]))} proofs/h wanted · {clock.human_duration(demand["age_s"] or 0)} old{stale}'
+        demand_text = _demand_figures(demand)
+        stale = "" if demand["known"] else " · unknown: the newest sample failed or is stale"
+        done = "-" if demand["proofs_per_hour"] is None else num(demand["proofs_per_hour"])
+        demand_note = (f'<span id="demand-done">{esc(done)}</span> finished in the last hour'
+                       f' · sample {clock.human_duration(demand["age_s"] or 0)} old{stale}')
     states = ", ".join(f"{n} {esc(state)}" for state, n in sorted(s["by_state"].items())) or "no machines"
     rec = s["reconcile"]
     if rec["last_success"] is None:
@@ -136,7 +158,7 @@ def _summary(s: dict[str, Any], now: datetime) -> str:
          f'+{num(s["pending_capacity_proofs_per_hour"])} proofs/h on the way'),
         ("Spend", f'<span class="big">${s["spend_per_hour"]:.2f}</span>/h',
          f'limit ${num(limits["max_hourly_spend"], 2)}/h · max ${num(limits["max_dph"], 3)}/h a machine'),
-        ("Demand", f'<span class="big">{demand_text}</span>', demand_note),
+        ("Demand", demand_text, demand_note),
         ("Machines", f'<span class="big">{sum(s["by_state"].values())}</span> of {esc(limits["max_instances"])}',
          f'{states} · {s["disagreements"]} disagree'),
         ("Safety net", esc(listing, ""), f'{rec["failures_last_day"]} failed listings today{destroys}'),
@@ -146,18 +168,53 @@ def _summary(s: dict[str, Any], now: datetime) -> str:
     return f'<section id="summary" class="cards">{body}</section>'
 
 
-def _fleet(instances: list[dict[str, Any]], now: datetime) -> str:
-    head = ("label", "state", "vast", "vast id", "GPU", "$/h", "bench", "proofs/h", "for", "heartbeat", "why", "")
+DEMAND_FIGURES = (  # demand.Demand.view() keys, as the card names them
+    ("queued", "queued", "proofs waiting for a prover"),
+    ("in_flight", "in flight", "claimed by a Curio node: waiting or proving at a daemon"),
+    ("lookahead", "look-ahead", "PoRep tasks Curio will create within the hour"),
+)
+
+
+def _demand_figures(demand: dict[str, Any]) -> str:
+    """Each figure of the demand sample with its name; one the source does not report says so."""
+    parts = []
+    for key, name, meaning in DEMAND_FIGURES:
+        value, ident = demand.get(key), f'demand-{key.replace("_", "-")}'
+        if value is None:
+            figure = f'{name} <span class="note">not reported</span>'
+        else:
+            big = ' class="big"' if key == "queued" else ""
+            figure = f"<span{big}>{esc(value)}</span> {name}"
+        parts.append(f'<span id="{ident}" title="{name}: {esc(meaning)}">{figure}</span>')
+    return " · ".join(parts)
+
+
+def _refusals(steps: list[dict[str, Any]]) -> dict[str, str]:
+    """label → what the guard refused for that machine in the newest step that ran (older ones are history)."""
+    if not steps or not isinstance(steps[0].get("refused"), list):
+        return {}
+    found: dict[str, str] = {}
+    for item in steps[0]["refused"]:
+        if isinstance(item, dict) and item.get("label"):
+            limit = f' [{item["limit"]}]' if item.get("limit") else ""
+            found.setdefault(str(item["label"]), f'{item.get("kind", "action")} refused{limit}: {item.get("why") or ""}')
+    return found
+
+
+def _fleet(instances: list[dict[str, Any]], now: datetime, *, refusals: dict[str, str] | None = None) -> str:
+    """The machines. `why` is vastctl's own word (kill reason, the guard's refusal, a disagreement with vast);
+    vast's raw status message is behind the vast status, opened on demand."""
+    head = ("label", "state", "vast", "GPU", "$/h", "bench", "proofs/h", "for", "beat", "why", "")
     rows = []
     for i in instances:
-        vast = "missing" if i["vast_missing"] else i["vast_status"]
-        gpu = f'{i["num_gpus"] or 1}x {i["gpu_name"]}' if i["gpu_name"] else None
-        why = " · ".join(str(x) for x in (i["kill_reason"], i["disagreement"], i["vast_status_msg"]) if x)
+        why = " · ".join(str(x) for x in (i["kill_reason"], (refusals or {}).get(i["label"]), i["disagreement"]) if x)
         flag = ' class="disagree"' if i["disagreement"] else ""
         kill = "" if i["state"] == "killed" else (
-            f'<button type="button" class="kill" data-kill="{esc(i["label"])}">kill…</button>')
-        cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}">{esc(i["state"])}</span>', esc(vast),
-                 esc(i["vast_id"]), esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
+            f'<button type="button" class="kill" data-kill="{esc(i["label"])}" title="kill {esc(i["label"])}">'
+            'kill…</button>')
+        gpu = f'{i["num_gpus"] or 1}x {i["gpu_name"]}' if i["gpu_name"] else None
+        cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}">{esc(i["state"])}</span>', _vast_cell(i),
+                 esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
                  age(i["state_since"], now), age(i["last_heartbeat_at"], now), esc(why, ""), kill)
         rows.append(f'<tr{flag} data-label="{esc(i["label"])}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if not rows:
@@ -165,38 +222,63 @@ def _fleet(instances: list[dict[str, Any]], now: datetime) -> str:
     return _table("fleet", "Fleet", head, rows)
 
 
-def _events(events: list[dict[str, Any]]) -> str:
+def _vast_cell(i: dict[str, Any]) -> str:
+    """vast's status and instance id; its raw status message (as vast wrote it) in a detail view."""
+    status = esc("missing" if i["vast_missing"] else i["vast_status"])
+    ident = "" if i["vast_id"] is None else f' <span class="note">#{esc(i["vast_id"])}</span>'
+    if not i.get("vast_status_msg"):
+        return status + ident
+    return (f'<details class="vastmsg" data-key="vastmsg {esc(i["uuid"])}"><summary>{status}{ident}</summary>'
+            f'<span class="msg">{esc(i["vast_status_msg"])}</span></details>')
+
+
+def _events(events: list[dict[str, Any]], now: datetime) -> str:
     rows = []
     for e in events:
         change = f'{e["from_state"] or "∅"} → {e["to_state"]}' if e["to_state"] else e["kind"]
         reason = (e["reason"] or "") + (f' [{e["code"]}]' if e["code"] else "")
-        cells = (esc(e["id"]), esc(e["at"]), esc(e["label"]), esc(change), esc(e["source"]), esc(reason, ""))
+        cells = (esc(e["id"]), when(e["at"], now), esc(e["label"]), esc(change), esc(e["source"]), esc(reason, ""))
         rows.append(f'<tr data-kind="{esc(e["kind"])}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if not rows:
         rows.append('<tr><td colspan="6" class="empty">no events</td></tr>')
-    return _table("events", "Latest events", ("id", "at", "label", "change", "source", "reason"), rows)
+    return _table("events", "Latest events (times UTC)", ("id", "at", "label", "change", "source", "reason"), rows)
 
 
-def _steps(steps: list[dict[str, Any]]) -> str:
-    rows = []
-    for step in steps:
-        tokens = step["tokens"]
-        used = f'{tokens["input"]} in · {tokens["output"]} out' + (
-            f' · {tokens["cache_read"]} cached' if tokens["cache_read"] else "")
-        cells = (esc(clock.display_iso(step["started_at"])), esc(step["policy"]), esc(step["outcome"]),
-                 esc(_saw(step["observation"]), ""), esc(_items(step["actions"]), ""),
-                 esc(_items(step["refused"]), ""), esc(_items(step["errors"]), ""), esc(used),
-                 f'${step["cost"]:.4f}')
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+STEP_HEAD = ("started", "policy", "outcome", "saw", "did", "refused", "errors", "tokens", "cost")
+
+
+def _steps(steps: list[dict[str, Any]], now: datetime, *, skipped: list[dict[str, Any]] = (),
+           skipped_count: int = 0) -> str:
+    """The steps that ran; those --if-events skipped (nothing new happened) folded away below them."""
+    rows = [_step_row(step, now) for step in steps]
     if not rows:
-        rows.append('<tr><td colspan="9" class="empty">no agent steps yet</td></tr>')
-    head = ("started", "policy", "outcome", "saw", "did", "refused", "errors", "tokens", "cost")
-    return _table("steps", "Agent steps", head, rows)
+        rows.append(f'<tr><td colspan="{len(STEP_HEAD)}" class="empty">no agent step has run yet</td></tr>')
+    table = _table("steps", "Agent steps (times UTC)", STEP_HEAD, rows)
+    if not skipped_count:
+        return table
+    shown = f"the newest {len(skipped)} " if skipped_count > len(skipped) else ""
+    folded = (f'<details class="skipped" id="skipped-steps" data-key="skipped-steps"><summary>{skipped_count}'
+              f' skipped step{"s" if skipped_count != 1 else ""} (nothing new since the step before): show'
+              f' {shown}</summary>{_table("skipped", "", STEP_HEAD, [_step_row(step, now) for step in skipped])}'
+              "</details>")
+    return table.removesuffix("</section>") + folded + "</section>"
+
+
+def _step_row(step: dict[str, Any], now: datetime) -> str:
+    tokens = step["tokens"]
+    used = f'{tokens["input"]} in · {tokens["output"]} out' + (
+        f' · {tokens["cache_read"]} cached' if tokens["cache_read"] else "")
+    cells = (when(step["started_at"], now), esc(step["policy"]), esc(step["outcome"]),
+             esc(_saw(step["observation"]), ""), esc(_items(step["actions"]), ""),
+             esc(_items(step["refused"]), ""), esc(_items(step["errors"]), ""), esc(used),
+             f'${step["cost"]:.4f}')
+    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
 def _table(ident: str, title: str, head: Iterable[str], rows: list[str]) -> str:
     th = "".join(f"<th>{esc(h, '')}</th>" for h in head)
-    return (f'<section id="{ident}"><h2>{esc(title)}</h2><div class="scroll"><table>'
+    heading = f"<h2>{esc(title)}</h2>" if title else ""
+    return (f'<section id="{ident}">{heading}<div class="scroll"><table>'
             f'<thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>')
 
 
@@ -317,20 +399,51 @@ def _note_form(hidden: str) -> str:
 
 
 def _chart(history: dict[str, Any], limits: dict[str, Any]) -> str:
-    start, end = history["start"], history["end"]
+    start, end = _chart_span(history)
     proofs_top = _top([v for _, v in history["capacity"]] + [v for _, v in history["target"]])
+    limit = float(limits["max_hourly_spend"])
     panels = [
-        _panel("Proofs/hour: capacity and target", proofs_top, start, end,
+        _panel("Proofs/hour: capacity vastctl counts, and target", proofs_top, start, end,
                [("capacity", history["capacity"]), ("target", history["target"])],
-               ticks=history["reconcile_failures"]),
+               ticks=history["reconcile_failures"], tick_name="failed listing"),
         _panel("Queued proofs", _top([v for _, v in history["queue"]]), start, end, [("queue", history["queue"])],
-               empty="no demand samples in the last day" if not history["queue"] else None),
-        _panel("Spend, $/hour (dashed: max_hourly_spend)",
-               _top([v for _, v in history["spend"]] + [float(limits["max_hourly_spend"])]), start, end,
-               [("spend", history["spend"]), ("limit", [(start, float(limits["max_hourly_spend"])),
-                                                        (end, float(limits["max_hourly_spend"]))])]),
+               empty="no demand samples in this span" if not history["queue"] else None),
+        _panel("Spend, $/hour (dashed: max_hourly_spend)", _top([v for _, v in history["spend"]] + [limit]),
+               start, end, [("spend", history["spend"]), ("limit", [(start, limit), (end, limit)])]),
     ]
-    return f'<section id="chart"><h2>Last 24 hours</h2>{"".join(panels)}</section>'
+    hours = (end - start).total_seconds() / 3600
+    span = "Last 24 hours" if hours > 23.9 else f"Since the fleet began ({clock.human_duration(hours * 3600)})"
+    return f'<section id="chart"><h2>{span} · UTC</h2>{"".join(panels)}</section>'
+
+
+MIN_SPAN = timedelta(hours=1)
+
+
+def _chart_span(history: dict[str, Any]) -> tuple[datetime, datetime]:
+    """The last day, or less for a fleet younger than that: from a little before its first record, at least
+    an hour, so a new fleet's first hour is not a sliver at the right edge of a flat day."""
+    start, end = history["start"], history["end"]
+    first = history.get("first")
+    if first is None or first <= start:
+        return start, end
+    begin = min(first - (end - first) * 0.05, end - MIN_SPAN)
+    return max(start, begin), end
+
+
+TICK_STEPS_MIN = (5, 10, 15, 30, 60, 120, 180, 240, 360)
+
+
+def _time_ticks(start: datetime, end: datetime, most: int = 8) -> list[datetime]:
+    """Round UTC times between start and end, at most `most` of them, at the finest step that allows it."""
+    span_min = max(1.0, (end - start).total_seconds() / 60)
+    step = next((m for m in TICK_STEPS_MIN if span_min / m <= most), TICK_STEPS_MIN[-1])
+    midnight = start.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    tick = midnight + timedelta(minutes=step * (((start - midnight).total_seconds() / 60) // step + 1))
+    ticks = []
+    while tick < end:
+        ticks.append(tick)
+        tick += timedelta(minutes=step)
+    return ticks
 
 
 def _top(values: list[float]) -> float:
@@ -338,7 +451,7 @@ def _top(values: list[float]) -> float:
 
 
 def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[tuple[str, list]], *,
-           ticks: list[datetime] = (), empty: str | None = None) -> str:
+           ticks: list[datetime] = (), tick_name: str = "", empty: str | None = None) -> str:
     width, height, span = CHART_WIDTH, CHART_HEIGHT, max(1.0, (end - start).total_seconds())
 
     def x(moment: datetime) -> float:
@@ -348,7 +461,15 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
         return round(height - min(1.0, max(0.0, value / top)) * (height - 4), 1)
 
     shapes = []
+    for moment in _time_ticks(start, end):
+        if not 0.04 * width <= x(moment) <= 0.96 * width:  # its label would be cut at the edge
+            continue
+        shapes.append(f'<line class="grid" x1="{x(moment)}" x2="{x(moment)}" y1="0" y2="{height}"/>'
+                      f'<text class="axis time" x="{x(moment)}" y="{height + 12}" text-anchor="middle">'
+                      f'{moment.strftime("%H:%M")}</text>')
+    shapes.append(f'<line class="grid" x1="0" x2="{width}" y1="{y(top / 1.1 / 2)}" y2="{y(top / 1.1 / 2)}"/>')
     for name, points in lines:
+        points = [(moment, value) for moment, value in points if moment <= end]
         if not points:
             continue
         coords, last = [], None
@@ -359,17 +480,19 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
             last = value
         coords.append(f"{width},{y(last)}")
         shapes.append(f'<polyline class="line {name}" points="{" ".join(coords)}"/>')
+    shown = [t for t in ticks if start <= t <= end]
     shapes.extend(f'<line class="tick fail" x1="{x(t)}" x2="{x(t)}" y1="{height - 8}" y2="{height}"/>'
-                  for t in ticks)
+                  for t in shown)
     if empty:
         shapes.append(f'<text class="empty" x="{width / 2}" y="{height / 2}" text-anchor="middle">{esc(empty)}</text>')
-    legend = " · ".join(f'<tspan class="key {name}">{esc(name)}</tspan>' for name, points in lines if points)
+    keys = [(name, name) for name, points in lines if points]
+    if shown and tick_name:
+        keys.append(("fail", f"| {tick_name}"))
+    legend = " · ".join(f'<tspan class="key {name}">{esc(text)}</tspan>' for name, text in keys)
     return (
         f'<svg class="chart" viewBox="0 -14 {width} {height + 28}" role="img" aria-label="{esc(title)}">'
         f"<title>{esc(title)}</title>"
-        f'<text class="axis" x="0" y="-3">{esc(title)} · top {num(top / 1.1, 2)}</text>'
+        f'<text class="axis" x="0" y="-3">{esc(title)} · top {num(top / 1.1, 2 if top < 11 else 0)}</text>'
         f'<text class="axis" x="{width}" y="-3" text-anchor="end">{legend}</text>'
-        f'<rect class="frame" x="0" y="0" width="{width}" height="{height}"/>{"".join(shapes)}'
-        f'<text class="axis" x="0" y="{height + 12}">24h ago</text>'
-        f'<text class="axis" x="{width}" y="{height + 12}" text-anchor="end">now</text></svg>'
+        f'<rect class="frame" x="0" y="0" width="{width}" height="{height}"/>{"".join(shapes)}</svg>'
     )

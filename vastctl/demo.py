@@ -146,6 +146,8 @@ class DemoResult:
     figures: dict[str, Any]
     samples: list[Sample] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)  # seconds from each death to its kill
+    launches: list[float] = field(default_factory=list)  # minutes of the run at which vastctl launched a machine
+    kills: list[tuple[float, str]] = field(default_factory=list)  # (minute, kill code) of each kill
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.figures)
@@ -261,8 +263,21 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
                        counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors,
                        latencies=latencies, undetected=undetected,
                        asked=[sample.target * (1 + config.agent.headroom) for sample in samples])
+    launches, kills = _launches_and_kills(conn)
     conn.close()
-    return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies)
+    return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies, launches=launches,
+                      kills=kills)
+
+
+def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tuple[float, str]]]:
+    """When the run launched and killed machines, in minutes from its start (for the chart's marks)."""
+    def minute(text: str) -> float:
+        return (clocks.from_iso(text) - START).total_seconds() / 60
+
+    launches = [minute(row[0]) for row in conn.execute("SELECT created_at FROM instances ORDER BY created_at")]
+    kills = [(minute(row[0]), row[1] or "none") for row in conn.execute(
+        "SELECT killed_at, kill_code FROM instances WHERE killed_at IS NOT NULL ORDER BY killed_at")]
+    return launches, kills
 
 
 def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at_kill: dict[int, float],
@@ -392,8 +407,77 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     }
 
 
+def check_keep(path: Path) -> None:
+    """--keep FILE: a new file in a directory that exists (an operator's state file is never overwritten)."""
+    if path.exists() or Path(f"{path}.secret").exists():
+        raise BadInput(f"--keep {path}: the file (or {path}.secret) already exists: name a new file")
+    if not path.resolve().parent.is_dir():
+        raise BadInput(f"--keep {path}: the directory {path.resolve().parent} does not exist")
+
+
+def keep_state(directory: Path, path: Path) -> None:
+    """Copy the demo's state file out of its scratch `directory` as one self-contained file (SQLite's backup:
+    the write-ahead log folded in), its token secret beside it, both readable by the owner only."""
+    import os
+    import shutil
+
+    check_keep(path)
+    source = sqlite3.connect(directory / "demo.db")
+    target = sqlite3.connect(path)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    secret = Path(f"{path}.secret")
+    shutil.copyfile(directory / "demo.db.secret", secret)
+    for name in (path, secret):
+        os.chmod(name, 0o600)
+
+
+def end_of(options: DemoOptions) -> str:
+    """The simulated clock's time at the end of the run (where `serve --as-of` shows the kept file)."""
+    return clocks.display_iso(clocks.to_iso(START + timedelta(minutes=options.minutes)))
+
+
+CHART_COLOURS = {  # the dashboard's chart draws target, capacity, queue and spend in these (dashboard.css)
+    "arrival": "#bbbbbb", "target": "#d62728", "capacity": "#1f77b4", "proving": "#2ca02c", "queue": "#9467bd",
+    "spend": "#8c564b", "outage": "#ffdd99", "launch": "#444444",
+}
+KILL_COLOURS = ("#e377c2", "#ff7f0e", "#17becf", "#bcbd22", "#7f7f7f", "#9edae5", "#c49c94", "#98df8a", "#aec7e8",
+                "#ffbb78")
+
+
+def proof_waits(samples: list[Sample]) -> list[float]:
+    """Minutes each proof waited from arrival to being taken off the queue, first in first out, read from the
+    minute-by-minute arrivals and the backlog the run recorded (one figure per whole proof served)."""
+    import bisect
+
+    arrived, served = [0.0], [0.0]
+    backlog = 0.0
+    for sample in samples:
+        came = sample.arrival / 60
+        arrived.append(arrived[-1] + came)
+        served.append(served[-1] + max(0.0, backlog + came - sample.queued))
+        backlog = sample.queued
+
+    def moment(cumulative: list[float], amount: float) -> float:
+        """The minute at which the cumulative count first reached `amount` (linear within the minute)."""
+        index = max(1, bisect.bisect_left(cumulative, amount))
+        low, high = cumulative[index - 1], cumulative[index]
+        return index - 1 + (0.0 if high <= low else (amount - low) / (high - low))
+
+    waits = []
+    for n in range(int(served[-1] + 1e-9)):
+        amount = n + 0.5
+        waits.append(max(0.0, moment(served, amount) - moment(arrived, amount)))
+    return waits
+
+
 def write_chart(result: DemoResult, path: Path) -> None:
-    """Target, capacity, queue and spend over time, as SVG or PNG by the file's extension (matplotlib)."""
+    """The run on one page, as SVG or PNG by the file's extension (matplotlib): work arriving, target and capacity
+    with launches, kills (by reason) and the demand outage marked; the queue; spend per hour and cumulative;
+    how long proofs waited."""
     suffix = path.suffix.lower()
     if suffix not in (".svg", ".png"):
         raise BadInput(f"--chart {path}: the file must end in .svg or .png")
@@ -403,35 +487,82 @@ def write_chart(result: DemoResult, path: Path) -> None:
     matplotlib.rcParams["svg.hashsalt"] = "vastctl-demo"  # the same run writes the same SVG
     from matplotlib import pyplot
 
-    hours = [sample.minute / 60 for sample in result.samples]
-    figure, (rates, queue, spend) = pyplot.subplots(3, 1, sharex=True, figsize=(11, 8),
-                                                    gridspec_kw={"height_ratios": [3, 1.3, 1.3]})
-    rates.plot(hours, [s.arrival for s in result.samples], color="#bbbbbb", linewidth=0.8, label="work arriving")
-    rates.plot(hours, [s.target for s in result.samples], color="#d62728", linewidth=1.6, label="target")
-    rates.plot(hours, [s.believed for s in result.samples], color="#1f77b4", linewidth=0.9, linestyle="--",
+    colour = CHART_COLOURS
+    samples = result.samples
+    hours = [sample.minute / 60 for sample in samples]
+    end = hours[-1] if hours else 0.0
+    figure = pyplot.figure(figsize=(11, 10.5))
+    grid = figure.add_gridspec(4, 1, height_ratios=[3, 1.2, 1.3, 1.5], hspace=0.35)
+    rates = figure.add_subplot(grid[0])
+    queue = figure.add_subplot(grid[1], sharex=rates)
+    spend = figure.add_subplot(grid[2], sharex=rates)
+    waits_axis = figure.add_subplot(grid[3])
+
+    rates.plot(hours, [s.arrival for s in samples], color=colour["arrival"], linewidth=0.8, label="work arriving")
+    rates.plot(hours, [s.target for s in samples], color=colour["target"], linewidth=1.6, label="target")
+    rates.plot(hours, [s.believed for s in samples], color=colour["capacity"], linewidth=0.9, linestyle="--",
                label="capacity vastctl counts")
-    rates.plot(hours, [s.capacity for s in result.samples], color="#2ca02c", linewidth=1.4,
+    rates.plot(hours, [s.capacity for s in samples], color=colour["proving"], linewidth=1.4,
                label="capacity proving (simulator)")
+    top = max([s.arrival for s in samples] + [s.target for s in samples] + [s.capacity for s in samples] + [1.0])
+    launched = [minute / 60 for minute in result.launches if minute / 60 <= end]
+    if launched:
+        rates.plot(launched, [-0.03 * top] * len(launched), linestyle="none", marker="^", markersize=5,
+                   color=colour["launch"], label=f"launch ({len(launched)})")
+    by_reason: dict[str, list[float]] = {}
+    for minute, code in result.kills:
+        if minute / 60 <= end:
+            by_reason.setdefault(code, []).append(minute / 60)
+    for index, (code, moments) in enumerate(sorted(by_reason.items())):
+        rates.plot(moments, [-0.07 * top] * len(moments), linestyle="none", marker="v", markersize=6,
+                   color=KILL_COLOURS[index % len(KILL_COLOURS)], label=f"kill: {code} ({len(moments)})")
+    rates.set_ylim(-0.1 * top, top * 1.08)
     rates.set_ylabel("proofs / hour")
-    rates.legend(loc="upper left", fontsize=8)
     figures = result.figures
     rates.set_title(f"vastctl demo: seed {figures['seed']}, policy {figures['policy']}, failures {figures['failures']}"
                     f" — attainment {_pct(figures['target_attainment'])}, ${figures['cost']:.2f},"
                     f" {figures['proofs']} proofs", fontsize=10)
-    queue.plot(hours, [s.queued for s in result.samples], color="#9467bd", linewidth=1.0)
+
+    queue.plot(hours, [s.queued for s in samples], color=colour["queue"], linewidth=1.0)
     queue.set_ylabel("queued")
-    spend.plot(hours, [s.spend_per_hour for s in result.samples], color="#8c564b", linewidth=1.0)
+    spend.plot(hours, [s.spend_per_hour for s in samples], color=colour["spend"], linewidth=1.0, label="$/hour")
     spend.set_ylabel("spend $/h")
+    spent = spend.twinx()
+    total, cumulative = 0.0, []
+    for sample in samples:
+        total += sample.spend_per_hour / 60
+        cumulative.append(total)
+    spent.plot(hours, cumulative, color=colour["spend"], linewidth=1.2, linestyle=":", label="$ so far")
+    spent.set_ylabel("$ so far")
+    spend.legend(handles=spend.get_lines() + spent.get_lines(), loc="upper left", fontsize=8)
     spend.set_xlabel("simulated hours")
+
+    outage_labelled = False
     for axis in (rates, queue, spend):
         axis.grid(True, linewidth=0.3)
-        for start, end in (OUTAGE,):
-            for day in range(int(hours[-1] // 24) + 1 if hours else 0):
-                if day * 24 + start <= (hours[-1] if hours else 0):
-                    axis.axvspan(day * 24 + start, day * 24 + end, color="#ffdd99", alpha=0.3, linewidth=0)
-    figure.tight_layout()
+        for day in range(int(end // 24) + 1 if hours else 0):
+            if day * 24 + OUTAGE[0] <= end:
+                label = None if outage_labelled or axis is not rates else "demand source down (nothing reported)"
+                axis.axvspan(day * 24 + OUTAGE[0], min(end, day * 24 + OUTAGE[1]), color=colour["outage"], alpha=0.4,
+                             linewidth=0, label=label)
+                outage_labelled = outage_labelled or label is not None
+    rates.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
+
+    waits = proof_waits(samples)
+    if waits:
+        top_wait = max(1.0, percentile(waits, 0.99) or 1.0)
+        waits_axis.hist([min(w, top_wait) for w in waits], bins=40, color=colour["queue"], alpha=0.8)
+        for fraction, style in ((0.5, "-"), (0.95, "--")):
+            value = percentile(waits, fraction)
+            waits_axis.axvline(value, color="#333333", linewidth=1.0, linestyle=style,
+                               label=f"p{int(fraction * 100)} {value:.0f} min")
+        waits_axis.set_yscale("log")  # most proofs wait under a minute: the tail would not show on a linear axis
+        waits_axis.legend(loc="upper right", fontsize=8)
+    waits_axis.set_xlabel("minutes a proof waited, arrival to a prover (first in, first out; the top 1% at the right)")
+    waits_axis.set_ylabel("proofs")
+    waits_axis.grid(True, linewidth=0.3)
     metadata = {"Date": None} if suffix == ".svg" else {"Software": None}
-    figure.savefig(path, format=suffix[1:], metadata=metadata)
+    figure.savefig(path, format=suffix[1:], metadata=metadata, bbox_inches="tight")
     pyplot.close(figure)
 
 

@@ -120,7 +120,10 @@ MAX_EVENT_ID = 2**63 - 1  # the largest id (and count) SQLite can hold
 
 
 def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    """Events oldest first: the newest `limit` of those after `since`."""
+    """Events oldest first, in id order (the order written): the newest `limit` of those after `since`.
+
+    `since` is an id, so a reader that follows the log by id never misses one; each `at` is the time its
+    writer judged the change (see `vastctl events --help`)."""
     if limit < 1:
         raise BadInput(f"--limit must be at least 1, got {limit}")
     for name, value in (("--since", since), ("--limit", limit)):

@@ -64,10 +64,13 @@ def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 # --- agent steps ------------------------------------------------------------------------------------
 
 
-def agent_steps(conn: sqlite3.Connection, *, limit: int = 10) -> list[dict[str, Any]]:
-    """The newest agent steps, newest first, each with its JSON columns parsed (text when they do not parse)."""
+def agent_steps(conn: sqlite3.Connection, *, limit: int = 10, skipped: bool | None = None) -> list[dict[str, Any]]:
+    """The newest agent steps, newest first, each with its JSON columns parsed (text when they do not parse).
+
+    `skipped` True: only the steps --if-events skipped; False: only those that ran; None: both."""
+    where = {None: "", True: " WHERE outcome = 'skipped'", False: " WHERE outcome != 'skipped'"}[skipped]
     steps = []
-    for row in conn.execute("SELECT * FROM agent_steps ORDER BY id DESC LIMIT ?", (limit,)):
+    for row in conn.execute(f"SELECT * FROM agent_steps{where} ORDER BY id DESC LIMIT ?", (limit,)):
         step = dict(row)
         for name in ("observation", "actions", "refused", "errors"):
             step[name] = _parsed(step[name])
@@ -142,6 +145,9 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
         at for at in (_moment(row[0]) for row in conn.execute(
             "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
     series["start"], series["end"] = start, now
+    first = [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
+             for table in ("events", "demand_samples", "vast_listings")]
+    series["first"] = min((at for at in first if at is not None), default=None)  # a fleet younger than the day
     return series
 
 
@@ -191,7 +197,9 @@ def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events:
         "now": now, "instances": view["instances"], "summary": summary,
         "settings": settings.listing(conn, config),
         "events": list(reversed(fleet.events(conn, limit=events))),
-        "steps": agent_steps(conn, limit=steps),
+        "steps": agent_steps(conn, limit=steps, skipped=False),
+        "skipped_steps": agent_steps(conn, limit=steps, skipped=True),
+        "skipped_step_count": conn.execute("SELECT count(*) FROM agent_steps WHERE outcome = 'skipped'").fetchone()[0],
     }
     if chart:
         result["history"] = history(conn, config, now, capacity=summary["capacity_proofs_per_hour"],

@@ -632,8 +632,12 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             try:
                 listing = _list(provider, budget)
             except ProviderError as exc:
-                record_failed_listing(conn, str(exc), now)
+                record_failed_listing(conn, str(exc), clock.now())
                 raise
+            # The pass judges and stamps its events as of the listing's return, not its own start: the
+            # listing may take seconds (retries), and machines' reports written meanwhile carry later times,
+            # so a pass stamped at its start would write events whose times run backwards in id order.
+            now = clock.now()
             rows = _snapshot(conn)
             matched = match(rows, listing, config.vast.label_prefix)
             first_seen, history = _strays_context(conn, config, matched.unclaimed)

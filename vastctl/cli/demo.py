@@ -27,6 +27,15 @@ SUMMARY = [
 ]
 
 
+EXPLAINED = (
+    "lower bound: what the market's cheapest offers each minute would have cost sized exactly to the work"
+    " arriving (fractions of a machine, no boot, no failures, no headroom), knowing every host's true rate:"
+    " no fleet of these hosts proves the day for less.",
+    "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
+    " machines, boot and benchmark time, failures and the headroom kept for bursts).",
+)
+
+
 @app.command("demo")
 def demo_cmd(
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
@@ -34,6 +43,7 @@ def demo_cmd(
     policy: Annotated[str, typer.Option("--policy", help="rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
     chart: Annotated[Optional[Path], typer.Option("--chart", help="Write target, capacity, queue and spend over time to FILE (.svg or .png).")] = None,
+    keep: Annotated[Optional[Path], typer.Option("--keep", help="Keep the simulated day's state file as FILE (a new file; its token secret beside it as FILE.secret) for `vastctl serve --as-of` to show.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the control loop against a simulated market for a day, on virtual time, in seconds.
@@ -43,7 +53,7 @@ def demo_cmd(
     agent-step every simulated minute as cron would. Prints what it cost, how often the target was
     met and how fast dead machines were caught.
 
-    Example: vastctl demo --hours 24 --seed 1 --chart demo.svg
+    Example: vastctl demo --hours 24 --seed 1 --chart demo.svg --keep demo.db
     """
     from .. import demo
     from ..errors import BadInput
@@ -55,10 +65,14 @@ def demo_cmd(
         raise BadInput(f"--chart {chart}: the file must end in .svg or .png")
     if chart is not None and not chart.resolve().parent.is_dir():
         raise BadInput(f"--chart {chart}: the directory {chart.resolve().parent} does not exist")
+    if keep is not None:
+        demo.check_keep(keep)
     if policy == "llm" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise BadInput("--policy llm needs ANTHROPIC_API_KEY (it spends real tokens): set it, or use --policy rules")
     with tempfile.TemporaryDirectory(prefix="vastctl-demo-") as scratch:
         result = demo.run(options, Path(scratch), env=os.environ, progress=_progress_bar() if sys.stderr.isatty() else None)
+        if keep is not None:
+            demo.keep_state(Path(scratch), keep)
     if chart is not None:
         demo.write_chart(result, chart)
     if as_json:
@@ -67,6 +81,9 @@ def demo_cmd(
         _print_summary(result.figures)
     if chart is not None:
         say(f"chart written to {chart}")
+    if keep is not None:
+        say(f"state file kept at {keep}: look at it with `vastctl --db {keep} serve --as-of {demo.end_of(options)}`"
+            " and server.admin_token in your config")
 
 
 def _progress_bar():
@@ -91,6 +108,8 @@ def _print_summary(figures: dict[str, Any]) -> None:
     faults = ", ".join(f"{kind} {n}" for kind, n in figures["faults"].items() if n) or "none"
     typer.echo(f"kills by reason: {kills}")
     typer.echo(f"market faults: {faults}")
+    for line in EXPLAINED:
+        typer.echo(line)
 
 
 def _cell(figures: dict[str, Any], key: Any, kind: str) -> str:

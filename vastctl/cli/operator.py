@@ -83,7 +83,11 @@ def events_cmd(
     limit: Annotated[int, typer.Option("--limit", min=1, max=fleet.MAX_EVENT_ID, help="Keep the newest N.")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """State changes, notes and settings changes, oldest first.
+    """State changes, notes and settings changes, oldest first: in id order, the order they were written.
+
+    `at` is the moment the command that wrote an event judged it (a reconcile pass: when vast's listing
+    came back); an agent step's events carry the time it observed, which a slow model call can put a few
+    seconds before a machine's report written while it waited.
 
     Example: vastctl events --since 120 --json
     """

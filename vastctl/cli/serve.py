@@ -8,12 +8,15 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from .. import clock as clock_module
 from .. import lifecycle, tokens
+from ..clock import Clock
 from ..errors import BadInput, Refused
 from .app import app, globals_of, say
 
@@ -35,6 +38,9 @@ def serve_cmd(
         help="Open connections served at once; more wait in the listen queue.")] = 1000,
     access_log: Annotated[bool, typer.Option(
         "--access-log/--no-access-log", help="Log each request (never its headers).")] = True,
+    as_of: Annotated[str | None, typer.Option(
+        "--as-of", help="Run the clock from this UTC time (e.g. 2031-03-04T00:00:00Z) instead of now: to look at"
+                        " a state file `demo --keep` left, on its simulated day.")] = None,
 ) -> None:
     """Answer the boot scripts' reports over HTTP (machines set VASTCTL_SERVER and VASTCTL_TOKEN).
 
@@ -43,14 +49,18 @@ def serve_cmd(
     from .. import server, webhooks
 
     g = globals_of(ctx)
-    waker = webhooks.Waker(g.config, clock=g.clock, make_provider=make_provider)
+    clock = g.clock if as_of is None else _ShiftedClock(g.clock, _moment(as_of, "--as-of"))
+    waker = webhooks.Waker(g.config, clock=clock, make_provider=make_provider)
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
-                             request_timeout=request_timeout, connection_limit=connection_limit, clock=g.clock,
+                             request_timeout=request_timeout, connection_limit=connection_limit, clock=clock,
                              waker=waker)
     log_handler = _log_to_stderr(access_log)
     _say_webhooks(g)
     if not g.config.server.admin_token:
         say("GET /v1/fleet is disabled: set server.admin_token in the config to enable it")
+    if not _loopback(host):
+        say(f"warning: --host {host} takes connections from other machines, in plain HTTP: keep serve on"
+            " 127.0.0.1 behind the TLS proxy (docs/deployment.md) so tokens never cross a network in clear")
     signal.signal(signal.SIGTERM, _interrupt)
     # Hand the GIL over after 1 ms instead of 5: each request is a few short steps between the
     # event loop, a worker and SQLite, and waiting out the default interval at each hand-off
@@ -184,6 +194,45 @@ def _existing_secret(config) -> Path:
         whence = (f"beside the state file {config.db_path}; "
                   + (f"config {config.source}" if config.source else "no config file was read"))
     raise BadInput(f"no token secret at {path} ({whence}): {tokens.NO_SECRET_FIX}")
+
+
+class _ShiftedClock(Clock):
+    """The system clock moved to start at another moment: it runs on from there at the real pace."""
+
+    def __init__(self, real: Clock, start: datetime):
+        self.real = real
+        self.offset = start - real.now()
+
+    def now(self) -> datetime:
+        return self.real.now() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        self.real.sleep(seconds)
+
+    def monotonic(self) -> float:
+        return self.real.monotonic()
+
+
+def _moment(text: str, option: str) -> datetime:
+    try:
+        moment = clock_module.from_iso(text.strip())
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise BadInput(f"{option} must be a UTC time like 2031-03-04T00:00:00Z, got {text!r}")
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _loopback(host: str) -> bool:
+    """Whether an address to bind reaches this machine only (a name is taken at its word only for localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _interrupt(signum, frame) -> None:

@@ -17,6 +17,23 @@
     }
   }
 
+  // A detail view the operator opened (vast's message, the skipped steps) stays open across a refresh.
+  function openDetails() {
+    var keys = [];
+    live.querySelectorAll("details[open][data-key]").forEach(function (element) {
+      keys.push(element.getAttribute("data-key"));
+    });
+    return keys;
+  }
+
+  function reopen(keys) {
+    live.querySelectorAll("details[data-key]").forEach(function (element) {
+      if (keys.indexOf(element.getAttribute("data-key")) !== -1) {
+        element.open = true;
+      }
+    });
+  }
+
   function refresh() {
     if (busy || document.hidden) {
       return;
@@ -35,8 +52,10 @@
       })
       .then(function (html) {
         if (html !== null) {
+          var open = openDetails();
           live.innerHTML = html; // server-rendered, every value escaped there
-          say("updated " + new Date().toLocaleTimeString());
+          reopen(open);
+          say("updated " + new Date().toISOString().slice(11, 19) + " UTC"); // UTC, as every time on the page
         }
       })
       .catch(function (error) {

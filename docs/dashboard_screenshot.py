@@ -1,0 +1,89 @@
+"""docs/dashboard.png: the dashboard of a real simulated fleet, as an operator sees it.
+
+Runs `vastctl demo --keep` (seed 9, the default: a day in which every failure
+kind happens), serves the kept state file with `vastctl serve --as-of` at the
+end of the simulated day, signs in with Debian's chromium driven by Playwright
+(the browser tests' setup; Playwright never downloads a browser of its own),
+and writes a full-page screenshot.
+
+Rerun from the repository root (apt-get install chromium; pip install -e '.[test]'):
+    python docs/dashboard_screenshot.py
+    python docs/dashboard_screenshot.py --width 820 --out /tmp/narrow.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+END_OF_DAY = re.compile(r"--as-of (\S+)`")
+
+
+def vastctl(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vastctl", *args], env=env, capture_output=True, text=True,
+                          timeout=600, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "dashboard.png")
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--seed", type=int, default=9)
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="vastctl-screenshot-") as scratch:
+        home = Path(scratch)
+        token = secrets.token_urlsafe(24)
+        config = home / "config.yaml"
+        config.write_text(f'db: "{home / "day.db"}"\nserver:\n  admin_token: "{token}"\n')
+        env = {**os.environ, "HOME": str(home), "VASTCTL_CONFIG": str(config)}
+        for name in ("VASTCTL_DB", "VASTCTL_SERVER", "VASTCTL_TOKEN", "VAST_API_KEY", "ANTHROPIC_API_KEY"):
+            env.pop(name, None)
+        kept = vastctl("demo", "--seed", str(args.seed), "--keep", str(home / "day.db"), env=env)
+        as_of = END_OF_DAY.search(kept.stderr + kept.stdout).group(1)
+        log = home / "serve.log"
+        serve = subprocess.Popen([sys.executable, "-m", "vastctl", "serve", "--port", "0", "--as-of", as_of],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+        try:
+            url = _wait_for_url(log, serve)
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+                page = browser.new_page(viewport={"width": args.width, "height": 900})
+                page.goto(url + "/")
+                page.fill('input[name="token"]', token)
+                page.click('#signin-form button[type="submit"]')
+                page.wait_for_selector("#chart svg polyline")
+                page.screenshot(path=str(args.out), full_page=True)
+                browser.close()
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=20)
+    print(f"{args.out}: the dashboard of seed {args.seed}'s simulated day at {as_of}, {args.width} px wide")
+
+
+def _wait_for_url(log: Path, proc: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        match = re.search(r"serving on (http://127\.0\.0\.1:\d+)", log.read_text())
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            raise SystemExit(f"serve exited {proc.returncode}: {log.read_text()}")
+        time.sleep(0.05)
+    raise SystemExit(f"serve did not start: {log.read_text()}")
+
+
+if __name__ == "__main__":
+    main()
