@@ -78,7 +78,8 @@ def test_the_cli_and_the_dashboard_refuse_what_the_config_refuses(tmp_path, cli)
     config.write_text("fleet:\n  max_instances: 100000000000000000000000000000000000000000\n")
     result = cli("--config", str(config), "settings", "list")
     assert result.code == 2 and result.err.count("\n") == 1
-    assert result.err.startswith("error: config key 'fleet.max_instances' must be a whole number from 0 to 10000")
+    assert result.err.startswith(f"error: config file {config}: config key 'fleet.max_instances' must be a whole"
+                                 " number from 0 to 10000")
     config.write_text("reconcile:\n  deadline: 0\n")
     result = cli("--config", str(config), "settings", "list")
     assert result.code == 2 and "config key 'reconcile.deadline' must be a duration above 0s" in result.err
