@@ -6,7 +6,8 @@ provers.upstream_file: one `server 127.0.0.1:PORT` per joined machine (its tunne
 
 The file is replaced whole and atomically, and only when the set changed; then provers.reload_command runs.
 A reload that fails puts the previous file back (nginx keeps running on what it loaded) and is an error:
-the next refresh tries again, since the file still differs from the set.
+the next refresh tries again, since the file still differs from the set. The very first file stays even
+then: nginx cannot start before the file it includes exists.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ def refresh(conn: sqlite3.Connection, config: Config, *,
         return result
     failure = _reload(command, run)
     if failure is not None:
+        if previous is None:  # nothing nginx could have loaded: the first file stays, for nginx's first start
+            raise Unavailable(f"provers.reload_command {failure}; the first upstream file {path} was written"
+                              " (nginx has not loaded it): start or fix nginx, then run `vastctl provers` again")
         _put_back(path, previous)
-        kept = "the previous upstream file was put back" if previous is not None else "the new file was removed"
-        raise Unavailable(f"provers.reload_command {failure}; {kept}: fix the command or the nginx config, then"
-                          " run `vastctl provers` again")
+        raise Unavailable(f"provers.reload_command {failure}; the previous upstream file was put back: fix the"
+                          " command or the nginx config, then run `vastctl provers` again")
     result.reloaded = True
     return result
 
@@ -107,11 +110,8 @@ def _reload(command: str, run) -> str | None:
     return f"failed (exit {done.returncode})" + (f": {upstream.clip(said, 300)}" if said else "")
 
 
-def _put_back(path: Path, previous: str | None) -> None:
+def _put_back(path: Path, previous: str) -> None:
     try:
-        if previous is None:
-            path.unlink(missing_ok=True)
-        else:
-            atomicfile.write(path, previous)
+        atomicfile.write(path, previous)
     except OSError:
-        pass
+        pass  # the new file stays; the error raised next says the reload failed
