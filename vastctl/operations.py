@@ -310,18 +310,20 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     try:
         vast_id = provider.create_instance(request)
     except ProviderRejected as exc:
-        why = f"gone: {exc}" if isinstance(exc, OfferGone) else str(exc)
-        record_action(conn, actor=actor, kind="launch", ok=False, result=f"refused: {exc}", uuid=uuid, label=label,
+        said = _masked(exc, env)
+        why = f"gone: {said}" if isinstance(exc, OfferGone) else said
+        record_action(conn, actor=actor, kind="launch", ok=False, result=f"refused: {said}", uuid=uuid, label=label,
                       request=audit, now=now)
-        lifecycle.kill(conn, uuid, f"vast refused the create: {exc}", source=actor, code="start_failed", now=now)
+        lifecycle.kill(conn, uuid, f"vast refused the create: {said}", source=actor, code="start_failed", now=now)
         _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})  # nothing was rented
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
         return "failed", lifecycle.get(conn, uuid), why
     except ProviderError as exc:
-        record_action(conn, actor=actor, kind="launch", ok=False, result=f"outcome unknown: {exc}", uuid=uuid,
+        said = _masked(exc, env)
+        record_action(conn, actor=actor, kind="launch", ok=False, result=f"outcome unknown: {said}", uuid=uuid,
                       label=label, request=audit, now=now)
-        return "unknown", row, str(exc)
+        return "unknown", row, said
     record_action(conn, actor=actor, kind="launch", ok=True, result=f"instance {vast_id}", uuid=uuid, label=label,
                   vast_id=vast_id, request=audit, now=now)
     # destroyed_at cleared: a kill that raced the create must not hide the machine now rented
@@ -331,6 +333,15 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         destroy(conn, provider, row, actor=actor, now=now)
         row = lifecycle.get(conn, uuid)
     return "launched", row, ""
+
+
+def _masked(exc: Exception, env: Mapping[str, str]) -> str:
+    """A market's error as we show and store it: a secret handed to the machine (token, key) never, even quoted."""
+    text = str(exc)
+    for name, value in env.items():
+        if name not in PUBLIC_ENV and len(value) >= upstream.MIN_SECRET_CHARS:
+            text = text.replace(value, upstream.MASK)
+    return upstream.mask(text)
 
 
 def _join(conn: sqlite3.Connection, config: Config, label: str) -> tuple[dict[str, str], dict[str, Any]]:
