@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from tunnel_parts import FakeDaemon, free_port
 
-from vastctl import atomicfile, db, lifecycle, provers
+from vastctl import atomicfile, clock, db, lifecycle, provers
 from vastctl.clock import SYSTEM
 from vastctl.lifecycle import State
 
-NOW = "2026-12-01T10:00:00Z"
 
 
 @pytest.fixture
@@ -39,10 +38,12 @@ def vastctl(manager, *args) -> subprocess.CompletedProcess:
 
 def add_joined(manager, name: str, port: int, *, joined: bool = True, state: State = State.RUNNING) -> None:
     conn = db.connect(manager["state"], now=SYSTEM.now())
+    moment = SYSTEM.now()
+    now = clock.to_iso(moment)
     lifecycle.create(conn, uuid=f"uuid-{name}", label=f"vastctl-{name}", state=state, source="operator",
-                     reason="test", now=SYSTEM.now(), fields={"tunnel_port": port, "tunnel_public_key": "ssh-ed25519 AAAA",
-                                                             "joined_at": NOW if joined else None,
-                                                             "tunnel_checked_at": NOW})
+                     reason="test", now=moment, fields={"tunnel_port": port, "tunnel_public_key": "ssh-ed25519 AAAA",
+                                                             "joined_at": now if joined else None,
+                                                             "tunnel_checked_at": now})
     conn.close()
 
 

@@ -261,3 +261,12 @@ def test_a_forged_or_killed_machines_key_is_refused(conn, tmp_path, sshd, two_ma
     done = sshd.ssh(key, "-N", "-R", f"127.0.0.1:{port}:127.0.0.1:9")
     assert done.returncode == 255 and "Permission denied (publickey)" in done.stderr, done.stderr
     assert "remote port forwarding failed" in sshd.ssh(keys["b"][0], "-N", "-R", f"127.0.0.1:{port}:127.0.0.1:9").stderr
+
+
+def test_a_machine_back_in_running_joins_again_whatever_it_did_before():
+    since = "2026-12-01T10:00:00Z"
+    before = {"state": State.RUNNING, "tunnel_port": 20000, "state_since": since, "tunnel_down_since": None}
+    assert tunnel.joined({**before, "joined_at": "2026-12-01T09:00:00Z"}) is False  # joined in an earlier run
+    assert tunnel.down_since({**before, "joined_at": "2026-12-01T09:00:00Z"}) == since
+    assert tunnel.joined({**before, "joined_at": "2026-12-01T10:00:05Z"}) is True
+    assert tunnel.joined({**before, "tunnel_port": None, "joined_at": None}) is None

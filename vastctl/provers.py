@@ -43,7 +43,7 @@ class Refresh:
 def endpoints(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The joined machines, by port: label, uuid, endpoint (on this host) and since when joined."""
     rows = [dict(row) for row in conn.execute(
-        "SELECT uuid, label, state, tunnel_port, joined_at, tunnel_down_since FROM instances"
+        "SELECT uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since FROM instances"
         " WHERE state = 'running' AND tunnel_port IS NOT NULL AND destroyed_at IS NULL ORDER BY tunnel_port")]
     return [{"label": row["label"], "uuid": row["uuid"], "endpoint": f"127.0.0.1:{row['tunnel_port']}",
              "joined_at": clock.display_iso(row["joined_at"])} for row in tunnel.joined_rows(rows)]

@@ -323,7 +323,7 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
         down = clock.from_iso(tunnel.down_since(dict(row)))
         limit = config.tunnel.down_timeout
         if down is not None and (now - down).total_seconds() > limit:
-            how = "never reached" if row.get("joined_at") is None else "unreachable"
+            how = "unreachable" if tunnel.joined_this_run(dict(row)) else "never reached"
             return "tunnel_down", (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
                                    f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
     return None

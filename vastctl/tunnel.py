@@ -197,7 +197,7 @@ class Check:
 def checked_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The machines whose tunnel the manager checks: running (they joined before reporting it), with a port."""
     return [dict(row) for row in conn.execute(
-        "SELECT uuid, label, tunnel_port, joined_at, tunnel_down_since FROM instances"
+        "SELECT uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since FROM instances"
         " WHERE state = ? AND tunnel_port IS NOT NULL AND destroyed_at IS NULL ORDER BY tunnel_port",
         (State.RUNNING,))]
 
@@ -217,16 +217,17 @@ def check(conn: sqlite3.Connection, config: Config, *, now: datetime,
     with transaction(conn):
         for row, up in zip(rows, ups):
             results.append(Check(uuid=row["uuid"], label=row["label"], port=row["tunnel_port"], up=up))
-            current = conn.execute("SELECT state, joined_at, tunnel_down_since FROM instances WHERE uuid = ?",
-                                   (row["uuid"],)).fetchone()
+            current = conn.execute("SELECT state, state_since, tunnel_port, joined_at, tunnel_down_since"
+                                   " FROM instances WHERE uuid = ?", (row["uuid"],)).fetchone()
             if current is None or current["state"] != State.RUNNING:
                 continue  # moved on while we probed
+            current = dict(current)
             updates: dict[str, Any] = {"tunnel_checked_at": at}
-            if up and (current["joined_at"] is None or current["tunnel_down_since"] is not None):
+            if up and not joined(current):
                 updates.update(joined_at=at, tunnel_down_since=None)
                 record_event(conn, kind=JOINED, source="reconcile", uuid=row["uuid"], label=row["label"], now=now,
                              reason=f"joined: the manager reaches its daemon through 127.0.0.1:{row['tunnel_port']}")
-            elif not up and current["joined_at"] is not None and current["tunnel_down_since"] is None:
+            elif not up and joined(current):
                 updates["tunnel_down_since"] = at
                 record_event(conn, kind=LEFT, source="reconcile", uuid=row["uuid"], label=row["label"], now=now,
                              reason=f"its daemon no longer answers through 127.0.0.1:{row['tunnel_port']}")
@@ -238,21 +239,26 @@ def check(conn: sqlite3.Connection, config: Config, *, now: datetime,
 def down_since(row: dict[str, Any]) -> str | None:
     """Since when a running machine with a tunnel has not been reachable through it (ISO text), or None.
 
-    One that never joined counts from when it reported running: it joins before reporting that.
+    One that has not joined since it last reported running counts from then: it joins before reporting it
+    (a machine resumed or restarted joins again, whatever it did before).
     """
     if row.get("state") != State.RUNNING or row.get("tunnel_port") is None:
         return None
-    if row.get("joined_at") is None:
+    if not joined_this_run(row):
         return row.get("state_since")
     return row.get("tunnel_down_since")
+
+
+def joined_this_run(row: dict[str, Any]) -> bool:
+    """joined_at is from the machine's current spell in `running` (ISO texts compare as times)."""
+    return row.get("joined_at") is not None and row["joined_at"] >= (row.get("state_since") or "")
 
 
 def joined(row: dict[str, Any]) -> bool | None:
     """Joined now (True), not (False), or no tunnel to speak of (None)."""
     if row.get("tunnel_port") is None:
         return None
-    return row.get("state") == State.RUNNING and row.get("joined_at") is not None \
-        and row.get("tunnel_down_since") is None
+    return row.get("state") == State.RUNNING and joined_this_run(row) and row.get("tunnel_down_since") is None
 
 
 def joined_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
