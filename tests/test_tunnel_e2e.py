@@ -131,6 +131,8 @@ def test_calls_to_nginx_reach_every_joined_machine_and_a_killed_one_is_out_of_th
         wait_for(lambda: all(n > 0 for n in settled(daemons, nginx, 10) or [0]), "calls reach both", timeout=20)
         fleet = {m["label"]: m for m in json.loads(run_vastctl("fleet", "--json", env=manager.env).stdout)["instances"]}
         assert fleet[a.label]["joined"] is True and fleet[a.label]["joined_at"] and fleet[b.label]["tunnel_port"] == port_b
+        table = run_vastctl("fleet", env=manager.env).stdout.splitlines()
+        assert "joined" in table[0].split() and all(" yes " in line for line in table[1:3]), table
 
         killed = run_vastctl("kill", a.label, "--reason", "rotating the fleet", "--force", env=a.operator)
         assert a.current()["state"] == "killed", killed.stderr  # the fake vast shows no instance: reconcile destroys
