@@ -80,9 +80,11 @@ def test_a_killed_machines_line_is_pruned_and_a_stopped_ones_kept(conn, tmp_path
 def test_a_public_key_that_is_not_one_never_reaches_the_file(conn, tmp_path):
     config = make_config(tmp_path)
     add_machine(conn, "a", 20000, 'ssh-ed25519 AAAA\ncommand="sh" ssh-ed25519 AAAA')
-    with pytest.raises(ValueError):
-        tunnel.write_authorized_keys(conn, config)
-    assert not Path(config.tunnel.authorized_keys).exists()
+    add_machine(conn, "b", 20001, "ssh-ed25519 AAAAb")
+    tunnel.write_authorized_keys(conn, config)
+    lines = Path(config.tunnel.authorized_keys).read_text().splitlines()
+    assert lines[1:] == ["# vastctl-a: no valid public key",
+                         'restrict,port-forwarding,permitlisten="127.0.0.1:20001" ssh-ed25519 AAAAb vastctl-b']
 
 
 def test_ports_are_unique_until_destroyed_and_a_full_range_is_an_error(conn, tmp_path):

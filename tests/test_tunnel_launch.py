@@ -165,3 +165,18 @@ def row_now():
     from test_reconcile import NOW as RECONCILE_NOW
 
     return RECONCILE_NOW
+
+
+def test_an_unwritable_keys_file_stops_the_launch_before_anything_is_rented(conn, db_path, tmp_path, host_key):
+    from vastctl.errors import Unavailable
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the keys' directory should be")
+    cfg = make_cfg(db_path, tmp_path, host_key)
+    cfg.tunnel.authorized_keys = str(blocker / "authorized_keys")
+    market = FakeMarket(conn, [offer(10, 100)])
+    with pytest.raises(Unavailable, match="cannot write tunnel.authorized_keys"):
+        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    assert market.creates() == []
+    (row_,) = rows(conn)
+    assert (row_["state"], row_["kill_code"]) == ("killed", "start_failed") and row_["destroyed_at"]

@@ -13,10 +13,11 @@ from pathlib import Path
 
 
 def read(path: Path) -> str | None:
-    """The file's text, or None when it does not exist (or is not text we wrote)."""
+    """The file's text, or None when it cannot be read as text (missing, unreadable, not ours): then it is
+    written anew, and a write that fails too says why."""
     try:
         return path.read_text(encoding="utf-8")
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):
         return None
 
 

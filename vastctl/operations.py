@@ -299,7 +299,12 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
                 "num_gpus": offer.num_gpus, "dph": offer.dph_total, **join_fields},
     )
     if join_fields:  # the machine's key works from its first connect, before the create is even answered
-        tunnel.write_authorized_keys(conn, config)
+        try:
+            tunnel.write_authorized_keys(conn, config)
+        except Unavailable as exc:  # nothing rented yet: the row ends here, and so does the launch
+            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code="start_failed", now=now)
+            _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
+            raise
     env = {**onstart.boot_env(config.launch), **config.launch.env, **join_env, "VASTCTL_UUID": uuid,
            "VASTCTL_LABEL": label, "VASTCTL_TOKEN": tokens.machine_token(secret, uuid),
            "VASTCTL_SERVER": config.server.url}

@@ -139,7 +139,11 @@ def authorized_keys_text(conn: sqlite3.Connection) -> str:
     rows = conn.execute("SELECT label, tunnel_port, tunnel_public_key FROM instances WHERE state != 'killed'"
                         " AND tunnel_port IS NOT NULL AND tunnel_public_key IS NOT NULL ORDER BY tunnel_port")
     lines = ["# written by vastctl (vastctl/tunnel.py): one line per live machine; edits are overwritten"]
-    lines += [authorized_line(row["tunnel_port"], row["tunnel_public_key"], row["label"]) for row in rows]
+    for row in rows:
+        try:
+            lines.append(authorized_line(row["tunnel_port"], row["tunnel_public_key"], row["label"]))
+        except ValueError:  # a row edited by hand: that machine cannot connect (tunnel_down), the others can
+            lines.append(f"# {re.sub(r'[^A-Za-z0-9._-]', '_', str(row['label']))[:64]}: no valid public key")
     return "\n".join(lines) + "\n"
 
 
