@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from serving import ADMIN_TOKEN, Manager, free_port, run_vastctl
-from test_boot_script import FAKES, GATE, Machine  # noqa: F401  (the boot harness and its fakes)
+from test_boot_script import GATE, Machine  # the boot harness and its fakes
 from test_end_to_end import KEY, FakeVast
 from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from test_operations import NOW, FakeMarket, actions, offer, rows
-from test_reconcile import SETTINGS, ago, kills, row, seen
+from test_reconcile import NOW as RECONCILE_NOW, SETTINGS, ago, kills, row, seen
 
-from vastctl import config as config_module, lifecycle, operations, tokens, tunnel
+from vastctl import config as config_module, lifecycle, operations, tokens
 from vastctl.errors import BadInput
 from vastctl.providers.base import ProviderError, ProviderRejected
 from vastctl.reconcile import plan
@@ -154,17 +154,12 @@ def test_a_running_machine_unreachable_through_its_tunnel_past_the_timeout_is_ki
         row("vastctl-5", tunnel_port=None, joined_at=None),  # launch.join none: no tunnel rule
         row("vastctl-6", state="bench_done", tunnel_port=21004, joined_at=None, state_since=ago(minutes=11)),
     ]
-    actions_planned = plan(machines, [seen(r) for r in machines], SETTINGS, config, row_now())
+    actions_planned = plan(machines, [seen(r) for r in machines], SETTINGS, config, RECONCILE_NOW)
     assert kills(actions_planned) == {("vastctl-1", "tunnel_down"), ("vastctl-3", "tunnel_down")}
     reasons = {a.label: a.reason for a in actions_planned if a.kind == "kill"}
     assert reasons["vastctl-1"].startswith("unreachable through its tunnel (127.0.0.1:21000) for 11m")
     assert reasons["vastctl-3"].startswith("never reached through its tunnel (127.0.0.1:21002)")
 
-
-def row_now():
-    from test_reconcile import NOW as RECONCILE_NOW
-
-    return RECONCILE_NOW
 
 
 def test_an_unwritable_keys_file_stops_the_launch_before_anything_is_rented(conn, db_path, tmp_path, host_key):
