@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
+import subprocess
 import threading
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from serving import ADMIN_TOKEN, Manager, free_port, run_vastctl
 from test_boot_script import GATE, Machine  # the boot harness and its fakes
 from test_end_to_end import KEY, FakeVast
 from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
+
+from vastctl import tunnel
 
 
 class JoiningMachine(Machine):
@@ -148,6 +151,14 @@ def test_calls_to_nginx_reach_every_joined_machine_and_a_killed_one_is_out_of_th
         refused = sshd.ssh(a.zk / "tunnel.key", "-N", "-R", f"127.0.0.1:{port_a}:{daemons[0].address}")
         assert refused.returncode == 255 and "Permission denied (publickey)" in refused.stderr, refused.stderr
         assert a.wait_exit() == 0  # its heartbeat was refused: it stopped
+
+        # b's connection drops (the manager restarted sshd, a network blip): its script reconnects by itself
+        dropped = subprocess.run(["ssh", "-S", str(b.zk / "tunnel.ctl"), "-O", "exit", "vastctl-manager"],
+                                 capture_output=True, text=True, timeout=10)
+        assert dropped.returncode == 0, dropped.stderr
+        wait_for(lambda: "tunnel reopened" in b.text("onstart.log"), "b reopens its tunnel", timeout=60)
+        wait_for(lambda: tunnel.probe(port_b, 2), "the manager reaches b again", timeout=30)
+        wait_for(lambda: settled(daemons, nginx, 2) == [0, 2], "calls reach b again", timeout=20)
 
         secrets_never_shown(manager, machines, outputs + a.outputs + b.outputs + [nginx.log.read_text()])
     finally:
