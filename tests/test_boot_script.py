@@ -85,10 +85,18 @@ class Machine:
         self.proc: subprocess.Popen | None = None
 
     def script(self) -> str:
-        """The script as vast runs it: the create's onstart, unpacked if it was packed to fit vast's limit."""
+        """The script as vast runs it: the create's onstart, unpacked if it was packed to fit vast's limit, or
+        fetched from the manager as its loader does (with the machine's token), when too long even packed."""
         sent = self.create["onstart"]
         packed = re.search(r"echo '([A-Za-z0-9+/=]+)' \| base64 -d \| gunzip", sent)
-        return gzip.decompress(base64.b64decode(packed.group(1))).decode() if packed else sent
+        if packed:
+            return gzip.decompress(base64.b64decode(packed.group(1))).decode()
+        if "fetched from the manager" in sent:
+            answer = requests.get(f"{self.manager.url}/v1/instances/{self.uuid}/onstart", timeout=10,
+                                  headers={"Authorization": f"Bearer {self.create['env']['VASTCTL_TOKEN']}"})
+            assert answer.status_code == 200, answer.text
+            return answer.text
+        return sent
 
     def boot(self, **knobs: str) -> Machine:
         path = self.home / "onstart.sh"

@@ -83,7 +83,7 @@ def test_example_config_is_valid_and_documents_every_key():
     config = config_module.from_mapping(raw)
     assert config.fleet.min_bench_rate == 40
     defaults = config_module.Config()
-    for section in ("vast", "fleet", "launch", "timeouts", "reconcile", "agent", "demand", "server", "sim"):
+    for section in ("vast", "fleet", "launch", "timeouts", "reconcile", "agent", "demand", "server", "tunnel", "provers", "sim"):
         assert set(raw[section]) == set(vars(getattr(defaults, section))), section
 
 

@@ -19,6 +19,7 @@ PINNED = {
         "kill_reason", "kill_code", "killed_at", "destroyed_at",
         "vast_status", "vast_status_msg", "vast_seen_at", "vast_missing", "resumed_at", "destroy_attempts",
         "destroy_error", "claimed_vast_id",
+        "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at",
     ],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],
     "settings": ["key", "value", "updated_at"],

@@ -107,6 +107,9 @@ RANGES: dict[str, Range] = {
     "fleet.min_cpu_ram_gb": Range(0, 1e5),
     "fleet.min_inet_down_mbps": Range(0, 1e6),
     "launch.disk_gb": Range(0, 1e5, above=True),
+    "tunnel.ssh_port": Range(1, 65535),  # TCP ports
+    "tunnel.first_port": Range(1, 65535),
+    "tunnel.last_port": Range(1, 65535),
     "launch.bench_count": Range(1, 1000),  # a benchmark of no proof measures nothing
     "launch.bench_concurrency": Range(1, 1000),
     "timeouts.launching": _POSITIVE_DURATION,
@@ -165,6 +168,8 @@ class LaunchSection:
     install: str = ""  # shell command the boot script runs to install curio and cuzk; empty: the image has them
     bench_count: int = 5  # proofs the benchmark times, after one warm-up proof (the gate's calibration)
     bench_concurrency: int = 5  # proofs in flight at once (`cuzk-bench batch -j`): 5 is the published setting
+    join: str = "none"  # how a benched machine reaches Curio: none (the image's own network), ssh (tunnel:), command
+    join_command: str = ""  # launch.join command: what the boot script runs to join, before it reports running
 
 
 @dataclass
@@ -217,6 +222,29 @@ class ServerSection:
 
 
 @dataclass
+class TunnelSection:
+    """launch.join ssh: each machine opens a reverse tunnel to the manager's 127.0.0.1:PORT (vastctl/tunnel.py)."""
+
+    host: str = ""  # the manager's address as the machines dial it
+    ssh_port: int = 22
+    user: str = "vastctl-tunnel"  # the tunnel account (jobs/sshd-vastctl-tunnel.conf)
+    authorized_keys: str = "/var/lib/vastctl/tunnel/authorized_keys"  # written by vastctl, read by sshd
+    host_key_file: str = "/etc/ssh/ssh_host_ed25519_key.pub"  # the manager's host key the machines pin
+    first_port: int = 20000  # the range the machines' ports come from, both ends included
+    last_port: int = 20999
+    down_timeout: float = field(default=10 * 60, metadata=DURATION)  # a running machine unreachable this long dies
+    check_timeout: float = field(default=3.0, metadata=DURATION)  # one probe of a machine through its tunnel
+
+
+@dataclass
+class ProversSection:
+    """`vastctl provers`: the upstream file nginx balances Curio's gRPC over (vastctl/provers.py)."""
+
+    upstream_file: str = ""  # e.g. /etc/nginx/vastctl/cuzk-upstream.conf; empty: not written
+    reload_command: str = ""  # run after the file changed, e.g. `nginx -s reload`
+
+
+@dataclass
 class SimSection:
     seed: int = 1
     failures: str = "default"
@@ -226,6 +254,7 @@ _CHOICES = {
     ("root", "provider"): ("vast", "sim"),
     ("agent", "policy"): ("auto", "rules", "llm"),
     ("sim", "failures"): ("low", "default", "high"),
+    ("launch", "join"): ("none", "ssh", "command"),
 }
 
 
@@ -241,6 +270,8 @@ class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     demand: DemandSection = field(default_factory=DemandSection)
     server: ServerSection = field(default_factory=ServerSection)
+    tunnel: TunnelSection = field(default_factory=TunnelSection)
+    provers: ProversSection = field(default_factory=ProversSection)
     sim: SimSection = field(default_factory=SimSection)
     source: str = field(default="", metadata={"internal": True})
 
@@ -371,7 +402,14 @@ def _refuse_duplicate_keys(node: Any, prefix: str) -> None:
 
 def from_mapping(raw: Mapping[str, Any]) -> Config:
     """Build a Config from a parsed YAML mapping, validating every key and value."""
-    return _build(Config, raw, prefix="")
+    config = _build(Config, raw, prefix="")
+    if config.tunnel.first_port > config.tunnel.last_port:
+        raise BadInput(f"config keys tunnel.first_port ({config.tunnel.first_port}) and tunnel.last_port"
+                       f" ({config.tunnel.last_port}) make an empty range: first_port must be ≤ last_port")
+    if config.launch.join == "command" and not config.launch.join_command.strip():
+        raise BadInput("config key launch.join is command but launch.join_command is empty: set the command the"
+                       " boot script runs to join the machine, or set launch.join to none or ssh")
+    return config
 
 
 def _build(cls, raw: Mapping[str, Any], prefix: str):

@@ -227,6 +227,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX webhook_deliveries_received ON webhook_deliveries(received_at)
         """,
     ),
+    (
+        "each machine's tunnel to the manager: its port, the public half of its key, joined or not since when",
+        # The private half of the key went to the machine in its create request and is kept nowhere here.
+        # A port stays taken until the machine is confirmed destroyed: a killed machine's open session may
+        # still hold it on the manager.
+        """
+        ALTER TABLE instances ADD COLUMN tunnel_port INTEGER;
+        ALTER TABLE instances ADD COLUMN tunnel_public_key TEXT;
+        ALTER TABLE instances ADD COLUMN joined_at TEXT;
+        ALTER TABLE instances ADD COLUMN tunnel_down_since TEXT;
+        ALTER TABLE instances ADD COLUMN tunnel_checked_at TEXT;
+        CREATE UNIQUE INDEX instances_tunnel_port ON instances(tunnel_port)
+            WHERE tunnel_port IS NOT NULL AND destroyed_at IS NULL
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import clock
+from . import clock, tunnel
 from .config import Config
 from .db import transaction
 from .errors import BadInput
@@ -20,7 +20,7 @@ INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
-TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at")
+TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at", "tunnel_down_since")
 RATE_DIGITS = 1  # proofs/hour are shown to one decimal, in the table, the summary and --json alike
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
@@ -59,6 +59,11 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     view["vast_seen_at"] = row.get("vast_seen_at")
     view["vast_status_msg"] = row.get("vast_status_msg")
     view["disagreement"] = disagreement(row)
+    # launch.join ssh: whether the manager reaches the daemon through the machine's tunnel (None: no tunnel)
+    view["tunnel_port"] = row.get("tunnel_port")
+    view["joined"] = tunnel.joined(row)
+    view["joined_at"] = row.get("joined_at") if view["joined"] else None
+    view["tunnel_down_since"] = row.get("tunnel_down_since")
     if view["proofs_per_hour"] is not None:
         view["proofs_per_hour"] = round(view["proofs_per_hour"], RATE_DIGITS)
     for name in TIME_FIELDS:

@@ -59,7 +59,7 @@ SOURCES = ("instance", "reconcile", "agent", "operator")
 KILL_CODES = (
     "bench_failed", "disappeared", "exited", "offline", "start_failed", "scheduling_timeout",
     "timeout_launching", "timeout_registered", "timeout_params_done", "timeout_bench_done",
-    "heartbeat_timeout", "orphan", "operator", "agent",
+    "heartbeat_timeout", "tunnel_down", "orphan", "operator", "agent",
 )
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
 RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate needs at least this much counting

@@ -84,7 +84,7 @@ def _iso(moment: datetime) -> str:
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
-            "implausible_claims")
+            "implausible_claims", "joined", "joined_at", "tunnel_down_since")
     return {k: machine.get(k) for k in keys if machine.get(k) is not None}
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
-from . import blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, upstream
+from . import blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, tunnel, upstream
 from .audit import begin_action, finish_action, record_action, settle
 from .config import Config
 from .db import transaction
@@ -30,7 +30,7 @@ DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines dr
 LAUNCH_LOCK_TTL_S = 15 * 60
 SEARCH_SLACK = 10  # extra offers fetched per launch, to skip blocklisted or vanished ones
 BLOCKLIST = "blocklist"  # the limit a refusal names when the offer's machine is blocklisted
-PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER")  # env values the audit may show
+PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER", *tunnel.PUBLIC_ENV)  # env values the audit may show
 
 
 def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *, actor: str,
@@ -178,6 +178,8 @@ def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | Non
     if not config.server.url:
         raise BadInput("server.url is not set in the config: launched machines would have nowhere to report")
     onstart.check_boot(config.launch)  # a machine that cannot boot is refused before money is spent
+    if tunnel.enabled(config):
+        tunnel.check_config(config)
 
 
 def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offer_id: int | None = None,
@@ -296,14 +298,23 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     finds it); when the intent cannot be written (a full disk), no create is sent.
     """
     uuid, label = _new_identity(conn, config.vast.label_prefix)
+    join_env, join_fields = _join(conn, config, label)
     row = lifecycle.create(
         conn, uuid=uuid, label=label, state=State.LAUNCHING, source=actor, now=now,
         reason=f"launching on offer {offer.id} ({offer.num_gpus}x {offer.gpu_name}, ${offer.dph_total:g}/h)",
         fields={"offer_id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name,
-                "num_gpus": offer.num_gpus, "dph": offer.dph_total},
+                "num_gpus": offer.num_gpus, "dph": offer.dph_total, **join_fields},
     )
-    env = {**onstart.boot_env(config.launch), **config.launch.env, "VASTCTL_UUID": uuid, "VASTCTL_LABEL": label,
-           "VASTCTL_TOKEN": tokens.machine_token(secret, uuid), "VASTCTL_SERVER": config.server.url}
+    if join_fields:  # the machine's key works from its first connect, before the create is even answered
+        try:
+            tunnel.write_authorized_keys(conn, config)
+        except Unavailable as exc:  # nothing rented yet: the row ends here, and so does the launch
+            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code="start_failed", now=now)
+            _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
+            raise
+    env = {**onstart.boot_env(config.launch), **config.launch.env, **join_env, "VASTCTL_UUID": uuid,
+           "VASTCTL_LABEL": label, "VASTCTL_TOKEN": tokens.machine_token(secret, uuid),
+           "VASTCTL_SERVER": config.server.url}
     request = CreateRequest(offer_id=offer.id, image=config.launch.image, disk_gb=config.launch.disk_gb,
                             label=label, onstart=script, env=env)
     audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label,
@@ -321,15 +332,21 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     except DeadlinePassed as exc:  # raised before anything was sent: nothing was rented
         finish_action(conn, intent, ok=False, result=f"not sent: {exc}")
         _not_rented(conn, uuid, f"the create was not sent: {exc}", actor, now)
+        if join_fields:
+            tunnel.write_authorized_keys(conn, config)
         return "failed", lifecycle.get(conn, uuid), str(exc)
     except ProviderRejected as exc:
-        why = f"gone: {exc}" if isinstance(exc, OfferGone) else str(exc)
-        finish_action(conn, intent, ok=False, result=f"refused: {exc}")
-        _not_rented(conn, uuid, f"vast refused the create: {exc}", actor, now)
+        said = _masked(exc, env)
+        why = f"gone: {said}" if isinstance(exc, OfferGone) else said
+        finish_action(conn, intent, ok=False, result=f"refused: {said}")
+        _not_rented(conn, uuid, f"vast refused the create: {said}", actor, now)
+        if join_fields:
+            tunnel.write_authorized_keys(conn, config)
         return "failed", lifecycle.get(conn, uuid), why
     except ProviderError as exc:
-        finish_action(conn, intent, ok=False, result=f"outcome unknown: {exc}")
-        return "unknown", row, str(exc)
+        said = _masked(exc, env)
+        finish_action(conn, intent, ok=False, result=f"outcome unknown: {said}")
+        return "unknown", row, said
     try:
         with transaction(conn):  # the outcome and the row's vast id together
             settle(conn, intent, ok=True, result=f"instance {vast_id}", vast_id=vast_id)
@@ -352,6 +369,33 @@ def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, now: 
     """Kill a launching row whose create surely rented nothing (code start_failed) and mark it destroyed."""
     lifecycle.kill(conn, uuid, why, source=actor, code="start_failed", now=now)
     _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
+
+
+def _masked(exc: Exception, env: Mapping[str, str]) -> str:
+    """A market's error as we show and store it: a secret handed to the machine (token, key) never, even quoted."""
+    text = str(exc)
+    for name, value in env.items():
+        if name not in PUBLIC_ENV and len(value) >= upstream.MIN_SECRET_CHARS:
+            text = text.replace(value, upstream.MASK)
+    return upstream.mask(text)
+
+
+def _join(conn: sqlite3.Connection, config: Config, label: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """(env for the boot script's join step, row fields) for launch.join.
+
+    ssh: a port and a fresh key pair; the private half goes into the env only (the audit masks it, and
+    every text this process shows or stores from now on masks it too), the public half onto the row.
+    """
+    if config.launch.join == "command":
+        return {"VASTCTL_JOIN": "command", "VASTCTL_JOIN_CMD": config.launch.join_command}, {}
+    if not tunnel.enabled(config):
+        return {}, {}
+    port = tunnel.allocate_port(conn, config)
+    private, public = tunnel.new_key_pair(label)
+    env = tunnel.machine_env(config, port, private)
+    upstream.remember_secret(private)
+    upstream.remember_secret(env["VASTCTL_TUNNEL_KEY"])
+    return env, {"tunnel_port": port, "tunnel_public_key": public}
 
 
 def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:
@@ -497,6 +541,9 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
         reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
     row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or actor, now=now)
+    if row.get("tunnel_port") is not None:  # its key stops working at its next connect
+        with contextlib.suppress(Unavailable):  # an unwritable file is reconcile's error to report, every pass
+            tunnel.write_authorized_keys(conn, config)
     if ttl_s is not None:
         blocklist.block_row(conn, row, ttl_s)
     if row["vast_id"] is None and was == State.LAUNCHING:

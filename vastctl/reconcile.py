@@ -18,10 +18,17 @@ Rules, in the order `plan()` applies them to one live row (first match wins):
   bench_failed        bench_done with a rate below the current min_bench_rate (a lost bench report)
   timeout_<state>     launching/registered/params_done/bench_done longer than timeouts.<state>
   heartbeat_timeout   running without a heartbeat for longer than timeouts.heartbeat
+  tunnel_down         running with a tunnel (launch.join ssh) the manager could not reach the daemon through
+                      for longer than tunnel.down_timeout (never joined: counted from `running`)
 
 The vast-status rules (start_failed, exited/offline, scheduling_timeout) skip
 `stopped` rows: their container is down because we asked; `start` moves them
 back to launching, under every rule again.
+
+Before planning, every running machine's tunnel is probed (tunnel.check: joined or not, since when);
+after applying, the tunnel account's authorized_keys is rewritten from the rows (a killed machine's key
+pruned) and nginx's upstream list refreshed (provers.refresh); a failure of either is one of the
+pass's errors, and the next pass tries again.
 
 Killed rows whose machine is not confirmed destroyed are destroyed again on
 every pass. A vast instance labelled with our prefix that has no row is an
@@ -47,7 +54,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import blocklist, clock, guard, locks, operations, settings, upstream
+from . import blocklist, clock, guard, locks, operations, provers, settings, tunnel, upstream
 from .audit import record_action, settle_pending_launches
 from .config import Config
 from .db import transaction
@@ -314,6 +321,12 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
                 return "heartbeat_timeout", f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
         elif (now - beat).total_seconds() > limit:
             return "heartbeat_timeout", f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
+        down = clock.from_iso(tunnel.down_since(dict(row)))
+        limit = config.tunnel.down_timeout
+        if down is not None and (now - down).total_seconds() > limit:
+            how = "unreachable" if tunnel.joined_this_run(dict(row)) else "never reached"
+            return "tunnel_down", (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
+                                   f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
     return None
 
 
@@ -605,6 +618,17 @@ def listing_notes(provider: Provider) -> list[str]:
     return [str(note) for note in notes] if isinstance(notes, list) else []
 
 
+def _after_pass(conn: sqlite3.Connection, config: Config) -> list[str]:
+    """The tunnel account's keys and nginx's upstream list brought in line with the rows; what failed, in words."""
+    errors = []
+    for step in (tunnel.write_authorized_keys, provers.refresh):
+        try:
+            step(conn, config)
+        except Unavailable as exc:
+            errors.append(str(exc))
+    return errors
+
+
 def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, clock: Clock,
              dry_run: bool = False) -> PassResult:
     """One reconcile pass. Raises Unavailable (exit 1) when the lease is held, the listing failed, or it is
@@ -638,6 +662,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             # listing may take seconds (retries), and machines' reports written meanwhile carry later times,
             # so a pass stamped at its start would write events whose times run backwards in id order.
             now = clock.now()
+            tunnel.check(conn, config, now=now)  # joined or not, before the plan reads the rows
             rows = _snapshot(conn)
             matched = match(rows, listing, config.vast.label_prefix)
             first_seen, history = _strays_context(conn, config, matched.unclaimed)
@@ -651,7 +676,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             result = apply(conn, provider, actions, config, now=now, keepalive=lambda: lease.renew(clock.now()), listing=listing,
                            budget=budget)
             result.listed = len(listing)
-            result.errors[:0] = listing_notes(provider)
+            result.errors[:0] = listing_notes(provider) + _after_pass(conn, config)
             return result
     finally:
         provider.deadline = previous

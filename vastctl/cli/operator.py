@@ -61,7 +61,12 @@ def fleet_cmd(
         }
         for i in view["instances"]
     ]
-    print_table(rows, ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "why"])
+    columns = ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "why"]
+    if any(i["tunnel_port"] is not None for i in view["instances"]):  # launch.join ssh: joined, and for how long
+        for row, i in zip(rows, view["instances"]):
+            row["joined"] = {True: f"yes {_age(i['joined_at'], now)}", False: "no", None: "-"}[i["joined"]]
+        columns.insert(columns.index("why"), "joined")
+    print_table(rows, columns)
     s = view["summary"]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"
     listing = f" · vast listed {_age(s['listing_at'], now)} ago" if s["listing_at"] else ""

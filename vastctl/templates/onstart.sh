@@ -3,6 +3,7 @@
 # _UUID, _LABEL, _PIP (launch.vastctl_source), _INSTALL (launch.install), _BENCH_COUNT, _BENCH_CONCURRENCY.
 # launch.env may set VASTCTL_FETCH_CMD, _CUZK_CMD, _BENCH_CMD (prints proofs/h), _PROOFS_CMD (prints
 # proofs done), _ZK_DIR, _CUZK_LISTEN, _CUZK_STATUS_LISTEN, _CUZK_MEMORY, _CUZK_WAIT_S, _HEARTBEAT_S, _C1_URL.
+# launch.join sets VASTCTL_JOIN (ssh: with _TUNNEL_HOST, _SSH_PORT, _USER, _PORT, _HOST_KEY, _KEY; command: _JOIN_CMD).
 set -u
 exec >>"${VASTCTL_LOG:-/var/log/vastctl-onstart.log}" 2>&1
 log() { echo "$(date -u +%FT%TZ) vastctl-onstart: $*"; }
@@ -92,6 +93,37 @@ case "$RATE" in ''|*[!0-9.]*) fail "no benchmark rate (got '$(echo "$RATE" | LC_
 vastctl bench-report --rate "$RATE"; rc=$?
 if [ $rc -eq 5 ]; then log "rate $RATE is below the gate: not proving"; stop; exit 0; fi
 [ $rc -eq 0 ] || { log "bench-report failed (exit $rc)"; stop; exit 1; }
+
+# 4b. join (launch.join): ssh opens a reverse tunnel from the manager's 127.0.0.1:VASTCTL_TUNNEL_PORT to the
+# daemon (VASTCTL_TUNNEL_TARGET, default its gRPC), pinned to the manager's host key, kept up with backoff
+# (tunnel.log); command runs VASTCTL_JOIN_CMD; none leaves it to the image. Only a joined machine says running.
+tunnel_up() { ssh -S "$ZK/tunnel.ctl" -O check vastctl-manager >/dev/null 2>&1; }
+tunnel_open() {
+  ssh -f -N -M -S "$ZK/tunnel.ctl" -i "$ZK/tunnel.key" -p "$VASTCTL_TUNNEL_SSH_PORT" -E "$ZK/tunnel.log" \
+    -o BatchMode=yes -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$ZK/tunnel.known_hosts" \
+    -o HostKeyAlias=vastctl-manager -o ExitOnForwardFailure=yes -o ServerAliveInterval=15 -o ServerAliveCountMax=3 \
+    -o ConnectTimeout=20 -R "127.0.0.1:$VASTCTL_TUNNEL_PORT:$TARGET" "$VASTCTL_TUNNEL_USER@$VASTCTL_TUNNEL_HOST"
+}
+case "${VASTCTL_JOIN:-none}" in
+  ssh)
+    TARGET=${VASTCTL_TUNNEL_TARGET:-$LISTEN}; TARGET=${TARGET#unix://}
+    (umask 077; echo "$VASTCTL_TUNNEL_KEY" | base64 -d >"$ZK/tunnel.key") || { log "no tunnel key"; stop; exit 1; }
+    echo "vastctl-manager $VASTCTL_TUNNEL_HOST_KEY" >"$ZK/tunnel.known_hosts"
+    T0=$SECONDS D=1
+    until tunnel_open; do
+      [ $((SECONDS - T0)) -lt "${VASTCTL_TUNNEL_WAIT_S:-300}" ] || { log "no tunnel to $VASTCTL_TUNNEL_HOST: $(tail1 "$ZK/tunnel.log")"; stop; exit 1; }
+      sleep $D; D=$((D < 30 ? D * 2 : 60))
+    done
+    log "joined: the manager's 127.0.0.1:$VASTCTL_TUNNEL_PORT reaches $TARGET (tunnel.log)"
+    (D=1; while kill -0 $$ 2>/dev/null; do  # reconnect with backoff while this script lives
+       if tunnel_up; then D=1; sleep 5; continue; fi
+       tunnel_open && log "tunnel reopened" || { sleep $D; D=$((D < 30 ? D * 2 : 60)); }
+     done; ssh -S "$ZK/tunnel.ctl" -O exit vastctl-manager >/dev/null 2>&1) &
+    ;;
+  command) bash -c "$VASTCTL_JOIN_CMD" >join.log 2>&1 || { log "launch.join_command failed (exit $?): $(tail1 join.log)"; stop; exit 1; } ;;
+  none) ;;
+  *) log "unknown VASTCTL_JOIN '${VASTCTL_JOIN}'"; stop; exit 1 ;;
+esac
 
 # 5. prove, with a heartbeat carrying the daemon's cumulative proof count
 vastctl running || { stop; exit 1; }

@@ -1,0 +1,75 @@
+"""The boot script's join step (launch.join command and ssh's failure), run for real under bash with the boot
+harness of test_boot_script: only a joined machine reports running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from serving import ADMIN_TOKEN, Manager, free_port
+from test_boot_script import GATE, Machine, vast  # noqa: F401  (the fake vast fixture)
+
+
+def manager_with(tmp_path, launch: str):
+    m = Manager(tmp_path / "manager")
+    port = free_port()
+    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "4", "VASTCTL_RETRY_FOR": "10s"}
+    m.config_path.write_text(
+        f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
+        f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"
+        "launch:\n  vastctl_source: vastctl==0.1.0\n  install: 'true'\n  bench_count: 4\n  bench_concurrency: 2\n"
+        f"  env: {json.dumps(launch_env)}\n{launch}")
+    return m.start(port)
+
+
+@pytest.fixture
+def booted(tmp_path, vast):  # noqa: F811
+    made = []
+
+    def boot(launch: str, **knobs) -> Machine:
+        manager = manager_with(tmp_path, launch)
+        machine = Machine(manager, vast, tmp_path / "machine")
+        made.append((manager, machine))
+        return machine.boot(**knobs)
+
+    yield boot
+    for manager, machine in made:
+        machine.stop()
+        manager.stop()
+
+
+@pytest.mark.slow
+def test_join_command_runs_on_the_machine_with_its_details_then_it_reports_running(booted):
+    machine = booted('  join: command\n  join_command: \'echo "$VASTCTL_LABEL $VASTCTL_UUID $VASTCTL_CUZK_LISTEN'
+                     ' $VASTCTL_CUZK_STATUS_LISTEN" > joined.txt\'\n')
+    assert machine.create["env"]["VASTCTL_JOIN"] == "command"
+    machine.wait_for(lambda r: r["state"] == "running", "running after the join command")
+    assert (machine.zk / "joined.txt").read_text().split() == [
+        machine.label, machine.uuid, f"127.0.0.1:{machine.grpc}", f"127.0.0.1:{machine.status}"]
+    events = [e["to_state"] for e in machine.manager.events(machine.uuid)]
+    assert events[-2:] == ["bench_done", "running"]
+
+
+@pytest.mark.slow
+def test_a_failing_join_command_never_reports_running(booted):
+    machine = booted("  join: command\n  join_command: 'echo no route to the cluster; exit 3'\n")
+    assert machine.wait_exit() == 1
+    assert machine.current()["state"] == "bench_done"  # reconcile's bench_done timeout kills it
+    assert "launch.join_command failed (exit 3): no route to the cluster" in machine.text("onstart.log")
+    assert not machine.daemon_answers()  # the prover it started is stopped
+
+
+@pytest.mark.slow
+def test_an_ssh_join_to_a_manager_that_does_not_answer_never_reports_running(booted, tmp_path):
+    key = tmp_path / "host_key"
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    machine = booted(f"  join: ssh\ntunnel:\n  host: 127.0.0.1\n  ssh_port: {free_port()}\n"
+                     f"  host_key_file: {key}.pub\n  authorized_keys: {tmp_path / 'ak'}\n",
+                     VASTCTL_TUNNEL_WAIT_S="3")
+    assert machine.wait_exit(timeout=60) == 1
+    assert machine.current()["state"] == "bench_done"
+    log = machine.text("onstart.log")
+    assert "no tunnel to 127.0.0.1:" in log and "Connection refused" in log, log
+    assert machine.create["env"]["VASTCTL_TUNNEL_KEY"] not in log

@@ -1,0 +1,31 @@
+"""`vastctl provers`: the joined machines as Curio's gRPC upstream (nginx), kept current."""
+
+from __future__ import annotations
+
+import typer
+
+from .app import JsonOpt, app, globals_of, print_json, print_table, say
+
+
+@app.command("provers")
+def provers_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Check every running machine's tunnel, list the joined ones, and rewrite nginx's upstream file if the set changed.
+
+    The file (provers.upstream_file) is replaced atomically and only when the set of joined machines
+    changed; then provers.reload_command runs. A reload that fails is one error line and exit 1, the
+    previous file back in place. `reconcile` does the same after every pass.
+
+    Example: vastctl provers --json
+    """
+    from .. import provers, tunnel
+
+    g = globals_of(ctx)
+    conn = g.connect()
+    tunnel.check(conn, g.config, now=g.clock.now())
+    result = provers.refresh(conn, g.config)
+    if as_json:
+        print_json(result.view())
+        return
+    print_table(result.provers, ["label", "endpoint", "joined_at"])
+    if result.changed:
+        say(f"{result.upstream_file}: {len(result.provers)} prover(s)" + ("; reloaded" if result.reloaded else ""))
