@@ -203,6 +203,25 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE vast_cache ADD COLUMN storage_dph REAL
         """,
     ),
+    (
+        "each machine keeps the disk price vast last listed for it, for the cost account after it is gone",
+        # vast_cache holds the last listing only: a destroyed machine drops out of it, and with it the price
+        # its stopped hours billed at. Triggers copy the price onto the row whenever the listing is written.
+        """
+        ALTER TABLE instances ADD COLUMN storage_dph REAL;
+        UPDATE instances SET storage_dph = (SELECT c.storage_dph FROM vast_cache c WHERE c.vast_id = instances.vast_id)
+            WHERE vast_id IS NOT NULL;
+        CREATE TRIGGER vast_cache_storage_insert AFTER INSERT ON vast_cache WHEN NEW.storage_dph IS NOT NULL
+        BEGIN
+            UPDATE instances SET storage_dph = NEW.storage_dph WHERE vast_id = NEW.vast_id AND destroyed_at IS NULL;
+        END;
+        CREATE TRIGGER vast_cache_storage_update AFTER UPDATE OF storage_dph ON vast_cache
+            WHEN NEW.storage_dph IS NOT NULL
+        BEGIN
+            UPDATE instances SET storage_dph = NEW.storage_dph WHERE vast_id = NEW.vast_id AND destroyed_at IS NULL;
+        END
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -303,7 +322,16 @@ def migrate(conn: sqlite3.Connection, *, now: datetime) -> int:
 
 
 def _statements(sql: str) -> list[str]:
-    return [part.strip() for part in sql.split(";") if part.strip()]
+    """The statements of a migration; a trigger's body (BEGIN … ; … END) stays one statement."""
+    statements, pending = [], ""
+    for part in sql.split(";"):
+        pending = f"{pending};{part}" if pending else part
+        if pending.strip() and sqlite3.complete_statement(pending + ";"):
+            statements.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        statements.append(pending.strip())
+    return statements
 
 
 @contextlib.contextmanager
