@@ -222,6 +222,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         END
         """,
     ),
+    (
+        "the tail of each machine's logs, as its boot script pushed it",
+        # one row per machine and log name, replaced at each push: bounded by the number of machines
+        """
+        CREATE TABLE machine_logs (
+            uuid TEXT NOT NULL,
+            name TEXT NOT NULL,
+            at TEXT NOT NULL,
+            text TEXT NOT NULL,
+            cut INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (uuid, name)
+        )
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
