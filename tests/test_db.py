@@ -37,7 +37,7 @@ PINNED = {
     "demand_samples": ["id", "at", "queued", "proofs_per_hour", "source", "ok", "error", "in_flight", "lookahead"],
     "agent_steps": [
         "id", "started_at", "finished_at", "policy", "outcome", "event_cursor", "observation", "actions", "refused",
-        "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost",
+        "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost", "hold",
     ],
 }
 

@@ -236,6 +236,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
+    (
+        "agent steps: why a step that did nothing held",
+        """
+        ALTER TABLE agent_steps ADD COLUMN hold TEXT
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
