@@ -201,3 +201,38 @@ def test_bad_input_is_one_error_line_and_exit_2(cli, ready, at_five, args, words
     result = cli("cost", *args)
     assert result.code == 2 and result.out == ""
     assert result.err.startswith("error: ") and words in result.err and result.err.count("\n") == 1
+
+
+# --- the same figures on the page and in /metrics ------------------------------------------------------
+
+
+def test_the_dashboard_card_and_the_metrics_are_the_same_account(db_path):
+    from test_dashboard import make_app
+    from test_metrics import samples
+
+    from vastctl import dashboard, dashboard_page, metrics, server
+
+    base = make_app(db_path)
+    virtual = VirtualClock(T0 + timedelta(hours=5))
+    app = server.App(base.config, base.keyring, clock=virtual)
+    conn = app.connection()
+    uuid = launch(conn, "vastctl-ffff", at=T0, dph=0.4)
+    run_to(conn, uuid, T0 + timedelta(hours=1))
+    lifecycle.update_fields(conn, uuid, {"proofs_done": 250})
+    launch(conn, "vastctl-abcd", at=T0 + timedelta(hours=4), dph=0.3)  # booting: nothing proved
+    figures = cost.account(conn, now=virtual.now())
+    assert figures["cost"] == pytest.approx(5 * 0.4 + 0.3) and figures["never_proved_cost"] == pytest.approx(0.3)
+
+    data = dashboard.Web(app.config, app.keyring.secrets()[0], app.connection, clock=virtual).data()
+    assert data["cost"] == figures
+    card = dashboard_page.live_fragment(data)
+    assert f'<span class="big" id="cost-total">${figures["cost"]:.2f}</span>' in card
+    assert f'<span id="cost-per-1000">${figures["cost_per_1000_proofs"]:.2f}</span> per 1,000 proofs' in card
+    assert "vast&#x27;s invoice is the truth" in card
+
+    found = samples(metrics.render(conn, app.config, virtual.now()).decode())
+    for part in cost.PARTS:
+        assert found[("vastctl_cost_dollars", (("part", part),))] == pytest.approx(figures[part])
+    assert found[("vastctl_cost_proofs", ())] == 250
+    assert found[("vastctl_cost_per_1000_proofs_dollars", ())] == pytest.approx(figures["cost_per_1000_proofs"])
+    assert found[("vastctl_cost_never_proved_dollars", ())] == pytest.approx(0.3)
