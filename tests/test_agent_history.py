@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from test_cli_agent import Market, market, query, ready, running  # noqa: F401  (fixtures)
+from test_cli_agent import market, query, ready, running  # noqa: F401  (fixtures)
 from test_rules import CONFIG, NOW, m, observation, queued
 
 from vastctl import db

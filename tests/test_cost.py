@@ -236,3 +236,16 @@ def test_the_dashboard_card_and_the_metrics_are_the_same_account(db_path):
     assert found[("vastctl_cost_proofs", ())] == 250
     assert found[("vastctl_cost_per_1000_proofs_dollars", ())] == pytest.approx(figures["cost_per_1000_proofs"])
     assert found[("vastctl_cost_never_proved_dollars", ())] == pytest.approx(0.3)
+    assert found[("vastctl_cost_dead_until_detected_dollars", ())] == 0
+
+
+def test_a_machine_that_died_after_proving_counts_its_undetected_time_as_wasted(conn):
+    uuid = launch(conn, "vastctl-9999", at=T0, dph=0.6)
+    run_to(conn, uuid, T0 + timedelta(minutes=30))
+    lifecycle.update_fields(conn, uuid, {"proofs_done": 80, "last_heartbeat_at": "2026-11-30T23:40:00.000000Z"})
+    lifecycle.kill(conn, uuid, "t", source="reconcile", code="exited", now=T0 + timedelta(hours=2))
+    lifecycle.update_fields(conn, uuid, {"destroyed_at": "2026-12-01T00:00:00.000000Z"})
+    figures = cost.account(conn, now=T0 + timedelta(hours=3))
+    assert figures["dead_until_detected_cost"] == pytest.approx(20 / 60 * 0.6)  # 23:40 to its kill at 00:00
+    assert figures["never_proved_cost"] == 0
+    assert figures["wasted_share"] == pytest.approx(0.2 / figures["cost"], abs=1e-4)

@@ -22,7 +22,10 @@ A machine killed with no vast id and nothing confirmed was never rented and
 costs nothing. Proofs are the machines' own counts (proofs_done); in a
 window (`since`) or a day, each machine's count is shared out over the time
 it was running. "Never proved" is what machines that proved nothing cost:
-boots, failed benches, machines dead before their first proof.
+boots, failed benches, machines dead before their first proof. "Dead until
+detected" is what a machine that had proved billed between its last heartbeat
+and its kill for dying (exited, offline, disappeared, heartbeat timeout);
+`wasted_share` is both over the whole.
 Everything is computed at an injected `now` (the one-clock rule).
 """
 
@@ -40,6 +43,8 @@ from .errors import BadInput
 from .lifecycle import State
 
 PARTS = ("rented", "stopped_storage", "after_kill")
+# kills of a machine that stopped working on its own: from its last heartbeat to the kill it was dead, undetected
+DEATH_CODES = ("exited", "offline", "disappeared", "heartbeat_timeout")
 GROUPINGS = ("machine", "gpu", "day", "reason")
 SOURCE_NOTE = "vastctl's account from its state file; vast's invoice is the truth"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -182,6 +187,17 @@ def _group_key(by: str, row: dict[str, Any]) -> str:
     return "stopped" if row["state"] == State.STOPPED else "live"
 
 
+def _dead_cost(piece: Piece, row: dict[str, Any]) -> float:
+    """What a rented piece billed between a dead machine's last heartbeat and its kill (dead, not yet detected)."""
+    if piece.part != "rented" or row.get("kill_code") not in DEATH_CODES:
+        return 0.0
+    last, killed = clock.from_iso(row.get("last_heartbeat_at")), clock.from_iso(row.get("killed_at"))
+    if last is None or killed is None:
+        return 0.0
+    overlap = (min(piece.end, killed) - max(piece.start, last)).total_seconds()
+    return max(0.0, overlap) / 3600 * piece.dph
+
+
 class _Tally:
     def __init__(self) -> None:
         self.cost = {part: 0.0 for part in PARTS}
@@ -190,12 +206,14 @@ class _Tally:
         self.machines: set[str] = set()
         self.never_proved = 0.0
         self.never_proved_machines: set[str] = set()
+        self.dead = 0.0
 
-    def add(self, piece: Piece, proofs: float, never_proved: bool) -> None:
+    def add(self, piece: Piece, proofs: float, never_proved: bool, dead: float) -> None:
         self.cost[piece.part] += piece.cost
         self.hours[piece.part] += piece.hours
         self.proofs += proofs
         self.machines.add(piece.uuid)
+        self.dead += dead
         if never_proved:
             self.never_proved += piece.cost
             self.never_proved_machines.add(piece.uuid)
@@ -212,6 +230,8 @@ class _Tally:
             "never_proved_cost": round(self.never_proved, 4),
             "never_proved_share": round(self.never_proved / total, 4) if total > 0 else None,
             "never_proved_machines": len(self.never_proved_machines),
+            "dead_until_detected_cost": round(self.dead, 4),
+            "wasted_share": round((self.never_proved + self.dead) / total, 4) if total > 0 else None,
             "machines": len(self.machines),
         }
 
@@ -241,9 +261,10 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
             else:  # counted proofs but never in state running (an adopted machine): shared over its billed time
                 share = part_piece.hours / billed_h[piece.uuid] if billed_h[piece.uuid] > 0 else 0.0
             proofs = proofs_done * share
-            total.add(part_piece, proofs, proofs_done == 0)
+            dead = _dead_cost(part_piece, row) if proofs_done > 0 else 0.0  # else counted as never proved
+            total.add(part_piece, proofs, proofs_done == 0, dead)
             if key is not None:
-                groups.setdefault(key, _Tally()).add(part_piece, proofs, proofs_done == 0)
+                groups.setdefault(key, _Tally()).add(part_piece, proofs, proofs_done == 0, dead)
     figures = {
         "as_of": clock.display_iso(clock.to_iso(now)),
         "since": clock.display_iso(clock.to_iso(since)) if since else None,

@@ -157,7 +157,7 @@ def _cost(figures: dict[str, Any]) -> str:
     note = (f'rented ${figures["rented"]:.2f} · stopped disks ${figures["stopped_storage"]:.2f} · after kills'
             f' ${figures["after_kill"]:.2f} · {esc(figures["proofs"])} proofs · never proved'
             f' ${figures["never_proved_cost"]:.2f}' + ("" if share is None else f' ({share * 100:.1f}%)')
-            + f' · {esc(figures["source"])}')
+            + f' · dead until detected ${figures["dead_until_detected_cost"]:.2f} · {esc(figures["source"])}')
     return (f'<section id="cost" class="cards"><div class="card"><h3>Cost</h3><p>{value}</p>'
             f'<p class="note">{note}</p></div></section>')
 

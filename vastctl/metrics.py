@@ -145,3 +145,5 @@ def _cost(figures: dict) -> Iterator[Metric]:
                  math.nan if per is None else per)
     yield _gauge("vastctl_cost_never_proved_dollars", "$ spent on machines that never proved (boots, failed benches,"
                  " machines dead before a first proof).", figures["never_proved_cost"])
+    yield _gauge("vastctl_cost_dead_until_detected_dollars", "$ machines that had proved billed between their last"
+                 " heartbeat and their kill for dying.", figures["dead_until_detected_cost"])

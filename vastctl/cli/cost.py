@@ -43,7 +43,8 @@ def cost_cmd(
     share = figures["never_proved_share"]
     echo(f"never proved ${figures['never_proved_cost']:.2f}"
          + ("" if share is None else f" ({share * 100:.1f}% of the spend)")
-         + f" on {figures['never_proved_machines']} of {figures['machines']} machines")
+         + f" on {figures['never_proved_machines']} of {figures['machines']} machines;"
+         + f" dead until detected ${figures['dead_until_detected_cost']:.2f}")
     if figures["groups"]:
         print_table([{by: group["key"], "cost": f"{group['cost']:.2f}", "rented": f"{group['rented']:.2f}",
                       "stopped": f"{group['stopped_storage']:.2f}", "after_kill": f"{group['after_kill']:.2f}",
