@@ -85,9 +85,8 @@ def dashboard_page(data: dict[str, Any], *, csrf: str, flash: dict[str, str] | N
         f'<form method="post" action="/logout" class="inline">{hidden}<button type="submit">Sign out</button></form>'
         f"</header>{note}<main>"
         f'<div id="live" data-src="{LIVE_URL}" data-every="{REFRESH_MS}">{live_fragment(data)}</div>'
-        f'{_logs(data.get("logs") or [])}'
         f'<aside id="actions">{_settings_forms(data["settings"], hidden)}{_kill_form(hidden)}{_note_form(hidden)}'
-        "</aside></main>"
+        f'</aside>{_logs(data.get("logs") or [])}</main>'
     )
     return _document("vastctl · fleet", body, script=True)
 
