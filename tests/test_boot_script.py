@@ -209,11 +209,21 @@ def test_a_good_machine_benches_warm_runs_and_heartbeats_the_daemons_count(machi
 
 @pytest.mark.slow
 def test_a_failed_parameter_fetch_is_reported_at_once_with_its_cleaned_reason(machine):
-    machine.boot(FAKE_CURIO_FETCH_ERROR="dial tcp 104.18.2.1:443: i/o timeout \x1b[2J\u202e token=abcdef123456")
+    machine.boot(FAKE_CURIO_FETCH_ERROR="dial tcp 104.18.2.1:443: i/o timeout \x1b[2J\u202e token=abcdef123456"
+                                        " <img src=x onerror=alert(1)>")
     assert machine.wait_exit() == 1
     row = assert_killed_and_blocklisted(machine, from_state="registered", says="parameter fetch failed (exit 1):")
     assert "i/o timeout" in row["kill_reason"] and "token=***" in row["kill_reason"]
     assert "abcdef123456" not in row["kill_reason"] and "\x1b" not in row["kill_reason"]
+    # the script pushed its logs before reporting: the fetch log's tail arrived, escaped and masked
+    shown = run_vastctl("logs", machine.label, "--json", env=machine.operator)
+    assert shown.returncode == 0, shown.stderr
+    logs = {log["name"]: log for log in json.loads(shown.stdout)["logs"]}
+    assert {"onstart", "fetch"} <= set(logs)
+    fetch = logs["fetch"]["text"]
+    assert "i/o timeout \\x1b[2J\\u202e token=***" in fetch and "<img src=x onerror=alert(1)>" in fetch
+    assert "\x1b" not in fetch and "\u202e" not in fetch and "abcdef123456" not in fetch
+    assert "parameter fetch failed" in logs["onstart"]["text"]
 
 
 @pytest.mark.slow

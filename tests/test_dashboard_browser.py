@@ -305,3 +305,21 @@ def test_vasts_hostile_message_is_text_in_a_detail_that_stays_open(page, manager
     assert page.locator(f'#fleet tr[data-label="{label}"] details.vastmsg .msg').is_visible()  # still open
     assert re.fullmatch(r"updated \d\d:\d\d:\d\d UTC", page.inner_text("#refreshed"))
     assert page.locator("#live img").count() == 0 and page.dialogs == []
+
+
+def test_a_hostile_log_tail_is_shown_as_text(page, manager):
+    label = f"vastctl-says-{uuid_module.uuid4().hex[:6]}"
+    uuid = register(manager, label)
+    said = f"fetching\n{XSS} <script>alert(2)</script>\x1b[31mred\u202e\nend"
+    response = requests.post(f"{manager.url}/v1/instances/{uuid}/log", json={"name": "fetch", "text": said},
+                             headers={"Authorization": f"Bearer {manager.token(uuid)}"}, timeout=10)
+    assert response.status_code == 200, response.text
+    sign_in(page, manager)
+    log = page.locator(f'#logs details[data-label="{label}"][data-name="fetch"]')
+    log.locator("summary").click()
+    shown = log.locator("pre").inner_text()
+    assert shown == f"fetching\n{XSS} <script>alert(2)</script>\\x1b[31mred\\u202e\nend"
+    assert page.locator("#logs img").count() == 0 and page.locator("#logs script").count() == 0
+    assert page.dialogs == []
+    card = page.inner_text("#cost")
+    assert "spent" in card and "vast's invoice is the truth" in card

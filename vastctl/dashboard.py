@@ -54,7 +54,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import clock as clock_module
 from . import dashboard_page as page
-from . import fleet, guard, operations, overview, settings, signin
+from . import cost, fleet, guard, machine_logs, operations, overview, settings, signin
 from .config import Config
 from .errors import BadInput, GuardRefused, VastctlError
 from .upstream import cut
@@ -180,7 +180,12 @@ class Web:
         return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash).encode()
 
     def data(self) -> dict:
-        return overview.overview(self.connect(), self.config, self.clock.now())
+        """What the page shows: overview's figures, the cost account and the machines' log tails (the CLI's calls)."""
+        conn, now = self.connect(), self.clock.now()
+        data = overview.overview(conn, self.config, now)
+        data["cost"] = cost.account(conn, now=now)
+        data["logs"] = machine_logs.recent(conn)
+        return data
 
     def static(self, name: str) -> Response:
         if name not in STATIC:

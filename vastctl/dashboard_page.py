@@ -106,7 +106,7 @@ def dashboard_page(data: dict[str, Any], *, csrf: str, flash: dict[str, str] | N
         f"</header>{note}<main>"
         f'<div id="live" data-src="{LIVE_URL}" data-every="{REFRESH_MS}">{live_fragment(data)}</div>'
         f'<aside id="actions">{_settings_forms(data["settings"], hidden)}{_kill_form(hidden)}{_note_form(hidden)}'
-        "</aside></main>"
+        f'</aside>{_logs(data.get("logs") or [])}</main>'
     )
     return _document("vastctl · fleet", body, script=True)
 
@@ -117,6 +117,7 @@ def live_fragment(data: dict[str, Any]) -> str:
     labels = "".join(f'<option value="{esc(i["label"])}">' for i in data["instances"] if i["state"] != "killed")
     parts = [
         _summary(data["summary"], now),
+        _cost(data["cost"]) if "cost" in data else "",
         _chart(data["history"], data["summary"]["settings"]) if "history" in data else "",
         _fleet(data["instances"], now, refusals=_refusals(data["steps"])),
         f'<datalist id="machine-labels">{labels}</datalist>',
@@ -166,6 +167,34 @@ def _summary(s: dict[str, Any], now: datetime) -> str:
     body = "".join(f'<div class="card"><h3>{title}</h3><p>{value}</p><p class="note">{note}</p></div>'
                    for title, value, note in cards)
     return f'<section id="summary" class="cards">{body}</section>'
+
+
+def _cost(figures: dict[str, Any]) -> str:
+    """What the fleet cost (cost.account, as `vastctl cost`): vastctl's account; vast's invoice is the truth."""
+    per = figures["cost_per_1000_proofs"]
+    share = figures["never_proved_share"]
+    value = (f'<span class="big" id="cost-total">${figures["cost"]:.2f}</span> spent · '
+             + ("no proofs yet" if per is None else f'<span id="cost-per-1000">${per:.2f}</span> per 1,000 proofs'))
+    note = (f'rented ${figures["rented"]:.2f} · stopped disks ${figures["stopped_storage"]:.2f} · after kills'
+            f' ${figures["after_kill"]:.2f} · {esc(figures["proofs"])} proofs · never proved'
+            f' ${figures["never_proved_cost"]:.2f}' + ("" if share is None else f' ({share * 100:.1f}%)')
+            + f' · dead until detected ${figures["dead_until_detected_cost"]:.2f} · {esc(figures["source"])}')
+    return (f'<section id="cost" class="cards"><div class="card"><h3>Cost</h3><p>{value}</p>'
+            f'<p class="note">{note}</p></div></section>')
+
+
+def _logs(tails: list[dict[str, Any]]) -> str:
+    """The machines' log tails (machine_logs.recent, as `vastctl logs`): hostile text, shown as text only."""
+    if not tails:
+        return '<section id="logs"><h2>Machine logs</h2><p class="empty">no machine has pushed a log</p></section>'
+    items = []
+    for tail in tails:
+        cut_note = " (cut to its tail)" if tail["cut"] else ""
+        items.append(
+            f'<details class="log" data-label="{esc(tail["label"])}" data-name="{esc(tail["name"])}">'
+            f'<summary>{esc(tail["label"])} · {esc(tail["name"])} · {esc(tail["at"])}{cut_note}</summary>'
+            f'<pre>{esc(tail["text"], "")}</pre></details>')
+    return f'<section id="logs"><h2>Machine logs</h2>{"".join(items)}</section>'
 
 
 DEMAND_FIGURES = (  # demand.Demand.view() keys, as the card names them

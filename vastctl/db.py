@@ -242,6 +242,45 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE tunnel_port IS NOT NULL AND destroyed_at IS NULL
         """,
     ),
+    (
+        "each machine keeps the disk price vast last listed for it, for the cost account after it is gone",
+        # vast_cache holds the last listing only: a destroyed machine drops out of it, and with it the price
+        # its stopped hours billed at. Triggers copy the price onto the row whenever the listing is written.
+        """
+        ALTER TABLE instances ADD COLUMN storage_dph REAL;
+        UPDATE instances SET storage_dph = (SELECT c.storage_dph FROM vast_cache c WHERE c.vast_id = instances.vast_id)
+            WHERE vast_id IS NOT NULL;
+        CREATE TRIGGER vast_cache_storage_insert AFTER INSERT ON vast_cache WHEN NEW.storage_dph IS NOT NULL
+        BEGIN
+            UPDATE instances SET storage_dph = NEW.storage_dph WHERE vast_id = NEW.vast_id AND destroyed_at IS NULL;
+        END;
+        CREATE TRIGGER vast_cache_storage_update AFTER UPDATE OF storage_dph ON vast_cache
+            WHEN NEW.storage_dph IS NOT NULL
+        BEGIN
+            UPDATE instances SET storage_dph = NEW.storage_dph WHERE vast_id = NEW.vast_id AND destroyed_at IS NULL;
+        END
+        """,
+    ),
+    (
+        "the tail of each machine's logs, as its boot script pushed it",
+        # one row per machine and log name, replaced at each push: bounded by the number of machines
+        """
+        CREATE TABLE machine_logs (
+            uuid TEXT NOT NULL,
+            name TEXT NOT NULL,
+            at TEXT NOT NULL,
+            text TEXT NOT NULL,
+            cut INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (uuid, name)
+        )
+        """,
+    ),
+    (
+        "agent steps: why a step that did nothing held",
+        """
+        ALTER TABLE agent_steps ADD COLUMN hold TEXT
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -342,7 +381,16 @@ def migrate(conn: sqlite3.Connection, *, now: datetime) -> int:
 
 
 def _statements(sql: str) -> list[str]:
-    return [part.strip() for part in sql.split(";") if part.strip()]
+    """The statements of a migration; a trigger's body (BEGIN … ; … END) stays one statement."""
+    statements, pending = [], ""
+    for part in sql.split(";"):
+        pending = f"{pending};{part}" if pending else part
+        if pending.strip() and sqlite3.complete_statement(pending + ";"):
+            statements.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        statements.append(pending.strip())
+    return statements
 
 
 @contextlib.contextmanager

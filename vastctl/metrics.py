@@ -18,7 +18,7 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from . import fleet, overview
+from . import cost, fleet, overview
 from .observe import observe
 from .config import Config
 from .lifecycle import State
@@ -68,6 +68,7 @@ class _FleetCollector:
             kills.add_metric([code], count)
         yield kills
         yield from _agent(overview.agent_totals(conn))
+        yield from _cost(cost.account(conn, now=now))
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -127,3 +128,22 @@ def _agent(totals: dict) -> Iterator[Metric]:
                               value=totals["refused"])
     yield _gauge("vastctl_agent_last_step_timestamp_seconds", "When the agent last finished a step.",
                  _timestamp(totals["last_step"]))
+
+
+def _cost(figures: dict) -> Iterator[Metric]:
+    """vastctl's account of what vast billed (cost.account, as `vastctl cost`): vast's invoice is the truth."""
+    spent = GaugeMetricFamily("vastctl_cost_dollars", "$ vast billed for our machines as vastctl accounts for it"
+                              " (vast's invoice is the truth), by part: rented, stopped_storage, after_kill.",
+                              labels=["part"])
+    for part in cost.PARTS:
+        spent.add_metric([part], figures[part])
+    yield spent
+    yield _gauge("vastctl_cost_proofs", "Proofs our machines reported done (the count the cost per proof divides by).",
+                 figures["proofs"])
+    per = figures["cost_per_1000_proofs"]
+    yield _gauge("vastctl_cost_per_1000_proofs_dollars", "$ per 1,000 proofs, vastctl's account (NaN: no proofs yet).",
+                 math.nan if per is None else per)
+    yield _gauge("vastctl_cost_never_proved_dollars", "$ spent on machines that never proved (boots, failed benches,"
+                 " machines dead before a first proof).", figures["never_proved_cost"])
+    yield _gauge("vastctl_cost_dead_until_detected_dollars", "$ machines that had proved billed between their last"
+                 " heartbeat and their kill for dying.", figures["dead_until_detected_cost"])

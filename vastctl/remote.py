@@ -40,7 +40,8 @@ READ_TIMEOUT = 30.0
 
 # The report bodies' fields and the instance-command flags that carry them (the HTTP API ↔ the CLI).
 FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", "num_gpus": "--num-gpus",
-               "rate": "--rate", "proofs_done": "--proofs-done", "failed": "--failed", "reason": "--reason"}
+               "rate": "--rate", "proofs_done": "--proofs-done", "failed": "--failed", "reason": "--reason",
+               "name": "--name", "text": "--file"}
 
 
 class RemoteReports:
@@ -127,6 +128,13 @@ class RemoteReports:
         lifecycle.validate_text(uuid, "--uuid")
         body = {} if proofs_done is None else {"proofs_done": lifecycle.validate_proofs(proofs_done)}
         return self._report(uuid, "heartbeat", body)
+
+    def log_push(self, uuid, name, text):
+        from . import machine_logs
+
+        lifecycle.validate_text(uuid, "--uuid")
+        machine_logs.check_name(name)
+        return self._report(uuid, "log", {"name": name, "text": text})
 
     # --- HTTP ----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The five reports a rented machine's boot script makes, as one interface.
+"""The five reports a rented machine's boot script makes, and the push of its log tails, as one interface.
 
 `LocalReports` writes the state file directly (the manager host, the
 simulator, `vastctl serve`); a remote implementation speaks HTTP to `serve`.
@@ -30,6 +30,8 @@ class Reports(Protocol):
     def running(self, uuid: str) -> dict[str, Any]: ...
 
     def heartbeat(self, uuid: str, proofs_done: int | None) -> dict[str, Any]: ...
+
+    def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]: ...
 
 
 class LocalReports:
@@ -63,3 +65,8 @@ class LocalReports:
 
     def heartbeat(self, uuid, proofs_done=None):
         return {"state": lifecycle.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]}
+
+    def log_push(self, uuid, name, text):
+        from . import machine_logs
+
+        return machine_logs.push(self.conn, uuid, name, text, now=self.now)

@@ -31,6 +31,10 @@ Decisions the contract leaves open:
 - A request must arrive in full within `request_timeout` of its first byte
   (a connection trickling a byte at a time is closed), a connection that sends
   nothing for `timeout` is closed, and at most `connection_limit` are open.
+- `POST /v1/instances/UUID/log` (`{"name": …, "text": …}`) keeps the tail of
+  one of the machine's boot logs (machine_logs: escaped, cut, never run);
+  a killed machine may still push until vast confirms its destroy, since its
+  logs are what say why it failed.
 - `GET /v1/instances/UUID/onstart` answers the boot script a launch pinned by
   its sha256 when it was too long for vast's onstart field (onstart.loader),
   with the same token and killed-machine checks as a report.
@@ -186,6 +190,9 @@ class App:
         _allow(method, "POST")
         self.check_machine(environ, uuid)
         self.check_retired(uuid, report)
+        if report == "log":
+            name, text = _log_fields(_read_json(environ))
+            return 200, LocalReports(self.connection(), self.config, now=self.clock.now()).log_push(uuid, name, text)
         return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -243,6 +250,8 @@ class App:
             return
         if report == "bench-report" and row["kill_code"] == "bench_failed":
             return
+        if report == "log" and not row["destroyed_at"]:  # a killed machine's last words: why it failed
+            return
         gone = "was destroyed" if row["destroyed_at"] else "was killed"
         raise HTTPError(409, f"instance {row['label']} {gone} ({row['kill_reason'] or 'no reason recorded'}):"
                              " its token is no longer accepted; shut the machine down")
@@ -281,12 +290,12 @@ def _raw_path(environ: dict) -> str:
 def _report_route(path: str) -> tuple[str, str]:
     parts = path.split("/")
     if (len(parts) == 5 and parts[0] == "" and parts[1:3] == ["v1", "instances"]
-            and parts[4] in (*REPORTS, "onstart") and parts[3]):
+            and parts[4] in (*REPORTS, "onstart", "log") and parts[3]):
         uuid = unquote(parts[3].encode("latin-1").decode("utf-8", "replace"))
         return uuid, parts[4]
     raise HTTPError(404, f"no such endpoint {_loggable(path)}: the endpoints are POST /v1/instances/UUID/REPORT"
-                         f" (REPORT: {', '.join(REPORTS)}), GET /v1/instances/UUID/onstart, POST {webhooks.PATH},"
-                         " GET /v1/fleet and GET /healthz")
+                         f" (REPORT: {', '.join(REPORTS)}, log), GET /v1/instances/UUID/onstart,"
+                         f" POST {webhooks.PATH}, GET /v1/fleet and GET /healthz")
 
 
 def _allow(method: str, allowed: str) -> None:
@@ -358,6 +367,16 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
             lifecycle.validate_text(value, field)
         values[key] = value
     return values
+
+
+def _log_fields(body: dict[str, Any]) -> tuple[Any, str]:
+    """The log push's body: "name" (one of machine_logs.NAMES) and "text" (any text; made safe when kept)."""
+    unknown = [key for key in body if key not in ("name", "text")]
+    if unknown:
+        raise BadInput(f'unknown field {json.dumps(cut(unknown[0], 60))} for log (allowed: "name", "text")')
+    if not isinstance(body.get("text"), str):
+        raise BadInput(f'the "text" field must be text (the log\'s tail), got {_shown(body.get("text"))}')
+    return body.get("name"), body["text"]
 
 
 def _finite_number(value: Any, field: str) -> float:

@@ -248,3 +248,28 @@ def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
                    reason=(f"no work queued, in flight or coming for {int(empty_for // 60)}m (agent.scale_down_after"
                            f" {int(config.agent.scale_down_after // 60)}m); least proofs per dollar"
                            f" ({_per_dollar(worst):.1f}/$)"))]
+
+
+def hold_reason(obs: Observation, config: Config) -> str:
+    """Why plan() has nothing to do: the figures it held on, in one line (what `agent-step --dry-run` says)."""
+    want = wanted_capacity(obs, config)
+    running = sum(m["expected_rate"] for m in obs.machines if m["state"] == State.RUNNING and not _vast_dead(m))
+    booting = sum(m["expected_rate"] for m in obs.machines if m["state"] in PENDING_STATES and not _vast_dead(m))
+    target = float(obs.settings["target_proofs_per_hour"])
+    sized = f"{round(want, 1):g} wanted (target {target:g} × (1 + headroom {config.agent.headroom:g}))"
+    if has_work(obs):
+        have = f"capacity {round(running, 1):g} + {round(booting, 1):g} booting"
+        if running + booting >= want - 1e-9:
+            return f"{work_reason(obs)}: {have} covers {sized}"
+        return (f"{work_reason(obs)}: {have} is short of {sized}, but no stopped machine to resume and no offer"
+                f" of fleet.gpus within max_dph, max_hourly_spend (${obs.spend_per_hour:.2f}/h of"
+                f" ${float(obs.settings['max_hourly_spend']):g}/h) and max_instances")
+    since = obs.demand.empty_since
+    empty_for = int((obs.now - since).total_seconds() // 60) if since is not None else 0
+    wait = int(config.agent.scale_down_after // 60)
+    if not _cooled_down(obs, config):
+        return (f"no work queued, in flight or coming for {empty_for}m: machines are released after"
+                f" agent.scale_down_after ({wait}m)")
+    if any(m["state"] in PENDING_STATES for m in obs.machines):
+        return f"no work for {empty_for}m, but a machine is still booting (its rate is a guess): releasing after it settles"
+    return f"no work for {empty_for}m and no machine left to release"

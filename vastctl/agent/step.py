@@ -63,6 +63,7 @@ class StepResult:
     tokens: dict[str, int] = field(default_factory=lambda: dict(ZERO_TOKENS))
     cost: float = 0.0
     demand: dict[str, Any] | None = None
+    hold: str | None = None  # the rules' reason for doing nothing (rules.hold_reason)
 
     @property
     def skipped(self) -> bool:
@@ -73,7 +74,7 @@ class StepResult:
         return {"policy": self.policy, "skipped": self.skipped, "reason": self.reason, "outcome": self.outcome,
                 "dry_run": self.outcome == "dry_run", "step_id": self.step_id, "actions": self.actions,
                 "refused": self.refused, "errors": self.errors, "tokens": dict(self.tokens),
-                "cost": round(self.cost, 6), "demand": self.demand}
+                "cost": round(self.cost, 6), "demand": self.demand, "hold": self.hold}
 
 
 def resolve_policy(policy: str | None, config: Config, env: Mapping[str, str]) -> str:
@@ -145,7 +146,7 @@ def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env
         result.errors.append(str(exc) or type(exc).__name__)
         raise
     finally:
-        result.actions, result.refused = executor.actions, executor.refused
+        result.actions, result.refused, result.hold = executor.actions, executor.refused, executor.hold
         result.errors = executor.errors + result.errors
         if result.outcome != "error":
             result.outcome = "dry_run" if dry_run else "ok"
@@ -207,12 +208,12 @@ def _finish_step(conn, result: StepResult, now: datetime) -> None:
     with transaction(conn):
         conn.execute(
             "UPDATE agent_steps SET finished_at = ?, outcome = ?, actions = ?, refused = ?, errors = ?,"
-            " input_tokens = ?, output_tokens = ?, cache_read_tokens = ?, cache_write_tokens = ?, cost = ?"
+            " input_tokens = ?, output_tokens = ?, cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, hold = ?"
             " WHERE id = ?",
             (clock_module.to_iso(now), result.outcome, json.dumps(result.actions, default=str),
              json.dumps(result.refused, default=str), json.dumps(result.errors), int(tokens["input"]),
              int(tokens["output"]), int(tokens["cache_read"]), int(tokens["cache_write"]), float(result.cost),
-             result.step_id),
+             result.hold, result.step_id),
         )
 
 
@@ -229,6 +230,7 @@ class Executor:
         self.actions: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self.hold: str | None = None
 
     def submit(self, action: Action) -> tuple[bool, str]:
         """Guard and apply one action; (ok, what happened) — the text the llm is told."""
@@ -315,7 +317,10 @@ def _offers_if_needed(executor: Executor) -> list:
 
 
 def _run_rules(executor: Executor) -> None:
-    for action in rules.plan(executor.obs, executor.config, _offers_if_needed(executor)):
+    planned = rules.plan(executor.obs, executor.config, _offers_if_needed(executor))
+    if not planned:
+        executor.hold = rules.hold_reason(executor.obs, executor.config)
+    for action in planned:
         executor.submit(action)
 
 

@@ -11,7 +11,7 @@ import typer
 from .. import db
 from ..errors import BadInput, VastctlError
 from ..lifecycle import printable
-from . import agent, demo, instance, market, operator, provers, reconcile, serve  # noqa: F401  (registers their commands)
+from . import agent, agent_history, cost, demo, instance, logs, market, operator, provers, reconcile, serve  # noqa: F401  (registers their commands)
 from .app import Globals, app
 
 COMPLETE_VAR = "_VASTCTL_COMPLETE"

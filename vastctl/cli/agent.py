@@ -112,6 +112,8 @@ def agent_step_cmd(
         prefix = "dry run: " if dry_run else ""
         say(f"{prefix}policy {result.policy}: {len(result.actions)} action(s), {len(result.refused)} refused"
             + (f", {len(result.errors)} error(s)" if result.errors else ""))
+        if result.hold:
+            say(f"holding: {result.hold}")
     if result.outcome == "error":
         raise Unavailable("; ".join(result.errors) or "the step failed")
     for error in result.errors:

@@ -24,9 +24,12 @@ stop() {  # the prover, given 10 s to exit
   [ -n "$CUZK" ] || return 0; kill "$CUZK" 2>/dev/null
   for _ in $(seq 50); do kill -0 "$CUZK" 2>/dev/null || return 0; sleep 0.2; done; kill -9 "$CUZK" 2>/dev/null
 }
+# log tails to the manager (`vastctl logs`), never fatal
+push() { for n; do f=$ZK/$n.log; [ $n = onstart ] && f=${VASTCTL_LOG:-/var/log/vastctl-onstart.log}
+  VASTCTL_RETRY_FOR=9s vastctl log-push --name $n --file "$f" >/dev/null 2>&1; done; :; }
 # a boot that cannot measure a rate is a failed bench, reported at once: the manager kills the machine
 fail() {
-  log "$1"; stop; set -- "$(echo "$1" | sed 's/ *$//')"  # a reason never ends in a space
+  log "$1"; stop; push onstart fetch cuzk bench; set -- "$(echo "$1" | sed 's/ *$//')"  # a reason never ends in a space
   vastctl bench-report --failed --reason="$1"; log "failed bench reported (exit $?)"; exit 1
 }
 
@@ -51,6 +54,7 @@ need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or 
 log "fetching parameters (fetch.log)"
 bash -c "${VASTCTL_FETCH_CMD:-curio fetch-params 32GiB}" >fetch.log 2>&1 || fail "parameter fetch failed (exit $?): $(tail1 fetch.log)"
 vastctl params-done || exit 1
+push onstart fetch
 
 # 4. the prover on the config written here, then the benchmark gate
 cat >cuzk.toml <<EOF
@@ -90,6 +94,7 @@ else
   RATE=$(awk -v p="$PPM" 'BEGIN{printf "%.3f", p*60}')
 fi
 case "$RATE" in ''|*[!0-9.]*) fail "no benchmark rate (got '$(echo "$RATE" | LC_ALL=C tr -c ' -~' ' ' | cut -c1-60)')" ;; esac
+push onstart cuzk bench
 vastctl bench-report --rate "$RATE"; rc=$?
 if [ $rc -eq 5 ]; then log "rate $RATE is below the gate: not proving"; stop; exit 0; fi
 [ $rc -eq 0 ] || { log "bench-report failed (exit $rc)"; stop; exit 1; }
@@ -134,8 +139,10 @@ proofs() {
 while kill -0 $CUZK 2>/dev/null; do
   N=$(proofs 2>/dev/null | tail -1); case "$N" in ''|*[!0-9]*) N= ;; esac
   vastctl heartbeat ${N:+--proofs-done "$N"}; rc=$?
+  push onstart cuzk
   if [ $rc -eq 2 ] || [ $rc -eq 3 ]; then log "the manager refused the heartbeat (exit $rc): stopping"; stop; exit 0; fi
   sleep "${VASTCTL_HEARTBEAT_S:-60}"
 done
 log "cuzk exited: no more heartbeats (reconcile will notice)"
+push onstart cuzk
 exit 1
