@@ -3,9 +3,9 @@
 The default is the template shipped in the package (`templates/onstart.sh`,
 also at `jobs/onstart.sh`); `launch.onstart` in the config replaces it. It
 carries no values of its own: `launch.vastctl_source`, `launch.install`,
-`launch.bench_count` and `launch.bench_concurrency` reach it as VASTCTL_PIP,
-VASTCTL_INSTALL, VASTCTL_BENCH_COUNT and VASTCTL_BENCH_CONCURRENCY in the
-create request's `env`, beside the per-machine values.
+`launch.bench_count`, `launch.bench_concurrency` and `launch.orphan_after` reach it
+as VASTCTL_PIP, VASTCTL_INSTALL, VASTCTL_BENCH_COUNT, VASTCTL_BENCH_CONCURRENCY and
+VASTCTL_ORPHAN_AFTER_S in the create request's `env`, beside the per-machine values.
 
 The shipped script needs three programs on the machine: vastctl (to report),
 curio (`curio fetch-params`) and cuzk with cuzk-bench (the prover and its
@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import math
 from importlib import resources
 
 from .config import DEFAULT_IMAGE, LaunchSection
@@ -89,6 +90,7 @@ def boot_env(launch: LaunchSection) -> dict[str, str]:
         env["VASTCTL_INSTALL"] = launch.install.strip()
     env["VASTCTL_BENCH_COUNT"] = str(launch.bench_count)
     env["VASTCTL_BENCH_CONCURRENCY"] = str(launch.bench_concurrency)
+    env["VASTCTL_ORPHAN_AFTER_S"] = str(math.ceil(launch.orphan_after))  # the dead-man switch; 0: off
     return env
 
 

@@ -1,0 +1,272 @@
+"""The machines' dead-man switch: a machine the manager no longer answers, or that the manager killed, destroys
+its own instance with its per-instance key, so a dead manager host does not leave the fleet billing.
+
+The real boot script runs under bash against the fakes of tests/fakes (test_boot_script's harness) and reports to
+a real `vastctl serve`; vast's instance API, as an instance calls it from inside, is a loopback fake that records
+every request. Durations are short and set the way launch.env would set them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+import responses
+from serving import free_port, run_vastctl
+from test_boot_script import Machine, manager, vast  # noqa: F401  (fixtures)
+
+from vastctl import config as config_module, onstart
+from vastctl.clock import VirtualClock
+from vastctl.errors import BadInput, Refused, Unavailable
+from vastctl.remote import RemoteReports
+
+INSTANCE_KEY = "per-instance-key-0123456789abcdef"
+ORPHAN_S = 4
+FAST = {"VASTCTL_ORPHAN_AFTER_S": str(ORPHAN_S), "VASTCTL_WATCHDOG_S": "0.2", "VASTCTL_LAST_TRY_FOR": "1s",
+        "CONTAINER_API_KEY": INSTANCE_KEY}
+
+
+class Recorder(ThreadingHTTPServer):
+    """A loopback HTTP server answering every request with one status, and recording each."""
+
+    daemon_threads = True
+
+    def __init__(self, status: int, body: dict, port: int = 0):
+        self.status, self.body, self.requests = status, body, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(handler):
+                length = int(handler.headers.get("Content-Length") or 0)
+                self.requests.append({"method": handler.command, "path": handler.path,
+                                      "auth": handler.headers.get("Authorization"),
+                                      "body": handler.rfile.read(length).decode()})
+                data = json.dumps(self.body).encode()
+                handler.send_response(self.status)
+                handler.send_header("Content-Type", "application/json")
+                handler.send_header("Content-Length", str(len(data)))
+                handler.end_headers()
+                handler.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _any
+
+            def log_message(handler, *args):
+                pass
+
+        super().__init__(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+@pytest.fixture
+def instance_api():
+    """vast's API as the instance's own key reaches it: a destroy answers {"success": true}."""
+    server = Recorder(200, {"success": True})
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def machine(manager, vast, tmp_path):  # noqa: F811
+    m = Machine(manager, vast, tmp_path / "machine")
+    yield m
+    m.stop()
+
+
+def boot(machine: Machine, instance_api: Recorder, **knobs: str) -> Machine:
+    return machine.boot(**{**FAST, "VASTCTL_VAST_URL": instance_api.url, **knobs})
+
+
+def wait_until(predicate, what: str, machine: Machine, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what}:\n{machine.text('onstart.log')}")
+
+
+def sandbox_empty(machine: Machine) -> bool:
+    """Nothing of the boot is left: the script, its watchdog and the prover have all exited."""
+    if machine.proc.poll() is None:
+        return False
+    try:
+        os.killpg(machine.proc.pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def assert_destroyed_itself_once(machine: Machine, instance_api: Recorder) -> None:
+    wait_until(lambda: instance_api.requests, "the machine never called vast's destroy", machine)
+    wait_until(lambda: sandbox_empty(machine), "the boot's processes are still running after the destroy", machine)
+    assert instance_api.requests == [{"method": "DELETE", "path": "/api/v0/instances/5001/",
+                                      "auth": f"Bearer {INSTANCE_KEY}", "body": "{}"}]
+    assert not machine.daemon_answers()  # it stopped proving
+
+
+def running(machine: Machine) -> None:
+    machine.wait_for(lambda r: r["state"] == "running" and r["last_heartbeat_at"], "running with heartbeats")
+
+
+# --- the switch, in the real boot script -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_machine_whose_manager_is_gone_destroys_itself_once_after_orphan_after(machine, instance_api):
+    boot(machine, instance_api)
+    running(machine)
+    assert instance_api.requests == []  # heartbeats answered: nothing happens however long it runs
+    machine.manager.stop()
+    stopped = time.monotonic()
+    assert_destroyed_itself_once(machine, instance_api)
+    assert time.monotonic() - stopped >= ORPHAN_S - 1  # not before orphan_after (whole seconds on the machine)
+    log = machine.text("onstart.log")
+    assert f"no answer from the manager for {ORPHAN_S}s: one last heartbeat" in log
+    assert "destroying this instance: orphaned" in log and "vastctl-onstart: destroyed" in log
+
+
+@pytest.mark.slow
+def test_a_manager_answering_5xx_is_alive_and_the_machine_keeps_proving(machine, instance_api):
+    boot(machine, instance_api, VASTCTL_RETRY_FOR="2s")  # retries at most ~1 s apart, well inside orphan_after
+    running(machine)
+    port = machine.manager.port
+    machine.manager.stop()
+    failing = Recorder(503, {"error": "upgrading"}, port=port)  # the TLS proxy's answer while serve restarts
+    try:
+        contact = machine.zk / "manager-contact"
+        ages = []
+        deadline = time.monotonic() + 3 * ORPHAN_S
+        while time.monotonic() < deadline:  # three times orphan_after of nothing but 5xx
+            ages.append(time.time() - int(contact.read_text()))
+            time.sleep(0.2)
+        assert max(ages) < ORPHAN_S - 1, ages  # each 5xx answer was noted as contact
+        assert len(failing.requests) > 3 * ORPHAN_S and all(r["path"].endswith("/heartbeat") for r in failing.requests)
+        assert instance_api.requests == [] and machine.proc.poll() is None and machine.daemon_answers()
+        assert "one last heartbeat" not in machine.text("onstart.log")
+    finally:
+        failing.close()
+    assert_destroyed_itself_once(machine, instance_api)  # once nothing answers at all, the switch still works
+
+
+@pytest.mark.slow
+def test_a_killed_machine_destroys_itself_at_once(machine, instance_api):
+    boot(machine, instance_api, VASTCTL_ORPHAN_AFTER_S="3600")
+    running(machine)
+    run_vastctl("kill", machine.label, "--reason", "rotating the fleet", "--force", env=machine.operator)
+    assert machine.current()["state"] == "killed"  # (the manager's own destroy goes to the fake of its listing)
+    assert machine.wait_exit() == 0
+    assert_destroyed_itself_once(machine, instance_api)
+    log = machine.text("onstart.log")
+    assert "the manager refused the heartbeat (exit 3): stopping" in log
+    assert "destroying this instance: killed by the manager" in log
+
+
+@pytest.mark.slow
+def test_a_machine_that_never_reaches_the_manager_gives_up_after_orphan_after(machine, instance_api):
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens: every report is refused at connect
+    boot(machine, instance_api, VASTCTL_SERVER=nobody, VASTCTL_RETRY_FOR="1s")
+    assert machine.wait_exit() == 1  # register gave up; the watchdog outlives the script
+    assert "register failed" in machine.text("onstart.log")
+    assert_destroyed_itself_once(machine, instance_api)
+
+
+@pytest.mark.slow
+def test_the_switch_can_be_turned_off(machine, instance_api):
+    nobody = f"http://127.0.0.1:{free_port()}"
+    boot(machine, instance_api, VASTCTL_SERVER=nobody, VASTCTL_RETRY_FOR="1s", VASTCTL_ORPHAN_AFTER_S="0")
+    assert machine.wait_exit() == 1
+    wait_until(lambda: sandbox_empty(machine), "a watchdog runs although launch.orphan_after is 0", machine, timeout=10)
+    assert instance_api.requests == []
+
+
+# --- what the switch reads: the manager's answers, any status, noted by the instance commands ----------------
+
+
+def remote(tmp_path: Path, clock: VirtualClock) -> RemoteReports:
+    return RemoteReports.from_env({"VASTCTL_SERVER": "https://manager.example", "VASTCTL_TOKEN": "t0ken",
+                                   "VASTCTL_RETRY_FOR": "2s", "VASTCTL_CONTACT_FILE": str(tmp_path / "contact")},
+                                  clock=clock)
+
+
+@responses.activate
+def test_every_answer_is_noted_as_contact_and_an_unreachable_manager_is_not(tmp_path):
+    from datetime import datetime, timezone
+
+    clock = VirtualClock(datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc))
+    url = "https://manager.example/v1/instances/u1/heartbeat"
+    contact = tmp_path / "contact"
+    responses.post(url, body=requests.ConnectionError("Connection refused"))
+    with pytest.raises(Unavailable):
+        remote(tmp_path, clock).heartbeat("u1")
+    assert not contact.exists()  # nobody answered
+
+    responses.replace(responses.POST, url, status=503, json={"error": "upgrading"})
+    with pytest.raises(Unavailable):
+        remote(tmp_path, clock).heartbeat("u1")
+    assert int(contact.read_text()) == int(clock.now().timestamp())  # a 5xx, the last retry's, is an answer
+
+    clock.advance(60)
+    responses.replace(responses.POST, url, status=409, json={"error": "instance x was killed: stop proving"})
+    with pytest.raises(Refused):
+        remote(tmp_path, clock).heartbeat("u1")
+    assert int(contact.read_text()) == int(clock.now().timestamp())
+
+    clock.advance(60)
+    responses.replace(responses.POST, url, status=200, json={"state": "running"})
+    assert remote(tmp_path, clock).heartbeat("u1")["state"] == "running"
+    assert int(contact.read_text()) == int(clock.now().timestamp())
+    assert not list(tmp_path.glob("contact.*"))  # written whole, no part left behind
+
+
+@responses.activate
+def test_a_contact_file_that_cannot_be_written_does_not_fail_the_report(tmp_path):
+    from datetime import datetime, timezone
+
+    clock = VirtualClock(datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc))
+    responses.post("https://manager.example/v1/instances/u1/heartbeat", status=200, json={"state": "running"})
+    reports = RemoteReports("https://manager.example", "t0ken", clock=clock,
+                            contact_file=str(tmp_path / "no-such-dir" / "contact"))
+    assert reports.heartbeat("u1")["state"] == "running"
+
+
+# --- launch.orphan_after ---------------------------------------------------------------------------------
+
+
+def test_orphan_after_reaches_the_machine_and_defaults_to_four_hours():
+    assert onstart.boot_env(config_module.from_mapping({}).launch)["VASTCTL_ORPHAN_AFTER_S"] == "14400"
+    configured = config_module.from_mapping({"launch": {"orphan_after": "6h"}})
+    assert onstart.boot_env(configured.launch)["VASTCTL_ORPHAN_AFTER_S"] == "21600"
+    assert onstart.boot_env(config_module.from_mapping({"launch": {"orphan_after": 0}}).launch)[
+        "VASTCTL_ORPHAN_AFTER_S"] == "0"
+
+
+@pytest.mark.parametrize("raw, says", [
+    ({"launch": {"orphan_after": "90m"}}, "timeouts.params_done is 5400s"),
+    ({"launch": {"orphan_after": "5h"}, "timeouts": {"registered": "5h"}}, "timeouts.registered is 18000s"),
+    ({"launch": {"orphan_after": "soon"}}, "launch.orphan_after: expected a duration"),
+])
+def test_an_orphan_after_a_healthy_boot_could_outlast_is_refused(raw, says):
+    with pytest.raises(BadInput, match=says):
+        config_module.from_mapping(raw)
+
+
+def test_the_cli_refuses_a_short_orphan_after_with_one_line(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("launch:\n  orphan_after: 10m\n")
+    done = run_vastctl("fleet", env={"VASTCTL_CONFIG": str(config), "VASTCTL_DB": str(tmp_path / "x.db")})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+    assert "launch.orphan_after" in done.stderr and not (tmp_path / "x.db").exists()
