@@ -270,3 +270,60 @@ def test_the_cli_refuses_a_short_orphan_after_with_one_line(tmp_path):
     done = run_vastctl("fleet", env={"VASTCTL_CONFIG": str(config), "VASTCTL_DB": str(tmp_path / "x.db")})
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
     assert "launch.orphan_after" in done.stderr and not (tmp_path / "x.db").exists()
+
+
+# --- what the manager shows: each machine's last contact, and a warning before the fleet gives up ---------
+
+
+def test_fleet_shows_each_machines_last_contact_and_warns_before_the_fleet_gives_up(conn, config):
+    from datetime import datetime, timedelta, timezone
+
+    from vastctl import dashboard_page, fleet, lifecycle
+
+    t0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
+    for uuid, label in (("u-boot", "vastctl-boot"), ("u-run", "vastctl-run")):
+        lifecycle.create(conn, uuid=uuid, label=label, state="launching", reason="launch", source="operator", now=t0,
+                         fields={"vast_id": 7 if uuid == "u-boot" else 8})
+    lifecycle.register(conn, "u-boot", now=t0 + timedelta(minutes=5))  # a report that changes state
+    lifecycle.register(conn, "u-run", now=t0 + timedelta(minutes=2))
+    lifecycle.heartbeat(conn, "u-run", now=t0 + timedelta(minutes=30))  # a report that records no event
+
+    def view(now):
+        return fleet.fleet_view(conn, config, now=now)
+
+    fresh = view(t0 + timedelta(minutes=31))
+    contact = {i["label"]: i["last_contact_at"] for i in fresh["instances"]}
+    assert contact == {"vastctl-boot": "2026-12-01T08:05:00Z", "vastctl-run": "2026-12-01T08:30:00Z"}
+    assert (fresh["summary"]["last_contact_at"], fresh["summary"]["contact_age_s"]) == ("2026-12-01T08:30:00Z", 60)
+    assert fresh["summary"]["orphan_after_s"] == 14400 and fresh["summary"]["orphan_warning"] is None
+
+    def live(v, now):
+        return dashboard_page.live_fragment({"now": now, "instances": v["instances"], "summary": {
+            **v["summary"], "settings": {"max_hourly_spend": 10, "max_dph": 1, "max_instances": 10},
+            "pending_capacity_proofs_per_hour": 0, "demand": None, "destroys_pending": {"count": 0},
+            "reconcile": {"last_success": None, "last_error": None, "failures_last_day": 0}},
+            "events": [], "steps": []})
+
+    assert "orphan-warning" not in live(fresh, t0 + timedelta(minutes=31))
+    late = t0 + timedelta(minutes=30, hours=2, seconds=1)  # half of orphan_after since the fleet's newest report
+    warned = view(late)
+    assert warned["summary"]["orphan_warning"].startswith(
+        "no machine has reached the manager for 2h: they destroy themselves in 1h59m (launch.orphan_after 4h)")
+    assert 'id="orphan-warning"' in live(warned, late) and "destroy themselves in 1h59m" in live(warned, late)
+
+
+def test_the_fleet_table_has_a_contact_column_and_the_warning(cli, store):
+    from datetime import timedelta
+
+    from vastctl import lifecycle
+    from vastctl.clock import SYSTEM
+
+    lifecycle.create(store, uuid="u-1", label="vastctl-quiet", state="launching", reason="launch", source="operator",
+                     now=SYSTEM.now() - timedelta(hours=3), fields={"vast_id": 9})
+    done = cli("fleet")
+    assert done.code == 0 and "contact" in done.out.splitlines()[0]
+    assert done.err.startswith("warning: no machine has reached the manager for 3h: they destroy themselves in ")
+    assert "(launch.orphan_after 4h)" in done.err.splitlines()[0]
+    lifecycle.register(store, "u-1", now=SYSTEM.now())
+    done = cli("fleet")
+    assert done.code == 0 and "warning" not in done.err

@@ -58,11 +58,12 @@ def fleet_cmd(
             "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
             "$/h": fmt_num(i["dph"], 3), "bench": fmt_num(i["bench_rate"]), "proofs/h": fmt_num(i["proofs_per_hour"]),
             "for": _age(i["state_since"], now), "heartbeat": _age(i["last_heartbeat_at"], now),
-            "why": i["kill_reason"] or i["disagreement"] or "",
+            "contact": _age(i["last_contact_at"], now), "why": i["kill_reason"] or i["disagreement"] or "",
         }
         for i in view["instances"]
     ]
-    print_table(rows, ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "why"])
+    print_table(rows, ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "contact",
+                        "why"])
     s = view["summary"]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"
     listing = f" · vast listed {_age(s['listing_at'], now)} ago" if s["listing_at"] else ""
@@ -70,6 +71,8 @@ def fleet_cmd(
         f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
         f" · ${s['spend_per_hour']:.2f}/h{listing}"
     )
+    if s.get("orphan_warning"):
+        say(f"warning: {s['orphan_warning']}")
     if s["listing_error"]:
         say(f"warning: the last vast listing failed: {s['listing_error']}")
     elif not s["listing_at"] and view["instances"]:
