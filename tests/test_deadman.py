@@ -327,3 +327,56 @@ def test_the_fleet_table_has_a_contact_column_and_the_warning(cli, store):
     lifecycle.register(store, "u-1", now=SYSTEM.now())
     done = cli("fleet")
     assert done.code == 0 and "warning" not in done.err
+
+
+# --- the loader a long boot script is sent as: the switch holds before the script itself is on the machine ----
+
+
+def run_loader(tmp_path: Path, server: str, instance_api: Recorder, *, timeout: float = 60, **knobs: str):
+    """The loader as vast runs it; (exit status, stderr), or (None, stderr) when it was still running at `timeout`."""
+    import subprocess
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "VASTCTL_SERVER": server, "VASTCTL_UUID": "u-1",
+           "VASTCTL_TOKEN": "t0ken", "CONTAINER_ID": "5001", "CONTAINER_API_KEY": INSTANCE_KEY,
+           "VASTCTL_VAST_URL": instance_api.url, "VASTCTL_LOADER_RETRY_S": "0.2", **knobs}
+    proc = subprocess.Popen(["bash", "-c", onstart.loader("#!/bin/bash\necho booted\n")], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return None, proc.communicate()[1]
+
+
+DESTROY = {"method": "DELETE", "path": "/api/v0/instances/5001/", "auth": f"Bearer {INSTANCE_KEY}", "body": "{}"}
+
+
+@pytest.mark.slow
+def test_a_loader_that_never_reaches_the_manager_destroys_its_instance_after_orphan_after(tmp_path, instance_api):
+    started = time.monotonic()
+    code, err = run_loader(tmp_path, f"http://127.0.0.1:{free_port()}", instance_api, VASTCTL_ORPHAN_AFTER_S="2")
+    assert code == 1 and "destroying this instance" in err
+    assert time.monotonic() - started >= 1  # not before orphan_after (whole seconds on the machine)
+    assert instance_api.requests == [DESTROY]
+
+
+@pytest.mark.slow
+def test_a_loader_told_409_destroys_at_once(tmp_path, instance_api):
+    killed = Recorder(409, {"error": "instance x was killed: its token is no longer accepted"})
+    try:
+        code, err = run_loader(tmp_path, killed.url, instance_api, VASTCTL_ORPHAN_AFTER_S="3600")
+    finally:
+        killed.close()
+    assert code == 1 and "(last answer 409)" in err
+    assert len(killed.requests) == 1 and instance_api.requests == [DESTROY]
+
+
+@pytest.mark.slow
+def test_a_loader_whose_manager_answers_5xx_keeps_asking_and_destroys_nothing(tmp_path, instance_api):
+    failing = Recorder(503, {"error": "upgrading"})
+    try:  # three times orphan_after of 5xx answers
+        code, _ = run_loader(tmp_path, failing.url, instance_api, timeout=3.0, VASTCTL_ORPHAN_AFTER_S="1")
+    finally:
+        failing.close()
+    assert code is None and len(failing.requests) >= 5 and instance_api.requests == []
