@@ -10,6 +10,7 @@ documented lag (jobs/litestream.yml: sync-interval 1s), and vastctl must open it
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import sqlite3
@@ -220,3 +221,108 @@ def test_the_shipped_config_is_one_litestream_takes(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "/var/lib/vastctl/vastctl.db" in done.stdout and "file" in done.stdout
+
+
+# --- docs/deployment.md's section, as written ---------------------------------------------------------
+
+
+def guide_section(title: str) -> str:
+    """The text of the guide's `## N. <title>` section (found by its title: sections get renumbered)."""
+    from test_deployment_guide import GUIDE
+
+    parts = re.split(r"^(## \d+\. .*)$", GUIDE.read_text(), flags=re.M)
+    (text,) = [body for head, body in zip(parts[1::2], parts[2::2]) if title in head]
+    return text
+
+
+def guide_blocks(title: str) -> list[list[str]]:
+    """Each ```sh block of the section as its logical lines (continuations joined, comments left out)."""
+    blocks = re.findall(r"^```sh\n(.*?)^```$", guide_section(title), flags=re.M | re.S)
+    return [[line.strip() for line in block.replace("\\\n", " ").splitlines()
+             if line.strip() and not line.lstrip().startswith("#")] for block in blocks]
+
+
+class Host:
+    """One manager host of the guide, in a sandbox (test_deployment_guide.Sandbox), and Litestream's lines on it."""
+
+    NOT_HERE = {"/opt/vastctl/bin/pip": "installs into /opt", "/etc/systemd/system": "installs a unit",
+                "systemctl": "needs systemd as init"}
+
+    def __init__(self, root: Path, replica: Path):
+        from test_deployment_guide import Sandbox
+
+        self.sandbox = Sandbox(root)
+        self.replica = replica  # /mnt/vastctl-replica: a disk both hosts reach
+
+    def line(self, line: str) -> str | None:
+        if any(needle in line for needle in self.NOT_HERE):
+            self.sandbox.skipped.append(line)
+            return None
+        line = line.replace("| sudo tee", "| tee").replace("/opt/vastctl/bin/litestream", litestream())
+        line = line.replace("/mnt/vastctl-replica", str(self.replica))
+        return self.sandbox.runnable(line)
+
+    def run(self, lines: list[str]) -> None:
+        for line in lines:
+            runnable = self.line(line)
+            if runnable is not None:
+                self.sandbox.sh(runnable)
+                if "/etc/vastctl/" in line and line.startswith("sudo install"):
+                    self.sandbox.move_paths_inside(Path(runnable.split()[-1]))
+
+    def env(self) -> dict[str, str]:
+        """/etc/vastctl/env as the units read it."""
+        text = self.sandbox.path("/etc/vastctl/env").read_text()
+        pairs = [line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")]
+        return {**self.sandbox.env, **{k: v for k, v in pairs}}
+
+    def vastctl(self, *args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "vastctl", *args], env=self.env(), capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done
+
+
+@pytest.mark.slow
+def test_the_guides_replication_and_restore_onto_a_fresh_host_run_as_written(tmp_path, vast):
+    setup, restore = guide_blocks("The state file replicated")
+    replica = tmp_path / "shared-disk"
+    old = Host(tmp_path / "old", replica)
+    old.sandbox.set_up()  # sections 1 and 2: the program, config, env file, `vastctl init`
+    old.run(setup)
+    assert any("systemctl enable --now vastctl-litestream" in line for line in old.sandbox.skipped)
+    assert old.env()["VASTCTL_REPLICA_URL"] == f"file://{replica}/state"
+    config = old.sandbox.path("/etc/vastctl/litestream.yml")
+    # what the unit runs (its ExecStart), with the environment file it reads
+    unit = re.search(r"^ExecStart=(.*)$", SHIPPED_UNIT.read_text(), flags=re.M).group(1).split()
+    assert unit[1:] == ["replicate", "-config", "/etc/vastctl/litestream.yml"]
+    proc = subprocess.Popen([litestream(), *unit[1:3], str(config)], env=old.env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        old.vastctl("notify", "before the old host died")
+        old.vastctl("settings", "set", "target_proofs_per_hour", "90")
+        state = old.sandbox.path("/var/lib/vastctl/vastctl.db")
+        deadline = time.monotonic() + PATIENCE_S
+        while not (replica / "state").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # as systemd stops it: it ships what is left
+        assert proc.wait(timeout=30) == 0
+
+    new = Host(tmp_path / "new", replica)
+    new.sandbox.set_up()
+    for made in ("vastctl.db", "vastctl.db-wal", "vastctl.db-shm", "vastctl.db.secret"):  # a host never init'ed
+        new.sandbox.path(f"/var/lib/vastctl/{made}").unlink(missing_ok=True)
+    secret = new.sandbox.path("/var/lib/vastctl/vastctl.db.secret")
+    secret.write_bytes(old.sandbox.path("/var/lib/vastctl/vastctl.db.secret").read_bytes())  # from the secrets store
+    with new.sandbox.path("/etc/vastctl/env").open("a") as env:
+        env.write(f"VASTCTL_REPLICA_URL=file://{replica}/state\n")
+        env.write(f"VAST_API_KEY={KEY}\nVAST_API_URL={vast.url}\n")  # the new key made while fencing the old host
+    new.run(restore)
+
+    restored = new.sandbox.path("/var/lib/vastctl/vastctl.db")
+    assert snapshot(restored) == snapshot(state)
+    assert restored.stat().st_mode & 0o777 == 0o600 and secret.stat().st_mode & 0o777 == 0o600
+    events = json.loads(new.vastctl("events", "--json").stdout)
+    assert [e["reason"] for e in events if e["kind"] == "note"] == ["before the old host died"]
+    assert new.vastctl("token", "--uuid", "u-1").stdout == old.vastctl("token", "--uuid", "u-1").stdout
