@@ -41,7 +41,9 @@ def fleet_cmd(
     has not confirmed yet (it may still bill).
 
     vast's status comes from the last good listing (`vastctl reconcile`); its age ends the summary line,
-    and a `!` marks a machine where vast disagrees with us (the `why` column says how).
+    and a `!` marks a machine where vast disagrees with us (the `why` column says how). `contact` is the
+    age of a machine's last report of any kind; a warning follows when no machine has reported for half of
+    launch.orphan_after (they destroy themselves at the end of it).
 
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """

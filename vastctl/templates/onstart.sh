@@ -30,7 +30,9 @@ fail() {
 }
 
 # the dead-man switch, from the start: no answer from the manager (any HTTP status counts) for launch.orphan_after,
-# after one last try, or a 409 (killed): stop proving and destroy this instance with its own key (docs/deployment.md)
+# after one last try, or a 409 (killed): stop proving and destroy this instance with its own key (docs/deployment.md).
+# VASTCTL_ORPHAN_AFTER_S (launch.orphan_after; 0: off); launch.env may set _WATCHDOG_S (how often it looks, 60),
+# _LAST_TRY_FOR (the last heartbeat's retries, 2m), _VAST_URL (vast's API, https://console.vast.ai)
 export VASTCTL_CONTACT_FILE=$ZK/manager-contact  # vastctl writes the epoch of each answer here
 MAIN=$$ ORPHAN=${VASTCTL_ORPHAN_AFTER_S:-14400}; date +%s >"$VASTCTL_CONTACT_FILE"
 destroy_self() {  # once: vast refuses the key when the instance is gone
