@@ -214,6 +214,7 @@ def test_the_shipped_unit_runs_the_shipped_config_as_the_vastctl_user():
     assert "ExecStart=/opt/vastctl/bin/litestream replicate -config /etc/vastctl/litestream.yml" in unit
 
 
+@pytest.mark.slow
 def test_the_shipped_config_is_one_litestream_takes(tmp_path):
     """`litestream databases` reads the shipped file (the path and replica it names) and refuses nothing."""
     env = {**os.environ, "VASTCTL_REPLICA_URL": f"file://{tmp_path}/replica"}
@@ -221,6 +222,19 @@ def test_the_shipped_config_is_one_litestream_takes(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "/var/lib/vastctl/vastctl.db" in done.stdout and "file" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_shipped_s3_form_is_one_litestream_takes(tmp_path):
+    """The commented S3-compatible replica, uncommented in place of the url, parses as an s3 replica."""
+    lines = SHIPPED_CONFIG.read_text().splitlines()
+    s3 = [line.replace("    # ", "    ", 1) for line in lines if line.startswith(("    # replica:", "    #   "))]
+    assert s3[0] == "    replica:" and "      type: s3" in s3 and any("endpoint:" in line for line in s3)
+    config = tmp_path / "s3.yml"
+    config.write_text("dbs:\n  - path: /var/lib/vastctl/vastctl.db\n" + "\n".join(s3) + "\n")
+    done = subprocess.run([litestream(), "databases", "-config", str(config)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and re.search(r"/var/lib/vastctl/vastctl.db\s+s3", done.stdout), done.stderr
 
 
 # --- docs/deployment.md's section, as written ---------------------------------------------------------
