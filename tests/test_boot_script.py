@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -86,17 +87,18 @@ class Machine:
 
     def script(self) -> str:
         """The script as vast runs it: the create's onstart, unpacked if it was packed to fit vast's limit, or
-        fetched from the manager as its loader does (with the machine's token), when too long even packed."""
+        fetched from the manager as its loader does (with the machine's token, checked against the pinned sha256)."""
         sent = self.create["onstart"]
         packed = re.search(r"echo '([A-Za-z0-9+/=]+)' \| base64 -d \| gunzip", sent)
         if packed:
             return gzip.decompress(base64.b64decode(packed.group(1))).decode()
-        if "fetched from the manager" in sent:
-            answer = requests.get(f"{self.manager.url}/v1/instances/{self.uuid}/onstart", timeout=10,
-                                  headers={"Authorization": f"Bearer {self.create['env']['VASTCTL_TOKEN']}"})
-            assert answer.status_code == 200, answer.text
-            return answer.text
-        return sent
+        pinned = re.search(r'echo "([0-9a-f]{64})  \$f.part" \| sha256sum -c', sent)
+        if not pinned:
+            return sent
+        answer = requests.get(f"{self.manager.url}/v1/instances/{self.uuid}/onstart", timeout=10,
+                              headers={"Authorization": f"Bearer {self.create['env']['VASTCTL_TOKEN']}"})
+        assert answer.status_code == 200 and hashlib.sha256(answer.content).hexdigest() == pinned.group(1)
+        return answer.text
 
     def boot(self, **knobs: str) -> Machine:
         path = self.home / "onstart.sh"

@@ -170,6 +170,9 @@ class LaunchSection:
     bench_concurrency: int = 5  # proofs in flight at once (`cuzk-bench batch -j`): 5 is the published setting
     join: str = "none"  # how a benched machine reaches Curio: none (the image's own network), ssh (tunnel:), command
     join_command: str = ""  # launch.join command: what the boot script runs to join, before it reports running
+    # the machines' dead-man switch: a machine that has had no answer from the manager for this long destroys
+    # itself (docs/deployment.md "When the manager is gone"); 0 turns it off
+    orphan_after: float = field(default=4 * 3600, metadata=DURATION)
 
 
 @dataclass
@@ -409,7 +412,20 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
     if config.launch.join == "command" and not config.launch.join_command.strip():
         raise BadInput("config key launch.join is command but launch.join_command is empty: set the command the"
                        " boot script runs to join the machine, or set launch.join to none or ssh")
+    _check_orphan_after(config)
     return config
+
+
+def _check_orphan_after(config: Config) -> None:
+    """A healthy machine is silent for at most one boot stage (reconcile kills it past the stage's timeout):
+    a dead-man switch shorter than that would destroy machines the manager still wants."""
+    orphan_after = config.launch.orphan_after
+    stages = {f.name: getattr(config.timeouts, f.name) for f in dataclasses.fields(config.timeouts)}
+    longest = max(stages, key=stages.get)
+    if 0 < orphan_after <= stages[longest]:
+        raise BadInput(f"config key 'launch.orphan_after' ({orphan_after:g}s) must be longer than every timeouts.*"
+                       f" (timeouts.{longest} is {stages[longest]:g}s): a machine silent that long while booting is"
+                       " still wanted; raise it (default 4h), or set 0 to turn the dead-man switch off")
 
 
 def _build(cls, raw: Mapping[str, Any], prefix: str):

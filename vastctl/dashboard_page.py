@@ -116,6 +116,7 @@ def live_fragment(data: dict[str, Any]) -> str:
     now = data["now"]
     labels = "".join(f'<option value="{esc(i["label"])}">' for i in data["instances"] if i["state"] != "killed")
     parts = [
+        _orphan_warning(data["summary"]),
         _summary(data["summary"], now),
         _cost(data["cost"]) if "cost" in data else "",
         _chart(data["history"], data["summary"]["settings"]) if "history" in data else "",
@@ -167,6 +168,12 @@ def _summary(s: dict[str, Any], now: datetime) -> str:
     body = "".join(f'<div class="card"><h3>{title}</h3><p>{value}</p><p class="note">{note}</p></div>'
                    for title, value, note in cards)
     return f'<section id="summary" class="cards">{body}</section>'
+
+
+def _orphan_warning(s: dict[str, Any]) -> str:
+    """The machines' dead-man switch is counting down (fleet.contact_status): say so above everything."""
+    text = s.get("orphan_warning")
+    return f'<p class="flash error" role="alert" id="orphan-warning">{esc(text)}</p>' if text else ""
 
 
 def _cost(figures: dict[str, Any]) -> str:

@@ -20,11 +20,13 @@ INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
-TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at", "tunnel_down_since")
+TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at", "tunnel_down_since",
+               "last_contact_at")
 RATE_DIGITS = 1  # proofs/hour are shown to one decimal, in the table, the summary and --json alike
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
 VAST_DEAD = frozenset({"exited", "unknown", "offline"})
+ORPHAN_WARN_FRACTION = 0.5  # the dashboard warns once the fleet's newest contact is half of launch.orphan_after old
 
 
 def disagreement(row: dict[str, Any]) -> str | None:
@@ -57,6 +59,7 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
         view["vast_status"] = None
     view["vast_missing"] = missing
     view["vast_seen_at"] = row.get("vast_seen_at")
+    view["last_contact_at"] = row.get("last_contact_at")
     view["vast_status_msg"] = row.get("vast_status_msg")
     view["disagreement"] = disagreement(row)
     # launch.join ssh: whether the manager reaches the daemon through the machine's tunnel (None: no tunnel)
@@ -91,8 +94,9 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     Without include_killed a killed machine is listed only while it has a vast id and vast has not
     confirmed its destroy: it may still bill. One killed before it was ever rented is history.
 
-    Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg` and
-    `disagreement`; in the summary `disagreements` and the age of the vast listing the statuses come from.
+    Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg`,
+    `disagreement` and `last_contact_at` (its last report of any kind); in the summary `disagreements`, the age
+    of the vast listing the statuses come from, and the fleet's newest contact (contact_status()).
     """
     from .observe import observe  # observe reads this module's views
 
@@ -101,6 +105,9 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     if not include_killed:
         query += f" WHERE {SHOWN_WITHOUT_ALL}"
     rows = [dict(row) for row in conn.execute(query + " ORDER BY created_at, label")]
+    contacts = last_reports(conn)
+    for row in rows:
+        row["last_contact_at"] = max(filter(None, (row.get("last_heartbeat_at"), contacts.get(row["uuid"]))), default=None)
     summary = {
         "by_state": dict(Counter(row["state"] for row in rows)),
         "capacity_proofs_per_hour": round(obs.capacity, RATE_DIGITS),
@@ -110,7 +117,37 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     instances = [instance_view(row) for row in rows]
     summary["disagreements"] = sum(1 for view in instances if view["disagreement"])
     summary.update(listing_status(conn, now))
+    summary.update(contact_status(rows, config, now))
     return {"instances": instances, "summary": summary}
+
+
+def last_reports(conn: sqlite3.Connection) -> dict[str, str]:
+    """uuid → when its newest report that changed something landed (the events a machine's reports record);
+    heartbeats, which record none, are `last_heartbeat_at`."""
+    return {row["uuid"]: row["at"] for row in conn.execute(
+        "SELECT uuid, max(at) AS at FROM events WHERE source = 'instance' AND uuid IS NOT NULL GROUP BY uuid")}
+
+
+def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) -> dict[str, Any]:
+    """The newest report from any live machine, and whether the machines' dead-man switch is getting near.
+
+    Machines destroy themselves when the manager has not answered them for launch.orphan_after. A manager that
+    is up but unreachable from the fleet (its URL, TLS proxy, DNS or firewall broken) hears nothing while its
+    machines count down: the age of the fleet's newest contact is that countdown, as the manager sees it.
+    """
+    orphan_after = config.launch.orphan_after
+    live = [row for row in rows if row["state"] != State.KILLED and row.get("vast_id") is not None]
+    newest = max((row["last_contact_at"] for row in live if row.get("last_contact_at")), default=None)
+    since = clock.from_iso(newest) or min((clock.from_iso(row["created_at"]) for row in live), default=None)
+    age = None if since is None else max(0, round((now - since).total_seconds()))
+    warning = None
+    if age is not None and orphan_after > 0 and age >= ORPHAN_WARN_FRACTION * orphan_after:
+        left = max(0.0, orphan_after - age)
+        warning = (f"no machine has reached the manager for {clock.human_duration(age)}: they destroy themselves"
+                   f" {'now' if left == 0 else 'in ' + clock.human_duration(left)} (launch.orphan_after"
+                   f" {clock.human_duration(orphan_after)}); check that server.url reaches this manager from outside")
+    return {"last_contact_at": clock.display_iso(newest), "contact_age_s": age,
+            "orphan_after_s": round(orphan_after), "orphan_warning": warning}
 
 
 def event_view(row: sqlite3.Row) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 The default is the template shipped in the package (`templates/onstart.sh`,
 also at `jobs/onstart.sh`); `launch.onstart` in the config replaces it. It
 carries no values of its own: `launch.vastctl_source`, `launch.install`,
-`launch.bench_count` and `launch.bench_concurrency` reach it as VASTCTL_PIP,
-VASTCTL_INSTALL, VASTCTL_BENCH_COUNT and VASTCTL_BENCH_CONCURRENCY in the
-create request's `env`, beside the per-machine values.
+`launch.bench_count`, `launch.bench_concurrency` and `launch.orphan_after` reach it
+as VASTCTL_PIP, VASTCTL_INSTALL, VASTCTL_BENCH_COUNT, VASTCTL_BENCH_CONCURRENCY and
+VASTCTL_ORPHAN_AFTER_S in the create request's `env`, beside the per-machine values.
 
 The shipped script needs three programs on the machine: vastctl (to report),
 curio (`curio fetch-params`) and cuzk with cuzk-bench (the prover and its
@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import math
 from importlib import resources
 
 from .config import DEFAULT_IMAGE, LaunchSection
@@ -49,25 +50,46 @@ def for_vast(script: str) -> str:
 
 def loader(script: str) -> str:
     """What vast runs when the boot script is too long even packed: fetch it from the manager
-    (`GET /v1/instances/UUID/onstart` with the machine's own token, retried while the manager is unreachable),
+    (`GET /v1/instances/UUID/onstart` with the machine's own token, retried while the manager does not answer),
     check it is byte for byte the script this launch was made with, and run it.
 
     The sha256 pins the script: a changed `launch.onstart` or another vastctl version on the manager, or
     anything in between, gives a machine that stops here instead of running a script nobody launched it with.
+    The dead-man switch starts here, before the script's own: a manager that has not answered at all for
+    launch.orphan_after (VASTCTL_ORPHAN_AFTER_S), or answers 409 (the machine was killed), gets a machine that
+    destroys its own instance with CONTAINER_API_KEY instead of one that waits, billing, for nobody.
     """
     digest = hashlib.sha256(script.encode("utf-8")).hexdigest()
-    return (
-        "#!/bin/bash\n# vastctl boot script, fetched from the manager (too long for vast's onstart limit even packed);\n"
-        "# runs only if its sha256 is the one pinned at launch\n"
-        'f=/tmp/vastctl-onstart.sh u="$VASTCTL_SERVER/v1/instances/$VASTCTL_UUID/onstart"\n'
-        'get() { if command -v curl >/dev/null; then curl -fsS --max-time 30 -H "Authorization: Bearer $VASTCTL_TOKEN"'
-        ' -o "$f.part" "$u"; else python3 -c \'import os,sys,urllib.request as r; q=r.Request(sys.argv[1],'
-        ' headers={"Authorization": "Bearer " + os.environ["VASTCTL_TOKEN"]}); open(sys.argv[2], "wb")'
-        '.write(r.urlopen(q, timeout=30).read())\' "$u" "$f.part"; fi; }\n'
-        'for i in $(seq 60); do get && break; sleep 10; done\n'
-        f'echo "{digest}  $f.part" | sha256sum -c --status && mv "$f.part" "$f" && exec bash "$f"\n'
-        'echo "vastctl: no boot script with the pinned sha256 from $u" >&2; exit 1\n'
-    )
+    return LOADER.replace("@DIGEST@", digest)
+
+
+LOADER = """#!/bin/bash
+# vastctl boot script, fetched from the manager (too long for vast's onstart limit even packed);
+# runs only if its sha256 is the one pinned at launch
+f=/tmp/vastctl-onstart.sh u="$VASTCTL_SERVER/v1/instances/$VASTCTL_UUID/onstart"
+get() { if command -v curl >/dev/null; then curl -sS --max-time 30 -H "Authorization: Bearer $VASTCTL_TOKEN" \\
+ -o "$f.part" -w '%{http_code}' "$u"; else python3 -c 'import os,sys,urllib.request as r
+q=r.Request(sys.argv[1], headers={"Authorization": "Bearer " + os.environ["VASTCTL_TOKEN"]})
+try: open(sys.argv[2], "wb").write(r.urlopen(q, timeout=30).read()); print(200)
+except r.HTTPError as e: print(e.code)
+except Exception: print("000")' "$u" "$f.part"; fi; }
+# the dead-man switch: no answer at all (any status is one) for VASTCTL_ORPHAN_AFTER_S, or a 409: destroy itself
+t=$(date +%s) o=${VASTCTL_ORPHAN_AFTER_S:-14400}
+until c=$(get 2>/dev/null); [ "$c" = 200 ]; do
+  case "$c" in 000|'') ;; 409) break ;; *) t=$(date +%s) ;; esac
+  [ "$o" -gt 0 ] 2>/dev/null && [ $(($(date +%s) - t)) -ge "$o" ] && break; sleep "${VASTCTL_LOADER_RETRY_S:-10}"
+done
+if [ "$c" != 200 ]; then
+  d="${VASTCTL_VAST_URL:-https://console.vast.ai}/api/v0/instances/${CONTAINER_ID:-}/"
+  echo "vastctl: no boot script from $u (last answer ${c:-none}): destroying this instance" >&2
+  [ -n "${CONTAINER_ID:-}" ] && [ -n "${CONTAINER_API_KEY:-}" ] && for i in 1 2 3; do
+    python3 -c 'import os,sys,urllib.request as r; r.urlopen(r.Request(sys.argv[1], b"{}", {"Authorization": "Bearer "
+ + os.environ["CONTAINER_API_KEY"], "Content-Type": "application/json"}, method="DELETE"), timeout=30)' "$d" && break
+    sleep 20; done; exit 1
+fi
+echo "@DIGEST@  $f.part" | sha256sum -c --status && mv "$f.part" "$f" && exec bash "$f"
+echo "vastctl: no boot script with the pinned sha256 from $u" >&2; exit 1
+"""
 
 
 def full_script(configured: str) -> str:
@@ -89,6 +111,7 @@ def boot_env(launch: LaunchSection) -> dict[str, str]:
         env["VASTCTL_INSTALL"] = launch.install.strip()
     env["VASTCTL_BENCH_COUNT"] = str(launch.bench_count)
     env["VASTCTL_BENCH_CONCURRENCY"] = str(launch.bench_concurrency)
+    env["VASTCTL_ORPHAN_AFTER_S"] = str(math.ceil(launch.orphan_after))  # the dead-man switch; 0: off
     return env
 
 

@@ -11,6 +11,12 @@ Authorization header and never appears in a message, nor does a user or
 password in VASTCTL_SERVER (such a URL is refused: requests would send them as
 Basic auth in place of the token).
 
+With VASTCTL_CONTACT_FILE set, every HTTP answer the manager gives (any
+status, a 5xx or a 409 included, each retry's too) writes the moment into that
+file as whole epoch seconds; a connection that fails or times out writes
+nothing. The boot script's dead-man switch reads it: a manager that answers at
+all is alive, and only one that has not answered for launch.orphan_after is gone.
+
 The manager's error bodies speak in the HTTP API's terms (`the "rate" field`);
 they are shown here in the CLI's (`--rate`), so a remote report fails with the
 same line a local one would.
@@ -18,6 +24,7 @@ same line a local one would.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections.abc import Callable, Mapping
@@ -57,6 +64,7 @@ class RemoteReports:
         session: requests.Session | None = None,
         jitter: Callable[[], float] = random.random,
         on_retry: Callable[[str, float, float], None] | None = None,
+        contact_file: str | None = None,
     ):
         self.server = _check_server(server)
         self.token = _check_token(token)
@@ -69,6 +77,7 @@ class RemoteReports:
         self.clock = clock  # the backoff's sleeps and its VASTCTL_RETRY_FOR window
         self.jitter = jitter
         self.on_retry = on_retry
+        self.contact_file = contact_file  # where each answer is noted for the dead-man switch (module docstring)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, clock: Clock, **kwargs: Any) -> RemoteReports:
@@ -79,6 +88,7 @@ class RemoteReports:
                            " (`vastctl token --uuid U` on the manager)")
         retry_text = env.get("VASTCTL_RETRY_FOR") or ""
         retry_for = parse_duration(retry_text, "VASTCTL_RETRY_FOR") if retry_text else DEFAULT_RETRY_FOR
+        kwargs.setdefault("contact_file", env.get("VASTCTL_CONTACT_FILE") or None)
         return cls(env.get("VASTCTL_SERVER") or "", token, clock=clock, retry_for=retry_for, **kwargs)
 
     # --- the five reports (bench-report as a rate, or as a failure) ---------------------------------------------------------------------
@@ -159,6 +169,7 @@ class RemoteReports:
             except requests.RequestException as exc:
                 raise BadInput(f"cannot call the manager at {self.server}: {_describe(exc)}; check VASTCTL_SERVER") from None
             else:
+                self._note_contact()
                 if response.status_code < 500 and response.status_code != 429:
                     return response
                 problem = f"HTTP {response.status_code}{_error_suffix(response)}"
@@ -172,6 +183,20 @@ class RemoteReports:
                 self.on_retry(problem, wait, remaining)
             self.clock.sleep(wait)
             delay = min(delay * 2, MAX_DELAY)
+
+    def _note_contact(self) -> None:
+        """The manager answered: write when, atomically (the switch never reads half a number).
+
+        Best effort: a full or read-only disk must not turn a delivered report into a failed one."""
+        if not self.contact_file:
+            return
+        part = f"{self.contact_file}.{os.getpid()}.part"  # the switch's last try may race the heartbeat loop
+        try:
+            with open(part, "w", encoding="ascii") as out:
+                out.write(f"{int(self.clock.now().timestamp())}\n")
+            os.replace(part, self.contact_file)
+        except OSError:
+            pass
 
 
 def _answer(response, server: str, uuid: str) -> dict[str, Any]:

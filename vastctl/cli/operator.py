@@ -40,7 +40,9 @@ def fleet_cmd(
     has not confirmed yet (it may still bill).
 
     vast's status comes from the last good listing (`vastctl reconcile`); its age ends the summary line,
-    and a `!` marks a machine where vast disagrees with us (the `why` column says how).
+    and a `!` marks a machine where vast disagrees with us (the `why` column says how). `contact` is the
+    age of a machine's last report of any kind; a warning follows when no machine has reported for half of
+    launch.orphan_after (they destroy themselves at the end of it).
 
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
@@ -57,11 +59,12 @@ def fleet_cmd(
             "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
             "$/h": fmt_num(i["dph"], 3), "bench": fmt_num(i["bench_rate"]), "proofs/h": fmt_num(i["proofs_per_hour"]),
             "for": _age(i["state_since"], now), "heartbeat": _age(i["last_heartbeat_at"], now),
-            "why": i["kill_reason"] or i["disagreement"] or "",
+            "contact": _age(i["last_contact_at"], now), "why": i["kill_reason"] or i["disagreement"] or "",
         }
         for i in view["instances"]
     ]
-    columns = ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "why"]
+    columns = ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "contact",
+               "why"]
     if any(i["tunnel_port"] is not None for i in view["instances"]):  # launch.join ssh: joined, and for how long
         for row, i in zip(rows, view["instances"]):
             row["joined"] = {True: f"yes {_age(i['joined_at'], now)}", False: "no", None: "-"}[i["joined"]]
@@ -74,6 +77,8 @@ def fleet_cmd(
         f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
         f" · ${s['spend_per_hour']:.2f}/h{listing}"
     )
+    if s.get("orphan_warning"):
+        say(f"warning: {s['orphan_warning']}")
     if s["listing_error"]:
         say(f"warning: the last vast listing failed: {s['listing_error']}")
     elif not s["listing_at"] and view["instances"]:

@@ -33,6 +33,36 @@ fail() {
   vastctl bench-report --failed --reason="$1"; log "failed bench reported (exit $?)"; exit 1
 }
 
+# the dead-man switch, from the start: no answer from the manager (any HTTP status counts) for launch.orphan_after,
+# after one last try, or a 409 (killed): stop proving and destroy this instance with its own key (docs/deployment.md).
+# VASTCTL_ORPHAN_AFTER_S (launch.orphan_after; 0: off); launch.env may set _WATCHDOG_S (how often it looks, 60),
+# _LAST_TRY_FOR (the last heartbeat's retries, 2m), _VAST_URL (vast's API, https://console.vast.ai)
+export VASTCTL_CONTACT_FILE=$ZK/manager-contact  # vastctl writes the epoch of each answer here
+MAIN=$$ ORPHAN=${VASTCTL_ORPHAN_AFTER_S:-14400}; date +%s >"$VASTCTL_CONTACT_FILE"
+destroy_self() {  # once: vast refuses the key when the instance is gone
+  log "destroying this instance: $1"; stop; local id=${CONTAINER_ID:-}; case "$id" in *[!0-9]*) id= ;; esac
+  local u="${VASTCTL_VAST_URL:-https://console.vast.ai}/api/v0/instances/$id/"
+  [ -n "$id" ] && [ -n "${CONTAINER_API_KEY:-}" ] || { log "no CONTAINER_ID/CONTAINER_API_KEY: cannot destroy itself"; return 1; }
+  for _ in $(seq 30); do  # retried only while vast does not answer
+    python3 -c 'import os,sys,urllib.request as r
+try: r.urlopen(r.Request(sys.argv[1], b"{}", {"Authorization": "Bearer " + os.environ["CONTAINER_API_KEY"],
+  "Content-Type": "application/json"}, method="DELETE"), timeout=30)
+except r.HTTPError as e: print(f"vast refused the destroy: HTTP {e.code}"); sys.exit(3)' "$u"; case $? in
+      0) log "destroyed"; kill ${WATCHDOG:-} 2>/dev/null; return 0 ;; 3) return 1 ;; esac; sleep 20
+  done; log "vast did not take the destroy"; return 1
+}
+watchdog() {
+  while sleep "${VASTCTL_WATCHDOG_S:-60}"; do
+    last() { local t; read -r t <"$VASTCTL_CONTACT_FILE"; echo $(($(date +%s) - ${t:-0})); } 2>/dev/null
+    [ "$(last)" -ge "$ORPHAN" ] || continue
+    log "no answer from the manager for ${ORPHAN}s: one last heartbeat"
+    VASTCTL_RETRY_FOR=${VASTCTL_LAST_TRY_FOR:-2m} vastctl heartbeat; rc=$?
+    [ $rc -eq 3 ] || [ "$(last)" -ge "$ORPHAN" ] || { log "the manager answered (exit $rc): carrying on"; continue; }
+    kill "$MAIN" 2>/dev/null; CUZK=$(cat cuzk.pid 2>/dev/null); destroy_self "orphaned (last heartbeat exit $rc)"; exit
+  done
+}
+[ "$ORPHAN" -gt 0 ] 2>/dev/null && { watchdog & WATCHDOG=$!; }
+
 # 1. vastctl itself
 if ! command -v vastctl >/dev/null; then
   PKG=${VASTCTL_PIP:-}
@@ -67,7 +97,7 @@ param_cache = "$FIL_PROOFS_PARAMETER_CACHE"
 total_budget = "${VASTCTL_CUZK_MEMORY:-auto}"
 EOF
 if [ -n "${VASTCTL_CUZK_CMD:-}" ]; then bash -c "$VASTCTL_CUZK_CMD" >cuzk.log 2>&1 & else cuzk --config "$ZK/cuzk.toml" >cuzk.log 2>&1 & fi
-CUZK=$!
+CUZK=$!; echo $CUZK >cuzk.pid  # for the dead-man switch
 status() {  # the daemon's completed proofs, from its status API
   python3 -c 'import json,sys,urllib.request as u; print(int(json.load(u.urlopen(sys.argv[1],timeout=10))["counters"]["total_completed"]))' "http://$STATUS/status"
 }
@@ -140,7 +170,7 @@ while kill -0 $CUZK 2>/dev/null; do
   N=$(proofs 2>/dev/null | tail -1); case "$N" in ''|*[!0-9]*) N= ;; esac
   vastctl heartbeat ${N:+--proofs-done "$N"}; rc=$?
   push onstart cuzk
-  if [ $rc -eq 2 ] || [ $rc -eq 3 ]; then log "the manager refused the heartbeat (exit $rc): stopping"; stop; exit 0; fi
+  if [ $rc -eq 2 ] || [ $rc -eq 3 ]; then log "the manager refused the heartbeat (exit $rc): stopping"; stop; [ $rc -eq 2 ] || destroy_self "killed by the manager"; exit 0; fi
   sleep "${VASTCTL_HEARTBEAT_S:-60}"
 done
 log "cuzk exited: no more heartbeats (reconcile will notice)"
