@@ -65,8 +65,16 @@ def summarise(runs: list[dict], fleet: str) -> dict:
     latencies = [x for r in runs for x in r["latencies"]]
     billed = sum(r["billed_instance_hours"] for r in runs)
     leaked = sum(r["leaked_instance_hours"] for r in runs)
+    within = [r["proofs_within_max_wait"] for r in runs if r["proofs_within_max_wait"] is not None]
+    p50 = [r["proof_wait_p50_s"] for r in runs if r["proof_wait_p50_s"] is not None]
+    p95 = [r["proof_wait_p95_s"] for r in runs if r["proof_wait_p95_s"] is not None]
+    limit = runs[0]["max_wait_s"] / 60 if runs else 45
     return {
         "fleet": fleet,
+        f"done ≤ {limit:g} min": (f"{sum(within) / len(within) * 100:.2f}% (worst {min(within) * 100:.2f}%)"
+                                  if within else "-"),
+        "wait p50 / p95 min": (f"{sum(p50) / len(p50) / 60:.0f} / {sum(p95) / len(p95) / 60:.0f}"
+                               f" (worst p95 {max(p95) / 60:.0f})" if p95 else "-"),
         "attainment": f"{sum(attain) / len(attain) * 100:.1f}% (worst {min(attain) * 100:.1f}%)" if attain else "-",
         "cost/1000 proofs": f"${sum(r['cost_per_1000_proofs'] for r in runs) / len(runs):.2f}",
         "× lower bound": f"{sum(ratios) / len(ratios):.2f} (worst {max(ratios):.2f})" if ratios else "-",
@@ -81,6 +89,8 @@ def lower_bound_rows(runs: list[dict]) -> list[dict]:
     whole = sum(r["lower_bound_whole_machines_cost_per_1000_proofs"] for r in runs) / len(runs)
     sized = sum(r["lower_bound_target_sized_cost_per_1000_proofs"] for r in runs) / len(runs)
     blank = {"attainment": "100%", "detect p50/p95": "-", "leaked h (of billed)": "0"}
+    limit = runs[0]["max_wait_s"] / 60 if runs else 45
+    blank = {f"done ≤ {limit:g} min": "-", "wait p50 / p95 min": "-", **blank}
     return [{"fleet": "lower bound", **blank, "cost/1000 proofs": f"${exact:.2f}", "× lower bound": "1.00"},
             {"fleet": "bound, whole machines", **blank, "cost/1000 proofs": f"${whole:.2f}",
              "× lower bound": f"{whole / exact:.2f}"},

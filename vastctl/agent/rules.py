@@ -37,8 +37,10 @@ a healthy plan is never refused; the guard checks them again anyway.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
+from .. import clock
 from ..config import Config
 from ..fleet import VAST_DEAD
 from ..guard import Action, Kind
@@ -47,6 +49,7 @@ from ..observe import PENDING_STATES, Observation, rate_of_model
 from ..providers.base import Offer
 
 ACTOR = "agent"
+BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
 # proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
 RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
 # proofs/hour a model proves on a host with RAM to spare, before any machine of it has benchmarked (domain.md)
@@ -63,9 +66,56 @@ def _per_dollar(machine: Mapping[str, Any]) -> float:
     return machine["expected_rate"] / dph if dph > 0 else float("inf")
 
 
-def wanted_capacity(obs: Observation, config: Config) -> float:
-    """Proofs/hour the fleet is sized to while work is queued (or demand is unknown)."""
+def ceiling(obs: Observation, config: Config) -> float:
+    """The most the fleet is sized to: the operator's target × (1 + agent.headroom)."""
     return float(obs.settings["target_proofs_per_hour"]) * (1 + config.agent.headroom)
+
+
+def horizon_hours(config: Config) -> float:
+    """agent.plan_horizon in hours, never past agent.max_wait (at least a minute)."""
+    return max(60.0, min(config.agent.plan_horizon, config.agent.max_wait or config.agent.plan_horizon)) / 3600
+
+
+def needed(sample: Mapping[str, Any], config: Config) -> float:
+    """Proofs/hour that drain what is queued and in flight within agent.plan_horizon while keeping up with the
+    arrivals: the look-ahead spread over demand.lookahead_window, else (a source silent on it) the rate the
+    source says was proved lately."""
+    backlog = (sample.get("queued") or 0) + (sample.get("in_flight") or 0)
+    window = config.demand.lookahead_window
+    if sample.get("lookahead") is not None and window > 0:
+        arrivals = sample["lookahead"] / (window / 3600)
+    else:
+        arrivals = float(sample.get("proofs_per_hour") or 0.0)
+    return backlog / horizon_hours(config) + arrivals
+
+
+def wanted_capacity(obs: Observation, config: Config) -> float:
+    """Proofs/hour the fleet is sized to now: what the work needs (needed()), capped by ceiling(); the ceiling
+    itself while demand is unknown (sized as if work were queued)."""
+    cap = ceiling(obs, config)
+    demand = obs.demand
+    if not demand.known:
+        return cap
+    return min(cap, needed({"queued": demand.queued, "in_flight": demand.in_flight, "lookahead": demand.lookahead,
+                            "proofs_per_hour": demand.proofs_per_hour}, config))
+
+
+def held_capacity(obs: Observation, config: Config) -> float | None:
+    """The most wanted over the last agent.scale_down_after (the scale-down side of the hysteresis): releases
+    while work is queued keep at least this. None (release nothing) when a sample in the window failed, or the
+    window is not covered by samples (a gap longer than demand.stale_after)."""
+    if not obs.demand.known:
+        return None
+    history = obs.demand_history
+    since = obs.now - timedelta(seconds=config.agent.scale_down_after)
+    if not history or (history[0]["at"] - since).total_seconds() > config.demand.stale_after:
+        return None
+    times = [sample["at"] for sample in history] + [obs.now]
+    if any((later - earlier).total_seconds() > config.demand.stale_after for earlier, later in zip(times, times[1:])):
+        return None
+    if not all(sample["ok"] for sample in history):
+        return None
+    return min(ceiling(obs, config), max([wanted_capacity(obs, config)] + [needed(s, config) for s in history]))
 
 
 def has_work(obs: Observation) -> bool:
@@ -102,11 +152,12 @@ def shortfall(obs: Observation, config: Config) -> float:
 
 
 def needs_offers(obs: Observation, config: Config) -> bool:
-    """Whether plan() would look at offers (the caller searches the market only then)."""
+    """Whether plan() would look at offers (the caller searches the market only then): to grow, or to replace
+    a running machine by a cheaper host."""
     missing = shortfall(obs, config)
     for machine in _resumable(obs):
         missing -= machine["expected_rate"]
-    return missing > 0
+    return missing > 0 or bool(replacement_candidates(obs, config))
 
 
 def _resumable(obs: Observation) -> list[dict]:
@@ -162,10 +213,39 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
         if machine["state"] == State.STOPPED and machine.get("resumes") and len(actions) < budget:
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason="stopped again after its one resume: replaced, not resumed twice"))
+    actions.extend(_retire_stopped(obs, budget - len(actions)))
     if has_work(obs):
-        actions.extend(_grow(obs, config, offers, budget - len(actions)))
+        grown = _grow(obs, config, offers, budget - len(actions))
+        actions.extend(grown)
+        if not grown and obs.demand.known:
+            actions.extend(_release_while_queued(obs, config, budget - len(actions))
+                           or _replace(obs, config, offers, budget - len(actions)))
     elif _cooled_down(obs, config):
         actions.extend(_trim(obs, config, budget - len(actions)) or _shrink(obs, config, budget - len(actions)))
+    return actions
+
+
+def _since(machine: Mapping[str, Any], now: datetime) -> float:
+    """Seconds the machine has been in its state (0 when the file does not say)."""
+    at = clock.from_iso(machine.get("state_since"))
+    return max(0.0, (now - at).total_seconds()) if at is not None else 0.0
+
+
+def _retire_stopped(obs: Observation, budget: int) -> list[Action]:
+    """Destroy a stopped machine whose storage has billed what a fresh boot costs (BOOT_HOURS of its price):
+    kept longer, it costs more than renting anew would (the ski-rental rule: at most twice the best choice)."""
+    actions = []
+    for machine in obs.machines:
+        if len(actions) >= budget or machine["state"] != State.STOPPED or machine.get("resumes"):
+            continue
+        storage = float(machine.get("billed_per_hour") or 0.0)
+        boot_cost = float(machine.get("dph") or 0.0) * BOOT_HOURS
+        stopped_h = _since(machine, obs.now) / 3600
+        if storage > 0 and boot_cost > 0 and storage * stopped_h >= boot_cost:
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=(f"stopped {stopped_h:.1f}h: its storage (${storage:.3f}/h) has billed"
+                                          f" ${storage * stopped_h:.2f}, what a fresh boot costs"
+                                          f" ({BOOT_HOURS:g}h at ${float(machine['dph']):g}/h)")))
     return actions
 
 
@@ -175,11 +255,18 @@ def _cooled_down(obs: Observation, config: Config) -> bool:
     return since is not None and (obs.now - since).total_seconds() >= config.agent.scale_down_after
 
 
+def _sizing(obs: Observation, config: Config, have: float, want: float) -> str:
+    cap = ceiling(obs, config)
+    why = (f"target × (1 + {config.agent.headroom:g})" if not obs.demand.known or want >= cap - 1e-9
+           else f"drains the work within {config.agent.plan_horizon / 60:g}m and keeps up with arrivals")
+    return f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h wanted ({why})"
+
+
 def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
     want = wanted_capacity(obs, config)
     have = counted_capacity(obs)
     missing = want - have
-    sizing = f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h (target × (1 + {config.agent.headroom:g}))"
+    sizing = _sizing(obs, config, have, want)
     actions: list[Action] = []
     spend = obs.spend_per_hour
     live = len(obs.live())
@@ -211,11 +298,92 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     return actions
 
 
+def _live_running(obs: Observation) -> list[dict]:
+    return [m for m in obs.machines if m["state"] == State.RUNNING and m.get("vast_id") is not None
+            and not _vast_dead(m)]
+
+
+def _per_proof(machine: Mapping[str, Any]) -> float:
+    """$ per proof the machine costs (inf without a rate)."""
+    rate = float(machine["expected_rate"] or 0.0)
+    return float(machine.get("dph") or 0.0) / rate if rate > 0 else float("inf")
+
+
+def _release_while_queued(obs: Observation, config: Config, budget: int) -> list[Action]:
+    """Work is queued and the fleet can spare machines: release them, worst per proof first.
+
+    Capacity still booting is not counted (make before break), and what stays covers the most wanted over
+    agent.scale_down_after (held_capacity): a machine clearly dearer per proof than the cheapest running one
+    (agent.replace_factor) goes as soon as the rest covers that, and is destroyed (a cheaper one replaced it);
+    any other goes only with agent.scale_down_margin to spare, and is stopped (kept for a quick resume).
+    """
+    held = held_capacity(obs, config)
+    limit = min(budget, config.agent.max_releases_per_step)
+    if held is None or limit < 1 or ceiling(obs, config) <= 0:
+        return []
+    running = sorted(_live_running(obs), key=lambda m: (-_per_proof(m), m["label"]))
+    have = sum(m["expected_rate"] for m in running)
+    cheapest = min((_per_proof(m) for m in running), default=float("inf"))
+    margin = config.agent.scale_down_margin
+    actions: list[Action] = []
+    for machine in running:
+        if len(actions) >= limit:
+            break
+        left = have - machine["expected_rate"]
+        dear = _per_proof(machine) >= config.agent.replace_factor * cheapest
+        if left < held * (1 + (0 if dear else margin)) - 1e-9 or left <= 0:
+            continue
+        have = left
+        cost = f"${_per_proof(machine) * 1000:.2f} per 1000 proofs"
+        if dear:
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=(f"{work_reason(obs)}: {cost}, {config.agent.replace_factor:g}× the cheapest"
+                                          f" running; the rest ({left:g} proofs/h) covers the {held:g} wanted over"
+                                          f" the last {config.agent.scale_down_after / 60:g}m")))
+        else:
+            actions.append(Action(kind=Kind.STOP, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=(f"{work_reason(obs)}: the rest ({left:g} proofs/h) covers the {held:g}"
+                                          f" wanted over the last {config.agent.scale_down_after / 60:g}m with"
+                                          f" {margin:.0%} to spare; {cost}")))
+    return actions
+
+
+def replacement_candidates(obs: Observation, config: Config) -> list[dict]:
+    """Running machines old enough to be replaced by a cheaper host (agent.replace_after), dearest per proof first;
+    none while any machine boots (one replacement at a time) or while demand is not known to have work."""
+    if not obs.demand.known or obs.demand.work <= 0 or any(m["state"] in PENDING_STATES for m in obs.machines):
+        return []
+    old = [m for m in _live_running(obs) if _since(m, obs.now) >= config.agent.replace_after]
+    return sorted(old, key=lambda m: (-_per_proof(m), m["label"]))
+
+
+def _replace(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
+    """Launch a cheaper host for the dearest machine (make before break: _release_while_queued destroys the dear
+    one once the replacement is running and the rest covers what is wanted)."""
+    candidates = replacement_candidates(obs, config)
+    if not candidates or budget < 1 or len(obs.live()) >= int(obs.settings["max_instances"]):
+        return []
+    ranked = rank_offers(offers, obs, config)
+    if not ranked:
+        return []
+    offer, rate = ranked[0]
+    best = offer.dph_total / rate
+    worst = candidates[0]
+    if _per_proof(worst) < config.agent.replace_factor * best:
+        return []
+    if obs.spend_per_hour + offer.dph_total > float(obs.settings["max_hourly_spend"]) + 1e-9:
+        return []
+    return [Action(kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
+                   reason=(f"replacing {worst['label']} (${_per_proof(worst) * 1000:.2f} per 1000 proofs) with"
+                           f" {offer.gpu_name} at ${offer.dph_total:g}/h, {rate:g} proofs/h expected"
+                           f" (${best * 1000:.2f} per 1000 proofs): released once this one is running"))]
+
+
 def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
     """Stop what the fleet can spare above target × (1 + headroom), least proofs per dollar first (demand known)."""
     if not obs.demand.known or budget < 1 or any(m["state"] in PENDING_STATES for m in obs.machines):
         return []  # unknown demand holds; a booting machine's rate is a guess: trim once the fleet has settled
-    want = wanted_capacity(obs, config)
+    want = ceiling(obs, config)
     have = counted_capacity(obs)
     candidates = sorted((m for m in obs.machines if m["state"] == State.RUNNING
                          and m.get("vast_id") is not None and not _vast_dead(m)),
