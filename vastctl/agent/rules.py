@@ -314,7 +314,7 @@ def _release_while_queued(obs: Observation, config: Config, budget: int) -> list
 
     Capacity still booting is not counted (make before break), and what stays covers the most wanted over
     agent.scale_down_after (held_capacity): a machine clearly dearer per proof than the cheapest running one
-    (agent.replace_factor) goes as soon as the rest covers that, and is destroyed (a cheaper one replaced it);
+    that a cheaper host came up to replace (_replaced) goes as soon as the rest covers that, and is destroyed (a cheaper one replaced it);
     any other goes only with agent.scale_down_margin to spare, and is stopped (kept for a quick resume).
     """
     held = held_capacity(obs, config)
@@ -323,22 +323,21 @@ def _release_while_queued(obs: Observation, config: Config, budget: int) -> list
         return []
     running = sorted(_live_running(obs), key=lambda m: (-_per_proof(m), m["label"]))
     have = sum(m["expected_rate"] for m in running)
-    cheapest = min((_per_proof(m) for m in running), default=float("inf"))
     margin = config.agent.scale_down_margin
     actions: list[Action] = []
     for machine in running:
         if len(actions) >= limit:
             break
         left = have - machine["expected_rate"]
-        dear = _per_proof(machine) >= config.agent.replace_factor * cheapest
+        dear = _replaced(machine, running, obs.now, config)
         if left < held * (1 + (0 if dear else margin)) - 1e-9 or left <= 0:
             continue
         have = left
         cost = f"${_per_proof(machine) * 1000:.2f} per 1000 proofs"
         if dear:
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
-                                  reason=(f"{work_reason(obs)}: {cost}, {config.agent.replace_factor:g}× the cheapest"
-                                          f" running; the rest ({left:g} proofs/h) covers the {held:g} wanted over"
+                                  reason=(f"{work_reason(obs)}: {cost}, replaced by a host at least"
+                                          f" {config.agent.replace_factor:g}× cheaper per proof; the rest ({left:g} proofs/h) covers the {held:g} wanted over"
                                           f" the last {config.agent.scale_down_after / 60:g}m")))
         else:
             actions.append(Action(kind=Kind.STOP, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
@@ -346,6 +345,14 @@ def _release_while_queued(obs: Observation, config: Config, budget: int) -> list
                                           f" wanted over the last {config.agent.scale_down_after / 60:g}m with"
                                           f" {margin:.0%} to spare; {cost}")))
     return actions
+
+
+def _replaced(machine: Mapping[str, Any], running: Sequence[Mapping[str, Any]], now: datetime, config: Config) -> bool:
+    """A cheaper host came up after this machine, within agent.replace_after, at agent.replace_factor × less per
+    proof: the replacement _replace() launched for it (a fleet that merely mixes hosts replaces nothing)."""
+    age = _since(machine, now)
+    return any(other is not machine and _since(other, now) < age and _since(other, now) <= config.agent.replace_after
+               and _per_proof(machine) >= config.agent.replace_factor * _per_proof(other) for other in running)
 
 
 def replacement_candidates(obs: Observation, config: Config) -> list[dict]:
