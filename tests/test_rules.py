@@ -15,7 +15,7 @@ from vastctl.providers.base import Offer
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 SETTINGS = {"target_proofs_per_hour": 100.0, "min_bench_rate": 40.0, "max_instances": 10,
             "max_hourly_spend": 10.0, "max_dph": 1.0}
-CONFIG = config_module.from_mapping({"agent": {"headroom": 0.15, "scale_down_after": "1h",
+CONFIG = config_module.from_mapping({"agent": {"headroom": 0.15, "scale_down_after": "1h", "plan_horizon": "30m",
                                                "max_actions_per_step": 5}})  # sized to 115 proofs/h
 
 

@@ -99,12 +99,12 @@ class AgentSection:
     headroom: float = 0.15
     # rules: capacity above what is wanted stands this long (since the last machine came up, and since the work
     # ran out) before it is released: the scale-down delay of the two-way sizing
-    scale_down_after: float = field(default=30 * 60, metadata=DURATION)
+    scale_down_after: float = field(default=15 * 60, metadata=DURATION)
     max_wait: float = field(default=45 * 60, metadata=DURATION)  # the service: a proof done this long after arriving
-    plan_horizon: float = field(default=30 * 60, metadata=DURATION)  # rules: drain the queue within this (< max_wait)
-    scale_down_margin: float = 0.2  # rules: release while queued only if what is left covers wanted × (1 + margin)
-    max_releases_per_step: int = 1  # rules: machines released in one step while work is queued
-    replace_factor: float = 1.5  # rules: a machine this many times dearer per proof than a cheaper host is replaced
+    plan_horizon: float = field(default=40 * 60, metadata=DURATION)  # rules: drain the queue within this (< max_wait)
+    scale_down_margin: float = 0.1  # rules: release while queued only if what is left covers wanted × (1 + margin)
+    max_releases_per_step: int = 2  # rules: machines released in one step while work is queued
+    replace_factor: float = 1.3  # rules: a machine this many times dearer per proof than a cheaper host is replaced
     replace_after: float = field(default=2 * 3600, metadata=DURATION)  # rules: ... once it has run this long
     max_rounds: int = 8
     deadline: float = field(default=50.0, metadata=DURATION)

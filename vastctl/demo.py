@@ -65,7 +65,7 @@ DEFAULT_SEED = 9  # a day in which every failure kind the market has happens at 
 # the demand curve, in hours of the simulated day
 SWING_MEAN, SWING_AMPLITUDE, SWING_PEAK_HOUR = 280.0, 120.0, 15.0
 BURST = (10.0, 11.5, 250.0)  # from, to, extra proofs/hour
-QUIET = (16.0, 19.0)  # nothing arrives: long enough to pass agent.scale_down_after (1h) and release machines
+QUIET = (16.0, 19.0)  # nothing arrives: long past agent.scale_down_after, the fleet is released and resumed
 OUTAGE = (21.0, 22.5)  # the demand source is down: nothing is reported
 NOISE = 0.10
 
@@ -167,6 +167,7 @@ def demo_config(directory: Path, options: DemoOptions) -> Config:
     config.demand.lookahead_window = LOOKAHEAD_MINUTES * 60.0  # the script's look-ahead counts the coming hour
     if options.fleet == "static":
         config.agent.scale_down_after = 10 * 365 * 86400.0  # never
+        config.agent.plan_horizon = 60.0  # any queue at all sizes it to the target: the old one-way fleet
     return config
 
 
@@ -365,7 +366,7 @@ def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]])
 
 
 def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *, whole: bool = False,
-                     sized_to: list[float] | None = None) -> float:
+                     sized_to: list[float] | None = None, honest: bool = True) -> float:
     """$ of the cheapest offers sized exactly to the arrivals, minute by minute, knowing every host's true rate.
 
     No boot time, no failures, no headroom: no fleet can do it for less with
@@ -374,16 +375,26 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
     whole machines (the cheapest per proof, the last one the cheapest that
     covers the rest): how much renting by the machine alone costs. `sized_to`
     replaces the arrivals with a proofs/hour per minute (the target the fleet was asked for).
+    `honest` (the default) rents only what the fleet may rent: hosts that pass its own filters
+    (fleet.min_cpu_ram_gb, fleet.min_inet_down_mbps) and that no other renter holds that hour; without
+    it, any host of the allowed models.
     """
     from .providers import sim_market
 
     hosts = [host for host in market.hosts() if host.gpu_name in config.fleet.gpus
              and host.true_rate >= config.fleet.min_bench_rate]
+    if honest:
+        hosts = [host for host in hosts if host.cpu_ram_gb >= config.fleet.min_cpu_ram_gb
+                 and host.inet_down_mbps >= config.fleet.min_inet_down_mbps]
+    everyone = market.hosts()
+    taken: tuple[int, frozenset[int]] = (-1, frozenset())
     cost = 0.0
     for minute in range(minutes):
         at = (START + timedelta(minutes=minute)).timestamp()
-        priced = [(dph, host.true_rate) for host in hosts
-                  if (dph := sim_market.gpu_price(host, at) + sim_market.storage_price(host, config.launch.disk_gb))
+        if honest and taken[0] != int(at // 3600):
+            taken = (int(at // 3600), sim_market.taken_by_others(market.seed, everyone, int(at // 3600)))
+        priced = [(dph, host.true_rate) for host in hosts if host.machine_id not in taken[1]
+                  and (dph := sim_market.gpu_price(host, at) + sim_market.storage_price(host, config.launch.disk_gb))
                   <= config.fleet.max_dph]
         priced.sort(key=lambda item: (item[0] / item[1], item[0]))
         need = curve.rate(minute) if sized_to is None else sized_to[minute]
@@ -411,6 +422,7 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
     leaked = sum(max(0.0, billed[vast_id] - at_kill) for vast_id, at_kill in billed_at_kill.items())
     bound = lower_bound_cost(market, config, curve, options.minutes)
+    any_host = lower_bound_cost(market, config, curve, options.minutes, honest=False)
     whole = lower_bound_cost(market, config, curve, options.minutes, whole=True)
     sized = lower_bound_cost(market, config, curve, options.minutes, whole=True, sized_to=asked)
     per_1000 = totals.cost / done * 1000 if done > 0 else None
@@ -439,6 +451,7 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
         "queued_at_end": math.ceil(backlog - 1e-9),
         "cost_per_1000_proofs": r(per_1000, 3),
         "lower_bound_cost_per_1000_proofs": r(bound_per_1000, 3),
+        "lower_bound_any_host_cost_per_1000_proofs": r(any_host / arrived * 1000 if arrived > 0 else None, 3),
         "lower_bound_whole_machines_cost_per_1000_proofs": r(whole / arrived * 1000 if arrived > 0 else None, 3),
         "lower_bound_target_sized_cost_per_1000_proofs": r(sized / arrived * 1000 if arrived > 0 else None, 3),
         "cost_ratio_to_lower_bound": r(per_1000 / bound_per_1000 if per_1000 and bound_per_1000 else None, 3),
