@@ -37,6 +37,7 @@ a healthy plan is never refused; the guard checks them again anyway.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -58,7 +59,10 @@ GPU_RATES = {"RTX 3090": 50.0, "RTX 4090": 80.0, "RTX 5070 Ti": 95.0, "RTX 5090"
 
 
 def _vast_dead(machine: Mapping[str, Any]) -> bool:
-    return bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD
+    """Not proving whatever the file says: vast lists it dead or not at all, or stopped under a running row
+    (an interruptible machine outbid: reconcile waits for it, capacity does not count it)."""
+    return (bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD
+            or (machine.get("state") == State.RUNNING and machine.get("vast_status") == "stopped"))
 
 
 def _per_dollar(machine: Mapping[str, Any]) -> float:
@@ -423,3 +427,16 @@ def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
                    reason=(f"no work queued, in flight or coming for {int(empty_for // 60)}m (agent.scale_down_after"
                            f" {int(config.agent.scale_down_after // 60)}m); least proofs per dollar"
                            f" ({_per_dollar(worst):.1f}/$)"))]
+
+
+def bid_for_offer(offer: Offer, max_dph: float, margin: float = 0.1) -> float | None:
+    """The bid for an interruptible rental of `offer`: its min_bid plus `margin`, never above max_dph (nor the
+    offer's on-demand price). None when the offer names no usable min_bid (vast's numbers are hostile: a
+    missing, non-finite, zero or negative one) or the floor itself is past max_dph."""
+    floor = offer.raw.get("min_bid") if isinstance(offer.raw, Mapping) else None
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
+        return None
+    ceiling_dph = min(float(max_dph), float(offer.dph_total))
+    if floor > ceiling_dph:
+        return None
+    return round(min(float(floor) * (1 + margin), ceiling_dph), 4)
