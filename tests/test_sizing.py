@@ -193,3 +193,13 @@ def test_releases_never_drop_running_capacity_below_what_is_wanted(seed):
     if released:
         assert left >= rules.wanted_capacity(obs, CONFIG) - 1e-9
         assert left >= rules.held_capacity(obs, CONFIG) - 1e-9
+
+
+def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released():
+    """The incident as the CLI meets it: a first report of 59 queued, the fleet far over a low target."""
+    machines = fleet(3)
+    obs = observation(machines, [sample(59, None, minutes_ago=0)], target_proofs_per_hour=20.0)
+    assert rules.held_capacity(obs, CONFIG) is None
+    assert rules.plan(obs, CONFIG, MARKET) == []
+    covered = observation(machines, steady(59, lookahead=None), target_proofs_per_hour=20.0)
+    assert [a.kind for a in rules.plan(covered, CONFIG, MARKET)] == ["stop"]  # 15 min of it: spare capacity goes

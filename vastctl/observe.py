@@ -273,16 +273,19 @@ HISTORY_ROWS = 2000  # newest samples read for the window: bounded whatever the 
 
 
 def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
-    """The demand samples taken at or after `since`, oldest first (failed ones too: they mean "unknown")."""
+    """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
+    (failed ones too: they mean "unknown")."""
     rows = conn.execute("SELECT at, ok, queued, in_flight, lookahead, proofs_per_hour FROM demand_samples"
                         " ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,)).fetchall()
     kept = []
     for row in rows:
         at = clock_module.from_iso(row["at"])
-        if at is None or at < since:
+        if at is None:
             break
         kept.append({"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
                      "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]})
+        if at <= since:
+            break
     return kept[::-1]
 
 

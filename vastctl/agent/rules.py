@@ -107,12 +107,13 @@ def wanted_capacity(obs: Observation, config: Config) -> float:
 def held_capacity(obs: Observation, config: Config) -> float | None:
     """The most wanted over the last agent.scale_down_after (the scale-down side of the hysteresis): releases
     while work is queued keep at least this. None (release nothing) when a sample in the window failed, or the
-    window is not covered by samples (a gap longer than demand.stale_after)."""
+    window is not covered by samples (none in force at its start, or a gap longer than demand.stale_after):
+    one fresh report of a queue is no evidence of how long the fleet has been over it."""
     if not obs.demand.known:
         return None
     history = obs.demand_history
     since = obs.now - timedelta(seconds=config.agent.scale_down_after)
-    if not history or (history[0]["at"] - since).total_seconds() > config.demand.stale_after:
+    if not history or history[0]["at"] > since:
         return None
     times = [sample["at"] for sample in history] + [obs.now]
     if any((later - earlier).total_seconds() > config.demand.stale_after for earlier, later in zip(times, times[1:])):
