@@ -8,23 +8,36 @@ policy is shown. In the order `plan()` applies them:
   to create (sectors precommitted on chain; a machine launched now is booted when they arrive). A source that
   reports only `queued` counts the other two as 0.
 
+  wanted = what drains queued + in_flight within agent.plan_horizon (never past agent.max_wait) and keeps up
+  with the arrivals (lookahead over demand.lookahead_window; a source silent on it: its proofs_per_hour),
+  capped by target × (1 + agent.headroom) (the ceiling); the ceiling itself while demand is unknown.
+  held = the most wanted over the last agent.scale_down_after (observation.demand_history); none (release
+  nothing) unless every sample of the window is good and one was in force at its start.
+
   demand                     what it does
-  work > 0, or unknown       size capacity + pending capacity to target × (1 + agent.headroom), because a
-                             replacement takes 15-90 minutes to boot: first resume stopped machines never
-                             resumed before (they keep their parameters), best proofs per dollar first; then
+  any                        a stopped machine resumed once already is destroyed (replaced, not resumed
+                             twice); a stopped one whose storage has billed what a fresh boot costs
+                             (BOOT_HOURS of its price) is destroyed (kept longer it costs more than renting anew)
+  work > 0, or unknown,      grow fast: capacity + pending capacity to wanted; first resume stopped machines never
+  below wanted               resumed before (they keep their parameters), best proofs per dollar first; then
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
-                             its way counts: no second launch for it. A machine vast lists as exited, offline or
-                             missing is not counted (reconcile is about to kill it).
-  any                        a stopped machine that was resumed once already is destroyed (replaced): it bills
-                             storage and is not resumed twice
-  work == 0 for              first stop the running machines the fleet can spare above target × (1 + headroom),
-  agent.scale_down_after     least proofs per dollar first, as many as the step allows (not while a machine boots:
-                             its rate is still a guess); with none to spare, stop one machine a step, least proofs
-                             per dollar first (stopped, it keeps its disk and is resumed first when work returns)
+                             its way counts: no second launch for it. A machine vast lists as exited, offline,
+                             missing, or stopped under a running row (outbid) is not counted.
+  work > 0, at or over       release slowly: running capacity alone (booting machines are not counted: make before
+  wanted                     break) must still cover held with agent.scale_down_margin to spare; at most
+                             agent.max_releases_per_step, dearest per proof first, stopped (disk kept). A machine a
+                             cheaper host came up to replace (agent.replace_factor, within agent.replace_after)
+                             goes once the rest covers held, destroyed. With nothing to release: when nothing
+                             boots, a machine run past agent.replace_after that costs replace_factor × more per
+                             proof than the best offer gets its replacement launched (one at a time)
+  work == 0 for              first stop the running machines the fleet can spare above the ceiling, least proofs
+  agent.scale_down_after     per dollar first, as many as the step allows (not while a machine boots: its rate is
+                             still a guess); with none to spare, stop one machine a step, least proofs per dollar
+                             first (stopped, it keeps its disk and is resumed first when work returns)
   work == 0, cooling down    hold
-  work > 0, over target      hold: the fleet never shrinks while work is queued, in flight or coming (the
-                             incident: 59 queued, no "active" flag, every machine stopped)
-  unknown                    never shrink the fleet (hold), whatever the last known queue said
+  unknown                    never shrink the fleet (hold), whatever the last known queue said; the incident
+                             (59 queued, no "active" flag, every machine stopped) cannot recur: a queue is work,
+                             one fresh report is no evidence over the window, and the guard never scales to zero
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
 model, else fleet.default_rate (observe.py). An offer's expected rate is its
