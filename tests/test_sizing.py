@@ -203,3 +203,18 @@ def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released(
     assert rules.plan(obs, CONFIG, MARKET) == []
     covered = observation(machines, steady(59, lookahead=None), target_proofs_per_hour=20.0)
     assert [a.kind for a in rules.plan(covered, CONFIG, MARKET)] == ["stop"]  # 15 min of it: spare capacity goes
+
+
+def test_the_observation_carries_the_demand_of_the_window_and_the_sample_in_force_at_its_start(tmp_path):
+    from vastctl import db, demand as demand_module
+    from vastctl.observe import observe
+
+    config = config_module.from_mapping({"agent": {"scale_down_after": "30m"}})
+    config.db = str(tmp_path / "state.db")
+    conn = db.connect(config.db_path, now=NOW, create=True)
+    for age, queued in ((90, 1), (45, 2), (31, 3), (20, 4), (0, 5)):
+        demand_module.report(conn, queued, None, now=NOW - timedelta(minutes=age), lookahead=queued * 10)
+    history = observe(conn, config, now=NOW).demand_history
+    assert [(s["queued"], s["lookahead"]) for s in history] == [(3, 30), (4, 40), (5, 50)]
+    assert history[0]["at"] == NOW - timedelta(minutes=31) and all(s["ok"] for s in history)
+    conn.close()

@@ -276,9 +276,9 @@ def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
     """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
     (failed ones too: they mean "unknown")."""
     rows = conn.execute("SELECT at, ok, queued, in_flight, lookahead, proofs_per_hour FROM demand_samples"
-                        " ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,)).fetchall()
+                        " ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
     kept = []
-    for row in rows:
+    for row in rows:  # newest first, read only as far as the window's start
         at = clock_module.from_iso(row["at"])
         if at is None:
             break
