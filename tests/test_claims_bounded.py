@@ -167,7 +167,8 @@ def test_with_59_queued_a_liar_does_not_stop_the_fleet_growing(ready, cli, marke
     else:  # the liar benches honestly, then its counter leaps to 2^63-1
         uuid = machine(cli, "vastctl-b", 70, 501)
         assert cli("heartbeat", "--uuid", uuid, "--proofs-done", str(MAX_INT)).code == 0
-    assert cli("demand", "report", "--queued", "59").code == 0
+    # 59 queued and 400 PoRep coming (320/h over the 75 min look-ahead window): more than the honest 140/h
+    assert cli("demand", "report", "--queued", "59", "--lookahead", "400").code == 0
     data = step(cli)
     launches = [a for a in data["actions"] if a["kind"] == "launch"]
     assert launches and all(a["result"].startswith("launched") for a in launches)

@@ -111,7 +111,7 @@ def test_rules_step_launches_to_the_target(ready, cli, market, db_path):
 
 
 def test_dry_run_buys_nothing(ready, cli, market, db_path):
-    assert cli("demand", "report", "--queued", "5").code == 0
+    assert cli("demand", "report", "--queued", "59").code == 0
     result = cli("agent-step", "--dry-run", "--json")
     assert result.code == 0, result.err
     data = json.loads(result.out)
@@ -154,7 +154,7 @@ def test_if_events_skips_until_something_happens(ready, cli, market, db_path):
 
 def test_the_agents_own_actions_do_not_wake_it_and_the_interval_does(ready, cli, market, db_path, config):
     running(cli, "vastctl-a")
-    assert cli("demand", "report", "--queued", "3").code == 0
+    assert cli("demand", "report", "--queued", "59").code == 0
     assert json.loads(cli("agent-step", "--json").out)["actions"][0]["kind"] == "launch"  # an agent event
     conn = db.connect(db_path, now=clock.SYSTEM.now())
     from vastctl import config as config_module

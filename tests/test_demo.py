@@ -244,3 +244,43 @@ def test_serve_as_of_shows_the_kept_day_on_its_own_clock(cli, tmp_path):
         assert manager.stop() == 0
     assert "Since the fleet began (2h" in page  # the simulated day, not the wall clock's empty last day
     assert '<time datetime="2031-03-03T01:' in page
+
+
+def test_proof_waits_are_first_come_first_proved_and_late_ones_still_queued_count():
+    waits = demo.ProofWaits(45 * 60)
+    waits.arrive(0, 10.0)
+    waits.arrive(1, 10.0)
+    waits.serve(0, 5.0)  # 5 of minute 0's proofs at once
+    waits.serve(30, 10.0)  # the other 5 of minute 0 (30 min), then 5 of minute 1 (29 min)
+    waits.arrive(90, 4.0)  # still queued at the end, 10 minutes old: not judged
+    summary = waits.summary(100)  # 5 of minute 1 still queued after 99 minutes: late
+    assert summary["judged"] == pytest.approx(20.0)
+    assert summary["within"] == pytest.approx(15 / 20)
+    assert (summary["p50"], summary["p95"], summary["p99"]) == (29 * 60, 99 * 60, 99 * 60)
+    assert demo.ProofWaits(2700).summary(10) == {"judged": 0, "within": None, "p50": None, "p95": None, "p99": None}
+
+
+def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_fleet_may(day):
+    result, path = day
+    figures = result.figures
+    assert figures["max_wait_s"] == 45 * 60
+    assert figures["proofs_within_max_wait"] >= 0.99
+    assert 0 <= figures["proof_wait_p50_s"] <= figures["proof_wait_p95_s"] <= figures["proof_wait_p99_s"] <= 45 * 60
+    assert figures["proofs_judged_for_wait"] >= figures["proofs"] - 1
+    # the fleet's filters and other renters' hosts make the honest bound dearer than any host of the models
+    assert figures["lower_bound_cost_per_1000_proofs"] > figures["lower_bound_any_host_cost_per_1000_proofs"]
+    conn = db.connect(path, now=demo.START)
+    coming = conn.execute("SELECT count(*) FROM demand_samples WHERE lookahead > 0").fetchone()[0]
+    assert coming > 600  # the script reports the coming hour as look-ahead, beside the queue
+    conn.close()
+
+
+def test_the_rules_release_machines_while_work_is_queued_in_a_day(day):
+    """Two-way sizing: machines are stopped while work is queued or coming, not only after the quiet spell."""
+    result, path = day
+    conn = db.connect(path, now=demo.START)
+    quiet_from = clocks.to_iso(demo.START + timedelta(hours=demo.QUIET[0]))
+    released = conn.execute("SELECT count(*) FROM events WHERE source = 'agent' AND to_state IN ('stopped', 'killed')"
+                            " AND at < ?", (quiet_from,)).fetchone()[0]
+    assert released > 0
+    conn.close()

@@ -15,7 +15,7 @@ from vastctl.providers.base import Offer
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 SETTINGS = {"target_proofs_per_hour": 100.0, "min_bench_rate": 40.0, "max_instances": 10,
             "max_hourly_spend": 10.0, "max_dph": 1.0}
-CONFIG = config_module.from_mapping({"agent": {"headroom": 0.15, "scale_down_after": "1h",
+CONFIG = config_module.from_mapping({"agent": {"headroom": 0.15, "scale_down_after": "1h", "plan_horizon": "30m",
                                                "max_actions_per_step": 5}})  # sized to 115 proofs/h
 
 
@@ -59,7 +59,7 @@ CASES = [
      [m("vastctl-a"), m("vastctl-b")], UNKNOWN, MARKET, {}, []),
     ("the incident: 59 queued, fleet over target, never scaled down",
      [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], queued(59), MARKET, {}, []),
-    ("59 queued and the target fell: the fleet holds while work is queued",
+    ("59 queued and the target fell, no demand history over agent.scale_down_after: the fleet holds",
      [m("vastctl-a"), m("vastctl-b", dph=0.6), m("vastctl-c", dph=0.7), m("vastctl-d")], queued(59), MARKET,
      {"target_proofs_per_hour": 50.0}, []),
     ("unknown demand with capacity to spare: hold, whatever the target says",
@@ -90,10 +90,10 @@ CASES = [
     ("empty queue, cooldown not known (no run of empty samples): hold",
      [m("vastctl-a")], queued(0), MARKET, {}, []),
     ("a stopped machine is resumed once before anything is rented",
-     [m("vastctl-a"), m("vastctl-s", state="stopped", status="exited")], queued(3), MARKET, {},
+     [m("vastctl-a"), m("vastctl-s", state="stopped", status="exited")], queued(40), MARKET, {},
      [("start", "vastctl-s")]),
     ("a machine stopped again after its resume is replaced",
-     [m("vastctl-a"), m("vastctl-s", state="stopped", resumes=1)], queued(3), MARKET, {},
+     [m("vastctl-a"), m("vastctl-s", state="stopped", resumes=1)], queued(40), MARKET, {},
      [("destroy", "vastctl-s"), ("launch", 2)]),
     ("target 0: nothing to size to",
      [], queued(40), MARKET, {"target_proofs_per_hour": 0.0}, []),
@@ -103,15 +103,15 @@ CASES = [
      [], queued(40), MARKET, {"max_hourly_spend": 0.8}, [("launch", 2)]),
     # in flight: claimed tasks wait at a daemon, they are work for the fleet
     ("nothing queued, work in flight, fleet under target: grow",
-     [m("vastctl-a")], queued(0, in_flight=8, lookahead=0), MARKET, {}, [("launch", 2)]),
+     [m("vastctl-a")], queued(0, in_flight=40, lookahead=0), MARKET, {}, [("launch", 2)]),
     ("nothing queued, work in flight, an old empty run: never shrink under claimed work",
      [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9), m("vastctl-c")],
      queued(0, empty_for_min=120, in_flight=3, lookahead=0), MARKET, {"target_proofs_per_hour": 50.0}, []),
     # look-ahead: PoRep tasks about to be created; a machine launched now is booted when they arrive
     ("nothing queued or in flight, PoRep coming: start machines before the tasks exist",
-     [], queued(0, in_flight=0, lookahead=24), MARKET, {}, [("launch", 2), ("launch", 1)]),
+     [], queued(0, in_flight=0, lookahead=150), MARKET, {}, [("launch", 2), ("launch", 1)]),
     ("PoRep coming, a stopped machine: resume it first",
-     [m("vastctl-s", state="stopped", status="exited")], queued(0, in_flight=0, lookahead=5), MARKET, {},
+     [m("vastctl-s", state="stopped", status="exited")], queued(0, in_flight=0, lookahead=100), MARKET, {},
      [("start", "vastctl-s"), ("launch", 2)]),
     ("PoRep coming past the cooldown of an old empty run: hold, not stop",
      [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9)], queued(0, empty_for_min=90, in_flight=0, lookahead=2),
@@ -133,7 +133,7 @@ def test_plan(name, machines, demand, offers, settings, expected):
 
 
 def test_launch_reasons_and_prices():
-    (first, second) = rules.plan(observation([], queued(5)), CONFIG, MARKET)
+    (first, second) = rules.plan(observation([], queued(40)), CONFIG, MARKET)
     assert (first.offer_id, first.gpu_name, first.dph) == (2, "RTX 4090", 0.40)
     assert "capacity 0 of 115 proofs/h" in first.reason and "60 proofs/h expected" in first.reason
     assert second.offer_id == 1
@@ -151,7 +151,7 @@ def test_offers_are_ranked_per_expected_proof_with_host_ram_counted():
 
 def test_one_offer_per_host_machine():
     twins = [offer(1, dph=0.3, machine_id=77), offer(2, dph=0.31, machine_id=77), offer(3, dph=0.5)]
-    assert [a.offer_id for a in rules.plan(observation([], queued(5)), CONFIG, twins)] == [1, 3]
+    assert [a.offer_id for a in rules.plan(observation([], queued(40)), CONFIG, twins)] == [1, 3]
 
 
 def test_no_more_actions_than_the_step_allows():
@@ -162,21 +162,21 @@ def test_no_more_actions_than_the_step_allows():
 
 def test_needs_offers_only_when_resuming_is_not_enough():
     stopped = [m("vastctl-a"), m("vastctl-s", state="stopped")]
-    assert not rules.needs_offers(observation(stopped, queued(3)), CONFIG)
-    assert rules.needs_offers(observation([m("vastctl-a")], queued(3)), CONFIG)
+    assert not rules.needs_offers(observation(stopped, queued(40)), CONFIG)
+    assert rules.needs_offers(observation([m("vastctl-a")], queued(40)), CONFIG)
     assert not rules.needs_offers(observation([m("vastctl-a")], queued(0, empty_for_min=5)), CONFIG)
 
 
 def test_the_reason_names_the_work_in_flight_and_coming():
-    (first, *_) = rules.plan(observation([], queued(0, in_flight=8, lookahead=24)), CONFIG, MARKET)
-    assert first.reason.startswith("work for the fleet (0 queued, 8 in flight, 24 PoRep coming): capacity 0 of 115")
-    (only_queued, *_) = rules.plan(observation([], queued(5)), CONFIG, MARKET)
+    (first, *_) = rules.plan(observation([], queued(0, in_flight=40, lookahead=100)), CONFIG, MARKET)
+    assert first.reason.startswith("work for the fleet (0 queued, 40 in flight, 100 PoRep coming): capacity 0 of 115")
+    (only_queued, *_) = rules.plan(observation([], queued(40)), CONFIG, MARKET)
     assert only_queued.reason.startswith("queued work: capacity 0 of 115")
 
 
 @pytest.mark.parametrize("demand, wanted", [
-    (queued(0, empty_for_min=5, in_flight=3), True),
-    (queued(0, empty_for_min=5, lookahead=3), True),
+    (queued(0, empty_for_min=5, in_flight=40), True),
+    (queued(0, empty_for_min=5, lookahead=100), True),
     (queued(0, empty_for_min=5, in_flight=0, lookahead=0), False),
     (queued(0, empty_for_min=5), False),  # a source that reports only queued
 ])

@@ -199,7 +199,15 @@ class AgentSection:
     max_actions_per_step: int = 5
     max_context_tokens: int = 12000
     headroom: float = 0.15
-    scale_down_after: float = field(default=60 * 60, metadata=DURATION)
+    # rules: capacity above what is wanted stands this long (since the last machine came up, and since the work
+    # ran out) before it is released: the scale-down delay of the two-way sizing
+    scale_down_after: float = field(default=15 * 60, metadata=DURATION)
+    max_wait: float = field(default=45 * 60, metadata=DURATION)  # the service: a proof done this long after arriving
+    plan_horizon: float = field(default=40 * 60, metadata=DURATION)  # rules: drain the queue within this (< max_wait)
+    scale_down_margin: float = 0.1  # rules: release while queued only if what is left covers wanted × (1 + margin)
+    max_releases_per_step: int = 2  # rules: machines released in one step while work is queued
+    replace_factor: float = 1.3  # rules: a machine this many times dearer per proof than a cheaper host is replaced
+    replace_after: float = field(default=2 * 3600, metadata=DURATION)  # rules: ... once it has run this long
     max_rounds: int = 8
     deadline: float = field(default=50.0, metadata=DURATION)
     prices: dict = field(default_factory=lambda: {"claude-haiku-5-5": [0.10, 0.50, 0.01, 0.125]}, metadata={"prices": True})
@@ -209,6 +217,7 @@ class AgentSection:
 class DemandSection:
     command: str = ""
     stale_after: float = field(default=15 * 60, metadata=DURATION)
+    lookahead_window: float = field(default=75 * 60, metadata=DURATION)  # `lookahead` counts arrivals within this
 
 
 @dataclass

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -59,12 +60,12 @@ FAILURE_LEVELS = ("low", "default", "high")
 POLICIES = ("rules", "llm")
 FLEETS = ("rules", "static")  # static: sized for the day's peak once, never scaled down (the bench's baseline)
 MAX_HOURS = 7 * 24
-DEFAULT_SEED = 9  # a day in which every failure kind the market has happens at the default level
+DEFAULT_SEED = 11  # a day in which every failure kind the market has happens at the default level
 
 # the demand curve, in hours of the simulated day
 SWING_MEAN, SWING_AMPLITUDE, SWING_PEAK_HOUR = 280.0, 120.0, 15.0
 BURST = (10.0, 11.5, 250.0)  # from, to, extra proofs/hour
-QUIET = (16.0, 19.0)  # nothing arrives: long enough to pass agent.scale_down_after (1h) and release machines
+QUIET = (16.0, 19.0)  # nothing arrives: long past agent.scale_down_after, the fleet is released and resumed
 OUTAGE = (21.0, 22.5)  # the demand source is down: nothing is reported
 NOISE = 0.10
 
@@ -165,8 +166,10 @@ def demo_config(directory: Path, options: DemoOptions) -> Config:
     config.fleet.gpus = [model.name for model in sim_market.GPUS]  # every model the market offers, up to max_dph
     config.fleet.min_cpu_ram_gb = 384.0  # ≥384 GiB hosts prove 84-95/h: cheaper per proof, fewer below their promise
     config.sim.seed, config.sim.failures = options.seed, options.failures
+    config.demand.lookahead_window = LOOKAHEAD_MINUTES * 60.0  # the script's look-ahead counts the coming hour
     if options.fleet == "static":
         config.agent.scale_down_after = 10 * 365 * 86400.0  # never
+        config.agent.plan_horizon = 60.0  # any queue at all sizes it to the target: the old one-way fleet
     return config
 
 
@@ -209,6 +212,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     env = {} if env is None else env
 
     backlog = arrived = done = 0.0
+    waits = ProofWaits(config.agent.max_wait)
     done_by_minute: list[float] = []
     samples: list[Sample] = []
     target = 0.0
@@ -222,6 +226,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         arriving = curve.rate(minute)
         backlog += arriving / 60
         arrived += arriving / 60
+        waits.arrive(minute, arriving / 60)
         down = curve.outage(minute)
         if minute % TARGET_EVERY_MINUTES == 0 and not down:
             wanted = peak if options.fleet == "static" else curve.lookahead_target(minute)
@@ -229,8 +234,8 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         target = float(settings.get(conn, config, "target_proofs_per_hour"))
         queued = math.ceil(backlog - 1e-9)
         if not down:
-            demand.report(conn, math.ceil(backlog + curve.coming(minute) - 1e-9), round(sum(done_by_minute[-60:]), 1),
-                          now=now)
+            demand.report(conn, queued, round(sum(done_by_minute[-60:]), 1), now=now,
+                          lookahead=math.ceil(curve.coming(minute) - 1e-9))
         try:
             reconcile.run_pass(conn, market, config, clock=clock)
         except VastctlError:
@@ -243,6 +248,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         served = min(backlog, capacity / 60)
         backlog -= served
         done += served
+        waits.serve(minute, served)
         done_by_minute.append(served)
         if minute >= WARMUP_MINUTES and queued > 0:
             counted += 1
@@ -260,7 +266,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     totals = market.totals()
     latencies, undetected = detection_latencies(conn, totals.instances)
     figures = _figures(conn, config, options, totals, market, curve, arrived=arrived, done=done, backlog=backlog,
-                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors,
+                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors, waits=waits.summary(total),
                        latencies=latencies, undetected=undetected,
                        asked=[sample.target * (1 + config.agent.headroom) for sample in samples])
     launches, kills = _launches_and_kills(conn)
@@ -295,6 +301,60 @@ def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at
         billed_at_kill[row["vast_id"]] = billed[row["vast_id"]] - max(0.0, before)
 
 
+class ProofWaits:
+    """Each proof from its arrival to its completion, first come first proved, in whole minutes.
+
+    Proofs arrive and are done in fractions per minute (the demo's queue is a
+    rate), so each minute's arrivals are one cohort. A proof is judged once it
+    is done or has waited past `max_wait` (still queued at the end and older
+    than that: late); one still queued and younger at the end is not judged
+    either way. Percentiles are weighted by proofs; a late proof still queued
+    counts with the wait it has had so far (a lower bound of its wait).
+    """
+
+    def __init__(self, max_wait_s: float):
+        self.max_wait_min = max_wait_s / 60
+        self._queue: deque[list[float]] = deque()  # [arrival minute, proofs still waiting]
+        self._done: dict[int, float] = {}  # wait in minutes → proofs done after that wait
+
+    def arrive(self, minute: int, proofs: float) -> None:
+        if proofs > 0:
+            self._queue.append([minute, proofs])
+
+    def serve(self, minute: int, proofs: float) -> None:
+        while proofs > 1e-12 and self._queue:
+            cohort = self._queue[0]
+            taken = min(cohort[1], proofs)
+            wait = minute - int(cohort[0])
+            self._done[wait] = self._done.get(wait, 0.0) + taken
+            cohort[1] -= taken
+            proofs -= taken
+            if cohort[1] <= 1e-12:
+                self._queue.popleft()
+
+    def summary(self, minutes: int) -> dict[str, float | None]:
+        weighted = dict(self._done)
+        for arrived_at, proofs in self._queue:
+            age = minutes - arrived_at
+            if age > self.max_wait_min:
+                weighted[int(age)] = weighted.get(int(age), 0.0) + proofs
+        judged = sum(weighted.values())
+        within = sum(proofs for wait, proofs in weighted.items() if wait <= self.max_wait_min)
+        return {"judged": judged, "within": within / judged if judged > 0 else None,
+                **{name: _weighted_percentile(weighted, fraction, judged) * 60 if judged > 0 else None
+                   for name, fraction in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))}}
+
+
+def _weighted_percentile(weights: Mapping[int, float], fraction: float, total: float) -> float:
+    """The smallest value with at least `fraction` of the weight at or below it."""
+    running = 0.0
+    for value in sorted(weights):
+        running += weights[value]
+        if running >= fraction * total - 1e-9:
+            return float(value)
+    return float(max(weights))
+
+
 def percentile(values: list[float], fraction: float) -> float | None:
     """Nearest-rank percentile (None for no values)."""
     if not values:
@@ -321,7 +381,7 @@ def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]])
 
 
 def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *, whole: bool = False,
-                     sized_to: list[float] | None = None) -> float:
+                     sized_to: list[float] | None = None, honest: bool = True) -> float:
     """$ of the cheapest offers sized exactly to the arrivals, minute by minute, knowing every host's true rate.
 
     No boot time, no failures, no headroom: no fleet can do it for less with
@@ -330,16 +390,26 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
     whole machines (the cheapest per proof, the last one the cheapest that
     covers the rest): how much renting by the machine alone costs. `sized_to`
     replaces the arrivals with a proofs/hour per minute (the target the fleet was asked for).
+    `honest` (the default) rents only what the fleet may rent: hosts that pass its own filters
+    (fleet.min_cpu_ram_gb, fleet.min_inet_down_mbps) and that no other renter holds that hour; without
+    it, any host of the allowed models.
     """
     from .providers import sim_market
 
     hosts = [host for host in market.hosts() if host.gpu_name in config.fleet.gpus
              and host.true_rate >= config.fleet.min_bench_rate]
+    if honest:
+        hosts = [host for host in hosts if host.cpu_ram_gb >= config.fleet.min_cpu_ram_gb
+                 and host.inet_down_mbps >= config.fleet.min_inet_down_mbps]
+    everyone = market.hosts()
+    taken: tuple[int, frozenset[int]] = (-1, frozenset())
     cost = 0.0
     for minute in range(minutes):
         at = (START + timedelta(minutes=minute)).timestamp()
-        priced = [(dph, host.true_rate) for host in hosts
-                  if (dph := sim_market.gpu_price(host, at) + sim_market.storage_price(host, config.launch.disk_gb))
+        if honest and taken[0] != int(at // 3600):
+            taken = (int(at // 3600), sim_market.taken_by_others(market.seed, everyone, int(at // 3600)))
+        priced = [(dph, host.true_rate) for host in hosts if host.machine_id not in taken[1]
+                  and (dph := sim_market.gpu_price(host, at) + sim_market.storage_price(host, config.launch.disk_gb))
                   <= config.fleet.max_dph]
         priced.sort(key=lambda item: (item[0] / item[1], item[0]))
         need = curve.rate(minute) if sized_to is None else sized_to[minute]
@@ -359,7 +429,7 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
 
 
 def _figures(conn, config, options, totals, market, curve, *, arrived, done, backlog, counted, met,
-             billed_at_kill, errors, latencies, undetected, asked) -> dict[str, Any]:
+             billed_at_kill, errors, latencies, undetected, asked, waits) -> dict[str, Any]:
     kills: dict[str, int] = {}
     for row in conn.execute("SELECT kill_code, count(*) AS n FROM instances WHERE state = 'killed'"
                             " GROUP BY kill_code ORDER BY kill_code"):
@@ -367,6 +437,7 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
     leaked = sum(max(0.0, billed[vast_id] - at_kill) for vast_id, at_kill in billed_at_kill.items())
     bound = lower_bound_cost(market, config, curve, options.minutes)
+    any_host = lower_bound_cost(market, config, curve, options.minutes, honest=False)
     whole = lower_bound_cost(market, config, curve, options.minutes, whole=True)
     sized = lower_bound_cost(market, config, curve, options.minutes, whole=True, sized_to=asked)
     per_1000 = totals.cost / done * 1000 if done > 0 else None
@@ -380,6 +451,12 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     return {
         "hours": options.hours, "seed": options.seed, "policy": options.policy, "failures": options.failures,
         "fleet": options.fleet,
+        "proofs_within_max_wait": r(waits["within"]),
+        "max_wait_s": config.agent.max_wait,
+        "proof_wait_p50_s": r(waits["p50"], 1),
+        "proof_wait_p95_s": r(waits["p95"], 1),
+        "proof_wait_p99_s": r(waits["p99"], 1),
+        "proofs_judged_for_wait": int(waits["judged"]),
         "target_attainment": r(met / counted if counted else None),
         "attainment_minutes": counted,
         "capacity_measured_as": "simulator",
@@ -389,6 +466,7 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
         "queued_at_end": math.ceil(backlog - 1e-9),
         "cost_per_1000_proofs": r(per_1000, 3),
         "lower_bound_cost_per_1000_proofs": r(bound_per_1000, 3),
+        "lower_bound_any_host_cost_per_1000_proofs": r(any_host / arrived * 1000 if arrived > 0 else None, 3),
         "lower_bound_whole_machines_cost_per_1000_proofs": r(whole / arrived * 1000 if arrived > 0 else None, 3),
         "lower_bound_target_sized_cost_per_1000_proofs": r(sized / arrived * 1000 if arrived > 0 else None, 3),
         "cost_ratio_to_lower_bound": r(per_1000 / bound_per_1000 if per_1000 and bound_per_1000 else None, 3),

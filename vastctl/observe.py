@@ -26,9 +26,10 @@ import sqlite3
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping
 
+from . import clock as clock_module
 from . import demand as demand_module
 from . import fleet, lifecycle, settings
 from .config import Config
@@ -53,6 +54,8 @@ class Observation:
     events: list[dict]
     last_actions: list[dict]
     model_rates: dict[str, float] = field(default_factory=dict)  # GPU model → median bench rate seen
+    # demand samples of the last agent.scale_down_after, oldest first: what the rules release capacity against
+    demand_history: list[dict] = field(default_factory=list)
 
     def running(self) -> list[dict]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
@@ -266,6 +269,26 @@ def stored_json(text: str | None, kind: type = list) -> Any:
     return value if isinstance(value, kind) else kind()
 
 
+HISTORY_ROWS = 2000  # newest samples read for the window: bounded whatever the file's age or the report cadence
+
+
+def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
+    """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
+    (failed ones too: they mean "unknown")."""
+    rows = conn.execute("SELECT at, ok, queued, in_flight, lookahead, proofs_per_hour FROM demand_samples"
+                        " ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
+    kept = []
+    for row in rows:  # newest first, read only as far as the window's start
+        at = clock_module.from_iso(row["at"])
+        if at is None:
+            break
+        kept.append({"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
+                     "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]})
+        if at <= since:
+            break
+    return kept[::-1]
+
+
 def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
             events_since: int | None = None) -> Observation:
     """One snapshot for one decision. `events_since`: the event cursor (None: no events)."""
@@ -296,4 +319,5 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         events=[] if events_since is None else fleet.events(conn, since=events_since, limit=EVENTS_KEPT),
         last_actions=last_step_actions(conn),
         model_rates=rates,
+        demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
     )

@@ -70,6 +70,7 @@ LEASE_SLACK_S = 5 * 60  # the lease lasts at least this beyond reconcile.deadlin
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
+OUTBID_GRACE_S = 2 * 3600  # an outbid machine is waited for this long after its last heartbeat, then timed out
 DEAD_STATUSES = {"exited": "exited", "unknown": "offline", "offline": "offline"}  # vast status → kill code
 START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
 REASON_CHARS = 160  # vast's text quoted into a reason (an event, the table), through upstream.clip
@@ -316,6 +317,8 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
     if state is State.RUNNING:
         limit = config.timeouts.heartbeat
         beat = clock.from_iso(row.get("last_heartbeat_at"))
+        if entry is not None and outbid(entry) and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
+            return None  # paused by vast for a higher bid, disk kept: it resumes by itself, not dead
         if beat is None or beat < since:
             if (now - since).total_seconds() > limit:
                 return "heartbeat_timeout", f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
@@ -328,6 +331,12 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
             return "tunnel_down", (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
                                    f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
     return None
+
+
+def outbid(entry: RemoteInstance) -> bool:
+    """An interruptible instance vast has stopped while we asked it to run: outbid (vast-api.md "Interruptible").
+    It stays listed, keeps its disk and bills storage; it resumes when its bid wins again."""
+    return entry.raw.get("is_bid") is True and "stopped" in (entry.actual_status, entry.cur_state)
 
 
 def _destroy_row(row: Mapping[str, Any], vast_id: int | None, now: datetime) -> Action:

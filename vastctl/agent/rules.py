@@ -8,23 +8,36 @@ policy is shown. In the order `plan()` applies them:
   to create (sectors precommitted on chain; a machine launched now is booted when they arrive). A source that
   reports only `queued` counts the other two as 0.
 
+  wanted = what drains queued + in_flight within agent.plan_horizon (never past agent.max_wait) and keeps up
+  with the arrivals (lookahead over demand.lookahead_window; a source silent on it: its proofs_per_hour),
+  capped by target × (1 + agent.headroom) (the ceiling); the ceiling itself while demand is unknown.
+  held = the most wanted over the last agent.scale_down_after (observation.demand_history); none (release
+  nothing) unless every sample of the window is good and one was in force at its start.
+
   demand                     what it does
-  work > 0, or unknown       size capacity + pending capacity to target × (1 + agent.headroom), because a
-                             replacement takes 15-90 minutes to boot: first resume stopped machines never
-                             resumed before (they keep their parameters), best proofs per dollar first; then
+  any                        a stopped machine resumed once already is destroyed (replaced, not resumed
+                             twice); a stopped one whose storage has billed what a fresh boot costs
+                             (BOOT_HOURS of its price) is destroyed (kept longer it costs more than renting anew)
+  work > 0, or unknown,      grow fast: capacity + pending capacity to wanted; first resume stopped machines never
+  below wanted               resumed before (they keep their parameters), best proofs per dollar first; then
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
-                             its way counts: no second launch for it. A machine vast lists as exited, offline or
-                             missing is not counted (reconcile is about to kill it).
-  any                        a stopped machine that was resumed once already is destroyed (replaced): it bills
-                             storage and is not resumed twice
-  work == 0 for              first stop the running machines the fleet can spare above target × (1 + headroom),
-  agent.scale_down_after     least proofs per dollar first, as many as the step allows (not while a machine boots:
-                             its rate is still a guess); with none to spare, stop one machine a step, least proofs
-                             per dollar first (stopped, it keeps its disk and is resumed first when work returns)
+                             its way counts: no second launch for it. A machine vast lists as exited, offline,
+                             missing, or stopped under a running row (outbid) is not counted.
+  work > 0, at or over       release slowly: running capacity alone (booting machines are not counted: make before
+  wanted                     break) must still cover held with agent.scale_down_margin to spare; at most
+                             agent.max_releases_per_step, dearest per proof first, stopped (disk kept). A machine a
+                             cheaper host came up to replace (agent.replace_factor, within agent.replace_after)
+                             goes once the rest covers held, destroyed. With nothing to release: when nothing
+                             boots, a machine run past agent.replace_after that costs replace_factor × more per
+                             proof than the best offer gets its replacement launched (one at a time)
+  work == 0 for              first stop the running machines the fleet can spare above the ceiling, least proofs
+  agent.scale_down_after     per dollar first, as many as the step allows (not while a machine boots: its rate is
+                             still a guess); with none to spare, stop one machine a step, least proofs per dollar
+                             first (stopped, it keeps its disk and is resumed first when work returns)
   work == 0, cooling down    hold
-  work > 0, over target      hold: the fleet never shrinks while work is queued, in flight or coming (the
-                             incident: 59 queued, no "active" flag, every machine stopped)
-  unknown                    never shrink the fleet (hold), whatever the last known queue said
+  unknown                    never shrink the fleet (hold), whatever the last known queue said; the incident
+                             (59 queued, no "active" flag, every machine stopped) cannot recur: a queue is work,
+                             one fresh report is no evidence over the window, and the guard never scales to zero
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
 model, else fleet.default_rate (observe.py). An offer's expected rate is its
@@ -37,8 +50,11 @@ a healthy plan is never refused; the guard checks them again anyway.
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
+from .. import clock
 from ..config import Config
 from ..fleet import VAST_DEAD
 from ..guard import Action, Kind
@@ -47,6 +63,7 @@ from ..observe import PENDING_STATES, Observation, rate_of_model
 from ..providers.base import Offer
 
 ACTOR = "agent"
+BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
 # proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
 RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
 # proofs/hour a model proves on a host with RAM to spare, before any machine of it has benchmarked (domain.md)
@@ -55,7 +72,10 @@ GPU_RATES = {"RTX 3090": 50.0, "RTX 4090": 80.0, "RTX 5070 Ti": 95.0, "RTX 5090"
 
 
 def _vast_dead(machine: Mapping[str, Any]) -> bool:
-    return bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD
+    """Not proving whatever the file says: vast lists it dead or not at all, or stopped under a running row
+    (an interruptible machine outbid: reconcile waits for it, capacity does not count it)."""
+    return (bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD
+            or (machine.get("state") == State.RUNNING and machine.get("vast_status") == "stopped"))
 
 
 def _per_dollar(machine: Mapping[str, Any]) -> float:
@@ -63,9 +83,57 @@ def _per_dollar(machine: Mapping[str, Any]) -> float:
     return machine["expected_rate"] / dph if dph > 0 else float("inf")
 
 
-def wanted_capacity(obs: Observation, config: Config) -> float:
-    """Proofs/hour the fleet is sized to while work is queued (or demand is unknown)."""
+def ceiling(obs: Observation, config: Config) -> float:
+    """The most the fleet is sized to: the operator's target × (1 + agent.headroom)."""
     return float(obs.settings["target_proofs_per_hour"]) * (1 + config.agent.headroom)
+
+
+def horizon_hours(config: Config) -> float:
+    """agent.plan_horizon in hours, never past agent.max_wait (at least a minute)."""
+    return max(60.0, min(config.agent.plan_horizon, config.agent.max_wait or config.agent.plan_horizon)) / 3600
+
+
+def needed(sample: Mapping[str, Any], config: Config) -> float:
+    """Proofs/hour that drain what is queued and in flight within agent.plan_horizon while keeping up with the
+    arrivals: the look-ahead spread over demand.lookahead_window, else (a source silent on it) the rate the
+    source says was proved lately."""
+    backlog = (sample.get("queued") or 0) + (sample.get("in_flight") or 0)
+    window = config.demand.lookahead_window
+    if sample.get("lookahead") is not None and window > 0:
+        arrivals = sample["lookahead"] / (window / 3600)
+    else:
+        arrivals = float(sample.get("proofs_per_hour") or 0.0)
+    return backlog / horizon_hours(config) + arrivals
+
+
+def wanted_capacity(obs: Observation, config: Config) -> float:
+    """Proofs/hour the fleet is sized to now: what the work needs (needed()), capped by ceiling(); the ceiling
+    itself while demand is unknown (sized as if work were queued)."""
+    cap = ceiling(obs, config)
+    demand = obs.demand
+    if not demand.known:
+        return cap
+    return min(cap, needed({"queued": demand.queued, "in_flight": demand.in_flight, "lookahead": demand.lookahead,
+                            "proofs_per_hour": demand.proofs_per_hour}, config))
+
+
+def held_capacity(obs: Observation, config: Config) -> float | None:
+    """The most wanted over the last agent.scale_down_after (the scale-down side of the hysteresis): releases
+    while work is queued keep at least this. None (release nothing) when a sample in the window failed, or the
+    window is not covered by samples (none in force at its start, or a gap longer than demand.stale_after):
+    one fresh report of a queue is no evidence of how long the fleet has been over it."""
+    if not obs.demand.known:
+        return None
+    history = obs.demand_history
+    since = obs.now - timedelta(seconds=config.agent.scale_down_after)
+    if not history or history[0]["at"] > since:
+        return None
+    times = [sample["at"] for sample in history] + [obs.now]
+    if any((later - earlier).total_seconds() > config.demand.stale_after for earlier, later in zip(times, times[1:])):
+        return None
+    if not all(sample["ok"] for sample in history):
+        return None
+    return min(ceiling(obs, config), max([wanted_capacity(obs, config)] + [needed(s, config) for s in history]))
 
 
 def has_work(obs: Observation) -> bool:
@@ -102,11 +170,12 @@ def shortfall(obs: Observation, config: Config) -> float:
 
 
 def needs_offers(obs: Observation, config: Config) -> bool:
-    """Whether plan() would look at offers (the caller searches the market only then)."""
+    """Whether plan() would look at offers (the caller searches the market only then): to grow, or to replace
+    a running machine by a cheaper host."""
     missing = shortfall(obs, config)
     for machine in _resumable(obs):
         missing -= machine["expected_rate"]
-    return missing > 0
+    return missing > 0 or bool(replacement_candidates(obs, config))
 
 
 def _resumable(obs: Observation) -> list[dict]:
@@ -162,10 +231,39 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
         if machine["state"] == State.STOPPED and machine.get("resumes") and len(actions) < budget:
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason="stopped again after its one resume: replaced, not resumed twice"))
+    actions.extend(_retire_stopped(obs, budget - len(actions)))
     if has_work(obs):
-        actions.extend(_grow(obs, config, offers, budget - len(actions)))
+        grown = _grow(obs, config, offers, budget - len(actions))
+        actions.extend(grown)
+        if not grown and obs.demand.known:
+            actions.extend(_release_while_queued(obs, config, budget - len(actions))
+                           or _replace(obs, config, offers, budget - len(actions)))
     elif _cooled_down(obs, config):
         actions.extend(_trim(obs, config, budget - len(actions)) or _shrink(obs, config, budget - len(actions)))
+    return actions
+
+
+def _since(machine: Mapping[str, Any], now: datetime) -> float:
+    """Seconds the machine has been in its state (0 when the file does not say)."""
+    at = clock.from_iso(machine.get("state_since"))
+    return max(0.0, (now - at).total_seconds()) if at is not None else 0.0
+
+
+def _retire_stopped(obs: Observation, budget: int) -> list[Action]:
+    """Destroy a stopped machine whose storage has billed what a fresh boot costs (BOOT_HOURS of its price):
+    kept longer, it costs more than renting anew would (the ski-rental rule: at most twice the best choice)."""
+    actions = []
+    for machine in obs.machines:
+        if len(actions) >= budget or machine["state"] != State.STOPPED or machine.get("resumes"):
+            continue
+        storage = float(machine.get("billed_per_hour") or 0.0)
+        boot_cost = float(machine.get("dph") or 0.0) * BOOT_HOURS
+        stopped_h = _since(machine, obs.now) / 3600
+        if storage > 0 and boot_cost > 0 and storage * stopped_h >= boot_cost:
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=(f"stopped {stopped_h:.1f}h: its storage (${storage:.3f}/h) has billed"
+                                          f" ${storage * stopped_h:.2f}, what a fresh boot costs"
+                                          f" ({BOOT_HOURS:g}h at ${float(machine['dph']):g}/h)")))
     return actions
 
 
@@ -175,11 +273,18 @@ def _cooled_down(obs: Observation, config: Config) -> bool:
     return since is not None and (obs.now - since).total_seconds() >= config.agent.scale_down_after
 
 
+def _sizing(obs: Observation, config: Config, have: float, want: float) -> str:
+    cap = ceiling(obs, config)
+    why = (f"target × (1 + {config.agent.headroom:g})" if not obs.demand.known or want >= cap - 1e-9
+           else f"drains the work within {config.agent.plan_horizon / 60:g}m and keeps up with arrivals")
+    return f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h wanted ({why})"
+
+
 def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
     want = wanted_capacity(obs, config)
     have = counted_capacity(obs)
     missing = want - have
-    sizing = f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h (target × (1 + {config.agent.headroom:g}))"
+    sizing = _sizing(obs, config, have, want)
     actions: list[Action] = []
     spend = obs.spend_per_hour
     live = len(obs.live())
@@ -211,11 +316,99 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     return actions
 
 
+def _live_running(obs: Observation) -> list[dict]:
+    return [m for m in obs.machines if m["state"] == State.RUNNING and m.get("vast_id") is not None
+            and not _vast_dead(m)]
+
+
+def _per_proof(machine: Mapping[str, Any]) -> float:
+    """$ per proof the machine costs (inf without a rate)."""
+    rate = float(machine["expected_rate"] or 0.0)
+    return float(machine.get("dph") or 0.0) / rate if rate > 0 else float("inf")
+
+
+def _release_while_queued(obs: Observation, config: Config, budget: int) -> list[Action]:
+    """Work is queued and the fleet can spare machines: release them, worst per proof first.
+
+    Capacity still booting is not counted (make before break), and what stays covers the most wanted over
+    agent.scale_down_after (held_capacity): a machine clearly dearer per proof than the cheapest running one
+    that a cheaper host came up to replace (_replaced) goes as soon as the rest covers that, and is destroyed (a cheaper one replaced it);
+    any other goes only with agent.scale_down_margin to spare, and is stopped (kept for a quick resume).
+    """
+    held = held_capacity(obs, config)
+    limit = min(budget, config.agent.max_releases_per_step)
+    if held is None or limit < 1 or ceiling(obs, config) <= 0:
+        return []
+    running = sorted(_live_running(obs), key=lambda m: (-_per_proof(m), m["label"]))
+    have = sum(m["expected_rate"] for m in running)
+    margin = config.agent.scale_down_margin
+    actions: list[Action] = []
+    for machine in running:
+        if len(actions) >= limit:
+            break
+        left = have - machine["expected_rate"]
+        dear = _replaced(machine, running, obs.now, config)
+        if left < held * (1 + (0 if dear else margin)) - 1e-9 or left <= 0:
+            continue
+        have = left
+        cost = f"${_per_proof(machine) * 1000:.2f} per 1000 proofs"
+        if dear:
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=(f"{work_reason(obs)}: {cost}, replaced by a host at least"
+                                          f" {config.agent.replace_factor:g}× cheaper per proof; the rest ({left:g} proofs/h) covers the {held:g} wanted over"
+                                          f" the last {config.agent.scale_down_after / 60:g}m")))
+        else:
+            actions.append(Action(kind=Kind.STOP, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=(f"{work_reason(obs)}: the rest ({left:g} proofs/h) covers the {held:g}"
+                                          f" wanted over the last {config.agent.scale_down_after / 60:g}m with"
+                                          f" {margin:.0%} to spare; {cost}")))
+    return actions
+
+
+def _replaced(machine: Mapping[str, Any], running: Sequence[Mapping[str, Any]], now: datetime, config: Config) -> bool:
+    """A cheaper host came up after this machine, within agent.replace_after, at agent.replace_factor × less per
+    proof: the replacement _replace() launched for it (a fleet that merely mixes hosts replaces nothing)."""
+    age = _since(machine, now)
+    return any(other is not machine and _since(other, now) < age and _since(other, now) <= config.agent.replace_after
+               and _per_proof(machine) >= config.agent.replace_factor * _per_proof(other) for other in running)
+
+
+def replacement_candidates(obs: Observation, config: Config) -> list[dict]:
+    """Running machines old enough to be replaced by a cheaper host (agent.replace_after), dearest per proof first;
+    none while any machine boots (one replacement at a time) or while demand is not known to have work."""
+    if not obs.demand.known or obs.demand.work <= 0 or any(m["state"] in PENDING_STATES for m in obs.machines):
+        return []
+    old = [m for m in _live_running(obs) if _since(m, obs.now) >= config.agent.replace_after]
+    return sorted(old, key=lambda m: (-_per_proof(m), m["label"]))
+
+
+def _replace(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
+    """Launch a cheaper host for the dearest machine (make before break: _release_while_queued destroys the dear
+    one once the replacement is running and the rest covers what is wanted)."""
+    candidates = replacement_candidates(obs, config)
+    if not candidates or budget < 1 or len(obs.live()) >= int(obs.settings["max_instances"]):
+        return []
+    ranked = rank_offers(offers, obs, config)
+    if not ranked:
+        return []
+    offer, rate = ranked[0]
+    best = offer.dph_total / rate
+    worst = candidates[0]
+    if _per_proof(worst) < config.agent.replace_factor * best:
+        return []
+    if obs.spend_per_hour + offer.dph_total > float(obs.settings["max_hourly_spend"]) + 1e-9:
+        return []
+    return [Action(kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
+                   reason=(f"replacing {worst['label']} (${_per_proof(worst) * 1000:.2f} per 1000 proofs) with"
+                           f" {offer.gpu_name} at ${offer.dph_total:g}/h, {rate:g} proofs/h expected"
+                           f" (${best * 1000:.2f} per 1000 proofs): released once this one is running"))]
+
+
 def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
     """Stop what the fleet can spare above target × (1 + headroom), least proofs per dollar first (demand known)."""
     if not obs.demand.known or budget < 1 or any(m["state"] in PENDING_STATES for m in obs.machines):
         return []  # unknown demand holds; a booting machine's rate is a guess: trim once the fleet has settled
-    want = wanted_capacity(obs, config)
+    want = ceiling(obs, config)
     have = counted_capacity(obs)
     candidates = sorted((m for m in obs.machines if m["state"] == State.RUNNING
                          and m.get("vast_id") is not None and not _vast_dead(m)),
@@ -273,3 +466,16 @@ def hold_reason(obs: Observation, config: Config) -> str:
     if any(m["state"] in PENDING_STATES for m in obs.machines):
         return f"no work for {empty_for}m, but a machine is still booting (its rate is a guess): releasing after it settles"
     return f"no work for {empty_for}m and no machine left to release"
+
+
+def bid_for_offer(offer: Offer, max_dph: float, margin: float = 0.1) -> float | None:
+    """The bid for an interruptible rental of `offer`: its min_bid plus `margin`, never above max_dph (nor the
+    offer's on-demand price). None when the offer names no usable min_bid (vast's numbers are hostile: a
+    missing, non-finite, zero or negative one) or the floor itself is past max_dph."""
+    floor = offer.raw.get("min_bid") if isinstance(offer.raw, Mapping) else None
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
+        return None
+    ceiling_dph = min(float(max_dph), float(offer.dph_total))
+    if floor > ceiling_dph:
+        return None
+    return round(min(float(floor) * (1 + margin), ceiling_dph), 4)

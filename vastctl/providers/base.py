@@ -84,6 +84,7 @@ class CreateRequest:
     label: str
     onstart: str
     env: dict[str, str] = field(default_factory=dict)
+    price: float | None = None  # a bid in $/h: an interruptible instance; None: on demand at the offer's price
 
 
 class Provider(Protocol):

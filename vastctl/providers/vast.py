@@ -37,6 +37,7 @@ import urllib3
 
 from .. import upstream
 from ..clock import Clock
+from ..errors import BadInput
 from .base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected,
                    RemoteInstance)
 
@@ -200,7 +201,33 @@ class VastProvider:
             # the rental may exist: say "unknown", not "refused"
             raise ProviderError(f"vast create on offer {request.offer_id}: answered without an instance id;"
                                 " the outcome is unknown")
+        if request.price is not None:
+            self._check_bid(contract, request)
         return contract
+
+    def _check_bid(self, vast_id: int, request: CreateRequest) -> None:
+        """The create answer does not echo the rental type, and a dropped bid yields an on-demand instance
+        (vast-api.md "Interruptible"): look at the instance. One listed as not a bid is destroyed and the
+        create refused, so nothing bills at a price that was not asked; one not listed yet is taken on trust."""
+        remote = self.show_instance(vast_id)
+        if remote is None or remote.raw.get("is_bid") is not False:
+            return
+        try:
+            self.destroy_instance(vast_id)
+        except ProviderError as exc:
+            raise ProviderError(f"vast created instance {vast_id} on demand although a bid of"
+                                f" ${request.price:g}/h was asked, and destroying it failed ({exc})") from None
+        raise ProviderRejected(f"vast created instance {vast_id} on demand although a bid of ${request.price:g}/h"
+                               " was asked; destroyed it")
+
+    def change_bid(self, vast_id: int, price: float) -> None:
+        """Raise (or lower) an interruptible instance's bid, as the official CLI's `change bid` does."""
+        price = bid_price(price)
+        try:
+            self._call("PUT", f"/api/v0/instances/bid_price/{int(vast_id)}/",
+                       json={"client_id": "me", "price": price})
+        except _NotFound as exc:
+            raise ProviderRejected(f"vast change-bid of instance {vast_id}: no such instance ({exc})") from None
 
     def destroy_instance(self, vast_id: int) -> None:
         """DELETE; an instance vast no longer has (confirmed by a show) counts as destroyed."""
@@ -487,15 +514,28 @@ def offer_search_body(query: OfferQuery) -> dict[str, Any]:
     return body
 
 
-def create_body(request: CreateRequest) -> dict[str, Any]:
-    """The PUT /api/v0/asks/{id}/ body, on-demand.
+BID_RANGE = (0.001, 32.0)  # $/h vast accepts as a bid (change-bid's documented range, inside create's)
 
-    cancel_unavail is true: an offer that cannot start now must be an error,
-    not a stopped instance that bills storage.
+
+def bid_price(price: Any) -> float:
+    """A bid as vast accepts it: a finite $/h within BID_RANGE, to 4 decimals; BadInput otherwise."""
+    low, high = BID_RANGE
+    if (isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price)
+            or not low <= price <= high):
+        raise BadInput(f"a bid must be a number of $/h from {low:g} to {high:g}, got {price!r}")
+    return round(float(price), 4)
+
+
+def create_body(request: CreateRequest) -> dict[str, Any]:
+    """The PUT /api/v0/asks/{id}/ body: on demand, or interruptible when the request carries a bid (`price`).
+
+    cancel_unavail is true: an offer that cannot start now (a bid too low to win
+    included) must be an error, not a stopped instance that bills storage.
     """
     return {
         "client_id": "me", "image": request.image, "disk": float(request.disk_gb), "label": request.label,
-        "onstart": request.onstart, "env": dict(request.env), "runtype": "ssh", "price": None,
+        "onstart": request.onstart, "env": dict(request.env), "runtype": "ssh",
+        "price": None if request.price is None else bid_price(request.price),
         "image_login": None, "cancel_unavail": True,
     }
 

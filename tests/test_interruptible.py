@@ -1,0 +1,208 @@
+"""Interruptible (bid) machines at vast: the create carries `price`, a bid vast dropped is noticed, change-bid is
+the call the official CLI makes, and an outbid machine is waited for, not killed. Against a loopback fake of the
+vast API (a real HTTP server on 127.0.0.1, port 0) and reconcile's plan over what it lists."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from vastctl import clock
+from vastctl.agent import rules
+from vastctl.config import from_mapping
+from vastctl.errors import BadInput
+from vastctl.providers.base import CreateRequest, Offer, ProviderRejected
+from vastctl.providers.vast import VastProvider
+from vastctl.reconcile import plan
+
+KEY = "fake-key-0123456789"
+NOW = datetime(2031, 3, 3, 12, 0, tzinfo=timezone.utc)
+
+
+class FakeVast(ThreadingHTTPServer):
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, dict]] = []
+        self.instances: dict[int, dict] = {}
+        self.drop_bids = False  # answer a bid create with an on-demand instance (vast-cli PR #403)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: FakeVast
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: dict) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _take(self, method: str) -> tuple[str, dict]:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        path = self.path.split("?")[0]
+        with self.server.lock:
+            self.server.requests.append((method, path, body))
+        return path, body
+
+    def do_PUT(self):
+        path, body = self._take("PUT")
+        if path.startswith("/api/v0/asks/"):
+            with self.server.lock:
+                vast_id = 500 + len(self.server.instances)
+                bid = body.get("price") is not None and not self.server.drop_bids
+                self.server.instances[vast_id] = {
+                    "id": vast_id, "label": body["label"], "actual_status": "running", "intended_status": "running",
+                    "cur_state": "running", "machine_id": 9001, "gpu_name": "RTX 4090", "num_gpus": 1,
+                    "dph_total": body["price"] if bid else 0.45, "is_bid": bid}
+            self._send(200, {"success": True, "new_contract": vast_id})
+        elif path.startswith("/api/v0/instances/bid_price/"):
+            vast_id = int(path.rstrip("/").rsplit("/", 1)[-1])
+            if vast_id not in self.server.instances:
+                self._send(404, {"success": False, "error": "no_such_instance"})
+            else:
+                self._send(200, {"success": True})
+        else:
+            self._send(404, {"success": False, "error": "not_found"})
+
+    def do_GET(self):
+        path, _ = self._take("GET")
+        with self.server.lock:
+            rows = list(self.server.instances.values())
+        if path.startswith("/api/v1/instances/"):
+            self._send(200, {"success": True, "instances": rows, "next_token": None, "total_instances": len(rows)})
+        elif path.startswith("/api/v0/instances/"):
+            vast_id = int(path.rstrip("/").rsplit("/", 1)[-1])
+            self._send(200, {"instances": self.server.instances.get(vast_id)})
+        else:
+            self._send(404, {"success": False, "error": "not_found"})
+
+    def do_DELETE(self):
+        path, _ = self._take("DELETE")
+        vast_id = int(path.rstrip("/").rsplit("/", 1)[-1])
+        with self.server.lock:
+            self.server.instances.pop(vast_id, None)
+        self._send(200, {"success": True})
+
+
+@pytest.fixture
+def fake():
+    server = FakeVast()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def provider(fake: FakeVast) -> VastProvider:
+    return VastProvider(KEY, fake.url, attempts=1, backoff_s=0, clock=clock.VirtualClock(NOW))
+
+
+def request(price=None) -> CreateRequest:
+    return CreateRequest(offer_id=77, image="nvidia/cuda", disk_gb=150, label="vastctl-bid-1", onstart="true",
+                         price=price)
+
+
+@pytest.mark.slow
+def test_an_interruptible_create_carries_its_bid_as_price_and_on_demand_carries_none(fake):
+    vast = provider(fake)
+    bid_id = vast.create_instance(request(price=0.1234567))
+    on_demand = vast.create_instance(request())
+    creates = [body for method, path, body in fake.requests if path == "/api/v0/asks/77/"]
+    assert [c["price"] for c in creates] == [0.1235, None]
+    assert fake.instances[bid_id]["is_bid"] is True and fake.instances[on_demand]["is_bid"] is False
+    # the bid was checked at vast after the create (the answer does not say what was created)
+    assert ("GET", f"/api/v0/instances/{bid_id}/", {}) in fake.requests
+
+
+@pytest.mark.slow
+def test_a_create_that_came_back_on_demand_when_a_bid_was_asked_is_noticed_and_destroyed(fake):
+    fake.drop_bids = True
+    with pytest.raises(ProviderRejected, match=r"on demand although a bid of \$0.12/h was asked; destroyed it"):
+        provider(fake).create_instance(request(price=0.12))
+    assert fake.instances == {}  # nothing bills at a price that was not asked
+    assert [m for m, p, _ in fake.requests if p.startswith("/api/v0/instances/5")] == ["GET", "DELETE"]
+
+
+@pytest.mark.slow
+def test_change_bid_is_the_call_the_official_cli_makes(fake):
+    vast = provider(fake)
+    vast_id = vast.create_instance(request(price=0.12))
+    vast.change_bid(vast_id, 0.2)
+    assert fake.requests[-1] == ("PUT", f"/api/v0/instances/bid_price/{vast_id}/", {"client_id": "me", "price": 0.2})
+    with pytest.raises(ProviderRejected, match="no such instance"):
+        vast.change_bid(999, 0.2)
+    for bad in (0.0, -1, 33.0, float("nan"), True, "0.2"):
+        with pytest.raises(BadInput):
+            vast.change_bid(vast_id, bad)
+    assert fake.requests[-1][1] == "/api/v0/instances/bid_price/999/"  # the bad bids never went out
+
+
+def running_row(vast_id: int, label: str, heartbeat_min_ago: float) -> dict:
+    beat = clock.to_iso(NOW - timedelta(minutes=heartbeat_min_ago))
+    return {"uuid": f"u-{label}", "label": label, "state": "running", "vast_id": vast_id, "machine_id": 9001,
+            "bench_rate": 80.0, "state_since": clock.to_iso(NOW - timedelta(hours=3)), "last_heartbeat_at": beat,
+            "vast_status": "stopped", "vast_status_msg": None, "vast_seen_at": clock.to_iso(NOW - timedelta(minutes=1)),
+            "vast_missing": 0, "resumed_at": None, "destroyed_at": None, "killed_at": None, "kill_code": None,
+            "kill_reason": None, "destroy_attempts": 0, "destroy_error": None, "proofs_done": 40}
+
+
+@pytest.mark.slow
+def test_an_outbid_listing_is_waited_for_by_reconcile_not_killed(fake):
+    vast = provider(fake)
+    paused = vast.create_instance(request(price=0.12))
+    long_gone = vast.create_instance(CreateRequest(offer_id=77, image="x", disk_gb=150, label="vastctl-bid-2",
+                                                   onstart="true", price=0.12))
+    for vast_id in (paused, long_gone):  # vast stops them for a higher bid; they stay listed
+        fake.instances[vast_id].update(actual_status="stopped", cur_state="stopped", intended_status="stopped")
+    listing = vast.list_instances()
+    rows = [running_row(paused, "vastctl-bid-1", heartbeat_min_ago=30),
+            running_row(long_gone, "vastctl-bid-2", heartbeat_min_ago=3 * 60)]
+    actions = plan(rows, listing, {"min_bench_rate": 40.0}, from_mapping({}), NOW)
+    killed = {(a.label, a.code) for a in actions if a.kind == "kill"}
+    # paused 30 min without a heartbeat (past timeouts.heartbeat): waited for; past the grace it is timed out
+    assert killed == {("vastctl-bid-2", "heartbeat_timeout")}
+
+
+def test_an_outbid_machine_is_not_counted_as_capacity():
+    machine = {"uuid": "u-a", "label": "vastctl-a", "state": "running", "expected_rate": 80.0, "dph": 0.2,
+               "vast_id": 1, "vast_status": "stopped", "vast_missing": 0}
+    proving = dict(machine, uuid="u-b", label="vastctl-b", vast_status="running")
+    from vastctl.demand import Demand
+    from vastctl.observe import Observation
+    obs = Observation(now=NOW, settings={}, demand=Demand(queued=5, proofs_per_hour=None, at=NOW, age_s=0,
+                                                          source="report", known=True),
+                      machines=[machine, proving], capacity=160, pending_capacity=0, spend_per_hour=0.4, events=[],
+                      last_actions=[])
+    assert rules.counted_capacity(obs) == 80.0
+
+
+@pytest.mark.parametrize("min_bid, dph, max_dph, expected", [
+    (0.10, 0.45, 1.0, 0.11),  # min_bid plus 10%
+    (0.95, 1.20, 1.0, 1.0),  # never above max_dph
+    (0.40, 0.42, 1.0, 0.42),  # nor above the on-demand price
+    (1.10, 1.50, 1.0, None),  # the floor itself past max_dph: no bid
+    (None, 0.45, 1.0, None), (float("nan"), 0.45, 1.0, None), (0, 0.45, 1.0, None), (-0.1, 0.45, 1.0, None),
+    (True, 0.45, 1.0, None), ("0.1", 0.45, 1.0, None),  # vast's numbers are hostile
+])
+def test_a_bid_is_min_bid_plus_a_margin_and_never_above_max_dph(min_bid, dph, max_dph, expected):
+    offer = Offer(id=1, machine_id=1, gpu_name="RTX 4090", num_gpus=1, dph_total=dph, raw={"min_bid": min_bid})
+    bid = rules.bid_for_offer(offer, max_dph)
+    assert bid == (None if expected is None else pytest.approx(expected))
+    if bid is not None:
+        assert bid <= max_dph

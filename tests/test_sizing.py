@@ -1,0 +1,220 @@
+"""Two-way sizing of the rules policy, table-driven over observations with their demand history.
+
+Wanted capacity drains what is queued and in flight within agent.plan_horizon and keeps up with the
+look-ahead's arrivals, capped by target × (1 + headroom); releases while work is queued keep the most
+wanted over agent.scale_down_after, with agent.scale_down_margin to spare.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from vastctl import config as config_module
+from vastctl.agent import rules
+from vastctl.demand import Demand
+from vastctl.observe import Observation
+from vastctl.providers.base import Offer
+
+NOW = datetime(2031, 3, 3, 12, 0, tzinfo=timezone.utc)
+SETTINGS = {"target_proofs_per_hour": 300.0, "min_bench_rate": 40.0, "max_instances": 20,
+            "max_hourly_spend": 20.0, "max_dph": 1.0}
+# sized to at most 345 proofs/h; 30 min to drain the queue; the look-ahead counts the coming hour
+CONFIG = config_module.from_mapping({
+    "agent": {"headroom": 0.15, "scale_down_after": "30m", "plan_horizon": "30m", "max_wait": "45m",
+              "scale_down_margin": 0.2, "max_releases_per_step": 1, "max_actions_per_step": 5,
+              "replace_factor": 1.5, "replace_after": "2h"},
+    "demand": {"lookahead_window": "1h"}})
+
+
+def sample(queued, lookahead=0, in_flight=None, ok=True, minutes_ago=0):
+    return {"at": NOW - timedelta(minutes=minutes_ago), "ok": ok, "queued": queued if ok else None,
+            "in_flight": in_flight, "lookahead": lookahead if ok else None, "proofs_per_hour": None}
+
+
+def steady(queued, lookahead=0, in_flight=None):
+    """A sample every minute over the last 30 minutes, all the same."""
+    return [sample(queued, lookahead, in_flight, minutes_ago=age) for age in range(30, -1, -1)]
+
+
+def demand_of(history):
+    last = history[-1]
+    if not last["ok"]:
+        return Demand(queued=None, proofs_per_hour=None, at=last["at"], age_s=0, source="report", known=False,
+                      error="the demand command failed")
+    return Demand(queued=last["queued"], proofs_per_hour=None, at=last["at"], age_s=0, source="report", known=True,
+                  in_flight=last["in_flight"], lookahead=last["lookahead"])
+
+
+def m(label, state="running", rate=60.0, dph=0.5, running_for_h=3.0):
+    return {"uuid": f"u-{label}", "label": label, "state": state, "expected_rate": rate, "dph": dph,
+            "vast_id": 1000 + sum(map(ord, label)), "vast_status": "running", "vast_missing": 0,
+            "gpu_name": "RTX 4090", "resumes": 0, "billed_per_hour": dph,
+            "state_since": (NOW - timedelta(hours=running_for_h)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def fleet(n, **kw):
+    return [m(f"vastctl-{chr(ord('a') + i)}", **kw) for i in range(n)]
+
+
+def observation(machines, history, **settings):
+    live = [x for x in machines if x["state"] not in ("stopped", "killed")]
+    return Observation(now=NOW, settings={**SETTINGS, **settings}, demand=demand_of(history), machines=list(machines),
+                       capacity=sum(x["expected_rate"] for x in machines if x["state"] == "running"),
+                       pending_capacity=sum(x["expected_rate"] for x in machines if x["state"] == "params_done"),
+                       spend_per_hour=sum(x["dph"] for x in live), events=[], last_actions=[],
+                       model_rates={"RTX 4090": 60.0}, demand_history=list(history))
+
+
+MARKET = [Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45),
+          Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.40)]
+ALTERNATING = [sample(10 if age % 2 else 150, 120, minutes_ago=age) for age in range(30, -1, -1)]
+
+CASES = [
+    # name, machines, history, offers, expected (kind, label or offer id)
+    ("busy queue with spare capacity: release one machine a step, the dearest per proof first",
+     fleet(5) + [m("vastctl-x", dph=0.6)], steady(20, lookahead=120), MARKET, [("stop", "vastctl-x")]),
+    ("busy queue, what is left would not keep the margin: hold",
+     fleet(3), steady(20, lookahead=120), MARKET, []),  # wanted 160; 120 left < 160 × 1.2
+    ("growing queue: grow to drain it within the horizon",
+     fleet(2), [sample(10, 60, minutes_ago=20), sample(40, 60, minutes_ago=10), sample(60, 60)], MARKET,
+     [("launch", 2)]),  # 120/h + 60/h wanted, 120 running: one more
+    ("a spike 10 minutes ago: never shrink within agent.scale_down_after of it",
+     fleet(6), [sample(10, 60, minutes_ago=age) for age in range(30, 11, -1)] + [sample(400, 60, minutes_ago=10)]
+     + [sample(10, 60, minutes_ago=age) for age in range(9, -1, -1)], MARKET, []),
+    ("a spike now: grow, release nothing",
+     fleet(3), steady(10, lookahead=60)[:-1] + [sample(300, 60)], MARKET, [("launch", 2), ("launch", 1)]),
+    ("unknown demand: hold, whatever the queue said before",
+     fleet(8), steady(5, lookahead=10)[:-1] + [sample(0, ok=False)], MARKET, []),
+    ("a failed sample within agent.scale_down_after: hold",
+     fleet(8), steady(5, lookahead=10)[:15] + [sample(0, ok=False, minutes_ago=15)] + steady(5, lookahead=10)[16:],
+     MARKET, []),
+    ("history shorter than agent.scale_down_after: hold (the demand before it is not known)",
+     fleet(8), [sample(5, 10, minutes_ago=age) for age in range(10, -1, -1)], MARKET, []),
+    ("the incident: 59 queued, no active flag, a dear machine among them: nothing released (its replacement first)",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], steady(59, lookahead=None), MARKET,
+     [("launch", 2)]),
+    ("the incident without offers: nothing released",
+     [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], steady(59, lookahead=None), [], []),
+    ("alternating queue (10, 150, 10, …): sized to its peak, nothing released on the low minute",
+     fleet(6), ALTERNATING, MARKET, []),
+    ("a dear machine with its replacement still booting: not released (make before break)",
+     fleet(2) + [m("vastctl-x", dph=1.0), m("vastctl-r", state="params_done", dph=0.4, running_for_h=0.2)],
+     steady(30, lookahead=100), MARKET, []),
+    ("the replacement is running: the dear machine is destroyed, the rest covers what is wanted",
+     fleet(2) + [m("vastctl-x", dph=1.0), m("vastctl-r", dph=0.4, running_for_h=0.1)],
+     steady(30, lookahead=100), MARKET, [("destroy", "vastctl-x")]),
+    ("a dear machine run past agent.replace_after, a host 1.5× cheaper per proof offered: launch it first",
+     fleet(2) + [m("vastctl-x", dph=1.0)], steady(30, lookahead=100), MARKET, [("launch", 2)]),
+    ("a dear machine run for less than agent.replace_after: kept",
+     fleet(2) + [m("vastctl-x", dph=1.0, running_for_h=1.0)], steady(30, lookahead=100), MARKET, []),
+    ("offers no cheaper than 1.5× per proof: no replacement",
+     fleet(3, dph=0.55), steady(30, lookahead=100), MARKET, []),
+]
+
+
+@pytest.mark.parametrize("name, machines, history, offers, expected", CASES, ids=[c[0] for c in CASES])
+def test_sizing(name, machines, history, offers, expected):
+    obs = observation(machines, history)
+    actions = rules.plan(obs, CONFIG, offers)
+    assert [(a.kind, a.offer_id if a.kind == "launch" else a.label) for a in actions] == expected
+    assert all(a.actor == "agent" and a.reason for a in actions)
+
+
+def test_wanted_drains_the_queue_within_the_horizon_and_keeps_up_with_arrivals():
+    obs = observation(fleet(1), steady(40, lookahead=90, in_flight=10))
+    assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(50 / 0.5 + 90)  # 100 to drain + 90 arriving
+    capped = observation(fleet(1), steady(400, lookahead=300))
+    assert rules.wanted_capacity(capped, CONFIG) == pytest.approx(345)  # target 300 × 1.15
+
+
+def test_a_source_silent_on_lookahead_keeps_up_with_the_rate_it_reports():
+    demand = Demand(queued=10, proofs_per_hour=70.0, at=NOW, age_s=0, source="command", known=True)
+    obs = Observation(now=NOW, settings=SETTINGS, demand=demand, machines=[], capacity=0, pending_capacity=0,
+                      spend_per_hour=0, events=[], last_actions=[])
+    assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(20 + 70)
+
+
+def test_the_release_reason_names_what_is_kept_and_why():
+    (action,) = rules.plan(observation(fleet(6), steady(20, lookahead=120)), CONFIG, MARKET)
+    assert action.kind == "stop"
+    assert "the rest (300 proofs/h) covers the 160 wanted over the last 30m with 20% to spare" in action.reason
+
+
+def test_releases_per_step_are_bounded():
+    two = config_module.from_mapping({"agent": {"scale_down_after": "30m", "max_releases_per_step": 2},
+                                      "demand": {"lookahead_window": "1h"}})
+    actions = rules.plan(observation(fleet(10), steady(5, lookahead=60)), two, MARKET)
+    assert [a.kind for a in actions] == ["stop", "stop"]
+
+
+def test_hysteresis_holds_over_an_alternating_queue_step_by_step():
+    """Replaying an alternating queue minute by minute, applying each plan: the fleet grows once and never thrashes."""
+    machines = fleet(2)
+    history: list[dict] = []
+    kinds = []
+    for minute in range(90):
+        queued = 10 if minute % 2 else 150
+        history = [dict(s, at=s["at"] - timedelta(minutes=1)) for s in history if s["at"] > NOW - timedelta(minutes=31)]
+        history.append(sample(queued, 120))
+        actions = rules.plan(observation(machines, history), CONFIG, MARKET)
+        for action in actions:
+            kinds.append(action.kind)
+            if action.kind == "launch":
+                machines.append(m(f"vastctl-n{len(machines)}", dph=action.dph))
+            else:
+                machines = [x for x in machines if x["label"] != action.label]
+    assert "stop" not in kinds and "destroy" not in kinds
+    assert 1 <= kinds.count("launch") <= 4
+
+
+def test_stopped_past_what_a_fresh_boot_costs_is_destroyed():
+    old = dict(m("vastctl-s", state="stopped", dph=0.5, running_for_h=10.0), billed_per_hour=0.03)
+    young = dict(m("vastctl-t", state="stopped", dph=0.5, running_for_h=5.0), billed_per_hour=0.03)
+    actions = rules.plan(observation([old, young] + fleet(4), steady(20, lookahead=120)), CONFIG, MARKET)
+    # 10 h × $0.03 = $0.30 ≥ 0.5 h × $0.50 of a new boot; 5 h × $0.03 = $0.15 is not
+    assert [(a.kind, a.label) for a in actions][:1] == [("destroy", "vastctl-s")]
+    assert "vastctl-t" not in [a.label for a in actions]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_releases_never_drop_running_capacity_below_what_is_wanted(seed):
+    rng = random.Random(seed)
+    machines = [m(f"vastctl-{i}", rate=rng.choice((40.0, 60.0, 90.0)), dph=rng.uniform(0.2, 1.0),
+                  state=rng.choice(("running", "running", "running", "params_done")),
+                  running_for_h=rng.uniform(0, 5)) for i in range(rng.randint(1, 12))]
+    history = [sample(rng.randint(0, 150), rng.randint(0, 300), minutes_ago=age) for age in range(30, -1, -1)]
+    obs = observation(machines, history)
+    actions = rules.plan(obs, CONFIG, MARKET)
+    released = {a.label for a in actions if a.kind in ("stop", "destroy")}
+    left = sum(x["expected_rate"] for x in machines if x["state"] == "running" and x["label"] not in released)
+    if released:
+        assert left >= rules.wanted_capacity(obs, CONFIG) - 1e-9
+        assert left >= rules.held_capacity(obs, CONFIG) - 1e-9
+
+
+def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released():
+    """The incident as the CLI meets it: a first report of 59 queued, the fleet far over a low target."""
+    machines = fleet(3)
+    obs = observation(machines, [sample(59, None, minutes_ago=0)], target_proofs_per_hour=20.0)
+    assert rules.held_capacity(obs, CONFIG) is None
+    assert rules.plan(obs, CONFIG, MARKET) == []
+    covered = observation(machines, steady(59, lookahead=None), target_proofs_per_hour=20.0)
+    assert [a.kind for a in rules.plan(covered, CONFIG, MARKET)] == ["stop"]  # 15 min of it: spare capacity goes
+
+
+def test_the_observation_carries_the_demand_of_the_window_and_the_sample_in_force_at_its_start(tmp_path):
+    from vastctl import db, demand as demand_module
+    from vastctl.observe import observe
+
+    config = config_module.from_mapping({"agent": {"scale_down_after": "30m"}})
+    config.db = str(tmp_path / "state.db")
+    conn = db.connect(config.db_path, now=NOW, create=True)
+    for age, queued in ((90, 1), (45, 2), (31, 3), (20, 4), (0, 5)):
+        demand_module.report(conn, queued, None, now=NOW - timedelta(minutes=age), lookahead=queued * 10)
+    history = observe(conn, config, now=NOW).demand_history
+    assert [(s["queued"], s["lookahead"]) for s in history] == [(3, 30), (4, 40), (5, 50)]
+    assert history[0]["at"] == NOW - timedelta(minutes=31) and all(s["ok"] for s in history)
+    conn.close()
