@@ -16,14 +16,22 @@ from vastctl.agent import history, rules
 
 
 def test_a_covered_target_holds_naming_running_booting_and_wanted():
-    obs = observation([m("a", rate=60.0), m("b", state="params_done", rate=60.0)], queued(5))
+    obs = observation([m("a", rate=60.0), m("b", state="params_done", rate=60.0)], queued(500))
     assert rules.plan(obs, CONFIG) == []
     assert rules.hold_reason(obs, CONFIG) == (
         "queued work: capacity 60 + 60 booting covers 115 wanted (target 100 × (1 + headroom 0.15))")
 
 
+def test_a_small_queue_holds_naming_what_draining_it_needs():
+    obs = observation([m("a", rate=60.0)], queued(5))
+    assert rules.plan(obs, CONFIG) == []
+    why = rules.hold_reason(obs, CONFIG)
+    assert why.startswith("queued work: capacity 60 + 0 booting covers ") and "under the target's 115" in why
+    assert "agent.plan_horizon" in why
+
+
 def test_a_shortfall_with_nothing_allowed_says_what_limits_it():
-    obs = observation([m("a", rate=60.0)], queued(5), max_instances=1)
+    obs = observation([m("a", rate=60.0)], queued(500), max_instances=1)
     assert rules.plan(obs, CONFIG) == []
     why = rules.hold_reason(obs, CONFIG)
     assert why.startswith("queued work: capacity 60 + 0 booting is short of 115 wanted") and "max_instances" in why
@@ -46,7 +54,7 @@ def test_unknown_demand_holds_as_if_work_were_queued():
 def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_path):
     running(cli, "vastctl-a", vast_id=501, rate=70)
     running(cli, "vastctl-b", uuid="u-b", vast_id=502, rate=70)
-    assert cli("demand", "report", "--queued", "5").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     result = cli("agent-step", "--dry-run")
     assert result.code == 0 and result.out == ""
     assert ("holding: queued work: capacity 140 + 0 booting covers 115 wanted (target 100 × (1 + headroom 0.15))"
@@ -60,7 +68,7 @@ def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_p
 
 
 def test_history_folds_skipped_steps_and_shows_what_each_step_saw_and_did(ready, cli, market, db_path):
-    assert cli("demand", "report", "--queued", "40").code == 0
+    assert cli("demand", "report", "--queued", "400").code == 0
     assert cli("agent-step").code == 0  # launches toward the target
     for _ in range(14):  # nothing new since (the agent's own actions never wake it)
         assert cli("agent-step", "--if-events").code == 0
@@ -85,7 +93,7 @@ def test_history_folds_skipped_steps_and_shows_what_each_step_saw_and_did(ready,
     assert [entry["type"] for entry in view["entries"]] == ["step", "skipped", "step"]
     first, folded, llm = view["entries"]
     assert folded["count"] == 14 and folded["first_id"] == first["id"] + 1
-    assert first["saw"]["demand"]["queued"] == 40 and first["saw"]["target"] == 100.0
+    assert first["saw"]["demand"]["queued"] == 400 and first["saw"]["target"] == 100.0
     assert first["saw"]["capacity"] == 0 and [a["kind"] for a in first["did"]] == ["launch", "launch"]
     assert all(a["result"].startswith("launched vastctl-") for a in first["did"]) and first["hold"] is None
     assert llm["refused"] == [{"kind": "stop", "label": "vastctl-a", "limit": "never_scale_to_zero",
@@ -97,7 +105,7 @@ def test_history_folds_skipped_steps_and_shows_what_each_step_saw_and_did(ready,
     result = cli("agent", "history")
     assert result.code == 0
     lines = result.out.splitlines()
-    assert lines[0].startswith(f"#{first['id']} ") and "saw capacity 0 + 0 booting, target 100; 40 queued" in lines[0]
+    assert lines[0].startswith(f"#{first['id']} ") and "saw capacity 0 + 0 booting, target 100; 400 queued" in lines[0]
     assert lines[1].startswith("  did launch RTX 4090: launched vastctl-")
     assert any(line.startswith("… 14 skipped steps (") for line in lines)
     assert "  refused stop vastctl-a (never_scale_to_zero): work is queued: a stop would leave nothing running" in lines
@@ -111,7 +119,7 @@ def test_history_folds_skipped_steps_and_shows_what_each_step_saw_and_did(ready,
 
 def test_a_hold_is_kept_with_the_step_and_agent_step_keeps_its_name(ready, cli, market, db_path):
     running(cli, "vastctl-a", vast_id=501, rate=140)
-    assert cli("demand", "report", "--queued", "5").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     assert cli("agent-step").code == 0
     (step,) = history.history(db.connect(db_path, now=NOW))["entries"]
     assert step["hold"].startswith("queued work: capacity 140 + 0 booting covers 115") and step["did"] == []

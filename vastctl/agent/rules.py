@@ -449,7 +449,12 @@ def hold_reason(obs: Observation, config: Config) -> str:
     running = sum(m["expected_rate"] for m in obs.machines if m["state"] == State.RUNNING and not _vast_dead(m))
     booting = sum(m["expected_rate"] for m in obs.machines if m["state"] in PENDING_STATES and not _vast_dead(m))
     target = float(obs.settings["target_proofs_per_hour"])
-    sized = f"{round(want, 1):g} wanted (target {target:g} × (1 + headroom {config.agent.headroom:g}))"
+    cap = ceiling(obs, config)
+    if want >= cap - 1e-9:
+        sized = f"{round(want, 1):g} wanted (target {target:g} × (1 + headroom {config.agent.headroom:g}))"
+    else:  # the work needs less than the target: what drains it within the plan horizon
+        sized = (f"{round(want, 1):g} wanted (the work drained within agent.plan_horizon"
+                 f" {round(horizon_hours(config) * 60):g}m, under the target's {round(cap, 1):g})")
     if has_work(obs):
         have = f"capacity {round(running, 1):g} + {round(booting, 1):g} booting"
         if running + booting >= want - 1e-9:

@@ -31,8 +31,8 @@ SUMMARY = [
 
 EXPLAINED = (
     "lower bound: what the market's cheapest offers each minute would have cost sized exactly to the work"
-    " arriving (fractions of a machine, no boot, no failures, no headroom), knowing every host's true rate:"
-    " no fleet of these hosts proves the day for less.",
+    " arriving (fractions of a machine, no boot, no failures, no headroom), knowing every host's true rate,"
+    " among the hosts the fleet may rent (its filters) that nobody else holds: no fleet proves the day for less.",
     "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
     " machines, boot and benchmark time, failures and the headroom kept for bursts).",
 )
