@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import cost, db, demo, lifecycle, reconcile
+from vastctl import clock, cost, db, demo, lifecycle, reconcile
 from vastctl.clock import VirtualClock
 from vastctl.cli.app import Globals
 from vastctl.lifecycle import State
@@ -114,7 +114,8 @@ def list_stopped(conn, uuid, storage, at):
 
 @pytest.fixture
 def fleet(conn):
-    """A: 2h rented, 1h stopped (disk $0.02/h), killed, destroy confirmed 30 min later; 100 proofs.
+    """A: 2h rented, 1h stopped (disk $0.02/h), killed while stopped, destroy confirmed 30 min later (its disk
+    billing to the end: a stopped machine holds no GPU); 100 proofs.
     B: killed during its boot after 1h, never proved, destroyed at once."""
     a = launch(conn, "vastctl-aaaa", at=T0, dph=0.5)
     run_to(conn, a, T0 + timedelta(minutes=30))
@@ -134,12 +135,12 @@ def test_rented_stopped_and_after_kill_hours_bill_at_their_own_prices(fleet):
     figures = cost.account(fleet, now=T0 + timedelta(hours=5))
     assert figures["rented"] == pytest.approx(2 * 0.5 + 1 * 0.3)
     assert figures["stopped_storage"] == pytest.approx(0.02)  # the disk price, kept after the listing dropped it
-    assert figures["after_kill"] == pytest.approx(0.5 * 0.5)
-    assert figures["cost"] == pytest.approx(1.57)
+    assert figures["after_kill"] == pytest.approx(0.5 * 0.02)  # killed while stopped: its disk price
+    assert figures["cost"] == pytest.approx(1.33)
     assert figures["hours"] == {"rented": 3.0, "stopped_storage": 1.0, "after_kill": 0.5}
-    assert figures["proofs"] == 100 and figures["cost_per_1000_proofs"] == pytest.approx(1.57 / 100 * 1000, rel=1e-3)
+    assert figures["proofs"] == 100 and figures["cost_per_1000_proofs"] == pytest.approx(1.33 / 100 * 1000, rel=1e-3)
     assert figures["never_proved_cost"] == pytest.approx(0.3) and figures["never_proved_machines"] == 1
-    assert figures["never_proved_share"] == pytest.approx(0.3 / 1.57, abs=1e-4)
+    assert figures["never_proved_share"] == pytest.approx(0.3 / 1.33, abs=1e-4)
     assert "invoice is the truth" in figures["source"]
 
 
@@ -153,7 +154,7 @@ def test_by_gpu_day_and_reason_split_the_same_total(fleet):
     now = T0 + timedelta(hours=5)
     whole = cost.account(fleet, now=now)["cost"]
     gpus = {g["key"]: g["cost"] for g in cost.account(fleet, now=now, by="gpu")["groups"]}
-    assert gpus == {"RTX 4090": pytest.approx(1.27), "RTX 5090": pytest.approx(0.3)}
+    assert gpus == {"RTX 4090": pytest.approx(1.03), "RTX 5090": pytest.approx(0.3)}
     days = {g["key"]: g["cost"] for g in cost.account(fleet, now=now, by="day")["groups"]}
     assert list(days) == ["2026-11-30", "2026-12-01"]  # split at UTC midnight
     assert days["2026-11-30"] == pytest.approx(2 * 0.5 + 1 * 0.3)
@@ -249,3 +250,28 @@ def test_a_machine_that_died_after_proving_counts_its_undetected_time_as_wasted(
     assert figures["dead_until_detected_cost"] == pytest.approx(20 / 60 * 0.6)  # 23:40 to its kill at 00:00
     assert figures["never_proved_cost"] == 0
     assert figures["wasted_share"] == pytest.approx(0.2 / figures["cost"], abs=1e-4)
+
+
+def list_as(conn, uuid, status, at):
+    """A listing showing the row's machine with `status` (as reconcile records one)."""
+    row = lifecycle.get(conn, uuid)
+    rows = [dict(r) for r in conn.execute("SELECT * FROM instances WHERE destroyed_at IS NULL")]
+    entries = [RemoteInstance(id=row["vast_id"], label=row["label"], actual_status=status, intended_status="running",
+                              cur_state="running", dph_total=row["dph"], storage_dph=0.02)]
+    reconcile.record_listing(conn, rows, entries, reconcile.match(rows, entries, "vastctl-"), at)
+
+
+def test_a_host_gone_offline_bills_after_the_kill_until_the_listing_shows_it_offline(conn):
+    """vast bills nothing while a host is offline, but a host goes `unknown` first and bills meanwhile."""
+    a = launch(conn, "vastctl-cccc", at=T0, dph=0.6)
+    run_to(conn, a, T0)
+    list_as(conn, a, "unknown", T0 + timedelta(minutes=50))
+    lifecycle.kill(conn, a, "t", source="reconcile", code="offline", now=T0 + timedelta(hours=1))
+    list_as(conn, a, "unknown", T0 + timedelta(hours=1, minutes=5))  # still unknown: still billing
+    list_as(conn, a, "offline", T0 + timedelta(hours=1, minutes=10))  # from here on, nothing
+    list_as(conn, a, "offline", T0 + timedelta(hours=1, minutes=15))  # a later listing changes nothing
+    lifecycle.update_fields(conn, a, {"destroyed_at": clock.to_iso(T0 + timedelta(hours=1, minutes=30))})
+    assert lifecycle.get(conn, a)["vast_status_since"] == clock.to_iso(T0 + timedelta(hours=1, minutes=10))
+    figures = cost.account(conn, now=T0 + timedelta(hours=2))
+    assert figures["rented"] == pytest.approx(0.6)
+    assert figures["after_kill"] == pytest.approx(0.6 * 10 / 60)

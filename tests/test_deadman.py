@@ -153,7 +153,9 @@ def test_a_manager_answering_5xx_is_alive_and_the_machine_keeps_proving(machine,
         while time.monotonic() < deadline:  # three times orphan_after of nothing but 5xx
             ages.append(time.time() - int(contact.read_text()))
             time.sleep(0.2)
-        assert max(ages) < ORPHAN_S - 1, ages  # each 5xx answer was noted as contact
+        # each 5xx answer was noted as contact (the file holds whole seconds, and on a loaded machine a report's
+        # process takes a second to start): never as old as orphan_after
+        assert max(ages) < ORPHAN_S, ages
         assert len(failing.requests) > 3 * ORPHAN_S and all(r["path"].endswith("/heartbeat") for r in failing.requests)
         assert instance_api.requests == [] and machine.proc.poll() is None and machine.daemon_answers()
         assert "one last heartbeat" not in machine.text("onstart.log")

@@ -9,13 +9,14 @@ time, and each state bills one way:
   stopped      while stopped, the disk price vast last listed for it (instances.storage_dph, copied
                from the listing); without one, the full price (never nothing, as observe does)
   after_kill   from the kill until vast confirmed the destroy (destroyed_at), at the full price:
-               an exited container still holds its GPU
+               an exited container still holds its GPU (a machine killed while stopped: its disk price)
 
 Three kill codes say more: a machine that `disappeared` stopped billing when it
 left vast's listing (vast_seen_at); one killed for `start_failed` never
 started its container, and a resume killed for `scheduling_timeout` never got
 its GPU, so they billed their disk alone (from the start, from the resume on).
-A host vast last listed `offline` bills nothing after the kill. What stays unknown: the minutes before a container runs, when vast bills the
+A host vast last listed `offline` bills nothing from when the listing first showed it so
+(instances.vast_status_since; before that it was `unknown`, and billing). What stays unknown: the minutes before a container runs, when vast bills the
 disk but not yet the GPU, count at the full price.
 
 A machine killed with no vast id and nothing confirmed was never rented and
@@ -147,8 +148,9 @@ def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], list
         start, end = max(start, created), min(end, end_all)
         if end <= start:
             continue
-        if state == State.KILLED:
-            part, price = "after_kill", dph
+        if state == State.KILLED:  # a machine killed while stopped holds no GPU: it bills its disk to the end
+            before = timeline[index - 1][1] if index > 0 else None
+            part, price = "after_kill", stopped_dph if before == State.STOPPED else dph
         elif state == State.STOPPED:
             part, price = "stopped_storage", stopped_dph
         else:
@@ -156,7 +158,14 @@ def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], list
         if index > stuck_from:
             price = stopped_dph
         if part == "after_kill" and offline_after_kill:
-            price = 0.0
+            # billed until the listing first showed the host offline (it is `unknown` before), nothing after
+            went = clock.from_iso(row.get("vast_status_since"))
+            went = start if went is None else min(max(went, start), end)
+            if went > start:
+                yield Piece(uuid=row["uuid"], start=start, end=went, part=part, dph=price, running=False)
+            start, price = went, 0.0
+            if end <= start:
+                continue
         yield Piece(uuid=row["uuid"], start=start, end=end, part=part, dph=price, running=state == State.RUNNING)
 
 

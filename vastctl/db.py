@@ -281,6 +281,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE agent_steps ADD COLUMN hold TEXT
         """,
     ),
+    (
+        "when vast's status of each machine last changed, as the listings saw it",
+        # A host goes `unknown` and only later `offline`: it bills until then, nothing after. The cost account
+        # needs when the listing first showed the status the row holds, not only the last time it did.
+        """
+        ALTER TABLE instances ADD COLUMN vast_status_since TEXT;
+        UPDATE instances SET vast_status_since = vast_seen_at WHERE vast_status IS NOT NULL;
+        CREATE TRIGGER instances_vast_status_since AFTER UPDATE OF vast_status ON instances
+            WHEN NEW.vast_status IS NOT OLD.vast_status
+        BEGIN
+            UPDATE instances SET vast_status_since = NEW.vast_seen_at WHERE uuid = NEW.uuid;
+        END
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
