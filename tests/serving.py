@@ -9,7 +9,9 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from vastctl import db, tokens
@@ -23,6 +25,18 @@ SCRUBBED = ("VASTCTL_SERVER", "VASTCTL_TOKEN", "VASTCTL_UUID", "VASTCTL_LABEL", 
 def run_vastctl(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vastctl", *args], env={**os.environ, **env}, capture_output=True,
                           text=True, timeout=60, check=False)
+
+
+@contextmanager
+def on_a_thread(server):
+    """A loopback HTTP server (a fake of vast, say) answering on a thread for as long as the block runs."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def free_port() -> int:

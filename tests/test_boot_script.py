@@ -17,14 +17,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
 import responses
-from serving import ADMIN_TOKEN, Manager, free_port, run_vastctl
+from serving import ADMIN_TOKEN, Manager, free_port, on_a_thread, run_vastctl
 from test_end_to_end import KEY, FakeVast
 
 from vastctl import blocklist, config as config_module, lifecycle, onstart
@@ -44,12 +43,8 @@ SANE = re.compile(r"^[ -~]*$")  # what a reason may hold once the script and the
 
 @pytest.fixture
 def vast():
-    server = FakeVast()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(FakeVast()) as server:
+        yield server
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from serving import Manager, free_port, run_vastctl
+from serving import Manager, free_port, on_a_thread, run_vastctl
 
 pytestmark = pytest.mark.slow  # real processes and servers on loopback
 
@@ -106,12 +106,8 @@ class FakeVastHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def vast():
-    server = FakeVast()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(FakeVast()) as server:
+        yield server
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from serving import on_a_thread
 
 from vastctl import clock, db, dashboard_page, overview
 from vastctl import config as config_module
@@ -72,12 +72,8 @@ def vast(request, status):
     body = BODIES[request.param]
     if status == 200 and not (isinstance(body, dict) and body.get("success") is False):
         pytest.skip("a 200 without success false is an answer, not an error body")
-    server = FakeVast(status, body)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(FakeVast(status, body)) as server:
+        yield server
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import requests
-from serving import Manager, free_port, run_vastctl
+from serving import Manager, free_port, on_a_thread, run_vastctl
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 
 from vastctl import webhooks
@@ -43,14 +43,8 @@ class CountingVast(FakeVast):
 
 @pytest.fixture
 def vast():
-    import threading
-
-    server = CountingVast()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(CountingVast()) as server:
+        yield server
 
 
 def start_manager(home, vast, *, min_interval="10s") -> Manager:
