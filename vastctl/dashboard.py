@@ -316,7 +316,7 @@ class Web:
         at vast."""
         if not instance:
             raise BadInput("name the machine to kill: its label or uuid")
-        from .providers import get_provider
+        from .markets import get_provider
 
         row, error = operations.operator_kill(
             conn, self.config, instance, reason, force=force, now=self.clock.now(),

@@ -77,7 +77,7 @@ def serve_cmd(
 
 def make_provider(config, clock):
     """The market a webhook's wake reconciles against and steps with, as cron's commands build it."""
-    from ..providers import get_provider
+    from ..markets import get_provider
 
     return get_provider(config, clock=clock)
 
