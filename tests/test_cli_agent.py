@@ -8,7 +8,6 @@ import re
 import sqlite3
 import types
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 
 import pytest
 

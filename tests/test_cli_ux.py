@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
-import re
 from pathlib import Path
 
 import pytest

@@ -8,8 +8,8 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 
 import pytest
-
 from test_cli_agent import Market, query, running
+
 from vastctl import config as config_module
 from vastctl import guard
 from vastctl.demand import Demand

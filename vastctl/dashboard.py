@@ -53,12 +53,12 @@ from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
 from . import clock as clock_module
-from . import dashboard_page as page
 from . import cost, fleet, guard, machine_logs, operations, overview, settings, signin
+from . import dashboard_page as page
 from .config import Config
 from .errors import BadInput, GuardRefused, VastctlError
-from .upstream import cut
 from .server import HTTPError, _bearer, _loggable, access_log
+from .upstream import cut
 
 SESSION_S = 12 * 3600
 FLASH_S = 60

@@ -21,9 +21,9 @@ from enum import Enum
 from typing import Any, Mapping, NoReturn
 
 from . import clock, upstream
-from .upstream import cut
 from .db import transaction
 from .errors import BadInput, BenchFailed, Refused, UnknownInstance
+from .upstream import cut
 
 try:
     from enum import StrEnum

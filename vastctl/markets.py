@@ -51,8 +51,8 @@ def _sim_provider(config: "Config", *, clock: "Clock", conn: "sqlite3.Connection
     holds the market's time, whatever clock drives it.
     """
     from . import db
-    from .reports import LocalReports
     from .providers.sim import SimProvider
+    from .reports import LocalReports
 
     conn = conn if conn is not None else db.connect(config.db_path, now=clock.now())
     return SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=clock,

@@ -12,9 +12,8 @@ from typing import Annotated, Any, ClassVar, Optional
 
 import typer
 
-from .. import __version__, clock
+from .. import __version__, clock, db
 from .. import config as config_module
-from .. import db
 from ..clock import SYSTEM, Clock
 from ..lifecycle import printable
 
