@@ -50,6 +50,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from http import HTTPStatus
 from importlib import resources
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import clock as clock_module
@@ -158,6 +159,7 @@ class Web:
         if path == "/logout":
             signin.end_session(self.connect(), sid, expires=self.session_expiry(environ), now=self.clock.now())
             return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, "", 0))], b""
+        flash: dict[str, Any]
         try:
             flash = {"kind": "ok", "text": self.act(path, form)}
         except VastctlError as exc:

@@ -102,7 +102,8 @@ def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) ->
     orphan_after = config.launch.orphan_after
     live = [row for row in rows if row["state"] != State.KILLED and row.get("vast_id") is not None]
     newest = max((row["last_contact_at"] for row in live if row.get("last_contact_at")), default=None)
-    since = clock.from_iso(newest) or min((clock.from_iso(row["created_at"]) for row in live), default=None)
+    created = [moment for row in live if (moment := clock.from_iso(row["created_at"])) is not None]
+    since = clock.from_iso(newest) or min(created, default=None)
     age = None if since is None else max(0, round((now - since).total_seconds()))
     warning = None
     if age is not None and orphan_after > 0 and age >= ORPHAN_WARN_FRACTION * orphan_after:

@@ -131,7 +131,7 @@ def machine_facts(row: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def event_facts(row: Mapping[str, Any]) -> dict[str, Any]:
+def event_facts(row: Mapping[str, Any] | sqlite3.Row) -> dict[str, Any]:
     """One event's columns as stored."""
     return {name: row[name] for name in ("id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason",
                                          "source", "code")}
@@ -152,7 +152,7 @@ def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
             "implausible_claims", "joined", "joined_at", "tunnel_down_since")
-    shown = {k: machine.get(k) for k in keys if machine.get(k) is not None}
+    shown: dict[str, Any] = {k: machine.get(k) for k in keys if machine.get(k) is not None}
     if "proofs_per_hour" in shown:
         shown["proofs_per_hour"] = round(shown["proofs_per_hour"], RATE_DIGITS)
     for name in BRIEF_TIMES:
@@ -286,7 +286,7 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
         if vast_id is None:  # a launch that crashed before recording its id: vast may list it by label
             vast_id = by_label.get(row["label"])
         entry = listing.get(vast_id) if vast_id is not None else None
-        if entry is not None:
+        if entry is not None and vast_id is not None:
             claimed.add(vast_id)
         if entry is not None and entry["seen_at"] >= _heard_last(row):
             per_row[row["uuid"]] = _listed_price(entry, row)
@@ -299,9 +299,9 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
             f"SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND vast_id IN"
             f" ({', '.join('?' for _ in unclaimed)})", tuple(unclaimed))}
         for vast_id, entry in unclaimed.items():
-            row = gone.get(vast_id)
-            if row is not None:  # destroyed here; billing only if vast still listed it after
-                others += _listed_price(entry, row) if entry["seen_at"] >= _heard_last(row) else 0.0
+            destroyed = gone.get(vast_id)
+            if destroyed is not None:  # destroyed here; billing only if vast still listed it after
+                others += _listed_price(entry, destroyed) if entry["seen_at"] >= _heard_last(destroyed) else 0.0
             elif prefix and (entry.get("label") or "").startswith(prefix):
                 others += _listed_price(entry, None)
     return per_row, others

@@ -379,7 +379,7 @@ class _Step:
                            action={"kind": "note", "text": text.strip()})
 
 
-JSON_TYPES = {"integer": int, "number": (int, float), "string": str}
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str}
 
 
 def invalid_input(name: str, tool_input: Any) -> str | None:

@@ -121,7 +121,7 @@ def action_line(action: dict[str, Any], at: str) -> str:
 
 def print_action_lines(actions: list[dict[str, Any]], now: datetime) -> None:
     """The actions of a pass or a step, one escaped line each (action_line), stamped with the time they ran."""
-    at = clock.display_iso(clock.to_iso(now))
+    at = clock.display_moment(now)
     for action in actions:
         echo(action_line(action, at))
 

@@ -240,10 +240,8 @@ def _interrupt(signum, frame) -> None:
 
 
 class _UTCFormatter(logging.Formatter):
-    converter = time.gmtime
-
     def formatTime(self, record, datefmt=None):  # noqa: N802 - logging.Formatter's name
-        return time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created)) + f".{int(record.msecs):03d}Z"
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
 class _BatchedStream(logging.Handler):
