@@ -33,13 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use  # noqa: E402
+from fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
 
-from vastctl import clock as clock_module  # noqa: E402
-from vastctl import db  # noqa: E402
-from vastctl.agent import llm, memory  # noqa: E402
-from vastctl.clock import VirtualClock  # noqa: E402
-from vastctl.config import from_mapping  # noqa: E402
+from vastctl import clock as clock_module
+from vastctl import db
+from vastctl.agent import llm, memory
+from vastctl.clock import VirtualClock
+from vastctl.config import from_mapping
 
 OUTPUT_TOKENS_PER_ROUND = 150  # a sentence and a tool call or two
 START = datetime(2026, 5, 1, tzinfo=timezone.utc)
@@ -129,7 +129,7 @@ def main() -> None:
           f"agent.max_context_tokens {config.agent.max_context_tokens}; static prefix {prefix} tokens; "
           f"{steps_per_day:g} steps a day\n")
     print("| machines | history steps | round 1 input tokens | round 2 input tokens | left out to fit | "
-          f"prompt build ms | $/day uncached | $/day prefix cached |")
+          "prompt build ms | $/day uncached | $/day prefix cached |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         total = sum(row["requests"])

@@ -11,7 +11,6 @@ from test_rules import CONFIG, NOW, m, observation, queued
 from vastctl import db
 from vastctl.agent import history, rules
 
-
 # --- the hold reason ---------------------------------------------------------------------------------
 
 

@@ -8,8 +8,8 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
-
 from fake_anthropic import FakeMessagesAPI, error, fleet_observation, message, text, tool_use
+
 from vastctl.agent import llm, memory
 from vastctl.clock import VirtualClock
 from vastctl.config import from_mapping

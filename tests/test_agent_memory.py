@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from fake_anthropic import fleet_observation, machine
+
 from vastctl import clock as clock_module
 from vastctl.agent import llm, memory
 from vastctl.config import from_mapping

@@ -122,7 +122,7 @@ class Market:
 def market(monkeypatch):
     fake = Market()
     monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
-    monkeypatch.setattr("vastctl.providers.get_provider", lambda config, *, clock: fake)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 
 

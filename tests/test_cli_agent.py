@@ -8,7 +8,6 @@ import re
 import sqlite3
 import types
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -55,7 +54,7 @@ def market(monkeypatch):
     fake = Market()
     monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
     monkeypatch.setattr("vastctl.cli.market.get_provider", lambda config, *, clock: fake)
-    monkeypatch.setattr("vastctl.providers.get_provider", lambda config, *, clock: fake)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 
 

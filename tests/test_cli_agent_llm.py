@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fake_anthropic import FakeMessagesAPI, Raw, error, message, text, tool_use
 from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
+
 from vastctl.agent import memory
 
 TOOL_ORDER = ["launch", "destroy", "stop", "start", "search_offers", "note"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
-import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,16 @@ def test_the_readme_test_command_is_what_ci_runs():
     assert "pip install --quiet -e '.[test]'" in ci and "\npython -m pytest -q\n" in ci
     demo = "vastctl demo --hours 2 --json > /dev/null"  # after the tests, a short simulated day
     assert ci.rstrip().endswith(demo) and f"python -m pytest -q\n{demo}" in readme
+
+
+def test_ci_runs_the_checks_the_readme_names_before_the_tests():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    checks = ["ruff check .", "mypy", "lint-imports"]
+    assert f"`{' && '.join(checks)}`" in readme
+    lines = ci.splitlines()
+    assert all(check in lines for check in checks)  # each its own line: `set -e` fails CI on any of them
+    assert max(lines.index(check) for check in checks) < lines.index("python -m pytest -q")
 
 
 def test_the_readme_quick_start_names_the_python_it_needs():

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl import clock, cost, db, demo, lifecycle, reconcile
-from vastctl.clock import VirtualClock
 from vastctl.cli.app import Globals
+from vastctl.clock import VirtualClock
 from vastctl.lifecycle import State
 from vastctl.providers import sim
 from vastctl.providers.base import RemoteInstance

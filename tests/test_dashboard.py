@@ -13,11 +13,11 @@ from urllib.parse import urlencode
 
 import pytest
 import responses
-
 from test_cli_agent import Market
+
 from vastctl import clock, dashboard, db, demand, lifecycle, overview, server, settings, tokens
-from vastctl.agent import step
 from vastctl import config as config_module
+from vastctl.agent import step
 from vastctl.errors import GuardRefused
 from vastctl.reports import LocalReports
 

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+from serving import ADMIN_TOKEN, Manager
 
 from vastctl import clock, db, demand, lifecycle
-from serving import ADMIN_TOKEN, Manager
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -199,7 +199,7 @@ class _Attacker(BaseHTTPRequestHandler):
 
     target = ""
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         body = (f'<!doctype html><form method="post" action="{self.target}/dashboard/settings">'
                 '<input type="hidden" name="key" value="target_proofs_per_hour">'
                 '<input type="hidden" name="value" value="99999">'

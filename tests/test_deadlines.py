@@ -10,9 +10,10 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-
 from fake_anthropic import fleet_observation, message, text
-from vastctl.agent import llm, step as step_module
+
+from vastctl.agent import llm
+from vastctl.agent import step as step_module
 from vastctl.clock import SYSTEM, Clock
 from vastctl.config import from_mapping
 from vastctl.providers.base import CreateRequest, DeadlinePassed, ProviderError
@@ -192,7 +193,8 @@ def test_the_agent_step_lease_outlives_the_step_whatever_its_deadline():
 
 
 def test_the_reconcile_lease_outlives_a_long_deadline(conn):
-    from vastctl import clock as clock_module, reconcile
+    from vastctl import clock as clock_module
+    from vastctl import reconcile
     from vastctl.clock import VirtualClock
 
     virtual = VirtualClock(datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc))

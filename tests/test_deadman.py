@@ -22,7 +22,8 @@ import responses
 from serving import free_port, run_vastctl
 from test_boot_script import Machine, manager, vast  # noqa: F401  (fixtures)
 
-from vastctl import config as config_module, onstart
+from vastctl import config as config_module
+from vastctl import onstart
 from vastctl.clock import VirtualClock
 from vastctl.errors import BadInput, Refused, Unavailable
 from vastctl.remote import RemoteReports
@@ -80,7 +81,7 @@ def instance_api():
 
 
 @pytest.fixture
-def machine(manager, vast, tmp_path):  # noqa: F811
+def machine(manager, vast, tmp_path):
     m = Machine(manager, vast, tmp_path / "machine")
     yield m
     m.stop()

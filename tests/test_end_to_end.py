@@ -8,7 +8,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from serving import Manager, free_port, on_a_thread, run_vastctl
 
 pytestmark = pytest.mark.slow  # real processes and servers on loopback

@@ -8,8 +8,8 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 
 import pytest
-
 from test_cli_agent import Market, query, running
+
 from vastctl import config as config_module
 from vastctl import guard
 from vastctl.demand import Demand
@@ -189,7 +189,7 @@ class ShowingMarket(Market):
 def market(monkeypatch):
     fake = ShowingMarket({500: "vastctl-a", 501: "vastctl-b", 502: "oldprefix-c"})
     monkeypatch.setattr("vastctl.cli.market.get_provider", lambda config, *, clock: fake)
-    monkeypatch.setattr("vastctl.providers.get_provider", lambda config, *, clock: fake)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 
 

@@ -10,8 +10,8 @@ documented lag (jobs/litestream.yml: sync-interval 1s), and vastctl must open it
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import sqlite3
 import subprocess

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
 from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
 from test_cli_agent_llm import api, market, opening, step_json  # noqa: F401 (fixtures)
+
 from vastctl.agent import llm, memory
 from vastctl.config import from_mapping
 
@@ -100,8 +100,9 @@ def test_a_step_whose_prompt_cannot_fit_is_an_error_and_sends_nothing(ready, cli
 def test_a_step_with_no_time_for_a_request_is_an_error(conn):
     api = FakeMessagesAPI()
     try:
-        from vastctl.clock import VirtualClock
         from datetime import datetime, timezone
+
+        from vastctl.clock import VirtualClock
         clock = VirtualClock(datetime(2026, 5, 1, tzinfo=timezone.utc))
         config = from_mapping({"agent": {"deadline": "3s"}})
         result = llm.run(conn, config, observation=fleet_observation(), suggestion=[], step_id=1, clock=clock,

@@ -8,9 +8,10 @@ import json
 
 import pytest
 import responses
-
-from test_provider_vast import BASE, KEY as VAST_KEY, create_request
+from test_provider_vast import BASE, create_request
+from test_provider_vast import KEY as VAST_KEY
 from test_reconcile_faults import API, LIST, api, fleet, instance, states  # noqa: F401 (api is a fixture)
+
 from vastctl.providers.base import ProviderError
 from vastctl.providers.vast import VastProvider
 

@@ -108,3 +108,30 @@ def test_to_prompt_is_json_and_compact(conn):
     (brief,) = prompt["machines"]
     assert brief["label"] == "vastctl-a" and brief["expected_rate"] == 70 and "uuid" not in brief
     assert len(prompt["events"]) == 5 and "vastctl-a" in text
+
+
+# --- the observation from raw rows; display formats at the edge --------------------------------------------
+
+
+def test_the_observation_carries_stored_values_and_fleet_and_the_prompt_format_them(conn):
+    a = put(conn, "vastctl-a", State.RUNNING)
+    set_rate(conn, a, bench=70, measured=64.4567)
+    obs = observe(conn, CFG, now=NOW, events_since=0)
+    machine = next(m for m in obs.machines if m["uuid"] == a)
+    stored = conn.execute("SELECT proofs_per_hour, state_since FROM instances WHERE uuid = ?", (a,)).fetchone()
+    assert machine["proofs_per_hour"] == 64.4567 and machine["state_since"] == stored["state_since"]
+    assert obs.events and obs.events[-1]["at"] == conn.execute("SELECT max(at) FROM events").fetchone()[0]
+    shown = next(m for m in fleet.fleet_view(conn, CFG, now=NOW)["instances"] if m["uuid"] == a)
+    assert shown["proofs_per_hour"] == 64.5 and shown["state_since"] == "2026-11-30T11:30:00Z"
+    prompt = obs.to_prompt()
+    brief = next(m for m in prompt["machines"] if m["label"] == "vastctl-a")
+    assert brief["proofs_per_hour"] == 64.5 and brief["state_since"] == "2026-11-30T11:30:00Z"
+    assert prompt["events"][-1]["at"] == "2026-11-30T11:30:00Z"
+
+
+def test_observe_does_not_import_the_display_module():
+    import grimp
+
+    graph = grimp.build_graph("vastctl")
+    assert graph.find_shortest_chain(importer="vastctl.observe", imported="vastctl.fleet") is None
+    assert graph.find_shortest_chain(importer="vastctl.fleet", imported="vastctl.observe") is not None

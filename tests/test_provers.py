@@ -16,7 +16,6 @@ from vastctl.clock import SYSTEM
 from vastctl.lifecycle import State
 
 
-
 @pytest.fixture
 def manager(tmp_path):
     state = tmp_path / "state.db"

@@ -15,9 +15,9 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-
-from test_end_to_end import FakeVast, FakeVastHandler, KEY
+from test_end_to_end import KEY, FakeVast, FakeVastHandler
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
+
 from vastctl import db, operations
 from vastctl.audit import PENDING
 from vastctl.errors import Unavailable
@@ -30,7 +30,7 @@ class BlockingHandler(FakeVastHandler):
 
     early: dict | None = None
 
-    def do_PUT(self):
+    def do_PUT(self):  # noqa: N802 - http.server's name
         if self.path.startswith("/api/v0/asks/"):
             self.early = super()._body()  # the whole request is here before the test is told
             self.server.arrived.set()

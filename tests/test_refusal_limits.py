@@ -4,8 +4,8 @@ the blocklist): an agent step lists them under `refused` with the limit, never `
 from __future__ import annotations
 
 import pytest
-
 from test_operations import NOW, FakeMarket, cfg, offer  # noqa: F401 - cfg is a fixture
+
 from vastctl import blocklist, lifecycle, operations, settings
 from vastctl.agent.step import Executor
 from vastctl.errors import GuardRefused

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from tunnel_parts import FakeDaemon, Sshd, free_port, listening, wait_for
 
-from vastctl import config as config_module, db, lifecycle, tunnel
+from vastctl import config as config_module
+from vastctl import db, lifecycle, tunnel
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput, Unavailable
 from vastctl.lifecycle import State

@@ -23,7 +23,7 @@ def manager_with(tmp_path, launch: str):
 
 
 @pytest.fixture
-def booted(tmp_path, vast):  # noqa: F811
+def booted(tmp_path, vast):
     made = []
 
     def boot(launch: str, **knobs) -> Machine:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 from test_operations import NOW, FakeMarket, actions, offer, rows
-from test_reconcile import NOW as RECONCILE_NOW, SETTINGS, ago, kills, row, seen
+from test_reconcile import NOW as RECONCILE_NOW
+from test_reconcile import SETTINGS, ago, kills, row, seen
 
-from vastctl import config as config_module, lifecycle, operations, tokens
+from vastctl import config as config_module
+from vastctl import lifecycle, operations, tokens
 from vastctl.errors import BadInput
 from vastctl.providers.base import ProviderError, ProviderRejected
 from vastctl.reconcile import plan

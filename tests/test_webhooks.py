@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import config as config_module
 from vastctl import clock, tokens, webhooks
+from vastctl import config as config_module
 from vastctl.clock import VirtualClock
 from vastctl.server import App
 

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from . import clock, upstream
-from .db import transaction
+from .db import inserted_id, transaction
 
 RESULT_CHARS = 1000
 
@@ -46,7 +46,7 @@ def record_action(
              json.dumps(request, sort_keys=True) if request is not None else None, int(ok),
              upstream.clip(result, RESULT_CHARS)),
         )
-        return cursor.lastrowid
+        return inserted_id(cursor)
 
 
 PENDING = "pending:"  # a result starting so: the call may have been made, its outcome was never recorded

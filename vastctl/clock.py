@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
+from typing import overload
 
 
 class Clock:
@@ -58,6 +59,14 @@ class VirtualClock(Clock):
 SYSTEM = Clock()
 
 
+@overload
+def to_iso(moment: datetime) -> str: ...
+@overload
+def to_iso(moment: None) -> None: ...
+@overload
+def to_iso(moment: datetime | None) -> str | None: ...
+
+
 def to_iso(moment: datetime | None) -> str | None:
     """Render as `2026-11-30T05:02:13.123456Z` (sortable as text, readable in sqlite3)."""
     if moment is None:
@@ -79,6 +88,21 @@ def display_iso(text: str | None) -> str | None:
     if moment is None:
         return None
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str) -> datetime:
+    """A time read from a NOT NULL column (from_iso() for one that is always written)."""
+    moment = from_iso(text)
+    if moment is None:
+        raise ValueError(f"not a stored time: {text!r}")
+    return moment
+
+
+def display_moment(moment: datetime) -> str:
+    """A moment as display_iso() shows it: whole seconds, UTC, trailing Z."""
+    text = display_iso(to_iso(moment))
+    assert text is not None  # to_iso() of a moment is never empty
+    return text
 
 
 def human_duration(seconds: float) -> str:

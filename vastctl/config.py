@@ -430,7 +430,7 @@ def _check_orphan_after(config: Config) -> None:
     a dead-man switch shorter than that would destroy machines the manager still wants."""
     orphan_after = config.launch.orphan_after
     stages = {f.name: getattr(config.timeouts, f.name) for f in dataclasses.fields(config.timeouts)}
-    longest = max(stages, key=stages.get)
+    longest = max(stages, key=lambda name: stages[name])
     if 0 < orphan_after <= stages[longest]:
         raise BadInput(f"config key 'launch.orphan_after' ({orphan_after:g}s) must be longer than every timeouts.*"
                        f" (timeouts.{longest} is {stages[longest]:g}s): a machine silent that long while booting is"

@@ -112,7 +112,7 @@ def pieces(conn: sqlite3.Connection, *, now: datetime) -> tuple[list[Piece], dic
     moves: dict[str, list[tuple[datetime, str]]] = {}
     for event in conn.execute("SELECT uuid, at, to_state FROM events WHERE kind = 'transition' AND uuid IS NOT NULL"
                               " AND to_state IS NOT NULL ORDER BY at, id"):
-        moves.setdefault(event["uuid"], []).append((clock.from_iso(event["at"]), event["to_state"]))
+        moves.setdefault(event["uuid"], []).append((clock.parse_iso(event["at"]), event["to_state"]))
     listed_storage = _storage_prices(conn)
     out: list[Piece] = []
     for uuid, row in rows.items():
@@ -122,7 +122,7 @@ def pieces(conn: sqlite3.Connection, *, now: datetime) -> tuple[list[Piece], dic
 
 def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
                     now: datetime) -> Iterable[Piece]:
-    created = clock.from_iso(row["created_at"])
+    created = clock.parse_iso(row["created_at"])
     destroyed = clock.from_iso(row.get("destroyed_at"))
     end_all = min(now, destroyed) if destroyed else now
     seen = clock.from_iso(row.get("vast_seen_at"))
@@ -256,11 +256,12 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
     for piece in all_pieces:  # over the machine's whole life: its count is shared out over these
         running_h[piece.uuid] = running_h.get(piece.uuid, 0.0) + (piece.hours if piece.running else 0.0)
         billed_h[piece.uuid] = billed_h.get(piece.uuid, 0.0) + piece.hours
-    total, groups = _Tally(), {}
+    total, groups = _Tally(), dict[str, _Tally]()
     for whole in all_pieces:
-        piece = _clip(whole, since)
-        if piece is None:
+        clipped = _clip(whole, since)
+        if clipped is None:
             continue
+        piece = clipped
         row = rows[piece.uuid]
         proofs_done = max(0, int(row.get("proofs_done") or 0))
         split = [(_group_key(by, row) if by and by != "day" else None, piece)] if by != "day" else list(_by_day(piece))

@@ -50,15 +50,16 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from http import HTTPStatus
 from importlib import resources
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import clock as clock_module
-from . import dashboard_page as page
 from . import cost, fleet, guard, machine_logs, operations, overview, settings, signin
+from . import dashboard_page as page
 from .config import Config
 from .errors import BadInput, GuardRefused, VastctlError
-from .upstream import cut
 from .server import HTTPError, _bearer, _loggable, access_log
+from .upstream import cut
 
 SESSION_S = 12 * 3600
 FLASH_S = 60
@@ -158,6 +159,7 @@ class Web:
         if path == "/logout":
             signin.end_session(self.connect(), sid, expires=self.session_expiry(environ), now=self.clock.now())
             return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, "", 0))], b""
+        flash: dict[str, Any]
         try:
             flash = {"kind": "ok", "text": self.act(path, form)}
         except VastctlError as exc:
@@ -316,7 +318,7 @@ class Web:
         at vast."""
         if not instance:
             raise BadInput("name the machine to kill: its label or uuid")
-        from .providers import get_provider
+        from .markets import get_provider
 
         row, error = operations.operator_kill(
             conn, self.config, instance, reason, force=force, now=self.clock.now(),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 from html import escape
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from . import clock, settings
 from .upstream import cut
@@ -283,7 +283,7 @@ def _events(events: list[dict[str, Any]], now: datetime) -> str:
 STEP_HEAD = ("started", "policy", "outcome", "saw", "did", "refused", "errors", "tokens", "cost")
 
 
-def _steps(steps: list[dict[str, Any]], now: datetime, *, skipped: list[dict[str, Any]] = (),
+def _steps(steps: list[dict[str, Any]], now: datetime, *, skipped: Sequence[dict[str, Any]] = (),
            skipped_count: int = 0) -> str:
     """The steps that ran; those --if-events skipped (nothing new happened) folded away below them."""
     rows = [_step_row(step, now) for step in steps]
@@ -487,7 +487,7 @@ def _top(values: list[float]) -> float:
 
 
 def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[tuple[str, list]], *,
-           ticks: list[datetime] = (), tick_name: str = "", empty: str | None = None) -> str:
+           ticks: Sequence[datetime] = (), tick_name: str = "", empty: str | None = None) -> str:
     width, height, span = CHART_WIDTH, CHART_HEIGHT, max(1.0, (end - start).total_seconds())
 
     def x(moment: datetime) -> float:
@@ -514,7 +514,7 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
                 coords.append(f"{x(moment)},{y(last)}")
             coords.append(f"{x(moment)},{y(value)}")
             last = value
-        coords.append(f"{width},{y(last)}")
+        coords.append(f"{width},{y(points[-1][1])}")  # the last value holds to the right edge
         shapes.append(f'<polyline class="line {name}" points="{" ".join(coords)}"/>')
     shown = [t for t in ticks if start <= t <= end]
     shapes.extend(f'<line class="tick fail" x1="{x(t)}" x2="{x(t)}" y1="{height - 8}" y2="{height}"/>'

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import clock
-from .errors import BadInput, Unavailable
+from .errors import BadInput, Unavailable, VastctlError
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -407,6 +407,13 @@ def _statements(sql: str) -> list[str]:
     return statements
 
 
+def inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The row id an INSERT just wrote (sqlite3 types `lastrowid` as optional; after an INSERT it is set)."""
+    row_id = cursor.lastrowid
+    assert row_id is not None, "inserted_id() after a statement that inserted nothing"
+    return row_id
+
+
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE … COMMIT: take the write lock up front, so two writers
@@ -448,7 +455,7 @@ def _path_of(conn: sqlite3.Connection) -> str | None:
     return None
 
 
-def explain(exc: sqlite3.Error, path: str | Path | None = None) -> Exception | None:
+def explain(exc: sqlite3.Error, path: str | Path | None = None) -> VastctlError | None:
     """The typed error, naming the fix, for a failure of the state file itself; None for anything else."""
     text = str(exc)
     name = getattr(exc, "sqlite_errorname", "")

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from . import clock, upstream
 from .config import Config
-from .db import transaction
+from .db import inserted_id, transaction
 from .errors import BadInput
 
 COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
@@ -130,7 +130,7 @@ def record(conn: sqlite3.Connection, *, source: str, now: datetime, queued: int 
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (clock.to_iso(now), queued, in_flight, lookahead, proofs_per_hour, source, int(error is None), error),
         )
-        return cursor.lastrowid
+        return inserted_id(cursor)
 
 
 def report(conn: sqlite3.Connection, queued: int, proofs_per_hour: float | None, *, now: datetime,
@@ -216,7 +216,7 @@ def current(conn: sqlite3.Connection, config: Config, *, now: datetime) -> Deman
     if row is None:
         return Demand(queued=None, proofs_per_hour=None, at=None, age_s=None, source=None, known=False,
                       error="no demand sample yet: set demand.command, or run `vastctl demand report --queued N`")
-    at = clock.from_iso(row["at"])
+    at = clock.parse_iso(row["at"])
     age = max(0.0, (now - at).total_seconds())
     if not row["ok"]:
         return Demand(queued=None, proofs_per_hour=None, at=at, age_s=age, source=row["source"], known=False,

@@ -4,6 +4,10 @@ Library code raises these; only the CLI turns them into one `error: …` line
 and an exit status, so every failure reaches the operator the same way.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 
 class VastctlError(Exception):
     """Base of every error meant for the operator. The message names the fix."""
@@ -47,3 +51,4 @@ class BenchFailed(VastctlError):
     """The reported benchmark rate is below the gate: the instance is being killed."""
 
     exit_code = 5
+    row: dict[str, Any]  # the killed row (or the server's answer), set by whoever raises it

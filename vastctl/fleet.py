@@ -5,72 +5,38 @@ from __future__ import annotations
 import sqlite3
 from collections import Counter
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import clock, tunnel
+from . import clock
 from .config import Config
 from .db import transaction
 from .errors import BadInput
 from .lifecycle import State, record_event
+from .observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
+from .observe import Observation, event_facts, machine_facts, observe
 
-if TYPE_CHECKING:
-    from .observe import Observation
-
-INSTANCE_FIELDS = (
-    "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
-    "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
-)
 TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at", "tunnel_down_since",
                "last_contact_at")
 RATE_DIGITS = 1  # proofs/hour are shown to one decimal, in the table, the summary and --json alike
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
-VAST_DEAD = frozenset({"exited", "unknown", "offline"})
 ORPHAN_WARN_FRACTION = 0.5  # the dashboard warns once the fleet's newest contact is half of launch.orphan_after old
 
 
-def disagreement(row: dict[str, Any]) -> str | None:
-    """Where our state and vast's (as of the last good listing) tell different stories, in words; else None."""
-    state, status = row.get("state"), row.get("vast_status")
-    missing = int(row.get("vast_missing") or 0)
-    if state == State.KILLED:
-        if row.get("destroyed_at"):
-            return None
-        if row.get("destroy_attempts"):
-            return f"killed but not destroyed at vast ({row['destroy_attempts']} failed: {row.get('destroy_error')})"
-        return "killed, destroy pending" if status and not missing else None
-    if missing:
-        return f"missing from vast ({missing} listing{'s' if missing > 1 else ''})"
-    if status is None:
-        return None
-    if state == State.STOPPED:
-        return "stopped here but vast says running (GPU billed)" if status == "running" else None
-    if status in VAST_DEAD:
-        return f"{state} here but vast says {status}"
-    if state == State.RUNNING and status != "running":
-        return f"running here but vast says {status}"
-    return None
-
-
 def instance_view(row: dict[str, Any]) -> dict[str, Any]:
-    view = {name: row.get(name) for name in INSTANCE_FIELDS}
-    missing = int(row.get("vast_missing") or 0)
-    if missing:  # vast says nothing about it now: do not show the last status it had as if current
-        view["vast_status"] = None
-    view["vast_missing"] = missing
-    view["vast_seen_at"] = row.get("vast_seen_at")
-    view["last_contact_at"] = row.get("last_contact_at")
-    view["vast_status_msg"] = row.get("vast_status_msg")
-    view["disagreement"] = disagreement(row)
-    # launch.join ssh: whether the manager reaches the daemon through the machine's tunnel (None: no tunnel)
-    view["tunnel_port"] = row.get("tunnel_port")
-    view["joined"] = tunnel.joined(row)
-    view["joined_at"] = row.get("joined_at") if view["joined"] else None
-    view["tunnel_down_since"] = row.get("tunnel_down_since")
-    if view["proofs_per_hour"] is not None:
+    """One machine as `fleet --json` shows it: the observation's facts, its rate rounded and its times the
+    contract's whole-second ISO text."""
+    return display(machine_facts(row))
+
+
+def display(facts: dict[str, Any]) -> dict[str, Any]:
+    """A machine's facts formatted for display (a copy): proofs/hour to RATE_DIGITS, times as display ISO."""
+    view = dict(facts)
+    if view.get("proofs_per_hour") is not None:
         view["proofs_per_hour"] = round(view["proofs_per_hour"], RATE_DIGITS)
     for name in TIME_FIELDS:
-        view[name] = clock.display_iso(view[name])
+        if name in view:
+            view[name] = clock.display_iso(view[name])
     return view
 
 
@@ -98,8 +64,6 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     `disagreement` and `last_contact_at` (its last report of any kind); in the summary `disagreements`, the age
     of the vast listing the statuses come from, and the fleet's newest contact (contact_status()).
     """
-    from .observe import observe  # observe reads this module's views
-
     obs = obs or observe(conn, config, now=now)  # a caller that already observed passes its observation
     query = "SELECT * FROM instances"
     if not include_killed:
@@ -138,7 +102,8 @@ def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) ->
     orphan_after = config.launch.orphan_after
     live = [row for row in rows if row["state"] != State.KILLED and row.get("vast_id") is not None]
     newest = max((row["last_contact_at"] for row in live if row.get("last_contact_at")), default=None)
-    since = clock.from_iso(newest) or min((clock.from_iso(row["created_at"]) for row in live), default=None)
+    created = [moment for row in live if (moment := clock.from_iso(row["created_at"])) is not None]
+    since = clock.from_iso(newest) or min(created, default=None)
     age = None if since is None else max(0, round((now - since).total_seconds()))
     warning = None
     if age is not None and orphan_after > 0 and age >= ORPHAN_WARN_FRACTION * orphan_after:
@@ -151,11 +116,8 @@ def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) ->
 
 
 def event_view(row: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "id": row["id"], "at": clock.display_iso(row["at"]), "kind": row["kind"], "uuid": row["uuid"],
-        "label": row["label"], "from_state": row["from_state"], "to_state": row["to_state"],
-        "reason": row["reason"], "source": row["source"], "code": row["code"],
-    }
+    """One event as `events --json` shows it: its time the contract's whole-second ISO text."""
+    return {**event_facts(row), "at": clock.display_iso(row["at"])}
 
 
 MAX_EVENT_ID = 2**63 - 1  # the largest id (and count) SQLite can hold

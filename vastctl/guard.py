@@ -286,7 +286,7 @@ def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, ear
     return _refuse(SCALE_TO_ZERO, text + hint)
 
 
-def _key(machine: dict) -> str:
+def _key(machine: dict) -> str | None:
     return machine.get("uuid") or machine.get("label")
 
 

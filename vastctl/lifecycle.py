@@ -18,12 +18,12 @@ import re
 import sqlite3
 from datetime import datetime
 from enum import Enum
-from typing import Any, Mapping, NoReturn
+from typing import Any, Mapping, NoReturn, overload
 
 from . import clock, upstream
-from .upstream import cut
-from .db import transaction
+from .db import inserted_id, transaction
 from .errors import BadInput, BenchFailed, Refused, UnknownInstance
+from .upstream import cut
 
 try:
     from enum import StrEnum
@@ -115,7 +115,7 @@ def record_event(
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (clock.to_iso(now), kind, uuid, label, from_state, to_state, reason, source, code),
     )
-    return cursor.lastrowid
+    return inserted_id(cursor)
 
 
 def transition(
@@ -306,6 +306,14 @@ def measured_rate_bound(row: Mapping[str, Any]) -> float:
     if bench is None:
         return ceiling
     return min(ceiling, max(0.0, float(bench)) * HEARTBEAT_RATE_FACTOR)
+
+
+@overload
+def bounded(value: None, bound: float) -> None: ...
+@overload
+def bounded(value: float | int | str, bound: float) -> float: ...
+@overload
+def bounded(value: Any, bound: float) -> float | None: ...
 
 
 def bounded(value: Any, bound: float) -> float | None:

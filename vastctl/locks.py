@@ -45,7 +45,9 @@ def acquire(conn: sqlite3.Connection, name: str, *, ttl_s: float, now: datetime,
     with transaction(conn):
         row = conn.execute("SELECT * FROM locks WHERE name = ?", (name,)).fetchone()
         if row is not None:
-            expired = clocks.from_iso(row["expires_at"]) <= now
+            expires = clocks.from_iso(row["expires_at"])
+            assert expires is not None  # locks.expires_at is NOT NULL
+            expired = expires <= now
             if not expired and row["holder"] != holder and not _holder_is_dead(row["holder"]):
                 return None
         conn.execute(

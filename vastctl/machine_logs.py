@@ -84,7 +84,7 @@ def recent(conn: sqlite3.Connection, machines: int = RECENT_MACHINES) -> list[di
     """The logs of the machines that pushed last (the dashboard's view), newest machine first."""
     latest = [r["uuid"] for r in conn.execute(
         "SELECT uuid, max(at) AS last FROM machine_logs GROUP BY uuid ORDER BY last DESC, uuid LIMIT ?", (machines,))]
-    out = []
+    out: list[dict[str, Any]] = []
     for uuid in latest:
         row = conn.execute("SELECT label FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None:

@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from . import cost, fleet, overview
-from .observe import observe
 from .config import Config
 from .lifecycle import State
+from .observe import observe
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

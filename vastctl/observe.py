@@ -31,14 +31,21 @@ from typing import Any, Iterable, Mapping
 
 from . import clock as clock_module
 from . import demand as demand_module
-from . import fleet, lifecycle, settings
+from . import lifecycle, settings, tunnel
 from .config import Config
 from .demand import Demand
 from .lifecycle import LIVE_STATES, State
 
 __all__ = ["Demand", "Observation", "observe"]
 
+INSTANCE_FIELDS = (
+    "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
+    "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
+)
+VAST_DEAD = frozenset({"exited", "unknown", "offline"})
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
+RATE_DIGITS = 1  # the model is shown proofs/hour to one decimal, as `fleet` shows them
+BRIEF_TIMES = ("state_since", "last_heartbeat_at", "joined_at", "tunnel_down_since")
 EVENTS_KEPT = 200  # newest events after the cursor one observation carries
 
 
@@ -74,10 +81,67 @@ class Observation:
             "spend_per_hour": round(self.spend_per_hour, 3),
             "expected_rate_by_gpu": {name: round(rate, 1) for name, rate in sorted(self.model_rates.items())},
             "machines": [_machine_brief(m) for m in self.machines],
-            "events": [{k: e.get(k) for k in ("id", "at", "label", "from_state", "to_state", "reason", "source",
-                                               "code", "kind")} for e in self.events],
+            "events": [{k: clock_module.display_iso(e.get(k)) if k == "at" else e.get(k)
+                        for k in ("id", "at", "label", "from_state", "to_state", "reason", "source", "code", "kind")}
+                       for e in self.events],
             "last_actions": list(self.last_actions),
         }
+
+
+def disagreement(row: Mapping[str, Any]) -> str | None:
+    """Where our state and vast's (as of the last good listing) tell different stories, in words; else None."""
+    state, status = row.get("state"), row.get("vast_status")
+    missing = int(row.get("vast_missing") or 0)
+    if state == State.KILLED:
+        if row.get("destroyed_at"):
+            return None
+        if row.get("destroy_attempts"):
+            return f"killed but not destroyed at vast ({row['destroy_attempts']} failed: {row.get('destroy_error')})"
+        return "killed, destroy pending" if status and not missing else None
+    if missing:
+        return f"missing from vast ({missing} listing{'s' if missing > 1 else ''})"
+    if status is None:
+        return None
+    if state == State.STOPPED:
+        return "stopped here but vast says running (GPU billed)" if status == "running" else None
+    if status in VAST_DEAD:
+        return f"{state} here but vast says {status}"
+    if state == State.RUNNING and status != "running":
+        return f"running here but vast says {status}"
+    return None
+
+
+def machine_facts(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One machine's facts from its raw row, as stored (unrounded rates, stored times): what decisions read.
+    Displays format them at the edge (fleet.display, Observation.to_prompt)."""
+    view = {name: row.get(name) for name in INSTANCE_FIELDS}
+    missing = int(row.get("vast_missing") or 0)
+    if missing:  # vast says nothing about it now: do not show the last status it had as if current
+        view["vast_status"] = None
+    view["vast_missing"] = missing
+    view["vast_seen_at"] = row.get("vast_seen_at")
+    view["last_contact_at"] = row.get("last_contact_at")
+    view["vast_status_msg"] = row.get("vast_status_msg")
+    view["disagreement"] = disagreement(row)
+    # launch.join ssh: whether the manager reaches the daemon through the machine's tunnel (None: no tunnel)
+    view["tunnel_port"] = row.get("tunnel_port")
+    view["joined"] = tunnel.joined(dict(row))
+    view["joined_at"] = row.get("joined_at") if view["joined"] else None
+    view["tunnel_down_since"] = row.get("tunnel_down_since")
+    return view
+
+
+def event_facts(row: Mapping[str, Any] | sqlite3.Row) -> dict[str, Any]:
+    """One event's columns as stored."""
+    return {name: row[name] for name in ("id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason",
+                                         "source", "code")}
+
+
+def recent_events(conn: sqlite3.Connection, *, since: int, limit: int) -> list[dict[str, Any]]:
+    """The newest `limit` events after id `since`, oldest first, as stored."""
+    rows = conn.execute("SELECT * FROM (SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?) ORDER BY id",
+                        (since, limit))
+    return [event_facts(row) for row in rows]
 
 
 def _iso(moment: datetime) -> str:
@@ -88,7 +152,13 @@ def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
             "implausible_claims", "joined", "joined_at", "tunnel_down_since")
-    return {k: machine.get(k) for k in keys if machine.get(k) is not None}
+    shown: dict[str, Any] = {k: machine.get(k) for k in keys if machine.get(k) is not None}
+    if "proofs_per_hour" in shown:
+        shown["proofs_per_hour"] = round(shown["proofs_per_hour"], RATE_DIGITS)
+    for name in BRIEF_TIMES:
+        if name in shown:
+            shown[name] = clock_module.display_iso(shown[name])
+    return shown
 
 
 def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> dict[str, float]:
@@ -216,7 +286,7 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
         if vast_id is None:  # a launch that crashed before recording its id: vast may list it by label
             vast_id = by_label.get(row["label"])
         entry = listing.get(vast_id) if vast_id is not None else None
-        if entry is not None:
+        if entry is not None and vast_id is not None:
             claimed.add(vast_id)
         if entry is not None and entry["seen_at"] >= _heard_last(row):
             per_row[row["uuid"]] = _listed_price(entry, row)
@@ -229,9 +299,9 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
             f"SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND vast_id IN"
             f" ({', '.join('?' for _ in unclaimed)})", tuple(unclaimed))}
         for vast_id, entry in unclaimed.items():
-            row = gone.get(vast_id)
-            if row is not None:  # destroyed here; billing only if vast still listed it after
-                others += _listed_price(entry, row) if entry["seen_at"] >= _heard_last(row) else 0.0
+            destroyed = gone.get(vast_id)
+            if destroyed is not None:  # destroyed here; billing only if vast still listed it after
+                others += _listed_price(entry, destroyed) if entry["seen_at"] >= _heard_last(destroyed) else 0.0
             elif prefix and (entry.get("label") or "").startswith(prefix):
                 others += _listed_price(entry, None)
     return per_row, others
@@ -299,7 +369,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     resumes = _resumes(conn)
     machines = []
     for row in rows:
-        view = fleet.instance_view(row)
+        view = machine_facts(row)
         view["expected_rate"] = expected_rate(row, rates, config.fleet.default_rate,
                                               implausible=row["uuid"] in flagged)
         view["machine_id"] = row.get("machine_id")
@@ -316,7 +386,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         capacity=capacity(machines),
         pending_capacity=pending_capacity(machines),
         spend_per_hour=sum(billed.values()) + unlisted,
-        events=[] if events_since is None else fleet.events(conn, since=events_since, limit=EVENTS_KEPT),
+        events=[] if events_since is None else recent_events(conn, since=events_since, limit=EVENTS_KEPT),
         last_actions=last_step_actions(conn),
         model_rates=rates,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),

@@ -114,7 +114,8 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     state = {uuid: row["state"] for uuid, row in machines.items()}
     rate = {uuid: expected_rate(row, model_rates, config.fleet.default_rate) for uuid, row in machines.items()}
     price = {uuid: float(row["dph"] or 0.0) for uuid, row in machines.items()}
-    series: dict[str, list[tuple[datetime, float]]] = {"capacity": [], "spend": [], "target": []}
+    # the three replayed series, then the queue's, the failed listings' times and the span's moments
+    series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
     events = conn.execute(  # only moves into or out of running, stopped or killed change capacity or spend
         "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? AND (kind = 'setting'"
@@ -165,7 +166,7 @@ def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[d
     return kept
 
 
-def _queue_history(conn: sqlite3.Connection, since: str) -> list[tuple[datetime, float]]:
+def _queue_history(conn: sqlite3.Connection, since: str | None) -> list[tuple[datetime, float]]:
     rows = conn.execute("SELECT at, queued FROM demand_samples WHERE at >= ? AND queued IS NOT NULL AND ok = 1"
                         " ORDER BY id", (since,))
     return [(at, float(row[1])) for row in rows if (at := _moment(row[0])) is not None]

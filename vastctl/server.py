@@ -62,12 +62,12 @@ from waitress.task import ThreadedTaskDispatcher
 
 from . import db, fleet, lifecycle, onstart, signin, tokens, webhooks
 from .clock import Clock
-from .upstream import cut
 from .config import Config
 from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from .remote import FIELD_FLAGS
 from .reports import LocalReports
 from .transport import DeadlineServer
+from .upstream import cut
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them

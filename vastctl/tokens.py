@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 
 from . import clock
-from .upstream import cut
 from .errors import BadInput
+from .upstream import cut
 
 MIN_LENGTH = 32
 # What a missing secret file usually means: the command was not pointed at the manager's config.

@@ -190,6 +190,7 @@ class EventLoop:
         touched = self.touched
         while touched:
             self.recheck.add(touched.popleft())
+        check: list[int] | set[int]
         if self.sweep_ran:
             self.sweep_ran = False
             check = list(self.map)

@@ -292,7 +292,7 @@ def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bo
 
 
 def _default_provider(config: Config, clock: Clock) -> "Provider":
-    from .providers import get_provider
+    from .markets import get_provider
 
     return get_provider(config, clock=clock)
 

@@ -32,8 +32,8 @@ def _parsed(text: Any, empty: Any) -> Any:
 
 
 def _saw(observation: dict[str, Any]) -> dict[str, Any]:
-    demand = observation.get("demand") if isinstance(observation.get("demand"), dict) else {}
-    settings = observation.get("settings") if isinstance(observation.get("settings"), dict) else {}
+    demand = found if isinstance(found := observation.get("demand"), dict) else {}
+    settings = given if isinstance(given := observation.get("settings"), dict) else {}
     return {
         "capacity": observation.get("capacity"), "pending_capacity": observation.get("pending_capacity"),
         "target": settings.get("target_proofs_per_hour"), "spend_per_hour": observation.get("spend_per_hour"),

@@ -367,7 +367,7 @@ class _Step:
             return self.note(tool_input["text"])
         try:
             return self.execute(name, dict(tool_input))
-        except Exception as exc:  # a failed call is the model's to read, never a crash of the step
+        except Exception as exc:  # noqa: BLE001 - a failed call is the model's to read, never a crash of the step
             return ToolOutcome(False, f"failed: {type(exc).__name__}: {exc}")
 
     def note(self, text: str) -> ToolOutcome:
@@ -379,7 +379,7 @@ class _Step:
                            action={"kind": "note", "text": text.strip()})
 
 
-JSON_TYPES = {"integer": int, "number": (int, float), "string": str}
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str}
 
 
 def invalid_input(name: str, tool_input: Any) -> str | None:

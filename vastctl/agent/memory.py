@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import Any, Iterable, Sequence
 
 from .. import clock
-from ..db import transaction
+from ..db import inserted_id, transaction
 from ..observe import expected_rate, stored_json
 
 CHARS_PER_TOKEN = 3  # JSON with short keys and numbers tokenises at ~3–4 chars a token: estimate high
@@ -86,17 +86,17 @@ def record_message(conn: sqlite3.Connection, *, step_id: int | None, role: str, 
                    now: datetime) -> int:
     """One message of the conversation as sent or received (`role` user | assistant | error)."""
     with transaction(conn):
-        return conn.execute(
+        return inserted_id(conn.execute(
             "INSERT INTO agent_messages (step_id, at, role, content) VALUES (?, ?, ?, ?)",
             (step_id, clock.to_iso(now), role, json.dumps(content, ensure_ascii=False, default=str)),
-        ).lastrowid
+        ))
 
 
 def add_note(conn: sqlite3.Connection, *, step_id: int | None, text: str, now: datetime) -> int:
     with transaction(conn):
-        return conn.execute(
+        return inserted_id(conn.execute(
             "INSERT INTO agent_notes (step_id, at, text) VALUES (?, ?, ?)", (step_id, clock.to_iso(now), text),
-        ).lastrowid
+        ))
 
 
 def notes(conn: sqlite3.Connection, *, limit: int = NOTES_SHOWN) -> list[dict[str, Any]]:
@@ -181,7 +181,7 @@ def _saw(observation: Any) -> dict[str, Any]:
 
 def _condensed_action(item: Any) -> Any:
     if isinstance(item, dict):
-        nested = item.get("action") if isinstance(item.get("action"), dict) else {}
+        nested = found if isinstance(found := item.get("action"), dict) else {}
         merged = {**nested, **{key: value for key, value in item.items() if key != "action"}}
         return clip({key: merged[key] for key in ACTION_KEYS if merged.get(key) is not None}, 120)
     return clip(item, 120)

@@ -128,6 +128,7 @@ def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env
     if if_events:
         why = wake_reason(obs, last, config)
         if why is None:
+            assert last is not None  # wake_reason() wakes the first step always
             result.outcome = "skipped"
             result.reason = (f"nothing new since step {last['id']} and agent.interval"
                              f" ({clock_module.human_duration(config.agent.interval)}) has not passed")
@@ -157,7 +158,7 @@ def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env
 # --- waking up ---------------------------------------------------------------------------------------
 
 
-def _last_ran(conn: sqlite3.Connection) -> sqlite3.Row | None:
+def _last_ran(conn: sqlite3.Connection) -> Mapping[str, Any] | None:
     return conn.execute("SELECT * FROM agent_steps WHERE outcome = 'ok' ORDER BY id DESC LIMIT 1").fetchone()
 
 
@@ -166,6 +167,7 @@ def wake_reason(obs: Observation, last: Mapping[str, Any] | None, config: Config
     if last is None:
         return "no step has run yet"
     since = clock_module.from_iso(last["started_at"])
+    assert since is not None  # agent_steps.started_at is NOT NULL
     if (obs.now - since).total_seconds() >= config.agent.interval:
         return f"agent.interval ({clock_module.human_duration(config.agent.interval)}) passed"
     news = [event for event in obs.events if event.get("source") != "agent"]
@@ -279,16 +281,16 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
             raise Unavailable(launched.error or "nothing was launched")
         return f"launched {names}" + (f"; {launched.error}" if launched.error else "")
     if kind is Kind.START:
-        _need_target(action, target)
+        target = _need_target(action, target)
         row = operations.start(conn, provider, config, target, actor=action.actor, now=now)
         return f"resumed ({row['state']})"
     if kind is Kind.STOP:
-        _need_target(action, target)
+        target = _need_target(action, target)
         operations.stop(conn, provider, target, config=config, actor=action.actor, reason=action.reason,
                         force=action.force, now=now)
         return "stopped"
     if kind is Kind.KILL or kind is Kind.DESTROY:
-        _need_target(action, target)
+        target = _need_target(action, target)
         row, error = operations.kill(conn, provider, target, f"{action.actor}: {action.reason or 'no reason given'}",
                                      config=config, actor=action.actor, code=action.actor, kind=kind,
                                      force=action.force, now=now)
@@ -298,9 +300,10 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
     raise BadInput(f"no branch for action kind {kind!r}")  # pragma: no cover - every Kind has a branch above
 
 
-def _need_target(action: Action, target: str | None) -> None:
+def _need_target(action: Action, target: str | None) -> str:
     if not target:
         raise BadInput(f"a {action.kind} needs the machine's label")
+    return target
 
 
 # --- policies ----------------------------------------------------------------------------------------

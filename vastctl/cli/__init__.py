@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+from typing import Protocol, TypeGuard
 
 import typer
 
@@ -60,12 +61,20 @@ def _accept_click_completion_names(env) -> None:
         env[COMPLETE_VAR] = f"{shell}_{action}"
 
 
-def _is_usage_error(exc: Exception) -> bool:
+class _UsageError(Protocol):
+    """What click's usage errors carry (typer re-raises them with standalone_mode=False)."""
+
+    exit_code: int
+
+    def format_message(self) -> str: ...
+
+
+def _is_usage_error(exc: Exception) -> TypeGuard[_UsageError]:
     """Typer's parse errors (bad option, missing argument, bad value) carry a message and an exit code."""
     return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
 
 
-def _usage_error(exc: Exception) -> None:
+def _usage_error(exc: _UsageError) -> None:
     """One line naming the help of the command that was misused; bare `vastctl` shows the help itself."""
     import click
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def make_provider(config: "Config", clock: "Clock") -> "Provider":
     """The market agent-step rents from, on the step's clock (tests replace this)."""
-    from ..providers import get_provider
+    from ..markets import get_provider
 
     return get_provider(config, clock=clock)
 
@@ -68,6 +68,7 @@ def demand_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         print_json(view)
         return
     if current.known:
+        assert current.age_s is not None  # a known demand comes from a sample, which has an age
         rate = "" if current.proofs_per_hour is None else f", {current.proofs_per_hour:g} proofs/h"
         extra = _extra_counts(current.in_flight, current.lookahead)
         typer.echo(f"{current.queued} queued{extra}{rate} ({current.source}, {clock.human_duration(current.age_s)} ago)")

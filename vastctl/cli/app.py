@@ -12,9 +12,8 @@ from typing import Annotated, Any, ClassVar, Optional
 
 import typer
 
-from .. import __version__, clock
+from .. import __version__, clock, db
 from .. import config as config_module
-from .. import db
 from ..clock import SYSTEM, Clock
 from ..lifecycle import printable
 
@@ -122,7 +121,7 @@ def action_line(action: dict[str, Any], at: str) -> str:
 
 def print_action_lines(actions: list[dict[str, Any]], now: datetime) -> None:
     """The actions of a pass or a step, one escaped line each (action_line), stamped with the time they ran."""
-    at = clock.display_iso(clock.to_iso(now))
+    at = clock.display_moment(now)
     for action in actions:
         echo(action_line(action, at))
 

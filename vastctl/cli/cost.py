@@ -46,6 +46,7 @@ def cost_cmd(
          + f" on {figures['never_proved_machines']} of {figures['machines']} machines;"
          + f" dead until detected ${figures['dead_until_detected_cost']:.2f}")
     if figures["groups"]:
+        assert by is not None  # the figures are grouped only --by something
         print_table([{by: group["key"], "cost": f"{group['cost']:.2f}", "rented": f"{group['rented']:.2f}",
                       "stopped": f"{group['stopped_storage']:.2f}", "after_kill": f"{group['after_kill']:.2f}",
                       "proofs": group["proofs"], "$/1000": fmt_num(group["cost_per_1000_proofs"], 2),

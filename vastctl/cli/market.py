@@ -10,7 +10,7 @@ from .. import lifecycle, operations
 from ..config import Config
 from ..errors import Refused, Unavailable
 from ..lifecycle import State
-from ..providers import get_provider
+from ..markets import get_provider
 from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
 
 

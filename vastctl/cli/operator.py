@@ -133,7 +133,7 @@ def kill_cmd(
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
     from .. import operations
     from ..errors import Unavailable
-    from ..providers import get_provider
+    from ..markets import get_provider
 
     g = globals_of(ctx)
     row, error = operations.operator_kill(g.connect(), g.config, instance, reason, force=force, now=g.clock.now(),

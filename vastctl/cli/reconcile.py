@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def make_provider(config: "Config", clock: "Clock") -> "Provider":
     """The market to reconcile against, its backoff on `clock` (tests replace this)."""
-    from ..providers import get_provider
+    from ..markets import get_provider
 
     return get_provider(config, clock=clock)
 

@@ -77,7 +77,7 @@ def serve_cmd(
 
 def make_provider(config, clock):
     """The market a webhook's wake reconciles against and steps with, as cron's commands build it."""
-    from ..providers import get_provider
+    from ..markets import get_provider
 
     return get_provider(config, clock=clock)
 
@@ -240,10 +240,8 @@ def _interrupt(signum, frame) -> None:
 
 
 class _UTCFormatter(logging.Formatter):
-    converter = time.gmtime
-
-    def formatTime(self, record, datefmt=None):
-        return time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created)) + f".{int(record.msecs):03d}Z"
+    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging.Formatter's name
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
 class _BatchedStream(logging.Handler):

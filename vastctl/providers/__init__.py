@@ -1,59 +1,14 @@
-"""GPU markets behind one narrow interface (base.Provider), and the one factory that picks one.
-
-Import-light on purpose: `requests` (or the simulator) loads only when a
-provider is built, so `vastctl --help` and the boot-script commands stay fast.
-The factory is where the simulated market is handed its state file and the
-report functions its machines call; the providers themselves know no rows.
+"""GPU markets behind one narrow interface (base.Provider): the real vast.ai API (vast.py) and the embedded
+simulated market (sim.py). They know no rows and no policy; vastctl.markets builds the one the config names.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any, Mapping
-
-from ..errors import BadInput
-
-if TYPE_CHECKING:
-    import sqlite3
-
-    from ..clock import Clock
-    from ..config import Config
-    from .base import Provider
+from typing import Any
 
 
-def get_provider(config: "Config", *, clock: "Clock", env: Mapping[str, str] | None = None,
-                 **options: Any) -> "Provider":
-    """The market the config names: `vast` (the real API) or `sim` (the embedded simulated market).
+def get_provider(*args: Any, **kwargs: Any) -> Any:
+    """vastctl.markets.get_provider under its old name, for a caller not yet moved (demo.py); to be removed."""
+    from ..markets import get_provider as build
 
-    `clock` is the caller's (the vast client's backoff sleeps on it; the simulated market runs to its
-    time). `options` go to the provider's constructor (for `sim`: `conn=` to share a connection).
-    Raises BadInput (exit 2) naming VAST_API_KEY when `vast` has no key; `sim` needs none.
-    """
-    env = os.environ if env is None else env
-    if config.provider == "sim":
-        return _sim_provider(config, clock=clock, **options)
-    if config.provider != "vast":
-        raise BadInput(f"provider {config.provider!r} is not available: set `provider: vast` or `provider: sim`")
-    from .vast import VastProvider
-
-    provider = VastProvider.from_env(env, clock=clock, **options)
-    if provider is None:
-        raise BadInput("no vast.ai API key: set VAST_API_KEY, or run `vastai set api-key KEY`"
-                       " (writes ~/.config/vastai/vast_api_key)")
-    return provider
-
-
-def _sim_provider(config: "Config", *, clock: "Clock", conn: "sqlite3.Connection | None" = None,
-                  **options: Any) -> "Provider":
-    """The simulated market in the config's state file, its machines reporting straight into that file.
-
-    Each report is stamped with the simulated moment it is made, so the file
-    holds the market's time, whatever clock drives it.
-    """
-    from .. import db
-    from ..reports import LocalReports
-    from .sim import SimProvider
-
-    conn = conn if conn is not None else db.connect(config.db_path, now=clock.now())
-    return SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=clock,
-                       seed=config.sim.seed, failures=config.sim.failures, **options)
+    return build(*args, **kwargs)
