@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import responses
 
-from vastctl import blocklist, clock, config as config_module, demand, lifecycle, onstart, operations, settings, tokens
+from vastctl import blocklist, clock, demand, lifecycle, onstart, operations, settings, tokens
+from vastctl import config as config_module
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable
 from vastctl.lifecycle import State
 from vastctl.providers.base import Offer, OfferGone, ProviderError, ProviderRejected, RemoteInstance

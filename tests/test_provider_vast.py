@@ -13,7 +13,7 @@ import responses
 from vastctl.clock import SYSTEM, VirtualClock
 from vastctl.config import Config
 from vastctl.errors import BadInput
-from vastctl.providers import get_provider
+from vastctl.markets import get_provider
 from vastctl.providers.base import CreateRequest, DeadlinePassed, OfferGone, OfferQuery, ProviderError, ProviderRejected
 from vastctl.providers.vast import VastProvider, find_api_key
 

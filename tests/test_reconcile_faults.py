@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 import requests
 import responses
-
 from test_provider_vast import RecordingClock, hang
+
 from vastctl import clock, lifecycle
 from vastctl.cli.app import Globals
 

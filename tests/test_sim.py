@@ -15,7 +15,8 @@ from vastctl import db, lifecycle, operations, reconcile, tokens
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import VastctlError
-from vastctl.providers import get_provider, sim_market
+from vastctl.markets import get_provider
+from vastctl.providers import sim_market
 from vastctl.providers.base import CreateRequest, OfferGone, OfferQuery, ProviderError, ProviderRejected
 from vastctl.providers.sim import FAULT_KINDS, FIRST_VAST_ID, SimProvider
 from vastctl.providers.sim_market import FailureRates

@@ -206,7 +206,8 @@ def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released(
 
 
 def test_the_observation_carries_the_demand_of_the_window_and_the_sample_in_force_at_its_start(tmp_path):
-    from vastctl import db, demand as demand_module
+    from vastctl import db
+    from vastctl import demand as demand_module
     from vastctl.observe import observe
 
     config = config_module.from_mapping({"agent": {"scale_down_after": "30m"}})

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from serving import on_a_thread
 
-from vastctl import clock, db, dashboard_page, overview
+from vastctl import clock, dashboard_page, db, overview
 from vastctl import config as config_module
 from vastctl.observe import observe
 

@@ -195,8 +195,9 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     `configure` may change the demo's config before the run (the control-loop bench tries settings with it).
     """
     from .agent import step
+    from .markets import get_provider
     from .observe import observe
-    from .providers import get_provider
+    from .providers.sim import SimProvider
 
     options.check()
     config = demo_config(directory, options)
@@ -206,6 +207,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     clock = VirtualClock(START)
     conn = db.connect(config.db_path, now=clock.now(), create=True)
     market = get_provider(config, conn=conn, clock=clock)
+    assert isinstance(market, SimProvider)  # demo_config names provider: sim
     truth = _Market(conn)
     curve = DemandCurve(options.seed)
     peak = max(curve.lookahead_target(m) for m in range(0, 24 * 60, TARGET_EVERY_MINUTES))
@@ -278,7 +280,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
 def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tuple[float, str]]]:
     """When the run launched and killed machines, in minutes from its start (for the chart's marks)."""
     def minute(text: str) -> float:
-        return (clocks.from_iso(text) - START).total_seconds() / 60
+        return (clocks.parse_iso(text) - START).total_seconds() / 60
 
     launches = [minute(row[0]) for row in conn.execute("SELECT created_at FROM instances ORDER BY created_at")]
     kills = [(minute(row[0]), row[1] or "none") for row in conn.execute(
@@ -297,7 +299,7 @@ def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at
                             " AND vast_id IS NOT NULL"):
         if row["vast_id"] in billed_at_kill or row["vast_id"] not in billed:
             continue
-        before = (now - clocks.from_iso(row["killed_at"])).total_seconds() / 3600
+        before = (now - clocks.parse_iso(row["killed_at"])).total_seconds() / 3600
         billed_at_kill[row["vast_id"]] = billed[row["vast_id"]] - max(0.0, before)
 
 
@@ -515,7 +517,7 @@ def keep_state(directory: Path, path: Path) -> None:
 
 def end_of(options: DemoOptions) -> str:
     """The simulated clock's time at the end of the run (where `serve --as-of` shows the kept file)."""
-    return clocks.display_iso(clocks.to_iso(START + timedelta(minutes=options.minutes)))
+    return clocks.parse_iso(clocks.to_iso(START + timedelta(minutes=options.minutes))).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 CHART_COLOURS = {  # the dashboard's chart draws target, capacity, queue and spend in these (dashboard.css)
@@ -632,6 +634,8 @@ def write_chart(result: DemoResult, path: Path) -> None:
         waits_axis.hist([min(w, top_wait) for w in waits], bins=40, color=colour["queue"], alpha=0.8)
         for fraction, style in ((0.5, "-"), (0.95, "--")):
             value = percentile(waits, fraction)
+            if value is None:
+                continue
             waits_axis.axvline(value, color="#333333", linewidth=1.0, linestyle=style,
                                label=f"p{int(fraction * 100)} {value:.0f} min")
         waits_axis.set_yscale("log")  # most proofs wait under a minute: the tail would not show on a linear axis

@@ -23,8 +23,17 @@ from .db import transaction
 from .errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
 from .lifecycle import State
 from .observe import observe
-from .providers.base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, Provider, ProviderError,
-                             ProviderRejected, RemoteInstance)
+from .providers.base import (
+    CreateRequest,
+    DeadlinePassed,
+    Offer,
+    OfferGone,
+    OfferQuery,
+    Provider,
+    ProviderError,
+    ProviderRejected,
+    RemoteInstance,
+)
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
@@ -33,7 +42,7 @@ BLOCKLIST = "blocklist"  # the limit a refusal names when the offer's machine is
 PUBLIC_ENV = ("VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_SERVER", *tunnel.PUBLIC_ENV)  # env values the audit may show
 
 
-def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *, actor: str,
+def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, Any], *, actor: str,
             now: datetime, listed: Mapping[int, RemoteInstance] | None = None) -> bool:
     """Destroy the row's machine at the market; True once the market confirms it is gone.
 
@@ -52,6 +61,7 @@ def destroy(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], *
     if row.get("vast_id") is None:  # nothing was ever created at the market under this row
         _mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})
         return True
+    assert provider is not None, "a row with a vast instance is destroyed through the market"
     try:
         remote = listed.get(row["vast_id"]) if listed is not None else provider.show_instance(row["vast_id"])
         if remote is not None and remote.label != row["label"]:
@@ -205,6 +215,7 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
         if offer_id is not None:
             candidates = [_the_offer(conn, provider, config, offer_id, now)]
         else:
+            assert gpu is not None  # check_launch_request: an offer id or a GPU model
             candidates = _distinct_machines(find_offers(conn, provider, config, gpu_names=[gpu],
                                                         max_dph=max_dph, limit=count + SEARCH_SLACK, now=now))
             if not candidates:
@@ -242,7 +253,7 @@ def _the_offer(conn, provider, config, offer_id, now) -> Offer:
 
 
 def _distinct_machines(offers: list[Offer]) -> list[Offer]:
-    seen: set[int] = set()
+    seen: set[int | None] = set()
     kept = []
     for offer in offers:
         if offer.machine_id is not None and offer.machine_id in seen:

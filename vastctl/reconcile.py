@@ -56,11 +56,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import blocklist, clock, guard, locks, operations, provers, settings, tunnel, upstream
 from .audit import record_action, settle_pending_launches
+from .clock import Clock
 from .config import Config
 from .db import transaction
 from .errors import Refused, Unavailable, UnknownInstance
 from .lifecycle import LIVE_STATES, State, kill, record_event
-from .clock import Clock
 from .observe import observe
 from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 
@@ -195,7 +195,7 @@ def launched(row: Mapping[str, Any]) -> bool:
 
 def carries_prefix(label: str | None, prefix: str) -> bool:
     """Our label prefix marks the instances reconcile may act on; with no prefix, none are."""
-    return bool(prefix) and bool(label) and label.startswith(prefix)
+    return bool(prefix) and label is not None and label.startswith(prefix)
 
 
 def _expected_in_listing(row: Mapping[str, Any], matched: Matched) -> bool:
@@ -309,6 +309,8 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
         if float(row["bench_rate"]) < gate:
             return "bench_failed", f"bench rate {row['bench_rate']:g} below gate {gate:g} (still bench_done)"
     since = clock.from_iso(row["state_since"])
+    if since is None:  # every row has entered its state at some moment; a row without one is not judged
+        return None
     if state in TIMED_STATES:
         name = TIMED_STATES[state]
         limit = getattr(config.timeouts, name)
@@ -358,7 +360,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
     for entry in unclaimed:
         gone = history.get(entry.id)
         if gone is not None and entry.label == gone["label"]:
-            destroyed = clock.from_iso(gone["destroyed_at"])
+            destroyed = clock.from_iso(gone["destroyed_at"]) or now
             if entry.cur_state != "unloaded" and (now - destroyed).total_seconds() > STILL_LISTED_GRACE_S:
                 actions.append(Action(
                     kind="destroy", label=gone["label"], vast_id=entry.id, code=gone.get("kill_code"),
@@ -371,7 +373,7 @@ def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
         seen = clock.from_iso(first_seen.get(entry.id)) or now
         if (now - seen).total_seconds() > grace:
             actions.append(Action(
-                kind="destroy", label=entry.label, vast_id=entry.id, code="orphan",
+                kind="destroy", label=entry.label or "", vast_id=entry.id, code="orphan",
                 reason=(f"orphan: vast instance {entry.id} carries our prefix but has no row and never registered;"
                         f" listed for {clock.human_age(seen, now)} (grace {clock.human_duration(grace)})"),
             ))
@@ -449,6 +451,7 @@ def _skip(conn: sqlite3.Connection, action: Action, why: str, now: datetime) -> 
 
 
 def _apply_kill(conn: sqlite3.Connection, action: Action, config: Config, now: datetime) -> str:
+    assert action.uuid is not None and action.code is not None, "plan() kills rows, with a code"
     try:
         row = dict(conn.execute("SELECT * FROM instances WHERE uuid = ?", (action.uuid,)).fetchone() or {})
         if not row:
@@ -504,6 +507,7 @@ def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Act
 
 def _apply_destroy_stray(conn: sqlite3.Connection, provider: Provider, action: Action, now: datetime,
                          errors: list[str]) -> str:
+    assert action.vast_id is not None, "a stray is destroyed by the id vast listed it under"
     try:
         provider.destroy_instance(action.vast_id)
     except ProviderError as exc:

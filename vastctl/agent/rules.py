@@ -252,7 +252,7 @@ def _since(machine: Mapping[str, Any], now: datetime) -> float:
 def _retire_stopped(obs: Observation, budget: int) -> list[Action]:
     """Destroy a stopped machine whose storage has billed what a fresh boot costs (BOOT_HOURS of its price):
     kept longer, it costs more than renting anew would (the ski-rental rule: at most twice the best choice)."""
-    actions = []
+    actions: list[Action] = []
     for machine in obs.machines:
         if len(actions) >= budget or machine["state"] != State.STOPPED or machine.get("resumes"):
             continue
@@ -413,7 +413,7 @@ def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
     candidates = sorted((m for m in obs.machines if m["state"] == State.RUNNING
                          and m.get("vast_id") is not None and not _vast_dead(m)),
                         key=lambda m: (_per_dollar(m), m["label"]))
-    actions = []
+    actions: list[Action] = []
     for machine in candidates:
         if len(actions) >= budget:
             break
@@ -431,7 +431,8 @@ def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
     """One machine a step, once the work has run out past the cooldown (plan() checks it)."""
     if budget < 1:
         return []
-    empty_for = (obs.now - obs.demand.empty_since).total_seconds()
+    since = obs.demand.empty_since  # set: plan() shrinks only once the cooldown since it has passed
+    empty_for = (obs.now - since).total_seconds() if since is not None else 0.0
     candidates = [m for m in obs.machines if m["state"] in PENDING_STATES | {State.RUNNING}
                   and m.get("vast_id") is not None]
     if not candidates:

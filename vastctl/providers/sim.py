@@ -37,7 +37,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
 from .. import clock as clocks
 from ..clock import Clock
@@ -208,6 +208,10 @@ def _seconds(moment: datetime) -> float:
     return moment.timestamp()
 
 
+@overload
+def _moment(seconds: float) -> datetime: ...
+@overload
+def _moment(seconds: None) -> None: ...
 def _moment(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
 
@@ -223,6 +227,11 @@ def _from_iso(text: str | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
+def _at(text: str) -> float:
+    """A simulated moment from a NOT NULL column."""
+    return clocks.parse_iso(text).timestamp()
+
+
 class SimProvider:
     """The simulated market. `reports(at)` gives the Reports a machine uses for a report made at `at`."""
 
@@ -235,6 +244,7 @@ class SimProvider:
         self.conn = conn
         self.reports = reports
         self.clock = clock
+        self.deadline: float | None = None  # base.Provider's: every call here is instant on the virtual clock
         self.seed = int(seed)
         self.failures = failures if rates is None else "custom"
         self.rates = rates or model.FAILURES[failures]
@@ -304,7 +314,7 @@ class SimProvider:
             if first:
                 machine.destroy_requested_at = now
                 self._dirty.add(machine.vast_id)
-            refused_until = machine.destroy_requested_at + machine.destroy_refused_s
+            refused_until = (machine.destroy_requested_at or now) + machine.destroy_refused_s  # set just above
             if machine.listed and now < refused_until:
                 if first:  # one incident, however many calls it refuses
                     self._fault(now, "destroy_refused", machine.vast_id, f"for {machine.destroy_refused_s:.0f}s")
@@ -443,7 +453,7 @@ class SimProvider:
             raise ProviderError("the simulated market is busy (another vastctl is advancing it): retry later")
         meta = claimed[0]
         self._call_number, self._next_vast_id = meta["calls"], meta["next_vast_id"]
-        advanced_to = max(_from_iso(meta["advanced_to"]), now)
+        advanced_to = max(_at(meta["advanced_to"]), now)
         if meta["version"] != self._version:  # someone else moved the market since we last held it
             self._machines = {row["vast_id"]: _machine(row) for row in
                               self.conn.execute("SELECT * FROM sim_instances WHERE destroyed_at IS NULL")}
@@ -480,8 +490,8 @@ class SimProvider:
             self.conn.execute(
                 "UPDATE sim_meta SET advanced_to = ?, next_vast_id = ?, version = ?, busy_by = NULL,"
                 " busy_until = NULL WHERE id = 1 AND busy_by = ?",
-                (_iso(advanced_to), self._next_vast_id, self._version + 1, self._holder))
-        self._version += 1
+                (_iso(advanced_to), self._next_vast_id, (self._version or 0) + 1, self._holder))
+        self._version = (self._version or 0) + 1  # loaded by _holding() before any save
         self._dirty, self._new_faults = set(), []
         for machine in changed:
             if machine.destroyed_at is not None:
@@ -626,7 +636,7 @@ class SimProvider:
             self._next(machine, "pull", at + plan.pull_s)
         elif step == "pull":
             machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
-            if plan.container_fault is not None:
+            if plan.container_fault is not None and plan.container_fault_s is not None:
                 machine.fault, machine.fault_at = plan.container_fault, at + plan.container_fault_s
             if machine.uuid and machine.env_label:  # else: "not launched by vastctl?", the script exits
                 self._next(machine, "register", at + plan.install_s)
@@ -713,7 +723,8 @@ def _row_of(machine: Machine) -> list[Any]:
 
 
 def _machine(row: sqlite3.Row) -> Machine:
-    return Machine(**{name: _from_iso(row[name]) if name in TIME_FIELDS else row[name] for name in MACHINE_FIELDS})
+    fields: dict[str, Any] = {name: _from_iso(row[name]) if name in TIME_FIELDS else row[name] for name in MACHINE_FIELDS}
+    return Machine(**fields)
 
 
 def _host_matches(host: model.Host, query: OfferQuery) -> bool:

@@ -212,7 +212,7 @@ def boot_plan(seed: int, vast_id: int, epoch: int, host: Host, rates: FailureRat
             strikes[kind] = -math.log(1 - draw) / per_hour * 3600
     goes_offline = rng.random() < 0.5
     offline_after = rng.uniform(120, 600)
-    container_fault = min(strikes, key=strikes.get) if strikes and boot_fault != "start_failed" else None
+    container_fault = min(strikes, key=lambda kind: strikes[kind]) if strikes and boot_fault != "start_failed" else None
     return BootPlan(
         provision_s=round(provision_s), pull_s=round(pull_s), install_s=round(install_s), fetch_s=round(fetch_s),
         bench_s=round(bench_s), bench_rate=bench_rate, boot_fault=boot_fault, container_fault=container_fault,

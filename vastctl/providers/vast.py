@@ -38,8 +38,7 @@ import urllib3
 from .. import upstream
 from ..clock import Clock
 from ..errors import BadInput
-from .base import (CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected,
-                   RemoteInstance)
+from .base import CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
 
 DEFAULT_URL = "https://console.vast.ai"
 PAGE_SIZE = 25  # the API's maximum for /api/v1/instances/
@@ -82,7 +81,7 @@ def find_api_key(env: Mapping[str, str] | None = None) -> str | None:
 
 
 class VastProvider:
-    """vast.ai through `requests`. Construct with `from_env()` or `providers.get_provider(config)`."""
+    """vast.ai through `requests`. Construct with `from_env()` or `markets.get_provider(config)`."""
 
     def __init__(
         self,
@@ -381,7 +380,7 @@ class VastProvider:
             response.close()
             raise
         response._content = b"".join(chunks)  # what requests' .json() and .text read
-        response._content_consumed = True
+        setattr(response, "_content_consumed", True)  # requests' private flag: the body is read
         response.close()  # read to the end: the connection goes back to the session's pool
 
     def _sleep_within_deadline(self, delay: float, what: str, failure: str) -> None:
