@@ -55,6 +55,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
 from .. import clock
+from ..bids import bid_for_offer  # noqa: F401  (the bid a launch makes; kept importable here)
 from ..config import Config
 from ..fleet import VAST_DEAD
 from ..guard import Action, Kind
@@ -232,6 +233,7 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason="stopped again after its one resume: replaced, not resumed twice"))
     actions.extend(_retire_stopped(obs, budget - len(actions)))
+    actions.extend(_outbid_actions(obs, config, budget - len(actions)))
     if has_work(obs):
         grown = _grow(obs, config, offers, budget - len(actions))
         actions.extend(grown)
@@ -264,6 +266,62 @@ def _retire_stopped(obs: Observation, budget: int) -> list[Action]:
                                   reason=(f"stopped {stopped_h:.1f}h: its storage (${storage:.3f}/h) has billed"
                                           f" ${storage * stopped_h:.2f}, what a fresh boot costs"
                                           f" ({BOOT_HOURS:g}h at ${float(machine['dph']):g}/h)")))
+    return actions
+
+
+REBID_STEP = 0.25  # an outbid machine's bid rises by this share a round, up to its cap
+
+
+def outbid_since(machine: Mapping[str, Any]) -> datetime | None:
+    """When vast paused this interruptible machine for a higher bid (reconcile's listing), None if it is not."""
+    if machine.get("bid") is None or machine.get("state") != State.RUNNING:
+        return None
+    since = clock.from_iso(machine.get("outbid_since"))
+    if since is None and machine.get("vast_status") == "stopped":
+        return clock.from_iso(machine.get("vast_seen_at"))
+    return since
+
+
+def outbid_choice(machine: Mapping[str, Any], now: datetime, max_dph: float,
+                  config: Config) -> tuple[str, float | None, str]:
+    """What an outbid machine gets: ("wait" | "rebid" | "release", the new bid or None, why).
+
+    Waiting costs only its storage (capacity does not count it, so the fleet grows around it), and it resumes
+    with its disk and parameters. After agent.outbid_wait its bid rises by REBID_STEP, capped by max_dph and the
+    on-demand price of its offer (ask_dph: a bid over that pays more than renting on demand); each rebid is
+    given agent.outbid_wait again. One already bidding its cap that is still outbid is released: a fresh
+    machine costs BOOT_HOURS of boot, an unbounded wait costs the capacity it was rented for."""
+    since = outbid_since(machine)
+    paused = max(0.0, (now - since).total_seconds()) if since is not None else 0.0
+    bid = float(machine.get("bid") or 0.0)
+    cap = float(max_dph)
+    ask = machine.get("ask_dph")
+    if isinstance(ask, (int, float)) and math.isfinite(ask) and ask > 0:
+        cap = min(cap, float(ask))
+    waited = f"outbid for {paused / 60:.0f}m at ${bid:g}/h"
+    if paused < config.agent.outbid_wait:
+        return "wait", None, f"{waited}: waited for (agent.outbid_wait {config.agent.outbid_wait / 60:g}m; disk kept)"
+    if bid < cap - 1e-9:
+        new = round(min(cap, max(bid * (1 + REBID_STEP), bid + 0.001)), 4)
+        return "rebid", new, f"{waited}: bid raised to ${new:g}/h (cap ${cap:g}/h: max_dph and its on-demand price)"
+    return "release", None, (f"{waited}, already bidding its cap ${cap:g}/h: released (a fresh machine costs"
+                             f" {BOOT_HOURS:g}h of boot; waiting on costs the capacity)")
+
+
+def _outbid_actions(obs: Observation, config: Config, budget: int) -> list[Action]:
+    """Rebid or release outbid machines as outbid_choice says (waiting is no action)."""
+    actions: list[Action] = []
+    max_dph = float(obs.settings["max_dph"])
+    for machine in obs.machines:
+        if len(actions) >= budget or outbid_since(machine) is None or machine.get("vast_id") is None:
+            continue
+        choice, bid, why = outbid_choice(machine, obs.now, max_dph, config)
+        if choice == "rebid":
+            actions.append(Action(kind=Kind.REBID, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  dph=bid, reason=why))
+        elif choice == "release":
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=why))
     return actions
 
 
@@ -471,16 +529,3 @@ def hold_reason(obs: Observation, config: Config) -> str:
     if any(m["state"] in PENDING_STATES for m in obs.machines):
         return f"no work for {empty_for}m, but a machine is still booting (its rate is a guess): releasing after it settles"
     return f"no work for {empty_for}m and no machine left to release"
-
-
-def bid_for_offer(offer: Offer, max_dph: float, margin: float = 0.1) -> float | None:
-    """The bid for an interruptible rental of `offer`: its min_bid plus `margin`, never above max_dph (nor the
-    offer's on-demand price). None when the offer names no usable min_bid (vast's numbers are hostile: a
-    missing, non-finite, zero or negative one) or the floor itself is past max_dph."""
-    floor = offer.raw.get("min_bid") if isinstance(offer.raw, Mapping) else None
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
-        return None
-    ceiling_dph = min(float(max_dph), float(offer.dph_total))
-    if floor > ceiling_dph:
-        return None
-    return round(min(float(floor) * (1 + margin), ceiling_dph), 4)
