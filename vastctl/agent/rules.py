@@ -274,12 +274,9 @@ REBID_STEP = 0.25  # an outbid machine's bid rises by this share a round, up to 
 
 def outbid_since(machine: Mapping[str, Any]) -> datetime | None:
     """When vast paused this interruptible machine for a higher bid (reconcile's listing), None if it is not."""
-    if machine.get("bid") is None or machine.get("state") != State.RUNNING:
-        return None
-    since = clock.from_iso(machine.get("outbid_since"))
-    if since is None and machine.get("vast_status") == "stopped":
-        return clock.from_iso(machine.get("vast_seen_at"))
-    return since
+    if machine.get("bid") is None or machine.get("state") != State.RUNNING or machine.get("vast_status") != "stopped":
+        return None  # on demand, or running again (restarting after a pause counts as capacity on its way)
+    return clock.from_iso(machine.get("outbid_since")) or clock.from_iso(machine.get("vast_seen_at")) or None
 
 
 def outbid_choice(machine: Mapping[str, Any], now: datetime, max_dph: float,

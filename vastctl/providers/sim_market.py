@@ -152,13 +152,13 @@ class FailureRates:
 FAILURES = {
     "low": FailureRates(start_failed=0.01, stall=0.01, slow_bench=0.01, scheduling=0.1, destroy_refused=0.03,
                         exit_per_hour=0.002, vanish_per_hour=0.001, offline_per_hour=0.001, api_error=0.002,
-                        truncated_listing=0.001, outbid_per_hour=0.02),
+                        truncated_listing=0.001, outbid_per_hour=0.03),
     "default": FailureRates(start_failed=0.05, stall=0.05, slow_bench=0.05, scheduling=0.25, destroy_refused=0.2,
                             exit_per_hour=0.01, vanish_per_hour=0.005, offline_per_hour=0.006, api_error=0.01,
-                            truncated_listing=0.005, outbid_per_hour=0.05),
+                            truncated_listing=0.005, outbid_per_hour=0.08),
     "high": FailureRates(start_failed=0.12, stall=0.1, slow_bench=0.1, scheduling=0.5, destroy_refused=0.3,
                          exit_per_hour=0.03, vanish_per_hour=0.015, offline_per_hour=0.015, api_error=0.03,
-                         truncated_listing=0.02, outbid_per_hour=0.1),
+                         truncated_listing=0.02, outbid_per_hour=0.15),
 }
 
 
