@@ -269,3 +269,14 @@ def test_a_machine_rented_on_demand_that_vast_lists_stopped_is_no_outbid():
     machine = m("vastctl-z")
     machine.update(vast_status="stopped", bid=None)
     assert rules.outbid_since(machine) is None
+
+
+def test_a_launch_that_will_bid_picks_the_offer_cheapest_at_its_bid():
+    offers = [Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.40, raw={"min_bid": 0.36}),
+              Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={"min_bid": 0.20})]
+    obs = observation(fleet(2), [sample(60, 60, minutes_ago=20), sample(60, 60)])
+    chosen = {}
+    for rental in ("on-demand", "interruptible"):
+        config = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "launch": {"rental": rental}})
+        chosen[rental] = [a.offer_id for a in rules.plan(obs, config, offers) if a.kind == "launch"][:1]
+    assert chosen == {"on-demand": [1], "interruptible": [2]}

@@ -55,7 +55,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
 from .. import clock
-from ..bids import bid_for_offer  # noqa: F401  (the bid a launch makes; kept importable here)
+from ..bids import bid_for_offer, wants_bid
 from ..config import Config
 from ..fleet import VAST_DEAD
 from ..guard import Action, Kind
@@ -206,9 +206,11 @@ def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:
 
 
 def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> list[tuple[Offer, float]]:
-    """Allowed offers with their expected rate, cheapest per expected proof first, one per host machine."""
+    """Allowed offers with their expected rate, cheapest per expected proof first (at the price the next launch
+    pays: launch_price), one per host machine."""
     allowed = set(config.fleet.gpus)
     max_dph = float(obs.settings["max_dph"])
+    bidding = wants_bid(config, obs.live())
     ranked = []
     seen: set[int] = set()
     for offer in offers:
@@ -221,7 +223,11 @@ def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> li
         rate = offer_rate(offer, obs, config)
         if rate > 0:
             ranked.append((offer, rate))
-    return sorted(ranked, key=lambda item: (item[0].dph_total / item[1], item[0].dph_total, item[0].id))
+    def price(offer: Offer) -> float:
+        bid = bid_for_offer(offer, max_dph, config.launch.bid_margin) if bidding else None
+        return float(offer.dph_total) if bid is None else bid
+
+    return sorted(ranked, key=lambda item: (price(item[0]) / item[1], price(item[0]), item[0].id))
 
 
 def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list[Action]:
