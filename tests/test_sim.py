@@ -570,7 +570,12 @@ def test_an_interruptible_machine_bills_its_bid_pauses_when_outbid_and_a_higher_
     market.advance(300)
     assert market.sim.totals().cost - before == pytest.approx(paused.storage_dph * 300 / 3600, rel=1e-6)
     rival = market.conn.execute("SELECT outbid_price FROM sim_instances").fetchone()[0]
-    market.sim.change_bid(paused.id, rival + 0.01)
+    rebid = operations.rebid(market.conn, market.sim, market.config, row["label"], round(rival + 0.01, 4),
+                             actor="operator", reason="outbid", now=market.clock.now())
+    assert rebid["bid"] == rebid["dph"] == pytest.approx(rival + 0.01)
+    assert clocks.from_iso(rebid["outbid_since"]) == market.clock.now()  # the new bid gets its wait
+    audit = market.conn.execute("SELECT ok, request, result FROM actions WHERE kind = 'rebid'").fetchall()
+    assert [(r[0], json.loads(r[1])["price"], r[2]) for r in audit] == [(1, pytest.approx(rival + 0.01), "accepted")]
     market.advance(6 * 60)
     market.reconcile()
     resumed = market.sim.list_instances()[0]

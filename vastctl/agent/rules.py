@@ -17,7 +17,10 @@ policy is shown. In the order `plan()` applies them:
   demand                     what it does
   any                        a stopped machine resumed once already is destroyed (replaced, not resumed
                              twice); a stopped one whose storage has billed what a fresh boot costs
-                             (BOOT_HOURS of its price) is destroyed (kept longer it costs more than renting anew)
+                             (BOOT_HOURS of its price) is destroyed (kept longer it costs more than renting anew);
+                             an interruptible machine vast stopped for a higher bid (outbid) is waited for
+                             agent.outbid_wait, then rebid 25% higher (capped by max_dph and its offer's on-demand
+                             price), and destroyed once still outbid at that cap (outbid_choice)
   work > 0, or unknown,      grow fast: capacity + pending capacity to wanted; first resume stopped machines never
   below wanted               resumed before (they keep their parameters), best proofs per dollar first; then
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
