@@ -208,6 +208,18 @@ def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:
     return min(rate_of_model(offer.gpu_name, obs.model_rates, default), ram_rate(offer.cpu_ram_gb))
 
 
+def _price(offer: Offer, obs: Observation, config: Config) -> float:
+    """$/h a launch on the offer now pays: its bid when launch.rental has it bid, else the on-demand price."""
+    bid = (bid_for_offer(offer, float(obs.settings["max_dph"]), config.launch.bid_margin)
+           if wants_bid(config, obs.live()) else None)
+    return float(offer.dph_total) if bid is None else bid
+
+
+def _terms(offer: Offer, obs: Observation, config: Config) -> str:
+    price = _price(offer, obs, config)
+    return f"${offer.dph_total:g}/h" if price == offer.dph_total else f"a bid of ${price:g}/h (${offer.dph_total:g}/h on demand)"
+
+
 def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> list[tuple[Offer, float]]:
     """Allowed offers with their expected rate, cheapest per expected proof first (at the price the next launch
     pays: launch_price), one per host machine."""
@@ -371,8 +383,8 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
             continue
         actions.append(Action(
             kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
-            reason=(f"{sizing}; {offer.gpu_name} at ${offer.dph_total:g}/h, {rate:g} proofs/h expected"
-                    f" (${offer.dph_total / rate * 1000:.2f} per 1000 proofs)"),
+            reason=(f"{sizing}; {offer.gpu_name} at {_terms(offer, obs, config)}, {rate:g} proofs/h expected"
+                    f" (${_price(offer, obs, config) / rate * 1000:.2f} per 1000 proofs)"),
         ))
         missing -= rate
         spend += offer.dph_total
