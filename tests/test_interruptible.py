@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vastctl import clock
+from vastctl import bids, clock, demo, guard
 from vastctl.agent import rules
 from vastctl.config import from_mapping
 from vastctl.errors import BadInput
@@ -206,3 +206,87 @@ def test_a_bid_is_min_bid_plus_a_margin_and_never_above_max_dph(min_bid, dph, ma
     assert bid == (None if expected is None else pytest.approx(expected))
     if bid is not None:
         assert bid <= max_dph
+
+
+# --- which launches bid (launch.rental) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rental, share, live_bids, expected", [
+    ("on-demand", 0.5, [None, 0.2], False),
+    ("interruptible", 0.5, [0.2, 0.2, 0.2], True),
+    ("mixed", 0.5, [], False),  # the first machine of a fleet is on demand
+    ("mixed", 0.5, [None], True),  # 1 of 2 bidding
+    ("mixed", 0.5, [None, 0.2], False),  # 2 of 3 would be over half
+    ("mixed", 0.5, [None, 0.2, None], True),
+    ("mixed", 0.0, [None, None, None], False),
+    ("mixed", 1.0, [0.2], True),
+])
+def test_launch_rental_decides_which_launches_bid(rental, share, live_bids, expected):
+    config = from_mapping({"launch": {"rental": rental, "interruptible_share": share}})
+    live = [{"bid": bid} for bid in live_bids]
+    assert bids.wants_bid(config, live) is expected
+    offer = Offer(id=1, machine_id=1, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={"min_bid": 0.2})
+    assert bids.launch_bid(config, offer, 1.0, live) == (pytest.approx(0.22) if expected else None)
+    unpriced = Offer(id=2, machine_id=2, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={})
+    assert bids.launch_bid(config, unpriced, 1.0, live) is None  # no usable min_bid: rented on demand
+
+
+@pytest.mark.parametrize("mapping, error", [
+    ({"launch": {"rental": "bid"}}, "launch.rental' must be one of on-demand, interruptible, mixed"),
+    ({"launch": {"interruptible_share": 1.5}}, "launch.interruptible_share' must be from 0 to 1"),
+    ({"launch": {"bid_margin": 1.5}}, "launch.bid_margin' must be from 0 to 1"),
+])
+def test_bad_rental_keys_are_refused_naming_the_key(mapping, error):
+    with pytest.raises(BadInput, match=error.replace("(", r"\(")):
+        from_mapping(mapping)
+
+
+# --- a rebid goes through the guard -------------------------------------------------------------------
+
+
+def _rebid_obs(machine, spend=0.4, max_dph=0.5, max_spend=10.0):
+    from vastctl.demand import Demand
+    from vastctl.observe import Observation
+    return Observation(now=NOW, settings={"max_dph": max_dph, "max_hourly_spend": max_spend, "max_instances": 10,
+                                          "target_proofs_per_hour": 100, "min_bench_rate": 40},
+                       demand=Demand(queued=5, proofs_per_hour=None, at=NOW, age_s=0, source="report", known=True),
+                       machines=[machine], capacity=0, pending_capacity=0, spend_per_hour=spend, events=[],
+                       last_actions=[])
+
+
+@pytest.mark.parametrize("bid, new, max_dph, max_spend, allowed, limit", [
+    (0.2, 0.25, 0.5, 10.0, True, None),
+    (0.2, 0.6, 0.5, 10.0, False, "max_dph"),  # never above max_dph
+    (0.2, 0.45, 0.5, 0.4, False, "max_hourly_spend"),  # 0.2 spent + 0.25 more > 0.4  # the rise counts against the spend
+    (None, 0.25, 0.5, 10.0, False, "rebid"),  # an on-demand machine has no bid
+])
+def test_the_guard_keeps_a_rebid_within_max_dph_and_the_spend(bid, new, max_dph, max_spend, allowed, limit):
+    machine = {"uuid": "u-a", "label": "vastctl-a", "state": "running", "expected_rate": 80.0, "dph": 0.2,
+               "bid": bid, "vast_id": 1, "vast_status": "stopped", "vast_missing": 0}
+    action = guard.Action(kind=guard.Kind.REBID, actor="agent", label="vastctl-a", uuid="u-a", dph=new,
+                          reason="outbid")
+    verdict = guard.check(_rebid_obs(machine, spend=0.2, max_dph=max_dph, max_spend=max_spend), action,
+                          from_mapping({}))
+    assert verdict.allowed is allowed and verdict.limit == limit, verdict.why
+
+
+# --- a mixed fleet over a simulated day ---------------------------------------------------------------
+
+
+def test_a_mixed_fleet_over_a_simulated_day_bids_is_outbid_and_keeps_the_service(tmp_path):
+    def mixed(config):
+        config.launch.rental = "mixed"
+
+    result = demo.run(demo.DemoOptions(hours=12, seed=2, failures="default"), tmp_path, configure=mixed)
+    figures = result.figures
+    assert figures["rental"] == "mixed"
+    assert 0 < figures["machines_interruptible"] < figures["machines_launched"]
+    assert figures["outbids"] > 0
+    assert figures["proofs_within_max_wait"] >= 0.99
+    assert figures["lower_bound_interruptible_cost_per_1000_proofs"] < figures["lower_bound_cost_per_1000_proofs"]
+    import sqlite3
+    conn = sqlite3.connect(tmp_path / "demo.db")
+    outbid = {row[0] for row in conn.execute("SELECT vast_id FROM sim_faults WHERE kind = 'outbid'")}
+    kills = {row[0]: row[1] for row in conn.execute("SELECT vast_id, kill_code FROM instances WHERE state = 'killed'")}
+    # a paused machine is waited for, rebid or released by the agent: never timed out as dead
+    assert not {kills[v] for v in outbid if v in kills} - {"agent"}, kills

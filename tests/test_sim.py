@@ -4,6 +4,7 @@ and failing the ways vast does, shown the way vast shows it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -36,6 +37,7 @@ PINNED = {
         "storage_dph", "intended_status", "actual_status", "cur_state", "status_msg", "listed", "epoch", "epoch_at",
         "step", "step_at", "fault", "fault_at", "proving_since", "refused_at", "created_at", "died_at",
         "destroy_requested_at", "destroy_refused_s", "destroyed_at", "cost", "billed_s", "gpu_s", "billed_at",
+        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at",
     ],
     "sim_faults": ["id", "at", "kind", "vast_id", "detail"],
 }
@@ -525,3 +527,66 @@ def test_dead_machines_are_recorded_with_their_death_time_and_billing_ends_at_th
             assert record["died_at"] <= record["destroyed_at"]
     assert totals.cost == pytest.approx(sum(r["cost"] for r in totals.instances))
     assert 0 < totals.gpu_hours <= totals.billed_hours
+
+
+# --- interruptible rentals ---------------------------------------------------------------------------
+
+
+def test_offers_name_a_min_bid_below_the_on_demand_price_and_a_bid_under_it_rents_nothing(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    offers = market.sim.search_offers(OfferQuery(limit=500))
+    for offer in offers:
+        share = (offer.raw["min_bid"] - (offer.dph_total - offer.raw["dph_base"])) / offer.raw["dph_base"]
+        assert sim_market.BID_FLOOR[0] - 0.01 <= share <= sim_market.BID_FLOOR[1] + 0.01
+    offer = healthy_offer(market)
+    with pytest.raises(ProviderRejected, match="min_bid"):
+        market.sim.create_instance(CreateRequest(offer_id=offer.id, image="img", disk_gb=150, label="vastctl-low",
+                                                 onstart="", env={}, price=round(offer.raw["min_bid"] * 0.9, 4)))
+    assert market.sim.list_instances() == []
+
+
+def test_an_interruptible_machine_bills_its_bid_pauses_when_outbid_and_a_higher_bid_resumes_it(tmp_path):
+    rates = dataclasses.replace(QUIET, outbid_per_hour=20.0)  # a rival within minutes of proving
+    market = make_market(tmp_path, rates=rates)
+    market.config.launch.rental = "interruptible"
+    offer = healthy_offer(market)
+    row = market.launch(offer_id=offer.id).launched[0]
+    request = json.loads(market.conn.execute("SELECT request FROM actions WHERE kind = 'launch'").fetchone()[0])
+    assert request["price"] == pytest.approx(round(offer.raw["min_bid"] * 1.1, 4))
+    assert market.row(row["uuid"])["bid"] == request["price"] and market.row(row["uuid"])["dph"] == request["price"]
+    assert market.row(row["uuid"])["ask_dph"] == offer.dph_total
+    for _ in range(8 * 60):
+        market.advance(60)
+        market.reconcile()
+        listed = market.sim.list_instances()
+        if listed and listed[0].actual_status == "stopped":
+            break
+    paused = market.sim.list_instances()[0]
+    assert paused.raw["is_bid"] is True and paused.intended_status == "running"  # outbid: vast stopped it
+    market.reconcile()
+    assert market.row(row["uuid"])["state"] == "running"  # waited for, not killed
+    assert market.row(row["uuid"])["outbid_since"] is not None
+    # paused: only storage bills
+    before = market.sim.totals().cost
+    market.advance(300)
+    assert market.sim.totals().cost - before == pytest.approx(paused.storage_dph * 300 / 3600, rel=1e-6)
+    rival = market.conn.execute("SELECT outbid_price FROM sim_instances").fetchone()[0]
+    rebid = operations.rebid(market.conn, market.sim, market.config, row["label"], round(rival + 0.01, 4),
+                             actor="operator", reason="outbid", now=market.clock.now())
+    assert rebid["bid"] == rebid["dph"] == pytest.approx(rival + 0.01)
+    assert clocks.from_iso(rebid["outbid_since"]) == market.clock.now()  # the new bid gets its wait
+    audit = market.conn.execute("SELECT ok, request, result FROM actions WHERE kind = 'rebid'").fetchall()
+    assert [(r[0], json.loads(r[1])["price"], r[2]) for r in audit] == [(1, pytest.approx(rival + 0.01), "accepted")]
+    market.advance(6 * 60)
+    market.reconcile()
+    resumed = market.sim.list_instances()[0]
+    assert resumed.actual_status == "running" and resumed.raw["bid_price"] == pytest.approx(rival + 0.01)
+    assert market.row(row["uuid"])["outbid_since"] is None
+    beat = clocks.from_iso(market.row(row["uuid"])["last_heartbeat_at"])
+    assert market.clock.now() - beat <= timedelta(seconds=60)  # proving again
+    assert market.sim.totals().outbids >= 1
+    with pytest.raises(ProviderRejected, match="not an interruptible"):
+        other = healthy_offer(market)
+        vast_id = market.sim.create_instance(CreateRequest(offer_id=other.id, image="img", disk_gb=150,
+                                                           label="vastctl-od", onstart="", env={}))
+        market.sim.change_bid(vast_id, 0.5)

@@ -219,3 +219,65 @@ def test_the_observation_carries_the_demand_of_the_window_and_the_sample_in_forc
     assert [(s["queued"], s["lookahead"]) for s in history] == [(3, 30), (4, 40), (5, 50)]
     assert history[0]["at"] == NOW - timedelta(minutes=31) and all(s["ok"] for s in history)
     conn.close()
+
+
+# --- outbid machines: waited for, rebid or released as the costs say --------------------------------
+
+
+def outbid_m(label, bid, paused_min, ask=0.5, **kw):
+    """An interruptible machine vast stopped for a higher bid `paused_min` ago while its row is running."""
+    machine = m(label, dph=bid, **kw)
+    machine.update(bid=bid, ask_dph=ask, vast_status="stopped",
+                   outbid_since=(NOW - timedelta(minutes=paused_min)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return machine
+
+
+OUTBID_CASES = [
+    # name, bid, paused minutes, its offer's on-demand price, max_dph, expected (kind, new bid)
+    ("outbid 5 minutes: waited for (no action)", 0.30, 5, 0.5, 1.0, []),
+    ("outbid past agent.outbid_wait: the bid rises 25%", 0.30, 12, 0.5, 1.0, [("rebid", 0.375)]),
+    ("a rise past its on-demand price is capped there", 0.44, 12, 0.5, 1.0, [("rebid", 0.5)]),
+    ("a rise past max_dph is capped there", 0.44, 12, 0.8, 0.46, [("rebid", 0.46)]),
+    ("already bidding its cap and still outbid: released", 0.50, 12, 0.5, 1.0, [("destroy", None)]),
+    ("already at max_dph and still outbid: released", 0.46, 30, 0.8, 0.46, [("destroy", None)]),
+]
+
+
+@pytest.mark.parametrize("name, bid, paused, ask, max_dph, expected", OUTBID_CASES, ids=[c[0] for c in OUTBID_CASES])
+def test_an_outbid_machine_is_waited_for_rebid_or_released(name, bid, paused, ask, max_dph, expected):
+    config = config_module.from_mapping({"agent": {"outbid_wait": "10m", "headroom": 0.15, "plan_horizon": "30m",
+                                                   "scale_down_after": "30m", "scale_down_margin": 0.2}})
+    machines = fleet(3) + [outbid_m("vastctl-z", bid, paused, ask=ask)]
+    obs = observation(machines, steady(30, lookahead=100), max_dph=max_dph)
+    actions = [a for a in rules.plan(obs, config, []) if a.label == "vastctl-z"]
+    assert [(a.kind, a.dph if a.kind == "rebid" else None) for a in actions] == [
+        (kind, pytest.approx(bid) if bid is not None else None) for kind, bid in expected]
+    assert all(a.reason and a.actor == "agent" for a in actions)
+    for action in actions:
+        if action.kind == "rebid":
+            assert action.dph <= max_dph and action.dph <= ask
+
+
+def test_an_outbid_machine_is_not_counted_so_the_fleet_grows_around_it():
+    machines = fleet(2) + [outbid_m("vastctl-z", 0.3, 5)]
+    obs = observation(machines, steady(30, lookahead=100))  # wanted 160: 120 proving, the outbid one not counted
+    actions = rules.plan(obs, CONFIG, MARKET)
+    assert [(a.kind, a.offer_id) for a in actions] == [("launch", 2)]
+    assert rules.outbid_choice(machines[-1], NOW, 1.0, CONFIG)[0] == "wait"
+
+
+def test_a_machine_rented_on_demand_that_vast_lists_stopped_is_no_outbid():
+    machine = m("vastctl-z")
+    machine.update(vast_status="stopped", bid=None)
+    assert rules.outbid_since(machine) is None
+
+
+def test_a_launch_that_will_bid_picks_the_offer_cheapest_at_its_bid():
+    offers = [Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.40, raw={"min_bid": 0.36}),
+              Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={"min_bid": 0.20})]
+    obs = observation(fleet(2), [sample(60, 60, minutes_ago=20), sample(60, 60)])
+    chosen = {}
+    for rental in ("on-demand", "interruptible"):
+        config = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "launch": {"rental": rental}})
+        chosen[rental] = [a.offer_id for a in rules.plan(obs, config, offers) if a.kind == "launch"][:1]
+    assert chosen == {"on-demand": [1], "interruptible": [2]}

@@ -173,6 +173,11 @@ class LaunchSection:
     # the machines' dead-man switch: a machine that has had no answer from the manager for this long destroys
     # itself (docs/deployment.md "When the manager is gone"); 0 turns it off
     orphan_after: float = field(default=4 * 3600, metadata=DURATION)
+    # on-demand (vast never pauses it), interruptible (a bid of the offer's min_bid + bid_margin, never above
+    # max_dph: cheaper, but vast pauses it when outbid) or mixed (interruptible_share of the fleet bids)
+    rental: str = "on-demand"
+    interruptible_share: float = 0.5  # launch.rental mixed: the share of the live fleet rented interruptible
+    bid_margin: float = 0.1  # an interruptible create bids the offer's min_bid × (1 + this)
 
 
 @dataclass
@@ -208,6 +213,7 @@ class AgentSection:
     max_releases_per_step: int = 2  # rules: machines released in one step while work is queued
     replace_factor: float = 1.3  # rules: a machine this many times dearer per proof than a cheaper host is replaced
     replace_after: float = field(default=2 * 3600, metadata=DURATION)  # rules: ... once it has run this long
+    outbid_wait: float = field(default=10 * 60, metadata=DURATION)  # rules: an outbid machine is waited for this long, then rebid or released
     max_rounds: int = 8
     deadline: float = field(default=50.0, metadata=DURATION)
     prices: dict = field(default_factory=lambda: {"claude-haiku-5-5": [0.10, 0.50, 0.01, 0.125]}, metadata={"prices": True})
@@ -267,6 +273,7 @@ _CHOICES = {
     ("agent", "policy"): ("auto", "rules", "llm"),
     ("sim", "failures"): ("low", "default", "high"),
     ("launch", "join"): ("none", "ssh", "command"),
+    ("launch", "rental"): ("on-demand", "interruptible", "mixed"),
 }
 
 
@@ -422,6 +429,10 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
         raise BadInput("config key launch.join is command but launch.join_command is empty: set the command the"
                        " boot script runs to join the machine, or set launch.join to none or ssh")
     _check_orphan_after(config)
+    for key in ("interruptible_share", "bid_margin"):
+        value = getattr(config.launch, key)
+        if not 0 <= value <= 1:
+            raise BadInput(f"config key 'launch.{key}' must be from 0 to 1, got {value:g}")
     return config
 
 

@@ -295,6 +295,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         END
         """,
     ),
+    (
+        "each machine's bid when rented interruptible, the offer's on-demand price, since when vast has it outbid",
+        """
+        ALTER TABLE instances ADD COLUMN bid REAL;
+        ALTER TABLE instances ADD COLUMN ask_dph REAL;
+        ALTER TABLE instances ADD COLUMN outbid_since TEXT
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -178,7 +178,8 @@ class _Market:
 
     PROVING = ("SELECT coalesce(sum(h.true_rate), 0) FROM sim_instances m JOIN sim_hosts h USING (machine_id)"
                " WHERE m.destroyed_at IS NULL AND m.listed = 1 AND m.actual_status = 'running'"
-               " AND m.proving_since IS NOT NULL AND m.refused_at IS NULL AND m.died_at IS NULL")
+               " AND m.proving_since IS NOT NULL AND m.paused_at IS NULL AND m.refused_at IS NULL"
+               " AND m.died_at IS NULL")
 
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
@@ -383,7 +384,7 @@ def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]])
 
 
 def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *, whole: bool = False,
-                     sized_to: list[float] | None = None, honest: bool = True) -> float:
+                     sized_to: list[float] | None = None, honest: bool = True, interruptible: bool = False) -> float:
     """$ of the cheapest offers sized exactly to the arrivals, minute by minute, knowing every host's true rate.
 
     No boot time, no failures, no headroom: no fleet can do it for less with
@@ -394,7 +395,7 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
     replaces the arrivals with a proofs/hour per minute (the target the fleet was asked for).
     `honest` (the default) rents only what the fleet may rent: hosts that pass its own filters
     (fleet.min_cpu_ram_gb, fleet.min_inet_down_mbps) and that no other renter holds that hour; without
-    it, any host of the allowed models.
+    it, any host of the allowed models. `interruptible` prices every host at its min_bid (never outbid).
     """
     from .providers import sim_market
 
@@ -411,8 +412,9 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
         if honest and taken[0] != int(at // 3600):
             taken = (int(at // 3600), sim_market.taken_by_others(market.seed, everyone, int(at // 3600)))
         priced = [(dph, host.true_rate) for host in hosts if host.machine_id not in taken[1]
-                  and (dph := sim_market.gpu_price(host, at) + sim_market.storage_price(host, config.launch.disk_gb))
-                  <= config.fleet.max_dph]
+                  and (dph := (sim_market.min_bid(market.seed, host, at, config.launch.disk_gb) if interruptible
+                               else sim_market.gpu_price(host, at)
+                               + sim_market.storage_price(host, config.launch.disk_gb))) <= config.fleet.max_dph]
         priced.sort(key=lambda item: (item[0] / item[1], item[0]))
         need = curve.rate(minute) if sized_to is None else sized_to[minute]
         for index, (dph, rate) in enumerate(priced):
@@ -442,6 +444,9 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
     any_host = lower_bound_cost(market, config, curve, options.minutes, honest=False)
     whole = lower_bound_cost(market, config, curve, options.minutes, whole=True)
     sized = lower_bound_cost(market, config, curve, options.minutes, whole=True, sized_to=asked)
+    bids_bound = lower_bound_cost(market, config, curve, options.minutes, interruptible=True)
+    interruptible = sum(1 for record in totals.instances if record.get("bid") is not None)
+    rebids = conn.execute("SELECT count(*) FROM actions WHERE kind = 'rebid' AND ok = 1").fetchone()[0]
     per_1000 = totals.cost / done * 1000 if done > 0 else None
     bound_per_1000 = bound / arrived * 1000 if arrived > 0 else None
     launched = conn.execute("SELECT count(*) FROM instances").fetchone()[0]
@@ -472,6 +477,11 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
         "lower_bound_whole_machines_cost_per_1000_proofs": r(whole / arrived * 1000 if arrived > 0 else None, 3),
         "lower_bound_target_sized_cost_per_1000_proofs": r(sized / arrived * 1000 if arrived > 0 else None, 3),
         "cost_ratio_to_lower_bound": r(per_1000 / bound_per_1000 if per_1000 and bound_per_1000 else None, 3),
+        "lower_bound_interruptible_cost_per_1000_proofs": r(bids_bound / arrived * 1000 if arrived > 0 else None, 3),
+        "rental": config.launch.rental,
+        "machines_interruptible": interruptible,
+        "outbids": totals.outbids,
+        "rebids": rebids,
         "kills_by_reason": kills,
         "billed_instance_hours": r(totals.billed_hours, 3),
         "leaked_instance_hours": r(leaked, 3),

@@ -54,6 +54,7 @@ class Kind(StrEnum):
     KILL = "kill"
     DESTROY = "destroy"
     NOTE = "note"
+    REBID = "rebid"  # an interruptible machine's bid changed (dph: the new bid)
 
 
 ACTORS = ("agent", "operator", "reconcile")
@@ -66,7 +67,7 @@ FORCEABLE = frozenset({SCALE_TO_ZERO, LABEL_PREFIX})  # the rules an operator's 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str                 # launch | stop | start | kill | destroy | note
+    kind: str                 # launch | stop | start | kill | destroy | note | rebid
     actor: str                # agent | operator | reconcile
     label: str | None = None
     uuid: str | None = None
@@ -142,6 +143,8 @@ def check(obs: "Observation", action: Action, config: Config, *, earlier: Sequen
         return prefix
     if kind is Kind.START:
         return _check_start(obs, action, earlier)
+    if kind is Kind.REBID:
+        return _check_rebid(obs, action, earlier)
     return _both(prefix, _check_scale_to_zero(obs, action, config, earlier))
 
 
@@ -240,6 +243,21 @@ def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) 
     if not verdict.allowed:
         return verdict
     return _check_spend(obs, earlier, _resume_adds(float(dph), target or {}), f"starting {action.label}")
+
+
+def _check_rebid(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
+    """A new bid: for an interruptible machine of ours, a real price within max_dph and max_hourly_spend."""
+    target = find(obs, action)
+    if target is None or target.get("bid") is None:
+        return _refuse("rebid", f"{action.label or 'the machine'} is not an interruptible machine of the fleet:"
+                       " only a bid can be changed")
+    if action.dph is None:
+        return _refuse("rebid", "a rebid names the new bid in $/h")
+    verdict = _check_dph(float(action.dph), f"the bid for {action.label}", obs)
+    if not verdict.allowed:
+        return verdict
+    adds = max(0.0, float(action.dph) - float(target.get("dph") or 0.0))
+    return _check_spend(obs, earlier, adds, f"raising the bid of {action.label}")
 
 
 def heartbeat_fresh(machine: Mapping[str, Any], limit_s: float, now: datetime) -> bool:

@@ -45,7 +45,7 @@ INSTANCE_FIELDS = (
 VAST_DEAD = frozenset({"exited", "unknown", "offline"})
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
 RATE_DIGITS = 1  # the model is shown proofs/hour to one decimal, as `fleet` shows them
-BRIEF_TIMES = ("state_since", "last_heartbeat_at", "joined_at", "tunnel_down_since")
+BRIEF_TIMES = ("state_since", "last_heartbeat_at", "joined_at", "tunnel_down_since", "outbid_since")
 EVENTS_KEPT = 200  # newest events after the cursor one observation carries
 
 
@@ -151,7 +151,7 @@ def _iso(moment: datetime) -> str:
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
-            "implausible_claims", "joined", "joined_at", "tunnel_down_since")
+            "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid", "outbid_since")
     shown: dict[str, Any] = {k: machine.get(k) for k in keys if machine.get(k) is not None}
     if "proofs_per_hour" in shown:
         shown["proofs_per_hour"] = round(shown["proofs_per_hour"], RATE_DIGITS)
@@ -375,6 +375,8 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         view["machine_id"] = row.get("machine_id")
         view["resumes"] = resumes.get(row["uuid"], 0)
         view["billed_per_hour"] = billed[row["uuid"]]
+        for key in ("bid", "ask_dph", "outbid_since"):  # interruptible: its bid, its offer's on-demand price, outbid
+            view[key] = row.get(key)
         if row["uuid"] in flagged:
             view["implausible_claims"] = flagged[row["uuid"]]
         machines.append(view)

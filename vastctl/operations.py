@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
-from . import blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, tunnel, upstream
+from . import bids, blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, tunnel, upstream
 from .audit import begin_action, finish_action, record_action, settle
 from .config import Config
 from .db import transaction
@@ -310,11 +310,17 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     """
     uuid, label = _new_identity(conn, config.vast.label_prefix)
     join_env, join_fields = _join(conn, config, label)
+    live = [dict(r) for r in conn.execute("SELECT bid FROM instances WHERE destroyed_at IS NULL AND state != ?",
+                                          (State.KILLED.value,))]
+    bid = bids.launch_bid(config, offer, float(settings.get(conn, config, "max_dph")), live)
+    rental = f"interruptible, bid ${bid:g}/h" if bid is not None else f"${offer.dph_total:g}/h"
     row = lifecycle.create(
         conn, uuid=uuid, label=label, state=State.LAUNCHING, source=actor, now=now,
-        reason=f"launching on offer {offer.id} ({offer.num_gpus}x {offer.gpu_name}, ${offer.dph_total:g}/h)",
+        reason=f"launching on offer {offer.id} ({offer.num_gpus}x {offer.gpu_name}, {rental})",
         fields={"offer_id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name,
-                "num_gpus": offer.num_gpus, "dph": offer.dph_total, **join_fields},
+                "num_gpus": offer.num_gpus, "dph": offer.dph_total if bid is None else bid, "bid": bid,
+                "ask_dph": offer.dph_total if bid is not None else None,
+                **join_fields},
     )
     if join_fields:  # the machine's key works from its first connect, before the create is even answered
         try:
@@ -327,8 +333,8 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
            "VASTCTL_LABEL": label, "VASTCTL_TOKEN": tokens.machine_token(secret, uuid),
            "VASTCTL_SERVER": config.server.url}
     request = CreateRequest(offer_id=offer.id, image=config.launch.image, disk_gb=config.launch.disk_gb,
-                            label=label, onstart=script, env=env)
-    audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label,
+                            label=label, onstart=script, env=env, price=bid)
+    audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label, "price": bid,
              "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
     try:
         intent = begin_action(conn, actor=actor, kind="launch", uuid=uuid, label=label, request=audit, now=now,
@@ -486,6 +492,32 @@ def without_vast_id(row: dict[str, Any], verb: str, label_prefix: str | None = N
     return (f"{label} claims vast instance {claimed} (its register --vast-id), but no vast listing has confirmed"
             f" it: vastctl does not {verb} an instance on a machine's word; {confirm}. `vastctl kill` retires the"
             " row")
+
+
+def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, price: float, *,
+          actor: str = "operator", reason: str = "", now: datetime) -> dict[str, Any]:
+    """Change an interruptible machine's bid at vast (the guard first: within max_dph and max_hourly_spend),
+    then record it; an outbid machine's wait starts again from now (the new bid is given its chance)."""
+    row = lifecycle.resolve(conn, label_or_uuid)
+    if row.get("bid") is None or row.get("vast_id") is None:
+        raise BadInput(f"{row['label']} is not an interruptible machine at vast: only a bid can be changed")
+    pass_guard(conn, config, guard.Action(kind=guard.Kind.REBID, actor=actor, label=row["label"], uuid=row["uuid"],
+                                          vast_id=row["vast_id"], dph=price, reason=reason), now=now)
+    change = getattr(provider, "change_bid", None)
+    if change is None:
+        raise Unavailable(f"provider {config.provider} cannot change a bid")
+    intent = begin_action(conn, actor=actor, kind="rebid", uuid=row["uuid"], label=row["label"], now=now,
+                          request={"price": price},
+                          what=f"bid ${price:g}/h for instance {row['vast_id']} sent; the listing shows whether it took")
+    try:
+        change(row["vast_id"], price)
+    except ProviderError as exc:
+        finish_action(conn, intent, ok=False, result=str(exc), vast_id=row["vast_id"])
+        raise
+    finish_action(conn, intent, ok=True, result="accepted", vast_id=row["vast_id"])
+    paused = row.get("outbid_since") is not None
+    _mark(conn, row["uuid"], {"bid": price, "dph": price, **({"outbid_since": clock.to_iso(now)} if paused else {})})
+    return lifecycle.get(conn, row["uuid"])
 
 
 def _call(conn, provider, row, kind: str, actor: str, now) -> None:

@@ -319,8 +319,9 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
     if state is State.RUNNING:
         limit = config.timeouts.heartbeat
         beat = clock.from_iso(row.get("last_heartbeat_at"))
-        if entry is not None and outbid(entry) and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
-            return None  # paused by vast for a higher bid, disk kept: it resumes by itself, not dead
+        paused = (entry is not None and outbid(entry)) or row.get("outbid_since") is not None
+        if paused and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
+            return None  # paused by vast for a higher bid (or restarting since), disk kept: not dead
         if beat is None or beat < since:
             if (now - since).total_seconds() > limit:
                 return "heartbeat_timeout", f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
@@ -549,8 +550,9 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
     for row in rows:
         entry = matched.by_uuid.get(row["uuid"])
         if entry is not None:
-            seen.append((entry.actual_status, entry.status_msg, at, entry.machine_id, entry.gpu_name, entry.num_gpus,
-                         entry.dph_total, row["uuid"]))
+            paused = at if outbid(entry) and row.get("state") == State.RUNNING else None
+            seen.append((entry.actual_status, entry.status_msg, at, paused, entry.machine_id, entry.gpu_name,
+                         entry.num_gpus, entry.dph_total, row["uuid"]))
         else:
             count = missing_after(row, matched)
             if count != int(row.get("vast_missing") or 0):
@@ -577,9 +579,11 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
         for uuid, vast_id in matched.recovered.items():  # the launch a crash left pending in the audit
             settle_pending_launches(conn, uuid, vast_id, by="reconcile")
         conn.executemany(
-            "UPDATE instances SET vast_status = ?, vast_status_msg = ?, vast_seen_at = ?, vast_missing = 0,"
-            " machine_id = COALESCE(machine_id, ?), gpu_name = COALESCE(gpu_name, ?),"
-            " num_gpus = COALESCE(num_gpus, ?), dph = COALESCE(dph, ?) WHERE uuid = ?",
+            "UPDATE instances SET vast_status = ?1, vast_status_msg = ?2, vast_seen_at = ?3, vast_missing = 0,"
+            " outbid_since = CASE WHEN ?4 IS NOT NULL THEN COALESCE(outbid_since, ?4)"
+            " WHEN last_heartbeat_at > outbid_since THEN NULL ELSE outbid_since END,"  # kept until it proves again
+            " machine_id = COALESCE(machine_id, ?5), gpu_name = COALESCE(gpu_name, ?6),"
+            " num_gpus = COALESCE(num_gpus, ?7), dph = COALESCE(dph, ?8) WHERE uuid = ?9",
             seen,
         )
         conn.executemany("UPDATE instances SET vast_missing = ? WHERE uuid = ?", missing)

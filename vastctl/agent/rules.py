@@ -17,7 +17,10 @@ policy is shown. In the order `plan()` applies them:
   demand                     what it does
   any                        a stopped machine resumed once already is destroyed (replaced, not resumed
                              twice); a stopped one whose storage has billed what a fresh boot costs
-                             (BOOT_HOURS of its price) is destroyed (kept longer it costs more than renting anew)
+                             (BOOT_HOURS of its price) is destroyed (kept longer it costs more than renting anew);
+                             an interruptible machine vast stopped for a higher bid (outbid) is waited for
+                             agent.outbid_wait, then rebid 25% higher (capped by max_dph and its offer's on-demand
+                             price), and destroyed once still outbid at that cap (outbid_choice)
   work > 0, or unknown,      grow fast: capacity + pending capacity to wanted; first resume stopped machines never
   below wanted               resumed before (they keep their parameters), best proofs per dollar first; then
                              launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
@@ -55,6 +58,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
 from .. import clock
+from ..bids import bid_for_offer, wants_bid
 from ..config import Config
 from ..fleet import VAST_DEAD
 from ..guard import Action, Kind
@@ -204,10 +208,24 @@ def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:
     return min(rate_of_model(offer.gpu_name, obs.model_rates, default), ram_rate(offer.cpu_ram_gb))
 
 
+def _price(offer: Offer, obs: Observation, config: Config) -> float:
+    """$/h a launch on the offer now pays: its bid when launch.rental has it bid, else the on-demand price."""
+    bid = (bid_for_offer(offer, float(obs.settings["max_dph"]), config.launch.bid_margin)
+           if wants_bid(config, obs.live()) else None)
+    return float(offer.dph_total) if bid is None else bid
+
+
+def _terms(offer: Offer, obs: Observation, config: Config) -> str:
+    price = _price(offer, obs, config)
+    return f"${offer.dph_total:g}/h" if price == offer.dph_total else f"a bid of ${price:g}/h (${offer.dph_total:g}/h on demand)"
+
+
 def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> list[tuple[Offer, float]]:
-    """Allowed offers with their expected rate, cheapest per expected proof first, one per host machine."""
+    """Allowed offers with their expected rate, cheapest per expected proof first (at the price the next launch
+    pays: launch_price), one per host machine."""
     allowed = set(config.fleet.gpus)
     max_dph = float(obs.settings["max_dph"])
+    bidding = wants_bid(config, obs.live())
     ranked = []
     seen: set[int] = set()
     for offer in offers:
@@ -220,7 +238,11 @@ def rank_offers(offers: Iterable[Offer], obs: Observation, config: Config) -> li
         rate = offer_rate(offer, obs, config)
         if rate > 0:
             ranked.append((offer, rate))
-    return sorted(ranked, key=lambda item: (item[0].dph_total / item[1], item[0].dph_total, item[0].id))
+    def price(offer: Offer) -> float:
+        bid = bid_for_offer(offer, max_dph, config.launch.bid_margin) if bidding else None
+        return float(offer.dph_total) if bid is None else bid
+
+    return sorted(ranked, key=lambda item: (price(item[0]) / item[1], price(item[0]), item[0].id))
 
 
 def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list[Action]:
@@ -232,6 +254,7 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason="stopped again after its one resume: replaced, not resumed twice"))
     actions.extend(_retire_stopped(obs, budget - len(actions)))
+    actions.extend(_outbid_actions(obs, config, budget - len(actions)))
     if has_work(obs):
         grown = _grow(obs, config, offers, budget - len(actions))
         actions.extend(grown)
@@ -264,6 +287,59 @@ def _retire_stopped(obs: Observation, budget: int) -> list[Action]:
                                   reason=(f"stopped {stopped_h:.1f}h: its storage (${storage:.3f}/h) has billed"
                                           f" ${storage * stopped_h:.2f}, what a fresh boot costs"
                                           f" ({BOOT_HOURS:g}h at ${float(machine['dph']):g}/h)")))
+    return actions
+
+
+REBID_STEP = 0.25  # an outbid machine's bid rises by this share a round, up to its cap
+
+
+def outbid_since(machine: Mapping[str, Any]) -> datetime | None:
+    """When vast paused this interruptible machine for a higher bid (reconcile's listing), None if it is not."""
+    if machine.get("bid") is None or machine.get("state") != State.RUNNING or machine.get("vast_status") != "stopped":
+        return None  # on demand, or running again (restarting after a pause counts as capacity on its way)
+    return clock.from_iso(machine.get("outbid_since")) or clock.from_iso(machine.get("vast_seen_at")) or None
+
+
+def outbid_choice(machine: Mapping[str, Any], now: datetime, max_dph: float,
+                  config: Config) -> tuple[str, float | None, str]:
+    """What an outbid machine gets: ("wait" | "rebid" | "release", the new bid or None, why).
+
+    Waiting costs only its storage (capacity does not count it, so the fleet grows around it), and it resumes
+    with its disk and parameters. After agent.outbid_wait its bid rises by REBID_STEP, capped by max_dph and the
+    on-demand price of its offer (ask_dph: a bid over that pays more than renting on demand); each rebid is
+    given agent.outbid_wait again. One already bidding its cap that is still outbid is released: a fresh
+    machine costs BOOT_HOURS of boot, an unbounded wait costs the capacity it was rented for."""
+    since = outbid_since(machine)
+    paused = max(0.0, (now - since).total_seconds()) if since is not None else 0.0
+    bid = float(machine.get("bid") or 0.0)
+    cap = float(max_dph)
+    ask = machine.get("ask_dph")
+    if isinstance(ask, (int, float)) and math.isfinite(ask) and ask > 0:
+        cap = min(cap, float(ask))
+    waited = f"outbid for {paused / 60:.0f}m at ${bid:g}/h"
+    if paused < config.agent.outbid_wait:
+        return "wait", None, f"{waited}: waited for (agent.outbid_wait {config.agent.outbid_wait / 60:g}m; disk kept)"
+    if bid < cap - 1e-9:
+        new = round(min(cap, max(bid * (1 + REBID_STEP), bid + 0.001)), 4)
+        return "rebid", new, f"{waited}: bid raised to ${new:g}/h (cap ${cap:g}/h: max_dph and its on-demand price)"
+    return "release", None, (f"{waited}, already bidding its cap ${cap:g}/h: released (a fresh machine costs"
+                             f" {BOOT_HOURS:g}h of boot; waiting on costs the capacity)")
+
+
+def _outbid_actions(obs: Observation, config: Config, budget: int) -> list[Action]:
+    """Rebid or release outbid machines as outbid_choice says (waiting is no action)."""
+    actions: list[Action] = []
+    max_dph = float(obs.settings["max_dph"])
+    for machine in obs.machines:
+        if len(actions) >= budget or outbid_since(machine) is None or machine.get("vast_id") is None:
+            continue
+        choice, bid, why = outbid_choice(machine, obs.now, max_dph, config)
+        if choice == "rebid":
+            actions.append(Action(kind=Kind.REBID, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  dph=bid, reason=why))
+        elif choice == "release":
+            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                                  reason=why))
     return actions
 
 
@@ -307,8 +383,8 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
             continue
         actions.append(Action(
             kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
-            reason=(f"{sizing}; {offer.gpu_name} at ${offer.dph_total:g}/h, {rate:g} proofs/h expected"
-                    f" (${offer.dph_total / rate * 1000:.2f} per 1000 proofs)"),
+            reason=(f"{sizing}; {offer.gpu_name} at {_terms(offer, obs, config)}, {rate:g} proofs/h expected"
+                    f" (${_price(offer, obs, config) / rate * 1000:.2f} per 1000 proofs)"),
         ))
         missing -= rate
         spend += offer.dph_total
@@ -472,16 +548,3 @@ def hold_reason(obs: Observation, config: Config) -> str:
     if any(m["state"] in PENDING_STATES for m in obs.machines):
         return f"no work for {empty_for}m, but a machine is still booting (its rate is a guess): releasing after it settles"
     return f"no work for {empty_for}m and no machine left to release"
-
-
-def bid_for_offer(offer: Offer, max_dph: float, margin: float = 0.1) -> float | None:
-    """The bid for an interruptible rental of `offer`: its min_bid plus `margin`, never above max_dph (nor the
-    offer's on-demand price). None when the offer names no usable min_bid (vast's numbers are hostile: a
-    missing, non-finite, zero or negative one) or the floor itself is past max_dph."""
-    floor = offer.raw.get("min_bid") if isinstance(offer.raw, Mapping) else None
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
-        return None
-    ceiling_dph = min(float(max_dph), float(offer.dph_total))
-    if floor > ceiling_dph:
-        return None
-    return round(min(float(floor) * (1 + margin), ceiling_dph), 4)

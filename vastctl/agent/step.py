@@ -295,6 +295,11 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
                                      config=config, actor=action.actor, code=action.actor, kind=kind,
                                      force=action.force, now=now)
         return f"killed; destroy failed ({error}), reconcile retries" if error else "killed and destroyed"
+    if kind is Kind.REBID:
+        _need_target(action, target)
+        row = operations.rebid(conn, provider, config, target, float(action.dph or 0.0), actor=action.actor,
+                               reason=action.reason, now=now)
+        return f"bid ${row['bid']:g}/h"
     if kind is Kind.NOTE:
         return "noted"  # notes are kept by the llm policy's memory; nothing reaches the market
     raise BadInput(f"no branch for action kind {kind!r}")  # pragma: no cover - every Kind has a branch above

@@ -34,6 +34,7 @@ import heapq
 import math
 import operator
 import os
+import random
 import sqlite3
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
@@ -48,7 +49,7 @@ from .base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, Pr
 if TYPE_CHECKING:
     from ..reports import Reports
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: interruptible rentals (bid, rival bids, pauses)
 HEARTBEAT_S = 60.0
 BUSY_TTL_S = 120.0  # a process that died while advancing the market blocks it no longer than this
 FIRST_VAST_ID = 7_000_001
@@ -59,6 +60,8 @@ SCHEDULING_MSG = "waiting for the GPU to become available"
 FAULT_KINDS = ("start_failed", "stall", "slow_bench", "scheduling", "destroy_refused", "exit", "vanish", "offline",
                "api_error", "truncated_listing")
 DEATHS = ("start_failed", "exit", "vanish", "offline")  # the faults that end a working machine (died_at)
+OUTBID_MSG = "stopped: outbid (a higher bid holds the host); resumes when the bid wins again"
+RESTART_S = (90.0, 300.0)  # an outbid container resumed: it starts again, cuzk loads its SRS, then proves
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sim_meta (
@@ -119,7 +122,13 @@ CREATE TABLE IF NOT EXISTS sim_instances (
     cost REAL NOT NULL,
     billed_s REAL NOT NULL,
     gpu_s REAL NOT NULL,
-    billed_at TEXT NOT NULL
+    billed_at TEXT NOT NULL,
+    bid REAL,
+    outbids INTEGER NOT NULL DEFAULT 0,
+    outbid_at TEXT,
+    outbid_price REAL,
+    paused_at TEXT,
+    resume_at TEXT
 );
 CREATE INDEX IF NOT EXISTS sim_instances_live ON sim_instances(destroyed_at);
 CREATE TABLE IF NOT EXISTS sim_faults (
@@ -168,10 +177,16 @@ class Machine:
     billed_s: float
     gpu_s: float
     billed_at: float
+    bid: float | None = None  # $/h the instance bids (interruptible); None: on demand
+    outbids: int = 0  # rival bids drawn so far (the next one's number)
+    outbid_at: float | None = None  # when the next rival bid comes (while it proves)
+    outbid_price: float | None = None  # that rival's bid (or, while paused, the one holding the host)
+    paused_at: float | None = None  # vast stopped it for a higher bid at this moment
+    resume_at: float | None = None  # the rival lets go of the host: it resumes
 
     @property
     def next_at(self) -> float | None:
-        times = [t for t in (self.step_at, self.fault_at) if t is not None]
+        times = [t for t in (self.step_at, self.fault_at, self.outbid_at, self.resume_at) if t is not None]
         return min(times) if times else None
 
     @property
@@ -202,6 +217,7 @@ class SimTotals:
     gpu_hours: float  # instance-hours billed for a GPU
     instances: list[dict[str, Any]] = field(default_factory=list)  # one record per instance, oldest first
     faults: dict[str, int] = field(default_factory=dict)  # fault kind → how many times it happened
+    outbids: int = 0  # times a rival bid paused an interruptible instance (not a fault: the rental's nature)
 
 
 def _seconds(moment: datetime) -> float:
@@ -296,6 +312,11 @@ class SimProvider:
             host = next((h for h in self._offered(now) if h.offer_id == request.offer_id), None)
             if host is None:
                 raise OfferGone(f"offer {request.offer_id} is no longer available (HTTP 404 no_such_ask)")
+            if request.price is not None:
+                floor = model.min_bid(self.seed, host, now, float(request.disk_gb))
+                if not math.isfinite(request.price) or request.price < floor:  # cancel_unavail: nothing rented
+                    raise ProviderRejected(f"vast {path}: the bid ${request.price:g}/h is under the offer's min_bid"
+                                           f" ${floor:g}/h: it cannot start now (HTTP 400 bid_too_low)")
             if self._transient and draw >= 0.5:  # the error came before the rental took effect
                 self._fault(now, "api_error", None, f"{path}; nothing rented")
                 raise ProviderError(f"vast {path}: HTTP 503 Service Unavailable; the outcome is unknown")
@@ -323,6 +344,7 @@ class SimProvider:
             machine.destroyed_at = now
             machine.cur_state, machine.intended_status = "unloaded", "stopped"
             machine.step = machine.step_at = machine.fault = machine.fault_at = None
+            machine.outbid_at = machine.resume_at = None
             self._dirty.add(machine.vast_id)
 
     def stop_instance(self, vast_id: int) -> None:
@@ -332,6 +354,7 @@ class SimProvider:
             machine.intended_status = machine.actual_status = machine.cur_state = "stopped"
             machine.status_msg = None
             machine.step = machine.step_at = machine.fault = machine.fault_at = None  # its processes end
+            machine.outbid_at = machine.resume_at = machine.paused_at = machine.outbid_price = None
             self._dirty.add(machine.vast_id)
 
     def start_instance(self, vast_id: int) -> None:
@@ -350,6 +373,26 @@ class SimProvider:
                 self._begin_boot(machine, now)
             self._dirty.add(machine.vast_id)
 
+    def change_bid(self, vast_id: int, price: float) -> None:
+        """Raise (or lower) an interruptible instance's bid; one paused by a rival whose bid it now beats
+        resumes at once."""
+        with self._call(f"PUT /api/v0/instances/bid_price/{vast_id}/") as (now, _draw):
+            machine = self._existing(vast_id, "change-bid")
+            if machine.bid is None:
+                raise ProviderRejected(f"vast change-bid of instance {vast_id}: not an interruptible instance"
+                                       " (HTTP 400 invalid_args)")
+            if (isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price)
+                    or not 0.001 <= price <= 32.0):
+                raise ProviderRejected(f"vast change-bid of instance {vast_id}: price {price!r} is not 0.001-32"
+                                       " (HTTP 400 invalid_args)")
+            self._accrue(machine, now)
+            machine.bid = round(float(price), 4)
+            machine.gpu_dph = max(0.0, machine.bid - machine.storage_dph)
+            if machine.paused_at is not None and machine.resume_at is not None and machine.bid >= (
+                    machine.outbid_price or 0.0):
+                self._rival_leaves(machine, now)
+            self._dirty.add(machine.vast_id)
+
     def set_label(self, vast_id: int, label: str) -> None:
         with self._call(f"PUT /api/v0/instances/{vast_id}/"):
             machine = self._existing(vast_id, "label")
@@ -365,12 +408,16 @@ class SimProvider:
                 self._accrue(machine, now)
         records = [self._record(row) for row in self.conn.execute("SELECT * FROM sim_instances ORDER BY vast_id")]
         faults = {kind: 0 for kind in FAULT_KINDS}
+        outbids = 0
         for row in self.conn.execute("SELECT kind, count(*) AS n FROM sim_faults GROUP BY kind"):
-            faults[row["kind"]] = row["n"]
+            if row["kind"] == "outbid":
+                outbids = row["n"]
+            else:
+                faults[row["kind"]] = row["n"]
         return SimTotals(
             at=_moment(now), cost=sum(r["cost"] for r in records),
             billed_hours=sum(r["billed_hours"] for r in records), gpu_hours=sum(r["gpu_hours"] for r in records),
-            instances=records, faults=faults,
+            instances=records, faults=faults, outbids=outbids,
         )
 
     def faults(self) -> list[dict[str, Any]]:
@@ -391,6 +438,7 @@ class SimProvider:
             "destroy_requested_at": clocks.from_iso(row["destroy_requested_at"]),
             "destroyed_at": clocks.from_iso(row["destroyed_at"]), "listed": bool(row["listed"]),
             "cost": row["cost"], "billed_hours": row["billed_s"] / 3600, "gpu_hours": row["gpu_s"] / 3600,
+            "bid": row["bid"], "outbids": row["outbids"],
         }
 
     # --- the state in the file ---------------------------------------------------------------------
@@ -515,7 +563,7 @@ class SimProvider:
         raw = {"id": host.offer_id, "machine_id": host.machine_id, "gpu_name": host.gpu_name,
                "num_gpus": host.num_gpus, "dph_total": total, "dph_base": gpu, "cpu_ram": host.cpu_ram_gb * 1000,
                "inet_down": host.inet_down_mbps, "reliability": host.reliability, "storage_cost": host.storage_cost,
-               "rentable": True, "verified": True}
+               "rentable": True, "verified": True, "min_bid": model.min_bid(self.seed, host, now, disk_gb)}
         return Offer(id=host.offer_id, machine_id=host.machine_id, gpu_name=host.gpu_name, num_gpus=host.num_gpus,
                      dph_total=total, cpu_ram_gb=host.cpu_ram_gb, inet_down_mbps=host.inet_down_mbps,
                      reliability=host.reliability, raw=raw)
@@ -534,6 +582,9 @@ class SimProvider:
             destroy_refused_s=model.destroy_refused_for(self.seed, vast_id, self.rates), destroyed_at=None,
             cost=0.0, billed_s=0.0, gpu_s=0.0, billed_at=now,
         )
+        if request.price is not None:  # billed at its bid (with the disk, like dph_total), not the ask
+            machine.bid = round(float(request.price), 4)
+            machine.gpu_dph = max(0.0, machine.bid - machine.storage_dph)
         self._machines[vast_id] = machine
         self._begin_boot(machine, now)
         return machine
@@ -596,6 +647,10 @@ class SimProvider:
             self._accrue(machine, at)
             if machine.fault_at is not None and machine.fault_at == at:
                 self._strike(machine, at)
+            elif machine.outbid_at is not None and machine.outbid_at == at:
+                self._rival_comes(machine, at)
+            elif machine.resume_at is not None and machine.resume_at == at:
+                self._rival_leaves(machine, at)
             else:
                 self._step(machine, at, now)
             self._dirty.add(vast_id)
@@ -661,13 +716,62 @@ class SimProvider:
         elif step == "running":
             if self._report(machine, at, "running") == "ok":
                 machine.proving_since = at
+                self._schedule_rival(machine, at)
                 self._beat(machine, at)
+        elif step == "restart":  # resumed after an outbid: proving again, its proof count carried on
+            machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
+            if machine.proving_since is not None and machine.paused_at is not None:
+                machine.proving_since += at - machine.paused_at
+            machine.paused_at = None
+            self._schedule_rival(machine, at)
+            self._beat(machine, at)
         elif step == "heartbeat":
             superseded = self._last_beat_before(machine, at, now)
             if superseded > at:  # a later heartbeat in this same advance overwrites this one: skip to it
                 self._next(machine, "heartbeat", superseded)
             else:
                 self._beat(machine, at)
+
+    def _schedule_rival(self, machine: Machine, at: float) -> None:
+        """Draw the next rival bid for an interruptible machine that proves (none for one on demand)."""
+        if machine.bid is None:
+            return
+        host = self._all_hosts()[machine.machine_id]
+        rival = model.outbid(self.seed, machine.vast_id, machine.outbids,
+                             model.min_bid(self.seed, host, at, machine.disk_gb), self.rates)
+        machine.outbids += 1
+        if rival is not None:
+            machine.outbid_at, machine.outbid_price = at + rival.after_s, rival.price
+            if machine.fault_at is not None and machine.fault_at <= machine.outbid_at:
+                machine.outbid_at = machine.outbid_price = None  # its container fails first
+
+    def _rival_comes(self, machine: Machine, at: float) -> None:
+        """A rival bid for the host: one over ours pauses the machine (vast stops it, keeps its disk and bills
+        storage) until the rival lets go or our bid is raised over it."""
+        machine.outbid_at = None
+        if machine.bid is None or machine.proving_since is None or machine.actual_status != "running":
+            return
+        if machine.bid >= (machine.outbid_price or 0.0):
+            self._schedule_rival(machine, at)  # ours is higher: the rival goes elsewhere
+            return
+        host = self._all_hosts()[machine.machine_id]
+        hold = model.outbid(self.seed, machine.vast_id, machine.outbids - 1,
+                            model.min_bid(self.seed, host, at, machine.disk_gb), self.rates)
+        self._fault(at, "outbid", machine.vast_id, f"a bid of ${machine.outbid_price:g}/h over ours ${machine.bid:g}/h")
+        machine.actual_status = machine.cur_state = "stopped"
+        machine.status_msg = OUTBID_MSG
+        machine.step = machine.step_at = None  # its processes end; intended_status stays running
+        machine.fault = machine.fault_at = None
+        machine.paused_at = at
+        machine.resume_at = at + (hold.hold_s if hold is not None else model.OUTBID_MEAN_S)
+
+    def _rival_leaves(self, machine: Machine, at: float) -> None:
+        """The host is ours again: the container starts again (its disk kept) and proves after cuzk restarts."""
+        machine.resume_at = machine.outbid_price = None
+        if machine.paused_at is None or machine.intended_status != "running":
+            return
+        machine.actual_status, machine.cur_state, machine.status_msg = "loading", "running", None
+        self._next(machine, "restart", at + restart_delay(self.seed, machine.vast_id, machine.outbids))
 
     def _next(self, machine: Machine, step: str, at: float) -> None:
         machine.step, machine.step_at = step, at
@@ -705,7 +809,7 @@ class SimProvider:
                "num_gpus": host.num_gpus, "dph_total": dph, "dph_base": machine.gpu_dph,
                "storage_total_cost": machine.storage_dph, "cpu_ram": host.cpu_ram_gb * 1000,
                "inet_down": host.inet_down_mbps, "disk_space": machine.disk_gb, "start_date": machine.created_at,
-               "image_uuid": machine.image}
+               "image_uuid": machine.image, "is_bid": machine.bid is not None, "bid_price": machine.bid}
         return RemoteInstance(
             id=machine.vast_id, label=machine.label, actual_status=machine.actual_status,
             intended_status=machine.intended_status, cur_state=machine.cur_state, status_msg=machine.status_msg,
@@ -732,3 +836,8 @@ def _host_matches(host: model.Host, query: OfferQuery) -> bool:
             and (not query.min_cpu_ram_gb or host.cpu_ram_gb >= query.min_cpu_ram_gb)
             and (not query.min_inet_down_mbps or host.inet_down_mbps >= query.min_inet_down_mbps)
             and (query.min_reliability is None or host.reliability >= query.min_reliability))
+
+
+def restart_delay(seed: int, vast_id: int, number: int) -> float:
+    """Seconds a resumed outbid container takes to prove again (RESTART_S), drawn from the seed."""
+    return round(random.Random(f"{seed}/restart/{vast_id}/{number}").uniform(*RESTART_S))

@@ -146,18 +146,19 @@ class FailureRates:
     offline_per_hour: float  # while the container runs: the host goes unknown (and maybe offline)
     api_error: float  # per call: a transient error (HTTP 5xx)
     truncated_listing: float  # per listing: a partial answer
+    outbid_per_hour: float = 0.0  # while an interruptible container runs: another renter bids for its host
 
 
 FAILURES = {
     "low": FailureRates(start_failed=0.01, stall=0.01, slow_bench=0.01, scheduling=0.1, destroy_refused=0.03,
                         exit_per_hour=0.002, vanish_per_hour=0.001, offline_per_hour=0.001, api_error=0.002,
-                        truncated_listing=0.001),
+                        truncated_listing=0.001, outbid_per_hour=0.03),
     "default": FailureRates(start_failed=0.05, stall=0.05, slow_bench=0.05, scheduling=0.25, destroy_refused=0.2,
                             exit_per_hour=0.01, vanish_per_hour=0.005, offline_per_hour=0.006, api_error=0.01,
-                            truncated_listing=0.005),
+                            truncated_listing=0.005, outbid_per_hour=0.08),
     "high": FailureRates(start_failed=0.12, stall=0.1, slow_bench=0.1, scheduling=0.5, destroy_refused=0.3,
                          exit_per_hour=0.03, vanish_per_hour=0.015, offline_per_hour=0.015, api_error=0.03,
-                         truncated_listing=0.02),
+                         truncated_listing=0.02, outbid_per_hour=0.15),
 }
 
 
@@ -237,3 +238,41 @@ def call_faults(seed: int, call: int, rates: FailureRates) -> tuple[bool, bool, 
     """For the market's `call`-th answer: (transient error, truncated listing, a uniform draw for details)."""
     rng = random.Random(f"{seed}/call/{call}")
     return rng.random() < rates.api_error, rng.random() < rates.truncated_listing, rng.random()
+
+
+# --- interruptible rentals -------------------------------------------------------------------------
+
+BID_FLOOR = (0.5, 0.7)  # a host's min_bid as a share of its on-demand GPU price
+OUTBID_PRICE = (1.05, 1.8)  # a rival bid, as a multiple of the host's min_bid at the moment it comes
+OUTBID_MEAN_S = 45 * 60  # how long a rival keeps the host, on average (exponential)
+OUTBID_MOST_S = 6 * 3600
+
+
+def bid_floor(seed: int, host: Host) -> float:
+    """The share of its on-demand GPU price a host accepts as the lowest bid (its min_bid's)."""
+    return random.Random(f"{seed}/bidfloor/{host.machine_id}").uniform(*BID_FLOOR)
+
+
+def min_bid(seed: int, host: Host, at: float, disk_gb: float) -> float:
+    """The interruptible floor of the host's offer at epoch second `at`, in $/h with the disk (like dph_total)."""
+    return round(gpu_price(host, at) * bid_floor(seed, host) + storage_price(host, disk_gb), 4)
+
+
+@dataclass(frozen=True)
+class Outbid:
+    """One rival bid for an interruptible machine's host: when it comes, what it bids, how long it holds."""
+
+    after_s: float  # seconds of running before it comes
+    price: float  # its bid, $/h
+    hold_s: float  # how long it keeps the host once it wins
+
+
+def outbid(seed: int, vast_id: int, number: int, floor: float, rates: FailureRates) -> Outbid | None:
+    """The `number`-th rival bid for instance `vast_id` (None: no rival at this level)."""
+    if rates.outbid_per_hour <= 0:
+        return None
+    rng = random.Random(f"{seed}/outbid/{vast_id}/{number}")
+    after = -math.log(1 - rng.random()) / rates.outbid_per_hour * 3600
+    price = round(floor * rng.uniform(*OUTBID_PRICE), 4)
+    hold = min(OUTBID_MOST_S, -math.log(1 - rng.random()) * OUTBID_MEAN_S)
+    return Outbid(after_s=round(after), price=price, hold_s=round(max(60.0, hold)))
