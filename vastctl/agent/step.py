@@ -296,7 +296,7 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
                                      force=action.force, now=now)
         return f"killed; destroy failed ({error}), reconcile retries" if error else "killed and destroyed"
     if kind is Kind.REBID:
-        _need_target(action, target)
+        target = _need_target(action, target)
         row = operations.rebid(conn, provider, config, target, float(action.dph or 0.0), actor=action.actor,
                                reason=action.reason, now=now)
         return f"bid ${row['bid']:g}/h"
