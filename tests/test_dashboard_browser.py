@@ -27,7 +27,8 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 XSS = "<img src=x onerror=alert(1)>"
 REFRESH_WAIT_MS = 15_000  # the page refreshes every 5 s
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: apt-get install chromium")
+pytestmark = [pytest.mark.slow,  # a real serve and a real browser
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: apt-get install chromium")]
 
 
 @pytest.fixture(scope="module")

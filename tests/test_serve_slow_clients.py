@@ -18,6 +18,8 @@ import pytest
 import requests
 from serving import Manager, run_vastctl
 
+pytestmark = pytest.mark.slow  # real serve processes, slow clients on loopback
+
 TRICKLERS = 500
 
 

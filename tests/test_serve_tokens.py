@@ -118,6 +118,7 @@ def post(manager, uuid, report, body, token):
                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
+@pytest.mark.slow
 def test_rotation_while_serving_keeps_old_machines_and_retiring_cuts_them_off(tmp_path):
     m = Manager(tmp_path / "manager").start()
     try:

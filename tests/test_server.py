@@ -17,6 +17,8 @@ from vastctl import config as config_module
 from vastctl import db, fleet, lifecycle
 from vastctl.clock import SYSTEM
 
+pytestmark = pytest.mark.slow  # a real serve process on loopback
+
 
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
@@ -350,7 +352,6 @@ def test_chunked_body_over_the_limit_is_413(manager, new_uuid):
 # --- slow clients -----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_slow_clients_hold_no_worker_and_are_cut_off(manager, new_uuid):
     """Ten half-sent requests (more than the 4 workers) do not block others; idle ones are closed (--timeout 2)."""
     walk_to(manager, new_uuid, "running")
@@ -529,7 +530,6 @@ def test_state_file_that_cannot_be_opened_is_503(tmp_path):
     assert "cannot open the state file: no state file at" in m.log()
 
 
-@pytest.mark.slow
 def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(tmp_path, monkeypatch):
     """The loop asks only connections that can have changed: idle ones cost nothing per pass (serve_bench --slow)."""
     from waitress import wasyncore
