@@ -149,6 +149,7 @@ class DemoResult:
     latencies: list[float] = field(default_factory=list)  # seconds from each death to its kill
     launches: list[float] = field(default_factory=list)  # minutes of the run at which vastctl launched a machine
     kills: list[tuple[float, str]] = field(default_factory=list)  # (minute, kill code) of each kill
+    waits: dict[int, float] = field(default_factory=dict)  # minutes waited → proofs (ProofWaits.weights)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.figures)
@@ -275,7 +276,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     launches, kills = _launches_and_kills(conn)
     conn.close()
     return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies, launches=launches,
-                      kills=kills)
+                      kills=kills, waits=waits.weights(total))
 
 
 def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tuple[float, str]]]:
@@ -335,12 +336,17 @@ class ProofWaits:
             if cohort[1] <= 1e-12:
                 self._queue.popleft()
 
-    def summary(self, minutes: int) -> dict[str, float | None]:
+    def weights(self, minutes: int) -> dict[int, float]:
+        """Minutes waited → proofs judged at the end of minute `minutes` (the done, and the late still queued)."""
         weighted = dict(self._done)
         for arrived_at, proofs in self._queue:
             age = minutes - arrived_at
             if age > self.max_wait_min:
                 weighted[int(age)] = weighted.get(int(age), 0.0) + proofs
+        return weighted
+
+    def summary(self, minutes: int) -> dict[str, float | None]:
+        weighted = self.weights(minutes)
         judged = sum(weighted.values())
         within = sum(proofs for wait, proofs in weighted.items() if wait <= self.max_wait_min)
         return {"judged": judged, "within": within / judged if judged > 0 else None,
@@ -538,32 +544,6 @@ KILL_COLOURS = ("#e377c2", "#ff7f0e", "#17becf", "#bcbd22", "#7f7f7f", "#9edae5"
                 "#ffbb78")
 
 
-def proof_waits(samples: list[Sample]) -> list[float]:
-    """Minutes each proof waited from arrival to being taken off the queue, first in first out, read from the
-    minute-by-minute arrivals and the backlog the run recorded (one figure per whole proof served)."""
-    import bisect
-
-    arrived, served = [0.0], [0.0]
-    backlog = 0.0
-    for sample in samples:
-        came = sample.arrival / 60
-        arrived.append(arrived[-1] + came)
-        served.append(served[-1] + max(0.0, backlog + came - sample.queued))
-        backlog = sample.queued
-
-    def moment(cumulative: list[float], amount: float) -> float:
-        """The minute at which the cumulative count first reached `amount` (linear within the minute)."""
-        index = max(1, bisect.bisect_left(cumulative, amount))
-        low, high = cumulative[index - 1], cumulative[index]
-        return index - 1 + (0.0 if high <= low else (amount - low) / (high - low))
-
-    waits = []
-    for n in range(int(served[-1] + 1e-9)):
-        amount = n + 0.5
-        waits.append(max(0.0, moment(served, amount) - moment(arrived, amount)))
-    return waits
-
-
 def write_chart(result: DemoResult, path: Path) -> None:
     """The run on one page, as SVG or PNG by the file's extension (matplotlib): work arriving, target and capacity
     with launches, kills (by reason) and the demand outage marked; the queue; spend per hour and cumulative;
@@ -638,16 +618,17 @@ def write_chart(result: DemoResult, path: Path) -> None:
                 outage_labelled = outage_labelled or label is not None
     rates.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
 
-    waits = proof_waits(samples)
-    if waits:
-        top_wait = max(1.0, percentile(waits, 0.99) or 1.0)
-        waits_axis.hist([min(w, top_wait) for w in waits], bins=40, color=colour["queue"], alpha=0.8)
-        for fraction, style in ((0.5, "-"), (0.95, "--")):
-            value = percentile(waits, fraction)
+    if result.waits:  # the run's own record of each proof's wait (ProofWaits): the summary's figures, drawn
+        figures = result.figures
+        top_wait = max(1.0, (figures["proof_wait_p99_s"] or 60.0) / 60)
+        waits_axis.hist([min(float(wait), top_wait) for wait in result.waits], weights=list(result.waits.values()),
+                        bins=40, color=colour["queue"], alpha=0.8)
+        for name, style in (("p50", "-"), ("p95", "--")):
+            value = figures[f"proof_wait_{name}_s"]
             if value is None:
                 continue
-            waits_axis.axvline(value, color="#333333", linewidth=1.0, linestyle=style,
-                               label=f"p{int(fraction * 100)} {value:.0f} min")
+            waits_axis.axvline(value / 60, color="#333333", linewidth=1.0, linestyle=style,
+                               label=f"{name} {value / 60:.0f} min")
         waits_axis.set_yscale("log")  # most proofs wait under a minute: the tail would not show on a linear axis
         waits_axis.legend(loc="upper right", fontsize=8)
     waits_axis.set_xlabel("minutes a proof waited, arrival to a prover (first in, first out; the top 1% at the right)")
