@@ -36,7 +36,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping
@@ -45,8 +44,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import atomicfile, db, upstream
 from . import clock as clocks
-from . import db, upstream
 from .clock import Clock
 from .config import Config
 from .db import transaction
@@ -129,15 +128,7 @@ def retire_old(path: Path) -> int:
 
 def _write(path: Path, lines: list[str]) -> None:
     """Replace the file in one step, mode 600 (a crash leaves the old file or the new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".new")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write("".join(line + "\n" for line in lines))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    atomicfile.write(path, "".join(line + "\n" for line in lines), mode=0o600)
 
 
 class Secrets:
