@@ -261,7 +261,8 @@ def _check_rebid(obs: "Observation", action: Action, earlier: Sequence[Action]) 
 
 
 def heartbeat_fresh(machine: Mapping[str, Any], limit_s: float, now: datetime) -> bool:
-    """Alive as reconcile's heartbeat_timeout judges it: a heartbeat since the machine entered its state
+    """The liveness rule reconcile's heartbeat_timeout and never_scale_to_zero both judge by: a heartbeat since
+    the machine entered its state
     within `limit_s` (timeouts.heartbeat), or, without one yet, in that state for no longer than that."""
     since = clock.from_iso(machine.get("state_since"))
     beat = clock.from_iso(machine.get("last_heartbeat_at"))

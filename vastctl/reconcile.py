@@ -322,10 +322,9 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[str, str] | No
         paused = (entry is not None and outbid(entry)) or row.get("outbid_since") is not None
         if paused and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
             return None  # paused by vast for a higher bid (or restarting since), disk kept: not dead
-        if beat is None or beat < since:
-            if (now - since).total_seconds() > limit:
+        if not guard.heartbeat_fresh(row, limit, now):  # the one liveness rule, the guard's too
+            if beat is None or beat < since:
                 return "heartbeat_timeout", f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
-        elif (now - beat).total_seconds() > limit:
             return "heartbeat_timeout", f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
         down = clock.from_iso(tunnel.down_since(dict(row)))
         limit = config.tunnel.down_timeout
