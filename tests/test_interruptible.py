@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from serving import on_a_thread
 
 from vastctl import bids, clock, demo, guard
 from vastctl.agent import rules
@@ -100,13 +101,8 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake():
-    server = FakeVast()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with on_a_thread(FakeVast()) as server:
+        yield server
 
 
 def provider(fake: FakeVast) -> VastProvider:

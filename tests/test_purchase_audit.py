@@ -15,6 +15,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from serving import on_a_thread
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 
@@ -47,12 +48,9 @@ def vast():
     server.RequestHandlerClass = BlockingHandler
     server.arrived, server.release = threading.Event(), threading.Event()
     server.release.set()  # creates go through unless a test holds them
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.release.set()
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(server):
+        yield server
+        server.release.set()  # a held create lets go before the server stops
 
 
 @pytest.fixture
