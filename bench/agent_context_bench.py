@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
 
 from vastctl import clock as clock_module
-from vastctl import db
 from vastctl.agent import llm, memory
 from vastctl.clock import VirtualClock
 from vastctl.config import from_mapping
+from vastctl.state import db
 
 OUTPUT_TOKENS_PER_ROUND = 150  # a sentence and a tool call or two
 START = datetime(2026, 5, 1, tzinfo=timezone.utc)

@@ -29,8 +29,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from vastctl import clock, db, server, tokens
+from vastctl import clock
 from vastctl.config import from_mapping
+from vastctl.serving import server
+from vastctl.state import db, tokens
 
 ADMIN = "bench-admin-token-0123456789abcdef"
 TARGET_S = 0.300

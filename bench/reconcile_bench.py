@@ -28,9 +28,10 @@ import tracemalloc
 from datetime import timedelta
 from pathlib import Path
 
-from vastctl import clock, db, reconcile
+from vastctl import clock, reconcile
 from vastctl.config import from_mapping
 from vastctl.providers.base import RemoteInstance
+from vastctl.state import db
 
 
 class Market:

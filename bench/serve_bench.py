@@ -69,7 +69,7 @@ def start_server(workdir: Path, threads: int | None, access_log: bool) -> tuple[
 
 def token_for(env: dict, uuid: str) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from vastctl import tokens
+    from vastctl.state import tokens
 
     return tokens.machine_token(tokens.read_secret(Path(env["VASTCTL_DB"] + ".secret")), uuid)
 

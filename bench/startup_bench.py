@@ -41,7 +41,8 @@ def find_vastai(explicit: str | None) -> str:
 
 def make_fleet(path: Path, machines: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from vastctl import clock, db
+    from vastctl import clock
+    from vastctl.state import db
 
     conn = db.connect(path, create=True, now=clock.SYSTEM.now())
     now = clock.to_iso(clock.SYSTEM.now())

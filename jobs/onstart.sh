@@ -1,1 +1,1 @@
-../vastctl/templates/onstart.sh
+../vastctl/machine/templates/onstart.sh

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from vastctl import config as config_module
-from vastctl import db
 from vastctl.clock import SYSTEM
+from vastctl.state import db
 
 SCRUBBED = (
     "VAST_API_KEY", "VAST_API_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "VASTCTL_DB", "VASTCTL_CONFIG",

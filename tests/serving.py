@@ -14,8 +14,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from vastctl import db, tokens
 from vastctl.clock import SYSTEM
+from vastctl.state import db, tokens
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 SCRUBBED = ("VASTCTL_SERVER", "VASTCTL_TOKEN", "VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_RETRY_FOR",

@@ -8,8 +8,8 @@ import sqlite3
 from test_cli_agent import market, query, ready, running  # noqa: F401  (fixtures)
 from test_rules import CONFIG, NOW, m, observation, queued
 
-from vastctl import db
 from vastctl.agent import history, rules
+from vastctl.state import db
 
 # --- the hold reason ---------------------------------------------------------------------------------
 

@@ -26,11 +26,12 @@ import responses
 from serving import ADMIN_TOKEN, Manager, free_port, on_a_thread, run_vastctl
 from test_end_to_end import KEY, FakeVast
 
-from vastctl import blocklist, lifecycle, onstart
 from vastctl import config as config_module
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput, BenchFailed, Refused
-from vastctl.remote import RemoteReports
+from vastctl.machine import onstart
+from vastctl.machine.remote import RemoteReports
+from vastctl.state import blocklist, lifecycle
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 VENV_BIN = Path(sys.executable).parent

@@ -17,9 +17,9 @@ import pytest
 import requests
 from serving import ADMIN_TOKEN, Manager
 
-from vastctl import lifecycle
-from vastctl.lifecycle import MAX_INT, MAX_RATE_PER_GPU, State
 from vastctl.providers.base import Offer
+from vastctl.state import lifecycle
+from vastctl.state.lifecycle import MAX_INT, MAX_RATE_PER_GPU, State
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 

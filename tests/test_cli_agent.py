@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from vastctl import clock, db, locks
+from vastctl import clock
 from vastctl.agent import step
 from vastctl.providers.base import Offer, RemoteInstance
+from vastctl.state import db, locks
 
 
 class Market:

@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from vastctl import clock, lifecycle, locks
+from vastctl import clock
 from vastctl.providers.base import ProviderError, RemoteInstance
+from vastctl.state import lifecycle, locks
 
 
 class Market:

@@ -13,7 +13,7 @@ import pytest
 import requests
 from serving import Manager, free_port, run_vastctl
 
-from vastctl import tokens
+from vastctl.state import tokens
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_serve_help_and_fleet_do_not_load_the_server_stack():
         "import sys\nfrom vastctl.cli import main\n"
         "for args in (['--help'], ['serve', '--help'], ['token', '--help']):\n"
         "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
-        "print(','.join(m for m in ('waitress', 'vastctl.server', 'vastctl.remote') if m in sys.modules) or 'none')"
+        "print(','.join(m for m in ('waitress', 'vastctl.serving.server', 'vastctl.machine.remote') if m in sys.modules) or 'none')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert result.stdout.splitlines()[-1] == "none", result.stderr
@@ -128,7 +128,7 @@ def test_local_instance_commands_do_not_load_http(cli, tmp_path):
     code = (
         "import sys\nfrom vastctl.cli import main\n"
         "try:\n    main(['register', '--uuid', 'u1', '--label', 'vastctl-a'])\nexcept SystemExit:\n    pass\n"
-        "print(','.join(m for m in ('requests', 'waitress', 'vastctl.remote') if m in sys.modules) or 'none')"
+        "print(','.join(m for m in ('requests', 'waitress', 'vastctl.machine.remote') if m in sys.modules) or 'none')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert result.stdout.splitlines()[-1] == "none", result.stderr

@@ -227,7 +227,7 @@ def _boot(tmp_path, path_dirs, **env):
     base = {"PATH": ":".join([*map(str, path_dirs), "/usr/bin", "/bin"]), "HOME": str(tmp_path),
             "VASTCTL_LOG": str(log), "VASTCTL_ZK_DIR": str(tmp_path / "zk"), "VASTCTL_SERVER": "http://127.0.0.1:9",
             "VASTCTL_TOKEN": "t", "VASTCTL_UUID": "u1", "VASTCTL_LABEL": "vastctl-u1"}
-    done = subprocess.run(["bash", str(ROOT / "vastctl" / "templates" / "onstart.sh")], env={**base, **env},
+    done = subprocess.run(["bash", str(ROOT / "vastctl" / "machine" / "templates" / "onstart.sh")], env={**base, **env},
                           capture_output=True, text=True, timeout=30)
     return done.returncode, log.read_text()
 
@@ -249,4 +249,4 @@ def test_the_boot_script_stops_with_a_reason_when_the_provers_are_missing(tmp_pa
 
 
 def test_jobs_onstart_is_the_shipped_template():
-    assert (ROOT / "jobs" / "onstart.sh").read_text() == (ROOT / "vastctl" / "templates" / "onstart.sh").read_text()
+    assert (ROOT / "jobs" / "onstart.sh").read_text() == (ROOT / "vastctl" / "machine" / "templates" / "onstart.sh").read_text()

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from vastctl import db, lifecycle
 from vastctl.clock import SYSTEM
 from vastctl.errors import Refused
+from vastctl.state import db, lifecycle
 
 pytestmark = pytest.mark.slow  # real processes and servers on loopback
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vastctl import config as config_module
-from vastctl import settings
 from vastctl.errors import BadInput
+from vastctl.state import settings
 
 # (setting, value as typed, the same value as YAML would give it)
 BAD_SETTINGS = [

@@ -12,12 +12,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import clock, cost, db, demo, lifecycle, reconcile
+from vastctl import clock, demo, reconcile
 from vastctl.cli.app import Globals
 from vastctl.clock import VirtualClock
-from vastctl.lifecycle import State
+from vastctl.facts import cost
 from vastctl.providers import sim
 from vastctl.providers.base import RemoteInstance
+from vastctl.state import db, lifecycle
+from vastctl.state.lifecycle import State
 
 T0 = datetime(2026, 11, 30, 22, 0, tzinfo=timezone.utc)
 
@@ -211,7 +213,7 @@ def test_the_dashboard_card_and_the_metrics_are_the_same_account(db_path):
     from test_dashboard import make_app
     from test_metrics import samples
 
-    from vastctl import dashboard, dashboard_page, metrics, server
+    from vastctl.serving import dashboard, dashboard_page, metrics, server
 
     base = make_app(db_path)
     virtual = VirtualClock(T0 + timedelta(hours=5))

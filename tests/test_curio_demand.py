@@ -20,7 +20,7 @@ import pg
 import pytest
 import yaml
 
-from vastctl import demand
+from vastctl.facts import demand
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,15 @@ import pytest
 import responses
 from test_cli_agent import Market
 
-from vastctl import clock, dashboard, db, demand, lifecycle, overview, server, settings, tokens
+from vastctl import clock
 from vastctl import config as config_module
 from vastctl.agent import step
 from vastctl.errors import GuardRefused
-from vastctl.reports import LocalReports
+from vastctl.facts import demand
+from vastctl.machine.reports import LocalReports
+from vastctl.serving import dashboard, server
+from vastctl.state import db, lifecycle, settings, tokens
+from vastctl.views import overview
 
 ADMIN = "dashboard-admin-token-0123456789"
 HOST = "127.0.0.1:8080"

@@ -16,7 +16,9 @@ import pytest
 import requests
 from serving import ADMIN_TOKEN, Manager
 
-from vastctl import clock, db, demand, lifecycle
+from vastctl import clock
+from vastctl.facts import demand
+from vastctl.state import db, lifecycle
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

@@ -11,7 +11,11 @@ from pathlib import Path
 
 from test_dashboard import XSS, add_step, app, browser, register, signed_in  # noqa: F401 - fixtures
 
-from vastctl import clock, dashboard_page, db, demand, demo, lifecycle, overview
+from vastctl import clock, demo
+from vastctl.facts import demand
+from vastctl.serving import dashboard_page
+from vastctl.state import db, lifecycle
+from vastctl.views import overview
 
 CSS = Path(dashboard_page.__file__).resolve().parent / "static" / "dashboard.css"
 

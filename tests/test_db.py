@@ -7,9 +7,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from vastctl import clock, db
+from vastctl import clock
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput
+from vastctl.state import db
 
 # The columns of every table, in order. A change here means a new migration.
 PINNED = {

@@ -23,10 +23,10 @@ from serving import free_port, run_vastctl
 from test_boot_script import Machine, manager, vast  # noqa: F401  (fixtures)
 
 from vastctl import config as config_module
-from vastctl import onstart
 from vastctl.clock import VirtualClock
 from vastctl.errors import BadInput, Refused, Unavailable
-from vastctl.remote import RemoteReports
+from vastctl.machine import onstart
+from vastctl.machine.remote import RemoteReports
 
 INSTANCE_KEY = "per-instance-key-0123456789abcdef"
 ORPHAN_S = 4
@@ -287,7 +287,9 @@ def test_the_cli_refuses_a_short_orphan_after_with_one_line(tmp_path):
 def test_fleet_shows_each_machines_last_contact_and_warns_before_the_fleet_gives_up(conn, config):
     from datetime import datetime, timedelta, timezone
 
-    from vastctl import dashboard_page, fleet, lifecycle
+    from vastctl.serving import dashboard_page
+    from vastctl.state import lifecycle
+    from vastctl.views import fleet
 
     t0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
     for uuid, label in (("u-boot", "vastctl-boot"), ("u-run", "vastctl-run")):
@@ -324,8 +326,8 @@ def test_fleet_shows_each_machines_last_contact_and_warns_before_the_fleet_gives
 def test_the_fleet_table_has_a_contact_column_and_the_warning(cli, store):
     from datetime import timedelta
 
-    from vastctl import lifecycle
     from vastctl.clock import SYSTEM
+    from vastctl.state import lifecycle
 
     lifecycle.create(store, uuid="u-1", label="vastctl-quiet", state="launching", reason="launch", source="operator",
                      now=SYSTEM.now() - timedelta(hours=3), fields={"vast_id": 9})

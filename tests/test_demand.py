@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from vastctl import config as config_module
-from vastctl import demand
 from vastctl.errors import BadInput
+from vastctl.facts import demand
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "curio-demand.sh"
@@ -164,7 +164,7 @@ def test_samples_kept_before_the_new_columns_read_as_queued_only(db_path):
     """A state file from before in_flight/lookahead: its samples survive the migration and stay whole."""
     import sqlite3
 
-    from vastctl import db
+    from vastctl.state import db
 
     number = next(i for i, (name, _) in enumerate(db.MIGRATIONS, 1) if name == "demand samples: in flight and look-ahead")
     raw = sqlite3.connect(db_path, isolation_level=None)
@@ -208,7 +208,7 @@ def test_cli_bad_report_changes_nothing(ready, cli, db_path, args):
     result = cli("demand", "report", *args)
     assert result.code == 2 and result.err.startswith("error: ") and "Traceback" not in result.err
     assert result.err.count("\n") == 1 and "unexpected" not in result.err
-    from vastctl import db
+    from vastctl.state import db
 
     assert db.connect(db_path, now=NOW).execute("SELECT count(*) FROM demand_samples").fetchone()[0] == 0
 

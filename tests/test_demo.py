@@ -10,8 +10,9 @@ from datetime import timedelta
 import pytest
 
 from vastctl import clock as clocks
-from vastctl import db, demo
+from vastctl import demo
 from vastctl.providers.sim import FAULT_KINDS
+from vastctl.state import db
 
 CONTRACT_KEYS = {"hours", "seed", "target_attainment", "cost", "proofs", "cost_per_1000_proofs", "kills_by_reason",
                  "leaked_instance_hours", "detection_latency_p95_s"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from test_reconcile_apply import NOW, FakeMarket, at, make
 
-from vastctl import clock, fleet, reconcile
+from vastctl import clock, reconcile
+from vastctl.views import fleet
 
 
 class SlowMarket(FakeMarket):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vastctl import db, tokens
 from vastctl.clock import SYSTEM
+from vastctl.state import db, tokens
 
 
 def _mode(path: Path) -> int:

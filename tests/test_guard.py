@@ -8,7 +8,7 @@ import pytest
 
 from vastctl import config as config_module
 from vastctl import guard
-from vastctl.demand import Demand
+from vastctl.facts.demand import Demand
 from vastctl.guard import Action, Kind
 from vastctl.observe import Observation
 

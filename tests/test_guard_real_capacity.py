@@ -12,7 +12,7 @@ from test_cli_agent import Market, query, running
 
 from vastctl import config as config_module
 from vastctl import guard
-from vastctl.demand import Demand
+from vastctl.facts.demand import Demand
 from vastctl.guard import Action, Kind
 from vastctl.observe import Observation
 from vastctl.providers.base import RemoteInstance
@@ -273,8 +273,9 @@ def test_stop_of_a_claimed_id_says_it_is_unconfirmed_and_what_confirms_it(ready,
 
 
 def test_the_library_stop_says_the_same(conn, cfg):
-    from vastctl import lifecycle, operations
+    from vastctl import operations
     from vastctl.errors import Refused
+    from vastctl.state import lifecycle
 
     lifecycle.register(conn, "u1", label="vastctl-c", vast_id=4711, now=NOW)
     with pytest.raises(Refused, match="vastctl-c claims vast instance 4711"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vastctl import db
+from vastctl.state import db
 
 
 def snapshot(path: Path):

@@ -179,7 +179,7 @@ def test_an_outbid_machine_is_not_counted_as_capacity():
     machine = {"uuid": "u-a", "label": "vastctl-a", "state": "running", "expected_rate": 80.0, "dph": 0.2,
                "vast_id": 1, "vast_status": "stopped", "vast_missing": 0}
     proving = dict(machine, uuid="u-b", label="vastctl-b", vast_status="running")
-    from vastctl.demand import Demand
+    from vastctl.facts.demand import Demand
     from vastctl.observe import Observation
     obs = Observation(now=NOW, settings={}, demand=Demand(queued=5, proofs_per_hour=None, at=NOW, age_s=0,
                                                           source="report", known=True),
@@ -241,7 +241,7 @@ def test_bad_rental_keys_are_refused_naming_the_key(mapping, error):
 
 
 def _rebid_obs(machine, spend=0.4, max_dph=0.5, max_spend=10.0):
-    from vastctl.demand import Demand
+    from vastctl.facts.demand import Demand
     from vastctl.observe import Observation
     return Observation(now=NOW, settings={"max_dph": max_dph, "max_hourly_spend": max_spend, "max_instances": 10,
                                           "target_proofs_per_hour": 100, "min_bench_rate": 40},

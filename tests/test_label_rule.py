@@ -9,8 +9,10 @@ import sqlite3
 
 import pytest
 
-from vastctl import clock, db, server, tokens
+from vastctl import clock
 from vastctl import config as config_module
+from vastctl.serving import server
+from vastctl.state import db, tokens
 
 
 def rows(db_path):

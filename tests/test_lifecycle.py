@@ -6,9 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from vastctl import clock, lifecycle
+from vastctl import clock
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
-from vastctl.lifecycle import ALLOWED, State
+from vastctl.state import lifecycle
+from vastctl.state.lifecycle import ALLOWED, State
 
 T0 = clock.from_iso("2026-11-30T00:00:00Z")
 

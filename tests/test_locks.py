@@ -8,9 +8,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import clock, locks
+from vastctl import clock
 from vastctl.clock import VirtualClock
 from vastctl.errors import Unavailable
+from vastctl.state import locks
 
 START = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
 

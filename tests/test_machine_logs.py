@@ -10,9 +10,11 @@ import pytest
 import requests
 from serving import Manager
 
-from vastctl import dashboard_page, db, lifecycle, machine_logs
 from vastctl.errors import BadInput, UnknownInstance
-from vastctl.lifecycle import State
+from vastctl.facts import machine_logs
+from vastctl.serving import dashboard_page
+from vastctl.state import db, lifecycle
+from vastctl.state.lifecycle import State
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 HOSTILE = "ok\n\x1b[2J\x1b]0;pwned\x07 \u202eevil\u202c <script>alert(1)</script> Authorization: Bearer abcdef123456\r\nend"

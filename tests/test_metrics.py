@@ -15,9 +15,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_dashboard import ADMIN, Browser, add_step, make_app, register
 
-from vastctl import clock, db, lifecycle, settings
+from vastctl import clock
 from vastctl.errors import BenchFailed
-from vastctl.reports import LocalReports
+from vastctl.machine.reports import LocalReports
+from vastctl.state import db, lifecycle, settings
 
 ALERTS = Path(__file__).resolve().parent.parent / "jobs" / "prometheus-alerts.yml"
 METRICS_TOKEN = "metrics-token-0123456789abcdef"
@@ -191,8 +192,8 @@ def test_instance_commands_and_help_load_no_dashboard_or_metrics_code(cli):
         "for args in (['--help'], ['register', '--uuid', 'u1', '--label', 'vastctl-a'], ['heartbeat', '--uuid', 'u1'],"
         " ['fleet', '--json']):\n"
         "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
-        "loaded = sorted(m for m in ('prometheus_client', 'vastctl.dashboard', 'vastctl.dashboard_page',"
-        " 'vastctl.metrics', 'vastctl.overview') if m in sys.modules)\n"
+        "loaded = sorted(m for m in ('prometheus_client', 'vastctl.serving.dashboard', 'vastctl.serving.dashboard_page',"
+        " 'vastctl.serving.metrics', 'vastctl.views.overview') if m in sys.modules)\n"
         "print('loaded=' + ','.join(loaded))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

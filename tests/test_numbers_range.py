@@ -99,8 +99,8 @@ def test_events_with_a_number_past_range_is_exit_2_with_one_line(ready, cli, opt
 
 
 def test_events_in_the_library_refuses_a_number_past_range(store):
-    from vastctl import fleet as fleet_module
     from vastctl.errors import BadInput
+    from vastctl.views import fleet as fleet_module
 
     with pytest.raises(BadInput, match="--since must be at most"):
         fleet_module.events(store, since=2**63)

@@ -8,9 +8,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl import config as config_module
-from vastctl import demand, fleet, lifecycle, settings
-from vastctl.lifecycle import State
+from vastctl.facts import demand
 from vastctl.observe import observe
+from vastctl.state import lifecycle, settings
+from vastctl.state.lifecycle import State
+from vastctl.views import fleet
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 CFG = config_module.from_mapping({"fleet": {"default_rate": 55, "target_proofs_per_hour": 200}})
@@ -133,5 +135,5 @@ def test_observe_does_not_import_the_display_module():
     import grimp
 
     graph = grimp.build_graph("vastctl")
-    assert graph.find_shortest_chain(importer="vastctl.observe", imported="vastctl.fleet") is None
-    assert graph.find_shortest_chain(importer="vastctl.fleet", imported="vastctl.observe") is not None
+    assert graph.find_shortest_chain(importer="vastctl.observe", imported="vastctl.views.fleet") is None
+    assert graph.find_shortest_chain(importer="vastctl.views.fleet", imported="vastctl.observe") is not None

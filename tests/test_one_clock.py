@@ -15,9 +15,12 @@ import pytest
 from test_sim import START, make_market
 
 from vastctl import clock as clocks
-from vastctl import demand, fleet, operations, reconcile, settings
+from vastctl import operations, reconcile
 from vastctl.agent import step
 from vastctl.errors import VastctlError
+from vastctl.facts import demand
+from vastctl.state import settings
+from vastctl.views import fleet
 
 HOURS = 24
 # An ISO-8601 moment as the file holds them: `…T…Z` in columns, `… …+00:00` inside JSON written with default=str

@@ -13,8 +13,9 @@ import pytest
 import requests
 from serving import Manager
 
-from vastctl import lifecycle, onstart
 from vastctl.clock import SYSTEM
+from vastctl.machine import onstart
+from vastctl.state import lifecycle
 
 UUID = "0b7d0c36-5d2e-4a8e-9d55-6f1c2b9e4a10"
 

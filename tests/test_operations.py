@@ -8,12 +8,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import responses
 
-from vastctl import blocklist, clock, demand, lifecycle, onstart, operations, settings, tokens
+from vastctl import clock, operations
 from vastctl import config as config_module
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable
-from vastctl.lifecycle import State
+from vastctl.facts import demand
+from vastctl.machine import onstart
 from vastctl.providers.base import Offer, OfferGone, ProviderError, ProviderRejected, RemoteInstance
 from vastctl.providers.vast import VastProvider
+from vastctl.state import blocklist, lifecycle, settings, tokens
+from vastctl.state.lifecycle import State
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
 
@@ -243,7 +246,7 @@ def test_launch_needs_a_server_url_and_a_secret(conn, cfg, tmp_path):
 
 
 def test_launch_is_serialised(conn, cfg):
-    from vastctl import locks
+    from vastctl.state import locks
 
     locks.acquire(conn, "launch", ttl_s=600, holder="otherhost:1", now=NOW)
     with pytest.raises(Unavailable, match="another launch"):

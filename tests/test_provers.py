@@ -11,9 +11,11 @@ import sys
 import pytest
 from tunnel_parts import FakeDaemon, free_port
 
-from vastctl import atomicfile, clock, db, lifecycle, provers
+from vastctl import atomicfile, clock
 from vastctl.clock import SYSTEM
-from vastctl.lifecycle import State
+from vastctl.facts import provers
+from vastctl.state import db, lifecycle
+from vastctl.state.lifecycle import State
 
 
 @pytest.fixture

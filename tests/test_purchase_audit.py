@@ -19,9 +19,10 @@ from serving import on_a_thread
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 
-from vastctl import db, operations
-from vastctl.audit import PENDING
+from vastctl import operations
 from vastctl.errors import Unavailable
+from vastctl.state import db
+from vastctl.state.audit import PENDING
 
 LAUNCH = ("launch", "--gpu", "RTX 4090", "--json")
 

@@ -6,8 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import fleet, lifecycle
-from vastctl.lifecycle import State
+from vastctl.state import lifecycle
+from vastctl.state.lifecycle import State
+from vastctl.views import fleet
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

@@ -7,9 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import clock, lifecycle, locks, reconcile, settings
+from vastctl import clock, reconcile
 from vastctl.errors import BenchFailed, Unavailable
 from vastctl.providers.base import ProviderError, RemoteInstance
+from vastctl.state import lifecycle, locks, settings
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -14,8 +14,9 @@ import requests
 import responses
 from test_provider_vast import RecordingClock, hang
 
-from vastctl import clock, lifecycle
+from vastctl import clock
 from vastctl.cli.app import Globals
+from vastctl.state import lifecycle
 
 API = "http://vast.test"
 LIST = f"{API}/api/v1/instances/"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from test_operations import NOW, FakeMarket, cfg, offer  # noqa: F401 - cfg is a fixture
 
-from vastctl import blocklist, lifecycle, operations, settings
+from vastctl import operations
 from vastctl.agent.step import Executor
 from vastctl.errors import GuardRefused
 from vastctl.guard import Action, Kind
 from vastctl.observe import observe
+from vastctl.state import blocklist, lifecycle, settings
 
 
 def submit(conn, config, market, action):

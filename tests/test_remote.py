@@ -9,7 +9,7 @@ import requests
 import responses
 
 from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
-from vastctl.remote import DEFAULT_RETRY_FOR, MAX_DELAY, RemoteReports
+from vastctl.machine.remote import DEFAULT_RETRY_FOR, MAX_DELAY, RemoteReports
 
 SERVER = "https://manager.example.test"
 TOKEN = "a" * 64

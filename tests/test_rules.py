@@ -8,7 +8,7 @@ import pytest
 
 from vastctl import config as config_module
 from vastctl.agent import rules
-from vastctl.demand import Demand
+from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
 from vastctl.providers.base import Offer
 

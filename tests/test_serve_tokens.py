@@ -12,9 +12,10 @@ import pytest
 import requests
 from serving import Manager, run_vastctl
 
-from vastctl import clock, db, lifecycle, tokens
+from vastctl import clock
 from vastctl import config as config_module
 from vastctl.errors import BadInput
+from vastctl.state import db, lifecycle, tokens
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -78,7 +79,7 @@ def call(app, uuid, token):
 
 def test_a_bad_token_costs_the_same_with_a_big_fleet(tmp_path, monkeypatch):
     """An unknown token used to cost one HMAC per row (2,000 here): now the first one indexes, the rest look up."""
-    from vastctl import server
+    from vastctl.serving import server
 
     monkeypatch.setenv("VASTCTL_DB", str(tmp_path / "fleet.db"))
     config = config_module.load(env={"VASTCTL_DB": str(tmp_path / "fleet.db")})

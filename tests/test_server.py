@@ -14,8 +14,9 @@ import requests
 from serving import ADMIN_TOKEN, Manager
 
 from vastctl import config as config_module
-from vastctl import db, fleet, lifecycle
 from vastctl.clock import SYSTEM
+from vastctl.state import db, lifecycle
+from vastctl.views import fleet
 
 pytestmark = pytest.mark.slow  # a real serve process on loopback
 
@@ -534,7 +535,9 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
     """The loop asks only connections that can have changed: idle ones cost nothing per pass (serve_bench --slow)."""
     from waitress import wasyncore
 
-    from vastctl import server, tokens, transport
+    from vastctl import transport
+    from vastctl.serving import server
+    from vastctl.state import tokens
 
     config = config_module.from_mapping({})
     config.db = str(tmp_path / "loop.db")

@@ -8,8 +8,10 @@ import pytest
 from serving import Manager
 from test_dashboard import ADMIN, Browser
 
-from vastctl import clock, db, server, signin, tokens
+from vastctl import clock
 from vastctl import config as config_module
+from vastctl.serving import server
+from vastctl.state import db, signin, tokens
 
 START = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

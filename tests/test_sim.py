@@ -12,16 +12,17 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl import clock as clocks
-from vastctl import db, lifecycle, operations, reconcile, tokens
+from vastctl import operations, reconcile
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import VastctlError
+from vastctl.machine.reports import LocalReports
 from vastctl.markets import get_provider
 from vastctl.providers import sim_market
 from vastctl.providers.base import CreateRequest, OfferGone, OfferQuery, ProviderError, ProviderRejected
 from vastctl.providers.sim import FAULT_KINDS, FIRST_VAST_ID, SimProvider
 from vastctl.providers.sim_market import FailureRates
-from vastctl.reports import LocalReports
+from vastctl.state import db, lifecycle, tokens
 
 START = datetime(2031, 3, 1, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
 QUIET = FailureRates(**{f.name: 0.0 for f in dataclasses.fields(FailureRates)})

@@ -14,7 +14,7 @@ import pytest
 
 from vastctl import config as config_module
 from vastctl.agent import rules
-from vastctl.demand import Demand
+from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
 from vastctl.providers.base import Offer
 
@@ -206,9 +206,9 @@ def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released(
 
 
 def test_the_observation_carries_the_demand_of_the_window_and_the_sample_in_force_at_its_start(tmp_path):
-    from vastctl import db
-    from vastctl import demand as demand_module
+    from vastctl.facts import demand as demand_module
     from vastctl.observe import observe
+    from vastctl.state import db
 
     config = config_module.from_mapping({"agent": {"scale_down_after": "30m"}})
     config.db = str(tmp_path / "state.db")

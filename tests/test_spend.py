@@ -15,11 +15,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import responses
 
-from vastctl import clock, db, guard, lifecycle, reconcile
+from vastctl import clock, guard, reconcile
 from vastctl import config as config_module
-from vastctl.lifecycle import State
 from vastctl.observe import observe
 from vastctl.providers.base import RemoteInstance
+from vastctl.state import db, lifecycle
+from vastctl.state.lifecycle import State
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 CFG = config_module.from_mapping({"fleet": {"max_hourly_spend": 0.8, "max_dph": 1.0, "max_instances": 10}})

@@ -11,10 +11,11 @@ from test_reconcile import NOW as PASS_AT
 from test_reconcile import SETTINGS, ago, destroys, row, seen
 from test_reconcile import cfg as reconcile_cfg
 
-from vastctl import lifecycle, operations
-from vastctl.lifecycle import State
+from vastctl import operations
 from vastctl.observe import disagreement
 from vastctl.reconcile import plan
+from vastctl.state import lifecycle
+from vastctl.state.lifecycle import State
 
 
 def test_a_machine_killed_while_its_create_was_in_flight_is_destroyed_once_vast_answers(conn, cfg):

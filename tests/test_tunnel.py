@@ -1,4 +1,4 @@
-"""Each machine's tunnel (vastctl/tunnel.py): its port, its key, the authorized_keys line that lets it open its own
+"""Each machine's tunnel (vastctl/facts/tunnel.py): its port, its key, the authorized_keys line that lets it open its own
 port and nothing else — checked against Debian's real sshd on the shipped config — and the manager's own probe."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import pytest
 from tunnel_parts import FakeDaemon, Sshd, free_port, listening, wait_for
 
 from vastctl import config as config_module
-from vastctl import db, lifecycle, tunnel
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput, Unavailable
-from vastctl.lifecycle import State
+from vastctl.facts import tunnel
+from vastctl.state import db, lifecycle
+from vastctl.state.lifecycle import State
 
 
 @pytest.fixture

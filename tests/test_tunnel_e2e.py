@@ -19,7 +19,7 @@ from test_boot_script import GATE, Machine  # the boot harness and its fakes
 from test_end_to_end import KEY, FakeVast
 from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
 
-from vastctl import tunnel
+from vastctl.facts import tunnel
 
 
 class JoiningMachine(Machine):

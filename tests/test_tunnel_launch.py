@@ -15,10 +15,11 @@ from test_reconcile import NOW as RECONCILE_NOW
 from test_reconcile import SETTINGS, ago, kills, row, seen
 
 from vastctl import config as config_module
-from vastctl import lifecycle, operations, tokens
+from vastctl import operations
 from vastctl.errors import BadInput
 from vastctl.providers.base import ProviderError, ProviderRejected
 from vastctl.reconcile import plan
+from vastctl.state import lifecycle, tokens
 
 
 @pytest.fixture

@@ -11,9 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from serving import on_a_thread
 
-from vastctl import clock, dashboard_page, db, overview
+from vastctl import clock
 from vastctl import config as config_module
 from vastctl.observe import observe
+from vastctl.serving import dashboard_page
+from vastctl.state import db
+from vastctl.views import overview
 
 pytestmark = pytest.mark.slow  # a real HTTP server on loopback
 

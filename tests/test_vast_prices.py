@@ -18,7 +18,7 @@ import responses
 from vastctl import guard
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
-from vastctl.demand import Demand
+from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
 from vastctl.providers.base import OfferQuery
 from vastctl.providers.vast import VastProvider

@@ -13,10 +13,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import clock, tokens, webhooks
+from vastctl import clock
 from vastctl import config as config_module
 from vastctl.clock import VirtualClock
-from vastctl.server import App
+from vastctl.serving import webhooks
+from vastctl.serving.server import App
+from vastctl.state import tokens
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=timezone.utc)
 SECRET = "whsec_test_0123456789abcdef0123"
@@ -333,7 +335,7 @@ class LeaseWaker(webhooks.Waker):
 
 
 def test_a_wake_waits_for_crons_pass_to_release_the_lease_then_runs_its_own(conn, config, db_path):
-    from vastctl import locks
+    from vastctl.state import locks
 
     locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="cron-host:4242")  # cron's pass, mid-way
     market = EmptyMarket(db_path)
@@ -347,7 +349,7 @@ def test_a_wake_waits_for_crons_pass_to_release_the_lease_then_runs_its_own(conn
 
 
 def test_a_wake_never_lists_while_another_pass_holds_the_lease(conn, config, db_path):
-    from vastctl import locks
+    from vastctl.state import locks
 
     locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="cron-host:4242")
     market = EmptyMarket(db_path)

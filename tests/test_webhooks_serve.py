@@ -17,8 +17,8 @@ import requests
 from serving import Manager, free_port, on_a_thread, run_vastctl
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 
-from vastctl import webhooks
 from vastctl.clock import SYSTEM
+from vastctl.serving import webhooks
 
 pytestmark = pytest.mark.slow  # real processes and servers on loopback
 

@@ -1,3 +1,3 @@
-from .cli import main
+from vastctl.cli import main
 
 main()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping
 
-from .config import Config
-from .providers.base import Offer
+from vastctl.config import Config
+from vastctl.providers.base import Offer
 
 RENTALS = ("on-demand", "interruptible", "mixed")
 

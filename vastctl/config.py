@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import BadInput
+from vastctl.errors import BadInput
 
 DURATION = {"duration": True}
 MAX_INT = 2**63 - 1  # SQLite INTEGER
@@ -241,7 +241,7 @@ class ServerSection:
 
 @dataclass
 class TunnelSection:
-    """launch.join ssh: each machine opens a reverse tunnel to the manager's 127.0.0.1:PORT (vastctl/tunnel.py)."""
+    """launch.join ssh: each machine opens a reverse tunnel to the manager's 127.0.0.1:PORT (vastctl/facts/tunnel.py)."""
 
     host: str = ""  # the manager's address as the machines dial it
     ssh_port: int = 22
@@ -256,7 +256,7 @@ class TunnelSection:
 
 @dataclass
 class ProversSection:
-    """`vastctl provers`: the upstream file nginx balances Curio's gRPC over (vastctl/provers.py)."""
+    """`vastctl provers`: the upstream file nginx balances Curio's gRPC over (vastctl/facts/provers.py)."""
 
     upstream_file: str = ""  # e.g. /etc/nginx/vastctl/cuzk-upstream.conf; empty: not written
     reload_command: str = ""  # run after the file changed, e.g. `nginx -s reload`

@@ -45,11 +45,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import clock as clocks
-from . import db, demand, reconcile, settings, tokens
-from .clock import VirtualClock
-from .config import Config
-from .errors import BadInput, VastctlError
+from vastctl import clock as clocks
+from vastctl import reconcile
+from vastctl.clock import VirtualClock
+from vastctl.config import Config
+from vastctl.errors import BadInput, VastctlError
+from vastctl.facts import demand
+from vastctl.state import db, settings, tokens
 
 START = datetime(2031, 3, 3, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
 STEP_S = 60  # cron's minute
@@ -157,7 +159,7 @@ class DemoResult:
 
 def demo_config(directory: Path, options: DemoOptions) -> Config:
     """The config a demo runs with: the simulated market, fleet limits sized for the demand curve."""
-    from .providers import sim_market
+    from vastctl.providers import sim_market
 
     config = Config(db=str(directory / "demo.db"), provider="sim")
     config.server.url = "https://manager.demo.invalid"
@@ -196,10 +198,10 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
 
     `configure` may change the demo's config before the run (the control-loop bench tries settings with it).
     """
-    from .agent import step
-    from .markets import get_provider
-    from .observe import observe
-    from .providers.sim import SimProvider
+    from vastctl.agent import step
+    from vastctl.markets import get_provider
+    from vastctl.observe import observe
+    from vastctl.providers.sim import SimProvider
 
     options.check()
     config = demo_config(directory, options)
@@ -403,7 +405,7 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
     (fleet.min_cpu_ram_gb, fleet.min_inet_down_mbps) and that no other renter holds that hour; without
     it, any host of the allowed models. `interruptible` prices every host at its min_bid (never outbid).
     """
-    from .providers import sim_market
+    from vastctl.providers import sim_market
 
     hosts = [host for host in market.hosts() if host.gpu_name in config.fleet.gpus
              and host.true_rate >= config.fleet.min_bench_rate]

@@ -38,13 +38,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from . import clock
-from .audit import record_action
-from .config import Config
-from .lifecycle import State, StrEnum
+from vastctl import clock
+from vastctl.config import Config
+from vastctl.state.audit import record_action
+from vastctl.state.lifecycle import State, StrEnum
 
 if TYPE_CHECKING:
-    from .observe import Observation
+    from vastctl.observe import Observation
 
 
 class Kind(StrEnum):

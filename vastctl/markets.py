@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .errors import BadInput
+from vastctl.errors import BadInput
 
 if TYPE_CHECKING:
     import sqlite3
 
-    from .clock import Clock
-    from .config import Config
-    from .providers.base import Provider
+    from vastctl.clock import Clock
+    from vastctl.config import Config
+    from vastctl.providers.base import Provider
 
 
 def get_provider(config: "Config", *, clock: "Clock", env: Mapping[str, str] | None = None,
@@ -34,7 +34,7 @@ def get_provider(config: "Config", *, clock: "Clock", env: Mapping[str, str] | N
         return _sim_provider(config, clock=clock, **options)
     if config.provider != "vast":
         raise BadInput(f"provider {config.provider!r} is not available: set `provider: vast` or `provider: sim`")
-    from .providers.vast import VastProvider
+    from vastctl.providers.vast import VastProvider
 
     provider = VastProvider.from_env(env, clock=clock, **options)
     if provider is None:
@@ -50,9 +50,9 @@ def _sim_provider(config: "Config", *, clock: "Clock", conn: "sqlite3.Connection
     Each report is stamped with the simulated moment it is made, so the file
     holds the market's time, whatever clock drives it.
     """
-    from . import db
-    from .providers.sim import SimProvider
-    from .reports import LocalReports
+    from vastctl.machine.reports import LocalReports
+    from vastctl.providers.sim import SimProvider
+    from vastctl.state import db
 
     conn = conn if conn is not None else db.connect(config.db_path, now=clock.now())
     return SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=clock,

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping
 
-from . import clock as clock_module
-from . import demand as demand_module
-from . import lifecycle, settings, tunnel
-from .config import Config
-from .demand import Demand
-from .lifecycle import LIVE_STATES, State
+from vastctl import clock as clock_module
+from vastctl.config import Config
+from vastctl.facts import demand as demand_module
+from vastctl.facts import tunnel
+from vastctl.facts.demand import Demand
+from vastctl.state import lifecycle, settings
+from vastctl.state.lifecycle import LIVE_STATES, State
 
 __all__ = ["Demand", "Observation", "observe"]
 

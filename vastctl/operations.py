@@ -16,14 +16,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
-from . import bids, blocklist, clock, guard, lifecycle, locks, onstart, settings, tokens, tunnel, upstream
-from .audit import begin_action, finish_action, record_action, settle
-from .config import Config
-from .db import transaction
-from .errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
-from .lifecycle import State
-from .observe import observe
-from .providers.base import (
+from vastctl import bids, clock, guard, upstream
+from vastctl.config import Config
+from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
+from vastctl.facts import tunnel
+from vastctl.machine import onstart
+from vastctl.observe import observe
+from vastctl.providers.base import (
     CreateRequest,
     DeadlinePassed,
     Offer,
@@ -34,6 +33,10 @@ from .providers.base import (
     ProviderRejected,
     RemoteInstance,
 )
+from vastctl.state import blocklist, lifecycle, locks, settings, tokens
+from vastctl.state.audit import begin_action, finish_action, record_action, settle
+from vastctl.state.db import transaction
+from vastctl.state.lifecycle import State
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60

@@ -54,15 +54,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import blocklist, clock, guard, locks, operations, provers, settings, tunnel, upstream
-from .audit import record_action, settle_pending_launches
-from .clock import Clock
-from .config import Config
-from .db import transaction
-from .errors import Refused, Unavailable, UnknownInstance
-from .lifecycle import LIVE_STATES, State, kill, record_event
-from .observe import observe
-from .providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
+from vastctl import clock, guard, operations, upstream
+from vastctl.clock import Clock
+from vastctl.config import Config
+from vastctl.errors import Refused, Unavailable, UnknownInstance
+from vastctl.facts import provers, tunnel
+from vastctl.observe import observe
+from vastctl.providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
+from vastctl.state import blocklist, locks, settings
+from vastctl.state.audit import record_action, settle_pending_launches
+from vastctl.state.db import transaction
+from vastctl.state.lifecycle import LIVE_STATES, State, kill, record_event
 
 LEASE = "reconcile"
 LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)

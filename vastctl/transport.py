@@ -23,7 +23,7 @@ from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import TcpWSGIServer
 from waitress.wasyncore import readwrite
 
-from .clock import Clock
+from vastctl.clock import Clock
 
 
 class FramingParser(HTTPRequestParser):

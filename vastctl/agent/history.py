@@ -15,7 +15,7 @@ import json
 import sqlite3
 from typing import Any
 
-from .. import clock
+from vastctl import clock
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000

@@ -43,10 +43,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..clock import Clock
-from ..config import Config
-from ..errors import BadInput
-from . import memory
+from vastctl.agent import memory
+from vastctl.clock import Clock
+from vastctl.config import Config
+from vastctl.errors import BadInput
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 MAX_OUTPUT_TOKENS = 1024
@@ -222,7 +222,7 @@ def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggesti
 
     import anthropic  # only here: about a second to import
 
-    from . import deadline_http
+    from vastctl.agent import deadline_http
 
     step = _Step(conn, config, clock, step_id, execute, started)
     http_client = deadline_http.bound(anthropic.DefaultHttpxClient(), step.remaining)  # whole exchanges, not reads

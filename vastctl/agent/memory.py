@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from .. import clock
-from ..db import inserted_id, transaction
-from ..observe import expected_rate, stored_json
+from vastctl import clock
+from vastctl.observe import expected_rate, stored_json
+from vastctl.state.db import inserted_id, transaction
 
 CHARS_PER_TOKEN = 3  # JSON with short keys and numbers tokenises at ~3–4 chars a token: estimate high
 MAX_TEXT_CHARS = 240  # any one string from the fleet (status message, reason, note) is clipped to this

@@ -57,14 +57,14 @@ import math
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
-from .. import clock
-from ..bids import bid_for_offer, wants_bid
-from ..config import Config
-from ..fleet import VAST_DEAD
-from ..guard import Action, Kind
-from ..lifecycle import State
-from ..observe import PENDING_STATES, Observation, rate_of_model
-from ..providers.base import Offer
+from vastctl import clock
+from vastctl.bids import bid_for_offer, wants_bid
+from vastctl.config import Config
+from vastctl.guard import Action, Kind
+from vastctl.observe import PENDING_STATES, Observation, rate_of_model
+from vastctl.providers.base import Offer
+from vastctl.state.lifecycle import State
+from vastctl.views.fleet import VAST_DEAD
 
 ACTOR = "agent"
 BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof

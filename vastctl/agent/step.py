@@ -24,18 +24,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .. import clock as clock_module
-from .. import demand as demand_module
-from .. import guard, locks, operations
-from ..config import Config
-from ..db import transaction
-from ..errors import BadInput, GuardRefused, Unavailable, VastctlError
-from ..guard import Action, Kind
-from ..observe import Observation, observe, stored_json
-from . import rules
+from vastctl import clock as clock_module
+from vastctl import guard, operations
+from vastctl.agent import rules
+from vastctl.config import Config
+from vastctl.errors import BadInput, GuardRefused, Unavailable, VastctlError
+from vastctl.facts import demand as demand_module
+from vastctl.guard import Action, Kind
+from vastctl.observe import Observation, observe, stored_json
+from vastctl.state import locks
+from vastctl.state.db import transaction
 
 if TYPE_CHECKING:
-    from ..providers.base import Provider
+    from vastctl.providers.base import Provider
 
 LEASE = "agent-step"
 LEASE_TTL_S = 10 * 60
@@ -94,7 +95,7 @@ def run_step(conn: sqlite3.Connection, provider: "Provider", config: Config, *, 
     env = os.environ if env is None else env
     chosen = resolve_policy(policy, config, env)
     if chosen == "llm":
-        from . import llm  # the Anthropic SDK itself loads inside llm.run() only
+        from vastctl.agent import llm  # the Anthropic SDK itself loads inside llm.run() only
 
         llm.require(config, env)  # a missing key or price is bad input: nothing asked, nothing written
     now = clock.now()
@@ -356,7 +357,7 @@ def tool_action(name: str, tool_input: Mapping[str, Any]) -> Action:
 
 
 def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, env: Mapping[str, str]) -> None:
-    from . import llm
+    from vastctl.agent import llm
 
     suggestion = [action.view("suggested") for action in rules.plan(executor.obs, executor.config,
                                                                     _offers_if_needed(executor))]

@@ -9,11 +9,11 @@ from typing import Protocol, TypeGuard
 
 import typer
 
-from .. import db
-from ..errors import BadInput, VastctlError
-from ..lifecycle import printable
-from . import agent, agent_history, cost, demo, instance, logs, market, operator, provers, reconcile, serve  # noqa: F401  (registers their commands)
-from .app import Globals, app
+from vastctl.cli import agent, agent_history, cost, demo, instance, logs, market, operator, provers, reconcile, serve  # noqa: F401  (registers their commands)
+from vastctl.cli.app import Globals, app
+from vastctl.errors import BadInput, VastctlError
+from vastctl.state import db
+from vastctl.state.lifecycle import printable
 
 COMPLETE_VAR = "_VASTCTL_COMPLETE"
 

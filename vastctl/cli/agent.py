@@ -6,19 +6,19 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from .. import clock
-from ..errors import Unavailable
-from .app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
+from vastctl import clock
+from vastctl.cli.app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
+from vastctl.errors import Unavailable
 
 if TYPE_CHECKING:
-    from ..clock import Clock
-    from ..config import Config
-    from ..providers.base import Provider
+    from vastctl.clock import Clock
+    from vastctl.config import Config
+    from vastctl.providers.base import Provider
 
 
 def make_provider(config: "Config", clock: "Clock") -> "Provider":
     """The market agent-step rents from, on the step's clock (tests replace this)."""
-    from ..markets import get_provider
+    from vastctl.markets import get_provider
 
     return get_provider(config, clock=clock)
 
@@ -40,7 +40,7 @@ def demand_report(
 
     Example: vastctl demand report --queued 59 --in-flight 10 --lookahead 24 --proofs-per-hour 310
     """
-    from .. import demand
+    from vastctl.facts import demand
 
     g = globals_of(ctx)
     demand.report(g.connect(), queued, proofs_per_hour, now=g.clock.now(), in_flight=in_flight, lookahead=lookahead)
@@ -59,7 +59,7 @@ def demand_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     Example: vastctl demand show --json
     """
-    from .. import demand
+    from vastctl.facts import demand
 
     g = globals_of(ctx)
     current = demand.refresh(g.connect(), g.config, now=g.clock.now())
@@ -93,7 +93,7 @@ def agent_step_cmd(
 
     Example: * * * * * vastctl agent-step --if-events >>/var/log/vastctl/agent-step.log 2>&1
     """
-    from ..agent import step
+    from vastctl.agent import step
 
     g = globals_of(ctx)
     conn = g.connect()

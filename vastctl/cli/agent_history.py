@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .app import JsonOpt, app, echo, globals_of, print_json
+from vastctl.cli.app import JsonOpt, app, echo, globals_of, print_json
 
 agent_app = typer.Typer(help="What the agent did and why (agent-step runs a step).", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -41,7 +41,7 @@ def history_cmd(
 
     Example: vastctl agent history --limit 5
     """
-    from ..agent import history
+    from vastctl.agent import history
 
     view = history.history(globals_of(ctx).connect(), limit=limit)
     if as_json:

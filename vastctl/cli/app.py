@@ -12,10 +12,11 @@ from typing import Annotated, Any, ClassVar, Optional
 
 import typer
 
-from .. import __version__, clock, db
-from .. import config as config_module
-from ..clock import SYSTEM, Clock
-from ..lifecycle import printable
+from vastctl import __version__, clock
+from vastctl import config as config_module
+from vastctl.clock import SYSTEM, Clock
+from vastctl.state import db
+from vastctl.state.lifecycle import printable
 
 app = typer.Typer(
     name="vastctl",

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table
+from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table
 
 
 @app.command("cost")
@@ -25,7 +25,7 @@ def cost_cmd(
 
     Example: vastctl cost --since 24h --by gpu
     """
-    from .. import cost
+    from vastctl.facts import cost
 
     g = globals_of(ctx)
     now = g.clock.now()

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .app import JsonOpt, app, print_json, print_table, say
+from vastctl.cli.app import JsonOpt, app, print_json, print_table, say
 
 SUMMARY = [
     ("proofs done within 45 min of arriving", "proofs_within_max_wait", "pct"),
@@ -57,8 +57,8 @@ def demo_cmd(
 
     Example: vastctl demo --hours 24 --seed 1 --chart demo.svg --keep demo.db
     """
-    from .. import demo
-    from ..errors import BadInput
+    from vastctl import demo
+    from vastctl.errors import BadInput
 
     options = demo.DemoOptions(hours=hours, seed=demo.DEFAULT_SEED if seed is None else seed, policy=policy,
                                failures=failures)

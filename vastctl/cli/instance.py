@@ -11,9 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import upstream
-from ..reports import LocalReports, Reports
-from .app import app, env_flag, globals_of, say
+from vastctl import upstream
+from vastctl.cli.app import app, env_flag, globals_of, say
+from vastctl.machine.reports import LocalReports, Reports
 
 UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="This machine's uuid ($VASTCTL_UUID).")]
 
@@ -21,7 +21,7 @@ UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="Thi
 def reports_for(ctx: typer.Context) -> Reports:
     """Remote reports when VASTCTL_SERVER is set (no state file is opened), else the local state file."""
     if env_flag("VASTCTL_SERVER"):
-        from ..remote import RemoteReports
+        from vastctl.machine.remote import RemoteReports
 
         return RemoteReports.from_env(os.environ, clock=globals_of(ctx).clock, on_retry=_say_retry)
     g = globals_of(ctx)

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import BadInput
-from .app import JsonOpt, app, echo, globals_of, print_json
-from .instance import UuidOpt, reports_for
+from vastctl.cli.app import JsonOpt, app, echo, globals_of, print_json
+from vastctl.cli.instance import UuidOpt, reports_for
+from vastctl.errors import BadInput
 
 NameOpt = Annotated[str, typer.Option("--name", help="Which log: onstart, fetch, cuzk or bench.")]
 
@@ -25,7 +25,7 @@ def log_push_cmd(
 
     Example: vastctl log-push --uuid "$VASTCTL_UUID" --name bench --file /var/log/vastctl/bench.log
     """
-    from .. import machine_logs
+    from vastctl.facts import machine_logs
 
     machine_logs.check_name(name)
     try:
@@ -52,7 +52,7 @@ def logs_cmd(
     The text is the machine's, made safe when it arrived: control and bidi characters escaped, cut to its
     last 16 KiB. Example: vastctl logs vastctl-3f2a9c1d --name bench
     """
-    from .. import machine_logs
+    from vastctl.facts import machine_logs
 
     g = globals_of(ctx)
     view = machine_logs.tails(g.connect(), label, name)

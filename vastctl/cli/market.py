@@ -6,12 +6,13 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from .. import lifecycle, operations
-from ..config import Config
-from ..errors import Refused, Unavailable
-from ..lifecycle import State
-from ..markets import get_provider
-from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl import operations
+from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl.config import Config
+from vastctl.errors import Refused, Unavailable
+from vastctl.markets import get_provider
+from vastctl.state import lifecycle
+from vastctl.state.lifecycle import State
 
 
 @app.command("offers")

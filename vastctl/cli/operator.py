@@ -7,8 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import clock, fleet, settings, tokens
-from .app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl import clock
+from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl.state import settings, tokens
+from vastctl.views import fleet
 
 
 @app.command("init")
@@ -131,9 +133,9 @@ def kill_cmd(
     """
     if not reason.strip():
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
-    from .. import operations
-    from ..errors import Unavailable
-    from ..markets import get_provider
+    from vastctl import operations
+    from vastctl.errors import Unavailable
+    from vastctl.markets import get_provider
 
     g = globals_of(ctx)
     row, error = operations.operator_kill(g.connect(), g.config, instance, reason, force=force, now=g.clock.now(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .app import JsonOpt, app, globals_of, print_json, print_table, say
+from vastctl.cli.app import JsonOpt, app, globals_of, print_json, print_table, say
 
 
 @app.command("provers")
@@ -17,7 +17,7 @@ def provers_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     Example: vastctl provers --json
     """
-    from .. import provers, tunnel
+    from vastctl.facts import provers, tunnel
 
     g = globals_of(ctx)
     conn = g.connect()

@@ -6,17 +6,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
+from vastctl.cli.app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
 
 if TYPE_CHECKING:
-    from ..clock import Clock
-    from ..config import Config
-    from ..providers.base import Provider
+    from vastctl.clock import Clock
+    from vastctl.config import Config
+    from vastctl.providers.base import Provider
 
 
 def make_provider(config: "Config", clock: "Clock") -> "Provider":
     """The market to reconcile against, its backoff on `clock` (tests replace this)."""
-    from ..markets import get_provider
+    from vastctl.markets import get_provider
 
     return get_provider(config, clock=clock)
 
@@ -39,8 +39,8 @@ def reconcile_cmd(
 
     Example: * * * * * vastctl reconcile >>/var/log/vastctl/reconcile.log 2>&1
     """
-    from .. import reconcile
-    from ..errors import Unavailable
+    from vastctl import reconcile
+    from vastctl.errors import Unavailable
 
     g = globals_of(ctx)
     conn = g.connect()

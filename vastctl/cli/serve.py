@@ -14,11 +14,11 @@ from typing import Annotated
 
 import typer
 
-from .. import clock as clock_module
-from .. import lifecycle, tokens
-from ..clock import Clock
-from ..errors import BadInput, Refused
-from .app import app, globals_of, say
+from vastctl import clock as clock_module
+from vastctl.cli.app import app, globals_of, say
+from vastctl.clock import Clock
+from vastctl.errors import BadInput, Refused
+from vastctl.state import lifecycle, tokens
 
 
 @app.command("serve")
@@ -46,7 +46,7 @@ def serve_cmd(
 
     Example: vastctl serve --host 127.0.0.1 --port 8080   # behind a TLS proxy
     """
-    from .. import server, webhooks
+    from vastctl.serving import server, webhooks
 
     g = globals_of(ctx)
     clock = g.clock if as_of is None else _ShiftedClock(g.clock, _moment(as_of, "--as-of"))
@@ -77,14 +77,14 @@ def serve_cmd(
 
 def make_provider(config, clock):
     """The market a webhook's wake reconciles against and steps with, as cron's commands build it."""
-    from ..markets import get_provider
+    from vastctl.markets import get_provider
 
     return get_provider(config, clock=clock)
 
 
 def _say_webhooks(g) -> None:
     """Whether vast's deliveries are taken, and a warning when their wakes could not reach vast."""
-    from .. import webhooks
+    from vastctl.serving import webhooks
 
     path = g.config.webhook_secret_path
     if not path.exists():
@@ -108,7 +108,7 @@ def webhook_secret_cmd(
 
     Example: vastctl webhook-secret --add < secret.txt   (rotating: --add the new one, then --retire-old)
     """
-    from .. import webhooks
+    from vastctl.serving import webhooks
 
     g = globals_of(ctx)
     if add == retire_old:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import Unavailable
+from vastctl.errors import Unavailable
 
 
 class ProviderError(Unavailable):

@@ -40,14 +40,14 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
-from .. import clock as clocks
-from ..clock import Clock
-from ..errors import BadInput, BenchFailed, Refused, VastctlError
-from . import sim_market as model
-from .base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
+from vastctl import clock as clocks
+from vastctl.clock import Clock
+from vastctl.errors import BadInput, BenchFailed, Refused, VastctlError
+from vastctl.providers import sim_market as model
+from vastctl.providers.base import CreateRequest, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
 
 if TYPE_CHECKING:
-    from ..reports import Reports
+    from vastctl.machine.reports import Reports
 
 SCHEMA_VERSION = 2  # 2: interruptible rentals (bid, rival bids, pauses)
 HEARTBEAT_S = 60.0

@@ -35,10 +35,19 @@ from typing import Any, Mapping
 import requests
 import urllib3
 
-from .. import upstream
-from ..clock import Clock
-from ..errors import BadInput
-from .base import CreateRequest, DeadlinePassed, Offer, OfferGone, OfferQuery, ProviderError, ProviderRejected, RemoteInstance
+from vastctl import upstream
+from vastctl.clock import Clock
+from vastctl.errors import BadInput
+from vastctl.providers.base import (
+    CreateRequest,
+    DeadlinePassed,
+    Offer,
+    OfferGone,
+    OfferQuery,
+    ProviderError,
+    ProviderRejected,
+    RemoteInstance,
+)
 
 DEFAULT_URL = "https://console.vast.ai"
 PAGE_SIZE = 25  # the API's maximum for /api/v1/instances/

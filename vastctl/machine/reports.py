@@ -13,8 +13,8 @@ import sqlite3
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import lifecycle, settings
-from .config import Config
+from vastctl.config import Config
+from vastctl.state import lifecycle, settings
 
 
 class Reports(Protocol):
@@ -67,6 +67,6 @@ class LocalReports:
         return {"state": lifecycle.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]}
 
     def log_push(self, uuid, name, text):
-        from . import machine_logs
+        from vastctl.facts import machine_logs
 
         return machine_logs.push(self.conn, uuid, name, text, now=self.now)

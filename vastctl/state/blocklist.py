@@ -13,8 +13,8 @@ import sqlite3
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import clock
-from .db import transaction
+from vastctl import clock
+from vastctl.state.db import transaction
 
 # kills that say nothing about the hardware: our own decisions, or the GPU being taken while stopped
 NOT_THE_MACHINE = frozenset({"operator", "agent", "orphan", "scheduling_timeout"})

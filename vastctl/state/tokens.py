@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 
-from . import clock
-from .errors import BadInput
-from .upstream import cut
+from vastctl import clock
+from vastctl.errors import BadInput
+from vastctl.upstream import cut
 
 MIN_LENGTH = 32
 # What a missing secret file usually means: the command was not pointed at the manager's config.

@@ -12,11 +12,11 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
-from . import clock
-from .config import Config, range_of
-from .db import transaction
-from .errors import BadInput
-from .lifecycle import record_event
+from vastctl import clock
+from vastctl.config import Config, range_of
+from vastctl.errors import BadInput
+from vastctl.state.db import transaction
+from vastctl.state.lifecycle import record_event
 
 KEYS: dict[str, type] = {
     "target_proofs_per_hour": float,

@@ -44,16 +44,17 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import atomicfile, db, upstream
-from . import clock as clocks
-from .clock import Clock
-from .config import Config
-from .db import transaction
-from .errors import BadInput, VastctlError
-from .lifecycle import record_event
+from vastctl import atomicfile, upstream
+from vastctl import clock as clocks
+from vastctl.clock import Clock
+from vastctl.config import Config
+from vastctl.errors import BadInput, VastctlError
+from vastctl.state import db
+from vastctl.state.db import transaction
+from vastctl.state.lifecycle import record_event
 
 if TYPE_CHECKING:
-    from .providers.base import Provider
+    from vastctl.providers.base import Provider
 
 PATH = "/v1/vast/webhook"
 MAX_BODY = 16 * 1024  # vast's bodies are a few hundred bytes
@@ -283,7 +284,7 @@ def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bo
 
 
 def _default_provider(config: Config, clock: Clock) -> "Provider":
-    from .markets import get_provider
+    from vastctl.markets import get_provider
 
     return get_provider(config, clock=clock)
 
@@ -363,8 +364,8 @@ class Waker:
 
     def run_wake(self, event_ids: list[str]) -> WakeResult:
         """A reconcile pass (and its confirming pass), then an agent step, on a connection of this thread."""
-        from . import reconcile
-        from .agent import step
+        from vastctl import reconcile
+        from vastctl.agent import step
 
         result = WakeResult(list(event_ids))
         conn = db.connect(self.config.db_path, now=self.clock.now())
@@ -409,7 +410,7 @@ class Waker:
 
 def needs_confirmation(conn: sqlite3.Connection) -> bool:
     """A live machine the last listing showed dead or missing: the next listing decides whether it is killed."""
-    from .reconcile import DEAD_STATUSES  # the statuses the rules kill for once two listings agree
+    from vastctl.reconcile import DEAD_STATUSES  # the statuses the rules kill for once two listings agree
 
     dead = sorted(DEAD_STATUSES)
     marks = ", ".join("?" for _ in dead)

@@ -27,11 +27,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import atomicfile, clock
-from .config import Config
-from .db import transaction
-from .errors import BadInput, Unavailable
-from .lifecycle import State, record_event
+from vastctl import atomicfile, clock
+from vastctl.config import Config
+from vastctl.errors import BadInput, Unavailable
+from vastctl.state.db import transaction
+from vastctl.state.lifecycle import State, record_event
 
 KEY_TYPE = "ed25519"
 PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|ssh-rsa)"
@@ -138,7 +138,7 @@ def authorized_line(port: int, public_key: str, label: str) -> str:
 def authorized_keys_text(conn: sqlite3.Connection) -> str:
     rows = conn.execute("SELECT label, tunnel_port, tunnel_public_key FROM instances WHERE state != 'killed'"
                         " AND tunnel_port IS NOT NULL AND tunnel_public_key IS NOT NULL ORDER BY tunnel_port")
-    lines = ["# written by vastctl (vastctl/tunnel.py): one line per live machine; edits are overwritten"]
+    lines = ["# written by vastctl (vastctl/facts/tunnel.py): one line per live machine; edits are overwritten"]
     for row in rows:
         try:
             lines.append(authorized_line(row["tunnel_port"], row["tunnel_public_key"], row["label"]))

@@ -7,13 +7,13 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from . import clock
-from .config import Config
-from .db import transaction
-from .errors import BadInput
-from .lifecycle import State, record_event
-from .observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
-from .observe import Observation, event_facts, machine_facts, observe
+from vastctl import clock
+from vastctl.config import Config
+from vastctl.errors import BadInput
+from vastctl.observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
+from vastctl.observe import Observation, event_facts, machine_facts, observe
+from vastctl.state.db import transaction
+from vastctl.state.lifecycle import State, record_event
 
 TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at", "tunnel_down_since",
                "last_contact_at")

@@ -22,15 +22,15 @@ import hashlib
 import math
 from importlib import resources
 
-from .config import DEFAULT_IMAGE, LaunchSection
-from .errors import BadInput
+from vastctl.config import DEFAULT_IMAGE, LaunchSection
+from vastctl.errors import BadInput
 
 MAX_CHARS = 4048  # vast's limit on the onstart field
 TEMPLATE = "templates/onstart.sh"
 
 
 def default_script() -> str:
-    return resources.files("vastctl").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    return resources.files("vastctl.machine").joinpath(TEMPLATE).read_text(encoding="utf-8")
 
 
 def for_vast(script: str) -> str:

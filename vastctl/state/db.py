@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from . import clock
-from .errors import BadInput, Unavailable, VastctlError
+from vastctl import clock
+from vastctl.errors import BadInput, Unavailable, VastctlError
 
 BUSY_TIMEOUT_S = 60.0
 

@@ -20,10 +20,10 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Mapping, NoReturn, overload
 
-from . import clock, upstream
-from .db import inserted_id, transaction
-from .errors import BadInput, BenchFailed, Refused, UnknownInstance
-from .upstream import cut
+from vastctl import clock, upstream
+from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
+from vastctl.state.db import inserted_id, transaction
+from vastctl.upstream import cut
 
 try:
     from enum import StrEnum

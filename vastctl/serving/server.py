@@ -60,14 +60,17 @@ from waitress.adjustments import Adjustments  # only `serve` imports this module
 from waitress.server import MultiSocketServer
 from waitress.task import ThreadedTaskDispatcher
 
-from . import db, fleet, lifecycle, onstart, signin, tokens, webhooks
-from .clock import Clock
-from .config import Config
-from .errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
-from .remote import FIELD_FLAGS
-from .reports import LocalReports
-from .transport import DeadlineServer
-from .upstream import cut
+from vastctl.clock import Clock
+from vastctl.config import Config
+from vastctl.errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
+from vastctl.machine import onstart
+from vastctl.machine.remote import FIELD_FLAGS
+from vastctl.machine.reports import LocalReports
+from vastctl.serving import webhooks
+from vastctl.state import db, lifecycle, signin, tokens
+from vastctl.transport import DeadlineServer
+from vastctl.upstream import cut
+from vastctl.views import fleet
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
@@ -136,7 +139,7 @@ class App:
         started = self.clock.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         path = _raw_path(environ)
-        from . import dashboard  # the operator's pages and /metrics live in their own module
+        from vastctl.serving import dashboard  # the operator's pages and /metrics live in their own module
         if dashboard.owns(method, path):
             return dashboard.serve(self, environ, start_response, method, path)
         headers: list[tuple[str, str]] = []

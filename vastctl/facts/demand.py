@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from . import clock, upstream
-from .config import Config
-from .db import inserted_id, transaction
-from .errors import BadInput
+from vastctl import clock, upstream
+from vastctl.config import Config
+from vastctl.errors import BadInput
+from vastctl.state.db import inserted_id, transaction
 
 COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
 MAX_OUTPUT_CHARS = 64 * 1024

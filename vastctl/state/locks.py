@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Iterator
 
-from . import clock as clocks
-from .db import transaction
-from .errors import Unavailable
+from vastctl import clock as clocks
+from vastctl.errors import Unavailable
+from vastctl.state.db import transaction
 
 
 def _holder() -> str:

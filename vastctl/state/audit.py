@@ -19,8 +19,8 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
-from . import clock, upstream
-from .db import inserted_id, transaction
+from vastctl import clock, upstream
+from vastctl.state.db import inserted_id, transaction
 
 RESULT_CHARS = 1000
 

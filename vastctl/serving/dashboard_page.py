@@ -21,8 +21,9 @@ from datetime import datetime, timedelta, timezone
 from html import escape
 from typing import Any, Iterable, Sequence
 
-from . import clock, settings
-from .upstream import cut
+from vastctl import clock
+from vastctl.state import settings
+from vastctl.upstream import cut
 
 LIVE_URL = "/dashboard/live"
 REFRESH_MS = 5000

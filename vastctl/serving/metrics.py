@@ -18,10 +18,11 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from . import cost, fleet, overview
-from .config import Config
-from .lifecycle import State
-from .observe import observe
+from vastctl.config import Config
+from vastctl.facts import cost
+from vastctl.observe import observe
+from vastctl.state.lifecycle import State
+from vastctl.views import fleet, overview
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

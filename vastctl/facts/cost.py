@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
-from . import clock
-from .errors import BadInput
-from .lifecycle import State
+from vastctl import clock
+from vastctl.errors import BadInput
+from vastctl.state.lifecycle import State
 
 PARTS = ("rented", "stopped_storage", "after_kill")
 # kills of a machine that stopped working on its own: from its last heartbeat to the kill it was dead, undetected

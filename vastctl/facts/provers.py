@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import atomicfile, clock, tunnel, upstream
-from .config import Config
-from .errors import Unavailable
+from vastctl import atomicfile, clock, upstream
+from vastctl.config import Config
+from vastctl.errors import Unavailable
+from vastctl.facts import tunnel
 
 UPSTREAM = "vastctl_cuzk"
 RELOAD_TIMEOUT_S = 60

@@ -53,13 +53,16 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import clock as clock_module
-from . import cost, fleet, guard, machine_logs, operations, overview, settings, signin
-from . import dashboard_page as page
-from .config import Config
-from .errors import BadInput, GuardRefused, VastctlError
-from .server import HTTPError, _bearer, _loggable, access_log
-from .upstream import cut
+from vastctl import clock as clock_module
+from vastctl import guard, operations
+from vastctl.config import Config
+from vastctl.errors import BadInput, GuardRefused, VastctlError
+from vastctl.facts import cost, machine_logs
+from vastctl.serving import dashboard_page as page
+from vastctl.serving.server import HTTPError, _bearer, _loggable, access_log
+from vastctl.state import settings, signin
+from vastctl.upstream import cut
+from vastctl.views import fleet, overview
 
 SESSION_S = 12 * 3600
 FLASH_S = 60
@@ -192,7 +195,7 @@ class Web:
     def static(self, name: str) -> Response:
         if name not in STATIC:
             return 404, [("Content-Type", "text/plain; charset=utf-8")], b"no such file"
-        body = resources.files("vastctl").joinpath("static", name).read_bytes()
+        body = resources.files("vastctl.serving").joinpath("static", name).read_bytes()
         return 200, [("Content-Type", STATIC[name]), ("Cache-Control", "no-cache")], body
 
     def metrics(self, environ: dict) -> Response:
@@ -203,7 +206,7 @@ class Web:
         if given is None or not any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
             status, headers, body = _json(401, "GET /metrics needs 'Authorization: Bearer <server.metrics_token>'")
             return status, [*headers, ("WWW-Authenticate", 'Bearer realm="vastctl"')], body
-        from . import metrics  # prometheus_client loads only here
+        from vastctl.serving import metrics  # prometheus_client loads only here
 
         return 200, [("Content-Type", metrics.CONTENT_TYPE)], metrics.render(self.connect(), self.config,
                                                                              self.clock.now())
@@ -318,7 +321,7 @@ class Web:
         at vast."""
         if not instance:
             raise BadInput("name the machine to kill: its label or uuid")
-        from .markets import get_provider
+        from vastctl.markets import get_provider
 
         row, error = operations.operator_kill(
             conn, self.config, instance, reason, force=force, now=self.clock.now(),

@@ -14,10 +14,12 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from . import clock, fleet, settings
-from .config import Config
-from .lifecycle import LIVE_STATES, State
-from .observe import Observation, expected_rate, observe
+from vastctl import clock
+from vastctl.config import Config
+from vastctl.observe import Observation, expected_rate, observe
+from vastctl.state import settings
+from vastctl.state.lifecycle import LIVE_STATES, State
+from vastctl.views import fleet
 
 BILLING_STATES = frozenset(str(state) for state in LIVE_STATES - {State.STOPPED})
 HISTORY = timedelta(days=1)

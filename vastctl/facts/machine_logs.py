@@ -15,9 +15,10 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
-from . import clock, lifecycle, upstream
-from .db import transaction
-from .errors import BadInput
+from vastctl import clock, upstream
+from vastctl.errors import BadInput
+from vastctl.state import lifecycle
+from vastctl.state.db import transaction
 
 NAMES = ("onstart", "fetch", "cuzk", "bench")  # the boot script's logs: its own, the parameter fetch, cuzk, the bench
 MAX_CHARS = 16 * 1024  # the tail kept per machine and log

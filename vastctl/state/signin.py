@@ -17,8 +17,8 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 
-from .clock import to_iso
-from .db import transaction
+from vastctl.clock import to_iso
+from vastctl.state.db import transaction
 
 MIN_TOKEN_CHARS = 24
 MIN_DISTINCT_CHARS = 10

@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from . import lifecycle
-from .clock import Clock
-from .config import parse_duration
-from .errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
+from vastctl.clock import Clock
+from vastctl.config import parse_duration
+from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
+from vastctl.state import lifecycle
 
 if TYPE_CHECKING:
     import requests
@@ -140,7 +140,7 @@ class RemoteReports:
         return self._report(uuid, "heartbeat", body)
 
     def log_push(self, uuid, name, text):
-        from . import machine_logs
+        from vastctl.facts import machine_logs
 
         lifecycle.validate_text(uuid, "--uuid")
         machine_logs.check_name(name)
