@@ -19,7 +19,8 @@ from serving import ADMIN_TOKEN, Manager
 
 from vastctl.providers.base import Offer
 from vastctl.state import lifecycle
-from vastctl.state.lifecycle import MAX_INT, MAX_RATE_PER_GPU, State
+from vastctl.state.lifecycle import MAX_RATE_PER_GPU, State
+from vastctl.validate import MAX_INT
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 

@@ -6,7 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from vastctl import clock
+from vastctl import clock, validate
+from vastctl.cli import said
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
 from vastctl.state import lifecycle
 from vastctl.state.lifecycle import ALLOWED, State
@@ -81,8 +82,9 @@ def test_register_unknown_uuid_adopts_it(conn):
 
 
 def test_register_unknown_uuid_needs_a_label(conn):
-    with pytest.raises(BadInput, match="--label"):
+    with pytest.raises(BadInput) as caught:
         lifecycle.register(conn, "u9", now=T0)
+    assert said(caught.value) == "instance u9 is new here: register it with --label"
     assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
 
 
@@ -237,7 +239,7 @@ def test_resolve_by_label_or_uuid(conn):
 
 @pytest.mark.parametrize("value", ["vastctl-a", "RTX 4090", "Ünïcödé-名前", "x" * 256, "a b"])
 def test_validate_text_accepts_printable_identifiers(value):
-    assert lifecycle.validate_text(value, "--label") == value
+    assert validate.text(value, "label") == value
 
 
 @pytest.mark.parametrize("value,why", [
@@ -248,15 +250,16 @@ def test_validate_text_accepts_printable_identifiers(value):
 ])
 def test_validate_text_refuses_control_bidi_and_separators_without_echoing_them(value, why):
     with pytest.raises(BadInput, match="label must be 1 to 256 printable") as caught:
-        lifecycle.validate_text(value, "label")
+        validate.text(value, "label")
     assert why in str(caught.value)
     assert lifecycle.printable(str(caught.value)) == str(caught.value)  # the message itself is safe to print
 
 
 @pytest.mark.parametrize("value", [None, 5, ["a"], b"bytes"])
 def test_validate_text_refuses_what_is_not_text(value):
-    with pytest.raises(BadInput, match="--gpu must be text"):
-        lifecycle.validate_text(value, "--gpu")
+    with pytest.raises(BadInput) as caught:
+        validate.text(value, "gpu_name")
+    assert said(caught.value).startswith("--gpu must be text, got ")
 
 
 def test_printable_escapes_only_what_hides():
@@ -266,8 +269,9 @@ def test_printable_escapes_only_what_hides():
 
 @pytest.mark.parametrize("value", [-1, 2**63, True, 1.5, "3"])
 def test_proofs_done_must_fit_the_file(value):
-    with pytest.raises(BadInput, match="--proofs-done must be a whole number from 0 to 9223372036854775807"):
+    with pytest.raises(BadInput) as caught:
         lifecycle.validate_proofs(value)
+    assert said(caught.value).startswith("--proofs-done must be a whole number from 0 to 9223372036854775807")
     assert lifecycle.validate_proofs(2**63 - 1) == 2**63 - 1
 
 
@@ -276,7 +280,8 @@ def test_proofs_done_must_fit_the_file(value):
     ("vast_id", 2**63, "--vast-id"), ("num_gpus", 0, "--num-gpus"),
 ])
 def test_register_checks_every_field_before_writing(conn, field, value, flag):
-    with pytest.raises(BadInput, match=flag):
+    with pytest.raises(BadInput) as caught:
         lifecycle.register(conn, "u1", **{"label": "vastctl-a", field: value}, now=T0)
+    assert said(caught.value).startswith(f"{flag} must be")
     assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
     assert events(conn) == []

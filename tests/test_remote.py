@@ -8,6 +8,7 @@ import pytest
 import requests
 import responses
 
+from vastctl.cli import said
 from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
 from vastctl.machine.remote import DEFAULT_RETRY_FOR, MAX_DELAY, RemoteReports
 
@@ -282,5 +283,5 @@ def test_a_redirect_to_a_url_with_credentials_is_shown_without_them(remote):
 def test_register_checks_the_gpu_name_before_any_request(remote):
     with pytest.raises(BadInput) as caught:
         remote().register("u1", label="vastctl-a", gpu_name="RTX\n4090")
-    assert str(caught.value).startswith("--gpu must be")
+    assert said(caught.value).startswith("--gpu must be")
     assert len(responses.calls) == 0

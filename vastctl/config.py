@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from vastctl import validate
 from vastctl.errors import BadInput
+from vastctl.validate import DAY_S, MAX_INT, Invalid, Range
 
 DURATION = {"duration": True}
-MAX_INT = 2**63 - 1  # SQLite INTEGER
-DAY_S = 86400.0
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -31,7 +31,7 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     if isinstance(value, bool):
         raise BadInput(f"{key}: expected a duration like 90s, 30m or 2h, got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = validate.number(value) or 0.0
     else:
         match = _DURATION_RE.match(str(value))
         if not match:
@@ -40,58 +40,6 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise BadInput(f"{key}: a duration must be a finite number of seconds ≥ 0, got {value!r}")
     return seconds
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values one number may take: from `low` to `high`, `low` itself excluded when `above`.
-
-    One table (RANGES) serves the config file and `settings set` (the CLI and
-    the dashboard), so a value one of them refuses the other refuses too.
-    """
-
-    low: float
-    high: float
-    above: bool = False
-    why: str = ""  # said after the refusal: what the excluded end would do
-
-    def allows(self, value: float) -> bool:
-        return (value > self.low if self.above else value >= self.low) and value <= self.high
-
-    def describe(self, kind: str) -> str:
-        """`a whole number from 1 to 100`, `a number above 0 and at most 1000`, `a duration above 0s and at most 1h`."""
-        shown = _duration_text if kind == "duration" else _number_text
-        noun = {"int": "a whole number", "duration": "a duration"}.get(kind, "a number")
-        if self.above:
-            return f"{noun} above {shown(self.low)} and at most {shown(self.high)}"
-        return f"{noun} from {shown(self.low)} to {shown(self.high)}"
-
-    def refusal(self, subject: str, kind: str, got: Any, value: float | None = None) -> str:
-        """The one-line refusal; `why` is said when the value is the excluded end itself."""
-        why = f": {self.why}" if self.why and value == self.low else ""
-        return f"{subject} must be {self.describe(kind)}, got {_shown(got)}{why}"
-
-
-def _shown(value: Any) -> str:
-    """A refused value for a message: its repr, cut short (a 400-digit number is not worth repeating)."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for str()
-        text = "a number of thousands of digits"
-    return text if len(text) <= 60 else text[:59] + "…"
-
-
-def _number_text(number: float) -> str:
-    if isinstance(number, int) or (number.is_integer() and abs(number) < 1e16):
-        return str(int(number))
-    return f"{number:g}"
-
-
-def _duration_text(seconds: float) -> str:
-    for unit, size in (("d", DAY_S), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 _NO_LAUNCH = "0 would refuse every launch (to pause launches, set max_instances 0)"
@@ -362,7 +310,7 @@ def _read_yaml(path: Path) -> dict:
     except yaml.YAMLError as exc:
         raise BadInput(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
     except ValueError as exc:  # PyYAML building a value Python refuses, e.g. an integer of 5,000 digits
-        raise BadInput(f"config file {path} holds a value no setting can take ({_shown(str(exc))}):"
+        raise BadInput(f"config file {path} holds a value no setting can take ({validate.shown(str(exc))}):"
                        " fix the number") from exc
     if data is None:
         return {}
@@ -458,7 +406,10 @@ def _build(cls, raw: Mapping[str, Any], prefix: str):
             nearest = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
             hint = f"did you mean {prefix + nearest[0]!r}? " if nearest else ""
             raise BadInput(f"config key {name!r} is unknown ({hint}known here: {known})")
-        values[key] = _convert(fields[key], value, name, prefix)
+        try:
+            values[key] = _convert(fields[key], value, name, prefix)
+        except Invalid as exc:  # the validator's refusal, named as the config file names it
+            raise BadInput(exc.worded(f"config key {name!r}")) from None
     return cls(**values)
 
 
@@ -468,8 +419,7 @@ def _prices(value: Any, name: str) -> dict:
         raise BadInput(f"config key {name!r} must map a model name to [input, output, cache_read, cache_write]")
     prices = {}
     for model, row in value.items():
-        ok = isinstance(row, list) and len(row) == 4 and all(
-            not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in row)
+        ok = isinstance(row, list) and len(row) == 4 and all(_price(x) for x in row)
         if not ok:
             raise BadInput(f"config key {name}.{model}: expected [input, output, cache_read, cache_write]"
                            f" $ per million tokens, got {row!r}")
@@ -477,17 +427,13 @@ def _prices(value: Any, name: str) -> dict:
     return prices
 
 
-def _as_float(value: int | float) -> float:
+def _price(value: Any) -> bool:
+    """A price: a finite number ≥ 0 (YAML's 400-digit integer included, as infinite)."""
     try:
-        return float(value)
-    except OverflowError:  # an integer past a float's range (YAML reads 400 digits as an int)
-        return math.inf
-
-
-def _check_range(name: str, value: float, kind: str, given: Any) -> None:
-    allowed = range_of(name, kind)
-    if not allowed.allows(value):
-        raise BadInput(allowed.refusal(f"config key {name!r}", kind, given, value))
+        validate.finite(value, "price")
+    except Invalid:
+        return False
+    return True
 
 
 def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
@@ -500,8 +446,7 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
         return _build(type(default), value, prefix=f"{name}.")
     if f.metadata.get("duration"):
         seconds = parse_duration(value, name)
-        _check_range(name, seconds, "duration", value)
-        return seconds
+        return range_of(name, "duration").check(seconds, name, "duration", value)
     if f.metadata.get("prices"):
         return _prices(value, name)
     section = prefix.rstrip(".") or "root"
@@ -512,14 +457,14 @@ def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
         return value
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise BadInput(range_of(name, "int").refusal(f"config key {name!r}", "int", value))
-        _check_range(name, value, "int", value)
+            raise range_of(name, "int").refusal(name, "int", value)
+        range_of(name, "int").check(value, name, "int", value)
         return value
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(_as_float(value)):
-            raise BadInput(range_of(name, "float").refusal(f"config key {name!r}", "float", value))
-        _check_range(name, value, "float", value)
-        return float(value)
+        number = validate.number(value)
+        if number is None or not math.isfinite(number):
+            raise range_of(name, "float").refusal(name, "float", value)
+        return range_of(name, "float").check(number, name, "float", value)
     if isinstance(default, str):
         if value is None:
             return ""

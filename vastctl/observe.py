@@ -43,7 +43,10 @@ INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
-VAST_DEAD = frozenset({"exited", "unknown", "offline"})
+# vast statuses that mean the machine is dead → the kill code reconcile gives it once two listings agree
+VAST_DEAD_CODES = {"exited": "exited", "unknown": "offline", "offline": "offline"}
+VAST_DEAD = frozenset(VAST_DEAD_CODES)
+LIVE_ROWS = "SELECT * FROM instances WHERE destroyed_at IS NULL"  # every row not yet destroyed: what may bill
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
 RATE_DIGITS = 1  # the model is shown proofs/hour to one decimal, as `fleet` shows them
 BRIEF_TIMES = ("state_since", "last_heartbeat_at", "joined_at", "tunnel_down_since", "outbid_since")
@@ -311,7 +314,7 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
 def machine_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Every row not yet destroyed, as the file has it."""
     return [dict(row) for row in conn.execute(
-        "SELECT * FROM instances WHERE destroyed_at IS NULL ORDER BY created_at, label")]
+        f"{LIVE_ROWS} ORDER BY created_at, label")]
 
 
 def _resumes(conn: sqlite3.Connection) -> dict[str, int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
-from vastctl import bids, clock, guard, upstream
+from vastctl import bids, clock, guard, upstream, validate
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
 from vastctl.facts import tunnel
@@ -37,6 +37,7 @@ from vastctl.state import blocklist, lifecycle, locks, settings, tokens
 from vastctl.state.audit import begin_action, finish_action, record_action, settle
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State
+from vastctl.validate import Invalid
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
@@ -107,10 +108,10 @@ def offer_query(conn: sqlite3.Connection, config: Config, *, gpu_names: list[str
                 max_dph: float | None = None, min_reliability: float | None = None, limit: int = 20) -> OfferQuery:
     """What we would rent: the config's GPU models, RAM and bandwidth floors, and the max_dph setting."""
     if limit < 1:
-        raise BadInput(f"--limit must be at least 1, got {limit}")
-    for name, value in (("--max-dph", max_dph), ("--min-reliability", min_reliability)):
-        if value is not None and not 0 <= value < float("inf"):
-            raise BadInput(f"{name} must be a finite number ≥ 0, got {value!r}")
+        raise Invalid("limit", f"must be at least 1, got {limit}")
+    for name, value in (("max_dph", max_dph), ("min_reliability", min_reliability)):
+        if value is not None:
+            validate.finite(value, name)
     if max_dph is None:
         max_dph = float(settings.get(conn, config, "max_dph"))
     return OfferQuery(
@@ -557,7 +558,7 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
     reason = reason.strip()
     if not reason:
         raise BadInput("give a reason for the event log")
-    lifecycle.validate_text(reason, "--reason", max_len=KILL_REASON_MAX)
+    validate.text(reason, "reason", max_len=KILL_REASON_MAX)
     row = lifecycle.resolve(conn, label_or_uuid)
     provider = make_provider(config) if needs_provider_to_kill(row) else None
     return kill(conn, provider, row["uuid"], f"operator: {reason}", config=config, actor="operator",

@@ -59,7 +59,8 @@ from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import Refused, Unavailable, UnknownInstance
 from vastctl.facts import provers, tunnel
-from vastctl.observe import observe
+from vastctl.observe import LIVE_ROWS, observe
+from vastctl.observe import VAST_DEAD_CODES as DEAD_STATUSES  # vast status → kill code
 from vastctl.providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 from vastctl.state import blocklist, locks, settings
 from vastctl.state.audit import record_action, settle_pending_launches
@@ -73,7 +74,6 @@ SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s me
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
 OUTBID_GRACE_S = 2 * 3600  # an outbid machine is waited for this long after its last heartbeat, then timed out
-DEAD_STATUSES = {"exited": "exited", "unknown": "offline", "offline": "offline"}  # vast status → kill code
 START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
 REASON_CHARS = 160  # vast's text quoted into a reason (an event, the table), through upstream.clip
 SCHEDULING_STATUSES = frozenset({None, "", "stopped", "created", "scheduling"})
@@ -591,7 +591,7 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
 
 
 def _snapshot(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    return [dict(row) for row in conn.execute("SELECT * FROM instances WHERE destroyed_at IS NULL")]
+    return [dict(row) for row in conn.execute(LIVE_ROWS)]
 
 
 def _strays_context(conn: sqlite3.Connection, config: Config,

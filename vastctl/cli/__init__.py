@@ -14,8 +14,12 @@ from vastctl.cli.app import Globals, app
 from vastctl.errors import BadInput, VastctlError
 from vastctl.state import db
 from vastctl.state.lifecycle import printable
+from vastctl.validate import Invalid
 
 COMPLETE_VAR = "_VASTCTL_COMPLETE"
+# A refused value's field (validate.Invalid) → the flag that gives it on this command line, beside the reports'
+# (reports.FIELD_FLAGS): the offer search's. A field not listed is named as it is (a setting's key).
+OFFER_FLAGS = {"limit": "--limit", "max_dph": "--max-dph", "min_reliability": "--min-reliability"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         _check_utf8(args)
         result = app(args=args, prog_name="vastctl", standalone_mode=False, obj=state)
     except VastctlError as exc:
-        _fail(str(exc), exc.exit_code, False)
+        _fail(said(exc), exc.exit_code, False)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 1, False)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a line, not a traceback
@@ -37,6 +41,16 @@ def main(argv: list[str] | None = None) -> None:
             _usage_error(exc)
         _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1, debug)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def said(exc: VastctlError) -> str:
+    """An error as this command line says it: a refused field named as its flag (`--rate must be …`)."""
+    if isinstance(exc, Invalid):
+        from vastctl.machine.reports import FIELD_FLAGS  # only when there is a refusal to word
+
+        flags = {**FIELD_FLAGS, **OFFER_FLAGS}
+        return exc.worded(flags.get(exc.field, exc.field))
+    return str(exc)
 
 
 def _check_utf8(args: list[str]) -> None:

@@ -15,10 +15,11 @@ from typing import Annotated
 import typer
 
 from vastctl import clock as clock_module
+from vastctl import validate
 from vastctl.cli.app import app, globals_of, say
 from vastctl.clock import Clock
 from vastctl.errors import BadInput, Refused
-from vastctl.state import lifecycle, tokens
+from vastctl.state import tokens
 
 
 @app.command("serve")
@@ -154,7 +155,7 @@ def token_cmd(
         raise BadInput("--force goes with --retire-old only")
     path = _existing_secret(g.config)
     if uuid is not None:
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         typer.echo(tokens.machine_token(tokens.read_secret(path), uuid))
         return
     if rotate:

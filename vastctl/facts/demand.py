@@ -21,7 +21,6 @@ an empty queue stopped every machine while 59 proofs sat queued).
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sqlite3
@@ -30,10 +29,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from vastctl import clock, upstream
+from vastctl import clock, upstream, validate
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.state.db import inserted_id, transaction
+from vastctl.validate import Invalid
 
 COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
 MAX_OUTPUT_CHARS = 64 * 1024
@@ -76,9 +76,9 @@ class Demand:
 def validate_count(name: str, value: Any, what: str = "proofs waiting") -> int:
     """A whole number of tasks, 0 … MAX_COUNT."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadInput(f"{name} must be a whole number ≥ 0 ({what}), got {_show(value)}")
+        raise Invalid(name, f"must be a whole number ≥ 0 ({what}), got {_show(value)}")
     if value > MAX_COUNT:
-        raise BadInput(f"{name} must be at most {MAX_COUNT:,} (past any real queue), got {_show(value)}")
+        raise Invalid(name, f"must be at most {MAX_COUNT:,} (past any real queue), got {_show(value)}")
     return value
 
 
@@ -95,12 +95,13 @@ def validate_optional_count(name: str, value: Any) -> int | None:
 def validate_rate(value: Any) -> float | None:
     if value is None:
         return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-            or (isinstance(value, float) and not math.isfinite(value))):  # math.isfinite(10**400) would overflow
-        raise BadInput(f"proofs_per_hour must be a finite number ≥ 0, got {_show(value)}")
-    if value > MAX_COUNT:
-        raise BadInput(f"proofs_per_hour must be at most {MAX_COUNT:,} (past any real rate), got {_show(value)}")
-    return float(value)
+    try:
+        rate = validate.finite(value, "proofs_per_hour")
+    except Invalid:  # the same rule, the value shown as the rest of this module shows one
+        raise Invalid("proofs_per_hour", f"must be a finite number ≥ 0, got {_show(value)}") from None
+    if rate > MAX_COUNT:
+        raise Invalid("proofs_per_hour", f"must be at most {MAX_COUNT:,} (past any real rate), got {_show(value)}")
+    return rate
 
 
 def _show(value: Any) -> str:

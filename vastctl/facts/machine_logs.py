@@ -19,6 +19,7 @@ from vastctl import clock, upstream
 from vastctl.errors import BadInput
 from vastctl.state import lifecycle
 from vastctl.state.db import transaction
+from vastctl.validate import Invalid
 
 NAMES = ("onstart", "fetch", "cuzk", "bench")  # the boot script's logs: its own, the parameter fetch, cuzk, the bench
 MAX_CHARS = 16 * 1024  # the tail kept per machine and log
@@ -28,7 +29,7 @@ RECENT_MACHINES = 12  # machines whose logs the dashboard shows, the latest push
 
 def check_name(name: Any) -> str:
     if name not in NAMES:
-        raise BadInput(f"--name must be one of {', '.join(NAMES)}, got {upstream.clip(repr(name), 60)}")
+        raise Invalid("name", f"must be one of {', '.join(NAMES)}, got {upstream.clip(repr(name), 60)}")
     return name
 
 

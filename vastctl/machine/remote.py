@@ -31,9 +31,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
+from vastctl import validate
 from vastctl.clock import Clock
 from vastctl.config import parse_duration
 from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
+from vastctl.machine.reports import FIELD_FLAGS
 from vastctl.state import lifecycle
 
 if TYPE_CHECKING:
@@ -44,11 +46,6 @@ FIRST_DELAY = 0.5
 MAX_DELAY = 30.0
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
-
-# The report bodies' fields and the instance-command flags that carry them (the HTTP API ↔ the CLI).
-FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", "num_gpus": "--num-gpus",
-               "rate": "--rate", "proofs_done": "--proofs-done", "failed": "--failed", "reason": "--reason",
-               "name": "--name", "text": "--file"}
 
 
 class RemoteReports:
@@ -94,21 +91,21 @@ class RemoteReports:
     # --- the five reports (bench-report as a rate, or as a failure) ---------------------------------------------------------------------
 
     def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         if label is not None:
-            lifecycle.validate_text(label, "--label")
+            validate.text(label, "label")
         if gpu_name is not None:
-            lifecycle.validate_text(gpu_name, "--gpu")
+            validate.text(gpu_name, "gpu_name")
         body = {k: v for k, v in {"label": label, "vast_id": vast_id, "gpu_name": gpu_name,
                                   "num_gpus": num_gpus}.items() if v is not None}
         return self._report(uuid, "register", body)
 
     def params_done(self, uuid):
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         return self._report(uuid, "params-done", {})
 
     def bench_report(self, uuid, rate):
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         answer = self._report(uuid, "bench-report", {"rate": lifecycle.validate_rate(rate)})
         if answer.get("passed") is False:
             reason = answer.get("reason")
@@ -119,10 +116,10 @@ class RemoteReports:
         return answer
 
     def bench_failed(self, uuid, reason=None):
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         body: dict[str, Any] = {"failed": True}
         if reason is not None:
-            body["reason"] = lifecycle.validate_text(reason, "--reason", max_len=lifecycle.REASON_CHARS)
+            body["reason"] = validate.text(reason, "reason", max_len=lifecycle.REASON_CHARS)
         answer = self._report(uuid, "bench-report", body)
         reason = answer.get("reason")
         error = BenchFailed(in_cli_terms(reason) if isinstance(reason, str) else
@@ -131,18 +128,18 @@ class RemoteReports:
         raise error
 
     def running(self, uuid):
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         return self._report(uuid, "running", {})
 
     def heartbeat(self, uuid, proofs_done=None):
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         body = {} if proofs_done is None else {"proofs_done": lifecycle.validate_proofs(proofs_done)}
         return self._report(uuid, "heartbeat", body)
 
     def log_push(self, uuid, name, text):
         from vastctl.facts import machine_logs
 
-        lifecycle.validate_text(uuid, "--uuid")
+        validate.text(uuid, "uuid")
         machine_logs.check_name(name)
         return self._report(uuid, "log", {"name": name, "text": text})
 

@@ -16,6 +16,12 @@ from typing import Any, Protocol
 from vastctl.config import Config
 from vastctl.state import lifecycle, settings
 
+# The report bodies' fields and the instance-command flags that carry them (the HTTP API ↔ the CLI): the CLI
+# names a refused field by its flag (cli.said), and remote mode reads a manager's answer back into flags.
+FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", "num_gpus": "--num-gpus",
+               "rate": "--rate", "proofs_done": "--proofs-done", "failed": "--failed", "reason": "--reason",
+               "name": "--name", "text": "--file", "uuid": "--uuid"}
+
 
 class Reports(Protocol):
     def register(self, uuid: str, *, label: str | None, vast_id: int | None, gpu_name: str | None,

@@ -19,8 +19,9 @@ Decisions the contract leaves open:
 - A killed or destroyed machine's token is refused with 409 for every request
   (the contract's "refused by the lifecycle": exit 3, give up), except a
   repeat of the bench report that killed it, which gets its answer again.
-- Error bodies name body fields (`the "rate" field`), never CLI flags; the
-  lifecycle's messages are translated on the way out.
+- Error bodies name body fields (`the "rate" field`), never CLI flags: a
+  refusal that names its field (validate.Invalid) is worded here for the
+  body (in_api_terms), the uuid as the one in the path.
 - `GET /v1/fleet` with `server.admin_token` empty is refused (403) whatever
   the request carries: the fleet view is never open. `?all=1` adds killed rows.
 - Bodies over 64 KiB get a JSON 413 from the app; bodies over 1 MiB are
@@ -47,8 +48,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import math
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
@@ -60,11 +59,11 @@ from waitress.adjustments import Adjustments  # only `serve` imports this module
 from waitress.server import MultiSocketServer
 from waitress.task import ThreadedTaskDispatcher
 
+from vastctl import validate
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from vastctl.machine import onstart
-from vastctl.machine.remote import FIELD_FLAGS
 from vastctl.machine.reports import LocalReports
 from vastctl.serving import webhooks
 from vastctl.state import db, lifecycle, signin, tokens
@@ -76,7 +75,6 @@ MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
 MAX_HEADERS = 16 * 1024
 ERROR_CHARS = 500  # an error body's message is cut to this
-MAX_INT = 2**63 - 1  # SQLite INTEGER
 DEFAULT_PORT = 8080
 DEFAULT_THREADS = 1  # every report writes the one SQLite file: more workers only queue on its lock
 DEFAULT_TIMEOUT = 30.0  # seconds a connection may sit without sending a byte before it is closed
@@ -148,7 +146,7 @@ class App:
         except HTTPError as exc:
             status, body, headers = exc.status, {"error": cut(exc.message, ERROR_CHARS)}, exc.headers
         except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
-            status, body = _status_of(exc), {"error": cut(in_api_terms(str(exc)), ERROR_CHARS)}
+            status, body = _status_of(exc), {"error": cut(in_api_terms(exc), ERROR_CHARS)}
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
@@ -212,7 +210,7 @@ class App:
                 try:
                     reports.bench_failed(uuid, body.get("reason"))
                 except BenchFailed as exc:
-                    return {"state": exc.row["state"], "passed": False, "reason": in_api_terms(str(exc))}
+                    return {"state": exc.row["state"], "passed": False, "reason": str(exc)}
             if "reason" in body:
                 raise BadInput('the "reason" field goes with "failed": true (a measured rate needs no reason)')
             if "rate" not in body:
@@ -220,7 +218,7 @@ class App:
             try:
                 return reports.bench_report(uuid, body["rate"])
             except BenchFailed as exc:  # a below-gate bench is an answer, not an error: the machine must stop
-                return {"state": exc.row["state"], "passed": False, "reason": in_api_terms(str(exc))}
+                return {"state": exc.row["state"], "passed": False, "reason": str(exc)}
         if report == "running":
             return reports.running(uuid)
         return reports.heartbeat(uuid, body.get("proofs_done"))
@@ -351,23 +349,16 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
         value = body.get(key)
         if value is None:
             continue
-        field = f'the "{key}" field'
         if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
-                raise BadInput(f"{field} must be a whole number ≥ {minimum}, got {_shown(value)}")
-        elif kind == "number":
-            value = _finite_number(value, field)
+            validate.whole(value, key, minimum=minimum)
+        elif kind == "number":  # a JSON number: the text "50" a command line may give is refused here
+            value = validate.finite(value, key)
         elif kind == "bool":
             if not isinstance(value, bool):
-                raise BadInput(f"{field} must be true or false, got {_shown(value)}")
-        elif kind == "reason":
-            if isinstance(value, str) and not _encodable(value):
-                raise BadInput(f"{field} must be Unicode text, got a lone surrogate in {_shown(value)}")
-            lifecycle.validate_text(value, field, max_len=lifecycle.REASON_CHARS)
+                raise validate.Invalid(key, f"must be true or false, got {validate.ascii_shown(value)}")
         else:
-            if isinstance(value, str) and not _encodable(value):
-                raise BadInput(f"{field} must be Unicode text, got a lone surrogate in {_shown(value)}")
-            lifecycle.validate_text(value, field)
+            validate.text(value, key, max_len=lifecycle.REASON_CHARS if kind == "reason" else validate.TEXT_CHARS,
+                          utf8=True)
         values[key] = value
     return values
 
@@ -378,45 +369,17 @@ def _log_fields(body: dict[str, Any]) -> tuple[Any, str]:
     if unknown:
         raise BadInput(f'unknown field {json.dumps(cut(unknown[0], 60))} for log (allowed: "name", "text")')
     if not isinstance(body.get("text"), str):
-        raise BadInput(f'the "text" field must be text (the log\'s tail), got {_shown(body.get("text"))}')
+        raise validate.Invalid("text", f"must be text (the log's tail), got {validate.ascii_shown(body.get('text'))}")
     return body.get("name"), body["text"]
 
 
-def _finite_number(value: Any, field: str) -> float:
-    """A JSON number as a finite float ≥ 0; an integer too large for a float is refused, not a 500."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadInput(f"{field} must be a finite number ≥ 0, got {_shown(value)}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number) or number < 0:
-        raise BadInput(f"{field} must be a finite number ≥ 0, got {_shown(value)}")
-    return number
+def in_api_terms(exc: Exception) -> str:
+    """An error's message in the HTTP API's terms: a refused field named as the body field it is (the uuid as
+    the one in the path); any other message as it was raised."""
+    if isinstance(exc, validate.Invalid):
+        return exc.worded("the uuid in the path" if exc.field == "uuid" else f'the "{exc.field}" field')
+    return str(exc)
 
-
-def _encodable(text: str) -> bool:
-    """False for a string JSON could carry but UTF-8 cannot (a lone surrogate like \\ud800): SQLite would refuse it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _shown(value: Any) -> str:
-    """A value for a message: short, ASCII, whatever it held."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:59] + "…"
-    return text.encode("ascii", "backslashreplace").decode("ascii")
-
-
-def in_api_terms(message: str) -> str:
-    """A lifecycle message in the HTTP API's terms: its CLI flags named as the body fields they stand for."""
-    for field, flag in FIELD_FLAGS.items():
-        message = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", f'the "{field}" field', message)
-    return re.sub(r"(?<![\w-])--uuid(?![\w-])", "the uuid in the path", message)
 
 
 def _loggable(path: str) -> str:

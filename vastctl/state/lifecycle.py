@@ -14,16 +14,15 @@ nothing the second time and writes no second event.
 from __future__ import annotations
 
 import math
-import re
 import sqlite3
 from datetime import datetime
 from enum import Enum
 from typing import Any, Mapping, NoReturn, overload
 
-from vastctl import clock, upstream
+from vastctl import clock, upstream, validate
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
 from vastctl.state.db import inserted_id, transaction
-from vastctl.upstream import cut
+from vastctl.validate import Invalid, NotFound
 
 try:
     from enum import StrEnum
@@ -81,7 +80,7 @@ def allowed_sources(to_state: State) -> list[str]:
 def get(conn: sqlite3.Connection, uuid: str) -> dict[str, Any]:
     row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
     if row is None:
-        raise UnknownInstance(f"no instance with uuid {uuid!r}: check --uuid (see `vastctl fleet --all`)")
+        raise NotFound("uuid", "(see `vastctl fleet --all`)", lead=f"no instance with uuid {uuid!r}: check ")
     return dict(row)
 
 
@@ -225,22 +224,22 @@ def register(
     machine's own report fills them in only where the manager knows nothing.
     An adopted label without `label_prefix` is said in the adoption event (prefix_note).
     """
-    validate_text(uuid, "--uuid")
+    validate.text(uuid, "uuid")
     if label is not None:
-        validate_text(label, "--label")
+        validate.text(label, "label")
     if gpu_name is not None:
-        validate_text(gpu_name, "--gpu")
+        validate.text(gpu_name, "gpu_name")
     if vast_id is not None:
-        validate_whole(vast_id, "--vast-id")
+        validate.whole(vast_id, "vast_id")
     if num_gpus is not None:
-        validate_whole(num_gpus, "--num-gpus", minimum=1)
+        validate.whole(num_gpus, "num_gpus", minimum=1)
     details = {k: v for k, v in {"claimed_vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items()
                if v is not None}
     with transaction(conn):
         row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None:
             if not label:
-                raise BadInput(f"instance {uuid} is new here: register it with --label")
+                raise Invalid("label", lead=f"instance {uuid} is new here: register it with ")
             note = prefix_note(label, label_prefix)
             return _create_in_tx(conn, uuid=uuid, label=label, state=S.REGISTERED, source="instance", now=now,
                                  reason="registered without a launch record: adopted" + (f"; {note}" if note else ""),
@@ -281,14 +280,10 @@ def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[s
 
 
 def validate_rate(rate: Any) -> float:
-    """A benchmark rate is a finite number ≥ 0 (proofs per hour)."""
-    try:
-        value = float(rate)
-    except (TypeError, ValueError):
-        raise BadInput(f"--rate must be a number of proofs per hour, got {rate!r}") from None
-    if isinstance(rate, bool) or not math.isfinite(value) or value < 0:
-        raise BadInput(f"--rate must be a finite number ≥ 0 (proofs per hour), got {rate!r}")
-    return value
+    """A benchmark rate is a finite number ≥ 0 (proofs per hour); from a command line, its text."""
+    if validate.number(rate, text=True) is None and not isinstance(rate, bool):
+        raise Invalid("rate", f"must be a number of proofs per hour, got {validate.shown(rate)}")
+    return validate.finite(rate, "rate", what=" (proofs per hour)", text=True)
 
 
 def rate_ceiling(row: Mapping[str, Any]) -> float:
@@ -383,9 +378,9 @@ def bench_failed(conn: sqlite3.Connection, uuid: str, reason: Any = None, *, now
     The reason comes from the machine: it is refused unless it is one printable line, and masked and
     clipped before it is stored. A repeat after the kill answers as the first report did.
     """
-    validate_text(uuid, "--uuid")
+    validate.text(uuid, "uuid")
     if reason is not None:
-        validate_text(reason, "--reason", max_len=REASON_CHARS)
+        validate.text(reason, "reason", max_len=REASON_CHARS)
     text = upstream.clip(reason or "the machine gave no reason", REASON_CHARS - len("bench failed: "))
     with transaction(conn):
         row = get(conn, uuid)
@@ -412,7 +407,7 @@ def running(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, 
 
 
 def validate_proofs(proofs_done: Any) -> int:
-    return validate_whole(proofs_done, "--proofs-done", what=" (the cumulative count)")
+    return validate.whole(proofs_done, "proofs_done", what=" (the cumulative count)")
 
 
 def heartbeat(
@@ -505,47 +500,10 @@ def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) 
     conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
 
 
-# Characters that hide or rearrange text in a terminal: C0 and C1 controls and DEL, zero-width and bidi
-# formatting (U+202E turns `vastctl-abc` into what reads as another label), line and paragraph separators,
-# the byte-order mark, and lone surrogates (undecodable bytes from argv or a JSON "\ud800").
-_UNSAFE_CHARS = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]"
-)
-MAX_INT = 2**63 - 1  # SQLite's INTEGER
-
-
 def printable(text: str) -> str:
     """`text` with every control, bidi and separator character shown as an escape (`\\x1b`, `\\u202e`).
 
     For text from outside (vast's status messages, machines' reports, old rows) shown in a table, a line
-    or a log; JSON output keeps the data as it is. Every character validate_text refuses is escaped.
+    or a log; JSON output keeps the data as it is. Every character validate.text refuses is escaped.
     """
     return upstream.escape_controls(text)
-
-
-def validate_text(value: Any, flag: str, *, max_len: int = 256) -> str:
-    """A uuid, label or GPU name (or a one-line reason): 1 to `max_len` characters, none of them control or bidi.
-
-    The one rule for the command line and the HTTP server alike.
-    """
-    if not isinstance(value, str):
-        raise BadInput(f"{flag} must be text, got {type(value).__name__}")
-    if not value or len(value) > max_len:
-        got = f"{len(value)} characters" if value else "an empty value"
-        raise BadInput(f"{flag} must be 1 to {max_len} printable characters, got {got}")
-    bad = _UNSAFE_CHARS.search(value)
-    if bad:
-        raise BadInput(f"{flag} must be 1 to {max_len} printable characters: {printable(bad.group())}"
-                       f" (character {bad.start() + 1}) is a control or bidi character")
-    if value != value.strip():  # ' vastctl-a' would be another label than the one it reads as
-        raise BadInput(f"{flag} must not begin or end with a space, got {printable(repr(cut(value, 60)))}:"
-                       f" give {printable(repr(cut(value.strip(), 60)))}")
-    return value
-
-
-def validate_whole(value: Any, flag: str, *, minimum: int = 0, what: str = "") -> int:
-    """A whole number from `minimum` to the largest SQLite integer."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
-        got = "a number too large" if isinstance(value, int) and value > MAX_INT else repr(value)[:60]
-        raise BadInput(f"{flag} must be a whole number from {minimum} to {MAX_INT}{what}, got {got}")
-    return value

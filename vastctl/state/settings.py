@@ -12,11 +12,12 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
-from vastctl import clock
+from vastctl import clock, validate
 from vastctl.config import Config, range_of
 from vastctl.errors import BadInput
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import record_event
+from vastctl.validate import Invalid
 
 KEYS: dict[str, type] = {
     "target_proofs_per_hour": float,
@@ -33,16 +34,22 @@ def _check_key(key: str) -> None:
 
 
 def parse_value(key: str, text: Any) -> float | int:
-    """A setting's value, in the range the config file allows for `fleet.KEY` (config.RANGES: one rule for both)."""
+    """A setting's value, in the range the config file allows for `fleet.KEY` (config.RANGES: one rule for both).
+
+    A refusal names the setting by its key, as every place that sets one does (the CLI's KEY, the dashboard's
+    form): a plain BadInput, not an Invalid a caller would rename."""
     _check_key(key)
     kind = "int" if KEYS[key] is int else "float"
     allowed = range_of(f"fleet.{key}", kind)
-    try:
-        value = float(text)
-    except (TypeError, ValueError, OverflowError):
+    value = validate.number(text, text=True)
+    if value is None:
         value = math.nan
-    if not math.isfinite(value) or (kind == "int" and not value.is_integer()) or not allowed.allows(value):
-        raise BadInput(allowed.refusal(key, kind, text, value))
+    try:
+        if not math.isfinite(value) or (kind == "int" and not value.is_integer()):
+            raise allowed.refusal(key, kind, text, value)
+        allowed.check(value, key, kind, text)
+    except Invalid as exc:
+        raise BadInput(str(exc)) from None
     return int(value) if kind == "int" else value
 
 
