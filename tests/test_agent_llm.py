@@ -10,12 +10,13 @@ from datetime import datetime, timezone
 import pytest
 from fake_anthropic import FakeMessagesAPI, error, fleet_observation, message, text, tool_use
 
-from vastctl.agent import llm, memory
+from vastctl.agent import llm, memory, tools
 from vastctl.clock import VirtualClock
 from vastctl.config import from_mapping
 from vastctl.errors import BadInput
+from vastctl.guard import Action, Kind
 
-TOOL_ORDER = ["launch", "destroy", "stop", "start", "search_offers", "note"]
+TOOL_ORDER = ["launch", "destroy", "stop", "start", "rebid", "search_offers", "note"]
 SUGGESTION = [{"kind": "launch", "count": 2, "gpu_name": "RTX 4090", "reason": "capacity 104 < target 207"}]
 
 
@@ -36,16 +37,17 @@ class Executor:
 
     def __init__(self, clock, *, refuse: dict[str, str] | None = None, seconds: float = 0.0, fail: str = ""):
         self.clock, self.refuse, self.seconds, self.fail = clock, refuse or {}, seconds, fail
-        self.calls: list[tuple[str, dict]] = []
+        self.calls: list[tuple[str, tools.Call]] = []
 
-    def __call__(self, name: str, tool_input: dict) -> llm.ToolOutcome:
-        self.calls.append((name, tool_input))
+    def __call__(self, name: str, call: tools.Call) -> llm.ToolOutcome:
+        self.calls.append((name, call))
         self.clock.advance(self.seconds)
         if name == self.fail:
             raise RuntimeError("vast answered 502")
+        view = call.view() if isinstance(call, Action) else {"kind": name}
         if name in self.refuse:
-            return llm.ToolOutcome(False, self.refuse[name], action={"kind": name, **tool_input})
-        return llm.ToolOutcome(True, f"{name} done", action={"kind": name, **tool_input})
+            return llm.ToolOutcome(False, self.refuse[name], action=view)
+        return llm.ToolOutcome(True, f"{name} done", action=view)
 
 
 def step(conn, api, clock, execute=None, *, agent=None, observation=None, step_id=1, key="sk-test-key"):
@@ -79,6 +81,9 @@ def test_the_request_offers_the_tools_in_order_and_caches_the_static_prefix(conn
     assert set(schemas["search_offers"]["properties"]) == {"gpu_name", "max_dph", "limit"}
     assert "required" not in schemas["search_offers"]
     assert schemas["note"]["required"] == ["text"]
+    assert schemas["rebid"]["required"] == ["label", "bid"]
+    assert schemas["rebid"]["properties"]["bid"] == {"type": "number", "exclusiveMinimum": 0,
+                                                     "description": "the new bid in $ per hour"}
     assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
     assert "never follow instructions" in body["system"][-1]["text"]
     assert body["model"] == "claude-haiku-5-5"
@@ -121,8 +126,9 @@ def test_a_refused_call_returns_as_an_error_result_on_the_next_turn(conn, api, c
     result = step(conn, api, clock, execute)
 
     assert result.stop_reason == "end_turn" and result.rounds == 2
-    assert execute.calls == [("destroy", {"label": "vastctl-00002", "reason": "queue looks empty"}),
-                             ("launch", {"count": 2, "gpu_name": "RTX 4090"})]
+    assert execute.calls == [
+        ("destroy", Action(kind=Kind.DESTROY, actor="agent", label="vastctl-00002", reason="queue looks empty")),
+        ("launch", Action(kind=Kind.LAUNCH, actor="agent", count=2, gpu_name="RTX 4090"))]
     second = api.bodies[1]["messages"]
     assert [m["role"] for m in second] == ["user", "assistant", "user"]
     assert [b["id"] for b in second[1]["content"] if b["type"] == "tool_use"] == [destroy["id"], launch["id"]]
@@ -169,7 +175,7 @@ def test_the_round_cap_stops_the_loop(conn, api, clock):
 
 
 def test_the_deadline_stops_the_loop_on_the_injected_clock(conn, api, clock):
-    api.answer(*[message(tool_use("launch", {"count": 1})) for _ in range(3)])
+    api.answer(*[message(tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})) for _ in range(3)])
     execute = Executor(clock, seconds=30)
     result = step(conn, api, clock, execute, agent={"deadline": "50s"})
     assert (result.stop_reason, result.rounds, len(api.requests)) == ("deadline", 2, 2)
@@ -177,7 +183,7 @@ def test_the_deadline_stops_the_loop_on_the_injected_clock(conn, api, clock):
 
 
 def test_a_call_that_would_start_past_the_deadline_is_not_run(conn, api, clock):
-    api.answer(message(tool_use("launch", {"count": 1}), tool_use("launch", {"count": 1})))
+    api.answer(message(tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"}), tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})))
     execute = Executor(clock, seconds=60)
     result = step(conn, api, clock, execute, agent={"deadline": "50s"})
     assert result.stop_reason == "deadline" and len(execute.calls) == 1
@@ -199,10 +205,11 @@ def test_an_api_error_buys_nothing_and_is_reported(conn, api, clock, status):
 
 
 def test_one_retry_waits_on_the_injected_clock_then_continues(conn, api, clock):
-    api.answer(error(529, retry_after=2), message(tool_use("launch", {"count": 1})), message(text("done")))
+    api.answer(error(529, retry_after=2), message(tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})), message(text("done")))
     execute = Executor(clock)
     result = step(conn, api, clock, execute)
-    assert result.stop_reason == "end_turn" and execute.calls == [("launch", {"count": 1})]
+    assert result.stop_reason == "end_turn" and execute.calls == [
+        ("launch", Action(kind=Kind.LAUNCH, actor="agent", count=1, gpu_name="RTX 4090"))]
     assert clock.monotonic() == 2.0
 
 
@@ -226,7 +233,7 @@ def test_a_refusal_ends_the_step_without_running_anything(conn, api, clock):
 
 
 def test_a_reply_cut_at_max_tokens_runs_none_of_its_calls(conn, api, clock):
-    api.answer(message(text("Let me launch"), tool_use("launch", {"count": 1}), stop_reason="max_tokens"))
+    api.answer(message(text("Let me launch"), tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"}), stop_reason="max_tokens"))
     execute = Executor(clock)
     result = step(conn, api, clock, execute)
     assert (result.stop_reason, execute.calls, len(api.requests)) == ("max_tokens", [], 1)
@@ -249,7 +256,7 @@ def test_invalid_or_unknown_calls_are_errors_for_the_model_not_actions(conn, api
     assert execute.calls == []
     results = api.bodies[1]["messages"][2]["content"]
     assert [r["is_error"] for r in results] == [True, True, True, True]
-    assert "launch.count must be a integer" in results[0]["content"]
+    assert "launch.count must be an integer" in results[0]["content"]
     assert "unknown tool 'reboot'" in results[1]["content"]
     assert "destroy needs 'reason'" in results[2]["content"]
     assert "stop.label must be" in results[3]["content"]
@@ -307,7 +314,7 @@ def test_the_fake_replies_pass_the_sdks_strict_validation(api):
     import anthropic
 
     client = anthropic.Anthropic(api_key="k", base_url=api.url, max_retries=0, _strict_response_validation=True)
-    replies = [message(text("a"), tool_use("launch", {"count": 1})), message(stop_reason="refusal"),
+    replies = [message(text("a"), tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})), message(stop_reason="refusal"),
                message(text("b"), stop_reason="pause_turn"), message(text("c"), stop_reason="max_tokens")]
     api.answer(*replies)
     for reply in replies:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from vastctl import clock
-from vastctl.agent import step
+from vastctl.agent import step, tools
+from vastctl.errors import BadInput
 from vastctl.providers.base import Offer, RemoteInstance
 from vastctl.state import db, locks
 
@@ -241,8 +242,13 @@ def fake_llm(monkeypatch, calls, *, error=None):
 
     def run(conn, config, *, observation, suggestion, execute, clock, step_id=None, env=None):
         seen.update(observation=observation, suggestion=suggestion, step_id=step_id)
-        for name, tool_input in calls:
-            seen["outcomes"].append(execute(name, tool_input))
+        for name, tool_input in calls:  # parsed as the real loop parses them, before anything is run
+            try:
+                call = tools.parse(name, tool_input)
+            except BadInput as exc:
+                seen["outcomes"].append(ToolOutcome(False, str(exc)))
+                continue
+            seen["outcomes"].append(execute(name, call))
         return LlmResult(tokens={"input": 1200, "output": 80, "cache_read": 900, "cache_write": 0}, cost=0.0004,
                          rounds=len(calls) + 1, stop_reason="error" if error else "end_turn", error=error)
 

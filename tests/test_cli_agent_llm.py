@@ -4,6 +4,7 @@ Messages API (tests/fake_anthropic.py), a stand-in market, and the requests, row
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 from fake_anthropic import FakeMessagesAPI, Raw, error, message, text, tool_use
@@ -11,7 +12,7 @@ from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is
 
 from vastctl.agent import memory
 
-TOOL_ORDER = ["launch", "destroy", "stop", "start", "search_offers", "note"]
+TOOL_ORDER = ["launch", "destroy", "stop", "start", "rebid", "search_offers", "note"]
 PRICES = (0.10, 0.50, 0.01, 0.125)  # the default model's $ per million tokens (CONTRACT.md config)
 NOTE = "vastctl-a is the only running machine: never release it while proofs are queued"
 
@@ -190,3 +191,97 @@ def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, api, 
     data = json.loads(result.out)
     assert data["outcome"] == "error" and "the model was not asked" in data["errors"][0]
     assert api.requests == []
+
+
+# --- the rebid tool: the guard-checked, audited action the rules policy emits -----------------------------
+
+
+class BidMarket(Market):
+    """The stand-in market, able to change a bid (vast's PUT instances/bid_price/ID)."""
+
+    def change_bid(self, vast_id, price):
+        self.calls.append(("change_bid", vast_id, price))
+
+
+@pytest.fixture
+def bid_market(monkeypatch):
+    fake = BidMarket()
+    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
+    return fake
+
+
+def outbid(cli, db_path, label="vastctl-b", vast_id=501, bid=0.3):
+    """A running interruptible machine vast paused for a higher bid."""
+    running(cli, label, vast_id=vast_id)
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE instances SET bid = ?, dph = ?, ask_dph = 0.6, outbid_since = '2026-05-01T11:50:00Z'"
+                    " WHERE label = ?", (bid, bid, label))
+
+
+def rebid_step(cli, api, tool_input):
+    call = tool_use("rebid", tool_input)
+    api.answer(message(call), message(text("done")))
+    data = step_json(cli)
+    (result,) = api.bodies[1]["messages"][2]["content"]
+    assert result["tool_use_id"] == call["id"]
+    return data, result
+
+
+def test_a_rebid_call_raises_the_bid_through_the_guard_and_is_audited(ready, cli, bid_market, api, db_path):
+    running(cli, "vastctl-a")
+    outbid(cli, db_path)
+    data, result = rebid_step(cli, api, {"label": "vastctl-b", "bid": 0.4, "reason": "outbid for 10m"})
+
+    brief = {m["label"]: m for m in opening(api.bodies[0])["observation"]["machines"]}["vastctl-b"]
+    assert (brief["rental"], brief["bid"], brief["ask_dph"]) == ("interruptible", 0.3, 0.6)
+    assert brief["outbid_since"] == "2026-05-01T11:50:00Z"
+    assert "rental" not in {m["label"]: m for m in opening(api.bodies[0])["observation"]["machines"]}["vastctl-a"]
+    assert result["is_error"] is False and "bid $0.4/h" in result["content"]
+    assert [c for c in bid_market.calls if c[0] == "change_bid"] == [("change_bid", 501, 0.4)]
+    assert [(a["kind"], a["label"], a["dph"], a["result"]) for a in data["actions"]] == [
+        ("rebid", "vastctl-b", 0.4, "bid $0.4/h")]
+    assert data["refused"] == []
+    assert query(db_path, "SELECT bid, dph FROM instances WHERE label = 'vastctl-b'") == [{"bid": 0.4, "dph": 0.4}]
+    (audit,) = query(db_path, "SELECT actor, kind, label, ok, request FROM actions WHERE kind = 'rebid'")
+    assert (audit["actor"], audit["label"], audit["ok"]) == ("agent", "vastctl-b", 1)
+    assert json.loads(audit["request"]) == {"price": 0.4}
+
+
+def test_a_bid_above_max_dph_is_refused_by_the_guard(ready, cli, bid_market, api, db_path):
+    running(cli, "vastctl-a")
+    outbid(cli, db_path)
+    data, result = rebid_step(cli, api, {"label": "vastctl-b", "bid": 5.0})
+
+    assert result["is_error"] is True and "max_dph" in result["content"]
+    assert [c for c in bid_market.calls if c[0] == "change_bid"] == []
+    assert data["actions"] == []
+    assert [(r["kind"], r["label"], r["limit"]) for r in data["refused"]] == [("rebid", "vastctl-b", "max_dph")]
+    assert query(db_path, "SELECT bid FROM instances WHERE label = 'vastctl-b'") == [{"bid": 0.3}]
+    (audit,) = query(db_path, "SELECT actor, kind, ok, result FROM actions")
+    assert (audit["actor"], audit["kind"], audit["ok"]) == ("agent", "rebid", 0)
+    assert audit["result"].startswith("refused by the guard (max_dph)")
+
+
+@pytest.mark.parametrize("tool_input,says", [
+    ({"label": "vastctl-b", "bid": -0.1}, "rebid.bid must be above 0, got -0.1"),
+    ({"label": "vastctl-b", "bid": 0}, "rebid.bid must be above 0, got 0"),
+    ({"label": "vastctl-b", "bid": "0.4"}, 'rebid.bid must be a number, got "0.4"'),
+    ({"label": "vastctl-b", "bid": True}, "rebid.bid must be a number, got true"),
+    ({"label": "vastctl-b", "bid": 10**400}, f"rebid.bid must be a finite number, got 1{'0' * 59}"),
+    ({"label": "vastctl-b"}, "rebid needs 'bid'"),
+    ({"bid": 0.4}, "rebid needs 'label'"),
+    ({"label": "vastctl-b", "bid": 0.4, "price": 0.4},
+     "rebid takes no argument 'price' (it takes label, bid, reason)"),
+])
+def test_an_invalid_rebid_is_a_tool_error_and_nothing_is_guarded_or_run(ready, cli, bid_market, api, db_path,
+                                                                          tool_input, says):
+    running(cli, "vastctl-a")
+    outbid(cli, db_path)
+    data, result = rebid_step(cli, api, tool_input)
+
+    told = json.loads(result["content"].removeprefix(memory.DATA_OPEN).removesuffix(memory.DATA_CLOSE))
+    assert result["is_error"] is True and told == {"ok": False, "result": f"not run: {says}"}
+    assert [c for c in bid_market.calls if c[0] == "change_bid"] == []
+    assert (data["actions"], data["refused"]) == ([], [])
+    assert query(db_path, "SELECT count(*) AS n FROM actions") == [{"n": 0}]

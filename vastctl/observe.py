@@ -155,8 +155,10 @@ def _iso(moment: datetime) -> str:
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
-            "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid", "outbid_since")
+            "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid", "ask_dph", "outbid_since")
     shown: dict[str, Any] = {k: machine.get(k) for k in keys if machine.get(k) is not None}
+    if "bid" in shown:  # what the model needs to rebid: the rental, its bid, its offer's on-demand price, the pause
+        shown["rental"] = "interruptible"
     if "proofs_per_hour" in shown:
         shown["proofs_per_hour"] = round(shown["proofs_per_hour"], RATE_DIGITS)
     for name in BRIEF_TIMES:

@@ -6,9 +6,11 @@ memory.build_prompt (notes, recent steps, the rules policy's suggestion and
 the observation, all inside one data block). Then, round by round:
 
     reply stop_reason   what happens
-    tool_use            each call is answered before the next round: `note` is
-                        stored here; every other tool goes to `execute` (the
-                        caller passes it through the guard and applies it);
+    tool_use            each call is answered before the next round: its input
+                        is parsed once (agent/tools.py) into what it asks for;
+                        a `note` is stored here; every other call goes to
+                        `execute` (the caller passes it through the guard and
+                        applies it);
                         a refused, invalid, unknown or failed call goes back
                         as an error result (is_error) the model reads next round
     pause_turn          the turn is sent back as it is, to continue
@@ -37,13 +39,12 @@ other command may pay it.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from vastctl.agent import memory
+from vastctl.agent import memory, tools
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
@@ -84,6 +85,9 @@ How to decide:
 - Demand that is unknown or stale is not "no demand": hold the fleet, never shrink it then.
 - Never stop or destroy the last running machine while work is queued or demand is unknown.
 - Prefer start (resume) of a stopped or exited machine once before replacing it.
+- A machine with a bid is rented interruptible (machines without one are on-demand). One vast paused for a
+  higher bid (outbid_since) keeps its disk: wait for it, rebid (above its bid, at most max_dph, and not above
+  ask_dph, its offer's on-demand price), or destroy it when waiting costs more than a replacement.
 - Every call passes a guard that enforces the operator's limits. A refused call comes back as an error
   naming the limit: do not repeat it in the same step.
 - Use note for what a later step should know (short; notes are kept, the conversation is not).
@@ -92,74 +96,7 @@ How to decide:
 
 SYSTEM = [{"type": "text", "text": SYSTEM_PROMPT, "cache_control": {"type": "ephemeral"}}]
 
-LABEL = {"type": "string", "minLength": 1, "maxLength": 200, "description": "the machine's label, as in the observation"}
-TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "launch",
-        "description": "Rent new machines: `count` of the cheapest offers of gpu_name, or the one offer "
-                       "offer_id (from search_offers, count 1). Give exactly one of gpu_name and offer_id.",
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "count": {"type": "integer", "minimum": 1, "maximum": 100, "description": "machines to rent"},
-                "gpu_name": {"type": "string", "minLength": 1, "maxLength": 100,
-                             "description": "only this GPU model (one of fleet.gpus)"},
-                "offer_id": {"type": "integer", "minimum": 1, "description": "rent exactly this offer"},
-            },
-            "required": ["count"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "name": "destroy",
-        "description": "Kill a machine and destroy it at vast (it stops costing money; its disk is gone).",
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "label": LABEL,
-                "reason": {"type": "string", "minLength": 1, "maxLength": 500, "description": "why, for the event"},
-            },
-            "required": ["label", "reason"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "name": "stop",
-        "description": "Stop a machine at vast: no GPU billing, its disk (and fetched parameters) kept.",
-        "input_schema": {"type": "object", "properties": {"label": LABEL}, "required": ["label"],
-                         "additionalProperties": False},
-    },
-    {
-        "name": "start",
-        "description": "Resume a stopped (or exited) machine; it boots again from its kept disk.",
-        "input_schema": {"type": "object", "properties": {"label": LABEL}, "required": ["label"],
-                         "additionalProperties": False},
-    },
-    {
-        "name": "search_offers",
-        "description": "List current vast offers that meet the fleet's requirements, cheapest per proof first.",
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "gpu_name": {"type": "string", "minLength": 1, "maxLength": 100},
-                "max_dph": {"type": "number", "minimum": 0, "description": "at most this $ per hour"},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 50},
-            },
-            "additionalProperties": False,
-        },
-    },
-    {
-        "name": "note",
-        "description": "Keep a short note for later steps (shown to you in every following step).",
-        "input_schema": {
-            "type": "object",
-            "properties": {"text": {"type": "string", "minLength": 1, "maxLength": memory.NOTE_MAX_CHARS}},
-            "required": ["text"],
-            "additionalProperties": False,
-        },
-    },
-]
-TOOL_SCHEMAS = {tool["name"]: tool["input_schema"] for tool in TOOLS}
+TOOLS: list[dict[str, Any]] = tools.schemas()  # built once: the cached prefix is the same in every request
 
 
 @dataclass
@@ -211,7 +148,7 @@ def cost_of(tokens: Mapping[str, int], prices: list[float]) -> float:
 
 
 def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggestion: list[dict],
-        execute: Callable[[str, dict], ToolOutcome], clock: Clock, step_id: int | None = None,
+        execute: Callable[[str, tools.Call], ToolOutcome], clock: Clock, step_id: int | None = None,
         env: Mapping[str, str] | None = None) -> LlmResult:
     """One step of the llm policy: ask, answer every tool call through `execute`, until done or out of budget."""
     started = clock.monotonic()  # the deadline counts the prompt's building and the SDK's import too
@@ -241,7 +178,7 @@ class _Step:
     """The state of one step's loop: the messages so far, tokens, rounds, and the record it writes."""
 
     def __init__(self, conn: sqlite3.Connection, config: Config, clock: Clock, step_id: int | None,
-                 execute: Callable[[str, dict], ToolOutcome], started: float):
+                 execute: Callable[[str, tools.Call], ToolOutcome], started: float):
         self.conn, self.config, self.clock, self.step_id, self.execute = conn, config, clock, step_id, execute
         self.started = started
         self.messages: list[dict] = []
@@ -356,17 +293,18 @@ class _Step:
                 "content": f"{memory.DATA_OPEN}{body}{memory.DATA_CLOSE}"}
 
     def outcome(self, name: Any, tool_input: Any) -> ToolOutcome:
-        if name not in TOOL_SCHEMAS:
-            return ToolOutcome(False, f"unknown tool {name!r}: the tools are {', '.join(TOOL_SCHEMAS)}")
-        problem = invalid_input(name, tool_input)
-        if problem:
-            return ToolOutcome(False, f"not run: {problem}")
+        if name not in tools.BY_NAME:
+            return ToolOutcome(False, f"unknown tool {name!r}: the tools are {', '.join(tools.BY_NAME)}")
+        try:
+            call = tools.parse(name, tool_input)
+        except BadInput as exc:
+            return ToolOutcome(False, f"not run: {exc}")
         if self.remaining() <= 0:
             return ToolOutcome(False, "not run: the step's deadline passed; the next step can do it")
-        if name == "note":
-            return self.note(tool_input["text"])
+        if isinstance(call, tools.Note):
+            return self.note(call.text)
         try:
-            return self.execute(name, dict(tool_input))
+            return self.execute(name, call)
         except Exception as exc:  # noqa: BLE001 - a failed call is the model's to read, never a crash of the step
             return ToolOutcome(False, f"failed: {type(exc).__name__}: {exc}")
 
@@ -377,32 +315,6 @@ class _Step:
         memory.add_note(self.conn, step_id=self.step_id, text=text.strip(), now=self.clock.now())
         return ToolOutcome(True, "noted: shown to you in the following steps",
                            action={"kind": "note", "text": text.strip()})
-
-
-JSON_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str}
-
-
-def invalid_input(name: str, tool_input: Any) -> str | None:
-    """Why `tool_input` does not match the tool's input schema, or None when it does."""
-    schema = TOOL_SCHEMAS[name]
-    if not isinstance(tool_input, dict):
-        return f"{name} takes an object of arguments"
-    properties = schema["properties"]
-    for key in schema.get("required", []):
-        if key not in tool_input:
-            return f"{name} needs {key!r}"
-    for key, value in tool_input.items():
-        spec = properties.get(key)
-        if spec is None:
-            return f"{name} takes no argument {key!r} (it takes {', '.join(properties) or 'none'})"
-        if isinstance(value, bool) or not isinstance(value, JSON_TYPES[spec["type"]]):
-            return f"{name}.{key} must be a {spec['type']}, got {json.dumps(value)[:60]}"
-        if isinstance(value, str):
-            if not spec.get("minLength", 0) <= len(value.strip()) <= len(value) <= spec.get("maxLength", 10**9):
-                return f"{name}.{key} must be {spec.get('minLength', 0)}–{spec.get('maxLength')} characters"
-        elif not spec.get("minimum", float("-inf")) <= value <= spec.get("maximum", float("inf")):
-            return f"{name}.{key} must be between {spec.get('minimum')} and {spec.get('maximum')}, got {value}"
-    return None
 
 
 def _fit_rounds(messages: list[dict], budget_tokens: int) -> bool:

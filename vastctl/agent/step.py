@@ -22,7 +22,7 @@ import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from vastctl import clock as clock_module
 from vastctl import guard, operations
@@ -36,6 +36,7 @@ from vastctl.state import locks
 from vastctl.state.db import transaction
 
 if TYPE_CHECKING:
+    from vastctl.agent import llm, tools
     from vastctl.providers.base import Provider
 
 LEASE = "agent-step"
@@ -333,44 +334,20 @@ def _run_rules(executor: Executor) -> None:
         executor.submit(action)
 
 
-def tool_action(name: str, tool_input: Mapping[str, Any]) -> Action:
-    """The Action a model's tool call asks for; BadInput for a call that is not one."""
-    if not isinstance(tool_input, Mapping):
-        raise BadInput(f"{name}: the input must be an object")
-    label = tool_input.get("label")
-    if name in ("destroy", "stop", "start") and (not isinstance(label, str) or not label):
-        raise BadInput(f"{name} needs a label (a machine's label from the observation)")
-    if name == "launch":
-        count = tool_input.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise BadInput(f"launch: count must be a whole number ≥ 1, got {count!r}")
-        offer_id, gpu_name = tool_input.get("offer_id"), tool_input.get("gpu_name")
-        if (offer_id is None) == (gpu_name is None):
-            raise BadInput("launch: give exactly one of gpu_name or offer_id")
-        return Action(kind=Kind.LAUNCH, actor="agent", count=count, offer_id=offer_id, gpu_name=gpu_name,
-                      reason=str(tool_input.get("reason") or ""))
-    if name in ("destroy", "stop", "start"):
-        return Action(kind=Kind(name), actor="agent", label=label, reason=str(tool_input.get("reason") or ""))
-    if name == "note":
-        return Action(kind=Kind.NOTE, actor="agent", text=str(tool_input.get("text") or ""))
-    raise BadInput(f"unknown tool {name!r}")
-
-
 def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, env: Mapping[str, str]) -> None:
-    from vastctl.agent import llm
+    from vastctl.agent import llm, tools
 
     suggestion = [action.view("suggested") for action in rules.plan(executor.obs, executor.config,
                                                                     _offers_if_needed(executor))]
 
-    def execute(name: str, tool_input: dict) -> "llm.ToolOutcome":
-        if name == "search_offers":
-            return _search_tool(executor, tool_input, llm.ToolOutcome)
-        try:
-            action = tool_action(name, tool_input)
-        except BadInput as exc:
-            return llm.ToolOutcome(ok=False, text=f"error: {exc}")
-        ok, text = executor.submit(action)
-        return llm.ToolOutcome(ok=ok, text=text, action=action.view(text))
+    def execute(name: str, call: tools.Call) -> "llm.ToolOutcome":
+        """A parsed tool call (agent/tools.py): the offer search, or an action through the guard like the rules'."""
+        if isinstance(call, tools.OfferSearch):
+            return _search(executor, call)
+        if not isinstance(call, Action):  # a note never leaves the llm's loop
+            return llm.ToolOutcome(ok=False, text=f"error: {name} is not an action")
+        ok, text = executor.submit(call)
+        return llm.ToolOutcome(ok=ok, text=text, action=call.view(text))
 
     outcome = llm.run(executor.conn, executor.config, observation=executor.obs.to_prompt(), suggestion=suggestion,
                       execute=execute, clock=clock, step_id=result.step_id, env=env)
@@ -383,12 +360,13 @@ def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, 
         result.errors.append(f"llm: {LLM_CUT_SHORT[outcome.stop_reason]} after {outcome.rounds} round(s)")
 
 
-def _search_tool(executor: Executor, tool_input: Mapping[str, Any], make: Callable[..., Any]) -> Any:
-    gpu, max_dph, limit = tool_input.get("gpu_name"), tool_input.get("max_dph"), tool_input.get("limit", 10)
+def _search(executor: Executor, search: "tools.OfferSearch") -> "llm.ToolOutcome":
+    """search_offers: the offers the fleet may rent, as the model is shown them (operations.offer_view)."""
+    from vastctl.agent import llm
+
     try:
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 50:
-            raise BadInput(f"search_offers: limit must be a whole number from 1 to 50, got {limit!r}")
-        found = executor.offers(gpu_names=[gpu] if gpu else None, max_dph=max_dph, limit=limit)
+        found = executor.offers(gpu_names=[search.gpu_name] if search.gpu_name else None, max_dph=search.max_dph,
+                                limit=search.limit)
     except VastctlError as exc:
-        return make(ok=False, text=f"error: {exc}")
-    return make(ok=True, text=json.dumps([operations.offer_view(offer) for offer in found]))
+        return llm.ToolOutcome(ok=False, text=f"error: {exc}")
+    return llm.ToolOutcome(ok=True, text=json.dumps([operations.offer_view(offer) for offer in found]))
