@@ -196,19 +196,11 @@ def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, api, 
 # --- the rebid tool: the guard-checked, audited action the rules policy emits -----------------------------
 
 
-class BidMarket(Market):
-    """The stand-in market, able to change a bid (vast's PUT instances/bid_price/ID)."""
-
-    def change_bid(self, vast_id, price):
-        self.calls.append(("change_bid", vast_id, price))
-
-
 @pytest.fixture
-def bid_market(monkeypatch):
-    fake = BidMarket()
-    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
-    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
-    return fake
+def bid_market(market):
+    """The stand-in market, able to change a bid (vast's PUT instances/bid_price/ID)."""
+    market.change_bid = lambda vast_id, price: market.calls.append(("change_bid", vast_id, price))
+    return market
 
 
 def outbid(cli, db_path, label="vastctl-b", vast_id=501, bid=0.3):
