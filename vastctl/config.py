@@ -31,7 +31,7 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     if isinstance(value, bool):
         raise BadInput(f"{key}: expected a duration like 90s, 30m or 2h, got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = validate.number(value) or 0.0
+        seconds = validate.number(value) or 0.0  # an int or a float: never None (an int past range is inf)
     else:
         match = _DURATION_RE.match(str(value))
         if not match:
