@@ -54,7 +54,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vastctl import clock as clock_module
-from vastctl import guard, operations
+from vastctl import guard, markets, operations
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, VastctlError
 from vastctl.facts import cost, machine_logs
@@ -321,11 +321,9 @@ class Web:
         at vast."""
         if not instance:
             raise BadInput("name the machine to kill: its label or uuid")
-        from vastctl.markets import get_provider
-
         row, error = operations.operator_kill(
             conn, self.config, instance, reason, force=force, now=self.clock.now(),
-            make_provider=lambda config: get_provider(config, clock=self.clock))
+            make_provider=lambda config: markets.get_provider(config, clock=self.clock))
         forced = " (forced past the guard)" if force and (row["kill_reason"] or "").endswith("(forced)") else ""
         if error:
             raise VastctlError(f"{row['label']} is killed{forced} but not yet destroyed at vast ({error});"

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vastctl import atomicfile, upstream
+from vastctl import atomicfile, markets, upstream
 from vastctl import clock as clocks
 from vastctl.clock import Clock
 from vastctl.config import Config
@@ -266,12 +266,6 @@ def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bo
 # --- waking the safety net -------------------------------------------------------------------------------
 
 
-def _default_provider(config: Config, clock: Clock) -> "Provider":
-    from vastctl.markets import get_provider
-
-    return get_provider(config, clock=clock)
-
-
 @dataclass
 class WakeResult:
     """What one wake did: for the log line and the tests."""
@@ -288,11 +282,13 @@ class Waker:
     `wake()` only notes the event id and returns, so the delivery's answer
     never waits on vast. The thread takes every noted id at once, waits out
     `server.webhook_min_interval` since the last wake began (on `clock`), and
-    runs the wake (class docstring of the module).
+    runs the wake (class docstring of the module). Its market comes from
+    `make_provider(config, clock=clock)`: markets.get_provider unless given,
+    looked up at each wake as every command looks it up.
     """
 
     def __init__(self, config: Config, *, clock: Clock,
-                 make_provider: Callable[[Config, Clock], "Provider"] = _default_provider,
+                 make_provider: Callable[..., "Provider"] | None = None,
                  on_done: Callable[[WakeResult], None] | None = None):
         self.config = config
         self.clock = clock
@@ -354,7 +350,7 @@ class Waker:
         conn = db.connect(self.config.db_path, now=self.clock.now())
         try:
             try:
-                provider = self.make_provider(self.config, self.clock)
+                provider = (self.make_provider or markets.get_provider)(self.config, clock=self.clock)
             except VastctlError as exc:
                 result.errors.append(f"cannot reach vast: {exc}")
                 return result
