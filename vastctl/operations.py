@@ -14,6 +14,7 @@ import sqlite3
 import uuid as uuid_module
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any, Callable, Mapping
 
 from vastctl import bids, clock, guard, upstream
@@ -178,6 +179,33 @@ class LaunchResult:
                 "unknown": self.unknown, "error": self.error}
 
 
+class LaunchStatus(Enum):
+    """How one machine's create ended."""
+
+    LAUNCHED = "launched"  # the market rented it: the row has its vast id
+    NOT_SENT = "not sent"  # the deadline passed before the create went out: nothing rented
+    REFUSED = "refused"  # the market refused the create: nothing rented
+    OFFER_GONE = "offer gone"  # the offer was taken or withdrawn meanwhile: nothing rented, the next offer may serve
+    UNKNOWN = "unknown"  # no answer to the create: the row stays launching for reconcile to find by label
+
+
+NOTHING_RENTED = frozenset({LaunchStatus.NOT_SENT, LaunchStatus.REFUSED, LaunchStatus.OFFER_GONE})
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """One machine's create: how it ended, the row as it is now, and the market's words (masked)."""
+
+    status: LaunchStatus
+    row: dict[str, Any]
+    said: str = ""
+
+    @property
+    def why(self) -> str:
+        """The reason a launch result lists for a machine not rented; an offer gone says so first."""
+        return f"gone: {self.said}" if self.status is LaunchStatus.OFFER_GONE else self.said
+
+
 def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | None, count: int) -> None:
     """The launch's own arguments and settings, checked before any key, lease or market is needed."""
     if (offer_id is None) == (gpu is None) or (gpu is not None and not gpu.strip()):
@@ -284,14 +312,15 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
                 raise
             result.error = f"launched {len(result.launched)} of {count}: {exc}"
             break
-        outcome, row, why = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
-        if outcome == "launched":
+        outcome = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
+        row, why = outcome.row, outcome.why
+        if outcome.status is LaunchStatus.LAUNCHED:
             result.launched.append(row)
             continue
         entry = {"label": row["label"], "uuid": row["uuid"], "offer_id": offer.id, "reason": why}
-        if outcome == "failed":
+        if outcome.status in NOTHING_RENTED:
             result.failed.append(entry)
-            if retry_gone and why.startswith("gone:"):
+            if retry_gone and outcome.status is LaunchStatus.OFFER_GONE:
                 continue  # nothing was rented: the next cheapest offer serves the same intent
             result.error = f"launched {len(result.launched)} of {count}: vast refused offer {offer.id}: {why}"
         else:
@@ -303,9 +332,8 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
 
 
 def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes, *, actor: str,
-                now: datetime) -> tuple[str, dict[str, Any], str]:
-    """Write the row and the audit's intent, then rent, then record the outcome. Returns (launched|failed|unknown,
-    row, why).
+                now: datetime) -> LaunchOutcome:
+    """Write the row and the audit's intent, then rent, then record the outcome.
 
     Both writes are committed before the create goes out: a crash or a kill -9 at any later point leaves a
     launching row and a `pending` launch in the audit under the label vast knows the machine by (reconcile
@@ -354,19 +382,19 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         _not_rented(conn, uuid, f"the create was not sent: {exc}", actor, now)
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
-        return "failed", lifecycle.get(conn, uuid), str(exc)
+        return LaunchOutcome(LaunchStatus.NOT_SENT, lifecycle.get(conn, uuid), str(exc))
     except ProviderRejected as exc:
         said = _masked(exc, env)
-        why = f"gone: {said}" if isinstance(exc, OfferGone) else said
         finish_action(conn, intent, ok=False, result=f"refused: {said}")
         _not_rented(conn, uuid, f"vast refused the create: {said}", actor, now)
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
-        return "failed", lifecycle.get(conn, uuid), why
+        status = LaunchStatus.OFFER_GONE if isinstance(exc, OfferGone) else LaunchStatus.REFUSED
+        return LaunchOutcome(status, lifecycle.get(conn, uuid), said)
     except ProviderError as exc:
         said = _masked(exc, env)
         finish_action(conn, intent, ok=False, result=f"outcome unknown: {said}")
-        return "unknown", row, said
+        return LaunchOutcome(LaunchStatus.UNKNOWN, row, said)
     try:
         with transaction(conn):  # the outcome and the row's vast id together
             settle(conn, intent, ok=True, result=f"instance {vast_id}", vast_id=vast_id)
@@ -382,7 +410,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     if row["state"] == State.KILLED:  # killed while the create was in flight: end the billing now
         destroy(conn, provider, row, actor=actor, now=now)
         row = lifecycle.get(conn, uuid)
-    return "launched", row, ""
+    return LaunchOutcome(LaunchStatus.LAUNCHED, row)
 
 
 def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, now: datetime) -> None:
