@@ -21,6 +21,7 @@ from vastctl import bids, clock, guard, upstream
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
 from vastctl.facts import tunnel
+from vastctl.guard import Kind
 from vastctl.machine import onstart
 from vastctl.observe import observe
 from vastctl.providers.base import (
@@ -37,7 +38,7 @@ from vastctl.providers.base import (
 from vastctl.state import blocklist, lifecycle, locks, settings, tokens
 from vastctl.state.audit import begin_action, finish_action, record_action, settle
 from vastctl.state.db import transaction
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
 LAUNCH_LOCK_TTL_S = 15 * 60
@@ -357,7 +358,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         try:
             tunnel.write_authorized_keys(conn, config)
         except Unavailable as exc:  # nothing rented yet: the row ends here, and so does the launch
-            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code="start_failed", now=now)
+            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code=KillCode.START_FAILED, now=now)
             _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
             raise
     env = {**onstart.boot_env(config.launch), **config.launch.env, **join_env, "VASTCTL_UUID": uuid,
@@ -415,7 +416,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
 
 def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, now: datetime) -> None:
     """Kill a launching row whose create surely rented nothing (code start_failed) and mark it destroyed."""
-    lifecycle.kill(conn, uuid, why, source=actor, code="start_failed", now=now)
+    lifecycle.kill(conn, uuid, why, source=actor, code=KillCode.START_FAILED, now=now)
     _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
 
 
@@ -589,12 +590,12 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
     row = lifecycle.resolve(conn, label_or_uuid)
     provider = make_provider(config) if needs_provider_to_kill(row) else None
     return kill(conn, provider, row["uuid"], f"operator: {reason}", config=config, actor="operator",
-                code="operator", force=force, now=now)
+                code=KillCode.OPERATOR, force=force, now=now)
 
 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
-         config: Config, actor: str = "operator", code: str | None = None, ttl_s: float | None = None,
-         force: bool = False, kind: str = guard.Kind.KILL,
+         config: Config, actor: str = "operator", code: KillCode | None = None, ttl_s: float | None = None,
+         force: bool = False, kind: Kind = Kind.KILL,
          now: datetime) -> tuple[dict[str, Any], str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
 
@@ -604,7 +605,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     empty: every reconcile pass retries. A launching row without a vast id may
     have a machine whose create answer was lost: it is looked up by label
     first. `ttl_s` (the blocklist TTL) blocklists the machine when the kill
-    says it failed.
+    says it failed. Without a `code`, the kill is coded by who asked (operator, agent).
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
@@ -614,7 +615,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     if verdict.forced:
         reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
-    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or actor, now=now)
+    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or KillCode(actor), now=now)
     if row.get("tunnel_port") is not None:  # its key stops working at its next connect
         with contextlib.suppress(Unavailable):  # an unwritable file is reconcile's error to report, every pass
             tunnel.write_authorized_keys(conn, config)
