@@ -79,7 +79,7 @@ def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, 
         if isinstance(exc, DeadlinePassed):
             raise
         return False
-    record_action(conn, actor=actor, kind="destroy", ok=True, result="destroyed", uuid=row["uuid"],
+    record_action(conn, actor=actor, kind=Kind.DESTROY, ok=True, result="destroyed", uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     _mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})
     return True
@@ -87,7 +87,7 @@ def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, 
 
 def _destroy_failed(conn: sqlite3.Connection, row: dict[str, Any], actor: str, now: datetime, error: str) -> bool:
     error = upstream.clip(error, 1000)
-    record_action(conn, actor=actor, kind="destroy", ok=False, result=error, uuid=row["uuid"],
+    record_action(conn, actor=actor, kind=Kind.DESTROY, ok=False, result=error, uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     with transaction(conn):
         conn.execute(
@@ -240,7 +240,7 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
     check_launch_request(config, offer_id=offer_id, gpu=gpu, count=count)
     secret = tokens.read_secret(config.secret_path)
     with locks.held(conn, "launch", ttl_s=LAUNCH_LOCK_TTL_S, now=now):
-        intent = guard.Action(kind=guard.Kind.LAUNCH, actor=actor, count=count, gpu_name=gpu, offer_id=offer_id,
+        intent = guard.Action(kind=Kind.LAUNCH, actor=actor, count=count, gpu_name=gpu, offer_id=offer_id,
                               reason=f"launch by {actor}")
         pass_guard(conn, config, intent, now=now)
         max_dph = float(settings.get(conn, config, "max_dph"))
@@ -305,7 +305,7 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
             result.error = f"launched {len(result.launched)} of {count}: no more matching offers"
             break
         try:  # each machine against the fleet as it is now, the ones just rented included
-            pass_guard(conn, config, guard.Action(kind=guard.Kind.LAUNCH, actor=actor, gpu_name=offer.gpu_name,
+            pass_guard(conn, config, guard.Action(kind=Kind.LAUNCH, actor=actor, gpu_name=offer.gpu_name,
                                                   offer_id=offer.id, dph=offer.dph_total,
                                                   reason=f"launch by {actor}"), now=now)
         except GuardRefused as exc:
@@ -369,7 +369,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label, "price": bid,
              "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
     try:
-        intent = begin_action(conn, actor=actor, kind="launch", uuid=uuid, label=label, request=audit, now=now,
+        intent = begin_action(conn, actor=actor, kind=Kind.LAUNCH, uuid=uuid, label=label, request=audit, now=now,
                               what=f"create on offer {offer.id} sent; if this stays pending, vast may have rented"
                                    f" a machine labelled {label}: reconcile finds it by that label")
     except BaseException:
@@ -468,10 +468,10 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     _check_move(row, State.STOPPED, "stopped", "stop")
-    verdict = pass_guard(conn, config, guard.Action(kind=guard.Kind.STOP, actor=actor, label=row["label"],
+    verdict = pass_guard(conn, config, guard.Action(kind=Kind.STOP, actor=actor, label=row["label"],
                                                     uuid=row["uuid"], vast_id=row["vast_id"], reason=reason,
                                                     force=force), now=now)
-    _call(conn, provider, row, "stop", actor, now)
+    _call(conn, provider, row, Kind.STOP, actor, now)
     why = f"stopped by {actor}" + (f": {reason}" if reason else "") + (" (forced)" if verdict.forced else "")
     return lifecycle.transition(conn, row["uuid"], State.STOPPED, why, actor, updates={"resumed_at": None}, now=now)
 
@@ -487,9 +487,9 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     if row["state"] != State.STOPPED:
         raise Refused(f"instance {row['label']} is {row['state']}: only a stopped machine can be started")
     _check_move(row, State.LAUNCHING, "started", "start")
-    pass_guard(conn, config, guard.Action(kind=guard.Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
+    pass_guard(conn, config, guard.Action(kind=Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
                                           vast_id=row["vast_id"], dph=row["dph"]), now=now)
-    _call(conn, provider, row, "start", actor, now)
+    _call(conn, provider, row, Kind.START, actor, now)
     return lifecycle.transition(conn, row["uuid"], State.LAUNCHING, f"resumed by {actor}", actor,
                                 updates={"resumed_at": clock.to_iso(now)}, now=now)
 
@@ -533,12 +533,12 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     row = lifecycle.resolve(conn, label_or_uuid)
     if row.get("bid") is None or row.get("vast_id") is None:
         raise BadInput(f"{row['label']} is not an interruptible machine at vast: only a bid can be changed")
-    pass_guard(conn, config, guard.Action(kind=guard.Kind.REBID, actor=actor, label=row["label"], uuid=row["uuid"],
+    pass_guard(conn, config, guard.Action(kind=Kind.REBID, actor=actor, label=row["label"], uuid=row["uuid"],
                                           vast_id=row["vast_id"], dph=price, reason=reason), now=now)
     change = getattr(provider, "change_bid", None)
     if change is None:
         raise Unavailable(f"provider {config.provider} cannot change a bid")
-    intent = begin_action(conn, actor=actor, kind="rebid", uuid=row["uuid"], label=row["label"], now=now,
+    intent = begin_action(conn, actor=actor, kind=Kind.REBID, uuid=row["uuid"], label=row["label"], now=now,
                           request={"price": price},
                           what=f"bid ${price:g}/h for instance {row['vast_id']} sent; the listing shows whether it took")
     try:
@@ -552,13 +552,13 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     return lifecycle.get(conn, row["uuid"])
 
 
-def _call(conn, provider, row, kind: str, actor: str, now) -> None:
+def _call(conn, provider, row, kind: Kind, actor: str, now) -> None:
     """A stop or start at vast, its intent committed first: a start spends money again, so a crash (or a full
     disk) at any point leaves a row that says the call may have been made, and no call goes out unrecorded."""
-    method = {"stop": provider.stop_instance, "start": provider.start_instance}[kind]
+    method = {Kind.STOP: provider.stop_instance, Kind.START: provider.start_instance}[kind]
     intent = begin_action(conn, actor=actor, kind=kind, uuid=row["uuid"], label=row["label"], now=now,
                           what=f"{kind} of instance {row['vast_id']} sent; if this stays pending, vast may have"
-                               f" {'resumed' if kind == 'start' else 'stopped'} it: reconcile's listing shows which")
+                               f" {'resumed' if kind is Kind.START else 'stopped'} it: reconcile's listing shows which")
     try:
         method(row["vast_id"])
     except ProviderError as exc:
