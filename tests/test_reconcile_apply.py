@@ -315,6 +315,28 @@ def test_dry_run_changes_nothing(conn, config, market):
     assert market.destroy_calls == [13]  # only the real pass's destroy
 
 
+def test_a_dry_run_needs_no_lease_and_records_no_listing(conn, config, market):
+    """A dry run is the pass with every change left out: it plans beside a running pass, and a listing that
+    failed or was distrusted is not written to vast_listings."""
+    make(conn, "vastctl-a", vast_id=11, last_heartbeat_at=clock.to_iso(at(-30)))
+    make(conn, "vastctl-b", vast_id=12, vast_seen_at=clock.to_iso(at(-1)))
+    market.add(11, "vastctl-a")
+    market.add(12, "vastctl-b")
+    assert locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="elsewhere:123")
+    before = dump(conn)
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1)), dry_run=True)
+    assert [(a["kind"], a["label"], a["result"]) for a in result.actions] == [
+        ("kill", "vastctl-a", "planned (dry run)"), ("destroy", "vastctl-a", "planned (dry run)")]
+    market.list_error = ProviderError("vast GET /api/v0/instances/: HTTP 502: retry later")
+    with pytest.raises(ProviderError):
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(2)), dry_run=True)
+    market.list_error = None
+    market.instances.clear()  # both vanish at once: distrusted
+    with pytest.raises(reconcile.ListingDistrusted):
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(3)), dry_run=True)
+    assert dump(conn) == before and market.destroy_calls == []
+
+
 def test_apply_never_destroys_a_live_row(conn, config, market):
     uuid = make(conn, "vastctl-a", vast_id=11)
     market.add(11, "vastctl-a")

@@ -198,7 +198,7 @@ def _apply_destroy_stray(conn: sqlite3.Connection, provider: Provider, action: A
         return f"destroy failed: {exc}; retried next pass"
     record_action(conn, actor=ACTOR, kind=Kind.DESTROY, ok=True, result="destroyed", label=action.label,
                   vast_id=action.vast_id, now=now)
-    if action.code is KillCode.ORPHAN:  # the one event for a machine that never had a row
+    if action.code == KillCode.ORPHAN:  # the one event for a machine that never had a row
         with transaction(conn):
             record_event(conn, kind="orphan", source=ACTOR, reason=action.reason, now=now,
                          label=action.label, code=KillCode.ORPHAN)

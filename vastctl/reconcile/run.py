@@ -34,8 +34,6 @@ class Live:
     """What a pass changes, step by step: the lease, the tunnels' probe, the listing cache, the actions, the
     tunnel keys and nginx's upstream list after."""
 
-    dry_run = False
-
     def __init__(self, conn: sqlite3.Connection, config: Config, clock: Clock):
         self.conn, self.config, self.clock = conn, config, clock
 
@@ -73,8 +71,6 @@ class Live:
 
 class DryRun(Live):
     """The same pass with every change left out: no lease, no probe, no cache, nothing applied."""
-
-    dry_run = True
 
     @contextlib.contextmanager
     def lease(self) -> Iterator[Callable[[], None]]:
