@@ -54,8 +54,6 @@ class Market:
 @pytest.fixture
 def market(monkeypatch):
     fake = Market()
-    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
-    monkeypatch.setattr("vastctl.cli.market.get_provider", lambda config, *, clock: fake)
     monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 

@@ -29,7 +29,7 @@ def api(monkeypatch):
 @pytest.fixture
 def market(monkeypatch):
     fake = Market()
-    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: fake)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 
 

@@ -36,7 +36,7 @@ class Market:
 @pytest.fixture
 def market(monkeypatch):
     fake = Market()
-    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config, clock: fake)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 
 

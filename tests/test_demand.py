@@ -291,7 +291,7 @@ def test_an_agent_step_reads_a_400_digit_number_as_unknown_demand(ready, cli, tm
     config.write_text(yaml.safe_dump({"demand": {"command": f"echo '{text}'"}}))
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
     market = type("EmptyMarket", (), {"list_instances": lambda self: [], "search_offers": lambda self, query: []})()
-    monkeypatch.setattr("vastctl.cli.agent.make_provider", lambda config, clock: market)
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: market)
     result = cli("agent-step", "--dry-run", "--json")
     assert result.code == 0, result.err
     step = json.loads(result.out)

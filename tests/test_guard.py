@@ -11,6 +11,7 @@ from vastctl import guard
 from vastctl.facts.demand import Demand
 from vastctl.guard import Action, Kind
 from vastctl.observe import Observation
+from vastctl.state.lifecycle import KillCode
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 LIMITS = {"target_proofs_per_hour": 100.0, "min_bench_rate": 40.0, "max_instances": 4, "max_hourly_spend": 3.0,
@@ -215,9 +216,9 @@ def test_reconcile_apply_has_no_fall_through(conn, config):
     from vastctl import reconcile
 
     market = Market()
-    odd = [reconcile.Action(kind="stop", label="vastctl-x", reason="?", vast_id=42),
-           reconcile.Action(kind="reboot", label="vastctl-y", reason="?", vast_id=43),
-           reconcile.Action(kind="kill", label="vastctl-z", reason="?", vast_id=44)]  # a kill names no row
+    odd = [Action(kind=Kind.STOP, actor="reconcile", label="vastctl-x", reason="?", vast_id=42),
+           Action(kind="reboot", actor="reconcile", label="vastctl-y", reason="?", vast_id=43),  # not a Kind
+           Action(kind=Kind.KILL, actor="reconcile", label="vastctl-z", reason="?", vast_id=44)]  # names no row
     result = reconcile.apply(conn, market, odd, config, now=NOW)
     assert market.calls == []
     assert [a["result"] for a in result.actions] == [
@@ -231,8 +232,9 @@ def test_reconcile_destroys_by_vast_id_only_with_our_prefix(conn, config):
     from vastctl import reconcile
 
     market = Market()
-    strays = [reconcile.Action(kind="destroy", label="vastctl-orphan", reason="orphan", vast_id=42, code="orphan"),
-              reconcile.Action(kind="destroy", label="training-job", reason="?", vast_id=43)]
+    strays = [Action(kind=Kind.DESTROY, actor="reconcile", label="vastctl-orphan", reason="orphan", vast_id=42,
+                     code=KillCode.ORPHAN),
+              Action(kind=Kind.DESTROY, actor="reconcile", label="training-job", reason="?", vast_id=43)]
     result = reconcile.apply(conn, market, strays, config, now=NOW)
     assert market.calls == [("destroy", 42)]
     assert [(r["label"], r["limit"]) for r in result.refused] == [("training-job", "label_prefix")]

@@ -188,7 +188,6 @@ class ShowingMarket(Market):
 @pytest.fixture
 def market(monkeypatch):
     fake = ShowingMarket({500: "vastctl-a", 501: "vastctl-b", 502: "oldprefix-c"})
-    monkeypatch.setattr("vastctl.cli.market.get_provider", lambda config, *, clock: fake)
     monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
     return fake
 

@@ -163,8 +163,19 @@ def test_a_gone_offer_falls_through_to_the_next(conn, cfg):
     result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
     assert result.error is None
     assert [r["offer_id"] for r in result.launched] == [11, 12] and len(result.failed) == 1
+    assert result.failed[0]["reason"] == "gone: offer 10 is no longer available"  # as --json has always said it
     states = sorted(r["state"] for r in rows(conn))
     assert states == ["killed", "launching", "launching"]
+
+
+def test_a_refusal_worded_like_a_gone_offer_is_still_a_refusal(conn, cfg):
+    """Only an OfferGone lets the launch try the next offer, whatever the market's words say."""
+    market = FakeMarket(conn, [offer(10, 100, 0.3), offer(11, 101, 0.4)])
+    market.create_errors[10] = ProviderRejected("gone: the image does not exist")
+    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=1, now=NOW)
+    assert result.launched == [] and len(market.creates()) == 1
+    assert result.failed[0]["reason"] == "gone: the image does not exist"
+    assert result.error == "launched 0 of 1: vast refused offer 10: gone: the image does not exist"
 
 
 def test_count_launches_one_machine_per_offer(conn, cfg):

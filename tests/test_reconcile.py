@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,7 @@ from vastctl import clock
 from vastctl.config import from_mapping
 from vastctl.providers.base import RemoteInstance
 from vastctl.reconcile import ListingDistrusted, match, plan
+from vastctl.state.lifecycle import KillCode
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 SETTINGS = {"min_bench_rate": 40.0, "target_proofs_per_hour": 0.0}
@@ -264,6 +267,21 @@ def test_killed_not_destroyed_is_destroyed_every_pass():
     actions = plan([r], [seen(r, "running")], SETTINGS, cfg(), NOW)
     assert [(a.kind, a.label, a.vast_id) for a in actions] == [("destroy", "vastctl-1", 101)]
     assert "attempt 4" in actions[0].reason and "HTTP 500" in actions[0].reason
+
+
+def test_a_killed_row_keeps_its_code_as_a_kill_code_and_an_unknown_one_is_not_trusted():
+    known = row("vastctl-1", state="killed", kill_code="bench_failed", killed_at=ago(minutes=5))
+    odd = row("vastctl-2", state="killed", kill_code="typed by hand", killed_at=ago(minutes=5))
+    actions = plan([known, odd], [seen(known), seen(odd)], SETTINGS, cfg(), NOW)
+    assert [(a.label, a.code) for a in actions] == [("vastctl-1", KillCode.BENCH_FAILED), ("vastctl-2", None)]
+    assert "(typed by hand)" in actions[1].reason  # the reason still quotes what the row says
+
+
+def test_the_kill_codes_are_the_ones_the_interface_names():
+    interface = (Path(__file__).parent.parent / "docs" / "interface.md").read_text()
+    listed = interface.split("A kill event also carries `code`, one of:")[1].split("(the fleet's")[0]
+    assert {code for code in KillCode} == set(re.findall(r"`([a-z_]+)`", listed))
+    assert "kill code `tunnel_down`" in interface  # named in the tunnels' section
 
 
 def test_orphan_with_our_prefix_destroyed_after_the_grace():

@@ -9,7 +9,9 @@ import pytest
 
 from vastctl import clock, reconcile
 from vastctl.errors import BenchFailed, Unavailable
+from vastctl.guard import Action, Kind
 from vastctl.providers.base import ProviderError, RemoteInstance
+from vastctl.reconcile.run import _snapshot
 from vastctl.state import lifecycle, locks, settings
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
@@ -129,7 +131,7 @@ def test_destroy_is_retried_every_pass_until_vast_confirms(conn, config, market)
 def test_a_kill_racing_the_bench_report_yields_one_event(conn, config, market):
     uuid = make(conn, "vastctl-a", "params_done", vast_id=11, when=at(-95))
     market.add(11, "vastctl-a")
-    rows = reconcile._snapshot(conn)
+    rows = _snapshot(conn)
     actions = reconcile.plan(rows, market.list_instances(), settings.effective(conn, config), config, NOW)
     assert [a.code for a in actions if a.kind == "kill"] == ["timeout_params_done"]
     with pytest.raises(BenchFailed):  # the primary path wins the race
@@ -145,7 +147,7 @@ def test_a_kill_racing_the_bench_report_yields_one_event(conn, config, market):
 def test_a_kill_losing_inside_the_transition_is_not_an_error(conn, config, market):
     uuid = make(conn, "vastctl-a", "registered", vast_id=11, when=at(-45))
     market.add(11, "vastctl-a")
-    actions = reconcile.plan(reconcile._snapshot(conn), market.list_instances(), settings.effective(conn, config),
+    actions = reconcile.plan(_snapshot(conn), market.list_instances(), settings.effective(conn, config),
                              config, NOW)
     lifecycle.kill(conn, uuid, "operator: done with it", source="operator", code="operator", now=NOW)
     blind = [dataclasses.replace(a, expect=None) for a in actions]  # no snapshot check: the CAS decides
@@ -157,7 +159,7 @@ def test_a_kill_losing_inside_the_transition_is_not_an_error(conn, config, marke
 def test_a_row_that_moved_on_since_the_plan_is_left_alone(conn, config, market):
     uuid = make(conn, "vastctl-a", vast_id=11, last_heartbeat_at=clock.to_iso(at(-14)))
     market.add(11, "vastctl-a")
-    actions = reconcile.plan(reconcile._snapshot(conn), market.list_instances(), settings.effective(conn, config),
+    actions = reconcile.plan(_snapshot(conn), market.list_instances(), settings.effective(conn, config),
                              config, NOW)
     lifecycle.heartbeat(conn, uuid, now=NOW)  # it came back before apply
     result = reconcile.apply(conn, market, actions, config, now=NOW)
@@ -313,10 +315,32 @@ def test_dry_run_changes_nothing(conn, config, market):
     assert market.destroy_calls == [13]  # only the real pass's destroy
 
 
+def test_a_dry_run_needs_no_lease_and_records_no_listing(conn, config, market):
+    """A dry run is the pass with every change left out: it plans beside a running pass, and a listing that
+    failed or was distrusted is not written to vast_listings."""
+    make(conn, "vastctl-a", vast_id=11, last_heartbeat_at=clock.to_iso(at(-30)))
+    make(conn, "vastctl-b", vast_id=12, vast_seen_at=clock.to_iso(at(-1)))
+    market.add(11, "vastctl-a")
+    market.add(12, "vastctl-b")
+    assert locks.acquire(conn, "reconcile", ttl_s=600, now=NOW, holder="elsewhere:123")
+    before = dump(conn)
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(1)), dry_run=True)
+    assert [(a["kind"], a["label"], a["result"]) for a in result.actions] == [
+        ("kill", "vastctl-a", "planned (dry run)"), ("destroy", "vastctl-a", "planned (dry run)")]
+    market.list_error = ProviderError("vast GET /api/v0/instances/: HTTP 502: retry later")
+    with pytest.raises(ProviderError):
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(2)), dry_run=True)
+    market.list_error = None
+    market.instances.clear()  # both vanish at once: distrusted
+    with pytest.raises(reconcile.ListingDistrusted):
+        reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(at(3)), dry_run=True)
+    assert dump(conn) == before and market.destroy_calls == []
+
+
 def test_apply_never_destroys_a_live_row(conn, config, market):
     uuid = make(conn, "vastctl-a", vast_id=11)
     market.add(11, "vastctl-a")
-    bogus = reconcile.Action(kind="destroy", label="vastctl-a", reason="bug", uuid=uuid, vast_id=11)
+    bogus = Action(kind=Kind.DESTROY, actor="reconcile", label="vastctl-a", reason="bug", uuid=uuid, vast_id=11)
     assert reconcile.apply(conn, market, [bogus], config, now=NOW).actions[0]["result"].startswith("skipped")
     assert market.destroy_calls == []
 

@@ -187,7 +187,7 @@ def test_a_reconcile_pass_keeps_the_disk_price_vast_listed(ready, cli, db_path, 
         def list_instances(self):
             return [vast(601, "vastctl-s", status="stopped", dph=0.4, storage=0.06)]
 
-    monkeypatch.setattr("vastctl.cli.reconcile.make_provider", lambda config, clock: Market())
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: Market())
     conn = db.connect(db_path, now=clock.SYSTEM.now())
     put(conn, "vastctl-s", State.STOPPED, vast_id=601, dph=0.4, at=clock.SYSTEM.now() - timedelta(hours=1))
     conn.close()

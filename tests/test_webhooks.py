@@ -323,7 +323,7 @@ class LeaseWaker(webhooks.Waker):
     """Waits advance virtual time; `on_wait` runs at each (cron's pass finishing, say)."""
 
     def __init__(self, config, market, on_wait=lambda: None):
-        super().__init__(config, clock=VirtualClock(NOW), make_provider=lambda c, k: market)
+        super().__init__(config, clock=VirtualClock(NOW), make_provider=lambda config, *, clock: market)
         self.on_wait = on_wait
         self.waited: list[float] = []
 

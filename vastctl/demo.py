@@ -198,8 +198,8 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
 
     `configure` may change the demo's config before the run (the control-loop bench tries settings with it).
     """
+    from vastctl import markets
     from vastctl.agent import step
-    from vastctl.markets import get_provider
     from vastctl.observe import observe
     from vastctl.providers.sim import SimProvider
 
@@ -210,7 +210,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     tokens.ensure_secret(config.secret_path)
     clock = VirtualClock(START)
     conn = db.connect(config.db_path, now=clock.now(), create=True)
-    market = get_provider(config, conn=conn, clock=clock)
+    market = markets.get_provider(config, conn=conn, clock=clock)
     assert isinstance(market, SimProvider)  # demo_config names provider: sim
     truth = _Market(conn)
     curve = DemandCurve(options.seed)

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from vastctl import clock
 from vastctl.config import Config
 from vastctl.state.audit import record_action
-from vastctl.state.lifecycle import State, StrEnum
+from vastctl.state.lifecycle import KillCode, State, StrEnum
 
 if TYPE_CHECKING:
     from vastctl.observe import Observation
@@ -67,24 +67,36 @@ FORCEABLE = frozenset({SCALE_TO_ZERO, LABEL_PREFIX})  # the rules an operator's 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str                 # launch | stop | start | kill | destroy | note | rebid
+    """One thing an actor asks for, whoever it is: the agent's policies, an operator's command, a reconcile pass.
+
+    `expect` is a precondition, not a request: the target row's (state, state_since, last_heartbeat_at) the
+    decision was made on (reconcile's plan), so that a row that moved on since is left alone. It is neither
+    shown nor audited.
+    """
+
+    kind: Kind
     actor: str                # agent | operator | reconcile
     label: str | None = None
     uuid: str | None = None
     vast_id: int | None = None
     reason: str = ""
-    code: str | None = None
+    code: KillCode | None = None
     count: int = 1
     gpu_name: str | None = None
     offer_id: int | None = None
     dph: float | None = None
     text: str | None = None
     force: bool = False
+    expect: tuple[Any, ...] | None = field(default=None, compare=False)
+
+    def details(self) -> dict[str, Any]:
+        """The request's fields as they are shown and audited (the precondition `expect` left out)."""
+        return {name: value for name, value in asdict(self).items() if name != "expect"}
 
     def view(self, result: str | None = None) -> dict[str, Any]:
         """The contract's action object (kind, label, reason, result) and whichever details it has."""
         view = {"kind": str(self.kind), "label": self.label, "reason": self.reason, "result": result}
-        for name, value in asdict(self).items():
+        for name, value in self.details().items():
             if name not in view and value not in (None, False) and not (name == "count" and value == 1):
                 view[name] = value
         return view
@@ -331,6 +343,6 @@ def record(conn: sqlite3.Connection, action: Action, verdict: Verdict, *, now: d
         result = f"forced past the guard ({verdict.limit}): {verdict.why}"
     else:
         result = f"refused by the guard ({verdict.limit}): {verdict.why}"
-    request = {k: v for k, v in asdict(action).items() if v not in (None, "") and k not in ("kind", "actor")}
+    request = {k: v for k, v in action.details().items() if v not in (None, "") and k not in ("kind", "actor")}
     record_action(conn, actor=action.actor, kind=str(action.kind), ok=verdict.allowed, result=result,
                   uuid=action.uuid, label=action.label, vast_id=action.vast_id, request=request, now=now)

@@ -35,7 +35,7 @@ from vastctl.facts import demand as demand_module
 from vastctl.facts import tunnel
 from vastctl.facts.demand import Demand
 from vastctl.state import lifecycle, settings
-from vastctl.state.lifecycle import LIVE_STATES, State
+from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
 
 __all__ = ["Demand", "Observation", "observe"]
 
@@ -43,9 +43,7 @@ INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
-# vast statuses that mean the machine is dead → the kill code reconcile gives it once two listings agree
-VAST_DEAD_CODES = {"exited": "exited", "unknown": "offline", "offline": "offline"}
-VAST_DEAD = frozenset(VAST_DEAD_CODES)
+VAST_DEAD = frozenset(VAST_DEAD_CODES)  # vast statuses that mean the machine is dead
 LIVE_ROWS = "SELECT * FROM instances WHERE destroyed_at IS NULL"  # every row not yet destroyed: what may bill
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
 RATE_DIGITS = 1  # the model is shown proofs/hour to one decimal, as `fleet` shows them

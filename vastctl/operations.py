@@ -14,12 +14,14 @@ import sqlite3
 import uuid as uuid_module
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any, Callable, Mapping
 
 from vastctl import bids, clock, guard, upstream, validate
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable, VastctlError
 from vastctl.facts import tunnel
+from vastctl.guard import Kind
 from vastctl.machine import onstart
 from vastctl.observe import observe
 from vastctl.providers.base import (
@@ -36,7 +38,7 @@ from vastctl.providers.base import (
 from vastctl.state import blocklist, lifecycle, locks, settings, tokens
 from vastctl.state.audit import begin_action, finish_action, record_action, settle
 from vastctl.state.db import transaction
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 from vastctl.validate import Invalid
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
@@ -78,7 +80,7 @@ def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, 
         if isinstance(exc, DeadlinePassed):
             raise
         return False
-    record_action(conn, actor=actor, kind="destroy", ok=True, result="destroyed", uuid=row["uuid"],
+    record_action(conn, actor=actor, kind=Kind.DESTROY, ok=True, result="destroyed", uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     _mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})
     return True
@@ -86,7 +88,7 @@ def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, 
 
 def _destroy_failed(conn: sqlite3.Connection, row: dict[str, Any], actor: str, now: datetime, error: str) -> bool:
     error = upstream.clip(error, 1000)
-    record_action(conn, actor=actor, kind="destroy", ok=False, result=error, uuid=row["uuid"],
+    record_action(conn, actor=actor, kind=Kind.DESTROY, ok=False, result=error, uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
     with transaction(conn):
         conn.execute(
@@ -179,6 +181,33 @@ class LaunchResult:
                 "unknown": self.unknown, "error": self.error}
 
 
+class LaunchStatus(Enum):
+    """How one machine's create ended."""
+
+    LAUNCHED = "launched"  # the market rented it: the row has its vast id
+    NOT_SENT = "not sent"  # the deadline passed before the create went out: nothing rented
+    REFUSED = "refused"  # the market refused the create: nothing rented
+    OFFER_GONE = "offer gone"  # the offer was taken or withdrawn meanwhile: nothing rented, the next offer may serve
+    UNKNOWN = "unknown"  # no answer to the create: the row stays launching for reconcile to find by label
+
+
+NOTHING_RENTED = frozenset({LaunchStatus.NOT_SENT, LaunchStatus.REFUSED, LaunchStatus.OFFER_GONE})
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """One machine's create: how it ended, the row as it is now, and the market's words (masked)."""
+
+    status: LaunchStatus
+    row: dict[str, Any]
+    said: str = ""
+
+    @property
+    def why(self) -> str:
+        """The reason a launch result lists for a machine not rented; an offer gone says so first."""
+        return f"gone: {self.said}" if self.status is LaunchStatus.OFFER_GONE else self.said
+
+
 def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | None, count: int) -> None:
     """The launch's own arguments and settings, checked before any key, lease or market is needed."""
     if (offer_id is None) == (gpu is None) or (gpu is not None and not gpu.strip()):
@@ -212,7 +241,7 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
     check_launch_request(config, offer_id=offer_id, gpu=gpu, count=count)
     secret = tokens.read_secret(config.secret_path)
     with locks.held(conn, "launch", ttl_s=LAUNCH_LOCK_TTL_S, now=now):
-        intent = guard.Action(kind=guard.Kind.LAUNCH, actor=actor, count=count, gpu_name=gpu, offer_id=offer_id,
+        intent = guard.Action(kind=Kind.LAUNCH, actor=actor, count=count, gpu_name=gpu, offer_id=offer_id,
                               reason=f"launch by {actor}")
         pass_guard(conn, config, intent, now=now)
         max_dph = float(settings.get(conn, config, "max_dph"))
@@ -277,7 +306,7 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
             result.error = f"launched {len(result.launched)} of {count}: no more matching offers"
             break
         try:  # each machine against the fleet as it is now, the ones just rented included
-            pass_guard(conn, config, guard.Action(kind=guard.Kind.LAUNCH, actor=actor, gpu_name=offer.gpu_name,
+            pass_guard(conn, config, guard.Action(kind=Kind.LAUNCH, actor=actor, gpu_name=offer.gpu_name,
                                                   offer_id=offer.id, dph=offer.dph_total,
                                                   reason=f"launch by {actor}"), now=now)
         except GuardRefused as exc:
@@ -285,14 +314,15 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
                 raise
             result.error = f"launched {len(result.launched)} of {count}: {exc}"
             break
-        outcome, row, why = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
-        if outcome == "launched":
+        outcome = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
+        row, why = outcome.row, outcome.why
+        if outcome.status is LaunchStatus.LAUNCHED:
             result.launched.append(row)
             continue
         entry = {"label": row["label"], "uuid": row["uuid"], "offer_id": offer.id, "reason": why}
-        if outcome == "failed":
+        if outcome.status in NOTHING_RENTED:
             result.failed.append(entry)
-            if retry_gone and why.startswith("gone:"):
+            if retry_gone and outcome.status is LaunchStatus.OFFER_GONE:
                 continue  # nothing was rented: the next cheapest offer serves the same intent
             result.error = f"launched {len(result.launched)} of {count}: vast refused offer {offer.id}: {why}"
         else:
@@ -304,9 +334,8 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
 
 
 def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes, *, actor: str,
-                now: datetime) -> tuple[str, dict[str, Any], str]:
-    """Write the row and the audit's intent, then rent, then record the outcome. Returns (launched|failed|unknown,
-    row, why).
+                now: datetime) -> LaunchOutcome:
+    """Write the row and the audit's intent, then rent, then record the outcome.
 
     Both writes are committed before the create goes out: a crash or a kill -9 at any later point leaves a
     launching row and a `pending` launch in the audit under the label vast knows the machine by (reconcile
@@ -330,7 +359,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         try:
             tunnel.write_authorized_keys(conn, config)
         except Unavailable as exc:  # nothing rented yet: the row ends here, and so does the launch
-            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code="start_failed", now=now)
+            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code=KillCode.START_FAILED, now=now)
             _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
             raise
     env = {**onstart.boot_env(config.launch), **config.launch.env, **join_env, "VASTCTL_UUID": uuid,
@@ -341,7 +370,7 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label, "price": bid,
              "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
     try:
-        intent = begin_action(conn, actor=actor, kind="launch", uuid=uuid, label=label, request=audit, now=now,
+        intent = begin_action(conn, actor=actor, kind=Kind.LAUNCH, uuid=uuid, label=label, request=audit, now=now,
                               what=f"create on offer {offer.id} sent; if this stays pending, vast may have rented"
                                    f" a machine labelled {label}: reconcile finds it by that label")
     except BaseException:
@@ -355,19 +384,19 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
         _not_rented(conn, uuid, f"the create was not sent: {exc}", actor, now)
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
-        return "failed", lifecycle.get(conn, uuid), str(exc)
+        return LaunchOutcome(LaunchStatus.NOT_SENT, lifecycle.get(conn, uuid), str(exc))
     except ProviderRejected as exc:
         said = _masked(exc, env)
-        why = f"gone: {said}" if isinstance(exc, OfferGone) else said
         finish_action(conn, intent, ok=False, result=f"refused: {said}")
         _not_rented(conn, uuid, f"vast refused the create: {said}", actor, now)
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
-        return "failed", lifecycle.get(conn, uuid), why
+        status = LaunchStatus.OFFER_GONE if isinstance(exc, OfferGone) else LaunchStatus.REFUSED
+        return LaunchOutcome(status, lifecycle.get(conn, uuid), said)
     except ProviderError as exc:
         said = _masked(exc, env)
         finish_action(conn, intent, ok=False, result=f"outcome unknown: {said}")
-        return "unknown", row, said
+        return LaunchOutcome(LaunchStatus.UNKNOWN, row, said)
     try:
         with transaction(conn):  # the outcome and the row's vast id together
             settle(conn, intent, ok=True, result=f"instance {vast_id}", vast_id=vast_id)
@@ -383,12 +412,12 @@ def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes
     if row["state"] == State.KILLED:  # killed while the create was in flight: end the billing now
         destroy(conn, provider, row, actor=actor, now=now)
         row = lifecycle.get(conn, uuid)
-    return "launched", row, ""
+    return LaunchOutcome(LaunchStatus.LAUNCHED, row)
 
 
 def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, now: datetime) -> None:
     """Kill a launching row whose create surely rented nothing (code start_failed) and mark it destroyed."""
-    lifecycle.kill(conn, uuid, why, source=actor, code="start_failed", now=now)
+    lifecycle.kill(conn, uuid, why, source=actor, code=KillCode.START_FAILED, now=now)
     _mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
 
 
@@ -440,10 +469,10 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     _check_move(row, State.STOPPED, "stopped", "stop")
-    verdict = pass_guard(conn, config, guard.Action(kind=guard.Kind.STOP, actor=actor, label=row["label"],
+    verdict = pass_guard(conn, config, guard.Action(kind=Kind.STOP, actor=actor, label=row["label"],
                                                     uuid=row["uuid"], vast_id=row["vast_id"], reason=reason,
                                                     force=force), now=now)
-    _call(conn, provider, row, "stop", actor, now)
+    _call(conn, provider, row, Kind.STOP, actor, now)
     why = f"stopped by {actor}" + (f": {reason}" if reason else "") + (" (forced)" if verdict.forced else "")
     return lifecycle.transition(conn, row["uuid"], State.STOPPED, why, actor, updates={"resumed_at": None}, now=now)
 
@@ -459,9 +488,9 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     if row["state"] != State.STOPPED:
         raise Refused(f"instance {row['label']} is {row['state']}: only a stopped machine can be started")
     _check_move(row, State.LAUNCHING, "started", "start")
-    pass_guard(conn, config, guard.Action(kind=guard.Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
+    pass_guard(conn, config, guard.Action(kind=Kind.START, actor=actor, label=row["label"], uuid=row["uuid"],
                                           vast_id=row["vast_id"], dph=row["dph"]), now=now)
-    _call(conn, provider, row, "start", actor, now)
+    _call(conn, provider, row, Kind.START, actor, now)
     return lifecycle.transition(conn, row["uuid"], State.LAUNCHING, f"resumed by {actor}", actor,
                                 updates={"resumed_at": clock.to_iso(now)}, now=now)
 
@@ -505,12 +534,12 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     row = lifecycle.resolve(conn, label_or_uuid)
     if row.get("bid") is None or row.get("vast_id") is None:
         raise BadInput(f"{row['label']} is not an interruptible machine at vast: only a bid can be changed")
-    pass_guard(conn, config, guard.Action(kind=guard.Kind.REBID, actor=actor, label=row["label"], uuid=row["uuid"],
+    pass_guard(conn, config, guard.Action(kind=Kind.REBID, actor=actor, label=row["label"], uuid=row["uuid"],
                                           vast_id=row["vast_id"], dph=price, reason=reason), now=now)
     change = getattr(provider, "change_bid", None)
     if change is None:
         raise Unavailable(f"provider {config.provider} cannot change a bid")
-    intent = begin_action(conn, actor=actor, kind="rebid", uuid=row["uuid"], label=row["label"], now=now,
+    intent = begin_action(conn, actor=actor, kind=Kind.REBID, uuid=row["uuid"], label=row["label"], now=now,
                           request={"price": price},
                           what=f"bid ${price:g}/h for instance {row['vast_id']} sent; the listing shows whether it took")
     try:
@@ -524,13 +553,13 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     return lifecycle.get(conn, row["uuid"])
 
 
-def _call(conn, provider, row, kind: str, actor: str, now) -> None:
+def _call(conn, provider, row, kind: Kind, actor: str, now) -> None:
     """A stop or start at vast, its intent committed first: a start spends money again, so a crash (or a full
     disk) at any point leaves a row that says the call may have been made, and no call goes out unrecorded."""
-    method = {"stop": provider.stop_instance, "start": provider.start_instance}[kind]
+    method = {Kind.STOP: provider.stop_instance, Kind.START: provider.start_instance}[kind]
     intent = begin_action(conn, actor=actor, kind=kind, uuid=row["uuid"], label=row["label"], now=now,
                           what=f"{kind} of instance {row['vast_id']} sent; if this stays pending, vast may have"
-                               f" {'resumed' if kind == 'start' else 'stopped'} it: reconcile's listing shows which")
+                               f" {'resumed' if kind is Kind.START else 'stopped'} it: reconcile's listing shows which")
     try:
         method(row["vast_id"])
     except ProviderError as exc:
@@ -562,12 +591,12 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
     row = lifecycle.resolve(conn, label_or_uuid)
     provider = make_provider(config) if needs_provider_to_kill(row) else None
     return kill(conn, provider, row["uuid"], f"operator: {reason}", config=config, actor="operator",
-                code="operator", force=force, now=now)
+                code=KillCode.OPERATOR, force=force, now=now)
 
 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
-         config: Config, actor: str = "operator", code: str | None = None, ttl_s: float | None = None,
-         force: bool = False, kind: str = guard.Kind.KILL,
+         config: Config, actor: str = "operator", code: KillCode | None = None, ttl_s: float | None = None,
+         force: bool = False, kind: Kind = Kind.KILL,
          now: datetime) -> tuple[dict[str, Any], str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
 
@@ -577,7 +606,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     empty: every reconcile pass retries. A launching row without a vast id may
     have a machine whose create answer was lost: it is looked up by label
     first. `ttl_s` (the blocklist TTL) blocklists the machine when the kill
-    says it failed.
+    says it failed. Without a `code`, the kill is coded by who asked (operator, agent).
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
@@ -587,7 +616,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     if verdict.forced:
         reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
-    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or actor, now=now)
+    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or KillCode(actor), now=now)
     if row.get("tunnel_port") is not None:  # its key stops working at its next connect
         with contextlib.suppress(Unavailable):  # an unwritable file is reconcile's error to report, every pass
             tunnel.write_authorized_keys(conn, config)

@@ -34,6 +34,7 @@ from vastctl.guard import Action, Kind
 from vastctl.observe import Observation, observe, stored_json
 from vastctl.state import locks
 from vastctl.state.db import transaction
+from vastctl.state.lifecycle import KillCode
 
 if TYPE_CHECKING:
     from vastctl.agent import llm, tools
@@ -294,7 +295,7 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
     if kind is Kind.KILL or kind is Kind.DESTROY:
         target = _need_target(action, target)
         row, error = operations.kill(conn, provider, target, f"{action.actor}: {action.reason or 'no reason given'}",
-                                     config=config, actor=action.actor, code=action.actor, kind=kind,
+                                     config=config, actor=action.actor, code=KillCode.AGENT, kind=kind,
                                      force=action.force, now=now)
         return f"killed; destroy failed ({error}), reconcile retries" if error else "killed and destroyed"
     if kind is Kind.REBID:

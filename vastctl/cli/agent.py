@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from vastctl import clock
+from vastctl import clock, markets
 from vastctl.cli.app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
 from vastctl.errors import Unavailable
-
-if TYPE_CHECKING:
-    from vastctl.clock import Clock
-    from vastctl.config import Config
-    from vastctl.providers.base import Provider
-
-
-def make_provider(config: "Config", clock: "Clock") -> "Provider":
-    """The market agent-step rents from, on the step's clock (tests replace this)."""
-    from vastctl.markets import get_provider
-
-    return get_provider(config, clock=clock)
-
 
 demand_app = typer.Typer(help="Proving work waiting: report it, or show what the newest sample says.",
                          no_args_is_help=True)
@@ -97,7 +84,7 @@ def agent_step_cmd(
 
     g = globals_of(ctx)
     conn = g.connect()
-    result = step.run_step(conn, make_provider(g.config, g.clock), g.config, clock=g.clock, policy=policy,
+    result = step.run_step(conn, markets.get_provider(g.config, clock=g.clock), g.config, clock=g.clock, policy=policy,
                            dry_run=dry_run, if_events=if_events)
     if as_json:
         print_json(result.to_json())

@@ -6,11 +6,10 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from vastctl import operations
+from vastctl import markets, operations
 from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
 from vastctl.config import Config
 from vastctl.errors import Refused, Unavailable
-from vastctl.markets import get_provider
 from vastctl.state import lifecycle
 from vastctl.state.lifecycle import State
 
@@ -29,7 +28,7 @@ def offers_cmd(
     Example: vastctl offers --gpu "RTX 4090" --max-dph 0.6 --limit 5
     """
     g = globals_of(ctx)
-    provider = get_provider(g.config, clock=g.clock)
+    provider = markets.get_provider(g.config, clock=g.clock)
     found = operations.find_offers(g.connect(), provider, g.config, gpu_names=gpu, max_dph=max_dph,
                                    min_reliability=min_reliability, limit=limit, now=g.clock.now())
     views = [operations.offer_view(offer) for offer in found]
@@ -65,7 +64,7 @@ def launch_cmd(
     g = globals_of(ctx)
     operations.check_launch_request(g.config, offer_id=offer, gpu=gpu, count=count)
     conn = g.connect()
-    provider = get_provider(g.config, clock=g.clock)
+    provider = markets.get_provider(g.config, clock=g.clock)
     result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator",
                                now=g.clock.now())
     if as_json:
@@ -99,7 +98,7 @@ def stop_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="L
     g = globals_of(ctx)
     conn = g.connect()
     _check_rented(lifecycle.resolve(conn, instance), "stop", g.config)  # fails before the key is needed
-    row = operations.stop(conn, get_provider(g.config, clock=g.clock), instance, config=g.config, actor="operator",
+    row = operations.stop(conn, markets.get_provider(g.config, clock=g.clock), instance, config=g.config, actor="operator",
                           force=force, now=g.clock.now())
     echo(f"{row['label']} {row['state']}")
 
@@ -113,7 +112,7 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     g = globals_of(ctx)
     conn = g.connect()
     _check_rented(lifecycle.resolve(conn, instance), "start", g.config)  # fails before the key is needed
-    row = operations.start(conn, get_provider(g.config, clock=g.clock), g.config, instance, actor="operator",
+    row = operations.start(conn, markets.get_provider(g.config, clock=g.clock), g.config, instance, actor="operator",
                            now=g.clock.now())
     echo(f"{row['label']} {row['state']} (resumed)")
 

@@ -133,13 +133,12 @@ def kill_cmd(
     """
     if not reason.strip():
         raise typer.BadParameter("give a --reason for the event log", param_hint="--reason")
-    from vastctl import operations
+    from vastctl import markets, operations
     from vastctl.errors import Unavailable
-    from vastctl.markets import get_provider
 
     g = globals_of(ctx)
     row, error = operations.operator_kill(g.connect(), g.config, instance, reason, force=force, now=g.clock.now(),
-                                          make_provider=lambda config: get_provider(config, clock=g.clock))
+                                          make_provider=lambda config: markets.get_provider(config, clock=g.clock))
     echo(f"{row['label']} killed")
     if error:
         raise Unavailable(f"{row['label']} is killed but not yet destroyed at vast ({error}); reconcile retries")

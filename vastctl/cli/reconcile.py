@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
+from vastctl import markets
 from vastctl.cli.app import JsonOpt, app, globals_of, print_action_lines, print_json, quiet_unless_news, say
-
-if TYPE_CHECKING:
-    from vastctl.clock import Clock
-    from vastctl.config import Config
-    from vastctl.providers.base import Provider
-
-
-def make_provider(config: "Config", clock: "Clock") -> "Provider":
-    """The market to reconcile against, its backoff on `clock` (tests replace this)."""
-    from vastctl.markets import get_provider
-
-    return get_provider(config, clock=clock)
 
 
 @app.command("reconcile")
@@ -45,7 +34,7 @@ def reconcile_cmd(
     g = globals_of(ctx)
     conn = g.connect()
     clock = g.clock  # the pass's time and its deadline
-    result = reconcile.run_pass(conn, make_provider(g.config, clock), g.config, clock=clock, dry_run=dry_run)
+    result = reconcile.run_pass(conn, markets.get_provider(g.config, clock=clock), g.config, clock=clock, dry_run=dry_run)
     if as_json:
         print_json(result.to_json())
     else:

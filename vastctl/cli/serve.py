@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from vastctl import clock as clock_module
-from vastctl import validate
+from vastctl import markets, validate
 from vastctl.cli.app import app, globals_of, say
 from vastctl.clock import Clock
 from vastctl.errors import BadInput, Refused
@@ -51,7 +51,7 @@ def serve_cmd(
 
     g = globals_of(ctx)
     clock = g.clock if as_of is None else _ShiftedClock(g.clock, _moment(as_of, "--as-of"))
-    waker = webhooks.Waker(g.config, clock=clock, make_provider=make_provider)
+    waker = webhooks.Waker(g.config, clock=clock)  # its market: markets.get_provider, as cron's commands build it
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
                              request_timeout=request_timeout, connection_limit=connection_limit, clock=clock,
                              waker=waker)
@@ -76,13 +76,6 @@ def serve_cmd(
     say("stopped")
 
 
-def make_provider(config, clock):
-    """The market a webhook's wake reconciles against and steps with, as cron's commands build it."""
-    from vastctl.markets import get_provider
-
-    return get_provider(config, clock=clock)
-
-
 def _say_webhooks(g) -> None:
     """Whether vast's deliveries are taken, and a warning when their wakes could not reach vast."""
     from vastctl.serving import webhooks
@@ -92,7 +85,7 @@ def _say_webhooks(g) -> None:
         say(f"POST {webhooks.PATH} is off: no webhook secret at {path} (`vastctl webhook-secret --add` stores it)")
         return
     try:
-        make_provider(g.config, g.clock)
+        markets.get_provider(g.config, clock=g.clock)
     except BadInput as exc:
         say(f"warning: vast's webhooks are recorded but wake nothing until serve can reach vast: {exc}")
 

@@ -51,15 +51,16 @@ from datetime import datetime, timezone
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from vastctl import clock as clock_module
-from vastctl import guard, operations
+from vastctl import guard, markets, operations
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, VastctlError
 from vastctl.facts import cost, machine_logs
 from vastctl.serving import dashboard_page as page
-from vastctl.serving.server import HTTPError, _bearer, _loggable, access_log
+from vastctl.serving import wsgi
+from vastctl.serving.wsgi import HTTPError
 from vastctl.state import settings, signin
 from vastctl.upstream import cut
 from vastctl.views import fleet, overview
@@ -96,20 +97,19 @@ def serve(app, environ: dict, start_response: Callable, method: str, path: str) 
     api = path == "/metrics"  # a scraper, not a browser: its errors are JSON like the machines' API
     try:
         status, headers, body = web.handle(environ, method, path)
-    except _MethodNotAllowed as exc:
-        status, headers, body = _error(405, f"use {exc.allowed} here, not {method}", api=api, title="Wrong method")
-        headers.append(("Allow", exc.allowed))
+    except wsgi.MethodNotAllowed as exc:
+        status, headers, body = _error(405, exc.message, api=api, title="Wrong method")
+        headers.extend(exc.headers)
     except (BadInput, HTTPError) as exc:
         status, headers, body = _error(exc.status if isinstance(exc, HTTPError) else 400, f"error: {exc}", api=api)
     except Exception:  # noqa: BLE001 - one bad request must never take the server down
-        access_log.exception("unexpected error answering %s %s", method, path[:300])
+        wsgi.log_unexpected(method, path)
         status, headers, body = _error(500, "internal error: see the manager's log", api=api)
     headers = [*headers, *SECURITY_HEADERS, ("Content-Length", str(len(body)))]
     if not any(name == "Cache-Control" for name, _ in headers):
         headers.append(("Cache-Control", "no-store"))
     start_response(f"{status} {HTTPStatus(status).phrase}", headers)
-    access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, path[:300], status,
-                    (app.clock.monotonic() - started) * 1000)
+    wsgi.log_request(environ, method, path, status, app.clock.monotonic() - started)
     return [b"" if method == "HEAD" else body]
 
 
@@ -130,10 +130,10 @@ class Web:
 
     def handle(self, environ: dict, method: str, path: str) -> Response:
         if path.startswith("/static/"):
-            _allow(method, "GET")
+            wsgi.allow(method, "GET", head=True)
             return self.static(path.removeprefix("/static/"))
         if path == "/metrics":
-            _allow(method, "GET")
+            wsgi.allow(method, "GET", head=True)
             return self.metrics(environ)
         if not self.admin_token:
             return _html(403, page.message_page(
@@ -141,12 +141,12 @@ class Web:
         if path == "/":
             return self.home(environ)
         if path == "/dashboard/live":
-            _allow(method, "GET")
+            wsgi.allow(method, "GET", head=True)
             sid = self.session(environ)
             if sid is None:
                 return 401, [("Content-Type", "text/plain; charset=utf-8")], b"signed out: reload to sign in"
             return _html(200, page.live_fragment(self.data()))
-        _allow(method, "POST")
+        wsgi.allow(method, "POST")
         refused = _cross_site(environ)
         if refused:
             return _html(403, page.message_page("Refused", refused))
@@ -155,7 +155,7 @@ class Web:
         sid = self.session(environ)
         if sid is None:
             return _html(401, page.sign_in_page("your session ended: sign in again"))
-        form = _read_form(environ)
+        form = wsgi.read_form(environ, MAX_FORM)
         if not hmac.compare_digest(form.get("csrf", "").encode(), self.form_token(sid).encode()):
             return _html(403, page.message_page("Refused", "this form did not come from your dashboard session:"
                                                            " reload the dashboard and try again"))
@@ -202,10 +202,10 @@ class Web:
         tokens = [t for t in (self.admin_token, self.config.server.metrics_token) if t]
         if not tokens:
             return _json(403, "GET /metrics is disabled: set server.metrics_token (or server.admin_token)")
-        given = _bearer(environ)
+        given = wsgi.bearer(environ)
         if given is None or not any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
             status, headers, body = _json(401, "GET /metrics needs 'Authorization: Bearer <server.metrics_token>'")
-            return status, [*headers, ("WWW-Authenticate", 'Bearer realm="vastctl"')], body
+            return status, [*headers, *wsgi.CHALLENGE], body
         from vastctl.serving import metrics  # prometheus_client loads only here
 
         return 200, [("Content-Type", metrics.CONTENT_TYPE)], metrics.render(self.connect(), self.config,
@@ -218,10 +218,10 @@ class Web:
         wait = self.throttle.wait(client)
         if wait > 0:  # the token is not looked at: a guess during the wait learns nothing
             return self.throttled(wait)
-        given = _read_form(environ).get("token", "")
+        given = wsgi.read_form(environ, MAX_FORM).get("token", "")
         if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
             wait = self.throttle.failed(client)
-            access_log.warning("failed dashboard sign-in from %s", _loggable(client[:100]))
+            wsgi.access_log.warning("failed dashboard sign-in from %s", wsgi.loggable(client[:100]))
             later = f"; wait {math.ceil(wait)} s before the next try" if wait > 0 else ""
             return _html(401, page.sign_in_page(f"wrong token: use server.admin_token from the manager's config{later}"))
         self.throttle.succeeded(client)
@@ -321,11 +321,9 @@ class Web:
         at vast."""
         if not instance:
             raise BadInput("name the machine to kill: its label or uuid")
-        from vastctl.markets import get_provider
-
         row, error = operations.operator_kill(
             conn, self.config, instance, reason, force=force, now=self.clock.now(),
-            make_provider=lambda config: get_provider(config, clock=self.clock))
+            make_provider=lambda config: markets.get_provider(config, clock=self.clock))
         forced = " (forced past the guard)" if force and (row["kill_reason"] or "").endswith("(forced)") else ""
         if error:
             raise VastctlError(f"{row['label']} is killed{forced} but not yet destroyed at vast ({error});"
@@ -396,32 +394,6 @@ def _cross_site(environ: dict) -> str | None:
         if origin == "null" or parts.scheme not in ("http", "https") or parts.netloc.lower() != host:
             return why
     return None
-
-
-def _read_form(environ: dict) -> dict[str, str]:
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise BadInput("Content-Length is not a number") from None
-    if length > MAX_FORM:
-        raise BadInput(f"the form is over {MAX_FORM // 1024} KiB")
-    raw = environ["wsgi.input"].read(length) if length > 0 else b""
-    try:
-        fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=20, strict_parsing=False)
-    except (UnicodeDecodeError, ValueError):
-        raise BadInput("the form is not UTF-8 text with at most 20 fields") from None
-    return {name: values[-1] for name, values in fields.items()}
-
-
-def _allow(method: str, allowed: str) -> None:
-    if method != allowed and not (allowed == "GET" and method == "HEAD"):
-        raise _MethodNotAllowed(allowed)
-
-
-class _MethodNotAllowed(Exception):
-    def __init__(self, allowed: str):
-        super().__init__(allowed)
-        self.allowed = allowed
 
 
 def _html(status: int, text: str) -> Response:

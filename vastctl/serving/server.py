@@ -7,7 +7,8 @@ real change. waitress serves it: its event loop reads each request in full
 before a worker thread sees it, so slow clients hold no worker, and it caps
 header and body sizes before anything is buffered. transport.py holds
 what serve changes in waitress (double framing refused, the request deadline,
-an epoll event loop).
+an epoll event loop); wsgi.py how a request is read (bodies, tokens, methods),
+shared with the dashboard.
 
 Decisions the contract leaves open:
 - Order of checks: route (404/405), token (401/403), a killed machine (409),
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
@@ -65,7 +65,8 @@ from vastctl.config import Config
 from vastctl.errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
 from vastctl.machine import onstart
 from vastctl.machine.reports import LocalReports
-from vastctl.serving import webhooks
+from vastctl.serving import webhooks, wsgi
+from vastctl.serving.wsgi import HTTPError
 from vastctl.state import db, lifecycle, signin, tokens
 from vastctl.transport import DeadlineServer
 from vastctl.upstream import cut
@@ -82,8 +83,6 @@ DEFAULT_REQUEST_TIMEOUT = 10.0  # seconds a request may take to arrive in full, 
 DEFAULT_CONNECTION_LIMIT = 1000  # open connections; past it new ones wait in the listen backlog
 REPORTS = ("register", "params-done", "bench-report", "running", "heartbeat")
 
-access_log = logging.getLogger("vastctl.serve")
-
 # Body fields each report accepts: name → (kind, minimum). Unknown fields are a 400, so a typo is never ignored.
 _FIELDS: dict[str, dict[str, tuple[str, int]]] = {
     "register": {"label": ("text", 0), "vast_id": ("int", 0), "gpu_name": ("text", 0), "num_gpus": ("int", 1)},
@@ -96,16 +95,6 @@ _FIELDS: dict[str, dict[str, tuple[str, int]]] = {
 
 class Script(str):
     """A body answered as the shell script it is, not as JSON."""
-
-
-class HTTPError(Exception):
-    """An answer other than 200, with the message for `{"error": …}`."""
-
-    def __init__(self, status: int, message: str, headers: Iterable[tuple[str, str]] = ()):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = list(headers)
 
 
 class App:
@@ -129,14 +118,14 @@ class App:
             try:
                 conn = self._local.conn = db.connect(self.config.db_path, now=self.clock.now())
             except Exception as exc:  # the manager's problem, not the caller's: 503 so boot scripts retry
-                access_log.error("cannot open the state file: %s", exc)
+                wsgi.access_log.error("cannot open the state file: %s", exc)
                 raise HTTPError(503, "the manager cannot open its state file: retry later", [("Retry-After", "5")]) from exc
         return conn
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         started = self.clock.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
-        path = _raw_path(environ)
+        path = wsgi.raw_path(environ)
         from vastctl.serving import dashboard  # the operator's pages and /metrics live in their own module
         if dashboard.owns(method, path):
             return dashboard.serve(self, environ, start_response, method, path)
@@ -150,7 +139,7 @@ class App:
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
-                access_log.exception("unexpected error answering %s %s", method, _loggable(path))
+                wsgi.log_unexpected(method, path)
                 body = {"error": "internal error: see the manager's log"}
         if isinstance(body, Script):
             payload, kind = body.encode(), "text/x-shellscript; charset=utf-8"
@@ -160,41 +149,37 @@ class App:
             f"{status} {HTTPStatus(status).phrase}",
             [("Content-Type", kind), ("Content-Length", str(len(payload))), *headers],
         )
-        access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, _loggable(path), status,
-                        (self.clock.monotonic() - started) * 1000)
+        wsgi.log_request(environ, method, path, status, self.clock.monotonic() - started)
         return [payload]
 
     def handle(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
         if path == "/healthz":
-            _allow(method, "GET")
+            wsgi.allow(method, "GET")
             self.connection().execute("SELECT 1").fetchone()
             return 200, {"ok": True}
         if path == "/v1/fleet":
-            _allow(method, "GET")
+            wsgi.allow(method, "GET")
             self.check_admin(environ)
             query = parse_qs(environ.get("QUERY_STRING", ""))
             include_killed = query.get("all", ["0"])[-1].lower() in ("1", "true", "yes")
             return 200, fleet.fleet_view(self.connection(), self.config, include_killed=include_killed,
                                           now=self.clock.now())
         if path == webhooks.PATH:
-            _allow(method, "POST")
-            try:
-                return 200, self.webhooks.receive(environ, self.connection())
-            except webhooks.Rejected as exc:
-                raise HTTPError(exc.status, exc.message) from None
+            wsgi.allow(method, "POST")
+            return 200, self.webhooks.receive(environ, self.connection())  # its refusals are HTTPErrors
         uuid, report = _report_route(path)
         if report == "onstart":  # the boot script itself, for a machine whose onstart is the loader
-            _allow(method, "GET")
+            wsgi.allow(method, "GET")
             self.check_machine(environ, uuid)
             self.check_retired(uuid, report)
             return 200, Script(onstart.full_script(self.config.launch.onstart))
-        _allow(method, "POST")
+        wsgi.allow(method, "POST")
         self.check_machine(environ, uuid)
         self.check_retired(uuid, report)
         if report == "log":
-            name, text = _log_fields(_read_json(environ))
+            name, text = _log_fields(wsgi.read_json(environ, MAX_BODY))
             return 200, LocalReports(self.connection(), self.config, now=self.clock.now()).log_push(uuid, name, text)
-        return 200, self.report(report, uuid, _fields(report, _read_json(environ)))
+        return 200, self.report(report, uuid, _fields(report, wsgi.read_json(environ, MAX_BODY)))
 
     def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
         reports = LocalReports(self.connection(), self.config, now=self.clock.now())
@@ -225,15 +210,15 @@ class App:
 
     def check_machine(self, environ: dict, uuid: str) -> None:
         """401 without a token or with one of no known machine; 403 with another machine's token."""
-        token = _bearer(environ)
+        token = wsgi.bearer(environ)
         if token is None:
             raise HTTPError(401, "missing bearer token: send 'Authorization: Bearer <token>'"
-                                 " (the manager prints it with `vastctl token --uuid U`)", _CHALLENGE)
+                                 " (the manager prints it with `vastctl token --uuid U`)", wsgi.CHALLENGE)
         if self.keyring.matches(uuid, token):
             return
         if self.keyring.owner(token, self._uuids_after) is not None:
             raise HTTPError(403, f"this token belongs to another machine, not to {uuid}: check the uuid and VASTCTL_TOKEN")
-        raise HTTPError(401, "invalid token: use the one `vastctl token --uuid U` prints for this uuid", _CHALLENGE)
+        raise HTTPError(401, "invalid token: use the one `vastctl token --uuid U` prints for this uuid", wsgi.CHALLENGE)
 
     def _uuids_after(self, rowid: int) -> Iterable[tuple[int, str]]:
         """Rows are never deleted, so rows past the highest rowid seen are the machines new since then."""
@@ -260,12 +245,9 @@ class App:
     def check_admin(self, environ: dict) -> None:
         if not self.admin_token:
             raise HTTPError(403, "GET /v1/fleet is disabled: set server.admin_token in the manager's config and restart serve")
-        token = _bearer(environ)
+        token = wsgi.bearer(environ)
         if token is None or not hmac.compare_digest(token.encode("latin-1"), self.admin_token):
-            raise HTTPError(401, "GET /v1/fleet needs 'Authorization: Bearer <server.admin_token>'", _CHALLENGE)
-
-
-_CHALLENGE = [("WWW-Authenticate", 'Bearer realm="vastctl"')]
+            raise HTTPError(401, "GET /v1/fleet needs 'Authorization: Bearer <server.admin_token>'", wsgi.CHALLENGE)
 
 
 def _status_of(exc: Exception) -> int:
@@ -280,61 +262,15 @@ def _status_of(exc: Exception) -> int:
     return 500
 
 
-def _raw_path(environ: dict) -> str:
-    """The path as sent (percent-escapes intact), so a uuid may hold any printable character."""
-    raw = environ.get("REQUEST_URI")
-    if raw:
-        return raw.split("?", 1)[0]
-    return environ.get("PATH_INFO", "")
-
-
 def _report_route(path: str) -> tuple[str, str]:
     parts = path.split("/")
     if (len(parts) == 5 and parts[0] == "" and parts[1:3] == ["v1", "instances"]
             and parts[4] in (*REPORTS, "onstart", "log") and parts[3]):
         uuid = unquote(parts[3].encode("latin-1").decode("utf-8", "replace"))
         return uuid, parts[4]
-    raise HTTPError(404, f"no such endpoint {_loggable(path)}: the endpoints are POST /v1/instances/UUID/REPORT"
+    raise HTTPError(404, f"no such endpoint {wsgi.loggable(path)}: the endpoints are POST /v1/instances/UUID/REPORT"
                          f" (REPORT: {', '.join(REPORTS)}, log), GET /v1/instances/UUID/onstart,"
                          f" POST {webhooks.PATH}, GET /v1/fleet and GET /healthz")
-
-
-def _allow(method: str, allowed: str) -> None:
-    if method != allowed:
-        raise HTTPError(405, f"use {allowed} here, not {method}", [("Allow", allowed)])
-
-
-def _bearer(environ: dict) -> str | None:
-    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
-
-
-def _read_json(environ: dict) -> dict[str, Any]:
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise HTTPError(400, "Content-Length is not a number") from None
-    if length > MAX_BODY:
-        raise HTTPError(413, f"body of {length} bytes is over the {MAX_BODY // 1024} KiB limit")
-    raw = environ["wsgi.input"].read(length) if length > 0 else b""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise HTTPError(400, "body is not UTF-8 text") from None
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise HTTPError(400, f"body must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number")
 
 
 def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -382,10 +318,6 @@ def in_api_terms(exc: Exception) -> str:
 
 
 
-def _loggable(path: str) -> str:
-    return cut(path.encode("unicode_escape").decode("ascii"), 300)
-
-
 # --- running it ------------------------------------------------------------------------------------
 
 
@@ -411,7 +343,7 @@ def make_server(
         raise BadInput(f"--connection-limit must be at least 1, got {connection_limit}")
     _refuse_weak_tokens(config)
     _allow_open_files(connection_limit + 64)  # the listeners, SQLite, the log and a margin
-    keyring = tokens.Keyring(config.secret_path, on_error=access_log.error)
+    keyring = tokens.Keyring(config.secret_path, on_error=wsgi.access_log.error)
     db.connect(config.db_path, now=clock.now()).close()  # a missing or broken file fails here, not at the first report
     app = App(config, keyring, clock=clock, waker=waker)
     try:

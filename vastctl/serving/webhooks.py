@@ -44,11 +44,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vastctl import atomicfile, upstream
+from vastctl import atomicfile, markets, upstream
 from vastctl import clock as clocks
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput, VastctlError
+from vastctl.serving import wsgi
 from vastctl.state import db
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import record_event
@@ -70,13 +71,8 @@ LEASE_RETRY_S = 2.0  # …this far apart, so the pass after the delivery still h
 wake_log = logging.getLogger("vastctl.serve.wake")
 
 
-class Rejected(Exception):
+class Rejected(wsgi.HTTPError):
     """A delivery refused with an HTTP status; nothing was recorded."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 # --- the secret file -------------------------------------------------------------------------------------
@@ -189,7 +185,7 @@ class Receiver:
 
     def receive(self, environ: Mapping[str, Any], conn: sqlite3.Connection) -> dict[str, Any]:
         """Answer one delivery (200 body), or raise Rejected having changed nothing."""
-        body = _read_body(environ)
+        body = wsgi.read_body(environ, MAX_BODY, over_limit=_too_large)
         secrets = self.secrets.current()
         if not secrets:
             raise Rejected(404, f"webhooks are off on this manager: {NO_SECRET_FIX}")
@@ -222,17 +218,8 @@ class Receiver:
                                 f" ({tolerance:g}s): check this host's clock")
 
 
-def _read_body(environ: Mapping[str, Any]) -> bytes:
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise Rejected(400, "Content-Length is not a number") from None
-    if length > MAX_BODY:
-        raise Rejected(413, f"body of {length} bytes is over the {MAX_BODY // 1024} KiB limit for a delivery")
-    body = environ["wsgi.input"].read(length) if length > 0 else b""
-    if len(body) != length:
-        raise Rejected(400, f"body ended after {len(body)} of {length} bytes")
-    return body
+def _too_large(length: int, limit: int) -> Rejected:
+    return Rejected(413, f"body of {length} bytes is over the {limit // 1024} KiB limit for a delivery")
 
 
 def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
@@ -243,7 +230,7 @@ def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
     attempt_text = environ.get("HTTP_X_VAST_DELIVERY_ATTEMPT", "").strip()
     attempt = int(attempt_text) if attempt_text.isdigit() and len(attempt_text) <= 6 else None
     try:
-        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+        value = json.loads(body.decode("utf-8"), parse_constant=wsgi.refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise Rejected(400, "the body is not a JSON object in UTF-8") from None
     if not isinstance(value, dict):
@@ -259,10 +246,6 @@ def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
     slug = upstream.clip(texts["notif_type"].removeprefix("client:"), SLUG_CHARS) or "unknown"
     return Delivery(event_id=event_id, notif_type=slug, subject=texts["subject"], message=texts["message"],
                     attempt=attempt)
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number")
 
 
 def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bool:
@@ -283,12 +266,6 @@ def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bo
 # --- waking the safety net -------------------------------------------------------------------------------
 
 
-def _default_provider(config: Config, clock: Clock) -> "Provider":
-    from vastctl.markets import get_provider
-
-    return get_provider(config, clock=clock)
-
-
 @dataclass
 class WakeResult:
     """What one wake did: for the log line and the tests."""
@@ -305,11 +282,13 @@ class Waker:
     `wake()` only notes the event id and returns, so the delivery's answer
     never waits on vast. The thread takes every noted id at once, waits out
     `server.webhook_min_interval` since the last wake began (on `clock`), and
-    runs the wake (class docstring of the module).
+    runs the wake (class docstring of the module). Its market comes from
+    `make_provider(config, clock=clock)`: markets.get_provider unless given,
+    looked up at each wake as every command looks it up.
     """
 
     def __init__(self, config: Config, *, clock: Clock,
-                 make_provider: Callable[[Config, Clock], "Provider"] = _default_provider,
+                 make_provider: Callable[..., "Provider"] | None = None,
                  on_done: Callable[[WakeResult], None] | None = None):
         self.config = config
         self.clock = clock
@@ -371,7 +350,7 @@ class Waker:
         conn = db.connect(self.config.db_path, now=self.clock.now())
         try:
             try:
-                provider = self.make_provider(self.config, self.clock)
+                provider = (self.make_provider or markets.get_provider)(self.config, clock=self.clock)
             except VastctlError as exc:
                 result.errors.append(f"cannot reach vast: {exc}")
                 return result

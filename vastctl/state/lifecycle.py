@@ -55,11 +55,33 @@ ALLOWED: dict[State, frozenset[State]] = {
 }
 LIVE_STATES = frozenset(s for s in State if s is not S.KILLED)
 SOURCES = ("instance", "reconcile", "agent", "operator")
-KILL_CODES = (
-    "bench_failed", "disappeared", "exited", "offline", "start_failed", "scheduling_timeout",
-    "timeout_launching", "timeout_registered", "timeout_params_done", "timeout_bench_done",
-    "heartbeat_timeout", "tunnel_down", "orphan", "operator", "agent",
-)
+
+
+class KillCode(StrEnum):
+    """Why a machine was killed: its kill event's `code` and the row's `kill_code` (the contract's list)."""
+
+    BENCH_FAILED = "bench_failed"
+    DISAPPEARED = "disappeared"
+    EXITED = "exited"
+    OFFLINE = "offline"
+    START_FAILED = "start_failed"
+    SCHEDULING_TIMEOUT = "scheduling_timeout"
+    TIMEOUT_LAUNCHING = "timeout_launching"
+    TIMEOUT_REGISTERED = "timeout_registered"
+    TIMEOUT_PARAMS_DONE = "timeout_params_done"
+    TIMEOUT_BENCH_DONE = "timeout_bench_done"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    TUNNEL_DOWN = "tunnel_down"
+    ORPHAN = "orphan"
+    OPERATOR = "operator"
+    AGENT = "agent"
+
+
+# vast statuses that mean the machine is dead → the kill code reconcile gives it once two listings agree
+# (the observation's disagreement and the rules' read the same statuses: observe.VAST_DEAD)
+VAST_DEAD_CODES = {"exited": KillCode.EXITED, "unknown": KillCode.OFFLINE, "offline": KillCode.OFFLINE}
+
+
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
 RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate needs at least this much counting
 # What a machine says it proves is a claim, bounded by what is physically plausible before anything counts it.
@@ -483,12 +505,10 @@ def kill(
     reason: str,
     *,
     source: str,
-    code: str,
+    code: KillCode,
     now: datetime,
 ) -> dict[str, Any]:
     """Mark killed (terminal). Destroying the machine at the provider is the caller's next step."""
-    if code not in KILL_CODES:
-        raise ValueError(f"unknown kill code {code!r}")
     return transition(conn, uuid, S.KILLED, reason, source, code=code, now=now)
 
 

@@ -1,0 +1,319 @@
+"""reconcile's decisions, pure: every row not yet destroyed and one good listing in, the actions out.
+
+No database, no provider, no clock but the `now` it is given: run.py reads the snapshots, effects.py does
+what this decides. Rules, in the order `plan()` applies them to one live row (first match wins):
+
+  disappeared         missing from `disappear_confirmations` consecutive good listings
+  start_failed        vast's status_msg reports a start failure and the container is not running
+  exited / offline    vast status exited (or unknown/offline) in two consecutive good listings
+  scheduling_timeout  resumed, still launching, vast keeps it stopped/created past SCHEDULING_DEADLINE_S
+  bench_failed        bench_done with a rate below the current min_bench_rate (a lost bench report)
+  timeout_<state>     launching/registered/params_done/bench_done longer than timeouts.<state>
+  heartbeat_timeout   running without a heartbeat for longer than timeouts.heartbeat
+  tunnel_down         running with a tunnel (launch.join ssh) the manager could not reach the daemon through
+                      for longer than tunnel.down_timeout (never joined: counted from `running`)
+
+The vast-status rules (start_failed, exited/offline, scheduling_timeout) skip
+`stopped` rows: their container is down because we asked; `start` moves them
+back to launching, under every rule again.
+
+Killed rows whose machine is not confirmed destroyed are destroyed again on
+every pass. A vast instance labelled with our prefix that has no row is an
+orphan: nothing reports to us from it, so after a grace of timeouts.launching
+(the time a healthy machine has to register, which would have adopted it)
+it is destroyed (one event, code `orphan`). A machine vast still lists
+STILL_LISTED_GRACE_S after confirming its destroy is destroyed again.
+Instances without our prefix and no row are never touched.
+
+A machine's own word is a claim: a row is paired with a listing entry by the
+vast id the manager recorded, else only by the row's label (a claimed id
+picks among those).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from vastctl import clock, guard, upstream
+from vastctl.config import Config
+from vastctl.errors import Unavailable
+from vastctl.facts import tunnel
+from vastctl.guard import Action, Kind
+from vastctl.providers.base import RemoteInstance
+from vastctl.state.lifecycle import LIVE_STATES, KillCode, State
+from vastctl.state.lifecycle import VAST_DEAD_CODES as DEAD_STATUSES  # vast status → kill code
+
+ACTOR = "reconcile"
+SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
+STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
+OUTBID_GRACE_S = 2 * 3600  # an outbid machine is waited for this long after its last heartbeat, then timed out
+START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
+REASON_CHARS = 160  # vast's text quoted into a reason (an event, the table), through upstream.clip
+SCHEDULING_STATUSES = frozenset({None, "", "stopped", "created", "scheduling"})
+TIMED_STATES = {  # a state with a time limit: its timeouts.<name>, and the code of a kill for overstaying it
+    State.LAUNCHING: ("launching", KillCode.TIMEOUT_LAUNCHING),
+    State.REGISTERED: ("registered", KillCode.TIMEOUT_REGISTERED),
+    State.PARAMS_DONE: ("params_done", KillCode.TIMEOUT_PARAMS_DONE),
+    State.BENCH_DONE: ("bench_done", KillCode.TIMEOUT_BENCH_DONE),
+}
+
+
+class ListingDistrusted(Unavailable):
+    """Too much of the live fleet vanished at once: the listing is not believed, nobody is killed (exit 1)."""
+
+
+
+@dataclass
+class Matched:
+    """Which listing entry each row is, and what was learned by matching."""
+
+    by_uuid: dict[str, RemoteInstance]
+    recovered: dict[str, int]  # uuid → vast_id found by label (a launch that crashed before recording it)
+    unclaimed: list[RemoteInstance]  # listing entries no unfinished row claims
+
+
+
+def stored_code(value: str | None) -> KillCode | None:
+    """A row's kill_code as a KillCode; one no code names (written by hand) is left out rather than trusted."""
+    try:
+        return KillCode(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance], label_prefix: str = "") -> Matched:
+    """Pair rows with listing entries: by the vast_id the manager recorded, else by label.
+
+    A row without a vast_id yet (a launch that crashed before recording it, or
+    a machine adopted by `register`) is paired only with an entry vast lists
+    under the row's label; a machine's claimed id only picks among those. A
+    row the manager did not launch is paired only with an entry carrying our
+    label prefix: a machine cannot adopt an instance we would never touch.
+    """
+    by_id = {entry.id: entry for entry in listing}
+    by_uuid: dict[str, RemoteInstance] = {}
+    claimed: set[int] = set()
+    without_id = []
+    for row in rows:
+        vast_id = row.get("vast_id")
+        if vast_id is None:
+            without_id.append(row)
+        elif vast_id in by_id:
+            by_uuid[row["uuid"]] = by_id[vast_id]
+            claimed.add(vast_id)
+    recovered: dict[str, int] = {}
+    if without_id:
+        by_label: dict[str, list[RemoteInstance]] = defaultdict(list)
+        for entry in listing:
+            if entry.label and entry.id not in claimed:
+                by_label[entry.label].append(entry)
+        for row in without_id:
+            if not launched(row) and not carries_prefix(row["label"], label_prefix):
+                continue
+            candidates = [entry for entry in by_label.get(row["label"], ()) if entry.id not in claimed]
+            if candidates:
+                claim = [entry for entry in candidates if entry.id == row.get("claimed_vast_id")]
+                entry = (claim or sorted(candidates, key=lambda item: item.id))[0]
+                by_uuid[row["uuid"]] = entry
+                recovered[row["uuid"]] = entry.id
+                claimed.add(entry.id)
+    unclaimed = [entry for entry in listing if entry.id not in claimed]
+    return Matched(by_uuid=by_uuid, recovered=recovered, unclaimed=unclaimed)
+
+
+def launched(row: Mapping[str, Any]) -> bool:
+    """Whether the manager rented this machine (launch records the offer) rather than adopting it."""
+    return row.get("offer_id") is not None
+
+
+def carries_prefix(label: str | None, prefix: str) -> bool:
+    """Our label prefix marks the instances reconcile may act on; with no prefix, none are."""
+    return bool(prefix) and label is not None and label.startswith(prefix)
+
+
+def _expected_in_listing(row: Mapping[str, Any], matched: Matched) -> bool:
+    """A row vast should be listing: it has a vast id, and it is not a fresh launch vast may not list yet."""
+    has_id = row.get("vast_id") is not None or row["uuid"] in matched.recovered
+    return has_id and (row.get("vast_seen_at") is not None or row["state"] != State.LAUNCHING)
+
+
+def missing_after(row: Mapping[str, Any], matched: Matched) -> int:
+    """The row's count of consecutive good listings it was missing from, this listing included."""
+    if row["uuid"] in matched.by_uuid:
+        return 0
+    if _expected_in_listing(row, matched):
+        return int(row.get("vast_missing") or 0) + 1
+    return int(row.get("vast_missing") or 0)
+
+
+def check_trust(rows: Sequence[Mapping[str, Any]], matched: Matched, config: Config) -> None:
+    """Raise ListingDistrusted when more than max_vanish_fraction of the live fleet vanished at once.
+
+    "At once" counts rows that were seen in the previous good listing and are
+    missing from this one; rows already counted missing do not count again.
+    """
+    fleet = [row for row in rows if row["state"] in LIVE_STATES and _expected_in_listing(row, matched)]
+    vanished = [row for row in fleet if row["uuid"] not in matched.by_uuid and not row.get("vast_missing")]
+    limit = config.reconcile.max_vanish_fraction
+    if vanished and len(vanished) > limit * len(fleet):
+        names = ", ".join(sorted(row["label"] for row in vanished)[:5]) + (", …" if len(vanished) > 5 else "")
+        raise ListingDistrusted(
+            f"vast listing distrusted: {len(vanished)} of {len(fleet)} live machines vanished at once"
+            f" ({names}; max_vanish_fraction {limit:g}); nothing was killed. If they really are gone, kill them"
+            " with `vastctl kill LABEL --reason …`; otherwise retry later"
+        )
+
+
+def plan(
+    rows: Sequence[Mapping[str, Any]],
+    listing: Sequence[RemoteInstance],
+    settings: Mapping[str, Any],
+    config: Config,
+    now: datetime,
+    *,
+    first_seen: Mapping[int, str] | None = None,
+    history: Mapping[int, Mapping[str, Any]] | None = None,
+) -> list[Action]:
+    """What one pass should do, from snapshots only.
+
+    rows: every instance row not yet destroyed, as it was before this listing
+    (vast_missing / vast_status are the previous listing's). listing: one good
+    listing. first_seen: vast_id → ISO time the cache first saw it (orphan
+    grace; unknown ids count as first seen now). history: vast_id → destroyed
+    row, for listed instances whose row is already destroyed.
+    Raises ListingDistrusted instead of planning kills from a broken listing.
+    """
+    matched = match(rows, listing, config.vast.label_prefix)
+    check_trust(rows, matched, config)
+    first_seen = first_seen or {}
+    history = history or {}
+    actions: list[Action] = []
+    for row in rows:
+        entry = matched.by_uuid.get(row["uuid"])
+        vast_id = row.get("vast_id") if row.get("vast_id") is not None else matched.recovered.get(row["uuid"])
+        if row["state"] == State.KILLED:
+            if not row.get("destroyed_at"):
+                actions.append(_destroy_row(row, vast_id, now))
+            continue
+        verdict = _verdict(row, entry, matched, settings, config, now)
+        if verdict is None:
+            continue
+        code, reason = verdict
+        actions.append(Action(
+            kind=Kind.KILL, actor=ACTOR, label=row["label"], reason=reason, uuid=row["uuid"], vast_id=vast_id,
+            code=code, expect=(row["state"], row.get("state_since"), row.get("last_heartbeat_at")),
+        ))
+        actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=row["label"], reason=f"killed: {reason}",
+                              uuid=row["uuid"], vast_id=vast_id, code=code))
+    actions.extend(_strays(matched.unclaimed, config, now, first_seen, history))
+    return actions
+
+
+def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str] | None:
+    """The kill code and reason for one live row, or None when it may live."""
+    state = State(row["state"])
+    if entry is None:
+        missing = missing_after(row, matched)
+        needed = max(1, config.reconcile.disappear_confirmations)
+        if missing >= needed:
+            seen = clock.from_iso(row.get("vast_seen_at"))
+            last = f", last seen {clock.human_age(seen, now)} ago" if seen else ", never seen"
+            return KillCode.DISAPPEARED, (f"disappeared from vast: instance {row.get('vast_id')} missing from {missing}"
+                                   f" consecutive listings{last}")
+    elif state is not State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
+        status = entry.actual_status or None
+        if status != "running" and entry.status_msg and START_FAILURE.search(entry.status_msg):
+            return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
+        if status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at"):
+            since = clock.from_iso(row["vast_seen_at"])
+            detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
+            return DEAD_STATUSES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
+        if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
+                and (entry.intended_status in (None, "", "running"))):
+            resumed = clock.from_iso(row["resumed_at"])
+            deadline = min(SCHEDULING_DEADLINE_S, config.timeouts.launching)
+            if (now - resumed).total_seconds() > deadline:
+                return KillCode.SCHEDULING_TIMEOUT, (
+                    f"resumed {clock.human_age(resumed, now)} ago but vast still has it {status or 'unscheduled'}"
+                    f" (limit {clock.human_duration(deadline)}): its GPU is likely taken"
+                )
+    if state is State.BENCH_DONE and row.get("bench_rate") is not None:
+        gate = float(settings["min_bench_rate"])
+        if float(row["bench_rate"]) < gate:
+            return KillCode.BENCH_FAILED, f"bench rate {row['bench_rate']:g} below gate {gate:g} (still bench_done)"
+    since = clock.from_iso(row["state_since"])
+    if since is None:  # every row has entered its state at some moment; a row without one is not judged
+        return None
+    if state in TIMED_STATES:
+        name, timed_out = TIMED_STATES[state]
+        limit = getattr(config.timeouts, name)
+        if (now - since).total_seconds() > limit:
+            return timed_out, f"{name} for {clock.human_age(since, now)} (limit {clock.human_duration(limit)})"
+    if state is State.RUNNING:
+        limit = config.timeouts.heartbeat
+        beat = clock.from_iso(row.get("last_heartbeat_at"))
+        paused = (entry is not None and outbid(entry)) or row.get("outbid_since") is not None
+        if paused and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
+            return None  # paused by vast for a higher bid (or restarting since), disk kept: not dead
+        if not guard.heartbeat_fresh(row, limit, now):  # the one liveness rule, the guard's too
+            if beat is None or beat < since:
+                return KillCode.HEARTBEAT_TIMEOUT, f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
+            return KillCode.HEARTBEAT_TIMEOUT, f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
+        down = clock.from_iso(tunnel.down_since(dict(row)))
+        limit = config.tunnel.down_timeout
+        if down is not None and (now - down).total_seconds() > limit:
+            how = "unreachable" if tunnel.joined_this_run(dict(row)) else "never reached"
+            return KillCode.TUNNEL_DOWN, (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
+                                   f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
+    return None
+
+
+def outbid(entry: RemoteInstance) -> bool:
+    """An interruptible instance vast has stopped while we asked it to run: outbid (vast-api.md "Interruptible").
+    It stays listed, keeps its disk and bills storage; it resumes when its bid wins again."""
+    return entry.raw.get("is_bid") is True and "stopped" in (entry.actual_status, entry.cur_state)
+
+
+def _destroy_row(row: Mapping[str, Any], vast_id: int | None, now: datetime) -> Action:
+    killed = clock.from_iso(row.get("killed_at") or row.get("state_since"))
+    attempts = int(row.get("destroy_attempts") or 0)
+    reason = f"killed {clock.human_age(killed, now)} ago ({row.get('kill_code') or 'no code'}), not yet destroyed"
+    if attempts:
+        reason += f"; attempt {attempts + 1}, last error: {upstream.clip(row.get('destroy_error') or '?', REASON_CHARS)}"
+    return Action(kind=Kind.DESTROY, actor=ACTOR, label=row["label"], reason=reason, uuid=row["uuid"],
+                  vast_id=vast_id, code=stored_code(row.get("kill_code")))
+
+
+def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
+            first_seen: Mapping[int, str], history: Mapping[int, Mapping[str, Any]]) -> list[Action]:
+    """Listed instances no unfinished row claims: orphans with our prefix, or machines destroyed but still listed."""
+    prefix = config.vast.label_prefix
+    grace = config.timeouts.launching
+    actions = []
+    for entry in unclaimed:
+        gone = history.get(entry.id)
+        if gone is not None and entry.label == gone["label"]:
+            destroyed = clock.from_iso(gone["destroyed_at"]) or now
+            if entry.cur_state != "unloaded" and (now - destroyed).total_seconds() > STILL_LISTED_GRACE_S:
+                actions.append(Action(
+                    kind=Kind.DESTROY, actor=ACTOR, label=gone["label"], vast_id=entry.id,
+                    code=stored_code(gone.get("kill_code")),
+                    reason=(f"destroyed {clock.human_age(destroyed, now)} ago but vast still lists instance {entry.id}"
+                            f" ({entry.actual_status or 'no status'})"),
+                ))
+            continue
+        if not carries_prefix(entry.label, prefix):
+            continue  # not ours: never touched
+        seen = clock.from_iso(first_seen.get(entry.id)) or now
+        if (now - seen).total_seconds() > grace:
+            actions.append(Action(
+                kind=Kind.DESTROY, actor=ACTOR, label=entry.label or "", vast_id=entry.id, code=KillCode.ORPHAN,
+                reason=(f"orphan: vast instance {entry.id} carries our prefix but has no row and never registered;"
+                        f" listed for {clock.human_age(seen, now)} (grace {clock.human_duration(grace)})"),
+            ))
+    return actions
+
