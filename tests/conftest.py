@@ -50,9 +50,14 @@ def conn(db_path):
 
 
 @pytest.fixture
-def ready(cli):
-    """An initialised state file, made the way an operator makes it."""
+def initialised(cli):
+    """An initialised state file, made the way an operator makes it: no config file, no keys."""
     assert cli("init").code == 0
+
+
+@pytest.fixture
+def ready(initialised):
+    """`initialised`, under the name most tests ask for; a module whose tests need a config redefines `ready`."""
 
 
 @pytest.fixture

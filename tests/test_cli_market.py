@@ -232,3 +232,37 @@ def test_launch_arguments_are_checked_before_the_key(cli, vast, db_path, monkeyp
     result = cli("launch", "--gpu", "RTX 4090")
     assert result.code == 2 and "server.url is not set" in result.err
     assert rows(db_path) == [] and len(vast.calls) == 0
+
+
+# --- what needs no key: a machine never rented, a launch that could not boot -----------------------------
+
+
+def test_stop_and_start_of_a_machine_never_rented_need_no_key(initialised, cli):
+    cli("register", "--uuid", "u1", "--label", "vastctl-u1")
+    for verb in ("stop", "start"):
+        result = cli(verb, "vastctl-u1")
+        assert result.code == 3, result.err
+        assert "vastctl-u1 was never rented" in result.err and "API key" not in result.err
+
+
+def _launch_config(tmp_path, monkeypatch, launch: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("server:\n  url: https://manager.example\n" + launch)
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+
+
+def test_a_launch_that_could_not_boot_is_refused_before_any_key(cli, tmp_path, monkeypatch, db_path):
+    _launch_config(tmp_path, monkeypatch, "")
+    assert cli("init").code == 0
+    result = cli("launch", "--gpu", "RTX 4090")  # no vast key in the environment: refused before it is needed
+    assert result.code == 2
+    assert "launch.vastctl_source" in result.err and "launch.install" in result.err
+    assert result.err.count("\n") == 1
+    assert sqlite3.connect(db_path).execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+
+
+def test_a_launch_that_says_where_the_programs_come_from_gets_past_the_boot_check(cli, tmp_path, monkeypatch):
+    _launch_config(tmp_path, monkeypatch, "launch:\n  vastctl_source: vastctl==0.1.0\n  install: make provers\n")
+    assert cli("init").code == 0
+    result = cli("launch", "--gpu", "RTX 4090")
+    assert result.code == 2 and "no vast.ai API key" in result.err  # the next thing a launch needs

@@ -523,3 +523,32 @@ def test_caddy_validate_would_catch_a_broken_caddyfile(tmp_path):
     broken.write_text(CADDYFILE.read_text().replace("read_body 10s", "read_bodies 10s"))
     result = _caddy_validate(caddy, broken, tmp_path)
     assert result.returncode != 0 and "read_bodies" in result.stdout + result.stderr
+
+
+# --- the jobs, the example config and the guide name the same paths -----------------------------------
+
+
+def _absolute_paths(text: str) -> set[str]:
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("PATH="))
+    found = re.findall(r"(?<![\w.~$])(/(?:etc|var|usr|opt)/[\w./-]*\w)", text)
+    return {path for path in found if not path.startswith("/var/lib/vastctl/backups/vastctl-")}
+
+
+def test_every_path_in_jobs_and_the_example_config_is_in_the_deployment_guide():
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    # the manager host's files; jobs/onstart.sh runs on a rented machine, its paths are that machine's
+    sources = [ROOT / "config.example.yaml", *sorted(p for p in (ROOT / "jobs").iterdir() if p.name != "onstart.sh")]
+    paths = {path: source.name for source in sources for path in _absolute_paths(source.read_text())}
+    assert {"/etc/vastctl/env", "/var/lib/vastctl/vastctl.db", "/usr/local/bin/vastctl"} <= set(paths)
+    missing = {path: name for path, name in paths.items() if path not in guide}
+    assert missing == {}
+
+
+def test_the_log_format_is_the_same_in_cron_units_and_help(cli):
+    cron = (ROOT / "jobs" / "crontab.example").read_text()
+    unit = (ROOT / "jobs" / "vastctl-reconcile.service").read_text()
+    help_text = cli("reconcile", "--help").out
+    line = "vastctl reconcile >>/var/log/vastctl/reconcile.log 2>&1"
+    assert line in cron and line in help_text
+    assert "ExecStart=/usr/local/bin/vastctl reconcile\n" in unit and "one line per action" in help_text.lower()
+    assert "One journal line per action" in unit
