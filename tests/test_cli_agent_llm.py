@@ -7,7 +7,8 @@ import json
 
 import pytest
 from fake_anthropic import FakeMessagesAPI, Raw, error, message, text, tool_use
-from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
+from stand_in_market import Market, stand_in
+from test_cli_agent import query, ready, running  # noqa: F401 (ready is a fixture)
 
 from vastctl.agent import memory
 
@@ -27,9 +28,7 @@ def api(monkeypatch):
 
 @pytest.fixture
 def market(monkeypatch):
-    fake = Market()
-    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
-    return fake
+    return stand_in(monkeypatch, Market())
 
 
 def opening(body: dict) -> dict:

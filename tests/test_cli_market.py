@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 import responses
+from vast_market import configure, offer, rows
 
 API = "https://vast.test"
 KEY = "cli-test-key-987"
@@ -16,16 +17,7 @@ KEY = "cli-test-key-987"
 
 @pytest.fixture
 def ready(cli, tmp_path, monkeypatch):
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "server:\n  url: https://manager.example\n"
-        "fleet:\n  max_instances: 3\n  max_dph: 1.0\n  max_hourly_spend: 5\n"
-        "launch:\n  image: ghcr.io/x/cuzk:1\n"
-    )
-    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
-    monkeypatch.setenv("VAST_API_KEY", KEY)
-    monkeypatch.setenv("VAST_API_URL", API)
-    assert cli("init").code == 0
+    configure(cli, tmp_path, monkeypatch, api=API, key=KEY, max_instances=3, max_hourly_spend=5)
 
 
 @pytest.fixture
@@ -34,18 +26,8 @@ def vast():
         yield mocked
 
 
-def rows(db_path):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM instances ORDER BY created_at")]
-    finally:
-        conn.close()
-
-
 def offers_json(*specs):
-    return {"offers": [{"id": oid, "machine_id": mid, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": dph,
-                        "cpu_ram": 515000, "inet_down": 900.0, "reliability": 0.99} for oid, mid, dph in specs]}
+    return {"offers": [offer(oid, mid, dph) for oid, mid, dph in specs]}
 
 
 def sent(vast):
