@@ -15,6 +15,7 @@ from vastctl.clock import VirtualClock
 from vastctl.config import from_mapping
 from vastctl.errors import BadInput
 
+pytestmark = pytest.mark.slow  # every test here starts the fake Messages API (a loopback server)
 TOOL_ORDER = ["launch", "destroy", "stop", "start", "search_offers", "note"]
 SUGGESTION = [{"kind": "launch", "count": 2, "gpu_name": "RTX 4090", "reason": "capacity 104 < target 207"}]
 

@@ -461,11 +461,13 @@ def _boot(tmp_path, path_dirs, **env):
     return done.returncode, log.read_text()
 
 
+@pytest.mark.slow
 def test_the_boot_script_stops_with_a_reason_when_vastctl_has_no_source(tmp_path):
     code, log = _boot(tmp_path, [])
     assert code == 1 and "no vastctl in the image and launch.vastctl_source is empty" in log
 
 
+@pytest.mark.slow
 def test_the_boot_script_stops_with_a_reason_when_the_provers_are_missing(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -273,6 +273,7 @@ def test_an_orphan_after_a_healthy_boot_could_outlast_is_refused(raw, says):
         config_module.from_mapping(raw)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_short_orphan_after_with_one_line(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("launch:\n  orphan_after: 10m\n")
