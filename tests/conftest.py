@@ -42,7 +42,8 @@ _listen = socket.socket.listen
 
 def _watched_popen_init(self, args, *rest, **kwargs):
     if _STARTED is not None:
-        program = os.path.basename(str(args[0] if isinstance(args, (list, tuple)) else args).split()[0])
+        words = str(args[0] if isinstance(args, (list, tuple)) and args else args).split()
+        program = os.path.basename(words[0]) if words else "?"
         if program not in _IGNORED:
             _STARTED.append(f"a process ({program})")
     _popen_init(self, args, *rest, **kwargs)
