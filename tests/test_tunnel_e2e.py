@@ -42,6 +42,14 @@ class JoiningMachine(Machine):
         self.grpc, self.status = free_port(), free_port()
         self.proc = None
 
+    def stop(self) -> None:
+        """The sandbox, and the tunnel's ssh master, which `ssh -f` took out of the sandbox's process group."""
+        super().stop()
+        control = self.zk / "tunnel.ctl"
+        if control.exists():
+            subprocess.run(["ssh", "-S", str(control), "-O", "exit", "vastctl-manager"], capture_output=True,
+                           timeout=10, check=False)
+
     def join(self) -> JoiningMachine:
         # the tunnel leads to the gRPC stand-in; the fake cuzk keeps serving the bench on its own port
         return self.boot(VASTCTL_TUNNEL_TARGET=self.daemon.address, VASTCTL_TUNNEL_WAIT_S="30")
