@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,63 @@ SCRUBBED = (
     "VASTCTL_SERVER", "VASTCTL_TOKEN", "VASTCTL_UUID", "VASTCTL_LABEL", "VASTCTL_RETRY_FOR", "XDG_DATA_HOME",
     "XDG_CONFIG_HOME",
 )
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: `-p no:xdist` runs without it
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): the slow tests mostly wait on processes, servers and timeouts, so the whole
+    suite runs two workers a core; `-m "not slow"` computes, one a core (measured in bench/README.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores if config.getoption("markexpr", "").replace(" ", "") == "notslow" else 2 * cores
+
+
+# --- a test that starts a process or a server is marked `slow` -------------------------------------------
+# `-m "not slow"` is the quick pass while editing. Each test not marked `slow` runs with Popen and listen()
+# watched: one that starts a process (subprocess, a shell) or opens a listening socket (a server, a fake on a
+# thread) fails and says to mark it. fc-list is matplotlib asking fontconfig for its fonts, once per process.
+_STARTED: list[str] | None = None
+_IGNORED = {"fc-list"}
+_popen_init = subprocess.Popen.__init__
+_listen = socket.socket.listen
+
+
+def _watched_popen_init(self, args, *rest, **kwargs):
+    if _STARTED is not None:
+        words = str(args[0] if isinstance(args, (list, tuple)) and args else args).split()
+        program = os.path.basename(words[0]) if words else "?"
+        if program not in _IGNORED:
+            _STARTED.append(f"a process ({program})")
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def _watched_listen(self, *args):
+    if _STARTED is not None:
+        _STARTED.append("a server (a listening socket)")
+    return _listen(self, *args)
+
+
+subprocess.Popen.__init__ = _watched_popen_init  # type: ignore[method-assign]
+socket.socket.listen = _watched_listen  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _STARTED
+    _STARTED = None if item.get_closest_marker("slow") else []
+    try:
+        yield
+    finally:
+        _STARTED = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown" and _STARTED and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} starts {' and '.join(sorted(set(_STARTED)))} but is not marked slow: "
+                           "add @pytest.mark.slow (tests/conftest.py)")
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +108,14 @@ def conn(db_path):
 
 
 @pytest.fixture
-def ready(cli):
-    """An initialised state file, made the way an operator makes it."""
+def initialised(cli):
+    """An initialised state file, made the way an operator makes it: no config file, no keys."""
     assert cli("init").code == 0
+
+
+@pytest.fixture
+def ready(initialised):
+    """`initialised`, under the name most tests ask for; a module whose tests need a config redefines `ready`."""
 
 
 @pytest.fixture

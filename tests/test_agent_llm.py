@@ -16,6 +16,7 @@ from vastctl.config import from_mapping
 from vastctl.errors import BadInput
 from vastctl.guard import Action, Kind
 
+pytestmark = pytest.mark.slow  # every test here starts the fake Messages API (a loopback server)
 TOOL_ORDER = ["launch", "destroy", "stop", "start", "rebid", "search_offers", "note"]
 SUGGESTION = [{"kind": "launch", "count": 2, "gpu_name": "RTX 4090", "reason": "capacity 104 < target 207"}]
 

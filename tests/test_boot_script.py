@@ -34,7 +34,8 @@ from vastctl.machine import onstart
 from vastctl.machine.remote import RemoteReports
 from vastctl.state import blocklist, lifecycle
 
-FAKES = Path(__file__).resolve().parent / "fakes"
+ROOT = Path(__file__).resolve().parents[1]
+FAKES = ROOT / "tests" / "fakes"
 VENV_BIN = Path(sys.executable).parent
 GATE = 40  # proofs/hour: the fake daemon proves in 0.05 s (good) or 0.5 s (slow), one proof at a time, which the
 TIME_SCALE = "1000"  # fake bench reads 1000 times slower: 72 proofs/h (good) or 7.2 (slow), real machines' rates
@@ -229,9 +230,9 @@ def test_a_failed_parameter_fetch_is_reported_at_once_with_its_cleaned_reason(ma
 @pytest.mark.slow
 def test_a_daemon_left_on_its_defaults_never_answers_and_is_reported(machine):
     # started without the config the script wrote: the Unix socket, no status API (the old script's bug)
-    machine.boot(VASTCTL_CUZK_CMD="cuzk")
+    machine.boot(VASTCTL_CUZK_CMD="cuzk", VASTCTL_CUZK_WAIT_S="2")  # launch.env's 4 s is for daemons that do start
     assert machine.wait_exit() == 1
-    row = assert_killed_and_blocklisted(machine, from_state="params_done", says="did not answer in 4s")
+    row = assert_killed_and_blocklisted(machine, from_state="params_done", says="did not answer in 2s")
     assert "serving on unix://" in row["kill_reason"]  # the end of cuzk.log: it went to its default socket
 
 
@@ -448,3 +449,38 @@ def test_a_failed_bench_over_http_is_answered_and_repeated_alike(served):
     assert "bench failed: warm-up proof failed: CUDA error" in first.json()["reason"]
     assert len([e for e in served.events("u-http") if e["to_state"] == "killed"]) == 1
     assert post(served, "u-http", "heartbeat", {}).status_code == 409
+
+
+# --- the boot script stops with a reason when a launched machine lacks what it needs ------------------
+
+
+def _boot(tmp_path, path_dirs, **env):
+    log = tmp_path / "onstart.log"
+    base = {"PATH": ":".join([*map(str, path_dirs), "/usr/bin", "/bin"]), "HOME": str(tmp_path),
+            "VASTCTL_LOG": str(log), "VASTCTL_ZK_DIR": str(tmp_path / "zk"), "VASTCTL_SERVER": "http://127.0.0.1:9",
+            "VASTCTL_TOKEN": "t", "VASTCTL_UUID": "u1", "VASTCTL_LABEL": "vastctl-u1"}
+    done = subprocess.run(["bash", str(ROOT / "vastctl" / "machine" / "templates" / "onstart.sh")], env={**base, **env},
+                          capture_output=True, text=True, timeout=30)
+    return done.returncode, log.read_text()
+
+
+@pytest.mark.slow
+def test_the_boot_script_stops_with_a_reason_when_vastctl_has_no_source(tmp_path):
+    code, log = _boot(tmp_path, [])
+    assert code == 1 and "no vastctl in the image and launch.vastctl_source is empty" in log
+
+
+@pytest.mark.slow
+def test_the_boot_script_stops_with_a_reason_when_the_provers_are_missing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vastctl"
+    fake.write_text("#!/bin/sh\necho \"$@\" >> \"$HOME/reports\"\n")
+    fake.chmod(0o755)
+    code, log = _boot(tmp_path, [bin_dir], VASTCTL_INSTALL="true")
+    assert code == 1 and "curio missing: set launch.install or launch.image" in log
+    assert (tmp_path / "reports").read_text().startswith("register")
+
+
+def test_jobs_onstart_is_the_shipped_template():
+    assert (ROOT / "jobs" / "onstart.sh").read_text() == (ROOT / "vastctl" / "machine" / "templates" / "onstart.sh").read_text()

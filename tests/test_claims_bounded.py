@@ -16,8 +16,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 from serving import ADMIN_TOKEN, Manager
+from stand_in_market import Market, stand_in
 
-from vastctl.providers.base import Offer
 from vastctl.state import lifecycle
 from vastctl.state.lifecycle import MAX_RATE_PER_GPU, State
 from vastctl.validate import MAX_INT
@@ -96,34 +96,9 @@ def test_an_impossible_bench_rate_over_http_counts_as_the_ceiling(manager):
 # --- at the command line ----------------------------------------------------------------------------
 
 
-class Market:
-    """Offers to rent and every call made; nothing leaves the process."""
-
-    def __init__(self):
-        self.offers = [Offer(id=i, machine_id=i * 10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.4,
-                             cpu_ram_gb=512, inet_down_mbps=900, reliability=0.99) for i in range(1, 9)]
-        self.calls: list[tuple] = []
-        self.next_id = 9000
-
-    def search_offers(self, query):
-        self.calls.append(("search", query.offer_id))
-        found = [o for o in self.offers if query.offer_id in (None, o.id)]
-        return [o for o in found if query.max_dph is None or o.dph_total <= query.max_dph][: query.limit]
-
-    def create_instance(self, request):
-        self.next_id += 1
-        self.calls.append(("create", request.offer_id))
-        return self.next_id
-
-    def stop_instance(self, vast_id):
-        self.calls.append(("stop", vast_id))
-
-
 @pytest.fixture
 def market(monkeypatch):
-    fake = Market()
-    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
-    return fake
+    return stand_in(monkeypatch, Market(dph=lambda i: 0.4))
 
 
 @pytest.fixture

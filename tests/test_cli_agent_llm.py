@@ -8,7 +8,8 @@ import sqlite3
 
 import pytest
 from fake_anthropic import FakeMessagesAPI, Raw, error, message, text, tool_use
-from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
+from stand_in_market import Market, stand_in
+from test_cli_agent import query, ready, running  # noqa: F401 (ready is a fixture)
 
 from vastctl.agent import memory
 
@@ -28,9 +29,7 @@ def api(monkeypatch):
 
 @pytest.fixture
 def market(monkeypatch):
-    fake = Market()
-    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: fake)
-    return fake
+    return stand_in(monkeypatch, Market())
 
 
 def opening(body: dict) -> dict:
@@ -45,6 +44,7 @@ def step_json(cli, *args):
     return json.loads(result.out)
 
 
+@pytest.mark.slow
 def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "59").code == 0
@@ -110,6 +110,7 @@ def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
     assert len(seen["observation"]["machines"]) == 2  # the one launched last step, on its way
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [500, 529])
 def test_an_api_error_buys_nothing_and_exits_1(ready, cli, market, api, db_path, status):
     assert cli("demand", "report", "--queued", "59").code == 0
@@ -134,6 +135,7 @@ def test_without_a_key_policy_llm_is_bad_input(ready, cli, market, db_path):
     assert market.calls == [] and query(db_path, "SELECT count(*) AS n FROM agent_steps") == [{"n": 0}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("stop_reason", "says"), [
     ("refusal", "the model declined to answer"),
     ("max_tokens", "the reply was cut at its token limit (its tool calls were not run)"),
@@ -157,6 +159,7 @@ def _without(key: str, reply: dict) -> dict:
     return reply
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("reply", "says"), [
     (Raw(200, b"<html><body>502 Bad Gateway</body></html>", "text/html"), "not a message"),
     (Raw(200, b'{"id": "msg_1", "type": "mess', "application/json"), "not a message"),
@@ -182,6 +185,7 @@ def test_a_reply_that_is_not_a_message_is_a_clear_error_with_the_steps_json(read
     assert row["outcome"] == "error" and says in json.loads(row["errors"])[0]
 
 
+@pytest.mark.slow
 def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, api, db_path, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text("agent:\n  max_rounds: 1\n  deadline: 4s\n")  # under llm.MIN_ROUND_S: no round can start

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from refusals import contents, one_error_line
 
 
 def row(db_path, uuid="u1"):
@@ -113,3 +114,54 @@ def test_commands_need_an_initialised_file(cli, db_path):
     result = cli("register", "--uuid", "u1", "--label", "a")
     assert result.code == 2 and "vastctl init" in result.err
     assert not db_path.exists()
+
+
+# --- identifiers: one rule (lifecycle.validate_text) for the command line and HTTP ---------------------
+
+
+HIDING = {
+    "DEL": "\x7f", "C1 NEL": "\x85", "C1 CSI": "\x9b", "ESC sequence": "\x1b[2J", "newline": "\n", "tab": "\t",
+    "RLO": "\u202e", "LRI": "\u2066", "RLM": "\u200f", "ALM": "\u061c", "zero width space": "\u200b",
+    "line separator": "\u2028", "paragraph separator": "\u2029", "BOM": "\ufeff",
+}
+
+
+@pytest.mark.parametrize("flag", ["--uuid", "--label", "--gpu"])
+@pytest.mark.parametrize("name", HIDING)
+def test_control_and_bidi_characters_are_refused_in_identifiers(ready, cli, db_path, flag, name):
+    values = {"--uuid": "u1", "--label": "vastctl-a", "--gpu": "RTX 4090"}
+    values[flag] = f"vastctl{HIDING[name]}x"
+    before = contents(db_path)
+    result = cli("register", *[item for pair in values.items() for item in pair])
+    one_error_line(result, 2, f"{flag} must be 1 to 256 printable characters")
+    assert contents(db_path) == before
+
+
+def test_a_repeated_register_cannot_smuggle_a_gpu_name_in(ready, cli, db_path):
+    assert cli("register", "--uuid", "u1", "--label", "vastctl-a").code == 0
+    before = contents(db_path)
+    one_error_line(cli("register", "--uuid", "u1", "--gpu", "RTX\u202e4090"), 2, "--gpu")
+    assert contents(db_path) == before
+
+
+@pytest.mark.parametrize("length,code", [(256, 0), (257, 2), (10_000, 2)])
+def test_gpu_name_has_the_same_cap_as_http(ready, cli, db_path, length, code):
+    before = contents(db_path)
+    result = cli("register", "--uuid", "u1", "--label", "vastctl-a", "--gpu", "G" * length)
+    assert result.code == code
+    if code:
+        one_error_line(result, 2, "--gpu must be 1 to 256 printable characters", f"got {length} characters")
+        assert contents(db_path) == before
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["heartbeat", "--uuid", "u1", "--proofs-done", str(2**63)], "--proofs-done"),
+    (["register", "--uuid", "u2", "--label", "vastctl-b", "--vast-id", str(2**63)], "--vast-id"),
+    (["register", "--uuid", "u2", "--label", "vastctl-b", "--num-gpus", str(2**63)], "--num-gpus"),
+])
+def test_a_number_too_large_for_the_file_names_its_flag(ready, cli, db_path, args, flag):
+    assert cli("register", "--uuid", "u1", "--label", "vastctl-a").code == 0
+    before = contents(db_path)
+    one_error_line(cli(*args), 2, f"{flag} must be a whole number from", "too large")
+    assert contents(db_path) == before
+    assert cli("heartbeat", "--uuid", "u1", "--proofs-done", str(2**63 - 1)).code == 0

@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 import responses
+from vast_market import configure, offer, rows
 
 API = "https://vast.test"
 KEY = "cli-test-key-987"
@@ -16,16 +17,7 @@ KEY = "cli-test-key-987"
 
 @pytest.fixture
 def ready(cli, tmp_path, monkeypatch):
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "server:\n  url: https://manager.example\n"
-        "fleet:\n  max_instances: 3\n  max_dph: 1.0\n  max_hourly_spend: 5\n"
-        "launch:\n  image: ghcr.io/x/cuzk:1\n"
-    )
-    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
-    monkeypatch.setenv("VAST_API_KEY", KEY)
-    monkeypatch.setenv("VAST_API_URL", API)
-    assert cli("init").code == 0
+    configure(cli, tmp_path, monkeypatch, api=API, key=KEY, max_instances=3, max_hourly_spend=5)
 
 
 @pytest.fixture
@@ -34,18 +26,8 @@ def vast():
         yield mocked
 
 
-def rows(db_path):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM instances ORDER BY created_at")]
-    finally:
-        conn.close()
-
-
 def offers_json(*specs):
-    return {"offers": [{"id": oid, "machine_id": mid, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": dph,
-                        "cpu_ram": 515000, "inet_down": 900.0, "reliability": 0.99} for oid, mid, dph in specs]}
+    return {"offers": [offer(oid, mid, dph) for oid, mid, dph in specs]}
 
 
 def sent(vast):
@@ -232,3 +214,37 @@ def test_launch_arguments_are_checked_before_the_key(cli, vast, db_path, monkeyp
     result = cli("launch", "--gpu", "RTX 4090")
     assert result.code == 2 and "server.url is not set" in result.err
     assert rows(db_path) == [] and len(vast.calls) == 0
+
+
+# --- what needs no key: a machine never rented, a launch that could not boot -----------------------------
+
+
+def test_stop_and_start_of_a_machine_never_rented_need_no_key(initialised, cli):
+    cli("register", "--uuid", "u1", "--label", "vastctl-u1")
+    for verb in ("stop", "start"):
+        result = cli(verb, "vastctl-u1")
+        assert result.code == 3, result.err
+        assert "vastctl-u1 was never rented" in result.err and "API key" not in result.err
+
+
+def _launch_config(tmp_path, monkeypatch, launch: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("server:\n  url: https://manager.example\n" + launch)
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+
+
+def test_a_launch_that_could_not_boot_is_refused_before_any_key(cli, tmp_path, monkeypatch, db_path):
+    _launch_config(tmp_path, monkeypatch, "")
+    assert cli("init").code == 0
+    result = cli("launch", "--gpu", "RTX 4090")  # no vast key in the environment: refused before it is needed
+    assert result.code == 2
+    assert "launch.vastctl_source" in result.err and "launch.install" in result.err
+    assert result.err.count("\n") == 1
+    assert sqlite3.connect(db_path).execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+
+
+def test_a_launch_that_says_where_the_programs_come_from_gets_past_the_boot_check(cli, tmp_path, monkeypatch):
+    _launch_config(tmp_path, monkeypatch, "launch:\n  vastctl_source: vastctl==0.1.0\n  install: make provers\n")
+    assert cli("init").code == 0
+    result = cli("launch", "--gpu", "RTX 4090")
+    assert result.code == 2 and "no vast.ai API key" in result.err  # the next thing a launch needs

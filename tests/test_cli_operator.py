@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 
 import pytest
+from refusals import contents, one_error_line
 
 
 def lifecycle_to(cli, uuid, label, rate=68.0, running=True, vast_id=None):
@@ -151,3 +153,145 @@ def test_help_lists_the_commands(cli):
     for name in ("register", "params-done", "bench-report", "running", "heartbeat", "init", "fleet", "events",
                  "kill", "notify", "settings"):
         assert name in result.out
+
+
+# --- everyday commands: settings, help, notify ------------------------------------------------------
+
+
+def test_a_negative_setting_is_an_invalid_value_not_an_option(ready, cli):
+    result = cli("settings", "set", "target_proofs_per_hour", "-5")
+    assert result.code == 2
+    assert result.err == "error: target_proofs_per_hour must be a number from 0 to 10000000, got '-5'\n"
+
+
+@pytest.mark.parametrize("key", ["max_dph", "max_hourly_spend"])
+def test_a_zero_price_limit_is_refused(ready, cli, key):
+    result = cli("settings", "set", key, "0")
+    assert result.code == 2 and "would refuse every launch" in result.err
+    assert cli("events", "--json").out.strip() == "[]"  # nothing changed
+
+
+def test_max_instances_zero_pauses_launches_out_loud(ready, cli):
+    result = cli("settings", "set", "max_instances", "0")
+    assert result.code == 0
+    assert "warning: max_instances 0 pauses every launch" in result.err
+    assert cli("settings", "get", "max_instances").out == "0\n"
+
+
+def test_get_and_list_print_the_same_format(ready, cli):
+    cli("settings", "set", "max_dph", "0.6")
+    listed = {line.split()[0]: line.split()[1] for line in cli("settings", "list").out.splitlines()[1:]}
+    for key in ("max_dph", "max_instances", "target_proofs_per_hour", "max_hourly_spend"):
+        assert cli("settings", "get", key).out == listed[key] + "\n"
+    assert listed["max_dph"] == "0.6" and listed["target_proofs_per_hour"] == "0"
+
+
+def test_settings_json_before_or_after_the_subcommand(ready, cli):
+    before = cli("settings", "--json", "list")
+    after = cli("settings", "list", "--json")
+    assert before.code == 0 and json.loads(before.out) == json.loads(after.out)
+    assert json.loads(before.out)["max_instances"] == 10
+    assert json.loads(cli("settings", "--json", "get", "max_dph").out) == {"max_dph": 1.0}
+
+
+def test_settings_help_lists_the_keys(cli):
+    for args in (["settings", "--help"], ["settings", "set", "--help"], ["settings", "get", "--help"]):
+        out = cli(*args).out
+        assert all(key in out for key in ("target_proofs_per_hour", "min_bench_rate", "max_instances",
+                                          "max_hourly_spend", "max_dph")), args
+
+
+def test_fleet_all_help_states_the_rule(cli):
+    out = " ".join(cli("fleet", "--help").out.split())
+    assert "killed machine with a vast id whose destroy vast has not confirmed" in out
+
+
+def test_kill_help_does_not_suggest_prefixes(cli):
+    out = cli("kill", "--help").out
+    assert "vastctl kill vastctl-3f2a91c0" in out and "no prefixes" in out
+
+
+def test_notify_says_what_it_did(ready, cli):
+    result = cli("notify", "maintenance at 02:00")
+    assert result.code == 0
+    assert re.fullmatch(r"note recorded \(event \d+\); the agent reads it at its next step\n", result.out)
+
+
+# --- refused input leaves every row as it was; upstream text is escaped in tables, kept in JSON ------------
+
+
+@pytest.fixture
+def machine(ready, cli):
+    for args in (["register", "--uuid", "u1", "--label", "vastctl-a"], ["params-done", "--uuid", "u1"],
+                 ["bench-report", "--uuid", "u1", "--rate", "60"], ["running", "--uuid", "u1"],
+                 ["demand", "report", "--queued", "0"]):  # an empty queue: the last machine may be killed
+        assert cli(*args).code == 0
+
+
+@pytest.mark.parametrize("reason", ["r" * 501, "line one\nline two", "GPU \x1b[31merrors"])
+def test_a_kill_reason_is_one_line_of_at_most_500_characters(machine, cli, db_path, reason):
+    before = contents(db_path)
+    one_error_line(cli("kill", "vastctl-a", "--reason", reason), 2, "--reason must be 1 to 500 printable characters")
+    assert contents(db_path) == before
+    assert cli("kill", "vastctl-a", "--reason", "r" * 500).code == 0
+
+
+def test_a_note_keeps_its_4000_cap(ready, cli, db_path):
+    before = contents(db_path)
+    one_error_line(cli("notify", "n" * 4001), 2, "4000")
+    assert contents(db_path) == before
+
+
+ESC = "\x1b]0;pwned\x07\x1b[2J"
+
+
+T = "2026-01-01T00:00:00Z"
+
+
+@pytest.fixture
+def upstream_text(machine, db_path):
+    """Rows as vast and machines filled them before this rule existed, or as reconcile copies them from vast."""
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, kill_reason, vast_status,"
+                " destroy_attempts, destroy_error) VALUES ('u9', ?, 'killed', ?, ?, ?, ?, 1, ?)",
+                ("vastctl-\u202eevil", T, T, f"exited: {ESC}", f"exited{ESC}", f"HTTP 500 {ESC}"))
+    raw.execute("UPDATE instances SET vast_status = ?, vast_status_msg = ? WHERE uuid = 'u1'",
+                (f"loading{ESC}", f"pulling\n{ESC}"))
+    raw.execute("INSERT INTO events (at, kind, uuid, label, to_state, reason, source) VALUES"
+                " ('2026-01-01T00:00:00Z', 'transition', 'u9', ?, 'killed', ?, 'reconcile')",
+                ("vastctl-\u202eevil", f"vast says exited: {ESC}\u2028fake line"))
+    raw.execute("INSERT INTO vast_listings (at, ok, error) VALUES ('2026-01-01T00:00:00Z', 0, ?)", (f"bad {ESC}",))
+
+
+def no_raw_controls(text: str) -> None:
+    for ch in ("\x1b", "\x07", "\u202e", "\u2028"):
+        assert ch not in text, repr(text)
+
+
+def test_fleet_and_events_escape_what_vast_and_machines_wrote(upstream_text, cli):
+    fleet = cli("fleet", "--all")
+    assert fleet.code == 0
+    no_raw_controls(fleet.out + fleet.err)
+    assert "vastctl-\\u202eevil" in fleet.out and "\\x1b[2J" in fleet.out
+    assert "warning: the last vast listing failed: bad \\x1b]0;pwned\\x07\\x1b[2J" in fleet.err
+    events = cli("events")
+    no_raw_controls(events.out)
+    assert len(events.out.splitlines()) == 1 + 5  # every event on its own line, the separator escaped
+    assert "exited: \\x1b]0;pwned\\x07\\x1b[2J\\u2028fake line" in events.out
+
+
+def test_json_keeps_the_data_as_it_is(upstream_text, cli):
+    instances = {i["uuid"]: i for i in json.loads(cli("fleet", "--json", "--all").out)["instances"]}
+    assert instances["u9"]["label"] == "vastctl-\u202eevil"
+    assert instances["u1"]["vast_status_msg"] == f"pulling\n{ESC}"
+    events = json.loads(cli("events", "--json").out)
+    assert events[-1]["reason"] == f"vast says exited: {ESC}\u2028fake line"
+
+
+def test_kill_prints_an_adopted_label_escaped(ready, cli, db_path):
+    sqlite3.connect(db_path, isolation_level=None).execute(
+        "INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES ('u7', ?, 'running', ?, ?)",
+        ("vastctl-\x1b[8mhidden", T, T))
+    assert cli("demand", "report", "--queued", "0").code == 0  # an empty queue: the last machine may be killed
+    result = cli("kill", "u7", "--reason", "odd label")
+    assert result.code == 0 and result.out == "vastctl-\\x1b[8mhidden killed\n"

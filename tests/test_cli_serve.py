@@ -68,6 +68,7 @@ def test_serve_without_init_is_exit_2(cli):
     assert len(result.err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_serve_on_a_taken_port_is_exit_1(cli):
     assert cli("init").code == 0
     with socket.socket() as taken:
@@ -191,6 +192,7 @@ SCENARIOS = [  # (name, setup reports, the report that fails, exit code)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,setup,failing,code", SCENARIOS)
 def test_remote_and_local_refusals_say_the_same(cli, manager, remote_env, monkeypatch, tmp_path, name, setup, failing, code):
     """One error line whichever way a report travels: the lifecycle's, in flags (never `the "rate" field`)."""
@@ -216,6 +218,7 @@ def test_remote_and_local_refusals_say_the_same(cli, manager, remote_env, monkey
     assert "the manager:" not in said["remote"] and ' field' not in said["remote"]
 
 
+@pytest.mark.slow
 def test_remote_messages_name_flags_not_fields(cli, manager, remote_env):
     remote_env("rm-fields")
     result = cli("register", "--vast-id", "5")

@@ -153,8 +153,14 @@ def test_a_manager_answering_5xx_is_alive_and_the_machine_keeps_proving(machine,
     try:
         contact = machine.zk / "manager-contact"
         ages = []
-        deadline = time.monotonic() + 2 * orphan_s
-        while time.monotonic() < deadline:  # twice orphan_after of nothing but 5xx
+        started = time.monotonic()
+
+        def watched() -> bool:  # twice orphan_after of nothing but 5xx, and three heartbeats answered 5xx
+            seen = time.monotonic() - started
+            beats = sum(r["path"].endswith("/heartbeat") for r in failing.requests)
+            return seen >= 2 * orphan_s and (beats >= 3 or seen >= 6 * orphan_s)
+
+        while not watched():  # a loaded machine reports less often: the window grows until it has seen three
             ages.append(time.time() - int(contact.read_text()))
             time.sleep(0.2)
         # each 5xx answer was noted as contact (the file holds whole seconds, and on a loaded machine a report's
@@ -273,6 +279,7 @@ def test_an_orphan_after_a_healthy_boot_could_outlast_is_refused(raw, says):
         config_module.from_mapping(raw)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_short_orphan_after_with_one_line(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("launch:\n  orphan_after: 10m\n")

@@ -73,6 +73,7 @@ def test_a_report_with_only_queued_stays_whole(conn):
     assert current.view()["in_flight"] is None and current.view()["lookahead"] is None
 
 
+@pytest.mark.slow
 def test_the_command_reports_in_flight_and_lookahead(conn):
     command = cfg("""echo '{"queued": 0, "in_flight": 7, "lookahead": 3, "proofs_per_hour": 12}'""")
     current = demand.refresh(conn, command, now=NOW)
@@ -81,6 +82,7 @@ def test_the_command_reports_in_flight_and_lookahead(conn):
     assert [(r["queued"], r["in_flight"], r["lookahead"]) for r in samples(conn)] == [(0, 7, 3)]
 
 
+@pytest.mark.slow
 def test_the_command_is_sampled_and_every_sample_kept(conn):
     good = cfg("""echo '{"queued": 12, "proofs_per_hour": 40.5}'""")
     current = demand.refresh(conn, good, now=NOW)
@@ -94,6 +96,7 @@ def test_the_command_is_sampled_and_every_sample_kept(conn):
     assert not after_failure.known and "exited 2" in after_failure.error  # the last good one is not used
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, why", [
     ("echo hello", "printed no JSON"),
     ("echo '[1, 2]'", "printed '[1, 2]'"),
@@ -120,6 +123,7 @@ def test_garbage_is_unknown(conn, command, why):
     assert samples(conn)[0]["ok"] == 0
 
 
+@pytest.mark.slow
 def test_a_hung_command_is_killed_at_the_timeout(conn, monkeypatch):
     monkeypatch.setattr(demand, "COMMAND_TIMEOUT_S", 0.5)
     current = demand.refresh(conn, cfg("sleep 30 | cat"), now=NOW)
@@ -221,6 +225,7 @@ def test_cli_report_with_in_flight_and_lookahead(ready, cli):
     assert "0 queued, 10 in flight, 24 coming" in cli("demand", "show").out
 
 
+@pytest.mark.slow
 def test_cli_show_runs_the_command(ready, cli, tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text("demand:\n  command: \"echo '{\\\"queued\\\": 7}'\"\n")
@@ -256,6 +261,7 @@ def run_script(fake_psql, **env):
                           capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_curio_demand_bounds_itself_and_qualifies_every_table(fake_psql):
     result = run_script(fake_psql, FAKE_COUNTS="59 10 24 312", CURIO_DB_URL="postgres://u:p@yb:5433/db",
                         CURIO_DB_SCHEMA="curio_prod")
@@ -271,6 +277,7 @@ def test_curio_demand_bounds_itself_and_qualifies_every_table(fake_psql):
     assert " harmony_task " not in args.replace("curio_prod.harmony_task ", "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("counts", ["ERROR: relation does not exist", "", "1 2 3", "1 2 3 4 5", "1 2 -3 4",
                                     "1 2 3 4.5"])
 def test_curio_demand_fails_on_odd_output(fake_psql, counts):
@@ -279,6 +286,7 @@ def test_curio_demand_fails_on_odd_output(fake_psql, counts):
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["queued", "proofs_per_hour", "in_flight"])
 def test_an_agent_step_reads_a_400_digit_number_as_unknown_demand(ready, cli, tmp_path, monkeypatch, field):
     """The step runs and holds (unknown demand), naming the cause; it does not fail on the number."""

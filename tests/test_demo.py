@@ -104,6 +104,7 @@ def day(tmp_path_factory):
     return result, directory / "demo.db"
 
 
+@pytest.mark.slow
 def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
     result, path = day
     conn = db.connect(path, now=demo.START)
@@ -127,6 +128,7 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
     conn.close()
 
 
+@pytest.mark.slow
 def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_level(day):
     result, path = day
     figures = result.figures
@@ -146,6 +148,7 @@ def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_lev
     conn.close()
 
 
+@pytest.mark.slow
 def test_the_demand_source_outage_makes_demand_unknown_and_the_agent_holds(day):
     result, path = day
     conn = db.connect(path, now=demo.START)
@@ -175,6 +178,7 @@ def test_the_summary_says_what_the_lower_bound_is_and_what_the_ratio_means(cli):
     assert "how many times that bound the run paid" in ratio
 
 
+@pytest.mark.slow
 def test_the_chart_marks_launches_kills_by_reason_the_outage_and_shows_spend_so_far_and_proof_waits(day, tmp_path):
     result, _ = day
     chart = tmp_path / "day.svg"
@@ -252,6 +256,7 @@ def test_proof_waits_are_first_come_first_proved_and_late_ones_still_queued_coun
     assert demo.ProofWaits(2700).summary(10) == {"judged": 0, "within": None, "p50": None, "p95": None, "p99": None}
 
 
+@pytest.mark.slow
 def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_fleet_may(day):
     result, path = day
     figures = result.figures
@@ -267,6 +272,7 @@ def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_
     conn.close()
 
 
+@pytest.mark.slow
 def test_the_rules_release_machines_while_work_is_queued_in_a_day(day):
     """Two-way sizing: machines are stopped while work is queued or coming, not only after the quiet spell."""
     result, path = day

@@ -172,6 +172,7 @@ def test_the_public_proxy_forwards_only_the_machines_api_and_healthz():
     assert re.search(r"timeouts \{[^}]*read_header[^}]*read_body", caddy)  # the README's Caddy advice
 
 
+@pytest.mark.slow
 def test_the_env_file_is_read_alike_by_systemd_and_sh(tmp_path):
     """systemd's EnvironmentFile= keeps a trailing `# …` in the value, sh drops it: only whole-line comments."""
     block = _blocks(_sections()["2"], "sh")[0]
@@ -195,6 +196,7 @@ def test_the_env_file_is_read_alike_by_systemd_and_sh(tmp_path):
 # --- the guide's commands, in a sandbox -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_setting_up_makes_the_state_file_and_secret_readable_by_their_owner_only(sandbox):
     os.umask(umask := os.umask(0o022))  # the umask a login shell usually has; restored below
     try:
@@ -207,6 +209,7 @@ def test_setting_up_makes_the_state_file_and_secret_readable_by_their_owner_only
     assert any("useradd" in line for line in sandbox.skipped)
 
 
+@pytest.mark.slow
 def test_the_daily_backup_runs_as_written(sandbox):
     if shutil.which("sqlite3") is None:
         pytest.skip("the guide's backup uses the sqlite3 tool: apt-get install sqlite3 (.ci/run does)")
@@ -219,6 +222,7 @@ def test_the_daily_backup_runs_as_written(sandbox):
     assert sqlite3.connect(made[0]).execute("SELECT name FROM migrations WHERE id = 1").fetchone() is not None
 
 
+@pytest.mark.slow
 def test_the_backup_before_an_upgrade_runs_on_its_own(sandbox):
     if shutil.which("sqlite3") is None:
         pytest.skip("the guide's backup uses the sqlite3 tool: apt-get install sqlite3 (.ci/run does)")
@@ -230,6 +234,7 @@ def test_the_backup_before_an_upgrade_runs_on_its_own(sandbox):
     assert any("git pull" in line for line in sandbox.skipped) and any("systemctl" in line for line in sandbox.skipped)
 
 
+@pytest.mark.slow
 def test_rolling_the_token_secret_runs_as_written(sandbox):
     sandbox.set_up()
     lines = [sandbox.runnable(line) for line in _commands("7")]
@@ -245,6 +250,7 @@ def test_rolling_the_token_secret_runs_as_written(sandbox):
     assert copy.read_text() == sandbox.secret.read_text() and _mode(copy) == 0o600
 
 
+@pytest.mark.slow
 def test_a_command_without_the_config_says_how_to_find_the_state_file_and_makes_nothing(sandbox):
     """A bare `sudo -u vastctl vastctl …` finds the vastctl user's default paths, not the manager's files."""
     sandbox.set_up()
@@ -523,3 +529,32 @@ def test_caddy_validate_would_catch_a_broken_caddyfile(tmp_path):
     broken.write_text(CADDYFILE.read_text().replace("read_body 10s", "read_bodies 10s"))
     result = _caddy_validate(caddy, broken, tmp_path)
     assert result.returncode != 0 and "read_bodies" in result.stdout + result.stderr
+
+
+# --- the jobs, the example config and the guide name the same paths -----------------------------------
+
+
+def _absolute_paths(text: str) -> set[str]:
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("PATH="))
+    found = re.findall(r"(?<![\w.~$])(/(?:etc|var|usr|opt)/[\w./-]*\w)", text)
+    return {path for path in found if not path.startswith("/var/lib/vastctl/backups/vastctl-")}
+
+
+def test_every_path_in_jobs_and_the_example_config_is_in_the_deployment_guide():
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    # the manager host's files; jobs/onstart.sh runs on a rented machine, its paths are that machine's
+    sources = [ROOT / "config.example.yaml", *sorted(p for p in (ROOT / "jobs").iterdir() if p.name != "onstart.sh")]
+    paths = {path: source.name for source in sources for path in _absolute_paths(source.read_text())}
+    assert {"/etc/vastctl/env", "/var/lib/vastctl/vastctl.db", "/usr/local/bin/vastctl"} <= set(paths)
+    missing = {path: name for path, name in paths.items() if path not in guide}
+    assert missing == {}
+
+
+def test_the_log_format_is_the_same_in_cron_units_and_help(cli):
+    cron = (ROOT / "jobs" / "crontab.example").read_text()
+    unit = (ROOT / "jobs" / "vastctl-reconcile.service").read_text()
+    help_text = cli("reconcile", "--help").out
+    line = "vastctl reconcile >>/var/log/vastctl/reconcile.log 2>&1"
+    assert line in cron and line in help_text
+    assert "ExecStart=/usr/local/bin/vastctl reconcile\n" in unit and "one line per action" in help_text.lower()
+    assert "One journal line per action" in unit

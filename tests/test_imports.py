@@ -30,6 +30,7 @@ def tripwire(tmp_path):
     return str(package.parent)
 
 
+@pytest.mark.slow
 def test_tripwire_fires_when_imported(tripwire):
     env = {**os.environ, "PYTHONPATH": tripwire}
     result = subprocess.run([sys.executable, "-c", "import anthropic"], env=env, capture_output=True, text=True)
@@ -48,6 +49,7 @@ def test_commands_never_import_anthropic(tripwire, cli):
         assert "anthropic" not in result.stderr
 
 
+@pytest.mark.slow
 def test_help_does_not_load_heavy_modules():
     code = (
         "import sys; from vastctl.cli import main\n"

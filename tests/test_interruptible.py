@@ -269,6 +269,7 @@ def test_the_guard_keeps_a_rebid_within_max_dph_and_the_spend(bid, new, max_dph,
 # --- a mixed fleet over a simulated day ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_mixed_fleet_over_a_simulated_day_bids_is_outbid_and_keeps_the_service(tmp_path):
     def mixed(config):
         config.launch.rental = "mixed"

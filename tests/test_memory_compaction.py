@@ -23,6 +23,7 @@ def refused_storm():
     return message(text("Launching everything I can find."), *calls)
 
 
+@pytest.mark.slow
 def test_the_step_after_400_refused_calls_still_asks_the_model_within_the_budget(ready, cli, market, api, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "59").code == 0
@@ -82,6 +83,7 @@ def test_a_huge_suggestion_is_condensed_to_fit(conn):
     assert prompt.tokens <= budget and prompt.omitted.get("suggestion", 0) > 0
 
 
+@pytest.mark.slow
 def test_a_step_whose_prompt_cannot_fit_is_an_error_and_sends_nothing(ready, cli, market, api, db_path,
                                                                       tmp_path, monkeypatch):
     config = tmp_path / "tiny.yaml"
@@ -97,6 +99,7 @@ def test_a_step_whose_prompt_cannot_fit_is_an_error_and_sends_nothing(ready, cli
     assert outcome["outcome"] == "error"
 
 
+@pytest.mark.slow
 def test_a_step_with_no_time_for_a_request_is_an_error(conn):
     api = FakeMessagesAPI()
     try:

@@ -185,6 +185,7 @@ def test_alert_rules_are_yaml_naming_only_exported_metrics(app):
     assert "> 900" in by_name["VastctlDestroyPending"]["expr"]
 
 
+@pytest.mark.slow
 def test_instance_commands_and_help_load_no_dashboard_or_metrics_code(cli):
     cli("init")
     code = (

@@ -38,6 +38,9 @@ def queued_at(minute: int) -> int:
     return int(300 + 250 * math.sin(2 * math.pi * hour / 24))
 
 
+pytestmark = pytest.mark.slow  # every test reads one simulated day of the whole control loop
+
+
 class Day:
     """A finished simulated day: the market, and the leases seen held while it ran."""
 

@@ -123,6 +123,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
     assert "found by label by reconcile" in settled["result"]
 
 
+@pytest.mark.slow
 def test_a_crash_after_vast_answered_leaves_the_pending_launch(operator, vast, db_path, cli, monkeypatch):
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # the process dies between vast's answer and its record
@@ -134,6 +135,7 @@ def test_a_crash_after_vast_answered_leaves_the_pending_launch(operator, vast, d
     assert intent["ok"] == 0 and intent["result"].startswith(PENDING) and intent["label"] == vast.creates[0]["label"]
 
 
+@pytest.mark.slow
 def test_every_launch_row_says_what_came_of_it(operator, vast, db_path, cli):
     result = cli(*LAUNCH)
     assert result.code == 0, result.err
@@ -175,6 +177,7 @@ def full_disk(operator, db_path, monkeypatch):
     monkeypatch.setattr(db, "connect", connect)
 
 
+@pytest.mark.slow
 def test_on_a_full_disk_no_create_goes_out(full_disk, vast, db_path, cli):
     result = cli(*LAUNCH)
     assert vast.creates == [] and not vast.arrived.is_set()  # nothing was rented
@@ -184,6 +187,7 @@ def test_on_a_full_disk_no_create_goes_out(full_disk, vast, db_path, cli):
     assert [r for r in launches(db_path) if r["label"]] == []
 
 
+@pytest.mark.slow
 def test_a_rental_the_file_cannot_record_says_so_and_where_to_find_it(operator, vast, db_path, cli, monkeypatch):
     real_update = operations.lifecycle.update_fields
 

@@ -148,6 +148,7 @@ def test_the_market_keeps_its_own_pinned_tables_and_a_plain_file_has_none(tmp_pa
     assert again.seed == 1 and market.conn.execute("SELECT count(*) FROM sim_meta").fetchone()[0] == 1
 
 
+@pytest.mark.slow
 def test_the_simulator_imports_no_state_module():
     code = ("import sys, vastctl.providers.sim\n"
             "print(sorted(m for m in sys.modules if m.startswith('vastctl.') and m.split('.')[1] in"

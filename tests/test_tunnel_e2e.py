@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import sqlite3
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -39,6 +41,14 @@ class JoiningMachine(Machine):
         self.log = home / "onstart.log"
         self.grpc, self.status = free_port(), free_port()
         self.proc = None
+
+    def stop(self) -> None:
+        """The sandbox, and the tunnel's ssh master, which `ssh -f` took out of the sandbox's process group."""
+        super().stop()
+        control = self.zk / "tunnel.ctl"
+        if control.exists():
+            subprocess.run(["ssh", "-S", str(control), "-O", "exit", "vastctl-manager"], capture_output=True,
+                           timeout=10, check=False)
 
     def join(self) -> JoiningMachine:
         # the tunnel leads to the gRPC stand-in; the fake cuzk keeps serving the bench on its own port
@@ -107,15 +117,24 @@ def provers(manager: Manager) -> dict:
     return json.loads(listed.stdout)
 
 
+@pytest.fixture
+def homes():
+    """Where the machines live: ssh's control socket (zk/tunnel.ctl and 17 characters more while it is made) must
+    fit in a Unix socket's 108 bytes, which pytest's own directories may not (longer still under xdist)."""
+    path = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_calls_to_nginx_reach_every_joined_machine_and_a_killed_one_is_out_of_the_upstream_and_the_keys(
-        site, vast, tmp_path):
+        site, vast, homes):
     sshd, manager, nginx, upstream = site
     daemons = [FakeDaemon("a"), FakeDaemon("b")]
     machines: list[JoiningMachine] = []
     outputs: list[str] = []
     try:
-        a = JoiningMachine(manager, vast, tmp_path / "a", daemons[0]).join()
+        a = JoiningMachine(manager, vast, homes / "a", daemons[0]).join()
         machines.append(a)
         a.wait_for(lambda r: r["state"] == "running", "a joined and reports running", timeout=120)
         assert "joined: the manager's 127.0.0.1:" in a.text("onstart.log")
@@ -125,7 +144,7 @@ def test_calls_to_nginx_reach_every_joined_machine_and_a_killed_one_is_out_of_th
         assert f"server 127.0.0.1:{port_a} " in upstream.read_text()
         wait_for(lambda: settled(daemons, nginx, 1) == [1, 0], "a call to nginx lands on a", timeout=20)
 
-        b = JoiningMachine(manager, vast, tmp_path / "b", daemons[1]).join()
+        b = JoiningMachine(manager, vast, homes / "b", daemons[1]).join()
         machines.append(b)
         b.wait_for(lambda r: r["state"] == "running", "b joined and reports running", timeout=120)
         port_b = b.current()["tunnel_port"]

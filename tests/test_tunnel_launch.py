@@ -60,6 +60,7 @@ def public_of(private: str, tmp_path: Path) -> str:
     return subprocess.run(["ssh-keygen", "-y", "-f", str(path)], capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.slow
 def test_ssh_launch_gives_each_machine_a_port_and_a_key_whose_private_half_only_the_machine_gets(
         conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key)
@@ -87,6 +88,7 @@ def test_ssh_launch_gives_each_machine_a_port_and_a_key_whose_private_half_only_
     assert audit["VASTCTL_TUNNEL_PORT"] in ("21000", "21001")
 
 
+@pytest.mark.slow
 def test_a_create_error_never_shows_the_key(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key)
     market = FakeMarket(conn, [offer(10, 100)])
@@ -103,6 +105,7 @@ def test_a_create_error_never_shows_the_key(conn, db_path, tmp_path, host_key):
     assert env["VASTCTL_TUNNEL_KEY"] not in shown and "unknown outcome" in result.error
 
 
+@pytest.mark.slow
 def test_a_refused_create_and_a_kill_prune_the_machines_key(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key)
     market = FakeMarket(conn, [offer(10, 100), offer(11, 110)])
@@ -117,6 +120,7 @@ def test_a_refused_create_and_a_kill_prune_the_machines_key(conn, db_path, tmp_p
     assert "permitlisten" not in keys.read_text() and lifecycle.resolve(conn, label)["state"] == "killed"
 
 
+@pytest.mark.slow
 def test_join_none_is_the_default_and_sends_nothing_new(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key, join="none")
     market = FakeMarket(conn, [offer(10, 100)])
@@ -126,6 +130,7 @@ def test_join_none_is_the_default_and_sends_nothing_new(conn, db_path, tmp_path,
     assert rows(conn)[0]["tunnel_port"] is None and not Path(cfg.tunnel.authorized_keys).exists()
 
 
+@pytest.mark.slow
 def test_join_command_hands_the_machine_the_operators_command(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key, join="command", join_command="tailscale up --authkey-file /k")
     market = FakeMarket(conn, [offer(10, 100)])
@@ -135,6 +140,7 @@ def test_join_command_hands_the_machine_the_operators_command(conn, db_path, tmp
     assert "VASTCTL_TUNNEL_KEY" not in env and rows(conn)[0]["tunnel_port"] is None
 
 
+@pytest.mark.slow
 def test_ssh_launch_without_a_host_is_refused_before_the_market_is_asked(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key)
     cfg.tunnel.host = ""
@@ -165,6 +171,7 @@ def test_a_running_machine_unreachable_through_its_tunnel_past_the_timeout_is_ki
 
 
 
+@pytest.mark.slow
 def test_an_unwritable_keys_file_stops_the_launch_before_anything_is_rented(conn, db_path, tmp_path, host_key):
     from vastctl.errors import Unavailable
 

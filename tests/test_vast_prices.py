@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from datetime import datetime, timezone
 from urllib.parse import urlparse
 
 import pytest
 import responses
+from vast_market import configure, offer, rows
 
 from vastctl import guard
 from vastctl.clock import VirtualClock
@@ -30,16 +30,7 @@ NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 
 @pytest.fixture
 def ready(cli, tmp_path, monkeypatch):
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "server:\n  url: https://manager.example\n"
-        "fleet:\n  max_instances: 20\n  max_dph: 1.0\n  max_hourly_spend: 1.0\n"
-        "launch:\n  image: ghcr.io/x/cuzk:1\n"
-    )
-    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
-    monkeypatch.setenv("VAST_API_KEY", KEY)
-    monkeypatch.setenv("VAST_API_URL", API)
-    assert cli("init").code == 0
+    configure(cli, tmp_path, monkeypatch, api=API, key=KEY, max_instances=20, max_hourly_spend=1.0)
 
 
 @pytest.fixture
@@ -48,14 +39,9 @@ def vast():
         yield mocked
 
 
-def offer(oid, dph):
-    return {"id": oid, "machine_id": 100 + oid, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": dph,
-            "cpu_ram": 515000, "inet_down": 900.0, "reliability": 0.99}
-
-
 def answer_offers(vast, *specs):
     """The bundles answer as raw JSON text, so NaN, Infinity and 1e400 go out as vast would write them."""
-    text = json.dumps({"offers": [offer(oid, f"@{oid}@") for oid, _ in specs]})
+    text = json.dumps({"offers": [offer(oid, 100 + oid, f"@{oid}@") for oid, _ in specs]})
     for oid, dph in specs:
         text = text.replace(f'"@{oid}@"', dph)
     vast.post(f"{API}/api/v0/bundles/", body=text, content_type="application/json")
@@ -63,15 +49,6 @@ def answer_offers(vast, *specs):
 
 def creates(vast):
     return [urlparse(c.request.url).path for c in vast.calls if c.request.method == "PUT"]
-
-
-def rows(db_path):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM instances ORDER BY created_at")]
-    finally:
-        conn.close()
 
 
 def one_error_line(result):
