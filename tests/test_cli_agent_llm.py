@@ -224,6 +224,7 @@ def rebid_step(cli, api, tool_input):
     return data, result
 
 
+@pytest.mark.slow
 def test_a_rebid_call_raises_the_bid_through_the_guard_and_is_audited(ready, cli, bid_market, api, db_path):
     running(cli, "vastctl-a")
     outbid(cli, db_path)
@@ -244,6 +245,7 @@ def test_a_rebid_call_raises_the_bid_through_the_guard_and_is_audited(ready, cli
     assert json.loads(audit["request"]) == {"price": 0.4}
 
 
+@pytest.mark.slow
 def test_a_bid_above_max_dph_is_refused_by_the_guard(ready, cli, bid_market, api, db_path):
     running(cli, "vastctl-a")
     outbid(cli, db_path)
@@ -259,6 +261,7 @@ def test_a_bid_above_max_dph_is_refused_by_the_guard(ready, cli, bid_market, api
     assert audit["result"].startswith("refused by the guard (max_dph)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool_input,says", [
     ({"label": "vastctl-b", "bid": -0.1}, "rebid.bid must be above 0, got -0.1"),
     ({"label": "vastctl-b", "bid": 0}, "rebid.bid must be above 0, got 0"),
