@@ -34,6 +34,7 @@ from vastctl.errors import BadInput
 from vastctl.providers import sim_market as model
 from vastctl.providers.base import (
     CreateRequest,
+    DeadlinePassed,
     Offer,
     OfferGone,
     OfferQuery,
@@ -82,7 +83,7 @@ class SimProvider:
         self.conn = conn
         self.reports = reports
         self.clock = clock
-        self.deadline: float | None = None  # base.Provider's: every call here is instant on the virtual clock
+        self.deadline: float | None = None  # base.Provider's: a monotonic instant on `clock` past which no call is made
         self.failures = failures if rates is None else "custom"
         self.rates = rates or model.FAILURES[failures]
         self.store = SimStore(conn)
@@ -274,12 +275,15 @@ class SimProvider:
 
     @contextlib.contextmanager
     def _call(self, what: str, *, transient: bool = True) -> Iterator[tuple[float, float]]:
-        """One API call: the market advanced to now, then this call's own faults drawn.
+        """One API call: none started past the deadline (as vast's: DeadlinePassed, and the market is left as it
+        was); else the market advanced to now, then this call's own faults drawn.
 
         Yields (now, a uniform draw for the call's details). With `transient`
         a transient error is raised here; otherwise the call decides (a create
         may have rented before its answer was lost).
         """
+        if self.deadline is not None and self.deadline - self.clock.monotonic() <= 0:
+            raise DeadlinePassed(f"vast {what}: not called: the deadline had passed")
         with self._consulted(counted=True) as now:
             failed, truncated, draw = model.call_faults(self.seed, self._call_number, self.rates)
             self._transient, self._truncated = failed, truncated and what == "GET /api/v1/instances/"
