@@ -383,6 +383,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
+    (
+        "indexes for what every decision and every reconcile pass reads, so that a pass costs the same in a file a"
+        " year old",
+        # implausible claims and resumes (observe) count a few events among all; the listing history is pruned by age
+        """
+        CREATE INDEX events_kind ON events(kind, uuid);
+        CREATE INDEX events_resumes ON events(uuid) WHERE from_state = 'stopped' AND to_state = 'launching';
+        CREATE INDEX vast_listings_at ON vast_listings(at);
+        CREATE INDEX vast_listings_ok ON vast_listings(ok)
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
