@@ -168,10 +168,11 @@ def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> di
     by its ceiling, without the machines in `implausible` (their word does not set what a model proves)."""
     liars = set(implausible)
     rates: dict[str, list[float]] = defaultdict(list)
-    for row in conn.execute("SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
-                            " AND gpu_name IS NOT NULL"):
-        if row["uuid"] not in liars:
-            rates[row["gpu_name"]].append(_bounded_bench(row["bench_rate"], row["num_gpus"]))
+    for uuid, gpu_name, num_gpus, bench_rate in conn.execute(
+            "SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
+            " AND gpu_name IS NOT NULL"):
+        if uuid not in liars:
+            rates[gpu_name].append(_bounded_bench(bench_rate, num_gpus))
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
