@@ -6,7 +6,6 @@ whose history is short and on one whose history is long, the newest rows alike."
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime, timedelta, timezone
 
 from test_sim import QUIET, healthy_offer, make_market
@@ -114,7 +113,7 @@ def test_the_markets_totals_read_its_live_instances_and_remember_the_destroyed_o
 
 
 def test_the_totals_follow_a_market_another_process_moved(tmp_path):
-    market = make_market(tmp_path, rates=dataclasses.replace(QUIET))
+    market = make_market(tmp_path, rates=QUIET)
     offer = healthy_offer(market)
     vast_id = market.sim.create_instance(CreateRequest(offer_id=offer.id, image="img", disk_gb=150, label="vastctl-a",
                                                        onstart="", env={}))
