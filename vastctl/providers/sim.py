@@ -48,7 +48,7 @@ from vastctl.providers.sim_store import FIRST_VAST_ID, Machine, SimStore, at_of,
 if TYPE_CHECKING:
     from vastctl.machine.reports import Reports
 
-__all__ = ["FAULT_KINDS", "FIRST_VAST_ID", "SimProvider", "SimTotals"]
+__all__ = ["FAULT_KINDS", "FIRST_VAST_ID", "SimProvider", "SimTotals"]  # FIRST_VAST_ID: sim_store's, named here for callers
 
 BUSY_TTL_S = 120.0  # a process that died while advancing the market blocks it no longer than this
 SCHEDULING_MSG = "waiting for the GPU to become available"
