@@ -11,11 +11,12 @@ from datetime import datetime, timedelta, timezone
 from test_sim import QUIET, healthy_offer, make_market
 
 from vastctl import clock as clocks
-from vastctl import observe, reconcile
+from vastctl import observe
 from vastctl.config import Config
 from vastctl.facts import demand
 from vastctl.providers.base import CreateRequest, OfferQuery
 from vastctl.providers.sim import SimProvider
+from vastctl.reconcile import listing
 from vastctl.state import db
 
 T0 = datetime(2031, 3, 1, tzinfo=timezone.utc)
@@ -82,7 +83,7 @@ def test_an_observation_and_a_pass_read_the_same_whatever_the_files_history(tmp_
             conn.executemany("INSERT INTO vast_listings (at, ok, instances, error) VALUES (?, 1, 0, NULL)",
                              [(old,)] * history)
         costs[name] = (work(conn, lambda conn=conn: observe.observe(conn, config, now=T0)),
-                       work(conn, lambda conn=conn: reconcile._prune_listings(conn, T0)))
+                       work(conn, lambda conn=conn: listing._prune_listings(conn, T0)))
     (observed_few, pruned_few), (observed_many, pruned_many) = costs["short"], costs["long"]
     assert observed_many <= 2 * observed_few + 5, costs
     assert pruned_many <= 2 * pruned_few + 5, costs
