@@ -1,6 +1,6 @@
 """`vastctl cost`: vastctl's account of what vast billed, checked against the simulated market's own billing.
 
-The market bills in sim.SimProvider._accrue; the test wraps it to split every billed stretch into the
+The market bills in sim_engine.Engine.accrue; the test wraps it to split every billed stretch into the
 parts vastctl accounts for (rented, stopped disks, after a destroy was asked for), then compares each part of
 `cost.account()` over a simulated day with it. Hand-built rows pin the rules themselves.
 """
@@ -16,7 +16,7 @@ from vastctl import clock, demo, reconcile
 from vastctl.cli.app import Globals
 from vastctl.clock import VirtualClock
 from vastctl.facts import cost
-from vastctl.providers import sim
+from vastctl.providers import sim_engine
 from vastctl.providers.base import RemoteInstance
 from vastctl.state import db, lifecycle
 from vastctl.state.lifecycle import State
@@ -27,7 +27,7 @@ T0 = datetime(2026, 11, 30, 22, 0, tzinfo=timezone.utc)
 def market_truth(monkeypatch) -> dict[int, dict[str, float]]:
     """Wrap the market's billing: vast id → part → $ it billed, split where a destroy was first asked for."""
     per: dict[int, dict[str, float]] = {}
-    accrue = sim.SimProvider._accrue
+    accrue = sim_engine.Engine.accrue
 
     def split(self, machine, until):
         start = machine.billed_at
@@ -41,7 +41,7 @@ def market_truth(monkeypatch) -> dict[int, dict[str, float]]:
                 parts[part] = parts.get(part, 0.0) + (end - begin) * rate
         return accrue(self, machine, until)
 
-    monkeypatch.setattr(sim.SimProvider, "_accrue", split)
+    monkeypatch.setattr(sim_engine.Engine, "accrue", split)
     return per
 
 

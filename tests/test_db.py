@@ -44,6 +44,19 @@ PINNED = {
     ],
     "dashboard_sign_outs": ["session", "expires_at", "signed_out_at"],
     "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event"],
+    # the simulated market's (providers/sim_store.py; sim_meta.schema_version counts their changes too)
+    "sim_meta": ["id", "schema_version", "seed", "started_at", "advanced_to", "calls", "next_vast_id", "version",
+                 "busy_by", "busy_until"],
+    "sim_hosts": ["machine_id", "offer_id", "gpu_name", "num_gpus", "cpu_ram_gb", "inet_down_mbps", "reliability",
+                  "base_dph", "storage_cost", "true_rate", "slow", "phase"],
+    "sim_instances": [
+        "vast_id", "machine_id", "offer_id", "label", "uuid", "env_label", "image", "disk_gb", "gpu_dph",
+        "storage_dph", "intended_status", "actual_status", "cur_state", "status_msg", "listed", "epoch", "epoch_at",
+        "step", "step_at", "fault", "fault_at", "proving_since", "refused_at", "created_at", "died_at",
+        "destroy_requested_at", "destroy_refused_s", "destroyed_at", "cost", "billed_s", "gpu_s", "billed_at",
+        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at",
+    ],
+    "sim_faults": ["id", "at", "kind", "vast_id", "detail"],
 }
 
 
@@ -115,6 +128,59 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
     found = {r["uuid"]: (r["vast_id"], r["claimed_vast_id"])
              for r in conn.execute("SELECT uuid, vast_id, claimed_vast_id FROM instances")}
     assert found == {"adopted": (None, 100), "launched": (101, None), "gone": (102, None)}
+
+
+def test_a_migration_whose_trigger_body_holds_semicolons_applies_whole(db_path, monkeypatch):
+    """A migration is cut into statements where SQLite says one is complete, not at every `;`: a trigger's
+    body, a string and a comment may all hold one."""
+    trigger = (
+        "a trigger whose body is two statements",
+        """
+        CREATE TABLE setting_notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL);
+        CREATE TRIGGER settings_noted AFTER INSERT ON settings
+        BEGIN
+            INSERT INTO setting_notes (text) VALUES ('set; ' || NEW.key);
+            INSERT INTO setting_notes (text) VALUES ('-- not a comment; ' || NEW.value);
+        END;
+        -- a comment; with a semicolon
+        INSERT INTO settings VALUES ('k', 'v', 't')
+        """,
+    )
+    monkeypatch.setattr(db, "MIGRATIONS", [*db.MIGRATIONS, trigger])
+    monkeypatch.setattr(db, "SCHEMA_VERSION", len(db.MIGRATIONS))
+    conn = db.connect(db_path, create=True, now=SYSTEM.now())
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
+    assert [r[0] for r in conn.execute("SELECT text FROM setting_notes ORDER BY id")] == [
+        "set; k", "-- not a comment; v"]
+    conn.execute("INSERT INTO settings VALUES ('k2', 'v2', 't')")  # the trigger is whole: both statements run
+    assert conn.execute("SELECT count(*) FROM setting_notes").fetchone()[0] == 4
+
+
+def test_a_failing_statement_undoes_its_whole_migration(db_path, monkeypatch):
+    broken = ("a migration that fails half way", "CREATE TABLE half (id INTEGER); INSERT INTO nowhere VALUES (1)")
+    monkeypatch.setattr(db, "MIGRATIONS", [*db.MIGRATIONS, broken])
+    monkeypatch.setattr(db, "SCHEMA_VERSION", len(db.MIGRATIONS))
+    with pytest.raises(sqlite3.OperationalError, match="nowhere"):
+        db.connect(db_path, create=True, now=SYSTEM.now())
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 0 and tables(raw) == set()
+
+
+def test_a_file_whose_simulator_made_its_tables_before_the_migration_keeps_its_market(db_path, monkeypatch):
+    """The simulator once created its tables itself (CREATE TABLE IF NOT EXISTS); the migration leaves them."""
+    number = next(i for i, (_name, sql) in enumerate(db.MIGRATIONS) if "TABLE IF NOT EXISTS sim_instances" in sql)
+    with monkeypatch.context() as before:
+        before.setattr(db, "MIGRATIONS", db.MIGRATIONS[:number])
+        before.setattr(db, "SCHEMA_VERSION", number)
+        old = db.connect(db_path, create=True, now=SYSTEM.now())
+    for statement in db._statements(db.MIGRATIONS[number][1]):
+        old.execute(statement)
+    old.execute("INSERT INTO sim_meta (id, schema_version, seed, started_at, advanced_to, calls, next_vast_id, version)"
+                " VALUES (1, 2, 7, 't', 't', 3, 7000002, 4)")
+    old.close()
+    conn = db.connect(db_path, now=SYSTEM.now())
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
+    assert tuple(conn.execute("SELECT seed, calls, version FROM sim_meta").fetchone()) == (7, 3, 4)
 
 
 def test_connect_twice_does_not_reapply_migrations(db_path):

@@ -19,30 +19,20 @@ from vastctl.errors import VastctlError
 from vastctl.machine.reports import LocalReports
 from vastctl.markets import get_provider
 from vastctl.providers import sim_market
-from vastctl.providers.base import CreateRequest, OfferGone, OfferQuery, ProviderError, ProviderRejected
+from vastctl.providers.base import (
+    CreateRequest,
+    DeadlinePassed,
+    OfferGone,
+    OfferQuery,
+    ProviderError,
+    ProviderRejected,
+)
 from vastctl.providers.sim import FAULT_KINDS, FIRST_VAST_ID, SimProvider
 from vastctl.providers.sim_market import FailureRates
 from vastctl.state import db, lifecycle, tokens
 
 START = datetime(2031, 3, 1, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
 QUIET = FailureRates(**{f.name: 0.0 for f in dataclasses.fields(FailureRates)})
-
-# The columns of the market's own tables, in order. A change here means SCHEMA_VERSION goes up.
-PINNED = {
-    "sim_meta": ["id", "schema_version", "seed", "started_at", "advanced_to", "calls", "next_vast_id", "version",
-                 "busy_by", "busy_until"],
-    "sim_hosts": ["machine_id", "offer_id", "gpu_name", "num_gpus", "cpu_ram_gb", "inet_down_mbps", "reliability",
-                  "base_dph", "storage_cost", "true_rate", "slow", "phase"],
-    "sim_instances": [
-        "vast_id", "machine_id", "offer_id", "label", "uuid", "env_label", "image", "disk_gb", "gpu_dph",
-        "storage_dph", "intended_status", "actual_status", "cur_state", "status_msg", "listed", "epoch", "epoch_at",
-        "step", "step_at", "fault", "fault_at", "proving_since", "refused_at", "created_at", "died_at",
-        "destroy_requested_at", "destroy_refused_s", "destroyed_at", "cost", "billed_s", "gpu_s", "billed_at",
-        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at",
-    ],
-    "sim_faults": ["id", "at", "kind", "vast_id", "detail"],
-}
-
 
 @dataclasses.dataclass
 class Market:
@@ -137,11 +127,12 @@ def fingerprint(market: Market):
 # --- the tables, the layers ------------------------------------------------------------------------
 
 
-def test_the_market_keeps_its_own_pinned_tables_and_a_plain_file_has_none(tmp_path, conn):
-    assert not [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'sim_%'")]
+def test_the_markets_tables_come_with_every_file_and_stay_empty_until_a_market_is_set_up(tmp_path, conn):
+    """The tables come through the migrations (their columns are pinned in test_db); a market fills them."""
+    sim_tables = ("sim_meta", "sim_hosts", "sim_instances", "sim_faults")
+    assert {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in sim_tables} == dict.fromkeys(
+        sim_tables, 0)
     market = make_market(tmp_path)
-    for table, expected in PINNED.items():
-        assert [r[1] for r in market.conn.execute(f"PRAGMA table_info({table})")] == expected, table
     assert market.conn.execute("SELECT count(*) FROM sim_hosts").fetchone()[0] == sum(g.hosts for g in sim_market.GPUS)
     # built again on the same file: the same market, not a second one
     again = SimProvider(market.conn, market.sim.reports, clock=market.clock, seed=99)
@@ -444,6 +435,59 @@ def test_another_process_advancing_the_market_makes_a_call_fail_like_a_busy_api(
         market.sim.list_instances()
     market.advance(61)
     assert market.sim.list_instances() == []
+
+
+def test_no_call_is_made_past_the_deadline_and_the_market_is_left_as_it_was(tmp_path):
+    market = make_market(tmp_path, rates=QUIET)
+    offer = healthy_offer(market)
+    vast_id = market.sim.create_instance(CreateRequest(offer_id=offer.id, image="img", disk_gb=150, label="vastctl-d",
+                                                       onstart="", env={}))
+    calls = market.conn.execute("SELECT calls, version FROM sim_meta").fetchone()
+    market.sim.deadline = market.clock.monotonic()  # the caller's budget is spent
+    market.advance(3600)
+    for call in (market.sim.list_instances, lambda: market.sim.show_instance(vast_id),
+                 lambda: market.sim.search_offers(OfferQuery(limit=3)),
+                 lambda: market.sim.create_instance(CreateRequest(offer_id=offer.id, image="img", disk_gb=150,
+                                                                  label="vastctl-e", onstart="", env={})),
+                 lambda: market.sim.destroy_instance(vast_id), lambda: market.sim.stop_instance(vast_id),
+                 lambda: market.sim.start_instance(vast_id), lambda: market.sim.set_label(vast_id, "x"),
+                 lambda: market.sim.change_bid(vast_id, 1.0)):
+        with pytest.raises(DeadlinePassed, match="not called: the deadline had passed"):
+            call()
+    assert tuple(market.conn.execute("SELECT calls, version FROM sim_meta").fetchone()) == tuple(calls)
+    market.sim.deadline = market.clock.monotonic() + 50
+    (listed,) = market.sim.list_instances()
+    assert (listed.id, listed.label) == (vast_id, "vastctl-d")  # nothing was destroyed or relabelled
+
+
+def test_a_reconcile_pass_under_the_sim_stops_calling_at_its_deadline(tmp_path, monkeypatch):
+    """As with vast (test_reconcile_faults): a destroy that would start past reconcile.deadline is not made, the pass
+    says deadline_passed and leaves it to the next one."""
+    rates = dataclasses.replace(QUIET, destroy_refused=1.0)  # the kills' own destroys are refused: left to reconcile
+    market = make_market(tmp_path, rates=rates)
+    uuids = [market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"] for _ in range(2)]
+    market.advance(2 * 3600)
+    for uuid in uuids:
+        operations.kill(market.conn, market.sim, uuid, "operator: test", code="operator", config=market.config,
+                        force=True, now=market.clock.now())
+    vast_ids = [market.row(uuid)["vast_id"] for uuid in uuids]
+    market.advance(max(sim_market.destroy_refused_for(1, vast_id, rates) for vast_id in vast_ids) + 1)
+    destroy = market.sim.destroy_instance
+
+    def slow_destroy(vast_id):  # each destroy reaches the market 40 s after it is sent: the second one past 50 s
+        market.clock.advance(40)
+        destroy(vast_id)
+
+    monkeypatch.setattr(market.sim, "destroy_instance", slow_destroy)
+    result = market.reconcile()
+    assert result.deadline_passed is True
+    outcomes = [a["result"] for a in result.actions if a["kind"] == "destroy"]
+    assert outcomes[0] == "destroyed" and outcomes[1].startswith("not done: vast DELETE"), outcomes
+    assert "reconcile.deadline 50s reached" in result.errors[-1]
+    assert [item.id for item in market.sim.list_instances()] == [vast_ids[1]]  # the second destroy was not made
+    monkeypatch.undo()
+    assert market.reconcile().deadline_passed is False  # the next pass, with its own budget, destroys it
+    assert market.sim.list_instances() == [] and all(market.row(uuid)["destroyed_at"] for uuid in uuids)
 
 
 def test_provider_sim_needs_no_key_and_shares_the_state_file(tmp_path):

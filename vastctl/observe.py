@@ -20,6 +20,7 @@ sample (demand.refresh() takes a new one first when the caller wants it).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
@@ -170,11 +171,18 @@ def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> di
     by its ceiling, without the machines in `implausible` (their word does not set what a model proves)."""
     liars = set(implausible)
     rates: dict[str, list[float]] = defaultdict(list)
-    for row in conn.execute("SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
-                            " AND gpu_name IS NOT NULL"):
-        if row["uuid"] not in liars:
-            rates[row["gpu_name"]].append(lifecycle.bounded(row["bench_rate"], lifecycle.rate_ceiling(dict(row))))
+    for uuid, gpu_name, num_gpus, bench_rate in conn.execute(
+            "SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
+            " AND gpu_name IS NOT NULL"):
+        if uuid not in liars:
+            rates[gpu_name].append(_bounded_bench(bench_rate, num_gpus))
     return {name: statistics.median(values) for name, values in rates.items()}
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
+    """A bench rate as model_rates counts it; the same few pairs come back on every call (every machine ever)."""
+    return lifecycle.bounded(bench_rate, lifecycle.rate_ceiling({"num_gpus": num_gpus}))
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:

@@ -236,7 +236,8 @@ def _empty_since(conn: sqlite3.Connection) -> datetime | None:
     broken = conn.execute(
         "SELECT coalesce(max(id), 0) FROM demand_samples WHERE NOT (ok = 1 AND queued = 0"
         " AND coalesce(in_flight, 0) = 0 AND coalesce(lookahead, 0) = 0)").fetchone()[0]
-    first = conn.execute("SELECT min(at) FROM demand_samples WHERE id > ?", (broken,)).fetchone()[0]
+    # NOT INDEXED: read the ids after `broken`, not the index on `at` (which min(at) would walk from the oldest sample)
+    first = conn.execute("SELECT min(at) FROM demand_samples NOT INDEXED WHERE id > ?", (broken,)).fetchone()[0]
     return clock.from_iso(first)
 
 

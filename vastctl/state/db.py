@@ -303,6 +303,97 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE instances ADD COLUMN outbid_since TEXT
         """,
     ),
+    (
+        "the simulated market's tables (provider: sim), empty until a market is set up in the file",
+        # IF NOT EXISTS: a file that ran the simulator before its tables came through here has them already
+        """
+        CREATE TABLE IF NOT EXISTS sim_meta (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            schema_version INTEGER NOT NULL,
+            seed INTEGER NOT NULL,
+            started_at TEXT NOT NULL,
+            advanced_to TEXT NOT NULL,
+            calls INTEGER NOT NULL,
+            next_vast_id INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            busy_by TEXT,
+            busy_until TEXT
+        );
+        CREATE TABLE IF NOT EXISTS sim_hosts (
+            machine_id INTEGER PRIMARY KEY,
+            offer_id INTEGER NOT NULL UNIQUE,
+            gpu_name TEXT NOT NULL,
+            num_gpus INTEGER NOT NULL,
+            cpu_ram_gb REAL NOT NULL,
+            inet_down_mbps REAL NOT NULL,
+            reliability REAL NOT NULL,
+            base_dph REAL NOT NULL,
+            storage_cost REAL NOT NULL,
+            true_rate REAL NOT NULL,
+            slow INTEGER NOT NULL,
+            phase REAL NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS sim_instances (
+            vast_id INTEGER PRIMARY KEY,
+            machine_id INTEGER NOT NULL,
+            offer_id INTEGER NOT NULL,
+            label TEXT,
+            uuid TEXT,
+            env_label TEXT,
+            image TEXT,
+            disk_gb REAL NOT NULL,
+            gpu_dph REAL NOT NULL,
+            storage_dph REAL NOT NULL,
+            intended_status TEXT NOT NULL,
+            actual_status TEXT,
+            cur_state TEXT NOT NULL,
+            status_msg TEXT,
+            listed INTEGER NOT NULL,
+            epoch INTEGER NOT NULL,
+            epoch_at TEXT NOT NULL,
+            step TEXT,
+            step_at TEXT,
+            fault TEXT,
+            fault_at TEXT,
+            proving_since TEXT,
+            refused_at TEXT,
+            created_at TEXT NOT NULL,
+            died_at TEXT,
+            destroy_requested_at TEXT,
+            destroy_refused_s REAL NOT NULL,
+            destroyed_at TEXT,
+            cost REAL NOT NULL,
+            billed_s REAL NOT NULL,
+            gpu_s REAL NOT NULL,
+            billed_at TEXT NOT NULL,
+            bid REAL,
+            outbids INTEGER NOT NULL DEFAULT 0,
+            outbid_at TEXT,
+            outbid_price REAL,
+            paused_at TEXT,
+            resume_at TEXT
+        );
+        CREATE INDEX IF NOT EXISTS sim_instances_live ON sim_instances(destroyed_at);
+        CREATE TABLE IF NOT EXISTS sim_faults (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            vast_id INTEGER,
+            detail TEXT
+        )
+        """,
+    ),
+    (
+        "indexes for what every decision and every reconcile pass reads, so that a pass costs the same in a file a"
+        " year old",
+        # implausible claims and resumes (observe) count a few events among all; the listing history is pruned by age
+        """
+        CREATE INDEX events_kind ON events(kind, uuid);
+        CREATE INDEX events_resumes ON events(uuid) WHERE from_state = 'stopped' AND to_state = 'launching';
+        CREATE INDEX vast_listings_at ON vast_listings(at);
+        CREATE INDEX vast_listings_ok ON vast_listings(ok)
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

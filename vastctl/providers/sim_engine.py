@@ -1,0 +1,278 @@
+"""The simulated market's clockwork: each machine's events run in time order, and the billing between them.
+
+A machine's boot runs as onstart.sh does it (container provisioning, the image
+pull, the register report, the parameter fetch, the benchmark, then a heartbeat
+a minute), each step a report through the `Reports` for the simulated moment it
+happens. Its fate (sim_market.BootPlan) is drawn once per boot; the container's
+own faults strike at their times, and an interruptible machine meets rival bids.
+There is no fixed time step: each machine's next event is scheduled, and
+`advance(now)` runs every event up to `now`, ties by instance id.
+
+Billing: GPU and storage while the container runs (an exited container still
+holds its GPU until destroyed), storage while it is stopped or not started,
+nothing once a destroy lands, the instance vanished or its host is offline.
+`accrue` bills up to a moment at the machine's current rates; rates change only
+at events, so each event is billed up to first.
+
+The engine holds the live machines only (a destroyed one is dropped once
+saved): an advance costs what is alive, however long the market has run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable
+
+from vastctl.errors import BadInput, BenchFailed, Refused, VastctlError
+from vastctl.providers import sim_market as model
+from vastctl.providers.sim_store import Fault, Machine, moment
+
+if TYPE_CHECKING:
+    from vastctl.machine.reports import Reports
+
+HEARTBEAT_S = 60.0
+START_FAILURE_MSG = ("Error response from daemon: failed to create task for container: failed to create shim task:"
+                     " OCI runtime create failed: runc create failed: unable to start container process:"
+                     " error during container init: nvidia-container-cli: initialization error: driver rpc error")
+OUTBID_MSG = "stopped: outbid (a higher bid holds the host); resumes when the bid wins again"
+RESTART_S = (90.0, 300.0)  # an outbid container resumed: it starts again, cuzk loads its SRS, then proves
+
+
+class Engine:
+    """The live machines of one market between two saves, and what changed among them since the last save."""
+
+    def __init__(self, seed: int, rates: model.FailureRates, hosts: Callable[[], dict[int, model.Host]],
+                 reports: Callable[[datetime], "Reports"]):
+        self.seed = seed
+        self.rates = rates
+        self.hosts = hosts
+        self.reports = reports
+        self.machines: dict[int, Machine] = {}  # vast id → every instance not destroyed
+        self.dirty: set[int] = set()  # vast ids changed since the last save
+        self.new_faults: list[Fault] = []  # faults since the last save
+        self._plans: dict[tuple[int, int], model.BootPlan] = {}
+
+    def saved(self) -> None:
+        """The changes are in the file: start afresh, without the machines a destroy took."""
+        for vast_id in self.dirty:
+            machine = self.machines.get(vast_id)
+            if machine is not None and machine.destroyed_at is not None:
+                del self.machines[vast_id]
+        self.dirty, self.new_faults = set(), []
+
+    # --- billing ---------------------------------------------------------------------------------------
+
+    def accrue(self, machine: Machine, until: float) -> None:
+        """Bill the machine from its last billing moment up to `until` at its current rates."""
+        seconds = until - machine.billed_at
+        if seconds <= 0:
+            return
+        gpu, storage = machine.gpu_billed, machine.storage_billed
+        machine.cost += seconds / 3600 * (machine.gpu_dph * gpu + machine.storage_dph * storage)
+        machine.billed_s += seconds if gpu or storage else 0.0
+        machine.gpu_s += seconds if gpu else 0.0
+        machine.billed_at = until
+        self.dirty.add(machine.vast_id)
+
+    # --- the events ------------------------------------------------------------------------------------
+
+    def advance(self, now: float) -> None:
+        """Run every machine's events up to `now` in time order (ties by instance id).
+
+        Billing is brought up to each event (rates change only at events);
+        `SimProvider.totals()` bills the quiet stretch since then.
+        """
+        queue = [(m.next_at, m.vast_id) for m in self.machines.values() if m.next_at is not None and m.next_at <= now]
+        heapq.heapify(queue)
+        while queue:
+            at, vast_id = heapq.heappop(queue)
+            machine = self.machines[vast_id]
+            if machine.next_at != at:
+                continue
+            self.accrue(machine, at)
+            if machine.fault_at is not None and machine.fault_at == at:
+                self._strike(machine, at)
+            elif machine.outbid_at is not None and machine.outbid_at == at:
+                self._rival_comes(machine, at)
+            elif machine.resume_at is not None and machine.resume_at == at:
+                self.rival_leaves(machine, at)
+            else:
+                self._step(machine, at, now)
+            self.dirty.add(vast_id)
+            if machine.next_at is not None and machine.next_at <= now:
+                heapq.heappush(queue, (machine.next_at, vast_id))
+
+    def begin_boot(self, machine: Machine, now: float) -> None:
+        """A container start (create or resume): provisioning first, the rest follows from its BootPlan."""
+        machine.epoch_at = now
+        machine.actual_status, machine.cur_state, machine.status_msg = None, "running", None
+        machine.fault = machine.fault_at = machine.proving_since = None
+        machine.step, machine.step_at = "provision", now + self._plan(machine).provision_s
+        self.dirty.add(machine.vast_id)
+
+    def fault(self, at: float, kind: str, vast_id: int | None, detail: str | None) -> None:
+        self.new_faults.append((at, kind, vast_id, detail))
+
+    def rival_leaves(self, machine: Machine, at: float) -> None:
+        """The host is ours again: the container starts again (its disk kept) and proves after cuzk restarts."""
+        machine.resume_at = machine.outbid_price = None
+        if machine.paused_at is None or machine.intended_status != "running":
+            return
+        machine.actual_status, machine.cur_state, machine.status_msg = "loading", "running", None
+        self._next(machine, "restart", at + restart_delay(self.seed, machine.vast_id, machine.outbids))
+
+    def _plan(self, machine: Machine) -> model.BootPlan:
+        key = (machine.vast_id, machine.epoch)
+        if key not in self._plans:
+            host = self.hosts()[machine.machine_id]
+            self._plans[key] = model.boot_plan(self.seed, machine.vast_id, machine.epoch, host, self.rates,
+                                               resume=machine.epoch > 0)
+        return self._plans[key]
+
+    def _die(self, machine: Machine, at: float, kind: str, detail: str | None = None) -> None:
+        self.fault(at, kind, machine.vast_id, detail)
+        if machine.died_at is None and machine.refused_at is None:
+            machine.died_at = at
+
+    def _strike(self, machine: Machine, at: float) -> None:
+        """The container's own fault: it exits, vanishes from the listing, or its host drops off."""
+        kind = machine.fault
+        machine.fault = machine.fault_at = None
+        if kind == "unknown_to_offline":
+            machine.actual_status = "offline"
+            return
+        machine.step = machine.step_at = None
+        if kind == "exit":
+            machine.actual_status, machine.status_msg = "exited", "container exited with code 137"
+            self._die(machine, at, "exit")
+        elif kind == "vanish":
+            machine.listed = 0
+            self._die(machine, at, "vanish")
+        elif kind == "offline":
+            machine.actual_status, machine.status_msg = "unknown", None
+            later = self._plan(machine).offline_after_s
+            if later is not None:
+                machine.fault, machine.fault_at = "unknown_to_offline", at + later
+            self._die(machine, at, "offline", "unknown, then offline" if later is not None else "unknown")
+
+    def _step(self, machine: Machine, at: float, now: float) -> None:
+        """The next step of the container start or of the boot script, as onstart.sh does it."""
+        plan = self._plan(machine)
+        step, machine.step, machine.step_at = machine.step, None, None
+        if step == "provision":
+            if plan.boot_fault == "start_failed":
+                machine.actual_status, machine.status_msg = "created", START_FAILURE_MSG
+                self._die(machine, at, "start_failed")
+                return
+            machine.actual_status = "loading"
+            self._next(machine, "pull", at + plan.pull_s)
+        elif step == "pull":
+            machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
+            if plan.container_fault is not None and plan.container_fault_s is not None:
+                machine.fault, machine.fault_at = plan.container_fault, at + plan.container_fault_s
+            if machine.uuid and machine.env_label:  # else: "not launched by vastctl?", the script exits
+                self._next(machine, "register", at + plan.install_s)
+        elif step == "register":
+            host = self.hosts()[machine.machine_id]
+            if self._report(machine, at, "register", label=machine.env_label, vast_id=machine.vast_id,
+                            gpu_name=host.gpu_name, num_gpus=host.num_gpus) != "ok":
+                return
+            if plan.boot_fault == "stall":
+                self.fault(at, "stall", machine.vast_id, "the parameter fetch never finishes")
+                return
+            self._next(machine, "params", at + plan.fetch_s)
+        elif step == "params":
+            if self._report(machine, at, "params_done") != "ok":
+                return
+            if plan.boot_fault == "slow_bench":
+                self.fault(at, "slow_bench", machine.vast_id, f"the benchmark takes {plan.bench_s // 60:.0f} min")
+            self._next(machine, "bench", at + plan.bench_s)
+        elif step == "bench":
+            if self._report(machine, at, "bench_report", plan.bench_rate) == "ok":
+                self._next(machine, "running", at + 2)
+        elif step == "running":
+            if self._report(machine, at, "running") == "ok":
+                machine.proving_since = at
+                self._schedule_rival(machine, at)
+                self._beat(machine, at)
+        elif step == "restart":  # resumed after an outbid: proving again, its proof count carried on
+            machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
+            if machine.proving_since is not None and machine.paused_at is not None:
+                machine.proving_since += at - machine.paused_at
+            machine.paused_at = None
+            self._schedule_rival(machine, at)
+            self._beat(machine, at)
+        elif step == "heartbeat":
+            superseded = self._last_beat_before(machine, at, now)
+            if superseded > at:  # a later heartbeat in this same advance overwrites this one: skip to it
+                self._next(machine, "heartbeat", superseded)
+            else:
+                self._beat(machine, at)
+
+    def _schedule_rival(self, machine: Machine, at: float) -> None:
+        """Draw the next rival bid for an interruptible machine that proves (none for one on demand)."""
+        if machine.bid is None:
+            return
+        host = self.hosts()[machine.machine_id]
+        rival = model.outbid(self.seed, machine.vast_id, machine.outbids,
+                             model.min_bid(self.seed, host, at, machine.disk_gb), self.rates)
+        machine.outbids += 1
+        if rival is not None:
+            machine.outbid_at, machine.outbid_price = at + rival.after_s, rival.price
+            if machine.fault_at is not None and machine.fault_at <= machine.outbid_at:
+                machine.outbid_at = machine.outbid_price = None  # its container fails first
+
+    def _rival_comes(self, machine: Machine, at: float) -> None:
+        """A rival bid for the host: one over ours pauses the machine (vast stops it, keeps its disk and bills
+        storage) until the rival lets go or our bid is raised over it."""
+        machine.outbid_at = None
+        if machine.bid is None or machine.proving_since is None or machine.actual_status != "running":
+            return
+        if machine.bid >= (machine.outbid_price or 0.0):
+            self._schedule_rival(machine, at)  # ours is higher: the rival goes elsewhere
+            return
+        host = self.hosts()[machine.machine_id]
+        hold = model.outbid(self.seed, machine.vast_id, machine.outbids - 1,
+                            model.min_bid(self.seed, host, at, machine.disk_gb), self.rates)
+        self.fault(at, "outbid", machine.vast_id, f"a bid of ${machine.outbid_price:g}/h over ours ${machine.bid:g}/h")
+        machine.actual_status = machine.cur_state = "stopped"
+        machine.status_msg = OUTBID_MSG
+        machine.step = machine.step_at = None  # its processes end; intended_status stays running
+        machine.fault = machine.fault_at = None
+        machine.paused_at = at
+        machine.resume_at = at + (hold.hold_s if hold is not None else model.OUTBID_MEAN_S)
+
+    def _next(self, machine: Machine, step: str, at: float) -> None:
+        machine.step, machine.step_at = step, at
+
+    def _last_beat_before(self, machine: Machine, at: float, now: float) -> float:
+        """The last heartbeat time at + k·HEARTBEAT_S that is ≤ now and before a pending fault."""
+        beats = math.floor((now - at) / HEARTBEAT_S)
+        if machine.fault_at is not None:
+            beats = min(beats, math.ceil((machine.fault_at - at) / HEARTBEAT_S) - 1)
+        return at + max(0, beats) * HEARTBEAT_S
+
+    def _beat(self, machine: Machine, at: float) -> None:
+        host = self.hosts()[machine.machine_id]
+        proofs = model.BENCH_PROOFS + int(host.true_rate * (at - (machine.proving_since or at)) / 3600)
+        if self._report(machine, at, "heartbeat", proofs) in ("ok", "error"):  # an error: the loop beats again
+            self._next(machine, "heartbeat", at + HEARTBEAT_S)
+
+    def _report(self, machine: Machine, at: float, method: str, *args: Any, **kwargs: Any) -> str:
+        """Make one report at simulated time `at`: ok, refused (the machine is told to stop), or error."""
+        try:
+            getattr(self.reports(moment(at)), method)(machine.uuid, *args, **kwargs)
+        except (BenchFailed, Refused, BadInput):
+            machine.refused_at = at  # as the boot script: stop proving, stay up idle
+            return "refused"
+        except VastctlError:
+            return "error"
+        return "ok"
+
+
+def restart_delay(seed: int, vast_id: int, number: int) -> float:
+    """Seconds a resumed outbid container takes to prove again (RESTART_S), drawn from the seed."""
+    return round(random.Random(f"{seed}/restart/{vast_id}/{number}").uniform(*RESTART_S))
