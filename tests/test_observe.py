@@ -9,7 +9,7 @@ import pytest
 
 from vastctl import config as config_module
 from vastctl.facts import demand
-from vastctl.observe import observe
+from vastctl.observe import disagreement, observe
 from vastctl.state import lifecycle, settings
 from vastctl.state.lifecycle import State
 from vastctl.views import fleet
@@ -137,3 +137,11 @@ def test_observe_does_not_import_the_display_module():
     graph = grimp.build_graph("vastctl")
     assert graph.find_shortest_chain(importer="vastctl.observe", imported="vastctl.views.fleet") is None
     assert graph.find_shortest_chain(importer="vastctl.views.fleet", imported="vastctl.observe") is not None
+
+
+def test_a_failed_destroy_is_a_disagreement_naming_the_attempts_and_the_error():
+    killed = {"state": "killed", "vast_status": "running", "vast_missing": 0, "destroyed_at": None,
+              "destroy_attempts": 3, "destroy_error": "vast PUT: HTTP 503 retry later"}
+    assert disagreement(killed) == "killed but not destroyed at vast (3 failed: vast PUT: HTTP 503 retry later)"
+    assert disagreement({**killed, "destroy_attempts": 0}) == "killed, destroy pending"
+    assert disagreement({**killed, "destroyed_at": "2026-11-30T05:00:00Z"}) is None

@@ -358,3 +358,16 @@ def test_status_rules_spare_a_machine_we_stopped(status, msg):
     r["vast_missing"] = 1  # but a stopped machine vast no longer has is gone
     assert kills(plan([r, row("vastctl-2"), row("vastctl-3")], [seen(row("vastctl-2")), seen(row("vastctl-3"))],
                       SETTINGS, cfg(), NOW)) == {("vastctl-1", "disappeared")}
+
+
+def test_a_destroyed_instance_still_listed_is_destroyed_again_unless_vast_unloaded_it():
+    gone = row("vastctl-7", state="killed", destroyed_at=ago(minutes=10), kill_code="exited")
+    history = {gone["vast_id"]: gone}
+    loaded = seen(gone, "exited", cur_state="stopped")
+    assert destroys(plan([], [loaded], SETTINGS, cfg(), NOW, history=history)) == [
+        ("vastctl-7", gone["vast_id"])]
+    unloaded = seen(gone, "exited", cur_state="unloaded")  # vast is taking it down: nothing to ask again
+    assert destroys(plan([], [unloaded], SETTINGS, cfg(), NOW, history=history)) == []
+    recent = row("vastctl-8", state="killed", destroyed_at=ago(minutes=1), kill_code="exited")
+    assert destroys(plan([], [seen(recent, "exited", cur_state="stopped")], SETTINGS, cfg(), NOW,
+                         history={recent["vast_id"]: recent})) == []  # within the grace: vast is still catching up

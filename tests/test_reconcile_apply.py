@@ -13,6 +13,7 @@ from vastctl.guard import Action, Kind
 from vastctl.providers.base import ProviderError, RemoteInstance
 from vastctl.reconcile.run import _snapshot
 from vastctl.state import lifecycle, locks, settings
+from vastctl.views import fleet
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -380,3 +381,30 @@ def test_a_long_pass_renews_its_lease_before_each_action(conn, config, market, m
     ttl = reconcile.LEASE_TTL_S
     assert seen == [clock.to_iso(NOW + timedelta(seconds=s + ttl)) for s in (0, 10, 20)]
     assert conn.execute("SELECT count(*) FROM locks").fetchone()[0] == 0
+
+
+class SlowMarket(FakeMarket):
+    """vast answers the listing after 6 s, during which a machine's report (here an operator's note) lands."""
+
+    def __init__(self, conn, virtual: clock.VirtualClock):
+        super().__init__()
+        self.conn, self.clock = conn, virtual
+
+    def list_instances(self):
+        self.clock.advance(6)
+        fleet.notify(self.conn, "written while vast was answering", now=self.clock.now())
+        return super().list_instances()
+
+
+def test_a_slow_listing_never_makes_event_times_run_backwards(conn, config):
+    make(conn, "vastctl-a", vast_id=11, last_heartbeat_at=clock.to_iso(at(-14)))
+    virtual = clock.VirtualClock(NOW)
+    market = SlowMarket(conn, virtual)
+    market.add(11, "vastctl-a")
+    result = reconcile.run_pass(conn, market, config, clock=virtual)
+    assert [a["kind"] for a in result.actions] == ["kill", "destroy"]
+    shown = fleet.events(conn, limit=50)
+    kinds = [(e["kind"], e["source"]) for e in shown][-2:]
+    assert kinds == [("note", "operator"), ("transition", "reconcile")]  # the note first, then the kill
+    times = [e["at"] for e in shown]
+    assert times == sorted(times), times
