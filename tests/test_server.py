@@ -566,6 +566,15 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
     monkeypatch.setattr(transport.DeadlineChannel, "readable", counting(transport.DeadlineChannel.readable))
     monkeypatch.setattr(transport.EventLoop, "channel_flags", counting(transport.EventLoop.channel_flags))
     monkeypatch.setattr(transport.EventLoop, "once", noting_full_passes(transport.EventLoop.once))
+
+    def sweeping(original):
+        def maintenance(server, now):
+            in_full_pass["now"] = True  # the sweep runs inside a pass, which then asks every connection
+            asked["full"] += 1
+            return original(server, now)
+        return maintenance
+
+    monkeypatch.setattr(transport.DeadlineServer, "maintenance", sweeping(transport.DeadlineServer.maintenance))
     srv = server.make_server(config, port=0, clock=SYSTEM)
     loop = threading.Thread(target=srv.run, daemon=True)
     loop.start()
