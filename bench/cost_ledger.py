@@ -6,14 +6,14 @@ own `cost`, read from the demo's state file) goes to one cause:
   proving machines (the market has them proving: running, not paused, not dead), their cost C at capacity K
   (the sum of their true rates), against the lower bound's price of the minute b(x) (the cheapest allowed
   hosts no other renter holds, in fractions of a machine: demo.lower_bound_cost's rule), with A the arrivals
-  of the minute and W the capacity the rules wanted then (rules.wanted_capacity):
+  of the minute, W the capacity the rules wanted then (rules.wanted_capacity), L the look-ahead's rate
+  (lookahead / demand.lookahead_window), and while K ≥ A, w = W and l = L kept within [A, K]:
     bound                      b(A): what the lower bound pays
-    wanted: backlog drain      b(W) - b(min(W, arrivals the look-ahead names)): draining what waits
-    wanted: look-ahead         b(min(W, look-ahead rate)) - b(A): the look-ahead's rate above (or under) the
-                               arrivals of the minute, and the ceiling (target × (1 + headroom))
-    whole machines             b(min(K, W + the smallest proving machine)) - b(W) when K > W: the round-up
-    capacity above wanted      b(K) - b(max(W, K - the smallest proving machine)): a machine that could go
-    capacity short of wanted   b(K) - b(W) when K < W (negative: paid later, as backlog drain)
+    wanted: look-ahead         b(min(l, w)) - b(A): the look-ahead's rate above the arrivals of the minute
+    wanted: backlog drain      b(w) - b(min(l, w)): draining what waits within agent.plan_horizon
+    whole machines             b(min(K, w + the smallest proving machine)) - b(w): the round-up to machines
+    capacity above wanted      b(K) - b(min(K, w + the smallest proving machine)): a machine that could go
+    capacity short of arrivals b(K) - b(A) while K < A (negative: the backlog it leaves is paid for later)
     host price                 C - b(K): hosts dearer than the cheapest free allowed ones of the same capacity
   every other billed instance:
     boot                       GPU billed before its first proof, on a boot that did reach proving
@@ -54,8 +54,8 @@ from vastctl.config import Config
 from vastctl.observe import observe
 from vastctl.providers import sim_market
 
-CAUSES = ("bound", "wanted: backlog drain", "wanted: look-ahead", "whole machines", "capacity above wanted",
-          "capacity short of wanted", "host price", "boot", "failed boot", "dead, not yet killed", "leak",
+CAUSES = ("bound", "wanted: look-ahead", "wanted: backlog drain", "whole machines", "capacity above wanted",
+          "capacity short of arrivals", "host price", "boot", "failed boot", "dead, not yet killed", "leak",
           "outbid pause", "stopped storage", "idle (refused)")
 INSTANCE_COLUMNS = ("vast_id", "cost", "destroyed_at", "listed", "actual_status", "proving_since", "paused_at",
                     "died_at", "refused_at", "epoch", "machine_id", "intended_status")
@@ -119,6 +119,8 @@ class Ledger:
         self.boot_hour: dict[tuple[int, int], int] = {}
         self.hours: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.wanted_minutes = self.capped_minutes = 0
+        self.proof_hours = {"proving": 0.0, "wanted": 0.0, "arrived": 0.0}  # capacity × hours over the day
+        self.hourly_proofs: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def minute(self, done: int, _total: int) -> None:
         minute = done - 1
@@ -178,20 +180,25 @@ class Ledger:
         self.wanted_minutes += 1
         self.capped_minutes += wanted >= rules.ceiling(obs, config) - 1e-9
         arrivals = self.curve.rate(minute)
+        for name, value in (("proving", capacity), ("wanted", wanted), ("arrived", arrivals)):
+            self.proof_hours[name] += value / 60
+            self.hourly_proofs[minute // 60][name] += value / 60
         priced = self.bound.priced(minute)
 
         def b(need: float) -> float:
             return price_of(priced, need) / 60
 
         book["bound"] += b(arrivals)
-        book["wanted: look-ahead"] += b(min(wanted, coming)) - b(arrivals)
-        book["wanted: backlog drain"] += b(wanted) - b(min(wanted, coming))
-        if capacity >= wanted:
-            floor = max(wanted, capacity - smallest) if capacity > 0 else wanted
-            book["whole machines"] += b(floor) - b(wanted)
-            book["capacity above wanted"] += b(capacity) - b(floor)
+        if capacity >= arrivals:
+            kept = min(max(wanted, arrivals), capacity)
+            ahead = min(max(coming, arrivals), kept)
+            rounded = min(capacity, kept + smallest)
+            book["wanted: look-ahead"] += b(ahead) - b(arrivals)
+            book["wanted: backlog drain"] += b(kept) - b(ahead)
+            book["whole machines"] += b(rounded) - b(kept)
+            book["capacity above wanted"] += b(capacity) - b(rounded)
         else:
-            book["capacity short of wanted"] += b(capacity) - b(wanted)
+            book["capacity short of arrivals"] += b(capacity) - b(arrivals)
         book["host price"] += proving_cost - b(capacity)
 
     def finish(self) -> None:
@@ -265,9 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         booked = sum(book.values())
         print(f"seed {seed}: cost ${figures['cost']:.2f}, booked ${booked:.2f}; × bound"
               f" {figures['cost_ratio_to_lower_bound']}, within {figures['proofs_within_max_wait']};"
-              f" bound {figures['lower_bound_cost_per_1000_proofs']}; wanted at the ceiling {ledger.capped_minutes} of {ledger.wanted_minutes} min")
+              f" wanted at the ceiling {ledger.capped_minutes} of {ledger.wanted_minutes} min; proof-hours"
+              + ", ".join(f" {name} {value:.0f}" for name, value in ledger.proof_hours.items()))
         if args.hourly:
-            hourly = [{"hour": hour, **{cause: round(values.get(cause, 0.0), 2) for cause in CAUSES}}
+            hourly = [{"hour": hour, **{f"{name} /h": round(value) for name, value in ledger.hourly_proofs[hour].items()},
+                       **{cause: round(values.get(cause, 0.0), 2) for cause in CAUSES}}
                       for hour, values in sorted(ledger.hours.items())]
             print(tabulate(hourly, headers="keys", tablefmt="github"))
     table, ratio = rows_of(books)
