@@ -26,7 +26,7 @@ CONFIG = config_module.from_mapping({
     "agent": {"headroom": 0.15, "scale_down_after": "30m", "plan_horizon": "30m", "max_wait": "45m",
               "scale_down_margin": 0.2, "max_releases_per_step": 1, "max_actions_per_step": 5,
               "replace_factor": 1.5, "replace_after": "2h"},
-    "demand": {"lookahead_window": "1h"}})
+    "demand": {"lookahead_window": "1h", "stale_after": "20m"}})
 
 
 def sample(queued, lookahead=0, in_flight=None, ok=True, minutes_ago=0):
@@ -98,6 +98,10 @@ CASES = [
      MARKET, []),
     ("history shorter than agent.scale_down_after: hold (the demand before it is not known)",
      fleet(8), [sample(5, 10, minutes_ago=age) for age in range(10, -1, -1)], MARKET, []),
+    ("the source quiet for 16 minutes (within demand.stale_after 20m, over half the 30m window): hold",
+     fleet(8), [sample(5, 10, minutes_ago=age) for age in range(40, 15, -1)], MARKET, []),
+    ("the same window sampled every 10 minutes: spare capacity goes",
+     fleet(8), [sample(5, 10, minutes_ago=age) for age in range(40, -1, -10)], MARKET, [("stop", "vastctl-a")]),
     ("the incident: 59 queued, no active flag, a dear machine among them: nothing released (its replacement first)",
      [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], steady(59, lookahead=None), MARKET,
      [("launch", 2)]),

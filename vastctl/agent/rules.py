@@ -12,7 +12,8 @@ policy is shown. In the order `plan()` applies them:
   with the arrivals (lookahead over demand.lookahead_window; a source silent on it: its proofs_per_hour),
   capped by target × (1 + agent.headroom) (the ceiling); the ceiling itself while demand is unknown.
   held = the most wanted over the last agent.scale_down_after (observation.demand_history); none (release
-  nothing) unless every sample of the window is good and one was in force at its start.
+  nothing) unless every sample of the window is good, one was in force at its start, and no gap between
+  samples (or since the newest) is longer than demand.stale_after or half the window.
 
   demand                     what it does
   any                        a stopped machine resumed once already is destroyed (replaced, not resumed
@@ -131,8 +132,9 @@ def wanted_capacity(obs: Observation, config: Config) -> float:
 def held_capacity(obs: Observation, config: Config) -> float | None:
     """The most wanted over the last agent.scale_down_after (the scale-down side of the hysteresis): releases
     while work is queued keep at least this. None (release nothing) when a sample in the window failed, or the
-    window is not covered by samples (none in force at its start, or a gap longer than demand.stale_after):
-    one fresh report of a queue is no evidence of how long the fleet has been over it."""
+    window is not covered by samples (none in force at its start, or a gap longer than demand.stale_after or
+    half the window, so the window is sampled twice at least): one fresh report of a queue is no evidence of
+    how long the fleet has been over it, nor is one old report (a source gone quiet) of what it is now."""
     if not obs.demand.known:
         return None
     history = obs.demand_history
@@ -140,7 +142,8 @@ def held_capacity(obs: Observation, config: Config) -> float | None:
     if not history or history[0]["at"] > since:
         return None
     times = [sample["at"] for sample in history] + [obs.now]
-    if any((later - earlier).total_seconds() > config.demand.stale_after for earlier, later in zip(times, times[1:])):
+    longest = min(config.demand.stale_after, config.agent.scale_down_after / 2)
+    if any((later - earlier).total_seconds() > longest for earlier, later in zip(times, times[1:])):
         return None
     if not all(sample["ok"] for sample in history):
         return None
