@@ -18,8 +18,8 @@ event (p50/p95 over every death of every seed), and leaked instance-hours
 Targets for the rules policy (on-demand rental): at the default level ≥ 99% of
 proofs within 45 min with cost ≤ 1.4× the lower bound; at the high level ≥ 95%
 within 45 min; leaked < 1% of billed, p95 detection ≤ 180 s. With
-`--set launch.rental=mixed` (half the fleet bidding), cost ≤ 1.2× the same
-bound at on-demand prices; "bids / outbids / rebids" counts the machines
+`--set launch.rental=mixed` (three quarters of the fleet bidding,
+`launch.interruptible_share`), cost ≤ 1.2× the same bound at on-demand prices; "bids / outbids / rebids" counts the machines
 rented interruptible, the times a rival bid paused one, and the bids raised,
 and the bound priced at every host's min_bid is reported beside it.
 
@@ -29,6 +29,7 @@ Rerun:
     python bench/control_loop.py --seeds 1 2 3 4 5 --levels default
     python bench/control_loop.py --set agent.headroom=0.1 --set fleet.min_inet_down_mbps=1000
     python bench/control_loop.py --fleets rules --set launch.rental=mixed
+    python bench/cost_ledger.py                        # where the rules fleet's money goes above the bound
 """
 
 from __future__ import annotations

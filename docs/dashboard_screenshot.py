@@ -1,8 +1,8 @@
 """docs/dashboard.png: the dashboard of a real simulated fleet, as an operator sees it.
 
-Runs `vastctl demo --keep` (seed 11, the default: a day in which every failure
-kind happens), serves the kept state file with `vastctl serve --as-of` at the
-end of the simulated day, signs in with Debian's chromium driven by Playwright
+Runs `vastctl demo --keep` (seed 11, the day of the committed screenshot), serves the
+kept state file with `vastctl serve --as-of` at the end of the simulated day,
+signs in with Debian's chromium driven by Playwright
 (the browser tests' setup; Playwright never downloads a browser of its own),
 and writes a full-page screenshot.
 
@@ -39,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "dashboard.png")
     parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--seed", type=int, default=11)  # demo.DEFAULT_SEED
+    parser.add_argument("--seed", type=int, default=11)  # the screenshot's day (demo.DEFAULT_SEED is now 81)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 

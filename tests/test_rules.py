@@ -76,8 +76,12 @@ CASES = [
      queued(59), MARKET, {}, [("launch", 2), ("launch", 1)]),
     ("price spike: every offer over max_dph, hold",
      [m("vastctl-a")], queued(59), [offer(5, dph=2.5), offer(6, "RTX 5090", dph=3.1)], {}, []),
-    ("price spike: the cheaper model per proof wins",
-     [m("vastctl-a")], queued(59), [offer(5, dph=0.9), offer(6, "RTX 5090", dph=0.95)], {}, [("launch", 6)]),
+    ("price spike: the cheaper model per proof wins, the rest on the offer cheapest per hour that covers it",
+     [], queued(59), [offer(5, dph=0.9), offer(6, "RTX 5090", dph=0.95)], {}, [("launch", 6), ("launch", 5)]),
+    ("less than a machine missing: the offer cheapest per hour that covers it, not the cheapest per proof",
+     [m("vastctl-a")], queued(59), [offer(5, dph=0.9), offer(6, "RTX 5090", dph=0.95)], {}, [("launch", 5)]),
+    ("less than a machine missing, no cheaper offer per hour covers it: the cheapest per proof",
+     [m("vastctl-a")], queued(59), [offer(5, dph=0.96), offer(6, "RTX 5090", dph=0.95)], {}, [("launch", 6)]),
     ("pending launches cover the target: no second launch",
      [m("vastctl-a", state="launching"), m("vastctl-b", state="params_done")], queued(12), MARKET, {}, []),
     ("pending launches cover part of it: launch the rest only",
@@ -160,10 +164,12 @@ def test_no_more_actions_than_the_step_allows():
     assert len(rules.plan(observation([], queued(5), target_proofs_per_hour=400.0), small, many)) == 1
 
 
-def test_needs_offers_only_when_resuming_is_not_enough():
+def test_needs_offers_to_grow_also_with_a_stopped_machine_to_resume():
+    """A stopped machine is resumed only when no offer is clearly cheaper per proof: growing looks at offers."""
     stopped = [m("vastctl-a"), m("vastctl-s", state="stopped")]
-    assert not rules.needs_offers(observation(stopped, queued(40)), CONFIG)
+    assert rules.needs_offers(observation(stopped, queued(40)), CONFIG)
     assert rules.needs_offers(observation([m("vastctl-a")], queued(40)), CONFIG)
+    assert not rules.needs_offers(observation(stopped + [m("vastctl-b")], queued(40)), CONFIG)
     assert not rules.needs_offers(observation([m("vastctl-a")], queued(0, empty_for_min=5)), CONFIG)
 
 

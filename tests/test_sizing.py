@@ -26,7 +26,7 @@ CONFIG = config_module.from_mapping({
     "agent": {"headroom": 0.15, "scale_down_after": "30m", "plan_horizon": "30m", "max_wait": "45m",
               "scale_down_margin": 0.2, "max_releases_per_step": 1, "max_actions_per_step": 5,
               "replace_factor": 1.5, "replace_after": "2h"},
-    "demand": {"lookahead_window": "1h"}})
+    "demand": {"lookahead_window": "1h", "stale_after": "20m"}})
 
 
 def sample(queued, lookahead=0, in_flight=None, ok=True, minutes_ago=0):
@@ -53,6 +53,11 @@ def m(label, state="running", rate=60.0, dph=0.5, running_for_h=3.0):
             "vast_id": 1000 + sum(map(ord, label)), "vast_status": "running", "vast_missing": 0,
             "gpu_name": "RTX 4090", "resumes": 0, "billed_per_hour": dph,
             "state_since": (NOW - timedelta(hours=running_for_h)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def stopped(label, dph):
+    """Stopped 3 h ago; its disk bills $0.01/h (far from what a fresh boot costs: not retired)."""
+    return dict(m(label, state="stopped", dph=dph), billed_per_hour=0.01)
 
 
 def fleet(n, **kw):
@@ -93,6 +98,10 @@ CASES = [
      MARKET, []),
     ("history shorter than agent.scale_down_after: hold (the demand before it is not known)",
      fleet(8), [sample(5, 10, minutes_ago=age) for age in range(10, -1, -1)], MARKET, []),
+    ("the source quiet for 16 minutes (within demand.stale_after 20m, over half the 30m window): hold",
+     fleet(8), [sample(5, 10, minutes_ago=age) for age in range(40, 15, -1)], MARKET, []),
+    ("the same window sampled every 10 minutes: spare capacity goes",
+     fleet(8), [sample(5, 10, minutes_ago=age) for age in range(40, -1, -10)], MARKET, [("stop", "vastctl-a")]),
     ("the incident: 59 queued, no active flag, a dear machine among them: nothing released (its replacement first)",
      [m("vastctl-a"), m("vastctl-b"), m("vastctl-c", rate=20, dph=0.9)], steady(59, lookahead=None), MARKET,
      [("launch", 2)]),
@@ -112,6 +121,20 @@ CASES = [
      fleet(2) + [m("vastctl-x", dph=1.0, running_for_h=1.0)], steady(30, lookahead=100), MARKET, []),
     ("offers no cheaper than 1.5× per proof: no replacement",
      fleet(3, dph=0.55), steady(30, lookahead=100), MARKET, []),
+    # a benchmark past LATE_BENCH_S is likely stuck (reconcile kills it at timeouts.params_done): launch around it
+    ("a machine benchmarking for 40 minutes is not counted as capacity on its way: its replacement is launched",
+     fleet(2) + [m("vastctl-b", state="params_done", running_for_h=40 / 60)], steady(30, lookahead=120), MARKET,
+     [("launch", 2)]),
+    ("a machine benchmarking for 10 minutes is on its way: no second launch for it",
+     fleet(2) + [m("vastctl-b", state="params_done", running_for_h=10 / 60)], steady(30, lookahead=120), MARKET, []),
+    # resume or rent: a stopped machine clearly dearer per proof than an offer is not resumed
+    ("a stopped machine as cheap per proof as the offers: resumed before anything is rented",
+     fleet(2) + [stopped("vastctl-s", dph=0.45)], steady(30, lookahead=120), MARKET,
+     [("start", "vastctl-s")]),
+    ("a stopped machine agent.replace_factor × dearer per proof than an offer: the offer is rented instead",
+     fleet(2) + [stopped("vastctl-s", dph=0.9)], steady(30, lookahead=120), MARKET, [("launch", 2)]),
+    ("a dear stopped machine and no offer: resumed (capacity first)",
+     fleet(2) + [stopped("vastctl-s", dph=0.9)], steady(30, lookahead=120), [], [("start", "vastctl-s")]),
 ]
 
 
@@ -128,6 +151,32 @@ def test_wanted_drains_the_queue_within_the_horizon_and_keeps_up_with_arrivals()
     assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(50 / 0.5 + 90)  # 100 to drain + 90 arriving
     capped = observation(fleet(1), steady(400, lookahead=300))
     assert rules.wanted_capacity(capped, CONFIG) == pytest.approx(345)  # target 300 × 1.15
+
+
+def test_an_offer_on_a_host_we_benchmarked_is_expected_to_prove_what_it_proved():
+    """A slow host of a fast model (a weak CPU, shared RAM) benchmarked at 30/h is ranked at 30/h when offered
+    again, not at its model's 60/h: the dearer offer on an unknown host is cheaper per expected proof."""
+    obs = observation(fleet(1), steady(30, lookahead=60))
+    assert [(offer.id, rate) for offer, rate in rules.rank_offers(MARKET, obs, CONFIG)] == [(2, 60.0), (1, 60.0)]
+    obs.host_rates = {20: 30.0}
+    assert [(offer.id, rate) for offer, rate in rules.rank_offers(MARKET, obs, CONFIG)] == [(1, 60.0), (2, 30.0)]
+
+
+def test_the_observation_carries_the_newest_bench_rate_of_each_host(tmp_path):
+    from vastctl import db, lifecycle
+    from vastctl.lifecycle import State
+    from vastctl.observe import observe
+
+    config = config_module.from_mapping({})
+    config.db = str(tmp_path / "state.db")
+    conn = db.connect(config.db_path, now=NOW, create=True)
+    for age, label, machine_id, rate in ((3, "vastctl-a", 77, 80.0), (2, "vastctl-b", 77, 31.0),
+                                         (1, "vastctl-c", 88, 75.0), (0, "vastctl-d", 99, None)):
+        lifecycle.create(conn, uuid=f"u-{label}", label=label, state=State.LAUNCHING, reason="t", source="operator",
+                         now=NOW - timedelta(hours=age), fields={"gpu_name": "RTX 4090", "machine_id": machine_id})
+        conn.execute("UPDATE instances SET bench_rate = ? WHERE label = ?", (rate, label))
+    assert observe(conn, config, now=NOW).host_rates == {77: 31.0, 88: 75.0}
+    conn.close()
 
 
 def test_a_source_silent_on_lookahead_keeps_up_with_the_rate_it_reports():

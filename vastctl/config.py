@@ -124,7 +124,7 @@ class LaunchSection:
     # on-demand (vast never pauses it), interruptible (a bid of the offer's min_bid + bid_margin, never above
     # max_dph: cheaper, but vast pauses it when outbid) or mixed (interruptible_share of the fleet bids)
     rental: str = "on-demand"
-    interruptible_share: float = 0.5  # launch.rental mixed: the share of the live fleet rented interruptible
+    interruptible_share: float = 0.75  # launch.rental mixed: the share of the live fleet rented interruptible
     bid_margin: float = 0.1  # an interruptible create bids the offer's min_bid × (1 + this)
 
 
@@ -154,10 +154,10 @@ class AgentSection:
     headroom: float = 0.15
     # rules: capacity above what is wanted stands this long (since the last machine came up, and since the work
     # ran out) before it is released: the scale-down delay of the two-way sizing
-    scale_down_after: float = field(default=15 * 60, metadata=DURATION)
+    scale_down_after: float = field(default=5 * 60, metadata=DURATION)
     max_wait: float = field(default=45 * 60, metadata=DURATION)  # the service: a proof done this long after arriving
     plan_horizon: float = field(default=40 * 60, metadata=DURATION)  # rules: drain the queue within this (< max_wait)
-    scale_down_margin: float = 0.1  # rules: release while queued only if what is left covers wanted × (1 + margin)
+    scale_down_margin: float = 0.0  # rules: release while queued only if what is left covers wanted × (1 + margin)
     max_releases_per_step: int = 2  # rules: machines released in one step while work is queued
     replace_factor: float = 1.3  # rules: a machine this many times dearer per proof than a cheaper host is replaced
     replace_after: float = field(default=2 * 3600, metadata=DURATION)  # rules: ... once it has run this long

@@ -64,6 +64,7 @@ class Observation:
     events: list[dict]
     last_actions: list[dict]
     model_rates: dict[str, float] = field(default_factory=dict)  # GPU model → median bench rate seen
+    host_rates: dict[int, float] = field(default_factory=dict)  # vast machine_id → its newest bench rate
     # demand samples of the last agent.scale_down_after, oldest first: what the rules release capacity against
     demand_history: list[dict] = field(default_factory=list)
 
@@ -183,6 +184,20 @@ def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> di
 def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
     """A bench rate as model_rates counts it; the same few pairs come back on every call (every machine ever)."""
     return lifecycle.bounded(bench_rate, lifecycle.rate_ceiling({"num_gpus": num_gpus}))
+
+
+def host_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> dict[int, float]:
+    """vast machine_id → the newest bench rate a machine of ours reported on that host (bounded by its ceiling,
+    without the machines in `implausible`): hosts of one model differ (a slow CPU, shared RAM), and renting a
+    host again should expect what it proved, not what its model does."""
+    liars = set(implausible)
+    rates: dict[int, float] = {}
+    for uuid, machine_id, num_gpus, bench_rate in conn.execute(
+            "SELECT uuid, machine_id, num_gpus, bench_rate FROM instances"
+            " WHERE bench_rate IS NOT NULL AND machine_id IS NOT NULL ORDER BY created_at"):
+        if uuid not in liars:
+            rates[machine_id] = _bounded_bench(bench_rate, num_gpus)
+    return rates
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
@@ -403,5 +418,6 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         events=[] if events_since is None else recent_events(conn, since=events_since, limit=EVENTS_KEPT),
         last_actions=last_step_actions(conn),
         model_rates=rates,
+        host_rates=host_rates(conn, flagged),
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
     )

@@ -12,7 +12,8 @@ policy is shown. In the order `plan()` applies them:
   with the arrivals (lookahead over demand.lookahead_window; a source silent on it: its proofs_per_hour),
   capped by target × (1 + agent.headroom) (the ceiling); the ceiling itself while demand is unknown.
   held = the most wanted over the last agent.scale_down_after (observation.demand_history); none (release
-  nothing) unless every sample of the window is good and one was in force at its start.
+  nothing) unless every sample of the window is good, one was in force at its start, and no gap between
+  samples (or since the newest) is longer than demand.stale_after or half the window.
 
   demand                     what it does
   any                        a stopped machine resumed once already is destroyed (replaced, not resumed
@@ -22,10 +23,14 @@ policy is shown. In the order `plan()` applies them:
                              agent.outbid_wait, then rebid 25% higher (capped by max_dph and its offer's on-demand
                              price), and destroyed once still outbid at that cap (outbid_choice)
   work > 0, or unknown,      grow fast: capacity + pending capacity to wanted; first resume stopped machines never
-  below wanted               resumed before (they keep their parameters), best proofs per dollar first; then
-                             launch the cheapest offers per expected proof among fleet.gpus. Capacity still on
-                             its way counts: no second launch for it. A machine vast lists as exited, offline,
-                             missing, or stopped under a running row (outbid) is not counted.
+  below wanted               resumed before (they keep their parameters), best proofs per dollar first, unless an
+                             offer is agent.replace_factor × cheaper per proof (running, it would be replaced:
+                             rent the offer instead); then launch the cheapest offers per expected proof among
+                             fleet.gpus, the last one the cheapest per hour that covers what is left
+                             (next_offer). Capacity still on its way counts: no second launch for it, unless its
+                             benchmark is late (LATE_BENCH_S: likely stuck, reconcile kills it at
+                             timeouts.params_done). A machine vast lists as exited, offline, missing, or stopped
+                             under a running row (outbid) is not counted.
   work > 0, at or over       release slowly: running capacity alone (booting machines are not counted: make before
   wanted                     break) must still cover held with agent.scale_down_margin to spare; at most
                              agent.max_releases_per_step, dearest per proof first, stopped (disk kept). A machine a
@@ -43,7 +48,9 @@ policy is shown. In the order `plan()` applies them:
                              one fresh report is no evidence over the window, and the guard never scales to zero
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
-model, else fleet.default_rate (observe.py). An offer's expected rate is its
+model, else fleet.default_rate (observe.py). An offer's expected rate is what a
+machine of ours last benchmarked on the same host (observation.host_rates: a
+slow host of a fast model is not rented again at its model's rate), else its
 model's (before any benchmark of it, the published figure, GPU_RATES), capped by what its host RAM allows (RAM_RATES, the cuzk measurements of
 domain.md): a 256 GiB host proves ~68/h whatever its GPU, so offers are ranked
 by proofs per dollar with the RAM counted. Plans stay inside the limits the
@@ -68,6 +75,7 @@ from vastctl.views.fleet import VAST_DEAD
 
 ACTOR = "agent"
 BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
+LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
 # proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
 RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
 # proofs/hour a model proves on a host with RAM to spare, before any machine of it has benchmarked (domain.md)
@@ -124,8 +132,9 @@ def wanted_capacity(obs: Observation, config: Config) -> float:
 def held_capacity(obs: Observation, config: Config) -> float | None:
     """The most wanted over the last agent.scale_down_after (the scale-down side of the hysteresis): releases
     while work is queued keep at least this. None (release nothing) when a sample in the window failed, or the
-    window is not covered by samples (none in force at its start, or a gap longer than demand.stale_after):
-    one fresh report of a queue is no evidence of how long the fleet has been over it."""
+    window is not covered by samples (none in force at its start, or a gap longer than demand.stale_after or
+    half the window, so the window is sampled twice at least): one fresh report of a queue is no evidence of
+    how long the fleet has been over it, nor is one old report (a source gone quiet) of what it is now."""
     if not obs.demand.known:
         return None
     history = obs.demand_history
@@ -133,7 +142,8 @@ def held_capacity(obs: Observation, config: Config) -> float | None:
     if not history or history[0]["at"] > since:
         return None
     times = [sample["at"] for sample in history] + [obs.now]
-    if any((later - earlier).total_seconds() > config.demand.stale_after for earlier, later in zip(times, times[1:])):
+    longest = min(config.demand.stale_after, config.agent.scale_down_after / 2)
+    if any((later - earlier).total_seconds() > longest for earlier, later in zip(times, times[1:])):
         return None
     if not all(sample["ok"] for sample in history):
         return None
@@ -160,10 +170,22 @@ def work_reason(obs: Observation) -> str:
     return f"work for the fleet ({', '.join(counts)})"
 
 
+def late(machine: Mapping[str, Any], now: datetime) -> bool:
+    """Benchmarking for longer than LATE_BENCH_S: a healthy benchmark takes minutes, so this one is likely stuck
+    (reconcile kills it at timeouts.params_done). It is not counted as capacity on its way, so the fleet launches
+    around it instead of waiting for its timeout; if it does come up, it counts again."""
+    return machine["state"] == State.PARAMS_DONE and _since(machine, now) > LATE_BENCH_S
+
+
+def on_its_way(machine: Mapping[str, Any], now: datetime) -> bool:
+    """Booting (or resuming) and expected to come up: not late, not dead at vast."""
+    return machine["state"] in PENDING_STATES and not late(machine, now) and not _vast_dead(machine)
+
+
 def counted_capacity(obs: Observation) -> float:
-    """Running plus on-its-way capacity, without machines vast says are dead."""
+    """Running plus on-its-way capacity, without machines vast says are dead or boots that are late."""
     return sum(m["expected_rate"] for m in obs.machines
-               if (m["state"] == State.RUNNING or m["state"] in PENDING_STATES) and not _vast_dead(m))
+               if (m["state"] == State.RUNNING and not _vast_dead(m)) or on_its_way(m, obs.now))
 
 
 def shortfall(obs: Observation, config: Config) -> float:
@@ -174,12 +196,10 @@ def shortfall(obs: Observation, config: Config) -> float:
 
 
 def needs_offers(obs: Observation, config: Config) -> bool:
-    """Whether plan() would look at offers (the caller searches the market only then): to grow, or to replace
-    a running machine by a cheaper host."""
-    missing = shortfall(obs, config)
-    for machine in _resumable(obs):
-        missing -= machine["expected_rate"]
-    return missing > 0 or bool(replacement_candidates(obs, config))
+    """Whether plan() would look at offers (the caller searches the market only then): to grow (a stopped
+    machine is resumed only when no offer is clearly cheaper per proof), or to replace a running machine by a
+    cheaper host."""
+    return shortfall(obs, config) > 0 or bool(replacement_candidates(obs, config))
 
 
 def _resumable(obs: Observation) -> list[dict]:
@@ -202,8 +222,11 @@ def ram_rate(ram_gb: float | None) -> float:
 
 
 def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:
-    """What an offer is expected to prove per hour: its model's rate (benchmarked, else the published figure,
-    else fleet.default_rate), capped by what its host RAM allows."""
+    """What an offer is expected to prove per hour: what a machine of ours last benchmarked on the same host
+    (hosts of one model differ: a slow CPU, shared RAM), else its model's rate (benchmarked, else the published
+    figure, else fleet.default_rate) capped by what its host RAM allows."""
+    if offer.machine_id is not None and offer.machine_id in obs.host_rates:
+        return float(obs.host_rates[offer.machine_id])
     default = GPU_RATES.get(offer.gpu_name, config.fleet.default_rate)
     return min(rate_of_model(offer.gpu_name, obs.model_rates, default), ram_rate(offer.cpu_ram_gb))
 
@@ -365,10 +388,14 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     spend = obs.spend_per_hour
     live = len(obs.live())
     max_spend = float(obs.settings["max_hourly_spend"])
+    ranked = rank_offers(offers, obs, config)
+    best = _price(ranked[0][0], obs, config) / ranked[0][1] if ranked else float("inf")
     for machine in _resumable(obs):
         dph = float(machine.get("dph") or 0.0)
         if missing <= 0 or len(actions) >= budget:
             break
+        if _per_proof(machine) > config.agent.replace_factor * best:
+            continue  # running, it would be replaced by that offer: rent the offer instead
         adds = max(0.0, dph - float(machine.get("billed_per_hour") or 0.0))  # its disk bills already
         if spend + adds > max_spend + 1e-9 or dph > float(obs.settings["max_dph"]) + 1e-9:
             continue
@@ -376,20 +403,38 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
                               dph=machine.get("dph"), reason=f"{sizing}; resume before renting anew"))
         missing -= machine["expected_rate"]
         spend += adds
-    for offer, rate in rank_offers(offers, obs, config):
-        if missing <= 0 or len(actions) >= budget or live >= int(obs.settings["max_instances"]):
-            break
+    left = list(ranked)
+    while left and missing > 0 and len(actions) < budget and live < int(obs.settings["max_instances"]):
+        offer, rate, covers_the_rest = next_offer(left, missing, obs, config)
+        left.remove((offer, rate))
         if spend + offer.dph_total > max_spend + 1e-9:
             continue
+        last = "; the cheapest per hour that covers the rest" if covers_the_rest else ""
         actions.append(Action(
             kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
             reason=(f"{sizing}; {offer.gpu_name} at {_terms(offer, obs, config)}, {rate:g} proofs/h expected"
-                    f" (${_price(offer, obs, config) / rate * 1000:.2f} per 1000 proofs)"),
+                    f" (${_price(offer, obs, config) / rate * 1000:.2f} per 1000 proofs){last}"),
         ))
         missing -= rate
         spend += offer.dph_total
         live += 1
     return actions
+
+
+def next_offer(ranked: Sequence[tuple[Offer, float]], missing: float, obs: Observation,
+               config: Config) -> tuple[Offer, float, bool]:
+    """The next offer to rent for `missing` proofs/hour, and whether it was chosen to cover the rest: the cheapest
+    per expected proof (ranked first), unless that one is more than what is missing and an offer cheaper per hour
+    covers the rest. A machine bills by the hour whatever it proves, so the last one is chosen by its price (the
+    lower bound's whole-machine rule); while it is the dearest per proof, it is the first released."""
+    offer, rate = ranked[0]
+    if missing >= rate:
+        return offer, rate, False
+    cheapest = min((item for item in ranked if item[1] >= missing),
+                   key=lambda item: (_price(item[0], obs, config), item[0].id))
+    if _price(cheapest[0], obs, config) < _price(offer, obs, config) - 1e-9:
+        return cheapest[0], cheapest[1], True
+    return offer, rate, False
 
 
 def _live_running(obs: Observation) -> list[dict]:
@@ -452,7 +497,7 @@ def _replaced(machine: Mapping[str, Any], running: Sequence[Mapping[str, Any]], 
 def replacement_candidates(obs: Observation, config: Config) -> list[dict]:
     """Running machines old enough to be replaced by a cheaper host (agent.replace_after), dearest per proof first;
     none while any machine boots (one replacement at a time) or while demand is not known to have work."""
-    if not obs.demand.known or obs.demand.work <= 0 or any(m["state"] in PENDING_STATES for m in obs.machines):
+    if not obs.demand.known or obs.demand.work <= 0 or any(on_its_way(m, obs.now) for m in obs.machines):
         return []
     old = [m for m in _live_running(obs) if _since(m, obs.now) >= config.agent.replace_after]
     return sorted(old, key=lambda m: (-_per_proof(m), m["label"]))
@@ -482,7 +527,7 @@ def _replace(obs: Observation, config: Config, offers: Sequence[Offer], budget: 
 
 def _trim(obs: Observation, config: Config, budget: int) -> list[Action]:
     """Stop what the fleet can spare above target × (1 + headroom), least proofs per dollar first (demand known)."""
-    if not obs.demand.known or budget < 1 or any(m["state"] in PENDING_STATES for m in obs.machines):
+    if not obs.demand.known or budget < 1 or any(on_its_way(m, obs.now) for m in obs.machines):
         return []  # unknown demand holds; a booting machine's rate is a guess: trim once the fleet has settled
     want = ceiling(obs, config)
     have = counted_capacity(obs)
@@ -524,7 +569,7 @@ def hold_reason(obs: Observation, config: Config) -> str:
     """Why plan() has nothing to do: the figures it held on, in one line (what `agent-step --dry-run` says)."""
     want = wanted_capacity(obs, config)
     running = sum(m["expected_rate"] for m in obs.machines if m["state"] == State.RUNNING and not _vast_dead(m))
-    booting = sum(m["expected_rate"] for m in obs.machines if m["state"] in PENDING_STATES and not _vast_dead(m))
+    booting = sum(m["expected_rate"] for m in obs.machines if on_its_way(m, obs.now))
     target = float(obs.settings["target_proofs_per_hour"])
     cap = ceiling(obs, config)
     if want >= cap - 1e-9:
