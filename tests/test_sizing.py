@@ -163,9 +163,9 @@ def test_an_offer_on_a_host_we_benchmarked_is_expected_to_prove_what_it_proved()
 
 
 def test_the_observation_carries_the_newest_bench_rate_of_each_host(tmp_path):
-    from vastctl import db, lifecycle
-    from vastctl.lifecycle import State
     from vastctl.observe import observe
+    from vastctl.state import db, lifecycle
+    from vastctl.state.lifecycle import State
 
     config = config_module.from_mapping({})
     config.db = str(tmp_path / "state.db")
