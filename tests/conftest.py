@@ -25,9 +25,9 @@ SCRUBBED = (
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: `-p no:xdist` runs without it
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject's addopts): the slow tests mostly wait on processes, servers and timeouts, so the whole
-    suite runs two workers a core; `-m "not slow"` computes, one a core (measured in bench/README.md)."""
+    suite runs three workers a core; `-m "not slow"` computes, one a core (measured in bench/README.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores if config.getoption("markexpr", "").replace(" ", "") == "notslow" else 2 * cores
+    return cores if config.getoption("markexpr", "").replace(" ", "") == "notslow" else 3 * cores
 
 
 # --- a test that starts a process or a server is marked `slow` -------------------------------------------
