@@ -167,37 +167,36 @@ def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def model_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> dict[str, float]:
-    """GPU model → the median bench rate seen for it, over every machine that ever reported one, each bounded
-    by its ceiling, without the machines in `implausible` (their word does not set what a model proves)."""
+def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tuple[dict[str, float], dict[int, float]]:
+    """What machines of ours benchmarked, over every machine that ever reported a rate, each bounded by its
+    ceiling, without the machines in `implausible` (their word does not set what a model or a host proves):
+
+    - GPU model → the median rate of its machines;
+    - vast machine_id → the newest rate a machine of ours reported on that host: hosts of one model differ (a
+      slow CPU, shared RAM), and renting a host again should expect what it proved, not what its model does.
+
+    One read of the rows for both (the simulated loop observes twice a minute, over every machine ever).
+    """
     liars = set(implausible)
-    rates: dict[str, list[float]] = defaultdict(list)
-    for uuid, gpu_name, num_gpus, bench_rate in conn.execute(
-            "SELECT uuid, gpu_name, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
-            " AND gpu_name IS NOT NULL"):
-        if uuid not in liars:
-            rates[gpu_name].append(_bounded_bench(bench_rate, num_gpus))
-    return {name: statistics.median(values) for name, values in rates.items()}
+    by_model: dict[str, list[float]] = defaultdict(list)
+    by_host: dict[int, float] = {}
+    for uuid, gpu_name, machine_id, num_gpus, bench_rate in conn.execute(
+            "SELECT uuid, gpu_name, machine_id, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
+            " ORDER BY created_at"):
+        if uuid in liars:
+            continue
+        rate = _bounded_bench(bench_rate, num_gpus)
+        if gpu_name is not None:
+            by_model[gpu_name].append(rate)
+        if machine_id is not None:
+            by_host[machine_id] = rate
+    return {name: statistics.median(values) for name, values in by_model.items()}, by_host
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
 def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
-    """A bench rate as model_rates counts it; the same few pairs come back on every call (every machine ever)."""
+    """A bench rate as bench_rates counts it; the same few pairs come back on every call (every machine ever)."""
     return lifecycle.bounded(bench_rate, lifecycle.rate_ceiling({"num_gpus": num_gpus}))
-
-
-def host_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> dict[int, float]:
-    """vast machine_id → the newest bench rate a machine of ours reported on that host (bounded by its ceiling,
-    without the machines in `implausible`): hosts of one model differ (a slow CPU, shared RAM), and renting a
-    host again should expect what it proved, not what its model does."""
-    liars = set(implausible)
-    rates: dict[int, float] = {}
-    for uuid, machine_id, num_gpus, bench_rate in conn.execute(
-            "SELECT uuid, machine_id, num_gpus, bench_rate FROM instances"
-            " WHERE bench_rate IS NOT NULL AND machine_id IS NOT NULL ORDER BY created_at"):
-        if uuid not in liars:
-            rates[machine_id] = _bounded_bench(bench_rate, num_gpus)
-    return rates
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
@@ -392,7 +391,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     rows = machine_rows(conn)
     billed, unlisted = billing(conn, rows, config.vast.label_prefix)
     flagged = implausible_claims(conn)
-    rates = model_rates(conn, flagged)
+    rates, hosts = bench_rates(conn, flagged)
     resumes = _resumes(conn)
     machines = []
     for row in rows:
@@ -418,6 +417,6 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         events=[] if events_since is None else recent_events(conn, since=events_since, limit=EVENTS_KEPT),
         last_actions=last_step_actions(conn),
         model_rates=rates,
-        host_rates=host_rates(conn, flagged),
+        host_rates=hosts,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
     )
