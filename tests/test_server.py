@@ -546,10 +546,14 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
     asked = {"n": 0, "full": 0}
     in_full_pass = {"now": False}
 
+    per_channel: dict = {}
+
     def counting(original):
         def wrapper(*args):
             if not in_full_pass["now"]:
                 asked["n"] += 1
+                channel = args[-1] if len(args) > 1 else args[0]
+                per_channel[id(channel)] = per_channel.get(id(channel), 0) + 1
             return original(*args)
         return wrapper
 
@@ -596,14 +600,18 @@ def test_a_report_costs_the_event_loop_the_same_with_300_idle_connections_open(t
             started = time.monotonic()
             for proofs in range(1, 51):
                 report("heartbeat", {"proofs_done": proofs})
-            per_report, elapsed = asked["n"] / 50, time.monotonic() - started
+            elapsed = time.monotonic() - started
+            # the one connection reporting is asked as often as its work needs (more passes on a loaded
+            # machine); what must not grow is the asking of the 300 that sit idle
+            asks = sorted(per_channel.values())
+            per_report = sum(asks[:-1]) / 50
     finally:
         for sock in idle:
             sock.close()
         wasyncore.close_all(srv._map)  # the loop leaves once its map is empty
         loop.join(timeout=10)
         srv.task_dispatcher.shutdown()
-    # poll2 asked all 301 connections on every pass, > 600 a report; now a few outside the full passes, which
-    # come only after a maintenance sweep (every 2.5 s here) or a quiet second, however slow the machine
-    assert per_report < 20, per_report
+    # poll2 asked all 301 connections on every pass, > 600 a report; now the idle ones are asked only in the
+    # full passes, which come only after a maintenance sweep (every 2.5 s here) or a quiet second
+    assert per_report < 20, (per_report, asked)
     assert asked["full"] <= 2 * elapsed + 3, (asked["full"], elapsed)
