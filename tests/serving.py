@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from vastctl.clock import SYSTEM
@@ -37,6 +39,26 @@ def on_a_thread(server):
     finally:
         server.shutdown()
         server.server_close()
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A loopback fake's handler (of vast, say): quiet, reads a JSON request body, answers JSON."""
+
+    def log_message(self, *args):
+        pass
+
+    def read_json(self):
+        """The request's JSON body; {} when it has none."""
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+
+    def send_json(self, status: int, body) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
 
 def free_port() -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
-from serving import Manager, free_port, on_a_thread, run_vastctl
+from serving import JsonHandler, Manager, free_port, on_a_thread, run_vastctl
 
 pytestmark = pytest.mark.slow  # real processes and servers on loopback
 
@@ -30,27 +30,12 @@ class FakeVast(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class FakeVastHandler(BaseHTTPRequestHandler):
+class FakeVastHandler(JsonHandler):
     server: FakeVast
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def _send(self, status: int, body: dict) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _body(self) -> dict:
-        length = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(length) or b"{}")
 
     def _authorised(self) -> bool:
         if self.headers.get("Authorization") != f"Bearer {KEY}" or KEY in self.path:
-            self._send(401, {"success": False, "error": "auth_error", "msg": "Invalid user key"})
+            self.send_json(401, {"success": False, "error": "auth_error", "msg": "Invalid user key"})
             return False
         return True
 
@@ -58,17 +43,17 @@ class FakeVastHandler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         if self.path == "/api/v0/bundles/":
-            self._body()
-            self._send(200, {"offers": [{"id": 77, "machine_id": 9001, "gpu_name": "RTX 4090", "num_gpus": 1,
+            self.read_json()
+            self.send_json(200, {"offers": [{"id": 77, "machine_id": 9001, "gpu_name": "RTX 4090", "num_gpus": 1,
                                          "dph_total": 0.45, "cpu_ram": 515000, "inet_down": 900.0,
                                          "reliability": 0.99}]})
         else:
-            self._send(404, {"success": False, "error": "not_found"})
+            self.send_json(404, {"success": False, "error": "not_found"})
 
     def do_PUT(self):
         if not self._authorised():
             return
-        body = self._body()
+        body = self.read_json()
         if self.path == "/api/v0/asks/77/":
             with self.server.lock:
                 vast_id = self.server.next_id
@@ -79,9 +64,9 @@ class FakeVastHandler(BaseHTTPRequestHandler):
                     "cur_state": "running", "status_msg": "success, running", "machine_id": 9001,
                     "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.45,
                 }
-            self._send(200, {"success": True, "new_contract": vast_id})
+            self.send_json(200, {"success": True, "new_contract": vast_id})
         else:
-            self._send(404, {"success": False, "error": "no_such_ask"})
+            self.send_json(404, {"success": False, "error": "no_such_ask"})
 
     def do_GET(self):
         if not self._authorised():
@@ -89,9 +74,9 @@ class FakeVastHandler(BaseHTTPRequestHandler):
         if self.path.startswith("/api/v1/instances/"):
             with self.server.lock:
                 rows = list(self.server.instances.values())
-            self._send(200, {"success": True, "instances": rows, "next_token": None, "total_instances": len(rows)})
+            self.send_json(200, {"success": True, "instances": rows, "next_token": None, "total_instances": len(rows)})
         else:
-            self._send(404, {"success": False, "error": "not_found"})
+            self.send_json(404, {"success": False, "error": "not_found"})
 
     def do_DELETE(self):
         if not self._authorised():
@@ -99,7 +84,7 @@ class FakeVastHandler(BaseHTTPRequestHandler):
         vast_id = int(self.path.strip("/").split("/")[-1])
         with self.server.lock:
             gone = self.server.instances.pop(vast_id, None)
-        self._send(200 if gone else 404, {"success": bool(gone)} if gone else {"success": False,
+        self.send_json(200 if gone else 404, {"success": bool(gone)} if gone else {"success": False,
                                                                                "error": "no_such_instance"})
 
 

@@ -4,13 +4,12 @@ vast API (a real HTTP server on 127.0.0.1, port 0) and reconcile's plan over wha
 
 from __future__ import annotations
 
-import json
 import threading
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
-from serving import on_a_thread
+from serving import JsonHandler, on_a_thread
 
 from vastctl import bids, clock, demo, guard
 from vastctl.agent import rules
@@ -37,23 +36,11 @@ class FakeVast(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: FakeVast
 
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status: int, body: dict) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
     def _take(self, method: str) -> tuple[str, dict]:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length) or b"{}")
+        body = self.read_json()
         path = self.path.split("?")[0]
         with self.server.lock:
             self.server.requests.append((method, path, body))
@@ -69,34 +56,34 @@ class Handler(BaseHTTPRequestHandler):
                     "id": vast_id, "label": body["label"], "actual_status": "running", "intended_status": "running",
                     "cur_state": "running", "machine_id": 9001, "gpu_name": "RTX 4090", "num_gpus": 1,
                     "dph_total": body["price"] if bid else 0.45, "is_bid": bid}
-            self._send(200, {"success": True, "new_contract": vast_id})
+            self.send_json(200, {"success": True, "new_contract": vast_id})
         elif path.startswith("/api/v0/instances/bid_price/"):
             vast_id = int(path.rstrip("/").rsplit("/", 1)[-1])
             if vast_id not in self.server.instances:
-                self._send(404, {"success": False, "error": "no_such_instance"})
+                self.send_json(404, {"success": False, "error": "no_such_instance"})
             else:
-                self._send(200, {"success": True})
+                self.send_json(200, {"success": True})
         else:
-            self._send(404, {"success": False, "error": "not_found"})
+            self.send_json(404, {"success": False, "error": "not_found"})
 
     def do_GET(self):
         path, _ = self._take("GET")
         with self.server.lock:
             rows = list(self.server.instances.values())
         if path.startswith("/api/v1/instances/"):
-            self._send(200, {"success": True, "instances": rows, "next_token": None, "total_instances": len(rows)})
+            self.send_json(200, {"success": True, "instances": rows, "next_token": None, "total_instances": len(rows)})
         elif path.startswith("/api/v0/instances/"):
             vast_id = int(path.rstrip("/").rsplit("/", 1)[-1])
-            self._send(200, {"instances": self.server.instances.get(vast_id)})
+            self.send_json(200, {"instances": self.server.instances.get(vast_id)})
         else:
-            self._send(404, {"success": False, "error": "not_found"})
+            self.send_json(404, {"success": False, "error": "not_found"})
 
     def do_DELETE(self):
         path, _ = self._take("DELETE")
         vast_id = int(path.rstrip("/").rsplit("/", 1)[-1])
         with self.server.lock:
             self.server.instances.pop(vast_id, None)
-        self._send(200, {"success": True})
+        self.send_json(200, {"success": True})
 
 
 @pytest.fixture

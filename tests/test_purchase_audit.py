@@ -32,15 +32,15 @@ class BlockingHandler(FakeVastHandler):
 
     early: dict | None = None
 
-    def do_PUT(self):  # noqa: N802 - http.server's name
+    def do_PUT(self):
         if self.path.startswith("/api/v0/asks/"):
-            self.early = super()._body()  # the whole request is here before the test is told
+            self.early = super().read_json()  # the whole request is here before the test is told
             self.server.arrived.set()
             self.server.release.wait(30)
         super().do_PUT()
 
-    def _body(self) -> dict:
-        return self.early if self.early is not None else super()._body()
+    def read_json(self) -> dict:
+        return self.early if self.early is not None else super().read_json()
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
-from serving import on_a_thread
+from serving import JsonHandler, on_a_thread
 
 from vastctl import clock
 from vastctl import config as config_module
@@ -45,22 +45,14 @@ class FakeVast(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: FakeVast
-
-    def log_message(self, *args):
-        pass
 
     def _answer(self):
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self.server.seen.append(f"{self.command} {self.path}")
-        payload = json.dumps(self.server.body).encode()
-        self.send_response(self.server.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self.send_json(self.server.status, self.server.body)
 
     do_GET = do_PUT = do_POST = do_DELETE = _answer
 

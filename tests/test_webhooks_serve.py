@@ -27,7 +27,7 @@ WAKE = re.compile(r"webhook wake for (\d+) delivery\(ies\) \(([^)]*)\): (\d+) re
 
 
 class CountingHandler(FakeVastHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         if self.path.startswith("/api/v1/instances/"):
             with self.server.lock:
                 self.server.listings += 1
