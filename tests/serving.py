@@ -41,6 +41,32 @@ def on_a_thread(server):
         server.server_close()
 
 
+def wait_for(condition, what: str = "the condition", timeout: float = 30, proc: subprocess.Popen | None = None,
+             log: Path | None = None):
+    """condition()'s first true value, polled every 50 ms; an AssertionError naming `what` after `timeout` s,
+    or at once when `proc` has exited (with `log`'s text, if given)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    detail = log.read_text(errors="replace") if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what} ({timeout}s)\n{detail}")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it is still there after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 class JsonHandler(BaseHTTPRequestHandler):
     """A loopback fake's handler (of vast, say): quiet, reads a JSON request body, answers JSON."""
 

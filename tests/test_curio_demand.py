@@ -19,6 +19,7 @@ from pathlib import Path
 import pg
 import pytest
 import yaml
+from serving import wait_for
 
 from vastctl.facts import demand
 
@@ -336,28 +337,18 @@ def _backends(cluster: pg.Cluster, application: str) -> list[tuple[str, str]]:
     return [tuple(line.split("|")) for line in rows.splitlines() if line]
 
 
-def _wait_for(condition, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_locked_table_times_out_and_leaves_no_backend_waiting(cluster, show):
     holder = cluster.session("BEGIN; LOCK TABLE curio_locked.harmony_task IN ACCESS EXCLUSIVE MODE;")
     try:
-        _wait_for(lambda: cluster.sql(
+        wait_for(lambda: cluster.sql(
             "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.granted AND"
             " l.mode = 'AccessExclusiveLock' AND l.relation = 'curio_locked.harmony_task'::regclass"
-            " AND a.application_name = 'vastctl-test-holder'") == "1", what="the lock to be held")
+            " AND a.application_name = 'vastctl-test-holder'") == "1", what="the lock to be held", timeout=15)
         view, took = show(command(cluster.url(), CURIO_DB_SCHEMA="curio_locked"))
         assert not view["known"] and "curio-demand: timeout: waited 5 s for a lock" in view["error"]
         assert 4 < took < demand.COMMAND_TIMEOUT_S
         # the lock is still held: our backend must have ended by itself, not be queued behind it
-        _wait_for(lambda: _backends(cluster, "curio-demand") == [], timeout_s=5, what="our backend to end")
+        wait_for(lambda: _backends(cluster, "curio-demand") == [], what="our backend to end", timeout=5)
         assert holder.poll() is None
     finally:
         holder.kill()
@@ -373,5 +364,5 @@ def test_a_statement_past_its_timeout_is_cancelled(cluster, show):
     view, took = show(command(cluster.url(), CURIO_DB_SCHEMA="curio_slow"))
     assert not view["known"] and "curio-demand: timeout: the query ran past 10 s" in view["error"]
     assert 9 < took < demand.COMMAND_TIMEOUT_S
-    assert _backends(cluster, "curio-demand") == [] or _wait_for(
-        lambda: _backends(cluster, "curio-demand") == [], timeout_s=5, what="our backend to end")
+    assert _backends(cluster, "curio-demand") == [] or wait_for(
+        lambda: _backends(cluster, "curio-demand") == [], what="our backend to end", timeout=5)

@@ -16,12 +16,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from serving import run_vastctl
+from serving import on_a_thread, run_vastctl
 from test_end_to_end import KEY, FakeVast
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,11 +117,8 @@ class Replicated:
 
 @pytest.fixture
 def vast():
-    server = FakeVast()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(FakeVast()) as server:
+        yield server
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime, timezone
 
 import pytest
-from serving import on_a_thread
+from serving import on_a_thread, wait_for
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 
@@ -80,13 +79,6 @@ def launches(db_path):
     return rows(db_path, "SELECT label, uuid, ok, result, vast_id FROM actions WHERE kind = 'launch' ORDER BY id")
 
 
-def wait_for(condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
-
-
 @pytest.mark.slow
 def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_reconcile_completes(operator, vast,
                                                                                                 db_path, cli):
@@ -106,7 +98,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
         proc.stdout.close()
         proc.stderr.close()
     vast.release.set()
-    wait_for(lambda: len(vast.creates) == 1)  # vast rented it although the process died
+    wait_for(lambda: len(vast.creates) == 1, "the create at vast", timeout=20)  # vast rented it although the process died
     (machine,) = rows(db_path, "SELECT uuid, label, state, vast_id FROM instances")
     assert (machine["state"], machine["vast_id"]) == ("launching", None)
     (intent,) = launches(db_path)

@@ -12,11 +12,10 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
-from serving import ADMIN_TOKEN, Manager, free_port, run_vastctl
+from serving import ADMIN_TOKEN, Manager, free_port, on_a_thread, run_vastctl
 from test_boot_script import GATE, Machine  # the boot harness and its fakes
 from test_end_to_end import KEY, FakeVast
 from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
@@ -57,11 +56,8 @@ class JoiningMachine(Machine):
 
 @pytest.fixture
 def vast():
-    server = FakeVast()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with on_a_thread(FakeVast()) as server:
+        yield server
 
 
 @pytest.fixture

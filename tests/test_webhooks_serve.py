@@ -14,7 +14,7 @@ import time
 
 import pytest
 import requests
-from serving import Manager, free_port, on_a_thread, run_vastctl
+from serving import Manager, free_port, on_a_thread, run_vastctl, wait_for
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 
 from vastctl.clock import SYSTEM
@@ -84,16 +84,6 @@ def wakes(manager) -> list[tuple[list[str], int, int]]:
     """(event ids, reconcile passes, agent steps) of each wake the log has finished."""
     return [([one for one in found[1].split(", ") if one], int(found[2]), int(found[3]))
             for found in WAKE.findall(manager.log())]
-
-
-def wait_for(condition, timeout=30.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def query(manager, sql, *args):

@@ -15,35 +15,16 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from concurrent import futures
 from pathlib import Path
 
 import pytest
+from serving import free_port, stop_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SSHD_CONF = ROOT / "jobs" / "sshd-vastctl-tunnel.conf"
 NGINX_CONF = ROOT / "jobs" / "nginx-cuzk-grpc.conf"
 TUNNEL_USER = "vastctl-tunnel-test"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(predicate, what: str, timeout: float = 30, proc: subprocess.Popen | None = None, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    detail = log.read_text(errors="replace") if log is not None and log.exists() else ""
-    raise AssertionError(f"{what} (waited {timeout}s)\n{detail}")
 
 
 def listening(port: int) -> bool:
@@ -125,12 +106,7 @@ class Sshd:
                               check=False)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 class Nginx:
@@ -174,12 +150,7 @@ class Nginx:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            stop_process(self.proc)
 
 
 class FakeDaemon:
