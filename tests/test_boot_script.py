@@ -51,8 +51,8 @@ def vast():
         yield server
 
 
-@pytest.fixture
-def manager(tmp_path):
+def start_manager(tmp_path, launch: str = "") -> Manager:
+    """serve with the gate, short boot-script intervals and the bench the script runs; `launch` adds launch keys."""
     m = Manager(tmp_path / "manager")
     port = free_port()
     launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "4", "VASTCTL_RETRY_FOR": "10s"}
@@ -60,9 +60,13 @@ def manager(tmp_path):
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
         f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"
         "launch:\n  vastctl_source: vastctl==0.1.0\n  install: 'true'\n  bench_count: 4\n  bench_concurrency: 2\n"
-        f"  env: {json.dumps(launch_env)}\n"
-    )
-    m.start(port)
+        f"  env: {json.dumps(launch_env)}\n{launch}")
+    return m.start(port)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    m = start_manager(tmp_path)
     yield m
     m.stop()
 

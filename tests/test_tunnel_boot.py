@@ -3,23 +3,9 @@ harness of test_boot_script: only a joined machine reports running."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from serving import ADMIN_TOKEN, Manager, free_port
-from test_boot_script import GATE, Machine, vast  # noqa: F401  (the fake vast fixture)
-
-
-def manager_with(tmp_path, launch: str):
-    m = Manager(tmp_path / "manager")
-    port = free_port()
-    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "4", "VASTCTL_RETRY_FOR": "10s"}
-    m.config_path.write_text(
-        f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
-        f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"
-        "launch:\n  vastctl_source: vastctl==0.1.0\n  install: 'true'\n  bench_count: 4\n  bench_concurrency: 2\n"
-        f"  env: {json.dumps(launch_env)}\n{launch}")
-    return m.start(port)
+from serving import free_port
+from test_boot_script import Machine, start_manager, vast  # noqa: F401  (the fake vast fixture)
 
 
 @pytest.fixture
@@ -27,7 +13,7 @@ def booted(tmp_path, vast):
     made = []
 
     def boot(launch: str, **knobs) -> Machine:
-        manager = manager_with(tmp_path, launch)
+        manager = start_manager(tmp_path, launch)
         machine = Machine(manager, vast, tmp_path / "machine")
         made.append((manager, machine))
         return machine.boot(**knobs)
