@@ -67,6 +67,16 @@ def stop_process(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def query(db_path, sql: str, *args) -> list[dict]:
+    """The rows a query reads from a state file, each a dict, over a connection of its own."""
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
 class JsonHandler(BaseHTTPRequestHandler):
     """A loopback fake's handler (of vast, say): quiet, reads a JSON request body, answers JSON."""
 
@@ -153,20 +163,9 @@ class Manager:
         return self.log_path.read_text()
 
     def rows(self) -> dict[str, dict]:
-        conn = sqlite3.connect(self.db_path)
-        conn.row_factory = sqlite3.Row
-        try:
-            return {row["uuid"]: dict(row) for row in conn.execute("SELECT * FROM instances")}
-        finally:
-            conn.close()
+        return {row["uuid"]: row for row in query(self.db_path, "SELECT * FROM instances")}
 
     def events(self, uuid: str | None = None) -> list[dict]:
-        conn = sqlite3.connect(self.db_path)
-        conn.row_factory = sqlite3.Row
-        try:
-            query, args = "SELECT * FROM events ORDER BY id", ()
-            if uuid is not None:
-                query, args = "SELECT * FROM events WHERE uuid = ? ORDER BY id", (uuid,)
-            return [dict(row) for row in conn.execute(query, args)]
-        finally:
-            conn.close()
+        if uuid is None:
+            return query(self.db_path, "SELECT * FROM events ORDER BY id")
+        return query(self.db_path, "SELECT * FROM events WHERE uuid = ? ORDER BY id", uuid)

@@ -10,6 +10,7 @@ import types
 from dataclasses import dataclass, field
 
 import pytest
+from serving import query
 from stand_in_market import Market, stand_in
 
 from vastctl import clock
@@ -32,15 +33,6 @@ def ready(cli, tmp_path, monkeypatch):
                       "agent:\n  interval: 5m\n  max_actions_per_step: 5\n")
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
     assert cli("init").code == 0
-
-
-def query(db_path, sql, *args):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args)]
-    finally:
-        conn.close()
 
 
 def running(cli, label, uuid=None, vast_id=500, rate=70):

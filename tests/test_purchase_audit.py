@@ -14,7 +14,7 @@ import threading
 from datetime import datetime, timezone
 
 import pytest
-from serving import on_a_thread, wait_for
+from serving import on_a_thread, query, wait_for
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 
@@ -66,17 +66,8 @@ def operator(ready, vast, tmp_path, monkeypatch, db_path):
     return env
 
 
-def rows(db_path, sql, *args):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args)]
-    finally:
-        conn.close()
-
-
 def launches(db_path):
-    return rows(db_path, "SELECT label, uuid, ok, result, vast_id FROM actions WHERE kind = 'launch' ORDER BY id")
+    return query(db_path, "SELECT label, uuid, ok, result, vast_id FROM actions WHERE kind = 'launch' ORDER BY id")
 
 
 @pytest.mark.slow
@@ -99,7 +90,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
         proc.stderr.close()
     vast.release.set()
     wait_for(lambda: len(vast.creates) == 1, "the create at vast", timeout=20)  # vast rented it although the process died
-    (machine,) = rows(db_path, "SELECT uuid, label, state, vast_id FROM instances")
+    (machine,) = query(db_path, "SELECT uuid, label, state, vast_id FROM instances")
     assert (machine["state"], machine["vast_id"]) == ("launching", None)
     (intent,) = launches(db_path)
     assert (intent["label"], intent["uuid"], intent["ok"]) == (machine["label"], machine["uuid"], 0)
@@ -108,7 +99,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
 
     result = cli("reconcile", "--json")
     assert result.code == 0, result.err
-    (found,) = rows(db_path, "SELECT vast_id FROM instances")
+    (found,) = query(db_path, "SELECT vast_id FROM instances")
     (settled,) = launches(db_path)
     assert settled["ok"] == 1, (settled, result.out)
     assert found["vast_id"] == 5001 and (settled["ok"], settled["vast_id"]) == (1, 5001)
@@ -163,7 +154,7 @@ def full_disk(operator, db_path, monkeypatch):
         conn.execute(f"PRAGMA max_page_count = {pages}")
         return conn
 
-    cli_ready = rows(db_path, "SELECT count(*) AS n FROM instances")  # the file exists and is ours
+    cli_ready = query(db_path, "SELECT count(*) AS n FROM instances")  # the file exists and is ours
     assert cli_ready == [{"n": 0}]
     fill_the_audit(db_path)
     monkeypatch.setattr(db, "connect", connect)

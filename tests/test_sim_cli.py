@@ -7,9 +7,9 @@ waiting: offers, a launch, the fleet, a reconcile pass, stop, start and kill.
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
+from serving import query
 
 
 @pytest.fixture
@@ -25,15 +25,6 @@ def sim_ready(cli, tmp_path, monkeypatch):
     assert cli("init").code == 0
 
 
-def rows(db_path, sql):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql)]
-    finally:
-        conn.close()
-
-
 def test_offers_need_no_key(sim_ready, cli, db_path):
     result = cli("offers", "--gpu", "RTX 4090", "--limit", "5", "--json")
     assert result.code == 0, result.err
@@ -41,7 +32,7 @@ def test_offers_need_no_key(sim_ready, cli, db_path):
     assert 0 < len(offers) <= 5
     assert all(o["gpu_name"] == "RTX 4090" and o["dph_total"] <= 1.0 and o["cpu_ram_gb"] >= 256 for o in offers)
     assert [o["dph_total"] for o in offers] == sorted(o["dph_total"] for o in offers)
-    assert rows(db_path, "SELECT seed FROM sim_meta") == [{"seed": 4}]  # the market lives in the state file
+    assert query(db_path, "SELECT seed FROM sim_meta") == [{"seed": 4}]  # the market lives in the state file
     table = cli("offers", "--limit", "3")
     assert table.code == 0 and "reliability" in table.out.splitlines()[0]
 
@@ -52,7 +43,7 @@ def test_launch_fleet_reconcile_stop_start_kill_offline(sim_ready, cli, db_path)
     machine = json.loads(launched.out)["launched"][0]
     label, vast_id = machine["label"], machine["vast_id"]
     assert vast_id is not None
-    assert rows(db_path, "SELECT label, uuid FROM sim_instances") == [{"label": label, "uuid": machine["uuid"]}]
+    assert query(db_path, "SELECT label, uuid FROM sim_instances") == [{"label": label, "uuid": machine["uuid"]}]
 
     fleet = cli("fleet", "--json")
     assert fleet.code == 0 and label in fleet.out
@@ -60,22 +51,22 @@ def test_launch_fleet_reconcile_stop_start_kill_offline(sim_ready, cli, db_path)
     passed = cli("reconcile", "--json")
     assert passed.code == 0, passed.err
     assert json.loads(passed.out)["listed"] == 1
-    assert rows(db_path, "SELECT state, vast_seen_at IS NOT NULL AS seen FROM instances") == [
+    assert query(db_path, "SELECT state, vast_seen_at IS NOT NULL AS seen FROM instances") == [
         {"state": "launching", "seen": 1}]
 
     assert cli("demand", "report", "--queued", "0").code == 0  # an empty queue: the only machine may stop
     stopped = cli("stop", label)
     assert stopped.code == 0 and stopped.out.strip() == f"{label} stopped"
-    assert rows(db_path, "SELECT actual_status FROM sim_instances") == [{"actual_status": "stopped"}]
+    assert query(db_path, "SELECT actual_status FROM sim_instances") == [{"actual_status": "stopped"}]
     started = cli("start", label)
     assert started.code == 0 and started.out.strip() == f"{label} launching (resumed)"
-    assert rows(db_path, "SELECT intended_status FROM sim_instances") == [{"intended_status": "running"}]
+    assert query(db_path, "SELECT intended_status FROM sim_instances") == [{"intended_status": "running"}]
 
     killed = cli("kill", label, "--reason", "trying the simulator")
     assert killed.code == 0, killed.err
     assert f"vast instance {vast_id} destroyed" in killed.err
-    assert rows(db_path, "SELECT destroyed_at IS NOT NULL AS gone FROM sim_instances") == [{"gone": 1}]
-    assert rows(db_path, "SELECT state, destroyed_at IS NOT NULL AS gone FROM instances") == [
+    assert query(db_path, "SELECT destroyed_at IS NOT NULL AS gone FROM sim_instances") == [{"gone": 1}]
+    assert query(db_path, "SELECT state, destroyed_at IS NOT NULL AS gone FROM instances") == [
         {"state": "killed", "gone": 1}]
 
 

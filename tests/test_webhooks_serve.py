@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
 
 import pytest
 import requests
-from serving import Manager, free_port, on_a_thread, run_vastctl, wait_for
+from serving import Manager, free_port, on_a_thread, query, run_vastctl, wait_for
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 
 from vastctl.clock import SYSTEM
@@ -86,17 +85,8 @@ def wakes(manager) -> list[tuple[list[str], int, int]]:
             for found in WAKE.findall(manager.log())]
 
 
-def query(manager, sql, *args):
-    conn = sqlite3.connect(manager.db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(row) for row in conn.execute(sql, args)]
-    finally:
-        conn.close()
-
-
 def vast_events(manager):
-    return query(manager, "SELECT * FROM events WHERE source = 'vast' ORDER BY id")
+    return query(manager.db_path, "SELECT * FROM events WHERE source = 'vast' ORDER BY id")
 
 
 def test_an_offline_delivery_gets_the_machine_vast_lists_offline_killed_within_seconds(tmp_path, vast):
@@ -153,7 +143,7 @@ def test_refused_deliveries_record_nothing_and_wake_nothing(manager, vast):
     assert old.status_code == 401  # a capture replayed later is stale
 
     assert [e["code"] for e in vast_events(manager)] == ["offline"]
-    assert [d["event_id"] for d in query(manager, "SELECT event_id FROM webhook_deliveries")] == ["evt-1"]
+    assert [d["event_id"] for d in query(manager.db_path, "SELECT event_id FROM webhook_deliveries")] == ["evt-1"]
     assert deliver(manager, "evt-6").status_code == 200  # a barrier: its wake comes after any a refusal caused
     wait_for(lambda: any("evt-6" in ids for ids, _, _ in wakes(manager)), what="the barrier's wake")
     assert [ids for ids, _, _ in wakes(manager)] == [["evt-1"], ["evt-6"]]
@@ -169,8 +159,8 @@ def test_the_same_event_three_times_is_one_event_and_one_pass(manager, vast):
     wait_for(lambda: any("evt-barrier" in ids for ids, _, _ in wakes(manager)), what="the barrier's wake")
     assert wakes(manager) == [(["evt-same"], 1, 1), (["evt-barrier"], 1, 1)]
     assert [e["code"] for e in vast_events(manager)] == ["offline", "offline"]
-    assert query(manager, "SELECT count(*) AS n FROM vast_listings")[0]["n"] == 2  # one pass each
-    deliveries = query(manager, "SELECT event_id, attempt FROM webhook_deliveries ORDER BY event_id")
+    assert query(manager.db_path, "SELECT count(*) AS n FROM vast_listings")[0]["n"] == 2  # one pass each
+    deliveries = query(manager.db_path, "SELECT event_id, attempt FROM webhook_deliveries ORDER BY event_id")
     assert deliveries == [{"event_id": "evt-barrier", "attempt": 1}, {"event_id": "evt-same", "attempt": 1}]
 
 

@@ -3,7 +3,7 @@ records, and the rows a launch leaves (test_cli_market, test_vast_prices)."""
 
 from __future__ import annotations
 
-import sqlite3
+from serving import query
 
 
 def configure(cli, tmp_path, monkeypatch, *, api: str, key: str, max_instances: int, max_hourly_spend: float) -> None:
@@ -27,9 +27,4 @@ def offer(oid, machine_id, dph) -> dict:
 
 
 def rows(db_path):
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM instances ORDER BY created_at")]
-    finally:
-        conn.close()
+    return query(db_path, "SELECT * FROM instances ORDER BY created_at")
