@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow  # real servers on loopback, bounded real waits
 
 BYTE_EVERY_S = 0.2
 TRICKLE_FOR_S = 12.0  # the server gives up after this, so a client without a whole-exchange deadline ends too
+STEP_DEADLINE_S = 20  # agent.deadline on FastClock: 4 s real, well inside the trickle
 
 
 class Trickler:
@@ -149,7 +150,8 @@ def test_reconcile_ends_by_its_deadline_against_a_trickled_listing(trickle, read
 
 
 class FastClock(Clock):
-    """The injected clock, running 5× real time: an agent.deadline of 8 s (a round needs 5 s left) is 1.6 s."""
+    """The injected clock, running 5× real time: an agent.deadline of 20 s is 4 s, within the trickle's 12 s, and
+    leaves 3 s for the step to build its client before a round's 5 s (1 s real) must remain."""
 
     SPEED = 5.0
 
@@ -174,14 +176,14 @@ def test_a_trickling_model_ends_the_step_at_agent_deadline(trickle, conn, header
 
     server = trickle(message(text("all good")), headers_too=headers_too)
     clock = FastClock()
-    config = from_mapping({"agent": {"deadline": "8s"}})
+    config = from_mapping({"agent": {"deadline": f"{STEP_DEADLINE_S}s"}})
     env = {"ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": server.url}
     started = time.monotonic()
     result = llm.run(conn, config, observation=fleet_observation(), suggestion=[], step_id=1, clock=clock, env=env,
                      execute=lambda name, tool_input: llm.ToolOutcome(True, "done"))
     took = time.monotonic() - started
     assert result.stop_reason == "error" and "timeout" in (result.error or "").lower(), result
-    assert result.rounds == 0 and took < 8 / FastClock.SPEED + 1.5, took
+    assert result.rounds == 0 and took < STEP_DEADLINE_S / FastClock.SPEED + 1.5 < TRICKLE_FOR_S, took
     assert server.requests == 1  # no retry: too little time was left for one
 
 
