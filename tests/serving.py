@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -39,6 +40,23 @@ def on_a_thread(server):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive loopback ports free now, below the kernel's ephemeral range (32768 up),
+    so no connection another test opens meanwhile takes one of them as its source port (as the product's own
+    tunnel.first_port default, 20000, is)."""
+    for _ in range(200):
+        first = random.randrange(20000, 32768 - count)
+        try:
+            with ExitStack() as held:
+                for port in range(first, first + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise AssertionError(f"no {count} consecutive free ports below 32768")
 
 
 def wait_for(condition, what: str = "the condition", timeout: float = 30, proc: subprocess.Popen | None = None,

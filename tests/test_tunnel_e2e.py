@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from serving import ADMIN_TOKEN, Manager, free_port, on_a_thread, run_vastctl
+from serving import ADMIN_TOKEN, Manager, free_port, free_port_block, on_a_thread, run_vastctl
 from test_boot_script import GATE, Machine  # the boot harness and its fakes
 from test_end_to_end import KEY, FakeVast
 from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
@@ -67,7 +67,7 @@ def site(tmp_path):
     manager = Manager(tmp_path / "manager")
     upstream = tmp_path / "manager" / "nginx" / "cuzk-upstream.conf"
     nginx = Nginx(tmp_path / "nginx", upstream)
-    port, first = free_port(), free_port()
+    port, first = free_port(), free_port_block(21)
     launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "10", "VASTCTL_RETRY_FOR": "10s"}
     manager.config_path.write_text(
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
