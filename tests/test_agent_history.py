@@ -43,11 +43,12 @@ def test_no_work_before_the_cooldown_holds_until_scale_down_after():
         "no work queued, in flight or coming for 20m: machines are released after agent.scale_down_after (60m)")
 
 
-def test_unknown_demand_holds_as_if_work_were_queued():
+def test_unknown_demand_never_known_holds_as_if_work_were_queued():
     from test_rules import UNKNOWN
 
     obs = observation([m("a", rate=120.0)], UNKNOWN)
-    assert rules.hold_reason(obs, CONFIG).startswith("demand unknown (sized as if work were queued): capacity 120")
+    assert rules.hold_reason(obs, CONFIG).startswith(
+        "demand unknown, never known (sized as if work were queued): capacity 120")
 
 
 def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_path):
@@ -61,6 +62,18 @@ def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_p
     shown = json.loads(cli("agent-step", "--dry-run", "--json").out)
     assert shown["hold"].startswith("queued work: capacity 140 + 0 booting covers 115") and shown["actions"] == []
     assert [c for c in market.calls if c[0] != "search"] == []  # nothing bought
+
+
+def test_a_step_that_rounds_a_shortfall_down_says_so_and_rents_nothing(ready, cli, market, db_path):
+    running(cli, "vastctl-a", vast_id=501, rate=100)  # its model's rate; the offers' 512 GiB hosts cap it at 95
+    assert cli("demand", "report", "--queued", "500").code == 0
+    shown = json.loads(cli("agent-step", "--json").out)
+    assert shown["actions"] == [] and shown["hold"] == (
+        "queued work: capacity 100 + 0 booting is 15 short of 115 wanted (target 100 × (1 + headroom 0.15)), under"
+        " 50% of the smallest machine to hand (95/h): rounded down, not up to a whole machine (a growing queue"
+        " raises what is wanted)"), shown["hold"]
+    assert [c[0] for c in market.calls] == ["search"]  # the offers were looked at; nothing was bought
+    assert len(query(db_path, "SELECT uuid FROM instances")) == 1
 
 
 # --- the history -------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def running(cli, label, uuid=None, vast_id=500, rate=70):
 
 def test_rules_step_launches_to_the_target(ready, cli, market, db_path):
     running(cli, "vastctl-a")
-    assert cli("demand", "report", "--queued", "59").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     result = cli("agent-step", "--json")
     assert result.code == 0, result.err
     data = json.loads(result.out)
@@ -63,7 +63,7 @@ def test_rules_step_launches_to_the_target(ready, cli, market, db_path):
     (row,) = query(db_path, "SELECT * FROM agent_steps")
     assert (row["policy"], row["outcome"], row["input_tokens"], row["cost"]) == ("rules", "ok", 0, 0.0)
     assert json.loads(row["actions"])[0]["kind"] == "launch" and row["finished_at"]
-    assert json.loads(row["observation"])["demand"]["queued"] == 59
+    assert json.loads(row["observation"])["demand"]["queued"] == 500
 
 
 def test_dry_run_buys_nothing(ready, cli, market, db_path):
@@ -80,7 +80,7 @@ def test_dry_run_buys_nothing(ready, cli, market, db_path):
 
 def test_without_json_one_line_per_action_and_a_quiet_tick_prints_nothing(ready, cli, market, db_path):
     running(cli, "vastctl-a")
-    assert cli("demand", "report", "--queued", "59").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     result = cli("agent-step", "--if-events")
     assert result.code == 0, result.err
     (line,) = result.out.splitlines()  # the format reconcile's lines have: time kind label result: reason
@@ -110,7 +110,7 @@ def test_if_events_skips_until_something_happens(ready, cli, market, db_path):
 
 def test_the_agents_own_actions_do_not_wake_it_and_the_interval_does(ready, cli, market, db_path, config):
     running(cli, "vastctl-a")
-    assert cli("demand", "report", "--queued", "59").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     assert json.loads(cli("agent-step", "--json").out)["actions"][0]["kind"] == "launch"  # an agent event
     conn = db.connect(db_path, now=clock.SYSTEM.now())
     from vastctl import config as config_module
@@ -218,7 +218,7 @@ def fake_llm(monkeypatch, calls, *, error=None):
 
 def test_llm_tool_calls_pass_the_guard_and_refusals_are_errors(ready, cli, market, db_path, monkeypatch):
     running(cli, "vastctl-a")
-    assert cli("demand", "report", "--queued", "59").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     seen = fake_llm(monkeypatch, [("stop", {"label": "vastctl-a"}), ("launch", {"count": 1, "gpu_name": "RTX 4090"}),
                                   ("search_offers", {"limit": 2}), ("destroy", {"label": "vastctl-nobody", "reason": "x"}),
                                   ("reboot", {"label": "vastctl-a"})])
@@ -234,7 +234,7 @@ def test_llm_tool_calls_pass_the_guard_and_refusals_are_errors(ready, cli, marke
     assert not destroy.ok and "no instance labelled" in destroy.text
     assert not unknown.ok and "unknown tool 'reboot'" in unknown.text
     assert [r["limit"] for r in data["refused"]] == ["never_scale_to_zero"]
-    assert seen["observation"]["demand"]["queued"] == 59 and seen["suggestion"][0]["kind"] == "launch"
+    assert seen["observation"]["demand"]["queued"] == 500 and seen["suggestion"][0]["kind"] == "launch"
     (row,) = query(db_path, "SELECT * FROM agent_steps")
     assert (row["policy"], row["outcome"], row["input_tokens"], row["cache_read_tokens"]) == ("llm", "ok", 1200, 900)
     assert seen["step_id"] == row["id"]

@@ -47,7 +47,7 @@ def step_json(cli, *args):
 @pytest.mark.slow
 def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
     running(cli, "vastctl-a")
-    assert cli("demand", "report", "--queued", "59").code == 0
+    assert cli("demand", "report", "--queued", "500").code == 0
     stop = tool_use("stop", {"label": "vastctl-a"})
     launch = tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})
     api.answer(message(text("Short of target; the queue is long."), stop, launch,
@@ -63,7 +63,7 @@ def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
     seen = opening(first)
     observation = seen["observation"]
     assert [(m["label"], m["state"]) for m in observation["machines"]] == [("vastctl-a", "running")]
-    assert observation["demand"]["queued"] == 59 and observation["demand"]["known"] is True
+    assert observation["demand"]["queued"] == 500 and observation["demand"]["known"] is True
     assert observation["capacity_proofs_per_hour"] == 70
     assert [e["to_state"] for e in observation["events"]] == ["registered", "params_done", "bench_done", "running"]
     assert seen["suggestion"][0]["kind"] == "launch" and seen["notes"] == [] and seen["recent_steps"] == []
@@ -99,7 +99,7 @@ def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
     seen = opening(api.bodies[2])
     assert [note["text"] for note in seen["notes"]] == [NOTE]
     (before,) = seen["recent_steps"]
-    assert before["step"] == row["id"] and before["saw"]["demand_queued"] == 59
+    assert before["step"] == row["id"] and before["saw"]["demand_queued"] == 500
     assert before["saw"]["by_state"] == {"running": 1} and before["saw"]["capacity"] == 70
     assert [(a["kind"], a["limit"]) for a in before["refused"]] == [("stop", "never_scale_to_zero")]
     assert [a["kind"] for a in before["did"]] == ["launch"]

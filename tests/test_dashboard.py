@@ -323,8 +323,8 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
                      now=now - timedelta(hours=2), fields={"dph": 0.2, "gpu_name": "RTX 4090", "vast_id": 99})
     for state in ("stopped", "launching", "stopped"):  # resumed once, stopped again: the rules replace it
         lifecycle.transition(conn, "u9", state, state, "operator", now=now - timedelta(hours=1))
-    settings.set_value(conn, app.config, "target_proofs_per_hour", 60, now=now)
-    demand.report(conn, 60, None, now=now)  # drained within 40 min: 90/h wanted, capped at target × 1.15 = 69
+    settings.set_value(conn, app.config, "target_proofs_per_hour", 80, now=now)
+    demand.report(conn, 60, None, now=now)  # drained within 40 min: 90/h wanted (under target × 1.15 = 92), 35 short
     config = config_module.from_mapping({
         "server": {"admin_token": ADMIN, "url": "https://manager.example"},
         "launch": {"vastctl_source": "vastctl", "install": "./install-provers.sh"}})
@@ -338,8 +338,8 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
     cells = [unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
     assert cells[1:3] == ["rules", "ok"]
     # the stopped machine still bills its disk; with no disk price listed, its whole price counts
-    assert cells[3] == "capacity 55 / 60 · +0 on the way · $0.20/h · 60 queued · 1 running, 1 stopped · 9 new events"
-    assert re.fullmatch(r"launch RTX 4090: queued work: capacity 55 of 69 .+ → launched vastctl-\S+ \(instance 9001\)", cells[4])
+    assert cells[3] == "capacity 55 / 80 · +0 on the way · $0.20/h · 60 queued · 1 running, 1 stopped · 9 new events"
+    assert re.fullmatch(r"launch RTX 4090: queued work: capacity 55 of 90 .+ → launched vastctl-\S+ \(instance 9001\)", cells[4])
     assert cells[5].startswith(f"destroy {XSS} [label_prefix]: {XSS} does not carry our label prefix")
     assert XSS not in page and "destroy &lt;img src=x onerror=alert(1)&gt; [label_prefix]" in page
     assert cells[6:] == ["", "0 in · 0 out", "$0.0000"]

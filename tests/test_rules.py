@@ -85,7 +85,7 @@ CASES = [
     ("pending launches cover the target: no second launch",
      [m("vastctl-a", state="launching"), m("vastctl-b", state="params_done")], queued(12), MARKET, {}, []),
     ("pending launches cover part of it: launch the rest only",
-     [m("vastctl-a", state="registered")], queued(12), MARKET, {}, [("launch", 2)]),
+     [m("vastctl-a", state="registered")], queued(40), MARKET, {}, [("launch", 2)]),
     ("empty queue past the cooldown: stop the least proofs per dollar",
      [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9), m("vastctl-c")], queued(0, empty_for_min=61), MARKET, {},
      [("stop", "vastctl-b")]),
@@ -107,7 +107,7 @@ CASES = [
      [], queued(40), MARKET, {"max_hourly_spend": 0.8}, [("launch", 2)]),
     # in flight: claimed tasks wait at a daemon, they are work for the fleet
     ("nothing queued, work in flight, fleet under target: grow",
-     [m("vastctl-a")], queued(0, in_flight=40, lookahead=0), MARKET, {}, [("launch", 2)]),
+     [m("vastctl-a")], queued(0, in_flight=60, lookahead=0), MARKET, {}, [("launch", 2)]),
     ("nothing queued, work in flight, an old empty run: never shrink under claimed work",
      [m("vastctl-a"), m("vastctl-b", rate=50, dph=0.9), m("vastctl-c")],
      queued(0, empty_for_min=120, in_flight=3, lookahead=0), MARKET, {"target_proofs_per_hour": 50.0}, []),

@@ -66,11 +66,13 @@ def fleet(n, **kw):
 
 def observation(machines, history, **settings):
     live = [x for x in machines if x["state"] not in ("stopped", "killed")]
+    good = [x for x in history if x["ok"]]
     return Observation(now=NOW, settings={**SETTINGS, **settings}, demand=demand_of(history), machines=list(machines),
                        capacity=sum(x["expected_rate"] for x in machines if x["state"] == "running"),
                        pending_capacity=sum(x["expected_rate"] for x in machines if x["state"] == "params_done"),
                        spend_per_hour=sum(x["dph"] for x in live), events=[], last_actions=[],
-                       model_rates={"RTX 4090": 60.0}, demand_history=list(history))
+                       model_rates={"RTX 4090": 60.0}, demand_history=list(history),
+                       last_known_demand=good[-1] if good else None)
 
 
 MARKET = [Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45),
@@ -93,6 +95,21 @@ CASES = [
      fleet(3), steady(10, lookahead=60)[:-1] + [sample(300, 60)], MARKET, [("launch", 2), ("launch", 1)]),
     ("unknown demand: hold, whatever the queue said before",
      fleet(8), steady(5, lookahead=10)[:-1] + [sample(0, ok=False)], MARKET, []),
+    ("unknown demand after a good sample: sized to what that sample needed (70/h), not the ceiling (345/h)",
+     fleet(2), steady(5, lookahead=60)[:-1] + [sample(0, ok=False)], MARKET, []),
+    ("unknown demand, a machine lost meanwhile: replaced up to what the last good sample needed (160/h)",
+     fleet(1) + [m("vastctl-x", state="killed")], steady(30, lookahead=100)[:-1] + [sample(0, ok=False)], MARKET,
+     [("launch", 2), ("launch", 1)]),
+    # whole machines: a shortfall under half the smallest machine to hand is rounded down, not up
+    ("short by 20/h, under half the smallest machine on offer (60/h): rounded down, nothing rented",
+     fleet(2), steady(10, lookahead=120), MARKET, []),
+    ("short by 30/h, half the smallest machine on offer: rented",
+     fleet(2), steady(15, lookahead=120), MARKET, [("launch", 2)]),
+    ("no capacity at all: any shortfall is rented (never rounded down to nothing)",
+     [], steady(0, lookahead=20), MARKET, [("launch", 2)]),
+    ("a stopped 30/h machine is the smallest machine to hand: short by 20/h, it is resumed",
+     fleet(2) + [dict(stopped("vastctl-s", dph=0.2), expected_rate=30.0)], steady(10, lookahead=120), MARKET,
+     [("start", "vastctl-s")]),
     ("a failed sample within agent.scale_down_after: hold",
      fleet(8), steady(5, lookahead=10)[:15] + [sample(0, ok=False, minutes_ago=15)] + steady(5, lookahead=10)[16:],
      MARKET, []),
@@ -151,6 +168,55 @@ def test_wanted_drains_the_queue_within_the_horizon_and_keeps_up_with_arrivals()
     assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(50 / 0.5 + 90)  # 100 to drain + 90 arriving
     capped = observation(fleet(1), steady(400, lookahead=300))
     assert rules.wanted_capacity(capped, CONFIG) == pytest.approx(345)  # target 300 × 1.15
+
+
+def test_a_rounded_down_shortfall_holds_naming_it_and_the_smallest_machine():
+    obs = observation(fleet(2), steady(10, lookahead=120))
+    assert rules.plan(obs, CONFIG, MARKET) == []
+    why = rules.hold_reason(obs, CONFIG, MARKET)
+    assert why.startswith("work for the fleet (10 queued, 120 PoRep coming): capacity 120 + 0 booting is 20 short"
+                          " of 140 wanted"), why
+    assert "under 50% of the smallest machine to hand (60/h): rounded down" in why
+    assert rules.rounded_down(obs, CONFIG, rules.rank_offers(MARKET, obs, CONFIG)) == 60.0
+    grown = observation(fleet(2), steady(15, lookahead=120))  # a growing queue raises wanted past half a machine
+    assert rules.rounded_down(grown, CONFIG, rules.rank_offers(MARKET, grown, CONFIG)) is None
+
+
+def test_unknown_demand_is_sized_to_the_newest_good_sample_and_says_so():
+    history = steady(30, lookahead=100)[:-1] + [sample(0, ok=False)]
+    obs = observation(fleet(1), history)
+    assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(30 / 0.5 + 100)
+    launch = rules.plan(obs, CONFIG, MARKET)[0]
+    assert launch.reason.startswith("demand unknown (held to its newest good sample, 1m old: 30 queued, 0 in flight,"
+                                    " 100 coming): capacity 60 of 160 proofs/h wanted"), launch.reason
+    never = observation(fleet(1), [sample(0, ok=False)])
+    assert rules.wanted_capacity(never, CONFIG) == pytest.approx(345)  # never known: the ceiling
+    assert rules.plan(never, CONFIG, MARKET)[0].reason.startswith(
+        "demand unknown, never known (sized as if work were queued): capacity 60 of 345 proofs/h wanted (target")
+
+
+def test_the_observation_carries_the_newest_good_demand_sample_whatever_its_age(tmp_path):
+    from vastctl.facts import demand as demand_module
+    from vastctl.observe import observe
+    from vastctl.state import db
+
+    config = config_module.from_mapping({})
+    config.db = str(tmp_path / "state.db")
+    conn = db.connect(config.db_path, now=NOW, create=True)
+    assert observe(conn, config, now=NOW).last_known_demand is None
+    demand_module.report(conn, 7, 40.0, now=NOW - timedelta(hours=5), lookahead=3, in_flight=2)
+    demand_module.report(conn, 9, 40.0, now=NOW - timedelta(hours=3), lookahead=4)
+    for age in (2, 1, 0):
+        demand_module.record(conn, source="command", now=NOW - timedelta(hours=age), error="timed out after 20s")
+    obs = observe(conn, config, now=NOW)
+    assert not obs.demand.known
+    last = obs.last_known_demand
+    assert last is not None and (last["at"], last["queued"], last["lookahead"]) == (NOW - timedelta(hours=3), 9, 4)
+    assert obs.to_prompt()["last_known_demand"] == {"at": "2031-03-03T09:00:00Z", "queued": 9, "in_flight": None,
+                                                    "lookahead": 4, "proofs_per_hour": 40.0}  # the model sees it
+    demand_module.report(conn, 1, 40.0, now=NOW)
+    assert "last_known_demand" not in observe(conn, config, now=NOW).to_prompt()  # known again: the demand says it
+    conn.close()
 
 
 def test_an_offer_on_a_host_we_benchmarked_is_expected_to_prove_what_it_proved():

@@ -67,6 +67,8 @@ class Observation:
     host_rates: dict[int, float] = field(default_factory=dict)  # vast machine_id → its newest bench rate
     # demand samples of the last agent.scale_down_after, oldest first: what the rules release capacity against
     demand_history: list[dict] = field(default_factory=list)
+    # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
+    last_known_demand: dict | None = None
 
     def running(self) -> list[dict]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
@@ -89,6 +91,10 @@ class Observation:
                         for k in ("id", "at", "label", "from_state", "to_state", "reason", "source", "code", "kind")}
                        for e in self.events],
             "last_actions": list(self.last_actions),
+            # while demand is unknown the rules hold the fleet to what this sample needed (rules.wanted_capacity)
+            **({"last_known_demand": {k: _iso(v) if k == "at" else v for k, v in self.last_known_demand.items()
+                                      if k != "ok"}}
+               if not self.demand.known and self.last_known_demand is not None else {}),
         }
 
 
@@ -385,6 +391,17 @@ def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
     return kept[::-1]
 
 
+def last_known_demand(conn: sqlite3.Connection) -> dict | None:
+    """The newest good demand sample (None if there never was one): while the source is down or stale, the rules
+    size the fleet to what this one needed instead of to the operator's ceiling."""
+    row = conn.execute("SELECT at, queued, in_flight, lookahead, proofs_per_hour FROM demand_samples WHERE ok = 1"
+                       " ORDER BY id DESC LIMIT 1").fetchone()
+    if row is None or clock_module.from_iso(row["at"]) is None:
+        return None
+    return {"at": clock_module.from_iso(row["at"]), "ok": True, "queued": row["queued"], "in_flight": row["in_flight"],
+            "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]}
+
+
 def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
             events_since: int | None = None) -> Observation:
     """One snapshot for one decision. `events_since`: the event cursor (None: no events)."""
@@ -419,4 +436,5 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         model_rates=rates,
         host_rates=hosts,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
+        last_known_demand=last_known_demand(conn),
     )

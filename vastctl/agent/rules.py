@@ -10,7 +10,8 @@ policy is shown. In the order `plan()` applies them:
 
   wanted = what drains queued + in_flight within agent.plan_horizon (never past agent.max_wait) and keeps up
   with the arrivals (lookahead over demand.lookahead_window; a source silent on it: its proofs_per_hour),
-  capped by target × (1 + agent.headroom) (the ceiling); the ceiling itself while demand is unknown.
+  capped by target × (1 + agent.headroom) (the ceiling). While demand is unknown: what the newest good sample
+  needed (observation.last_known_demand), so the fleet holds; the ceiling if no sample was ever good.
   held = the most wanted over the last agent.scale_down_after (observation.demand_history); none (release
   nothing) unless every sample of the window is good, one was in force at its start, and no gap between
   samples (or since the newest) is longer than demand.stale_after or half the window.
@@ -30,7 +31,9 @@ policy is shown. In the order `plan()` applies them:
                              (next_offer). Capacity still on its way counts: no second launch for it, unless its
                              benchmark is late (LATE_BENCH_S: likely stuck, reconcile kills it at
                              timeouts.params_done). A machine vast lists as exited, offline, missing, or stopped
-                             under a running row (outbid) is not counted.
+                             under a running row (outbid) is not counted. A shortfall under ROUND_DOWN of the
+                             smallest machine to hand is rounded down (rounded_down: the queue it leaves raises
+                             wanted until it is worth a machine), never from no capacity at all.
   work > 0, at or over       release slowly: running capacity alone (booting machines are not counted: make before
   wanted                     break) must still cover held with agent.scale_down_margin to spare; at most
                              agent.max_releases_per_step, dearest per proof first, stopped (disk kept). A machine a
@@ -43,7 +46,8 @@ policy is shown. In the order `plan()` applies them:
                              still a guess); with none to spare, stop one machine a step, least proofs per dollar
                              first (stopped, it keeps its disk and is resumed first when work returns)
   work == 0, cooling down    hold
-  unknown                    never shrink the fleet (hold), whatever the last known queue said; the incident
+  unknown                    never shrink the fleet (hold), whatever the last known queue said (and grow only to
+                             what that sample needed: a replacement for a machine lost meanwhile); the incident
                              (59 queued, no "active" flag, every machine stopped) cannot recur: a queue is work,
                              one fresh report is no evidence over the window, and the guard never scales to zero
 
@@ -75,6 +79,7 @@ from vastctl.views.fleet import VAST_DEAD
 
 ACTOR = "agent"
 BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
+ROUND_DOWN = 0.5  # a shortfall under this share of the smallest machine to hand is not worth renting one
 LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
 # proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
 RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
@@ -119,12 +124,14 @@ def needed(sample: Mapping[str, Any], config: Config) -> float:
 
 
 def wanted_capacity(obs: Observation, config: Config) -> float:
-    """Proofs/hour the fleet is sized to now: what the work needs (needed()), capped by ceiling(); the ceiling
-    itself while demand is unknown (sized as if work were queued)."""
+    """Proofs/hour the fleet is sized to now: what the work needs (needed()), capped by ceiling(). While demand is
+    unknown, what the newest good sample needed (observation.last_known_demand: the fleet holds, neither shrinking
+    on no evidence nor buying the whole ceiling on none); the ceiling itself if there never was one."""
     cap = ceiling(obs, config)
     demand = obs.demand
     if not demand.known:
-        return cap
+        last = obs.last_known_demand
+        return cap if last is None else min(cap, needed(last, config))
     return min(cap, needed({"queued": demand.queued, "in_flight": demand.in_flight, "lookahead": demand.lookahead,
                             "proofs_per_hour": demand.proofs_per_hour}, config))
 
@@ -159,7 +166,12 @@ def work_reason(obs: Observation) -> str:
     """Why the fleet is sized to the target: the work the demand names, or that it is unknown."""
     demand = obs.demand
     if not demand.known:
-        return "demand unknown (sized as if work were queued)"
+        last = obs.last_known_demand
+        if last is None:
+            return "demand unknown, never known (sized as if work were queued)"
+        return (f"demand unknown (held to its newest good sample, {clock.human_age(last['at'], obs.now)} old:"
+                f" {last.get('queued') or 0} queued, {last.get('in_flight') or 0} in flight,"
+                f" {last.get('lookahead') or 0} coming)")
     if not demand.in_flight and not demand.lookahead:
         return "queued work"
     counts = [f"{demand.queued or 0} queued"]
@@ -374,12 +386,33 @@ def _cooled_down(obs: Observation, config: Config) -> bool:
 
 def _sizing(obs: Observation, config: Config, have: float, want: float) -> str:
     cap = ceiling(obs, config)
-    why = (f"target × (1 + {config.agent.headroom:g})" if not obs.demand.known or want >= cap - 1e-9
+    at_ceiling = want >= cap - 1e-9 or (not obs.demand.known and obs.last_known_demand is None)
+    why = (f"target × (1 + {config.agent.headroom:g})" if at_ceiling
            else f"drains the work within {config.agent.plan_horizon / 60:g}m and keeps up with arrivals")
     return f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h wanted ({why})"
 
 
+def rounded_down(obs: Observation, config: Config, ranked: Sequence[tuple[Offer, float]]) -> float | None:
+    """The rate of the smallest machine to hand (a ranked offer or a stopped machine to resume) when what is
+    missing is under ROUND_DOWN of it, else None: the shortfall is rounded down, not up to a whole machine.
+
+    A machine bills whole whatever it proves. Left short by less than half a machine, the queue grows, and with it
+    the drain term of wanted_capacity (queued / agent.plan_horizon), until the shortfall is worth a machine: at
+    most plan_horizon × ROUND_DOWN of that machine's work waits the longer, spread over the fleet proving. Never
+    from nothing: a fleet with no capacity counted grows for any shortfall."""
+    have = counted_capacity(obs)
+    missing = wanted_capacity(obs, config) - have
+    rates = [rate for _, rate in ranked] + [m["expected_rate"] for m in _resumable(obs) if m["expected_rate"] > 0]
+    if missing <= 0 or have <= 0 or not rates:
+        return None
+    smallest = min(rates)
+    return smallest if missing < ROUND_DOWN * smallest else None
+
+
 def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int) -> list[Action]:
+    ranked = rank_offers(offers, obs, config)
+    if rounded_down(obs, config, ranked) is not None:
+        return []
     want = wanted_capacity(obs, config)
     have = counted_capacity(obs)
     missing = want - have
@@ -388,7 +421,6 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     spend = obs.spend_per_hour
     live = len(obs.live())
     max_spend = float(obs.settings["max_hourly_spend"])
-    ranked = rank_offers(offers, obs, config)
     best = _price(ranked[0][0], obs, config) / ranked[0][1] if ranked else float("inf")
     for machine in _resumable(obs):
         dph = float(machine.get("dph") or 0.0)
@@ -565,8 +597,9 @@ def _shrink(obs: Observation, config: Config, budget: int) -> list[Action]:
                            f" ({_per_dollar(worst):.1f}/$)"))]
 
 
-def hold_reason(obs: Observation, config: Config) -> str:
-    """Why plan() has nothing to do: the figures it held on, in one line (what `agent-step --dry-run` says)."""
+def hold_reason(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> str:
+    """Why plan() has nothing to do: the figures it held on, in one line (what `agent-step --dry-run` says).
+    `offers`: the ones plan() was given (a shortfall under half the smallest of them is rounded down)."""
     want = wanted_capacity(obs, config)
     running = sum(m["expected_rate"] for m in obs.machines if m["state"] == State.RUNNING and not _vast_dead(m))
     booting = sum(m["expected_rate"] for m in obs.machines if on_its_way(m, obs.now))
@@ -581,6 +614,11 @@ def hold_reason(obs: Observation, config: Config) -> str:
         have = f"capacity {round(running, 1):g} + {round(booting, 1):g} booting"
         if running + booting >= want - 1e-9:
             return f"{work_reason(obs)}: {have} covers {sized}"
+        smallest = rounded_down(obs, config, rank_offers(offers, obs, config))
+        if smallest is not None:
+            return (f"{work_reason(obs)}: {have} is {round(want - running - booting, 1):g} short of {sized}, under"
+                    f" {ROUND_DOWN:.0%} of the smallest machine to hand ({round(smallest, 1):g}/h): rounded down,"
+                    f" not up to a whole machine (a growing queue raises what is wanted)")
         return (f"{work_reason(obs)}: {have} is short of {sized}, but no stopped machine to resume and no offer"
                 f" of fleet.gpus within max_dph, max_hourly_spend (${obs.spend_per_hour:.2f}/h of"
                 f" ${float(obs.settings['max_hourly_spend']):g}/h) and max_instances")

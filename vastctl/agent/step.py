@@ -328,9 +328,10 @@ def _offers_if_needed(executor: Executor) -> list:
 
 
 def _run_rules(executor: Executor) -> None:
-    planned = rules.plan(executor.obs, executor.config, _offers_if_needed(executor))
+    offers = _offers_if_needed(executor)
+    planned = rules.plan(executor.obs, executor.config, offers)
     if not planned:
-        executor.hold = rules.hold_reason(executor.obs, executor.config)
+        executor.hold = rules.hold_reason(executor.obs, executor.config, offers)
     for action in planned:
         executor.submit(action)
 
