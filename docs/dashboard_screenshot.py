@@ -39,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "dashboard.png")
     parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--seed", type=int, default=11)  # the screenshot's day (demo.DEFAULT_SEED is now 452)
+    parser.add_argument("--seed", type=int, default=11)  # the screenshot's day (demo.DEFAULT_SEED is now 351)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 

@@ -142,6 +142,16 @@ CASES = [
     ("a machine benchmarking for 40 minutes is not counted as capacity on its way: its replacement is launched",
      fleet(2) + [m("vastctl-b", state="params_done", running_for_h=40 / 60)], steady(30, lookahead=120), MARKET,
      [("launch", 2)]),
+    ("a benchmark 40 minutes long and the fleet covers what is wanted without it: destroyed (it only bills)",
+     fleet(3) + [m("vastctl-l", state="params_done", running_for_h=40 / 60)], steady(30, lookahead=120), MARKET,
+     [("destroy", "vastctl-l")]),
+    ("a late benchmark whose replacement boots and covers what is wanted: destroyed",
+     fleet(2) + [m("vastctl-l", state="params_done", running_for_h=40 / 60),
+                 m("vastctl-r", state="params_done", running_for_h=5 / 60)], steady(30, lookahead=120), MARKET,
+     [("destroy", "vastctl-l")]),
+    ("a late benchmark while demand is unknown: kept (nothing is released on no evidence)",
+     fleet(3) + [m("vastctl-l", state="params_done", running_for_h=40 / 60)],
+     steady(30, lookahead=120)[:-1] + [sample(0, ok=False)], MARKET, []),
     ("a machine benchmarking for 10 minutes is on its way: no second launch for it",
      fleet(2) + [m("vastctl-b", state="params_done", running_for_h=10 / 60)], steady(30, lookahead=120), MARKET, []),
     # resume or rent: a stopped machine clearly dearer per proof than an offer is not resumed
@@ -168,6 +178,14 @@ def test_wanted_drains_the_queue_within_the_horizon_and_keeps_up_with_arrivals()
     assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(50 / 0.5 + 90)  # 100 to drain + 90 arriving
     capped = observation(fleet(1), steady(400, lookahead=300))
     assert rules.wanted_capacity(capped, CONFIG) == pytest.approx(345)  # target 300 × 1.15
+
+
+def test_the_release_of_a_late_benchmark_says_why():
+    late = m("vastctl-l", state="params_done", running_for_h=40 / 60)
+    (action,) = rules.plan(observation(fleet(3) + [late], steady(30, lookahead=120)), CONFIG, MARKET)
+    assert action.kind == "destroy" and action.reason == (
+        "benchmarking for 40m (a healthy benchmark takes 10-16m; past 25m it is likely stuck), and the fleet covers"
+        " the 180 proofs/h wanted without it: released")
 
 
 def test_a_rounded_down_shortfall_holds_naming_it_and_the_smallest_machine():
@@ -304,10 +322,14 @@ def test_releases_never_drop_running_capacity_below_what_is_wanted(seed):
     obs = observation(machines, history)
     actions = rules.plan(obs, CONFIG, MARKET)
     released = {a.label for a in actions if a.kind in ("stop", "destroy")}
+    state = {x["label"]: x["state"] for x in machines}
     left = sum(x["expected_rate"] for x in machines if x["state"] == "running" and x["label"] not in released)
-    if released:
+    if any(state[label] == "running" for label in released):
         assert left >= rules.wanted_capacity(obs, CONFIG) - 1e-9
         assert left >= rules.held_capacity(obs, CONFIG) - 1e-9
+    for label in (label for label in released if state[label] != "running"):  # a late benchmark, given up on
+        assert rules.late(next(x for x in machines if x["label"] == label), NOW)
+        assert rules.counted_capacity(obs) >= rules.wanted_capacity(obs, CONFIG) - 1e-9  # covered without it
 
 
 def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released():

@@ -30,7 +30,8 @@ policy is shown. In the order `plan()` applies them:
                              fleet.gpus, the last one the cheapest per hour that covers what is left
                              (next_offer). Capacity still on its way counts: no second launch for it, unless its
                              benchmark is late (LATE_BENCH_S: likely stuck, reconcile kills it at
-                             timeouts.params_done). A machine vast lists as exited, offline, missing, or stopped
+                             timeouts.params_done; the rules destroy it themselves once what runs and boots covers
+                             wanted without it). A machine vast lists as exited, offline, missing, or stopped
                              under a running row (outbid) is not counted. A shortfall under ROUND_DOWN of the
                              smallest machine to hand is rounded down (rounded_down: the queue it leaves raises
                              wanted until it is worth a machine), never from no capacity at all.
@@ -294,6 +295,7 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
         grown = _grow(obs, config, offers, budget - len(actions))
         actions.extend(grown)
         if not grown and obs.demand.known:
+            actions.extend(_release_late_benchmarks(obs, config, budget - len(actions)))
             actions.extend(_release_while_queued(obs, config, budget - len(actions))
                            or _replace(obs, config, offers, budget - len(actions)))
     elif _cooled_down(obs, config):
@@ -467,6 +469,22 @@ def next_offer(ranked: Sequence[tuple[Offer, float]], missing: float, obs: Obser
     if _price(cheapest[0], obs, config) < _price(offer, obs, config) - 1e-9:
         return cheapest[0], cheapest[1], True
     return offer, rate, False
+
+
+def _release_late_benchmarks(obs: Observation, config: Config, budget: int) -> list[Action]:
+    """Destroy benchmarks past LATE_BENCH_S once what runs and boots covers what is wanted without them.
+
+    A late benchmark is already given up on (not counted, the fleet launched around it); once the fleet covers the
+    work without it, it only bills, until reconcile's timeouts.params_done (90 min by default) would kill it. If it
+    was merely slow, the fleet did not need it."""
+    if budget < 1 or counted_capacity(obs) < wanted_capacity(obs, config) - 1e-9:
+        return []
+    late_ones = [m for m in obs.machines if late(m, obs.now) and m.get("vast_id") is not None and not _vast_dead(m)]
+    return [Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                   reason=(f"benchmarking for {_since(machine, obs.now) / 60:.0f}m (a healthy benchmark takes 10-16m;"
+                           f" past {LATE_BENCH_S // 60}m it is likely stuck), and the fleet covers the"
+                           f" {wanted_capacity(obs, config):g} proofs/h wanted without it: released"))
+            for machine in late_ones[:budget]]
 
 
 def _live_running(obs: Observation) -> list[dict]:
