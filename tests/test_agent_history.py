@@ -66,14 +66,17 @@ def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_p
 
 def test_a_step_that_rounds_a_shortfall_down_says_so_and_rents_nothing(ready, cli, market, db_path):
     running(cli, "vastctl-a", vast_id=501, rate=100)  # its model's rate; the offers' 512 GiB hosts cap it at 95
-    assert cli("demand", "report", "--queued", "500").code == 0
+    assert cli("demand", "report", "--queued", "10", "--lookahead", "130").code == 0  # 15 + 104 wanted, capped
     shown = json.loads(cli("agent-step", "--json").out)
     assert shown["actions"] == [] and shown["hold"] == (
-        "queued work: capacity 100 + 0 booting is 15 short of 115 wanted (target 100 × (1 + headroom 0.15)), under"
+        "work for the fleet (10 queued, 130 PoRep coming): capacity 100 + 0 booting is 15 short of 115 wanted"
+        " (target 100 × (1 + headroom 0.15)), under"
         " 50% of the smallest machine to hand (95/h): rounded down, not up to a whole machine (a growing queue"
         " raises what is wanted)"), shown["hold"]
     assert [c[0] for c in market.calls] == ["search"]  # the offers were looked at; nothing was bought
     assert len(query(db_path, "SELECT uuid FROM instances")) == 1
+    assert cli("demand", "report", "--queued", "500").code == 0  # 5 h of work waits: the shortfall is rented
+    assert [a["kind"] for a in json.loads(cli("agent-step", "--json").out)["actions"]] == ["launch"]
 
 
 # --- the history -------------------------------------------------------------------------------------

@@ -103,6 +103,8 @@ CASES = [
     # whole machines: a shortfall under half the smallest machine to hand is rounded down, not up
     ("short by 20/h, under half the smallest machine on offer (60/h): rounded down, nothing rented",
      fleet(2), steady(10, lookahead=120), MARKET, []),
+    ("short by 20/h while 60 proofs wait (30 min of work at 120/h, over half the 30m horizon): rented",
+     fleet(2), steady(60, lookahead=20), MARKET, [("launch", 2)]),
     ("short by 30/h, half the smallest machine on offer: rented",
      fleet(2), steady(15, lookahead=120), MARKET, [("launch", 2)]),
     ("no capacity at all: any shortfall is rented (never rounded down to nothing)",

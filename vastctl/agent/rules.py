@@ -34,7 +34,8 @@ policy is shown. In the order `plan()` applies them:
                              wanted without it). A machine vast lists as exited, offline, missing, or stopped
                              under a running row (outbid) is not counted. A shortfall under ROUND_DOWN of the
                              smallest machine to hand is rounded down (rounded_down: the queue it leaves raises
-                             wanted until it is worth a machine), never from no capacity at all.
+                             wanted until it is worth a machine), only while what waits drains within half of
+                             agent.plan_horizon, never from no capacity at all.
   work > 0, at or over       release slowly: running capacity alone (booting machines are not counted: make before
   wanted                     break) must still cover held with agent.scale_down_margin to spare; at most
                              agent.max_releases_per_step, dearest per proof first, stopped (disk kept). A machine a
@@ -124,17 +125,22 @@ def needed(sample: Mapping[str, Any], config: Config) -> float:
     return backlog / horizon_hours(config) + arrivals
 
 
-def wanted_capacity(obs: Observation, config: Config) -> float:
-    """Proofs/hour the fleet is sized to now: what the work needs (needed()), capped by ceiling(). While demand is
-    unknown, what the newest good sample needed (observation.last_known_demand: the fleet holds, neither shrinking
-    on no evidence nor buying the whole ceiling on none); the ceiling itself if there never was one."""
-    cap = ceiling(obs, config)
+def sized_to(obs: Observation) -> Mapping[str, Any] | None:
+    """The demand sample the fleet is sized to: the current one while demand is known, else the newest good one
+    (observation.last_known_demand: the fleet holds, neither shrinking on no evidence nor buying the whole ceiling
+    on none); None if no sample was ever good."""
     demand = obs.demand
     if not demand.known:
-        last = obs.last_known_demand
-        return cap if last is None else min(cap, needed(last, config))
-    return min(cap, needed({"queued": demand.queued, "in_flight": demand.in_flight, "lookahead": demand.lookahead,
-                            "proofs_per_hour": demand.proofs_per_hour}, config))
+        return obs.last_known_demand
+    return {"queued": demand.queued, "in_flight": demand.in_flight, "lookahead": demand.lookahead,
+            "proofs_per_hour": demand.proofs_per_hour}
+
+
+def wanted_capacity(obs: Observation, config: Config) -> float:
+    """Proofs/hour the fleet is sized to now: what the work of sized_to() needs (needed()), capped by ceiling();
+    the ceiling itself if no demand sample was ever good."""
+    sample = sized_to(obs)
+    return ceiling(obs, config) if sample is None else min(ceiling(obs, config), needed(sample, config))
 
 
 def held_capacity(obs: Observation, config: Config) -> float | None:
@@ -400,13 +406,17 @@ def rounded_down(obs: Observation, config: Config, ranked: Sequence[tuple[Offer,
 
     A machine bills whole whatever it proves. Left short by less than half a machine, the queue grows, and with it
     the drain term of wanted_capacity (queued / agent.plan_horizon), until the shortfall is worth a machine: at
-    most plan_horizon × ROUND_DOWN of that machine's work waits the longer, spread over the fleet proving. Never
-    from nothing: a fleet with no capacity counted grows for any shortfall."""
+    most plan_horizon × ROUND_DOWN of that machine's work waits the longer, spread over the fleet proving. So only
+    for a fleet keeping up: not while what waits (queued and in flight) takes longer than ROUND_DOWN × plan_horizon
+    to drain at the capacity counted, and never from nothing (a fleet with no capacity grows for any shortfall)."""
     have = counted_capacity(obs)
     missing = wanted_capacity(obs, config) - have
     rates = [rate for _, rate in ranked] + [m["expected_rate"] for m in _resumable(obs) if m["expected_rate"] > 0]
     if missing <= 0 or have <= 0 or not rates:
         return None
+    sample = sized_to(obs) or {}
+    if ((sample.get("queued") or 0) + (sample.get("in_flight") or 0)) / have > ROUND_DOWN * horizon_hours(config):
+        return None  # proofs already wait: the shortfall is rented
     smallest = min(rates)
     return smallest if missing < ROUND_DOWN * smallest else None
 
