@@ -525,6 +525,9 @@ def test_state_file_that_cannot_be_opened_is_503(tmp_path):
         assert response.status_code == 503
         assert response.json()["error"] == "the manager cannot open its state file: retry later"
         assert response.headers["Retry-After"] == "5"
+        scrape = requests.get(f"{m.url}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+        assert (scrape.status_code, scrape.headers.get("Retry-After")) == (503, "5")  # the operator's side says it too
+        assert "cannot open its state file" in scrape.json()["error"]
         assert not m.db_path.exists()  # and serve did not make an empty one
     finally:
         assert m.stop() == 0

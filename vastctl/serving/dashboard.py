@@ -102,6 +102,8 @@ def serve(app, environ: dict, start_response: Callable, method: str, path: str) 
         headers.extend(exc.headers)
     except (BadInput, HTTPError) as exc:
         status, headers, body = _error(exc.status if isinstance(exc, HTTPError) else 400, f"error: {exc}", api=api)
+        if isinstance(exc, HTTPError):
+            headers.extend(exc.headers)  # a 503's Retry-After: a scraper or a browser retries like a boot script
     except Exception:  # noqa: BLE001 - one bad request must never take the server down
         wsgi.log_unexpected(method, path)
         status, headers, body = _error(500, "internal error: see the manager's log", api=api)
