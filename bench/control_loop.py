@@ -35,6 +35,7 @@ Rerun:
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 import time
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(rows, headers="keys", tablefmt="github"))
     print(f"\n{len(args.levels) * len(args.seeds) * len(args.fleets)} simulated days in"
           f" {time.perf_counter() - started:.0f} s. Rerun: python bench/control_loop.py"
-          + "".join(f" --set {s}" for s in args.settings))
+          + "".join(f" {shlex.quote(arg)}" for arg in (sys.argv[1:] if argv is None else argv)))
     return 0
 
 
