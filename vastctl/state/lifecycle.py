@@ -294,11 +294,17 @@ def prefix_note(label: str | None, prefix: str) -> str | None:
 
 def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
     """Proving parameters are fetched; the benchmark starts."""
+    return _report_once(conn, uuid, S.PARAMS_DONE, "proving parameters fetched", now=now)
+
+
+def _report_once(conn: sqlite3.Connection, uuid: str, state: State, reason: str, *, now: datetime) -> dict[str, Any]:
+    """A machine's report of reaching `state`: the transition, or the row unchanged when it is there already (a
+    boot script retries a report whose answer it lost)."""
     with transaction(conn):
         row = get(conn, uuid)
-        if row["state"] == S.PARAMS_DONE:
+        if row["state"] == state:
             return row
-        return _transition_in_tx(conn, uuid, S.PARAMS_DONE, "proving parameters fetched", "instance", now=now)
+        return _transition_in_tx(conn, uuid, state, reason, "instance", now=now)
 
 
 def validate_rate(rate: Any) -> float:
@@ -421,11 +427,7 @@ def bench_failed(conn: sqlite3.Connection, uuid: str, reason: Any = None, *, now
 
 def running(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
     """The prover is up and taking work."""
-    with transaction(conn):
-        row = get(conn, uuid)
-        if row["state"] == S.RUNNING:
-            return row
-        return _transition_in_tx(conn, uuid, S.RUNNING, "proving", "instance", now=now)
+    return _report_once(conn, uuid, S.RUNNING, "proving", now=now)
 
 
 def validate_proofs(proofs_done: Any) -> int:
