@@ -50,7 +50,7 @@ from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput, VastctlError
 from vastctl.serving import wsgi
-from vastctl.state import db
+from vastctl.state import db, tokens
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import record_event
 
@@ -83,16 +83,10 @@ NO_SECRET_FIX = ("store the secret vast showed when the webhook was created with
 
 def read_secrets(path: Path) -> list[bytes]:
     """Every secret in the file, newest first; a `# …` comment after a secret is ignored."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"no webhook secret at {path}: {NO_SECRET_FIX}") from None
     found = []
-    for number, line in enumerate(text.splitlines(), 1):
-        secret = line.partition("#")[0].strip()
-        if secret:
-            check_secret(secret, f"the webhook secret on line {number} of {path}")
-            found.append(secret.encode())
+    for number, secret, _ in tokens.secret_lines(path, f"no webhook secret at {path}: {NO_SECRET_FIX}"):
+        check_secret(secret, f"the webhook secret on line {number} of {path}")
+        found.append(secret.encode())
     if not found:
         raise BadInput(f"the webhook secret file {path} holds no secret: {NO_SECRET_FIX}")
     return found

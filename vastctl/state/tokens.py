@@ -165,17 +165,24 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
 
-def _read_lines(path: Path) -> list[tuple[bytes, datetime | None]]:
+def secret_lines(path: Path, missing: str) -> list[tuple[int, str, str]]:
+    """(line number, secret, the `# …` comment after it) of every line of a secret file that holds a secret,
+    newest first as the file keeps them; no file is BadInput(missing). The token and webhook secret files share it."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise BadInput(f"no token secret at {path}: {NO_SECRET_FIX}") from None
-    lines = []
+        raise BadInput(missing) from None
+    found = []
     for number, line in enumerate(text.splitlines(), 1):
-        secret, _, comment = line.partition("#")
-        secret = secret.strip()
-        if not secret:
-            continue
+        text_before, _, comment = line.partition("#")
+        if secret := text_before.strip():
+            found.append((number, secret, comment))
+    return found
+
+
+def _read_lines(path: Path) -> list[tuple[bytes, datetime | None]]:
+    lines = []
+    for number, secret, comment in secret_lines(path, f"no token secret at {path}: {NO_SECRET_FIX}"):
         if len(secret) < MIN_LENGTH:
             raise BadInput(f"the token secret on line {number} of {path} is too short (under {MIN_LENGTH}"
                            " characters): remove that line, or delete the file and run `vastctl init`")
