@@ -371,21 +371,20 @@ def stored_json(text: str | None, kind: type = list) -> Any:
     return value if isinstance(value, kind) else kind()
 
 
+SAMPLE_COLUMNS = "at, ok, queued, in_flight, lookahead, proofs_per_hour"
 HISTORY_ROWS = 2000  # newest samples read for the window: bounded whatever the file's age or the report cadence
 
 
 def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
     """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
     (failed ones too: they mean "unknown")."""
-    rows = conn.execute("SELECT at, ok, queued, in_flight, lookahead, proofs_per_hour FROM demand_samples"
-                        " ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
+    rows = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
     kept = []
     for row in rows:  # newest first, read only as far as the window's start
         at = clock_module.from_iso(row["at"])
         if at is None:
             break
-        kept.append({"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
-                     "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]})
+        kept.append(_sample(row, at))
         if at <= since:
             break
     return kept[::-1]
@@ -394,11 +393,14 @@ def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
 def last_known_demand(conn: sqlite3.Connection) -> dict | None:
     """The newest good demand sample (None if there never was one): while the source is down or stale, the rules
     size the fleet to what this one needed instead of to the operator's ceiling."""
-    row = conn.execute("SELECT at, queued, in_flight, lookahead, proofs_per_hour FROM demand_samples WHERE ok = 1"
-                       " ORDER BY id DESC LIMIT 1").fetchone()
-    if row is None or clock_module.from_iso(row["at"]) is None:
-        return None
-    return {"at": clock_module.from_iso(row["at"]), "ok": True, "queued": row["queued"], "in_flight": row["in_flight"],
+    row = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
+    at = clock_module.from_iso(row["at"]) if row is not None else None
+    return None if at is None else _sample(row, at)
+
+
+def _sample(row: sqlite3.Row, at: datetime) -> dict:
+    """A demand_samples row as the rules read it (rules.needed)."""
+    return {"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
             "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]}
 
 

@@ -394,7 +394,7 @@ def _cooled_down(obs: Observation, config: Config) -> bool:
 
 def _sizing(obs: Observation, config: Config, have: float, want: float) -> str:
     cap = ceiling(obs, config)
-    at_ceiling = want >= cap - 1e-9 or (not obs.demand.known and obs.last_known_demand is None)
+    at_ceiling = want >= cap - 1e-9 or sized_to(obs) is None
     why = (f"target × (1 + {config.agent.headroom:g})" if at_ceiling
            else f"drains the work within {config.agent.plan_horizon / 60:g}m and keeps up with arrivals")
     return f"{work_reason(obs)}: capacity {have:g} of {want:g} proofs/h wanted ({why})"
@@ -487,13 +487,14 @@ def _release_late_benchmarks(obs: Observation, config: Config, budget: int) -> l
     A late benchmark is already given up on (not counted, the fleet launched around it); once the fleet covers the
     work without it, it only bills, until reconcile's timeouts.params_done (90 min by default) would kill it. If it
     was merely slow, the fleet did not need it."""
-    if budget < 1 or counted_capacity(obs) < wanted_capacity(obs, config) - 1e-9:
+    want = wanted_capacity(obs, config)
+    if budget < 1 or counted_capacity(obs) < want - 1e-9:
         return []
     late_ones = [m for m in obs.machines if late(m, obs.now) and m.get("vast_id") is not None and not _vast_dead(m)]
     return [Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                    reason=(f"benchmarking for {_since(machine, obs.now) / 60:.0f}m (a healthy benchmark takes 10-16m;"
                            f" past {LATE_BENCH_S // 60}m it is likely stuck), and the fleet covers the"
-                           f" {wanted_capacity(obs, config):g} proofs/h wanted without it: released"))
+                           f" {want:g} proofs/h wanted without it: released"))
             for machine in late_ones[:budget]]
 
 
