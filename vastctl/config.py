@@ -75,6 +75,11 @@ RANGES: dict[str, Range] = {
     "agent.max_rounds": Range(1, 100),
     "agent.deadline": Range(0, 3600, above=True, why="0 would end every step before it asks the model"),
     "demand.stale_after": _POSITIVE_DURATION,
+    "route.max_held": Range(1, 100_000),
+    "route.max_held_mb": Range(1, 1_000_000),
+    "route.max_retries": Range(0, 100),
+    "route.fail_threshold": Range(1, 1000),
+    "route.refresh": _POSITIVE_DURATION,
 }
 DEFAULT_RANGES = {"int": Range(0, MAX_INT), "float": Range(0, 1e15), "duration": Range(0, 365 * DAY_S)}
 
@@ -211,6 +216,20 @@ class ProversSection:
 
 
 @dataclass
+class RouteSection:
+    """`vastctl route`: the proof router Curio's `[Cuzk] Address` points at (vastctl/route/, docs/joining-curio.md)."""
+
+    listen: str = "127.0.0.1:9820"  # host:port the router serves cuzk.v1.ProvingEngine on, plaintext as cuzk does
+    max_held: int = 200  # calls waiting for a free prover slot, at most; past it a new call is refused
+    max_held_mb: int = 4096  # request bytes the router keeps (held and on provers, for a resend), at most
+    max_retries: int = 3  # times a call a prover dropped is sent again to another prover
+    fail_threshold: int = 3  # a prover that drops or fails this many calls in a row takes no more and is killed
+    post_address: str = ""  # the operator's own daemon for WindowPoSt/WinningPoSt; empty: the fleet, ahead of all
+    drain_timeout: float = field(default=5 * 60, metadata=DURATION)  # on SIGTERM, calls in flight get this long
+    refresh: float = field(default=2.0, metadata=DURATION)  # how often the joined provers are read from the state file
+
+
+@dataclass
 class SimSection:
     seed: int = 1
     failures: str = "default"
@@ -239,6 +258,7 @@ class Config:
     server: ServerSection = field(default_factory=ServerSection)
     tunnel: TunnelSection = field(default_factory=TunnelSection)
     provers: ProversSection = field(default_factory=ProversSection)
+    route: RouteSection = field(default_factory=RouteSection)
     sim: SimSection = field(default_factory=SimSection)
     source: str = field(default="", metadata={"internal": True})
 

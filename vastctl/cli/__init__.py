@@ -9,7 +9,7 @@ from typing import Protocol, TypeGuard
 
 import typer
 
-from vastctl.cli import agent, agent_history, cost, demo, instance, logs, market, operator, provers, reconcile, serve  # noqa: F401  (registers their commands)
+from vastctl.cli import agent, agent_history, cost, demo, instance, logs, market, operator, provers, reconcile, route, serve  # noqa: F401  (registers their commands)
 from vastctl.cli.app import Globals, app
 from vastctl.errors import BadInput, VastctlError
 from vastctl.state import db

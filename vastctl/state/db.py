@@ -394,6 +394,44 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX vast_listings_ok ON vast_listings(ok)
         """,
     ),
+    (
+        "the proof router: every call it delivered, what it holds, the machines it set aside",
+        # vastctl/facts/deliveries.py says what each column means
+        """
+        CREATE TABLE proof_calls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            request_id TEXT,
+            kind TEXT NOT NULL,
+            uuid TEXT,
+            label TEXT,
+            result TEXT NOT NULL,
+            held_ms INTEGER NOT NULL,
+            prover_ms INTEGER,
+            attempt INTEGER NOT NULL,
+            size_bytes INTEGER NOT NULL,
+            queue_wait_ms INTEGER,
+            srs_load_ms INTEGER,
+            synthesis_ms INTEGER,
+            gpu_compute_ms INTEGER,
+            total_ms INTEGER,
+            detail TEXT
+        );
+        CREATE INDEX proof_calls_at ON proof_calls(at);
+        CREATE INDEX proof_calls_uuid ON proof_calls(uuid, result);
+        CREATE TABLE route_status (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            updated_at TEXT NOT NULL,
+            held INTEGER NOT NULL,
+            held_bytes INTEGER NOT NULL,
+            oldest_held_s REAL,
+            in_flight INTEGER NOT NULL,
+            provers INTEGER NOT NULL
+        );
+        ALTER TABLE instances ADD COLUMN route_failing_since TEXT;
+        ALTER TABLE instances ADD COLUMN route_failure TEXT
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,408 @@
+"""`vastctl route`: cuzk.v1.ProvingEngine in front of the joined provers, so Curio never loses a proof at the
+fleet's edge.
+
+Curio counts every failed Prove as a failed task and deletes a PoRep task after ~8 minutes of them; a
+replacement machine takes 15-90 minutes. So the router holds what it cannot place, never fails fast:
+
+  Prove      held until a prover has a free slot (dispatch.py), bounded by the call's own deadline and
+             route.max_held; sent with its bytes untouched; a call the prover dropped before answering
+             (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the joined set while it held
+             the call) is sent again to another prover, at most route.max_retries times. Whatever the prover
+             answered (gRPC OK, a proof FAILED inside it, or a status the daemon chose) goes back as it came
+             and is never sent again. Over the daemon's 128 MiB it is refused at once. PoSt goes to
+             route.post_address when set, else ahead of every held call.
+  GetStatus  the joined provers' answers summed, plus the router's held calls as queue "router-held".
+  the rest   UNIMPLEMENTED with a message (Curio calls only Prove and GetStatus).
+
+Every attempt is recorded (facts/deliveries.py) by one writer thread, which also reads the joined provers
+from the state file every route.refresh and writes what the router holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+
+from vastctl import clock as clock_module
+from vastctl.clock import Clock
+from vastctl.config import Config
+from vastctl.facts import deliveries, tunnel
+from vastctl.route import dispatch, wire
+from vastctl.route.dispatch import Dispatcher, Prover, ProverSpec
+from vastctl.state import db
+
+log = logging.getLogger("vastctl.route")
+
+ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK too): returned as it came
+DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})  # the prover failed before answering: safe to send elsewhere
+STATUS_TIMEOUT_S = 2.0  # one prover's GetStatus (Curio gives the whole call 5 s)
+NO_DEADLINE_S = 24 * 3600.0  # a call with no deadline is held at most this long
+RESEND_PAUSE_S = 1.0  # a call sent back to the prover that dropped it waits this × attempts first
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
+    ("grpc.max_receive_message_length", wire.CURIO_MAX_MESSAGE),
+    ("grpc.enable_retries", 0),  # the router decides what is sent again, never the channel
+    ("grpc.keepalive_time_ms", 60_000),  # a tunnel that went silent is found within minutes, not at the deadline
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """A call on a prover: the future to cancel when the prover leaves, and whether that is why it ended."""
+    future: Any
+    moved: bool = False
+
+
+class Router:
+    def __init__(self, config: Config, *, clock: Clock = clock_module.SYSTEM,
+                 probe: Callable[[int, float], bool] = tunnel.probe) -> None:
+        route = config.route
+        self.config = config
+        self.clock = clock
+        self.probe = probe
+        self.dispatcher = Dispatcher(max_held=route.max_held, max_bytes=route.max_held_mb * 1024 * 1024,
+                                     fail_threshold=route.fail_threshold, clock=clock)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._attempts: dict[str, set[_Attempt]] = {}
+        self._lock = threading.Lock()
+        self._records: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._post_channel = (grpc.insecure_channel(route.post_address, options=CHANNEL_OPTIONS)
+                              if route.post_address else None)
+
+    # --- the calls ----------------------------------------------------------------------------------------
+
+    def prove(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        started = self.clock.monotonic()
+        size = len(request)
+        try:
+            header = wire.prove_header(request)
+        except wire.Malformed as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a cuzk.v1.ProveRequest ({exc})")
+        kind = wire.KIND_NAMES.get(header.proof_kind, str(header.proof_kind))
+        base = {"request_id": header.request_id[:200], "kind": kind, "size_bytes": size}
+        if size > wire.DAEMON_MAX_MESSAGE:
+            self._record(base, "refused", started, attempt=0, detail="over 128 MiB")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"vastctl route: a {size}-byte request is over the 134217728 bytes (128 MiB) a cuzk"
+                          " daemon accepts; no prover was tried")
+        if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
+            return self._to_post_address(request, context, base, started)
+        klass = dispatch.CLASS_POST if header.proof_kind in wire.POST_KINDS else dispatch.CLASS_PROOF
+        try:
+            ticket = self.dispatcher.admit(klass=klass, size=size)
+        except dispatch.Full as exc:
+            self._record(base, "refused", started, attempt=0, detail=str(exc))
+            log.warning("refused %s call %s: %s", kind, base["request_id"], exc)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"vastctl route is full: {exc}; retry later")
+        except dispatch.Closed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "vastctl route is stopping: it takes no new calls")
+        try:
+            return self._place(request, context, ticket, base, started)
+        finally:
+            self.dispatcher.finish(ticket)
+
+    def _place(self, request: bytes, context: grpc.ServicerContext, ticket: dispatch.Ticket,
+               base: dict[str, Any], started: float) -> bytes:
+        attempt = 0
+        while True:
+            prover = self._wait_for_slot(context, ticket, base, started, attempt)
+            attempt += 1
+            sent = self.clock.monotonic()
+            outcome: str = "dropped"
+            answer: Any = "the router failed while sending it"
+            try:
+                outcome, answer = self._send(prover, request, context)
+            finally:  # the slot comes back whatever happened, so a fault here never shrinks the fleet
+                record = {**base, "uuid": prover.spec.uuid, "label": prover.spec.label, "attempt": attempt,
+                          "held_ms": _ms(sent - started), "prover_ms": _ms(self.clock.monotonic() - sent)}
+                if outcome == "completed":
+                    timings = _timings(answer)
+                    outcome = "completed" if timings.pop("status") == wire.STATUS_COMPLETED else "failed"
+                    record.update(timings)
+                self._release(ticket, prover, outcome)
+                detail = f"{answer[0].name}: {answer[1]}" if outcome == "error" else answer
+                self._queue_record({**record, "result": "dropped" if outcome == "moved" else outcome,
+                                    **({"detail": str(detail)[:500]} if outcome not in ANSWERED else {})})
+            if outcome in ANSWERED:
+                return answer
+            if outcome == "error":
+                context.abort(*answer)
+            if outcome == "expired":
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, answer)
+            if outcome == "abandoned":
+                context.abort(grpc.StatusCode.CANCELLED, answer)
+            if attempt > self.config.route.max_retries:
+                log.error("gave up on %s call %s: dropped by %d provers, the last: %s", base["kind"],
+                          base["request_id"], attempt, answer)
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              f"vastctl route: {attempt} provers dropped this call (route.max_retries"
+                              f" {self.config.route.max_retries}); the last: {answer}")
+            log.info("%s call %s dropped by %s (%s): sending it again", base["kind"], base["request_id"],
+                     prover.spec.label, answer)
+
+    def _wait_for_slot(self, context: grpc.ServicerContext, ticket: dispatch.Ticket, base: dict[str, Any],
+                       started: float, attempt: int) -> Prover:
+        if attempt and ticket.dropped_by:
+            pause = min(10.0, RESEND_PAUSE_S * attempt)
+            self._stop.wait(pause) if self._only_droppers(ticket) else None
+        while True:
+            remaining = context.time_remaining()
+            if remaining is None:
+                remaining = NO_DEADLINE_S - (self.clock.monotonic() - started)
+            if remaining <= 0:
+                self._record(base, "expired", started, attempt=attempt, detail="held past its deadline")
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"vastctl route held this call {self.clock.monotonic() - started:.0f}s: no prover had"
+                              " a free slot before its deadline")
+            if not context.is_active():
+                self._record(base, "abandoned", started, attempt=attempt, detail="the caller went away while held")
+                context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
+            try:
+                prover = self.dispatcher.acquire(ticket, timeout=min(remaining, 1.0))
+            except dispatch.Closed:
+                self._record(base, "refused", started, attempt=attempt, detail="the router stopped while it was held")
+                log.warning("stopping: refused held %s call %s", base["kind"], base["request_id"])
+                context.abort(grpc.StatusCode.UNAVAILABLE, "vastctl route stopped while this call was held")
+            if prover is not None:
+                return prover
+
+    def _only_droppers(self, ticket: dispatch.Ticket) -> bool:
+        live = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"] and not p["set_aside"]}
+        return bool(live) and live <= ticket.dropped_by
+
+    def _send(self, prover: Prover, request: bytes, context: grpc.ServicerContext) -> tuple[str, Any]:
+        """(outcome, what came back): completed (the response bytes), error ((code, details) the daemon
+        chose), dropped/moved (why), expired or abandoned (a message)."""
+        stub = self._channel(prover.spec.endpoint).unary_unary(wire.PROVE)
+        remaining = context.time_remaining()
+        future = stub.future(request, timeout=remaining)
+        attempt = _Attempt(future)
+        with self._lock:
+            self._attempts.setdefault(prover.spec.uuid, set()).add(attempt)
+        context.add_callback(future.cancel)  # Curio gave up: so does the prover's call
+        try:
+            return "completed", future.result()
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if attempt.moved:
+                return "moved", f"{prover.spec.label} left the joined set while proving it"
+            if code in DROPPED:
+                return "dropped", f"{prover.spec.label}: {code.name} {details}"[:300]
+            if code == grpc.StatusCode.CANCELLED and not context.is_active():
+                return "abandoned", "the caller cancelled the call"
+            if code == grpc.StatusCode.CANCELLED:
+                return "dropped", f"{prover.spec.label}: CANCELLED {details}"[:300]
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "expired", f"the call's deadline passed while {prover.spec.label} proved it"
+            return "error", (code, details)
+        except futures.CancelledError:
+            if attempt.moved:
+                return "moved", f"{prover.spec.label} left the joined set while proving it"
+            return "abandoned", "the caller cancelled the call"
+        finally:
+            with self._lock:
+                self._attempts.get(prover.spec.uuid, set()).discard(attempt)
+
+    def _to_post_address(self, request: bytes, context: grpc.ServicerContext, base: dict[str, Any],
+                         started: float) -> bytes:
+        assert self._post_channel is not None
+        sent = self.clock.monotonic()
+        try:
+            answer = self._post_channel.unary_unary(wire.PROVE)(request, timeout=context.time_remaining())
+        except grpc.RpcError as exc:
+            self._queue_record({**base, "label": "post_address", "result": "error", "held_ms": 0, "attempt": 1,
+                                "prover_ms": _ms(self.clock.monotonic() - sent),
+                                "detail": f"{exc.code().name}: {exc.details()}"[:500]})
+            context.abort(exc.code(), exc.details() or "")
+        timings = _timings(answer)
+        result = "completed" if timings.pop("status") == wire.STATUS_COMPLETED else "failed"
+        self._queue_record({**base, **timings, "label": "post_address", "result": result, "held_ms": _ms(sent - started),
+                            "prover_ms": _ms(self.clock.monotonic() - sent), "attempt": 1})
+        return answer
+
+    def get_status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        snapshot = self.dispatcher.snapshot()
+        live = [p for p in snapshot["provers"] if not p["gone"]]
+        summed = wire.GetStatusResponse()
+        queues: dict[str, list[int]] = {}
+        srs: dict[str, Any] = {}
+
+        def ask(prover: dict[str, Any]) -> Any:
+            try:
+                data = self._channel(prover["endpoint"]).unary_unary(wire.GET_STATUS)(b"", timeout=STATUS_TIMEOUT_S)
+            except grpc.RpcError:
+                return None
+            return wire.GetStatusResponse.FromString(data)
+
+        answers = list(futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(live)))).map(ask, live)) if live else []
+        for answer in answers:
+            if answer is None:
+                continue
+            summed.gpus.extend(answer.gpus)
+            for entry in answer.loaded_srs:
+                srs.setdefault(entry.circuit_id, entry)
+            for entry in answer.queues:
+                counts = queues.setdefault(entry.proof_kind, [0, 0])
+                counts[0] += entry.pending
+                counts[1] += entry.in_progress
+            summed.total_proofs_completed += answer.total_proofs_completed
+            summed.total_proofs_failed += answer.total_proofs_failed
+            summed.pinned_memory_bytes += answer.pinned_memory_bytes
+            summed.pinned_memory_limit_bytes += answer.pinned_memory_limit_bytes
+            summed.uptime_seconds = max(summed.uptime_seconds, answer.uptime_seconds)
+        summed.loaded_srs.extend(srs.values())
+        for kind, (pending, in_progress) in sorted(queues.items()):
+            summed.queues.add(proof_kind=kind, pending=pending, in_progress=in_progress)
+        summed.queues.add(proof_kind="router-held", pending=snapshot["held"], in_progress=0)
+        return summed.SerializeToString()
+
+    # --- the provers --------------------------------------------------------------------------------------
+
+    def refresh(self, conn) -> None:
+        """Read the joined set from the state file; calls on a prover that left it are moved."""
+        slots = self.config.launch.bench_concurrency
+        specs = []
+        for row in deliveries.candidates(conn):
+            if not row["joined"] and not self.probe(row["tunnel_port"], self.config.tunnel.check_timeout):
+                continue
+            specs.append(ProverSpec(uuid=row["uuid"], label=row["label"], endpoint=f"127.0.0.1:{row['tunnel_port']}",
+                                    slots=slots, rate=float(row["bench_rate"] or 0.0)))
+        before = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"]}
+        left = self.dispatcher.update(specs)
+        joined = [spec.label for spec in specs if spec.uuid not in before]
+        if joined:
+            log.info("provers joined: %s", ", ".join(joined))
+        for uuid in left:
+            log.info("prover %s left the joined set: its calls are moved", uuid)
+            with self._lock:
+                moving = list(self._attempts.get(uuid, ()))
+            for attempt in moving:
+                attempt.moved = True
+                attempt.future.cancel()
+
+    def _release(self, ticket: dispatch.Ticket, prover: Prover, outcome: str) -> None:
+        why = self.dispatcher.release(ticket, prover, outcome)
+        if why is not None:
+            log.warning("prover %s set aside: %s", prover.spec.label, why)
+            self._records.put(("set_aside", prover.spec.uuid, why))
+
+    def _channel(self, endpoint: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(endpoint)
+            if channel is None:
+                channel = self._channels[endpoint] = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+            return channel
+
+    # --- the writer thread --------------------------------------------------------------------------------
+
+    def _record(self, base: dict[str, Any], result: str, started: float, *, attempt: int, detail: str) -> None:
+        self._queue_record({**base, "result": result, "held_ms": _ms(self.clock.monotonic() - started),
+                            "attempt": attempt, "detail": detail})
+
+    def _queue_record(self, call: dict[str, Any]) -> None:
+        self._records.put(("call", {**call, "at": clock_module.to_iso(self.clock.now())}))
+
+    def start_writer(self, db_path) -> None:
+        conn = db.connect(db_path, now=self.clock.now())
+        conn.close()
+        self._writer = threading.Thread(target=self._write_loop, args=(db_path,), name="route-writer", daemon=True)
+        self._writer.start()
+
+    def _write_loop(self, db_path) -> None:
+        conn = db.connect(db_path, now=self.clock.now())
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                self._flush(conn)
+                try:
+                    self.refresh(conn)
+                    deliveries.write_status(conn, self.dispatcher.snapshot(), now=self.clock.now())
+                except Exception as exc:  # noqa: BLE001 - a locked or damaged file must not stop the calls
+                    log.error("could not read or write the state file: %s", exc)
+                if stopping:
+                    return
+                self._stop.wait(self.config.route.refresh)
+        finally:
+            conn.close()
+
+    def _flush(self, conn) -> None:
+        calls: list[tuple] = []
+        asides: list[tuple] = []
+        while True:
+            try:
+                item = self._records.get_nowait()
+            except queue.Empty:
+                break
+            (calls if item[0] == "call" else asides).append(item)
+        try:
+            deliveries.record_calls(conn, [call for _, call in calls])
+            for _, uuid, why in asides:
+                deliveries.set_aside(conn, uuid, why, now=self.clock.now())
+        except Exception as exc:  # noqa: BLE001 - kept for the next flush rather than lost
+            log.error("could not record %d calls: %s", len(calls), exc)
+            for item in calls + asides:
+                self._records.put(item)
+
+    def stop_writer(self) -> None:
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+
+
+def _timings(answer: bytes) -> dict[str, Any]:
+    result = wire.ProveResponse.FromString(answer).result
+    return {"status": result.status, "queue_wait_ms": result.queue_wait_ms, "srs_load_ms": result.srs_load_ms,
+            "synthesis_ms": result.synthesis_ms, "gpu_compute_ms": result.gpu_compute_ms, "total_ms": result.total_ms,
+            **({"detail": result.error_message[:500]} if result.error_message else {})}
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+class _Handler(grpc.GenericRpcHandler):
+    """Every method of cuzk.v1.ProvingEngine, bytes in and out: the router parses only what it routes on."""
+
+    def __init__(self, router: Router) -> None:
+        self.methods = {
+            wire.PROVE: grpc.unary_unary_rpc_method_handler(router.prove),
+            wire.GET_STATUS: grpc.unary_unary_rpc_method_handler(router.get_status),
+        }
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        if method in self.methods:
+            return self.methods[method]
+        return grpc.unary_unary_rpc_method_handler(_unimplemented)
+
+
+def _unimplemented(request: bytes, context: grpc.ServicerContext) -> bytes:
+    context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                  "vastctl route serves Prove and GetStatus (the calls Curio makes); send the others to a daemon")
+    return b""
+
+
+def make_server(router: Router, listen: str) -> tuple[grpc.Server, int]:
+    """A gRPC server on `listen` (host:port; port 0 picks one); returns it and the port bound."""
+    route = router.config.route
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=route.max_held + 1024, thread_name_prefix="route"),
+        handlers=[_Handler(router)],
+        options=[("grpc.max_receive_message_length", wire.CURIO_MAX_MESSAGE + 1024 * 1024),
+                 ("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
+                 ("grpc.so_reuseport", 0)],
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, port
