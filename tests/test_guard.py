@@ -252,3 +252,16 @@ def test_agent_apply_rejects_an_unknown_kind(conn, config):
     with pytest.raises(BadInput, match="needs the machine's label"):
         step.apply(conn, market, config, Action(kind=Kind.STOP, actor="agent"), now=NOW)
     assert market.calls == []
+
+
+def test_never_scale_to_zero_counts_the_calls_the_proof_router_holds(cfg):
+    import dataclasses
+
+    held = dataclasses.replace(EMPTY, held=4)  # the source says nothing waits, the router holds four calls
+    assert held.work == 4
+    last = obs([machine("vastctl-a")], demand=held)
+    verdict = guard.check(last, Action(kind=Kind.STOP, actor="agent", label="vastctl-a"), cfg)
+    assert (verdict.allowed, verdict.limit) == (False, "never_scale_to_zero")
+    assert "4 of them held at the proof router for a free prover" in verdict.why
+    in_flight = dataclasses.replace(EMPTY, in_flight=6, held=4)  # Curio counts held calls in flight: not added
+    assert in_flight.work == 6

@@ -371,3 +371,17 @@ def test_a_destroyed_instance_still_listed_is_destroyed_again_unless_vast_unload
     recent = row("vastctl-8", state="killed", destroyed_at=ago(minutes=1), kill_code="exited")
     assert destroys(plan([], [seen(recent, "exited", cur_state="stopped")], SETTINGS, cfg(), NOW,
                          history={recent["vast_id"]: recent})) == []  # within the grace: vast is still catching up
+
+
+def test_a_machine_the_proof_router_set_aside_is_killed_with_its_own_code_and_blocklisted():
+    from vastctl.state import blocklist
+
+    why = "3 calls in a row dropped or failed, the last dropped (route.fail_threshold 3)"
+    failing = row("vastctl-1", route_failing_since=ago(seconds=30), route_failure=why)
+    earlier = row("vastctl-2", route_failing_since=ago(hours=2), route_failure=why)  # before this spell in running
+    (kill,) = [a for a in plan([failing, earlier], [seen(failing), seen(earlier)], SETTINGS, cfg(), NOW)
+               if a.kind == "kill"]
+    assert (kill.label, kill.code) == ("vastctl-1", KillCode.ROUTE_FAILING)
+    assert kill.reason == f"the proof router set it aside 30s ago: {why}"
+    killed = {**failing, "state": "killed", "kill_code": "route_failing", "killed_at": ago(seconds=1)}
+    assert blocklist.reason_for(killed) == f"failed the proof router's calls ({why})"

@@ -420,3 +420,33 @@ def test_a_launch_that_will_bid_picks_the_offer_cheapest_at_its_bid():
         config = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "launch": {"rental": rental}})
         chosen[rental] = [a.offer_id for a in rules.plan(obs, config, offers) if a.kind == "launch"][:1]
     assert chosen == {"on-demand": [1], "interruptible": [2]}
+
+
+def test_calls_the_proof_router_holds_launch_an_empty_fleet_at_once_and_hold_a_fleet_under_them():
+    import dataclasses
+
+    empty = steady(0)
+    obs = observation([], empty)
+    assert rules.plan(obs, CONFIG, MARKET) == []  # nothing waits: nothing rented
+    held = dataclasses.replace(obs, demand=dataclasses.replace(obs.demand, held=10))
+    assert rules.wanted_capacity(held, CONFIG) == pytest.approx(10 / 0.5)
+    (launch,) = rules.plan(held, CONFIG, MARKET)
+    assert launch.kind == "launch"
+    assert launch.reason.startswith("work for the fleet (0 queued, 10 held at the proof router, 0 PoRep coming):"
+                                    " capacity 0 of 20 proofs/h wanted"), launch.reason
+    # a running fleet is not released while calls are held, even when the source says nothing waits
+    running = observation(fleet(2), empty)
+    running = dataclasses.replace(running, demand=dataclasses.replace(running.demand, empty_since=NOW - timedelta(hours=1)))
+    (idle,) = rules.plan(running, CONFIG, MARKET)
+    assert idle.reason.startswith("no work queued, in flight or coming for 60m")
+    # three held calls: sized to them (one machine kept), never released as idle
+    kept = dataclasses.replace(running, demand=dataclasses.replace(running.demand, held=3))
+    (spare,) = rules.plan(kept, CONFIG, MARKET)
+    assert spare.kind == "stop" and spare.reason.startswith("work for the fleet (0 queued, 3 held at the proof router")
+    one = dataclasses.replace(kept, machines=kept.machines[:1], capacity=60.0)
+    assert [a for a in rules.plan(one, CONFIG, MARKET) if a.kind in ("stop", "destroy")] == []
+    # while demand is unknown, the fleet is sized to the held calls too, when they need more than the last sample
+    unknown = observation([], steady(0)[:-1] + [sample(0, ok=False)])
+    unknown_held = dataclasses.replace(unknown, demand=dataclasses.replace(unknown.demand, held=30))
+    assert rules.wanted_capacity(unknown_held, CONFIG) == pytest.approx(30 / 0.5)
+    assert "30 calls held at the proof router" in rules.plan(unknown_held, CONFIG, MARKET)[0].reason

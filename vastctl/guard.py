@@ -22,7 +22,8 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
                                                   price less the disk it already bills)
   never_scale_to_zero   stop, kill, destroy       removing the last machine really proving (see proving():
                         (agent, operator)         running here, running at vast, heartbeat fresh) while
-                                                  demand shows work (queued, in flight or look-ahead)
+                                                  demand shows work (queued, in flight or look-ahead,
+                                                  or calls the proof router holds: demand.held)
                                                   or is unknown. Retiring a machine
                                                   that proves nothing (booting, stopped, dead at vast, silent)
                                                   is not refused. An operator's --force passes it (recorded
@@ -309,6 +310,8 @@ def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, ear
         why = f"{demand.work} proofs are queued, in flight or about to be queued"
     else:
         why = f"demand is unknown ({demand.error or 'no sample'})"
+    if demand.held:
+        why += f", {demand.held} of them held at the proof router for a free prover"
     text = (f"{action.kind} {action.label or action.uuid} would leave no machine running: it is the last one"
             f" proving (running here and at vast, heartbeat fresh) while {why}; never scale to zero")
     if action.actor == "operator" and action.force:

@@ -20,6 +20,7 @@ sample (demand.refresh() takes a new one first when the caller wants it).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -32,8 +33,8 @@ from typing import Any, Iterable, Mapping
 
 from vastctl import clock as clock_module
 from vastctl.config import Config
+from vastctl.facts import deliveries, tunnel
 from vastctl.facts import demand as demand_module
-from vastctl.facts import tunnel
 from vastctl.facts.demand import Demand
 from vastctl.state import lifecycle, settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
@@ -69,6 +70,8 @@ class Observation:
     demand_history: list[dict] = field(default_factory=list)
     # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
     last_known_demand: dict | None = None
+    # what the proof router holds now (its route_status; fresh False: no router running)
+    router: deliveries.Held = field(default_factory=lambda: deliveries.Held(fresh=False))
 
     def running(self) -> list[dict]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
@@ -82,6 +85,9 @@ class Observation:
             "now": _iso(self.now),
             "settings": dict(self.settings),
             "demand": self.demand.view(),
+            # the proof router's held calls (demand.held) and the oldest one's age: calls waiting for a prover now
+            **({"router": {"held": self.router.held, "oldest_held_s": self.router.view()["oldest_held_s"],
+                           "on_provers": self.router.in_flight}} if self.router.fresh else {}),
             "capacity_proofs_per_hour": round(self.capacity, 1),
             "pending_capacity_proofs_per_hour": round(self.pending_capacity, 1),
             "spend_per_hour": round(self.spend_per_hour, 3),
@@ -412,6 +418,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     flagged = implausible_claims(conn)
     rates, hosts = bench_rates(conn, flagged)
     resumes = _resumes(conn)
+    router = deliveries.held(conn, now=now)
     machines = []
     for row in rows:
         view = machine_facts(row)
@@ -428,7 +435,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     return Observation(
         now=now,
         settings=settings.effective(conn, config),
-        demand=demand_module.current(conn, config, now=now),
+        demand=with_held(demand_module.current(conn, config, now=now), router),
         machines=machines,
         capacity=capacity(machines),
         pending_capacity=pending_capacity(machines),
@@ -439,4 +446,11 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         host_rates=hosts,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
         last_known_demand=last_known_demand(conn),
+        router=router,
     )
+
+
+def with_held(demand: Demand, router: deliveries.Held) -> Demand:
+    """The demand with the calls the proof router holds: work the manager measured itself, whatever the
+    demand source says (an empty fleet with calls waiting launches; a fleet never shrinks under them)."""
+    return dataclasses.replace(demand, held=router.held) if router.fresh else demand

@@ -128,12 +128,17 @@ def needed(sample: Mapping[str, Any], config: Config) -> float:
 def sized_to(obs: Observation) -> Mapping[str, Any] | None:
     """The demand sample the fleet is sized to: the current one while demand is known, else the newest good one
     (observation.last_known_demand: the fleet holds, neither shrinking on no evidence nor buying the whole ceiling
-    on none); None if no sample was ever good."""
+    on none); None if no sample was ever good. Its in_flight is at least the calls the proof router holds
+    (demand.held): Curio counts them in flight, and the router's word is the manager's own."""
     demand = obs.demand
     if not demand.known:
-        return obs.last_known_demand
-    return {"queued": demand.queued, "in_flight": demand.in_flight, "lookahead": demand.lookahead,
-            "proofs_per_hour": demand.proofs_per_hour}
+        last = obs.last_known_demand
+        if not demand.held or last is None:
+            return last
+        # the router's held calls are work measured here: the fleet holds to the last sample, or to them
+        return {**last, "in_flight": max(last.get("in_flight") or 0, demand.held)}
+    return {"queued": demand.queued, "in_flight": max(demand.in_flight or 0, demand.held) if demand.held else demand.in_flight,
+            "lookahead": demand.lookahead, "proofs_per_hour": demand.proofs_per_hour}
 
 
 def wanted_capacity(obs: Observation, config: Config) -> float:
@@ -172,18 +177,21 @@ def has_work(obs: Observation) -> bool:
 def work_reason(obs: Observation) -> str:
     """Why the fleet is sized to the target: the work the demand names, or that it is unknown."""
     demand = obs.demand
+    held = f"; {demand.held} calls held at the proof router" if demand.held else ""
     if not demand.known:
         last = obs.last_known_demand
         if last is None:
-            return "demand unknown, never known (sized as if work were queued)"
+            return f"demand unknown, never known (sized as if work were queued{held})"
         return (f"demand unknown (held to its newest good sample, {clock.human_age(last['at'], obs.now)} old:"
                 f" {last.get('queued') or 0} queued, {last.get('in_flight') or 0} in flight,"
-                f" {last.get('lookahead') or 0} coming)")
-    if not demand.in_flight and not demand.lookahead:
+                f" {last.get('lookahead') or 0} coming{held})")
+    if not demand.in_flight and not demand.lookahead and not demand.held:
         return "queued work"
     counts = [f"{demand.queued or 0} queued"]
     if demand.in_flight is not None:
         counts.append(f"{demand.in_flight} in flight")
+    if demand.held:
+        counts.append(f"{demand.held} held at the proof router")
     if demand.lookahead is not None:
         counts.append(f"{demand.lookahead} PoRep coming")
     return f"work for the fleet ({', '.join(counts)})"

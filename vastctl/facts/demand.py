@@ -58,11 +58,15 @@ class Demand:
     empty_since: datetime | None = None  # start of the current run of good samples that all said no work
     in_flight: int | None = None  # claimed tasks (at a daemon); None: the source does not say
     lookahead: int | None = None  # PoRep tasks about to be created; None: the source does not say
+    # calls the proof router holds for a free prover (facts/deliveries.py): measured by the manager, so work
+    # even while the source is unknown; Curio counts them in flight, so they are not added to in_flight
+    held: int = 0
 
     @property
     def work(self) -> int:
-        """Known work for the fleet: queued, in flight and about to be queued (0 where the source is silent)."""
-        return (self.queued or 0) + (self.in_flight or 0) + (self.lookahead or 0)
+        """Known work for the fleet: queued, in flight (at least what the router holds) and about to be queued
+        (0 where the source is silent)."""
+        return (self.queued or 0) + max(self.in_flight or 0, self.held) + (self.lookahead or 0)
 
     def view(self) -> dict[str, Any]:
         """The `demand show --json` object."""
@@ -70,7 +74,7 @@ class Demand:
                 "proofs_per_hour": self.proofs_per_hour,
                 "at": clock.display_iso(clock.to_iso(self.at)), "age_s": None if self.age_s is None else round(self.age_s),
                 "source": self.source, "known": self.known, "error": self.error,
-                "empty_since": clock.display_iso(clock.to_iso(self.empty_since))}
+                "empty_since": clock.display_iso(clock.to_iso(self.empty_since)), "held": self.held}
 
 
 def validate_count(name: str, value: Any, what: str = "proofs waiting") -> int:

@@ -12,6 +12,8 @@ what this decides. Rules, in the order `plan()` applies them to one live row (fi
   heartbeat_timeout   running without a heartbeat for longer than timeouts.heartbeat
   tunnel_down         running with a tunnel (launch.join ssh) the manager could not reach the daemon through
                       for longer than tunnel.down_timeout (never joined: counted from `running`)
+  route_failing       running, and the proof router set it aside: it dropped or failed route.fail_threshold
+                      calls in a row (route_failing_since, route_failure; vastctl/facts/deliveries.py)
 
 The vast-status rules (start_failed, exited/offline, scheduling_timeout) skip
 `stopped` rows: their container is down because we asked; `start` moves them
@@ -269,6 +271,10 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
             how = "unreachable" if tunnel.joined_this_run(dict(row)) else "never reached"
             return KillCode.TUNNEL_DOWN, (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
                                    f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
+        failing = clock.from_iso(row.get("route_failing_since"))
+        if failing is not None and failing >= since:  # set aside in this spell in `running`
+            return KillCode.ROUTE_FAILING, (f"the proof router set it aside {clock.human_age(failing, now)} ago:"
+                                            f" {upstream.clip(row.get('route_failure') or 'no detail', REASON_CHARS)}")
     return None
 
 

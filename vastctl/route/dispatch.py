@@ -117,9 +117,9 @@ class Dispatcher:
             return ticket
 
     def acquire(self, ticket: Ticket, *, timeout: float) -> Prover | None:
-        """Wait until this call may take a slot (at most `timeout` seconds); the prover, or None on timeout.
-
-        Raises Closed when the router stops while the call is held."""
+        """Wait until this call may take a slot (at most `timeout` seconds); the prover, or None on timeout
+        (the call stays held in its place until it is placed or finished). A call a prover gave back (dropped,
+        moved) is held again with its first place. Raises Closed when the router stops while it is held."""
         with self._cond:
             if not ticket.held:
                 ticket.held = True
@@ -137,8 +137,7 @@ class Dispatcher:
                     return prover
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
-                    self._unhold(ticket)
-                    return None
+                    return None  # still held, in its place: the caller asks again or finishes it
                 self._cond.wait(timeout=remaining)
 
     def release(self, ticket: Ticket, prover: Prover, outcome: str) -> str | None:

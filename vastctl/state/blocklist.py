@@ -28,6 +28,8 @@ def reason_for(row: dict[str, Any]) -> str | None:
     if code == "bench_failed":
         rate = row.get("bench_rate")
         return f"failed the bench gate ({'rate ' + format(rate, 'g') if rate is not None else 'no rate'})"
+    if code == "route_failing":  # the proof router saw it drop or fail calls in a row: a host not to rent again
+        return f"failed the proof router's calls ({row.get('route_failure') or 'no detail'})"
     if code in NOT_THE_MACHINE:
         return None
     if code == "start_failed" and row.get("vast_id") is None:  # the market refused the create: nothing ran

@@ -72,6 +72,7 @@ class KillCode(StrEnum):
     TIMEOUT_BENCH_DONE = "timeout_bench_done"
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
     TUNNEL_DOWN = "tunnel_down"
+    ROUTE_FAILING = "route_failing"
     ORPHAN = "orphan"
     OPERATOR = "operator"
     AGENT = "agent"

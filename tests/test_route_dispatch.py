@@ -1,0 +1,161 @@
+"""route.dispatch: slots, the held order, where a call goes, and when a prover is set aside (no gRPC, no clock)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+
+import pytest
+
+from vastctl.clock import VirtualClock
+from vastctl.route import dispatch
+from vastctl.route.dispatch import CLASS_POST, CLASS_PROOF, Dispatcher, ProverSpec
+
+START = datetime(2031, 3, 3, tzinfo=timezone.utc)
+
+
+def spec(name, slots=2, rate=60.0):
+    return ProverSpec(uuid=f"u-{name}", label=name, endpoint=f"127.0.0.1:{20000 + ord(name[-1])}", slots=slots,
+                      rate=rate)
+
+
+def make(**kw):
+    args = {"max_held": 10, "max_bytes": 1000, "fail_threshold": 3, **kw}
+    return Dispatcher(clock=VirtualClock(START), **args)
+
+
+def take(d, klass=CLASS_PROOF, size=1):
+    ticket = d.admit(klass=klass, size=size)
+    return ticket, d.acquire(ticket, timeout=0)
+
+
+def test_a_call_goes_to_the_prover_with_the_most_free_slots_ties_to_the_best_rate():
+    d = make()
+    d.update([spec("a", slots=2, rate=50), spec("b", slots=3, rate=40), spec("c", slots=3, rate=70)])
+    placed = [take(d)[1].spec.label for _ in range(8)]
+    # c (3 free, best rate), b (3 free), c/b (2 free each: c's rate), ... never more than its slots on one
+    assert placed == ["c", "b", "c", "a", "b", "c", "a", "b"]
+    busy = {p["label"]: p["busy"] for p in d.snapshot()["provers"]}
+    assert busy == {"a": 2, "b": 3, "c": 3}
+    assert take(d)[1] is None  # every slot taken: the next is held
+
+
+def test_no_prover_holds_the_call_and_it_is_placed_when_one_joins():
+    d = make()
+    ticket = d.admit(klass=CLASS_PROOF, size=5)
+    assert d.acquire(ticket, timeout=0) is None
+    assert d.snapshot()["held"] == 1 and d.snapshot()["held_bytes"] == 5
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(d.acquire(ticket, timeout=30)))
+    waiter.start()
+    d.update([spec("a")])
+    waiter.join(timeout=10)
+    assert got[0].spec.label == "a" and d.snapshot()["held"] == 0
+
+
+def test_held_calls_are_placed_in_order_post_first():
+    d = make()
+    first = d.admit(klass=CLASS_PROOF, size=1)
+    second = d.admit(klass=CLASS_PROOF, size=1)
+    post = d.admit(klass=CLASS_POST, size=1)
+    d.update([spec("a", slots=1)])
+    assert d.acquire(second, timeout=0) is None  # not its turn: the PoSt call, then the first, come before it
+    assert d.acquire(first, timeout=0) is None
+    prover = d.acquire(post, timeout=0)
+    assert prover.spec.label == "a"
+    d.release(post, prover, "completed")
+    assert d.acquire(second, timeout=0) is None
+    assert d.acquire(first, timeout=0) is not None
+
+
+def test_a_dropped_call_avoids_its_prover_while_another_is_joined():
+    d = make()
+    d.update([spec("a", slots=1, rate=90), spec("b", slots=1, rate=10)])
+    ticket, prover = take(d)
+    assert prover.spec.label == "a"
+    d.release(ticket, prover, "dropped")
+    assert d.acquire(ticket, timeout=0).spec.label == "b"  # a has the better rate and a free slot, but dropped it
+
+
+def test_the_only_prover_takes_back_a_call_it_dropped():
+    d = make()
+    d.update([spec("a", slots=1)])
+    ticket, prover = take(d)
+    d.release(ticket, prover, "dropped")
+    assert d.acquire(ticket, timeout=0).spec.label == "a"
+
+
+@pytest.mark.parametrize("outcome", ["dropped", "failed"])
+def test_a_prover_is_set_aside_after_fail_threshold_in_a_row(outcome):
+    d = make(fail_threshold=3)
+    d.update([spec("a", slots=1)])
+    whys = []
+    for _ in range(2):
+        ticket, prover = take(d)
+        whys.append(d.release(ticket, prover, outcome))
+        d.finish(ticket)
+    ticket, prover = take(d)
+    assert d.release(ticket, prover, "completed") is None  # a success breaks the run
+    d.finish(ticket)
+    for _ in range(3):
+        ticket, prover = take(d)
+        whys.append(d.release(ticket, prover, outcome))
+        d.finish(ticket)
+    assert whys[:4] == [None, None, None, None]
+    assert whys[4] == f"3 calls in a row dropped or failed, the last {outcome} (route.fail_threshold 3)"
+    assert take(d)[1] is None  # it takes no new call
+
+
+@pytest.mark.parametrize("outcome", ["error", "expired", "abandoned", "moved"])
+def test_what_is_not_the_provers_fault_never_sets_it_aside(outcome):
+    d = make(fail_threshold=1)
+    d.update([spec("a", slots=1)])
+    ticket, prover = take(d)
+    assert d.release(ticket, prover, outcome) is None
+    assert take(d)[1] is not None
+
+
+def test_admission_is_bounded_by_calls_and_bytes_and_bytes_count_until_finished():
+    d = make(max_held=2, max_bytes=100)
+    one = d.admit(klass=CLASS_PROOF, size=60)
+    with pytest.raises(dispatch.Full, match=r"160 request bytes would be kept \(route.max_held_mb 0\)"):
+        d.admit(klass=CLASS_PROOF, size=100)
+    d.admit(klass=CLASS_PROOF, size=10)
+    with pytest.raises(dispatch.Full, match=r"2 calls already held \(route.max_held 2\)"):
+        d.admit(klass=CLASS_PROOF, size=1)
+    d.finish(one)
+    assert d.snapshot()["kept_bytes"] == 10 and d.snapshot()["held"] == 1
+
+
+def test_a_prover_that_leaves_takes_no_new_call_and_is_forgotten_once_its_calls_are_back():
+    d = make()
+    d.update([spec("a", slots=2)])
+    ticket, prover = take(d)
+    assert d.update([]) == ["u-a"]
+    waiting, placed = take(d)
+    assert placed is None
+    d.finish(waiting)  # given up: it no longer stands ahead of the next call
+    assert [p["gone"] for p in d.snapshot()["provers"]] == [True]
+    d.release(ticket, prover, "moved")
+    assert d.snapshot()["provers"] == []
+    d.update([spec("a", slots=2)])  # it joins again: a fresh start
+    assert take(d)[1].spec.label == "a"
+
+
+def test_closing_refuses_what_is_held_and_what_comes():
+    d = make()
+    ticket = d.admit(klass=CLASS_PROOF, size=1)
+    d.close()
+    with pytest.raises(dispatch.Closed):
+        d.acquire(ticket, timeout=5)
+    with pytest.raises(dispatch.Closed):
+        d.admit(klass=CLASS_PROOF, size=1)
+
+
+def test_the_oldest_held_age_comes_from_the_clock():
+    clock = VirtualClock(START)
+    d = Dispatcher(max_held=5, max_bytes=100, fail_threshold=3, clock=clock)
+    d.admit(klass=CLASS_PROOF, size=1)
+    clock.advance(42)
+    d.admit(klass=CLASS_PROOF, size=1)
+    assert d.snapshot()["oldest_held_s"] == pytest.approx(42)
