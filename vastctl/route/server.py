@@ -205,7 +205,7 @@ class Router:
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return "expired", f"the call's deadline passed while {prover.spec.label} proved it"
             return "error", (code, details)
-        except futures.CancelledError:
+        except (grpc.FutureCancelledError, futures.CancelledError):
             if attempt.moved:
                 return "moved", f"{prover.spec.label} left the joined set while proving it"
             return "abandoned", "the caller cancelled the call"

@@ -1,0 +1,278 @@
+"""route.server in this process: real gRPC servers standing in for cuzk daemons on loopback, a real client, the
+router's decisions on each kind of answer, and the rows it records."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from datetime import datetime, timezone
+
+import grpc
+import pytest
+from serving import query, wait_for
+
+from vastctl import clock
+from vastctl import config as config_module
+from vastctl.route import server as route_server
+from vastctl.route import wire
+from vastctl.state import db
+
+pytestmark = pytest.mark.slow  # gRPC servers on loopback
+
+MiB = 1024 * 1024
+
+
+class Daemon:
+    """A gRPC server speaking cuzk.v1.ProvingEngine; `answer(request, context)` decides each Prove."""
+
+    def __init__(self, answer=None, max_message=wire.DAEMON_MAX_MESSAGE):
+        self.seen: list[str] = []
+        self.answer = answer or (lambda request, context: completed(request))
+        self.release = threading.Event()
+        self.release.set()
+
+        def prove(data, context):
+            request = wire.ProveRequest.FromString(data)
+            self.seen.append(request.submit.request_id)
+            self.release.wait(30)
+            return self.answer(request, context).SerializeToString()
+
+        def status(data, context):
+            return wire.GetStatusResponse(total_proofs_completed=len(self.seen), queues=[
+                wire.QueueStatus(proof_kind="porep", pending=1, in_progress=2)]).SerializeToString()
+
+        handler = grpc.method_handlers_generic_handler(wire.SERVICE, {
+            "Prove": grpc.unary_unary_rpc_method_handler(prove),
+            "GetStatus": grpc.unary_unary_rpc_method_handler(status)})
+        self.server = grpc.server(futures.ThreadPoolExecutor(16), handlers=[handler],
+                                  options=[("grpc.max_receive_message_length", max_message)])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(0)
+
+
+def completed(request, status=wire.STATUS_COMPLETED, error=""):
+    return wire.ProveResponse(result=wire.AwaitProofResponse(
+        job_id=request.submit.request_id, status=status, proof=b"proof:" + request.submit.request_id.encode(),
+        error_message=error, queue_wait_ms=5, gpu_compute_ms=40, total_ms=50))
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """A state file, a router on it (refreshing every 0.1 s) and a client channel to it; `join(daemon)` adds a
+    running machine whose tunnel end is that daemon, `leave(uuid)` kills its row."""
+    path = tmp_path / "state.db"
+    now = clock.SYSTEM.now()
+    conn = db.connect(path, now=now, create=True)
+    config = config_module.from_mapping({"db": str(path), "route": {"refresh": "0.1s", "max_held": 5},
+                                         "launch": {"bench_concurrency": 2}})
+
+    class Fleet:
+        router = route_server.Router(config, probe=lambda port, timeout: False)
+        daemons: list[Daemon] = []
+
+        def join(self, daemon, name, rate=60.0):
+            at = clock.to_iso(clock.SYSTEM.now())
+            conn.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, tunnel_port, joined_at,"
+                         " bench_rate) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                         (f"u-{name}", name, at, at, daemon.port, at, rate))
+            conn.commit()
+            self.daemons.append(daemon)
+            wait_for(lambda: any(p["label"] == name for p in self.router.dispatcher.snapshot()["provers"]),
+                     f"{name} joined")
+
+        def leave(self, name):
+            conn.execute("UPDATE instances SET state = 'killed' WHERE label = ?", (name,))
+            conn.commit()
+
+        def prove(self, request_id, kind=wire.POREP_SEAL_COMMIT, size=100, timeout=20):
+            request = wire.ProveRequest(submit=wire.SubmitProofRequest(
+                request_id=request_id, proof_kind=kind, vanilla_proof=b"v" * size)).SerializeToString()
+            return wire.ProveResponse.FromString(self.call(request, timeout=timeout)).result
+
+        def calls(self):
+            return query(path, "SELECT request_id, label, result, attempt, detail FROM proof_calls ORDER BY id")
+
+    f = Fleet()
+    f.router.start_writer(path)
+    f.server, port = route_server.make_server(f.router, "127.0.0.1:0")
+    f.server.start()
+    f.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 300 * MiB),
+                                                                   ("grpc.max_receive_message_length", 300 * MiB)])
+    f.call = f.channel.unary_unary(wire.PROVE)
+    f.path = path
+    yield f
+    f.channel.close()
+    f.server.stop(0)
+    f.router.stop_writer()
+    for daemon in f.daemons:
+        daemon.stop()
+    conn.close()
+
+
+def recorded(fleet, count):
+    wait_for(lambda: len(fleet.calls()) >= count, f"{count} recorded calls")
+    return fleet.calls()
+
+
+def test_a_proof_failed_inside_grpc_ok_is_passed_back_counted_as_the_machines_and_never_resent(fleet):
+    bad = Daemon(lambda request, context: completed(request, wire.STATUS_FAILED, "synthesis: out of memory"))
+    fleet.join(bad, "vastctl-bad")
+    fleet.join(Daemon(), "vastctl-good", rate=10)
+    result = fleet.prove("sector-1")
+    assert (result.status, result.error_message) == (wire.STATUS_FAILED, "synthesis: out of memory")
+    assert bad.seen == ["sector-1"] and fleet.daemons[1].seen == []
+    assert recorded(fleet, 1) == [{"request_id": "sector-1", "label": "vastctl-bad", "result": "failed", "attempt": 1,
+                                   "detail": "synthesis: out of memory"}]
+
+
+def test_a_status_the_daemon_chose_is_passed_back_as_it_came_and_never_resent(fleet):
+    def refuse(request, context):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid proof_kind: 9")
+
+    picky = Daemon(refuse)
+    fleet.join(picky, "vastctl-picky")
+    fleet.join(Daemon(), "vastctl-other", rate=10)
+    with pytest.raises(grpc.RpcError) as raised:
+        fleet.prove("sector-2")
+    assert (raised.value.code(), raised.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "invalid proof_kind: 9")
+    assert picky.seen == ["sector-2"] and fleet.daemons[1].seen == []
+    (row,) = recorded(fleet, 1)
+    assert (row["result"], row["detail"]) == ("error", "INVALID_ARGUMENT: invalid proof_kind: 9")
+
+
+def test_a_call_a_prover_dropped_is_sent_to_another_with_the_same_request_and_answered_once(fleet):
+    gone = Daemon()
+    fleet.join(gone, "vastctl-gone", rate=90)  # the best rate: the first call goes to it
+    gone.stop()  # its tunnel end refuses: UNAVAILABLE before any answer
+    fleet.join(Daemon(), "vastctl-alive", rate=10)
+    result = fleet.prove("sector-3")
+    assert (result.status, result.proof) == (wire.STATUS_COMPLETED, b"proof:sector-3")
+    assert fleet.daemons[1].seen == ["sector-3"]
+    rows = recorded(fleet, 2)
+    assert [(r["label"], r["result"], r["attempt"]) for r in rows] == [
+        ("vastctl-gone", "dropped", 1), ("vastctl-alive", "completed", 2)]
+    assert rows[0]["detail"].startswith("vastctl-gone: UNAVAILABLE")
+
+
+def test_a_call_on_a_machine_that_leaves_the_joined_set_is_moved_and_completes_elsewhere(fleet):
+    stuck = Daemon()
+    stuck.release.clear()  # it takes the call and never answers
+    fleet.join(stuck, "vastctl-stuck", rate=90)
+    answer = []
+    caller = threading.Thread(target=lambda: answer.append(fleet.prove("sector-4")))
+    caller.start()
+    wait_for(lambda: stuck.seen == ["sector-4"], "the call on the stuck prover")
+    fleet.join(Daemon(), "vastctl-next", rate=10)
+    fleet.leave("vastctl-stuck")  # killed (reconcile, the operator): what it held is moved
+    caller.join(20)
+    assert answer[0].proof == b"proof:sector-4" and fleet.daemons[1].seen == ["sector-4"]
+    assert [(r["label"], r["result"]) for r in recorded(fleet, 2)] == [("vastctl-stuck", "dropped"),
+                                                                       ("vastctl-next", "completed")]
+    stuck.release.set()
+
+
+def test_with_no_prover_a_call_is_held_and_completes_when_one_joins(fleet):
+    answer = []
+    caller = threading.Thread(target=lambda: answer.append(fleet.prove("sector-5")))
+    caller.start()
+    wait_for(lambda: query(fleet.path, "SELECT held FROM route_status") == [{"held": 1}], "the call held")
+    assert answer == []
+    fleet.join(Daemon(), "vastctl-late")
+    caller.join(20)
+    assert answer[0].status == wire.STATUS_COMPLETED
+    (row,) = recorded(fleet, 1)
+    assert row["result"] == "completed"
+    assert query(fleet.path, "SELECT held_ms > 0 AS waited FROM proof_calls") == [{"waited": 1}]
+
+
+def test_a_held_call_past_its_deadline_expires_and_past_max_held_one_is_refused(fleet):
+    with pytest.raises(grpc.RpcError) as raised:
+        fleet.prove("sector-6", timeout=1.5)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    holders = [threading.Thread(target=lambda i=i: _swallow(fleet.prove, f"held-{i}", timeout=8)) for i in range(5)]
+    for holder in holders:
+        holder.start()
+    wait_for(lambda: fleet.router.dispatcher.snapshot()["held"] == 5, "five calls held")
+    with pytest.raises(grpc.RpcError) as full:
+        fleet.prove("one-too-many")
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "5 calls already held (route.max_held 5)" in full.value.details()
+    results = {r["request_id"]: r["result"] for r in recorded(fleet, 2)}
+    assert results["one-too-many"] == "refused"
+    fleet.join(Daemon(), "vastctl-saves")
+    for holder in holders:
+        holder.join(20)
+
+
+def _swallow(fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except grpc.RpcError:
+        pass
+
+
+def test_over_128_mib_is_refused_at_once_and_120_mb_passes(fleet):
+    daemon = Daemon()
+    fleet.join(daemon, "vastctl-big")
+    with pytest.raises(grpc.RpcError) as raised:
+        fleet.prove("too-big", size=129 * MiB)
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "over the 134217728 bytes (128 MiB) a cuzk daemon accepts; no prover was tried" in raised.value.details()
+    assert fleet.prove("fits", size=120_000_000).status == wire.STATUS_COMPLETED
+    assert daemon.seen == ["fits"]
+
+
+def test_get_status_sums_the_provers_and_shows_the_held_calls_and_other_methods_are_unimplemented(fleet):
+    fleet.join(Daemon(), "vastctl-s1")
+    fleet.join(Daemon(), "vastctl-s2")
+    fleet.prove("one")
+    status = wire.GetStatusResponse.FromString(fleet.channel.unary_unary(wire.GET_STATUS)(b"", timeout=5))
+    assert status.total_proofs_completed == 1
+    assert [(q.proof_kind, q.pending, q.in_progress) for q in status.queues] == [("porep", 2, 4), ("router-held", 0, 0)]
+    with pytest.raises(grpc.RpcError) as raised:
+        fleet.channel.unary_unary(f"/{wire.SERVICE}/SubmitProof")(b"", timeout=5)
+    assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "serves Prove and GetStatus" in raised.value.details()
+
+
+def test_a_prover_that_keeps_failing_proofs_is_set_aside_with_an_event(fleet):
+    bad = Daemon(lambda request, context: completed(request, wire.STATUS_FAILED, "gpu fault"))
+    fleet.join(bad, "vastctl-faulty")
+    for n in range(3):
+        assert fleet.prove(f"f-{n}").status == wire.STATUS_FAILED
+    wait_for(lambda: query(fleet.path, "SELECT route_failing_since IS NOT NULL AS aside FROM instances")
+             == [{"aside": 1}], "the prover set aside")
+    (event,) = query(fleet.path, "SELECT kind, source, reason FROM events WHERE kind = 'route_set_aside'")
+    assert event["source"] == "route"
+    assert event["reason"] == ("the router sends it no more calls: 3 calls in a row dropped or failed, the last"
+                               " failed (route.fail_threshold 3)")
+    with pytest.raises(grpc.RpcError) as raised:  # no prover left: held until its deadline, not sent to it
+        fleet.prove("f-3", timeout=1.5)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and bad.seen == ["f-0", "f-1", "f-2"]
+
+
+def test_post_goes_to_post_address_when_set(tmp_path):
+    own = Daemon()
+    path = tmp_path / "state.db"
+    db.connect(path, now=datetime.now(timezone.utc), create=True).close()
+    config = config_module.from_mapping({"db": str(path), "route": {"post_address": f"127.0.0.1:{own.port}"}})
+    router = route_server.Router(config, probe=lambda port, timeout: False)
+    router.start_writer(path)
+    server, port = route_server.make_server(router, "127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            request = wire.ProveRequest(submit=wire.SubmitProofRequest(request_id="wdpost-1",
+                                                                       proof_kind=wire.WINDOW_POST_PARTITION))
+            answer = wire.ProveResponse.FromString(channel.unary_unary(wire.PROVE)(request.SerializeToString(),
+                                                                                  timeout=10))
+        assert answer.result.status == wire.STATUS_COMPLETED and own.seen == ["wdpost-1"]
+        wait_for(lambda: query(path, "SELECT label, kind, result FROM proof_calls")
+                 == [{"label": "post_address", "kind": "window_post", "result": "completed"}], "the PoSt call recorded")
+    finally:
+        server.stop(0)
+        router.stop_writer()
+        own.stop()
