@@ -1,0 +1,446 @@
+"""Curio loses no proof at the fleet's edge, end to end with real parts on loopback: `vastctl route` in its own
+process on a config file, stand-in cuzk daemons in theirs (tests/fakes/cuzk_daemon.py: the real service and
+messages, proving by sleeping, failing a proof, dying mid-call), joined through real reverse SSH tunnels to
+Debian's sshd on the shipped tunnel config (or, where sshd cannot run, with the daemons' own loopback ports as
+the tunnel ends), and a client that behaves as Curio does (tests/curio_client.py: per-call deadline, MaxPending,
+its PoRep retry schedule run at SCALE of its real length).
+
+A machine is a running row with a tunnel port, as launch makes it; it joins as the product sees a join: either
+the manager's tunnel check (`vastctl provers`, which reconcile also runs) records joined_at, or the router's own
+HTTP/2 probe reaches the daemon through the port.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from curio_client import SCHEDULES, CurioClient, Task, prove_request
+from fakes.cuzk_daemon import proof_for
+from serving import free_port, free_port_block, query, run_vastctl, stop_process, wait_for
+from tunnel_parts import Sshd
+
+from vastctl import config as config_module
+from vastctl.clock import SYSTEM
+from vastctl.facts import deliveries, tunnel
+from vastctl.route import wire
+from vastctl.state import db, lifecycle
+from vastctl.state.lifecycle import State
+
+DAEMON = Path(__file__).resolve().parent / "fakes" / "cuzk_daemon.py"
+SLOTS = 2  # launch.bench_concurrency: what the router lets each prover hold
+SCALE = 0.01  # Curio's retry waits run at 1/100 of their length: PoRep's ~8 min schedule takes ~4.9 s
+PROVE_TIMEOUT_S = 60.0  # Curio's per-call deadline ([Cuzk] ProveTimeout, 30 min), cut to bound the test
+ANSWERED = ("completed", "failed")
+
+
+class StandIn:
+    """One stand-in cuzk daemon process on 127.0.0.1 and its call log."""
+
+    def __init__(self, home: Path, name: str, *args: str, prove_seconds: float = 0.5, slots: int = SLOTS):
+        self.name = name
+        self.port = free_port()
+        self.log = home / f"{name}.calls"
+        self.err = home / f"{name}.err"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(DAEMON), "--port", str(self.port), "--slots", str(slots),
+             "--prove-seconds", str(prove_seconds), "--log", str(self.log), *args],
+            stdout=subprocess.DEVNULL, stderr=self.err.open("w"))
+        wait_for(lambda: tunnel.probe(self.port, 1), f"stand-in {name} listens", proc=self.proc, log=self.err)
+
+    def lines(self) -> list[tuple[str, str, dict[str, str]]]:
+        if not self.log.exists():
+            return []
+        out = []
+        for line in self.log.read_text().splitlines():
+            event, request_id, *fields = line.split()
+            out.append((event, request_id, dict(f.split("=", 1) for f in fields)))
+        return out
+
+    def received(self) -> list[str]:
+        return [rid for event, rid, _ in self.lines() if event == "received"]
+
+    def answered(self) -> list[str]:
+        return [rid for event, rid, _ in self.lines() if event == "answered"]
+
+    def unanswered(self) -> list[str]:
+        done = set(self.answered())
+        return [rid for rid in self.received() if rid not in done]
+
+    def max_inflight(self, ids: set[str] | None = None) -> int:
+        return max((int(f["inflight"]) for event, rid, f in self.lines()
+                    if event == "received" and (ids is None or rid in ids)), default=0)
+
+    def die(self) -> None:
+        """Gone mid-call, as a crashed daemon: no answers, no goodbye."""
+        self.proc.send_signal(signal.SIGUSR1)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            stop_process(self.proc)
+
+
+class Machine:
+    """A launched machine's row (running, its tunnel port) and, with sshd, its reverse tunnel to the manager."""
+
+    def __init__(self, site: Site, name: str, daemon: StandIn, *, rate: float):
+        self.site, self.name, self.daemon = site, name, daemon
+        self.uuid, self.label = f"uuid-{name}", f"vastctl-{name}"
+        self.ssh: subprocess.Popen | None = None
+        fields: dict = {"offer_id": 1, "bench_rate": rate, "num_gpus": 1, "gpu_name": "RTX 4090"}
+        if site.sshd is None:
+            self.port = daemon.port  # no sshd: the daemon's own port is the tunnel's end
+        else:
+            self.port = free_port_block(1)
+            private, public = tunnel.new_key_pair(self.label)
+            self.key = site.home / f"{name}.key"
+            self.key.write_text(private)
+            self.key.chmod(0o600)
+            fields["tunnel_public_key"] = public
+        fields["tunnel_port"] = self.port
+        with site.connect() as conn:
+            lifecycle.create(conn, uuid=self.uuid, label=self.label, state=State.RUNNING, source="operator",
+                             reason="test: launched and benched", now=SYSTEM.now(), fields=fields)
+            if site.sshd is not None:
+                assert tunnel.write_authorized_keys(conn, site.config)
+
+    def open_tunnel(self) -> Machine:
+        """The boot script's `ssh -N -R 127.0.0.1:PORT:<daemon>` to the manager's sshd, the host key pinned."""
+        sshd = self.site.sshd
+        if sshd is None:
+            return self
+        self.ssh = subprocess.Popen(
+            ["ssh", "-i", str(self.key), "-p", str(sshd.port), "-F", "/dev/null", "-o", "BatchMode=yes",
+             "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={sshd.known_hosts}",
+             "-o", "HostKeyAlias=vastctl-manager", "-o", "ExitOnForwardFailure=yes", "-o", "ConnectTimeout=10",
+             "-N", "-R", f"127.0.0.1:{self.port}:127.0.0.1:{self.daemon.port}", f"{sshd.user}@127.0.0.1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(self.site.home / f"{self.name}.ssh").open("w"))
+        wait_for(lambda: tunnel.probe(self.port, 1), f"{self.name}'s daemon answers through its tunnel",
+                 proc=self.ssh, log=self.site.home / f"{self.name}.ssh")
+        return self
+
+    def close_tunnel(self) -> None:
+        if self.ssh is not None and self.ssh.poll() is None:
+            stop_process(self.ssh)
+
+
+class Site:
+    """The manager host: a state file and config, sshd (or none), the router process, the machines."""
+
+    def __init__(self, home: Path, *, via_ssh: bool, **route):
+        self.home = home
+        self.db_path = home / "manager.db"
+        db.connect(self.db_path, create=True, now=SYSTEM.now()).close()
+        self.sshd = Sshd(home / "sshd", home / "tunnel" / "authorized_keys") if via_ssh else None
+        self.port = free_port()
+        raw = {
+            "launch": {"bench_concurrency": SLOTS, "join": "ssh" if via_ssh else "none"},
+            "tunnel": {"authorized_keys": str(home / "tunnel" / "authorized_keys"), "check_timeout": 1},
+            "route": {"listen": f"127.0.0.1:{self.port}", "refresh": 0.2, "fail_threshold": 3, "max_retries": 3,
+                      "drain_timeout": 5, **route},
+        }
+        self.config = config_module.from_mapping(raw)
+        self.config_path = home / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(raw))
+        self.env = {"HOME": str(home), "VASTCTL_DB": str(self.db_path), "VASTCTL_CONFIG": str(self.config_path)}
+        self.router_log = home / "route.log"
+        self.router: subprocess.Popen | None = None
+        self.daemons: list[StandIn] = []
+        self.machines: list[Machine] = []
+
+    def connect(self):
+        conn = db.connect(self.db_path, now=SYSTEM.now())
+        return _Closing(conn)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start_router(self) -> Site:
+        self.router = subprocess.Popen([sys.executable, "-m", "vastctl", "route"], env={**os.environ, **self.env},
+                                       stdout=subprocess.DEVNULL, stderr=self.router_log.open("w"))
+        wait_for(lambda: f"routing on {self.address}" in self.router_log.read_text(), "the router listens",
+                 proc=self.router, log=self.router_log)
+        return self
+
+    def daemon(self, name: str, *args: str, **knobs) -> StandIn:
+        daemon = StandIn(self.home, name, *args, **knobs)
+        self.daemons.append(daemon)
+        return daemon
+
+    def join(self, name: str, daemon: StandIn, *, checked: bool, rate: float = 50.0) -> Machine:
+        """A machine comes up: its row, its tunnel, then (checked) the manager's tunnel check records joined_at."""
+        machine = Machine(self, name, daemon, rate=rate)
+        self.machines.append(machine)
+        machine.open_tunnel()
+        if checked:
+            self.check_tunnels()
+            assert query(self.db_path, "SELECT joined_at FROM instances WHERE uuid = ?", machine.uuid)[0]["joined_at"]
+        return machine
+
+    def check_tunnels(self) -> dict:
+        """`vastctl provers`: the manager's tunnel check (reconcile runs the same), joined_at/tunnel_down_since."""
+        listed = run_vastctl("provers", "--json", env=self.env)
+        assert listed.returncode == 0, listed.stderr
+        return json.loads(listed.stdout)
+
+    def status(self) -> dict:
+        rows = query(self.db_path, "SELECT * FROM route_status WHERE id = 1")
+        return rows[0] if rows else {"held": None, "provers": None, "oldest_held_s": None, "in_flight": None}
+
+    def calls(self) -> list[dict]:
+        return query(self.db_path, "SELECT * FROM proof_calls ORDER BY id")
+
+    def log(self) -> str:
+        return self.router_log.read_text()
+
+    def stop(self) -> None:
+        for machine in self.machines:
+            machine.close_tunnel()
+        for daemon in self.daemons:
+            daemon.stop()
+        if self.router is not None and self.router.poll() is None:
+            stop_process(self.router)
+        if self.sshd is not None:
+            self.sshd.stop()
+
+
+class _Closing:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __enter__(self):
+        return self.conn
+
+    def __exit__(self, *exc):
+        self.conn.close()
+
+
+@pytest.fixture
+def make_site(tmp_path):
+    made: list[Site] = []
+
+    def make(*, via_ssh: bool = False, **route) -> Site:
+        site = Site(tmp_path, via_ssh=via_ssh, **route)
+        made.append(site)
+        return site
+
+    yield make
+    for site in made:
+        site.stop()
+
+
+def all_done(tasks: list[Task]) -> bool:
+    return all(task.done.is_set() for task in tasks)
+
+
+def assert_never_failed(tasks: list[Task]) -> None:
+    """What Curio saw of each task: one call, no failure, its own proof."""
+    for task in tasks:
+        assert task.outcome == "completed" and task.failures == [] and task.attempts == 1, task
+        assert task.proof == proof_for(task.request_id), f"{task.request_id} got another call's proof"
+
+
+# --- the scenario ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["ssh", "direct"])
+def test_no_proof_is_lost_as_the_fleet_empties_fills_and_a_daemon_dies_mid_call(make_site, via):
+    site = make_site(via_ssh=via == "ssh").start_router()
+    curio = CurioClient(site.address, max_pending=32, prove_timeout=PROVE_TIMEOUT_S, scale=SCALE)
+    try:
+        # 1. no prover has joined while 10 PoRep calls arrive: every one is held, none fails
+        first = [curio.submit(f"porep-1000-{n}") for n in range(10)]
+        wait_for(lambda: site.status()["held"] == 10, "route_status shows the 10 calls held")
+        assert not any(task.done.is_set() or task.failures for task in first)
+        assert all(task.attempts == 1 for task in first)
+
+        # 2. a machine joins (the manager's tunnel check): they complete on it, at most its slots at once
+        a = site.join("a", site.daemon("a"), checked=True)
+        wait_for(lambda: all_done(first), "the held calls complete on a", timeout=60)
+        assert_never_failed(first)
+        assert sorted(a.daemon.answered()) == sorted(task.request_id for task in first)
+        assert a.daemon.max_inflight() == SLOTS
+
+        # 3. a second joins (the router's own probe reaches it): new calls spread by free slots
+        b = site.join("b", site.daemon("b"), checked=False)
+        wait_for(lambda: site.status()["provers"] == 2, "the router sends to a and b")
+        second = [curio.submit(f"porep-1000-{n}") for n in range(10, 18)]
+        wait_for(lambda: all_done(second), "the second calls complete", timeout=60)
+        assert_never_failed(second)
+        ids = {task.request_id for task in second}
+        on_a, on_b = (set(m.daemon.answered()) & ids for m in (a, b))
+        assert on_a | on_b == ids and not on_a & on_b
+        assert len(on_a) >= 2 and len(on_b) >= 2, (on_a, on_b)
+        assert a.daemon.max_inflight(ids) == SLOTS and b.daemon.max_inflight(ids) == SLOTS  # both filled, never over
+
+        # 4. a's daemon dies with calls on it, its tunnel still up: those calls complete on b
+        third = [curio.submit(f"porep-1000-{n}") for n in range(18, 22)]
+        ids = {task.request_id for task in third}
+        wait_for(lambda: len(set(a.daemon.unanswered()) & ids) == SLOTS, "a is proving two of the calls")
+        lost = set(a.daemon.unanswered()) & ids
+        a.daemon.die()
+        if a.ssh is not None:
+            assert a.ssh.poll() is None  # the tunnel is live; only what is behind it is gone
+        wait_for(lambda: all_done(third), "a's calls complete on b", timeout=60)
+        assert_never_failed(third)
+        assert lost <= set(b.daemon.answered())
+        wait_for(lambda: {(c["request_id"], c["label"], c["result"]) for c in site.calls()} >=
+                 {(rid, label, result) for rid in lost for label, result in ((a.label, "dropped"), (b.label, "completed"))},
+                 "proof_calls shows a's calls dropped on a, completed on b")
+
+        # 5. the fleet is empty again, for longer than Curio's whole PoRep retry schedule: no call fails
+        b.daemon.stop()
+        a.close_tunnel()
+        b.close_tunnel()
+        site.check_tunnels()  # a's tunnel is down (tunnel_down_since); b never joined by the manager's check
+        wait_for(lambda: site.status()["provers"] == 0 and site.status()["in_flight"] == 0, "the router has no prover")
+        fourth = [curio.submit(f"porep-1000-{n}") for n in range(22, 28)]
+        schedule = SCHEDULES["porep"].total() * SCALE
+        wait_for(lambda: site.status()["held"] == 6 and (site.status()["oldest_held_s"] or 0) > schedule + 1,
+                 f"6 calls held past Curio's {schedule:.1f}s (scaled) PoRep schedule", timeout=schedule + 30)
+        assert not any(task.done.is_set() or task.failures for task in fourth)
+        site.join("c", site.daemon("c"), checked=True)
+        wait_for(lambda: all_done(fourth), "the held calls complete on c", timeout=60)
+        assert_never_failed(fourth)
+
+        # over the scenario: no call failed, none was answered twice, none went over a prover's slots
+        tasks = first + second + third + fourth
+        answered = [rid for daemon in site.daemons for rid in daemon.answered()]
+        assert sorted(answered) == sorted(task.request_id for task in tasks)  # each exactly once
+        assert all(daemon.max_inflight() <= SLOTS for daemon in site.daemons)
+        wait_for(lambda: sum(c["result"] in ANSWERED for c in site.calls()) == len(tasks), "every call recorded")
+        calls = site.calls()
+        per_id = collections.Counter(c["request_id"] for c in calls if c["result"] in ANSWERED)
+        assert set(per_id.values()) == {1} and set(per_id) == {task.request_id for task in tasks}
+        results = collections.Counter(c["result"] for c in calls)
+        assert set(results) <= {"completed", "dropped"} and results["completed"] == len(tasks), results
+        with site.connect() as conn:
+            counted = deliveries.delivered(conn)
+        for machine in site.machines:
+            assert counted.get(machine.uuid, {}).get("completed", 0) == len(machine.daemon.answered())
+    finally:
+        curio.close()
+
+
+# --- what a prover answered goes back as it came ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_proof_failed_inside_grpc_ok_is_passed_back_once_counted_against_its_machine_then_it_is_set_aside(
+        make_site):
+    site = make_site().start_router()
+    failing = site.daemon("f", "--fail-every", "1", prove_seconds=0.05)
+    good = site.daemon("g", prove_seconds=0.05)
+    f = site.join("f", failing, checked=True, rate=90.0)  # the better rate: it takes the calls while both are free
+    g = site.join("g", good, checked=True, rate=50.0)
+    wait_for(lambda: site.status()["provers"] == 2, "the router sends to f and g")
+    curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
+    try:
+        code, message, result = curio.call(prove_request("porep-1000-1"))
+        assert code == grpc.StatusCode.OK and result is not None
+        assert result.status == wire.STATUS_FAILED and "failed (--fail-every 1)" in result.error_message
+        assert failing.received() == ["porep-1000-1"] and good.received() == []  # not sent again
+        wait_for(lambda: [(c["label"], c["result"], c["attempt"]) for c in site.calls()] == [(f.label, "failed", 1)],
+                 "proof_calls: one failed proof on f")
+        with site.connect() as conn:
+            assert deliveries.delivered(conn) == {f.uuid: {"failed": 1}}
+
+        # a status the daemon chose is passed back too, never sent again
+        code, message, _ = curio.call(wire.ProveRequest().SerializeToString())
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and message == "missing submit field"
+        code, message, _ = curio.call(prove_request("porep-1000-2", kind=9))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "proof kind" in message
+        assert failing.received() == ["porep-1000-1", "-", "porep-1000-2"] and good.received() == []
+
+        # fail_threshold (3) failed proofs in a row: f takes no new call, its row says why, one event
+        for n in (3, 4, 5):
+            assert curio.call(prove_request(f"porep-1000-{n}"))[2].status == wire.STATUS_FAILED
+        wait_for(lambda: query(site.db_path, "SELECT route_failing_since FROM instances WHERE uuid = ?",
+                               f.uuid)[0]["route_failing_since"], "f is set aside in the state file")
+        events = query(site.db_path, "SELECT * FROM events WHERE kind = ?", deliveries.SET_ASIDE)
+        assert [e["uuid"] for e in events] == [f.uuid] and "3 calls in a row" in events[0]["reason"]
+        code, _, result = curio.call(prove_request("porep-1000-6"))
+        assert code == grpc.StatusCode.OK and result.status == wire.STATUS_COMPLETED
+        assert good.received() == ["porep-1000-6"] and "porep-1000-6" not in failing.received()
+        assert f"prover {f.label} set aside" in site.log()
+        assert g.uuid not in {e["uuid"] for e in events}
+    finally:
+        curio.close()
+
+
+@pytest.mark.slow
+def test_a_call_over_128_mib_is_refused_at_once_and_a_120_mb_call_passes(make_site):
+    site = make_site().start_router()
+    daemon = site.daemon("a", prove_seconds=0.05)
+    site.join("a", daemon, checked=True)
+    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
+    try:
+        too_big = prove_request("porep-big-129", payload_bytes=129 * 1024 * 1024)
+        code, message, _ = curio.call(too_big)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, message)
+        assert "134217728" in message and "128 MiB" in message and "no prover was tried" in message
+        del too_big
+        assert daemon.received() == []
+        code, message, result = curio.call(prove_request("porep-big-120", payload_bytes=120_000_000))
+        assert code == grpc.StatusCode.OK and result.status == wire.STATUS_COMPLETED, (code, message)
+        assert result.proof == proof_for("porep-big-120")
+        assert daemon.received() == ["porep-big-120"]
+        assert int(daemon.lines()[0][2]["size"]) > 120_000_000
+        wait_for(lambda: [(c["request_id"], c["result"], c["attempt"]) for c in site.calls()] ==
+                 [("porep-big-129", "refused", 0), ("porep-big-120", "completed", 1)], "both calls recorded")
+    finally:
+        curio.close()
+
+
+# --- stopping ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_held_calls_it_refused(make_site):
+    site = make_site(drain_timeout=0.5).start_router()
+    daemon = site.daemon("a", prove_seconds=3.0)
+    site.join("a", daemon, checked=True)
+    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
+    try:
+        # SnapDeals: Curio tries 3 times without waiting, so what a stop costs it shows at once
+        proving = [curio.submit(f"snap-1000-{n}", kind="snap") for n in (1, 2)]
+        wait_for(lambda: len(daemon.received()) == SLOTS, "two calls are on a (its slots)")
+        held = [curio.submit(f"snap-1000-{n}", kind="snap") for n in (3, 4)]
+        wait_for(lambda: site.status()["held"] == 2, "two calls held")
+        site.router.send_signal(signal.SIGTERM)
+        wait_for(lambda: "stopping: taking no new calls" in site.log(), "the router says it stops")
+        code, message, _ = curio.call(prove_request("snap-1000-5", kind=wire.SNAP_DEALS_UPDATE), timeout=10)
+        # no new call: grpc's server, stopping, cancels a new stream on Curio's open connection (a new
+        # connection finds the port closed: UNAVAILABLE); either way no prover sees it
+        assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), (code, message)
+        assert site.router.wait(timeout=30) == 0
+        wait_for(lambda: all_done(proving + held), "every task ends")
+        for task in proving:  # in flight at SIGTERM: finished, Curio saw nothing
+            assert task.outcome == "completed" and task.failures == [] and task.proof == proof_for(task.request_id)
+        for task in held:  # held past route.drain_timeout: refused, and Curio counts each a failure
+            assert task.failures and {code for code, _ in task.failures} == {"UNAVAILABLE"}, task
+        log = site.log()
+        assert "stopping: taking no new calls; 2 held, 2 on provers (route.drain_timeout 0.5s)" in log, log
+        assert "stopping: refusing 2 held call(s)" in log, log
+        assert all(f"refused held snap call snap-1000-{n}" in log for n in (3, 4)), log
+        assert re.search(r"^stopped$", log, re.M), log
+        assert sorted(daemon.received()) == ["snap-1000-1", "snap-1000-2"]  # nothing after SIGTERM reached it
+        calls = {(c["request_id"], c["result"]) for c in site.calls()}
+        assert {("snap-1000-1", "completed"), ("snap-1000-2", "completed"), ("snap-1000-3", "refused"),
+                ("snap-1000-4", "refused")} <= calls, calls
+    finally:
+        curio.close()
