@@ -79,6 +79,16 @@ def fleet_cmd(
         f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
         f" · ${s['spend_per_hour']:.2f}/h{listing}"
     )
+    router = s["router"]
+    wait = router["proof_wait_last_day"]
+    if router["router_running"] or wait["calls"]:
+        oldest = f" (oldest {router['oldest_held_s']:g}s)" if router["held"] else ""
+        state = f"{router['held']} held{oldest}, {router['in_flight']} on provers" if router["router_running"] \
+            else "not running"
+        waits = (f" · proof wait p50/p95/p99 {wait['p50_s']:g}/{wait['p95_s']:g}/{wait['p99_s']:g}s,"
+                 f" {wait['within_max_wait']:.1%} within agent.max_wait ({wait['calls']} calls, last day)"
+                 if wait["calls"] else "")
+        echo(f"router: {state}{waits}")
     if s.get("orphan_warning"):
         say(f"warning: {s['orphan_warning']}")
     if s["listing_error"]:

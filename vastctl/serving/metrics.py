@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from vastctl.config import Config
-from vastctl.facts import cost
+from vastctl.facts import cost, deliveries
 from vastctl.observe import observe
 from vastctl.state.lifecycle import State
 from vastctl.views import fleet, overview
@@ -70,6 +70,30 @@ class _FleetCollector:
         yield kills
         yield from _agent(overview.agent_totals(conn))
         yield from _cost(cost.account(conn, now=now))
+        yield from _router(summary["router"], overview.route_results(conn, now))
+
+
+def _router(router: dict, results: dict[str, int]) -> Iterator[Metric]:
+    yield _gauge("vastctl_route_running", "1 when the proof router wrote its status within the last 30 s.",
+                 1 if router["router_running"] else 0)
+    yield _gauge("vastctl_route_held_calls", "Calls the proof router holds for a free prover.", router["held"])
+    yield _gauge("vastctl_route_oldest_held_seconds", "How long the oldest held call has waited (0: none held).",
+                 router["oldest_held_s"] or 0.0)
+    yield _gauge("vastctl_route_calls_on_provers", "Calls the proof router has on provers now.", router["in_flight"])
+    wait = router["proof_wait_last_day"]
+    quantiles = GaugeMetricFamily("vastctl_proof_wait_seconds", "Held + proving time of the calls the router"
+                                  " answered in the last day, by quantile (NaN: none answered).", labels=["quantile"])
+    for quantile, key in (("0.5", "p50_s"), ("0.95", "p95_s"), ("0.99", "p99_s")):
+        quantiles.add_metric([quantile], math.nan if wait[key] is None else wait[key])
+    yield quantiles
+    yield _gauge("vastctl_proofs_within_max_wait_ratio", "Share of the last day's answered calls done within"
+                 " agent.max_wait of arriving at the router (NaN: none answered).",
+                 math.nan if wait["within_max_wait"] is None else wait["within_max_wait"])
+    calls = GaugeMetricFamily("vastctl_route_calls_last_day", "The router's attempts in the last day, by result.",
+                              labels=["result"])
+    for result in deliveries.RESULTS:
+        calls.add_metric([result], results.get(result, 0))
+    yield calls
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

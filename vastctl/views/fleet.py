@@ -10,6 +10,7 @@ from typing import Any
 from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
+from vastctl.facts import deliveries
 from vastctl.observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
 from vastctl.observe import Observation, event_facts, machine_facts, observe
 from vastctl.state.db import transaction
@@ -82,7 +83,17 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     summary["disagreements"] = sum(1 for view in instances if view["disagreement"])
     summary.update(listing_status(conn, now))
     summary.update(contact_status(rows, config, now))
+    summary["router"] = router_status(conn, config, obs, now)
     return {"instances": instances, "summary": summary}
+
+
+def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", now: datetime) -> dict[str, Any]:
+    """What the proof router holds now (observation.router) and the proof wait it measured over the last day:
+    held + proving time of each answered call, p50/p95/p99 in seconds and the share within agent.max_wait."""
+    since, until = deliveries.window(now)
+    return {**obs.router.view(),
+            "proof_wait_last_day": deliveries.proof_wait(conn, since=since, until=until,
+                                                         max_wait_s=config.agent.max_wait)}
 
 
 def last_reports(conn: sqlite3.Connection) -> dict[str, str]:

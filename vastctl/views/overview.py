@@ -16,6 +16,7 @@ from typing import Any
 
 from vastctl import clock
 from vastctl.config import Config
+from vastctl.facts import deliveries
 from vastctl.observe import Observation, expected_rate, observe
 from vastctl.state import settings
 from vastctl.state.lifecycle import LIVE_STATES, State
@@ -47,6 +48,11 @@ def reconcile_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
         "last_error": None if last is None or last["ok"] else last["error"],
         "consecutive_failures": failing, "failures_last_day": failed_day, "passes_last_day": passes_day,
     }
+
+
+def route_results(conn: sqlite3.Connection, now: datetime) -> dict[str, int]:
+    """The proof router's attempts of the last day, by result (facts/deliveries.py)."""
+    return deliveries.results(conn, since=now - HISTORY, until=now + timedelta(microseconds=1))
 
 
 def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
