@@ -394,6 +394,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX vast_listings_ok ON vast_listings(ok)
         """,
     ),
+    (
+        "each machine's proofs over every run of its prover (a restarted counter adds, never lowers the total)",
+        # proofs_done stays the prover's raw counter as last reported (the rate and the reset are read from it);
+        # a file from before counted only that, so its total starts there
+        """
+        ALTER TABLE instances ADD COLUMN proofs_total INTEGER NOT NULL DEFAULT 0;
+        UPDATE instances SET proofs_total = max(proofs_done, 0);
+        ALTER TABLE sim_instances ADD COLUMN proofs REAL NOT NULL DEFAULT 0;
+        UPDATE sim_meta SET schema_version = 3 WHERE schema_version = 2
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
