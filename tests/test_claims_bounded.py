@@ -249,3 +249,63 @@ def test_the_observation_flags_the_liar_and_counts_it_at_its_models_rate(conn, c
     flags = {m["uuid"]: m.get("implausible_claims") for m in obs.machines}
     assert flags == {"a": None, "b": 1, "c": None}
     assert [m["implausible_claims"] for m in obs.to_prompt()["machines"] if "implausible_claims" in m] == [1]
+
+
+# --- the proofs cost counts: every run of the prover, each heartbeat bounded ---------------------------------
+
+
+def resets(conn, uuid="u1"):
+    return conn.execute("SELECT reason FROM events WHERE uuid = ? AND kind = 'counter_reset'", (uuid,)).fetchall()
+
+
+def test_a_restarted_counter_adds_a_new_run_and_never_lowers_the_total(conn):
+    running_machine(conn, bench=70)
+    assert beat(conn, 100, 3600)["proofs_total"] == 100
+    row = beat(conn, 5, 3660)  # the daemon restarted: its counter starts again
+    assert row["proofs_total"] == 105 and row["proofs_done"] == 5
+    assert beat(conn, 7, 3720)["proofs_total"] == 107
+    (reset,) = resets(conn)
+    assert "fell from 100 to 5" in reset["reason"] and "total 105" in reset["reason"]
+
+
+def test_one_heartbeat_claiming_10_18_proofs_adds_what_a_minute_can(conn):
+    running_machine(conn, bench=70)
+    row = beat(conn, 10**18, 60)
+    assert row["proofs_total"] == int(140 * 60 / 3600) + lifecycle.BURST_PROOFS  # 2 × bench for a minute + a batch
+    assert implausible(conn) == 1
+    assert beat(conn, 10**18 + 1, 120)["proofs_total"] == row["proofs_total"] + 1  # honest from there on
+
+
+def test_a_restart_that_claims_more_than_possible_is_bounded_too(conn):
+    running_machine(conn, bench=70)
+    beat(conn, 50, 3600)
+    assert beat(conn, 10**18 - 1, 3601)["proofs_total"] == 50 + lifecycle.BURST_PROOFS  # a leap up: bounded
+    row = beat(conn, 3, 3602)  # now lower than the last: a new run of 3
+    assert row["proofs_total"] == 50 + lifecycle.BURST_PROOFS + 3 and len(resets(conn)) == 1
+
+
+@pytest.mark.slow
+def test_a_counter_reset_over_http_loses_nothing_and_is_one_event(tmp_path, cli):
+    """Real heartbeats to a real `vastctl serve`: 100, then serve and the prover restart, then 5 → 105."""
+    manager = Manager(tmp_path, gate=40).start(0, "--timeout", "2")
+    uuid = f"r-{uuid_module.uuid4()}"
+    try:
+        to_running(manager, uuid, 70)
+        post(manager, uuid, "heartbeat", {"proofs_done": 0})
+        with sqlite3.connect(manager.db_path) as raw:  # that heartbeat an hour ago: 100 proofs since are plausible
+            raw.execute("UPDATE instances SET last_heartbeat_at = ? WHERE uuid = ?",
+                        ((datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), uuid))
+        post(manager, uuid, "heartbeat", {"proofs_done": 100})
+        assert manager.stop() == 0
+        manager.start(0, "--timeout", "2")
+        post(manager, uuid, "heartbeat", {"proofs_done": 5})
+        post(manager, uuid, "heartbeat", {"proofs_done": 5})  # the same count again: no second reset
+    finally:
+        assert manager.stop() == 0
+    row = manager.rows()[uuid]
+    assert (row["proofs_done"], row["proofs_total"]) == (5, 105)
+    assert [e["kind"] for e in manager.events(uuid)].count("counter_reset") == 1
+    assert implausible_events(manager, uuid) == []
+    result = cli("--db", str(manager.db_path), "cost", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["proofs"] == 105

@@ -121,7 +121,7 @@ def fleet(conn):
     B: killed during its boot after 1h, never proved, destroyed at once."""
     a = launch(conn, "vastctl-aaaa", at=T0, dph=0.5)
     run_to(conn, a, T0 + timedelta(minutes=30))
-    lifecycle.update_fields(conn, a, {"proofs_done": 100})
+    lifecycle.update_fields(conn, a, {"proofs_total": 100})
     lifecycle.transition(conn, a, State.STOPPED, "t", "operator", now=T0 + timedelta(hours=2))
     list_stopped(conn, a, 0.02, T0 + timedelta(hours=2, minutes=1))
     lifecycle.kill(conn, a, "t", source="operator", code="operator", now=T0 + timedelta(hours=3))
@@ -221,7 +221,7 @@ def test_the_dashboard_card_and_the_metrics_are_the_same_account(db_path):
     conn = app.connection()
     uuid = launch(conn, "vastctl-ffff", at=T0, dph=0.4)
     run_to(conn, uuid, T0 + timedelta(hours=1))
-    lifecycle.update_fields(conn, uuid, {"proofs_done": 250})
+    lifecycle.update_fields(conn, uuid, {"proofs_total": 250})
     launch(conn, "vastctl-abcd", at=T0 + timedelta(hours=4), dph=0.3)  # booting: nothing proved
     figures = cost.account(conn, now=virtual.now())
     assert figures["cost"] == pytest.approx(5 * 0.4 + 0.3) and figures["never_proved_cost"] == pytest.approx(0.3)
@@ -245,7 +245,7 @@ def test_the_dashboard_card_and_the_metrics_are_the_same_account(db_path):
 def test_a_machine_that_died_after_proving_counts_its_undetected_time_as_wasted(conn):
     uuid = launch(conn, "vastctl-9999", at=T0, dph=0.6)
     run_to(conn, uuid, T0 + timedelta(minutes=30))
-    lifecycle.update_fields(conn, uuid, {"proofs_done": 80, "last_heartbeat_at": "2026-11-30T23:40:00.000000Z"})
+    lifecycle.update_fields(conn, uuid, {"proofs_total": 80, "last_heartbeat_at": "2026-11-30T23:40:00.000000Z"})
     lifecycle.kill(conn, uuid, "t", source="reconcile", code="exited", now=T0 + timedelta(hours=2))
     lifecycle.update_fields(conn, uuid, {"destroyed_at": "2026-12-01T00:00:00.000000Z"})
     figures = cost.account(conn, now=T0 + timedelta(hours=3))

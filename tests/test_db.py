@@ -21,7 +21,7 @@ PINNED = {
         "vast_status", "vast_status_msg", "vast_seen_at", "vast_missing", "resumed_at", "destroy_attempts",
         "destroy_error", "claimed_vast_id",
         "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at", "storage_dph",
-        "vast_status_since", "bid", "ask_dph", "outbid_since",
+        "vast_status_since", "bid", "ask_dph", "outbid_since", "proofs_total",
     ],
     "machine_logs": ["uuid", "name", "at", "text", "cut"],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],
@@ -54,7 +54,7 @@ PINNED = {
         "storage_dph", "intended_status", "actual_status", "cur_state", "status_msg", "listed", "epoch", "epoch_at",
         "step", "step_at", "fault", "fault_at", "proving_since", "refused_at", "created_at", "died_at",
         "destroy_requested_at", "destroy_refused_s", "destroyed_at", "cost", "billed_s", "gpu_s", "billed_at",
-        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at",
+        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at", "proofs",
     ],
     "sim_faults": ["id", "at", "kind", "vast_id", "detail"],
 }

@@ -292,7 +292,7 @@ def killed_row(conn, cfg, machine, code, *, proofs=0, at=NOW):
     uuid = f"u-{machine}-{code}"
     lifecycle.create(conn, uuid=uuid, label=f"vastctl-{machine}{code[:3]}", state=State.LAUNCHING, reason="t",
                      source="operator", now=at, fields={"machine_id": machine, "vast_id": machine * 10,
-                                                        "proofs_done": proofs})
+                                                        "proofs_done": proofs, "proofs_total": proofs})
     return lifecycle.kill(conn, uuid, "x", source="reconcile", code=code, now=at)
 
 

@@ -251,7 +251,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         except VastctlError:
             errors["agent_step"] += 1
         capacity = truth.proving_rate()
-        served = min(backlog, capacity / 60)
+        served = market.work(backlog, STEP_S)  # the proving machines' counters count what they take
         backlog -= served
         done += served
         waits.serve(minute, served)

@@ -20,7 +20,8 @@ A host vast last listed `offline` bills nothing from when the listing first show
 disk but not yet the GPU, count at the full price.
 
 A machine killed with no vast id and nothing confirmed was never rented and
-costs nothing. Proofs are the machines' own counts (proofs_done); in a
+costs nothing. Proofs are the machines' own counts, added up over every run of the prover and bounded
+per heartbeat (proofs_of: instances.proofs_total, not the raw counter proofs_done); in a
 window (`since`) or a day, each machine's count is shared out over the time
 it was running. "Never proved" is what machines that proved nothing cost:
 boots, failed benches, machines dead before their first proof. "Dead until
@@ -196,6 +197,15 @@ def _group_key(by: str, row: dict[str, Any]) -> str:
     return "stopped" if row["state"] == State.STOPPED else "live"
 
 
+def proofs_of(row: dict[str, Any]) -> int:
+    """The proofs a machine is credited with: its total over every run of its prover, each heartbeat's share
+    bounded by what it could have proved (lifecycle.counted_increment), never its raw last counter.
+
+    The one source of counts for every cost figure; another source (a router's delivered counts) joins here.
+    """
+    return max(0, int(row.get("proofs_total") or 0))
+
+
 def _dead_cost(piece: Piece, row: dict[str, Any]) -> float:
     """What a rented piece billed between a dead machine's last heartbeat and its kill (dead, not yet detected)."""
     if piece.part != "rented" or row.get("kill_code") not in DEATH_CODES:
@@ -263,7 +273,7 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
             continue
         piece = clipped
         row = rows[piece.uuid]
-        proofs_done = max(0, int(row.get("proofs_done") or 0))
+        proofs_done = proofs_of(row)
         split = [(_group_key(by, row) if by and by != "day" else None, piece)] if by != "day" else list(_by_day(piece))
         for key, part_piece in split:
             if running_h[piece.uuid] > 0:

@@ -240,6 +240,12 @@ class SimProvider:
             instances=records, faults=faults, outbids=outbids,
         )
 
+    def work(self, queued: float, seconds: float) -> float:
+        """The machines proving now take up to `queued` proofs of the queue over the next `seconds` (the demo's
+        work); their counters, which their heartbeats report, count them. The proofs done. Not an API call."""
+        with self._consulted() as _now:
+            return self.engine.work(queued, seconds)
+
     def faults(self) -> list[dict[str, Any]]:
         """Every failure the market made happen, oldest first: at, kind, vast_id, detail."""
         return self.store.faults()

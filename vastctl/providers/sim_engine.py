@@ -77,6 +77,28 @@ class Engine:
         machine.billed_at = until
         self.dirty.add(machine.vast_id)
 
+    # --- the work ----------------------------------------------------------------------------------------
+
+    def proving(self) -> list[Machine]:
+        """The machines whose prover is at work: running, past the benchmark, not paused, refused or dead."""
+        return [m for m in self.machines.values() if m.destroyed_at is None and m.listed
+                and m.actual_status == "running" and m.proving_since is not None and m.paused_at is None
+                and m.refused_at is None and m.died_at is None]
+
+    def work(self, queued: float, seconds: float) -> float:
+        """The proving machines take up to `queued` proofs over `seconds` at their true rates, each its share
+        of what is done by its rate (idle capacity proves nothing); the proofs done."""
+        hosts = self.hosts()
+        proving = [(m, hosts[m.machine_id].true_rate) for m in self.proving()]
+        capacity = sum(rate for _m, rate in proving) * seconds / 3600
+        done = min(max(0.0, queued), capacity)
+        if done <= 0:
+            return 0.0
+        for machine, rate in proving:
+            machine.proofs += done * rate * seconds / 3600 / capacity
+            self.dirty.add(machine.vast_id)
+        return done
+
     # --- the events ------------------------------------------------------------------------------------
 
     def advance(self, now: float) -> None:
@@ -110,6 +132,7 @@ class Engine:
         machine.epoch_at = now
         machine.actual_status, machine.cur_state, machine.status_msg = None, "running", None
         machine.fault = machine.fault_at = machine.proving_since = None
+        machine.proofs = 0.0  # a new container: its prover counts from nothing
         machine.step, machine.step_at = "provision", now + self._plan(machine).provision_s
         self.dirty.add(machine.vast_id)
 
@@ -198,8 +221,9 @@ class Engine:
                 machine.proving_since = at
                 self._schedule_rival(machine, at)
                 self._beat(machine, at)
-        elif step == "restart":  # resumed after an outbid: proving again, its proof count carried on
+        elif step == "restart":  # resumed after an outbid: proving again, its restarted prover counting anew
             machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
+            machine.proofs = 0.0
             if machine.proving_since is not None and machine.paused_at is not None:
                 machine.proving_since += at - machine.paused_at
             machine.paused_at = None
@@ -256,9 +280,8 @@ class Engine:
         return at + max(0, beats) * HEARTBEAT_S
 
     def _beat(self, machine: Machine, at: float) -> None:
-        host = self.hosts()[machine.machine_id]
-        proofs = model.BENCH_PROOFS + int(host.true_rate * (at - (machine.proving_since or at)) / 3600)
-        if self._report(machine, at, "heartbeat", proofs) in ("ok", "error"):  # an error: the loop beats again
+        """A heartbeat with the proofs the prover did in this run (`work` credits them), not its capacity."""
+        if self._report(machine, at, "heartbeat", int(machine.proofs)) in ("ok", "error"):  # an error: the loop beats again
             self._next(machine, "heartbeat", at + HEARTBEAT_S)
 
     def _report(self, machine: Machine, at: float, method: str, *args: Any, **kwargs: Any) -> str:

@@ -28,7 +28,8 @@ from vastctl import clock as clocks
 from vastctl.errors import BadInput
 from vastctl.providers import sim_market as model
 
-SCHEMA_VERSION = 2  # of the market's rows (sim_meta.schema_version); 2: interruptible rentals (bid, rival bids, pauses)
+SCHEMA_VERSION = 3  # of the market's rows (sim_meta.schema_version); 2: interruptible rentals (bid, rival bids,
+# pauses); 3: the proofs each machine did (its prover's counter)
 FIRST_VAST_ID = 7_000_001
 
 
@@ -74,6 +75,7 @@ class Machine:
     outbid_price: float | None = None  # that rival's bid (or, while paused, the one holding the host)
     paused_at: float | None = None  # vast stopped it for a higher bid at this moment
     resume_at: float | None = None  # the rival lets go of the host: it resumes
+    proofs: float = 0.0  # proofs its prover did in this run of it (the counter its heartbeats report)
 
     @property
     def next_at(self) -> float | None:

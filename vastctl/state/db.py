@@ -395,6 +395,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
+        "each machine's proofs over every run of its prover (a restarted counter adds, never lowers the total)",
+        # proofs_done stays the prover's raw counter as last reported (the rate and the reset are read from it);
+        # a file from before counted only that, so its total starts there
+        """
+        ALTER TABLE instances ADD COLUMN proofs_total INTEGER NOT NULL DEFAULT 0;
+        UPDATE instances SET proofs_total = max(proofs_done, 0);
+        ALTER TABLE sim_instances ADD COLUMN proofs REAL NOT NULL DEFAULT 0;
+        UPDATE sim_meta SET schema_version = 3 WHERE schema_version = 2
+        """,
+    ),
+    (
         "the proof router: every call it delivered, what it holds, the machines it set aside",
         # vastctl/facts/deliveries.py says what each column means
         """

@@ -91,6 +91,8 @@ RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate nee
 MAX_RATE_PER_GPU = 200.0
 MAX_GPUS_COUNTED = 8  # GPUs a machine's ceiling counts at most (an adopted machine's count is its own claim)
 HEARTBEAT_RATE_FACTOR = 2.0  # a rate measured from heartbeats counts for at most this many times its bench rate
+BUSY_WINDOW_S = 10 * 60  # work for this long at the fleet's rate keeps every machine busy between two heartbeats
+WORK_SAMPLE_AGE_S = 5 * 60  # a demand sample older than this says nothing of whether work waited at a heartbeat
 BURST_PROOFS = 10  # proofs one heartbeat may add beyond its plausible share (a -j 5 batch landing at once)
 IMPLAUSIBLE = "implausible_rate"  # the event kind of a claim bounded because it was not plausible
 IMPLAUSIBLE_EVENT_EVERY_S = 60 * 60  # a machine that keeps over-claiming is recorded once an hour, not every beat
@@ -438,14 +440,16 @@ def validate_proofs(proofs_done: Any) -> int:
 def heartbeat(
     conn: sqlite3.Connection, uuid: str, *, proofs_done: int | None = None, now: datetime
 ) -> dict[str, Any]:
-    """Keep the machine's liveness and cumulative proof counter fresh. Not a transition, so no event.
+    """Keep the machine's liveness and proof counters fresh. Not a transition, so no event.
 
     proofs_per_hour is an exponentially weighted rate over the counter's
     increments, started from the benchmark, so each heartbeat moves it in
     proportion to the time it covers: two heartbeats 30 s apart cannot swing a
     machine benched at 70/h to 480/h. A counter that went down (the prover
     restarted) starts a new baseline, keeps the rate, and is recorded as a
-    `counter_reset` event.
+    `counter_reset` event. proofs_done is the daemon's raw counter as last
+    reported; proofs_total (what cost counts) adds up every run's proofs,
+    each heartbeat crediting no more than counted_increment() allows.
     """
     if proofs_done is not None:
         validate_proofs(proofs_done)
@@ -456,18 +460,57 @@ def heartbeat(
         updates: dict[str, Any] = {"last_heartbeat_at": clock.to_iso(now)}
         if proofs_done is not None:
             updates["proofs_done"] = proofs_done
-            updates["proofs_per_hour"], implausible = _smoothed_rate(row, proofs_done, now)
-            if implausible:
-                _record_implausible(conn, row, implausible, now=now, throttle=True)
-            if proofs_done < (row["proofs_done"] or 0):
+            updates["proofs_per_hour"], implausible = _smoothed_rate(row, proofs_done, now,
+                                                                     busy=_work_waited(conn, now))
+            reset = proofs_done < (row["proofs_done"] or 0)
+            credited, over = counted_increment(row, proofs_done, now)
+            updates["proofs_total"] = max(0, int(row.get("proofs_total") or 0)) + credited
+            if implausible or over:
+                _record_implausible(conn, row, implausible or over or "", now=now, throttle=True)
+            if reset:
                 record_event(conn, kind="counter_reset", source="instance", now=now, uuid=uuid, label=row["label"],
                              reason=f"proof counter fell from {row['proofs_done']} to {proofs_done}:"
-                                    " the prover restarted; the rate is kept and counting starts again")
+                                    f" the prover restarted; its {proofs_done} count as a new run (total"
+                                    f" {updates['proofs_total']}), the rate is kept")
         update_fields(conn, uuid, updates)
         return get(conn, uuid)
 
 
-def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime) -> tuple[float | None, str | None]:
+def counted_increment(row: Mapping[str, Any], proofs_done: int, now: datetime) -> tuple[int, str | None]:
+    """The proofs a heartbeat adds to the machine's total, and why fewer than it claimed (None: all of them).
+
+    A count at or above the last one adds the difference; one below it is a new run (a restarted daemon,
+    a resumed machine) and adds itself. Either way no more than the machine could have proved since its last
+    heartbeat (or since it was rented, for the first) at measured_rate_bound(), plus BURST_PROOFS: the
+    rate path's bounds, so one heartbeat of 10^18 adds what a minute of proving can.
+    """
+    last = row["proofs_done"] or 0
+    claimed = proofs_done - last if proofs_done >= last else proofs_done
+    since = clock.from_iso(row.get("last_heartbeat_at")) or clock.from_iso(row.get("created_at"))
+    elapsed = max(0.0, (now - since).total_seconds()) if since is not None else 0.0
+    bound = measured_rate_bound(row)
+    most = int(bound * elapsed / 3600) + BURST_PROOFS
+    if claimed <= most:
+        return claimed, None
+    return most, (f"proof counter claimed {claimed} proofs in {clock.human_duration(elapsed)}: not plausible for"
+                  f" a machine bounded at {bound:g} proofs/h ({_bound_source(row)}); {most} counted")
+
+
+def _work_waited(conn: sqlite3.Connection, now: datetime) -> bool:
+    """False when the newest demand sample (at most WORK_SAMPLE_AGE_S old) held less work than the machines
+    running prove in BUSY_WINDOW_S: then they may have idled, and a heartbeat's count says how much work a
+    machine was given, not how fast it proves. True otherwise (work waited, or nothing says it did not)."""
+    newest = conn.execute("SELECT at, queued FROM demand_samples WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
+    at = clock.from_iso(newest["at"]) if newest is not None else None
+    if at is None or newest["queued"] is None or (now - at).total_seconds() > WORK_SAMPLE_AGE_S:
+        return True
+    (fleet_rate,) = conn.execute("SELECT coalesce(sum(coalesce(proofs_per_hour, bench_rate, 0)), 0) FROM instances"
+                                 " WHERE state = ?", (S.RUNNING,)).fetchone()
+    return int(newest["queued"]) >= float(fleet_rate) * BUSY_WINDOW_S / 3600
+
+
+def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime, *,
+                   busy: bool = True) -> tuple[float | None, str | None]:
     """The rate after this heartbeat, and why it was bounded when the counter rose implausibly fast.
 
     The sample since the last heartbeat is weighted by the time it covers; the rate never exceeds
@@ -490,6 +533,8 @@ def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime) -> tupl
                f" bounded at {bound:g} proofs/h ({_bound_source(row)}); counted at that rate")
         sample = bound
     start = previous_rate if previous_rate is not None else bounded(row["bench_rate"], bound)
+    if start is not None and sample < start and not busy:
+        return start, why  # fewer proofs with no work waiting: idle, not slow (a count is not a capacity)
     if start is None:  # nothing measured before: a rate only from a window long enough to mean something
         return (sample if elapsed >= RATE_MIN_WINDOW_S else None), why
     weight = 1 - math.exp(-elapsed / RATE_TIME_CONSTANT_S)
