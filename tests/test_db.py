@@ -21,7 +21,7 @@ PINNED = {
         "vast_status", "vast_status_msg", "vast_seen_at", "vast_missing", "resumed_at", "destroy_attempts",
         "destroy_error", "claimed_vast_id",
         "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at", "storage_dph",
-        "vast_status_since", "bid", "ask_dph", "outbid_since", "proofs_total",
+        "vast_status_since", "bid", "ask_dph", "outbid_since", "proofs_total", "route_failing_since", "route_failure",
     ],
     "machine_logs": ["uuid", "name", "at", "text", "cut"],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],
@@ -44,6 +44,10 @@ PINNED = {
     ],
     "dashboard_sign_outs": ["session", "expires_at", "signed_out_at"],
     "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event"],
+    # the proof router's (facts/deliveries.py)
+    "proof_calls": ["id", "at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
+                    "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail"],
+    "route_status": ["id", "updated_at", "held", "held_bytes", "oldest_held_s", "in_flight", "provers"],
     # the simulated market's (providers/sim_store.py; sim_meta.schema_version counts their changes too)
     "sim_meta": ["id", "schema_version", "seed", "started_at", "advanced_to", "calls", "next_vast_id", "version",
                  "busy_by", "busy_until"],
