@@ -277,3 +277,17 @@ def test_a_host_gone_offline_bills_after_the_kill_until_the_listing_shows_it_off
     figures = cost.account(conn, now=T0 + timedelta(hours=2))
     assert figures["rented"] == pytest.approx(0.6)
     assert figures["after_kill"] == pytest.approx(0.6 * 10 / 60)
+
+
+def test_the_proofs_the_router_delivered_from_a_machine_are_its_count_over_what_it_claims(fleet):
+    from vastctl.facts import deliveries
+
+    a = "u-vastctl-aaaa"  # claims 100 proofs in its heartbeats
+    deliveries.record_calls(fleet, [
+        {"at": clock.to_iso(T0 + timedelta(hours=1)), "kind": "porep", "uuid": a, "label": "vastctl-aaaa",
+         "result": result, "held_ms": 0, "prover_ms": 60_000, "attempt": 1, "size_bytes": 1}
+        for result in ["completed"] * 40 + ["failed"] * 3 + ["dropped"] * 2])
+    figures = cost.account(fleet, now=T0 + timedelta(hours=5))
+    assert figures["proofs"] == 40  # the router saw 40 proofs come back: failed and dropped calls are not proofs
+    assert figures["cost_per_1000_proofs"] == pytest.approx(1.33 / 40 * 1000, rel=1e-3)
+    assert cost.proofs_of({"proofs_total": 100}) == 100 and cost.proofs_of({"proofs_total": 100}, {"dropped": 2}) == 0

@@ -102,3 +102,33 @@ def test_fleet_json_and_metrics_show_the_router(conn):
     assert value[("vastctl_proofs_within_max_wait_ratio", ())] == 1
     assert value[("vastctl_route_calls_last_day", (("result", "dropped"),))] == 1
     assert value[("vastctl_route_calls_last_day", (("result", "completed"),))] == 1
+
+
+def test_a_claim_past_what_the_router_delivered_is_one_event_an_hour_and_is_not_counted(conn):
+    running(conn, "vastctl-a", 20001)
+    assert not deliveries.check_claim(conn, "u-vastctl-a", bench_proofs=6, now=NOW)  # the router never sent it one
+    deliveries.record_calls(conn, [call(uuid="u-vastctl-a") for _ in range(20)])
+    conn.execute("UPDATE instances SET proofs_total = 20 + 6 + 2 + 1 WHERE uuid = 'u-vastctl-a'")  # at the slack
+    conn.commit()
+    assert not deliveries.check_claim(conn, "u-vastctl-a", bench_proofs=6, now=NOW)
+    conn.execute("UPDATE instances SET proofs_total = 500 WHERE uuid = 'u-vastctl-a'")
+    conn.commit()
+    assert deliveries.check_claim(conn, "u-vastctl-a", bench_proofs=6, now=NOW)
+    assert not deliveries.check_claim(conn, "u-vastctl-a", bench_proofs=6, now=NOW + timedelta(minutes=30))
+    assert deliveries.check_claim(conn, "u-vastctl-a", bench_proofs=6, now=NOW + timedelta(minutes=61))
+    (first, _) = conn.execute("SELECT reason, source FROM events WHERE kind = 'claim_disagrees'").fetchall()
+    assert tuple(first) == ("its heartbeats claim 500 proofs; the proof router saw 20 come back from it (and 6 in"
+                            " its benchmark): the router's count is the one counted", "route")
+
+
+def test_a_heartbeat_is_checked_against_the_router(conn):
+    from vastctl.machine.reports import LocalReports
+
+    running(conn, "vastctl-a", 20001)
+    conn.execute("UPDATE instances SET last_heartbeat_at = ? WHERE uuid = 'u-vastctl-a'",
+                 (clock.to_iso(NOW - timedelta(hours=1)),))
+    conn.commit()
+    deliveries.record_calls(conn, [call(uuid="u-vastctl-a")])
+    LocalReports(conn, CONFIG, now=NOW).heartbeat("u-vastctl-a", proofs_done=40)
+    (event,) = conn.execute("SELECT reason FROM events WHERE kind = 'claim_disagrees'").fetchall()
+    assert "the proof router saw 1 come back from it" in event[0]

@@ -20,7 +20,8 @@ A host vast last listed `offline` bills nothing from when the listing first show
 disk but not yet the GPU, count at the full price.
 
 A machine killed with no vast id and nothing confirmed was never rented and
-costs nothing. Proofs are the machines' own counts, added up over every run of the prover and bounded
+costs nothing. Proofs are what the proof router delivered from a machine when it sent it calls
+(facts/deliveries.py), else the machine's own counts, added up over every run of the prover and bounded
 per heartbeat (proofs_of: instances.proofs_total, not the raw counter proofs_done); in a
 window (`since`) or a day, each machine's count is shared out over the time
 it was running. "Never proved" is what machines that proved nothing cost:
@@ -38,10 +39,11 @@ import re
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from vastctl import clock
 from vastctl.errors import BadInput
+from vastctl.facts import deliveries
 from vastctl.state.lifecycle import State
 
 PARTS = ("rented", "stopped_storage", "after_kill")
@@ -197,12 +199,13 @@ def _group_key(by: str, row: dict[str, Any]) -> str:
     return "stopped" if row["state"] == State.STOPPED else "live"
 
 
-def proofs_of(row: dict[str, Any]) -> int:
-    """The proofs a machine is credited with: its total over every run of its prover, each heartbeat's share
-    bounded by what it could have proved (lifecycle.counted_increment), never its raw last counter.
-
-    The one source of counts for every cost figure; another source (a router's delivered counts) joins here.
-    """
+def proofs_of(row: dict[str, Any], delivered: Mapping[str, int] | None = None) -> int:
+    """The proofs a machine is credited with: the proofs the proof router delivered from it, when the router sent
+    it calls (`delivered`: its results in proof_calls, measured by the manager); else its total over every run
+    of its prover, each heartbeat's share bounded by what it could have proved (lifecycle.counted_increment),
+    never its raw last counter. The one source of counts for every cost figure."""
+    if delivered:
+        return int(delivered.get("completed", 0))
     return max(0, int(row.get("proofs_total") or 0))
 
 
@@ -261,6 +264,7 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
     if by is not None and by not in GROUPINGS:
         raise BadInput(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
     all_pieces, rows = pieces(conn, now=now)
+    delivered = deliveries.delivered(conn)
     running_h: dict[str, float] = {}
     billed_h: dict[str, float] = {}
     for piece in all_pieces:  # over the machine's whole life: its count is shared out over these
@@ -273,7 +277,7 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
             continue
         piece = clipped
         row = rows[piece.uuid]
-        proofs_done = proofs_of(row)
+        proofs_done = proofs_of(row, delivered.get(piece.uuid))
         split = [(_group_key(by, row) if by and by != "day" else None, piece)] if by != "day" else list(_by_day(piece))
         for key, part_piece in split:
             if running_h[piece.uuid] > 0:

@@ -30,6 +30,9 @@ STALE_AFTER_S = 30.0  # a route_status older than this is a router that stopped:
 ANSWERED = ("completed", "failed")  # results that carry a proof wait
 RESULTS = ("completed", "failed", "error", "dropped", "refused", "expired", "abandoned")
 SET_ASIDE = "route_set_aside"  # event kind: the router stopped sending a machine calls
+CLAIM_DISAGREES = "claim_disagrees"  # event kind: a machine claims more proofs than the router saw it deliver
+CLAIM_SLACK = 0.1  # a claim may pass the delivered count by its benchmark's proofs and this share, plus one
+CLAIM_EVENT_EVERY_S = 3600.0  # at most one such event per machine in this long
 CALL_COLUMNS = ("at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
                 "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail")
 
@@ -100,6 +103,29 @@ def candidates(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     for row in rows:
         row["joined"] = bool(tunnel.joined(row))
     return rows
+
+
+def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: datetime) -> bool:
+    """After a heartbeat: does the machine claim more proofs (its total over every run) than the router saw it
+    deliver, past its benchmark's proofs and CLAIM_SLACK? One event when it does (at most one an hour); the
+    claim is not counted (cost reads the router's count, facts/cost.proofs_of). A machine the router never
+    sent a call is not judged. True when an event was recorded."""
+    row = conn.execute("SELECT label, proofs_total FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+    counts = delivered(conn).get(uuid)
+    if row is None or not counts:
+        return False
+    done, claimed = counts.get("completed", 0), int(row["proofs_total"] or 0)
+    if claimed <= done + bench_proofs + int(done * CLAIM_SLACK) + 1:
+        return False
+    since = clock.to_iso(now - timedelta(seconds=CLAIM_EVENT_EVERY_S))
+    with transaction(conn):
+        if conn.execute("SELECT 1 FROM events WHERE kind = ? AND uuid = ? AND at > ?",
+                        (CLAIM_DISAGREES, uuid, since)).fetchone():
+            return False
+        record_event(conn, kind=CLAIM_DISAGREES, source="route", uuid=uuid, label=row["label"], now=now,
+                     reason=f"its heartbeats claim {claimed} proofs; the proof router saw {done} come back from it"
+                            f" (and {bench_proofs} in its benchmark): the router's count is the one counted")
+    return True
 
 
 # --- what the rest of vastctl reads ------------------------------------------------------------------------
