@@ -70,7 +70,12 @@ class LocalReports:
         return {"state": lifecycle.running(self.conn, uuid, now=self.now)["state"]}
 
     def heartbeat(self, uuid, proofs_done=None):
-        return {"state": lifecycle.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]}
+        from vastctl.facts import deliveries
+
+        state = lifecycle.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]
+        if proofs_done is not None:  # a count is a claim: checked against what the proof router saw delivered
+            deliveries.check_claim(self.conn, uuid, bench_proofs=self.config.launch.bench_count + 1, now=self.now)
+        return {"state": state}
 
     def log_push(self, uuid, name, text):
         from vastctl.facts import machine_logs
