@@ -2,7 +2,7 @@
 
 An interruptible machine costs its bid instead of the on-demand price, and
 vast pauses it (stopped, disk kept, storage billed) whenever another renter
-bids more for its host (../shared/vast-api.md "Interruptible"). The bid is the
+bids more for its host (docs/workload.md "vast.ai"). The bid is the
 offer's `min_bid` plus launch.bid_margin, never above max_dph nor the offer's
 on-demand price. `mixed` bids for launch.interruptible_share of the live
 fleet, so part of it can never be paused.

@@ -87,7 +87,7 @@ RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hou
 RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate needs at least this much counting
 # What a machine says it proves is a claim, bounded by what is physically plausible before anything counts it.
 # cuzk's fastest published figures are ~100 proofs/h per GPU (RTX 5090, H100; the best host measured is
-# CPU-bound at ~24 s/proof, 150/h; domain.md §1): a bench rate counts for at most twice that per GPU.
+# CPU-bound at ~24 s/proof, 150/h; docs/workload.md): a bench rate counts for at most twice that per GPU.
 MAX_RATE_PER_GPU = 200.0
 MAX_GPUS_COUNTED = 8  # GPUs a machine's ceiling counts at most (an adopted machine's count is its own claim)
 HEARTBEAT_RATE_FACTOR = 2.0  # a rate measured from heartbeats counts for at most this many times its bench rate
