@@ -43,6 +43,7 @@ ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK t
 DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})  # the prover failed before answering: safe to send elsewhere
 STATUS_TIMEOUT_S = 2.0  # one prover's GetStatus (Curio gives the whole call 5 s)
 NO_DEADLINE_S = 24 * 3600.0  # a call with no deadline is held at most this long
+PROBE_TIMEOUT_S = 1.0  # the router's own check of a machine reconcile has not joined yet
 RESEND_PAUSE_S = 1.0  # a call sent back to the prover that dropped it waits this × attempts first
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
@@ -152,9 +153,8 @@ class Router:
 
     def _wait_for_slot(self, context: grpc.ServicerContext, ticket: dispatch.Ticket, base: dict[str, Any],
                        started: float, attempt: int) -> Prover:
-        if attempt and ticket.dropped_by:
-            pause = min(10.0, RESEND_PAUSE_S * attempt)
-            self._stop.wait(pause) if self._only_droppers(ticket) else None
+        if attempt and self._only_droppers(ticket):  # back to a prover that just dropped it: give it a moment
+            self._stop.wait(min(10.0, RESEND_PAUSE_S * attempt))
         while True:
             remaining = context.time_remaining()
             if remaining is None:
@@ -271,12 +271,17 @@ class Router:
     def refresh(self, conn) -> None:
         """Read the joined set from the state file; calls on a prover that left it are moved."""
         slots = self.config.launch.bench_concurrency
-        specs = []
-        for row in deliveries.candidates(conn):
-            if not row["joined"] and not self.probe(row["tunnel_port"], self.config.tunnel.check_timeout):
-                continue
-            specs.append(ProverSpec(uuid=row["uuid"], label=row["label"], endpoint=f"127.0.0.1:{row['tunnel_port']}",
-                                    slots=slots, rate=float(row["bench_rate"] or 0.0)))
+        rows = deliveries.candidates(conn)
+        unjoined = [row for row in rows if not row["joined"]]
+        reached: set[str] = set()
+        if unjoined:  # not yet joined by reconcile's check: the router's own, so a join is seen within seconds
+            timeout = min(self.config.tunnel.check_timeout, PROBE_TIMEOUT_S)
+            with futures.ThreadPoolExecutor(max_workers=min(16, len(unjoined))) as pool:
+                ups = pool.map(lambda row: self.probe(row["tunnel_port"], timeout), unjoined)
+                reached = {row["uuid"] for row, up in zip(unjoined, ups) if up}
+        specs = [ProverSpec(uuid=row["uuid"], label=row["label"], endpoint=f"127.0.0.1:{row['tunnel_port']}",
+                            slots=slots, rate=float(row["bench_rate"] or 0.0))
+                 for row in rows if row["joined"] or row["uuid"] in reached]
         before = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"]}
         left = self.dispatcher.update(specs)
         joined = [spec.label for spec in specs if spec.uuid not in before]
