@@ -13,6 +13,8 @@ in how capacity is counted changes it everywhere at once.
                     for no more than its model's rate among the machines that never over-claimed
   spend_per_hour    $/h vast bills us, as far as the file and the last good listing know: every
                     machine of ours, by whichever of the two heard of it last (the rules at billing())
+  spent_today       $ spent since 00:00 UTC, as `vastctl cost` accounts it (facts/cost.py): what
+                    max_daily_spend is checked against
 
 Nothing here calls a provider or runs the demand command: demand is the newest
 sample (demand.refresh() takes a new one first when the caller wants it).
@@ -32,6 +34,7 @@ from typing import Any, Iterable, Mapping
 
 from vastctl import clock as clock_module
 from vastctl.config import Config
+from vastctl.facts import cost as cost_module
 from vastctl.facts import demand as demand_module
 from vastctl.facts import tunnel
 from vastctl.facts.demand import Demand
@@ -69,6 +72,8 @@ class Observation:
     demand_history: list[dict] = field(default_factory=list)
     # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
     last_known_demand: dict | None = None
+    spent_today: float = 0.0  # $ since 00:00 UTC (cost.spent_today): what max_daily_spend is checked against
+    min_machines: int = 0  # agent.min_machines: the floor of warm machines the guard and the rules keep
 
     def running(self) -> list[dict]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
@@ -85,6 +90,8 @@ class Observation:
             "capacity_proofs_per_hour": round(self.capacity, 1),
             "pending_capacity_proofs_per_hour": round(self.pending_capacity, 1),
             "spend_per_hour": round(self.spend_per_hour, 3),
+            "spent_today": round(self.spent_today, 2),
+            "min_machines": self.min_machines,
             "expected_rate_by_gpu": {name: round(rate, 1) for name, rate in sorted(self.model_rates.items())},
             "machines": [_machine_brief(m) for m in self.machines],
             "events": [{k: clock_module.display_iso(e.get(k)) if k == "at" else e.get(k)
@@ -439,4 +446,6 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         host_rates=hosts,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
         last_known_demand=last_known_demand(conn),
+        spent_today=cost_module.spent_today(conn, now=now),
+        min_machines=config.agent.min_machines,
     )

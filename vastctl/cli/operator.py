@@ -162,6 +162,7 @@ SETTINGS_HELP = {
     "min_bench_rate": "the benchmark gate, proofs/hour",
     "max_instances": "most machines at once, a whole number (0 pauses every launch)",
     "max_hourly_spend": "most $/hour across the fleet (above 0)",
+    "max_daily_spend": "most $ a UTC day: spent since 00:00 UTC plus the next hour (above 0)",
     "max_dph": "most $/hour for one machine (above 0)",
 }
 KEYS_HELP = "\b\nKeys:\n" + "\n".join(f"  {key:<24}{meaning}" for key, meaning in SETTINGS_HELP.items())
