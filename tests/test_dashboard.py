@@ -335,7 +335,7 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
 
     page = signed_in.get("/").text
     (row,) = page.split('id="steps"')[1].split("<tbody>")[1].split("</tr>")[:1]
-    cells = [unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+    cells = [unescape(cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
     assert cells[1:3] == ["rules", "ok"]
     # the stopped machine still bills its disk; with no disk price listed, its whole price counts
     assert cells[3] == "capacity 55 / 80 · +0 on the way · $0.20/h · 60 queued · 1 running, 1 stopped · 9 new events"
