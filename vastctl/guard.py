@@ -235,7 +235,7 @@ def spend_verdict(obs: "Observation", per_hour: float, what: str, *, before: flo
         return _refuse("max_hourly_spend", f"{what} would bring spend to ${per_hour:.2f}/h (now ${before:.2f}/h);"
                        f" max_hourly_spend is ${most:g}/h (vastctl settings set max_hourly_spend X)")
     day_most = float(obs.settings.get("max_daily_spend", math.inf))
-    spent = float(obs.spent_today)
+    spent = obs.spent()
     day = spent + per_hour * DAY_AHEAD_H
     if not day <= day_most + 1e-9:
         return _refuse("max_daily_spend", f"{what} would bring today's spend to ${day:.2f} (${spent:.2f} spent since"

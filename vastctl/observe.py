@@ -30,7 +30,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock as clock_module
 from vastctl.config import Config
@@ -72,8 +72,17 @@ class Observation:
     demand_history: list[dict] = field(default_factory=list)
     # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
     last_known_demand: dict | None = None
-    spent_today: float = 0.0  # $ since 00:00 UTC (cost.spent_today): what max_daily_spend is checked against
+    spent_today: float | None = None  # $ since 00:00 UTC (cost.spent_today); None until spent() first reads it
     min_machines: int = 0  # agent.min_machines: the floor of warm machines the guard and the rules keep
+    day_spend: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+
+    def spent(self) -> float:
+        """$ spent since 00:00 UTC, what max_daily_spend is checked against: read from the file the first time a
+        decision asks (a launch or start to check, the model's prompt), as it reads every machine's billing and
+        most observations never need it."""
+        if self.spent_today is None:
+            self.spent_today = float(self.day_spend()) if self.day_spend is not None else 0.0
+        return self.spent_today
 
     def running(self) -> list[dict]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
@@ -90,7 +99,7 @@ class Observation:
             "capacity_proofs_per_hour": round(self.capacity, 1),
             "pending_capacity_proofs_per_hour": round(self.pending_capacity, 1),
             "spend_per_hour": round(self.spend_per_hour, 3),
-            "spent_today": round(self.spent_today, 2),
+            "spent_today": round(self.spent(), 2),
             "min_machines": self.min_machines,
             "expected_rate_by_gpu": {name: round(rate, 1) for name, rate in sorted(self.model_rates.items())},
             "machines": [_machine_brief(m) for m in self.machines],
@@ -446,6 +455,6 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         host_rates=hosts,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
         last_known_demand=last_known_demand(conn),
-        spent_today=cost_module.spent_today(conn, now=now),
+        day_spend=functools.partial(cost_module.spent_today, conn, now=now),
         min_machines=config.agent.min_machines,
     )

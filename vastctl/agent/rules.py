@@ -709,7 +709,7 @@ def hold_reason(obs: Observation, config: Config, offers: Sequence[Offer] = ()) 
                     f" not up to a whole machine (a growing queue raises what is wanted)")
         return (f"{work_reason(obs)}: {have} is short of {sized}, but no stopped machine to resume and no offer"
                 f" of fleet.gpus within max_dph, max_hourly_spend (${obs.spend_per_hour:.2f}/h of"
-                f" ${float(obs.settings['max_hourly_spend']):g}/h), max_daily_spend (${obs.spent_today:.2f} spent"
+                f" ${float(obs.settings['max_hourly_spend']):g}/h), max_daily_spend (${obs.spent():.2f} spent"
                 f" today of ${float(obs.settings.get('max_daily_spend', math.inf)):g}) and max_instances")
     since = obs.demand.empty_since
     empty_for = int((obs.now - since).total_seconds() // 60) if since is not None else 0

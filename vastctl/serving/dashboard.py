@@ -192,7 +192,7 @@ class Web:
         data = overview.overview(conn, self.config, now, steps=page.STEPS_READ)
         data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
         data["cost_day"] = cost.account(conn, now=now, since=now - overview.HISTORY)  # `vastctl cost --since 24h`
-        data["spent_today"] = data["observation"].spent_today  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
+        data["spent_today"] = data["observation"].spent()  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
         data["warm"] = sum(guard.warm(m, self.config, now) for m in data["observation"].machines)
         data["agent"] = {"max_wait_s": self.config.agent.max_wait, "min_machines": self.config.agent.min_machines,
                          "interval_s": self.config.agent.interval}

@@ -61,7 +61,7 @@ class _FleetCollector:
         yield _gauge("vastctl_max_hourly_spend_dollars_per_hour", "The max_hourly_spend setting.",
                      limits["max_hourly_spend"])
         yield _gauge("vastctl_spent_today_dollars", "$ spent since 00:00 UTC, vastctl's account (as `vastctl cost"
-                     " --since` that midnight): what max_daily_spend is checked against.", obs.spent_today)
+                     " --since` that midnight): what max_daily_spend is checked against.", obs.spent())
         yield _gauge("vastctl_max_daily_spend_dollars", "The max_daily_spend setting.", limits["max_daily_spend"])
         yield _gauge("vastctl_max_instances", "The max_instances setting.", limits["max_instances"])
         yield _gauge("vastctl_warm_machines", "Machines in the floor of agent.min_machines: proving, or booting and"
