@@ -45,7 +45,7 @@ import math
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from vastctl import clock
 from vastctl.config import Config
@@ -323,16 +323,32 @@ def proving(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
     return heartbeat_fresh(machine, config.timeouts.heartbeat, now)
 
 
+def _left_after(obs: "Observation", action: Action, earlier: Sequence[Action],
+                counted: Callable[[Mapping[str, Any]], bool]) -> list[dict] | None:
+    """The machines `counted` still counts once this removal and the step's earlier ones are done; None when the
+    target is not one of them (removing it takes nothing away)."""
+    target = find(obs, action)
+    if target is None or not counted(target):
+        return None
+    gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
+    gone.add(_key(target))
+    return [m for m in obs.machines if counted(m) and _key(m) not in gone]
+
+
+def _held_back(action: Action, text: str, limit: str, agent_hint: str = "") -> Verdict:
+    """A removal a rule holds back: refused, or for an operator's --force allowed and recorded as forced."""
+    if action.actor == "operator" and action.force:
+        return Verdict(True, f"forced: {text}", limit)
+    hint = " (pass --force to do it anyway)" if action.actor == "operator" else agent_hint
+    return _refuse(limit, text + hint)
+
+
 def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, earlier: Sequence[Action]) -> Verdict:
     if action.actor == "reconcile":  # a dead machine is no capacity: the safety net is never held back
         return ALLOWED
-    target = find(obs, action)
-    if target is None or not proving(target, config, obs.now):
-        return ALLOWED  # it proves nothing: retiring it takes no capacity away
-    gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
-    gone.add(_key(target))
-    if any(_key(m) not in gone for m in obs.machines if proving(m, config, obs.now)):
-        return ALLOWED
+    left = _left_after(obs, action, earlier, lambda m: proving(m, config, obs.now))
+    if left is None or left:
+        return ALLOWED  # it proves nothing (retiring it takes no capacity away), or another one still proves
     demand = obs.demand
     if demand.known and demand.work == 0:
         return ALLOWED
@@ -342,10 +358,7 @@ def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, ear
         why = f"demand is unknown ({demand.error or 'no sample'})"
     text = (f"{action.kind} {action.label or action.uuid} would leave no machine running: it is the last one"
             f" proving (running here and at vast, heartbeat fresh) while {why}; never scale to zero")
-    if action.actor == "operator" and action.force:
-        return Verdict(True, f"forced: {text}", SCALE_TO_ZERO)
-    hint = " (pass --force to do it anyway)" if action.actor == "operator" else ""
-    return _refuse(SCALE_TO_ZERO, text + hint)
+    return _held_back(action, text, SCALE_TO_ZERO)
 
 
 def warm(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
@@ -362,20 +375,12 @@ def _check_floor(obs: "Observation", action: Action, config: Config, earlier: Se
     floor = config.agent.min_machines
     if action.actor == "reconcile" or floor <= 0:
         return ALLOWED
-    target = find(obs, action)
-    if target is None or not warm(target, config, obs.now):
-        return ALLOWED  # not warm: retiring it takes nothing from the floor
-    gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
-    gone.add(_key(target))
-    left = sum(1 for m in obs.machines if warm(m, config, obs.now) and _key(m) not in gone)
-    if left >= floor:
-        return ALLOWED
-    text = (f"{action.kind} {action.label or action.uuid} would leave {left} warm machine(s) (proving, or booting);"
-            f" agent.min_machines keeps {floor} whatever the queue says")
-    if action.actor == "operator" and action.force:
-        return Verdict(True, f"forced: {text}", FLOOR)
-    hint = " (pass --force to do it anyway)" if action.actor == "operator" else " (lower agent.min_machines in the config)"
-    return _refuse(FLOOR, text + hint)
+    left = _left_after(obs, action, earlier, lambda m: warm(m, config, obs.now))
+    if left is None or len(left) >= floor:
+        return ALLOWED  # not warm (retiring it takes nothing from the floor), or the floor still holds
+    text = (f"{action.kind} {action.label or action.uuid} would leave {len(left)} warm machine(s) (proving, or"
+            f" booting); agent.min_machines keeps {floor} whatever the queue says")
+    return _held_back(action, text, FLOOR, " (lower agent.min_machines in the config)")
 
 
 def _key(machine: Mapping[str, Any]) -> str | None:
