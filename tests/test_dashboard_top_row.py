@@ -124,3 +124,12 @@ def test_charts_number_their_y_axes_and_are_drawn_for_a_phone_too(signed_in, app
     assert narrow.count("<svg") == 3 and 'viewBox="-44 -14 388 138"' in narrow
     assert dashboard_page.y_ticks(11.0) == [0, 5, 10] and dashboard_page.y_ticks(1.1) == [0, 0.5, 1.0]
     assert ADMIN  # the fixtures' token signs in
+
+
+def test_a_source_that_reports_only_its_queue_is_judged_by_the_capacity_running(signed_in, app):
+    demand.report(app.connection(), 30, None, now=clock.SYSTEM.now())
+    waits = overview.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
+    assert waits["within_share"] is None and waits["wait_now_s"] is None and not waits["stuck_now"]
+    page = signed_in.get("/").text
+    assert "work queued and nothing running to prove it" in page and status(page, "glance-waiting") == "bad"
+    assert "no proofs done in the last day" in page

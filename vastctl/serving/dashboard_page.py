@@ -178,8 +178,13 @@ def _waiting(data: dict[str, Any]) -> str:
     elif waits["stuck_now"]:
         now_text, status = "work queued and no proof done in the last hour", "bad"
     else:
-        wait = waits["wait_now_s"] or 0.0
-        now_text = f'a proof arriving now waits ~{esc(clock.human_duration(wait))}'
+        wait = waits["wait_now_s"]
+        if wait is None:  # the source gives no rate: what waits over the capacity running
+            backlog = float(demand.get("queued") or 0) + float(demand.get("in_flight") or 0)
+            capacity = float(s["capacity_proofs_per_hour"] or 0.0)
+            wait = 0.0 if backlog == 0 else backlog / capacity * 3600 if capacity > 0 else math.inf
+        now_text = ("work queued and nothing running to prove it" if math.isinf(wait)
+                    else f'a proof arriving now waits ~{esc(clock.human_duration(wait))}')
         status = "bad" if wait > waits["max_wait_s"] else "warn" if wait > waits["max_wait_s"] / 2 else "ok"
     if share is not None and status == "ok":
         status = "bad" if share < 0.95 else "warn" if share < 0.99 else "ok"

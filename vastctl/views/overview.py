@@ -69,7 +69,8 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
     records no proof's own wait): a proof that arrives behind `queued + in_flight` proofs waits about that backlog
     over the rate proofs are done (the sample's proofs_per_hour: Little's law), so each stretch between two good
     samples counts the proofs done in it (that rate × its length) as within when that wait is at most max_wait.
-    `within_share` is None while no proof was done; `waits_now_s` is the newest good sample's wait."""
+    `within_share` is None while no proof was done; `wait_now_s` is the newest good sample's wait (None when it
+    gives no rate, or when nothing is being done: `stuck_now`). Samples without a rate are not judged."""
     rows = conn.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
                         " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
     times = [_moment(row["at"]) for row in rows] + [now]
@@ -78,7 +79,10 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
     for row, start, end in zip(rows, times, times[1:]):
         if not row["ok"] or start is None or end is None:
             continue
-        rate = float(row["proofs_per_hour"] or 0.0)
+        if row["proofs_per_hour"] is None:  # a source that reports only its queue: no rate to judge the wait by
+            wait_now = None
+            continue
+        rate = float(row["proofs_per_hour"])
         backlog = float(row["queued"] or 0) + float(row["in_flight"] or 0)
         wait_h = backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
         proofs = rate * max(0.0, (end - start).total_seconds()) / 3600
