@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_dashboard import ADMIN, Browser, add_step, app, browser, make_app, register, signed_in  # noqa: F401 - fixtures
+from test_dashboard import Browser, add_step, app, browser, make_app, register, signed_in  # noqa: F401 - fixtures
 from test_dashboard_glance import section
 
 from vastctl import clock
@@ -85,7 +85,7 @@ def test_broken_lists_what_to_look_at_and_says_nothing_when_all_answer(signed_in
     demand.report(conn, 0, 10.0, now=now)
     page = signed_in.get("/").text
     assert '<span class="big" id="problems">nothing</span>' in page and status(page, "glance-broken") == "ok"
-    floor = make_app(db_path, **{})
+    floor = make_app(db_path)
     floor.config.agent.min_machines = 2  # a floor with no machine warm
     floored = Browser(floor)
     floored.sign_in()
@@ -123,7 +123,6 @@ def test_charts_number_their_y_axes_and_are_drawn_for_a_phone_too(signed_in, app
     assert re.findall(r'class="axis y"[^>]*>([^<]+)<', queue_panel) == ["0", "50", "100"]
     assert narrow.count("<svg") == 3 and 'viewBox="-44 -14 388 138"' in narrow
     assert dashboard_page.y_ticks(11.0) == [0, 5, 10] and dashboard_page.y_ticks(1.1) == [0, 0.5, 1.0]
-    assert ADMIN  # the fixtures' token signs in
 
 
 def test_a_source_that_reports_only_its_queue_is_judged_by_the_capacity_running(signed_in, app):
