@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_dashboard import Browser, add_step, app, browser, make_app, register, signed_in  # noqa: F401 - fixtures
+from test_dashboard import Browser, add_step, app, browser, make_app, register, run_machine, signed_in  # noqa: F401 - fixtures
 from test_dashboard_glance import section
 
 from vastctl import clock
 from vastctl.facts import demand
-from vastctl.machine.reports import LocalReports
 from vastctl.serving import dashboard_page
 from vastctl.state import db, settings
 from vastctl.views import overview
@@ -56,11 +55,7 @@ def test_a_queue_that_drains_in_time_is_green_and_one_nobody_proves_is_red(signe
 
 def test_money_shows_spend_today_against_the_daily_limit_and_what_idle_machines_bill(signed_in, app):
     conn, now = app.connection(), clock.SYSTEM.now()
-    register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
-    reports = LocalReports(conn, app.config, now=now)
-    reports.params_done("u1")
-    reports.bench_report("u1", 60)
-    reports.running("u1")
+    run_machine(app, "u1", "vastctl-run", 60, 11)
     register(app, "u2", "vastctl-dead", gpu_name="RTX 4090", vast_id=12)
     with db.transaction(conn):
         conn.execute("UPDATE instances SET dph = 0.5")
