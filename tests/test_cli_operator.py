@@ -117,7 +117,7 @@ def test_notify_is_an_event_without_instance(ready, cli):
 def test_settings_list_get_set(ready, cli):
     listing = json.loads(cli("settings", "--json").out)
     assert listing == {"target_proofs_per_hour": 0.0, "min_bench_rate": 40.0, "max_instances": 10,
-                       "max_hourly_spend": 10.0, "max_dph": 1.0}
+                       "max_hourly_spend": 10.0, "max_daily_spend": 240.0, "max_dph": 1.0}
     assert cli("settings", "set", "max_instances", "12").code == 0
     assert cli("settings", "get", "max_instances").out == "12\n"
     assert json.loads(cli("settings", "list", "--json").out)["max_instances"] == 12

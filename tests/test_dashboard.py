@@ -142,6 +142,15 @@ def register(app, uuid: str, label: str, **fields):
             conn.execute("UPDATE instances SET vast_id = ? WHERE uuid = ?", (fields["vast_id"], uuid))
 
 
+def run_machine(app, uuid: str, label: str, rate: float, vast_id: int) -> None:
+    """A machine through its boot reports to running, benched at `rate`."""
+    register(app, uuid, label, gpu_name="RTX 4090", vast_id=vast_id)
+    reports = LocalReports(app.connection(), app.config, now=clock.SYSTEM.now())
+    reports.params_done(uuid)
+    reports.bench_report(uuid, rate)
+    reports.running(uuid)
+
+
 def empty_queue(app):
     """Demand says nothing is queued, so the guard lets the last machine go."""
     demand.report(app.connection(), 0, None, now=clock.SYSTEM.now())
@@ -290,11 +299,7 @@ def test_values_from_machines_and_vast_are_shown_as_text(signed_in, app):
 
 def test_the_page_shows_fleet_summary_and_events(signed_in, app):
     conn = app.connection()
-    reports = LocalReports(conn, app.config, now=clock.SYSTEM.now())
-    register(app, "u1", "vastctl-run", gpu_name="RTX 4090", vast_id=11)
-    reports.params_done("u1")
-    reports.bench_report("u1", 55)
-    reports.running("u1")
+    run_machine(app, "u1", "vastctl-run", 55, 11)
     register(app, "u2", "vastctl-boot", gpu_name="RTX 4090", vast_id=12)
     with db.transaction(conn):
         conn.execute("UPDATE instances SET dph = 0.4 WHERE uuid = 'u1'")
@@ -335,7 +340,7 @@ def test_agent_steps_show_what_it_saw_did_was_refused_and_cost(signed_in, app):
 
     page = signed_in.get("/").text
     (row,) = page.split('id="steps"')[1].split("<tbody>")[1].split("</tr>")[:1]
-    cells = [unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+    cells = [unescape(cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
     assert cells[1:3] == ["rules", "ok"]
     # the stopped machine still bills its disk; with no disk price listed, its whole price counts
     assert cells[3] == "capacity 55 / 80 · +0 on the way · $0.20/h · 60 queued · 1 running, 1 stopped · 9 new events"

@@ -276,11 +276,73 @@ def test_the_page_fits_820px_without_scrolling_sideways(chromium, manager):
         context.close()
 
 
+def everything_sideways(page) -> list[str]:
+    """Every box that scrolls sideways: the page, or any element wider inside than it shows and allowed to scroll."""
+    return page.evaluate("""() => [...document.querySelectorAll('*')].filter(e => e.scrollWidth > e.clientWidth + 1
+        && (e === document.documentElement || ['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
+        && e.getClientRects().length).map(e => (e.id || e.className || e.tagName) + ' ' + e.scrollWidth)""")
+
+
+def text_lines(page, selector: str) -> int:
+    """How many lines the text of the first element `selector` names is laid out on."""
+    return page.evaluate("""selector => { const range = document.createRange();
+        range.selectNodeContents(document.querySelector(selector));
+        return new Set([...range.getClientRects()].map(rect => Math.round(rect.top))).size; }""", selector)
+
+
+def test_a_phone_at_390px_sees_one_column_and_nothing_scrolls_sideways(chromium, manager):
+    label = f"vastctl-phone-{uuid_module.uuid4().hex[:6]}"
+    uuid = register(manager, label)
+    say_vast(manager, uuid, "running", "success, running nvidia/cuda:12.4.1-devel-ubuntu22.04/ssh " * 4)
+    queue(manager, 3)
+    context = chromium.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        sign_in(page, manager)
+        page.wait_for_selector(f'#fleet tr[data-label="{label}"]')
+        assert everything_sideways(page) == []
+        page.click(f'#fleet tr[data-label="{label}"] details.vastmsg summary')
+        assert everything_sideways(page) == []
+        # one column: the top row's cards one under the other, the forms below the live part
+        boxes = page.evaluate("""() => [...document.querySelectorAll('#glance .card')].map(card => {
+            const box = card.getBoundingClientRect(); return [box.left, box.top, box.width]; })""")
+        assert len(boxes) == 3 and len({round(left) for left, _, _ in boxes}) == 1
+        assert all(width > 300 for _, _, width in boxes) and boxes[0][1] < boxes[1][1] < boxes[2][1]
+        live, aside = (page.locator(ident).bounding_box() for ident in ("#live", "#actions"))
+        assert aside["y"] >= live["y"] + live["height"] - 1
+        # the phone's charts, with text a phone can read; a machine's label on one line
+        assert page.locator("#chart .charts.narrow").is_visible() and not page.locator("#chart .charts.wide").is_visible()
+        text = page.locator("#chart .charts.narrow text.axis.y").first.bounding_box()
+        assert text["height"] >= 9, text
+        assert text_lines(page, f'#fleet tr[data-label="{label}"] td') == 1  # not broken mid-word
+    finally:
+        context.close()
+
+
+def test_a_laptop_keeps_labels_whole_and_numbers_the_y_axes(chromium, manager):
+    label = f"vastctl-laptop-{uuid_module.uuid4().hex[:6]}"
+    register(manager, label)
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        sign_in(page, manager)
+        page.wait_for_selector(f'#fleet tr[data-label="{label}"]')
+        assert everything_sideways(page) == []
+        assert text_lines(page, f'#fleet tr[data-label="{label}"] td') == 1
+        numbers = page.locator("#chart .charts.wide svg.chart").first.locator("text.axis.y").all_text_contents()
+        assert numbers[0] == "0" and len(numbers) >= 3 and all(re.fullmatch(r"[\d.]+", n) for n in numbers)
+        assert page.locator("#glance-waiting").is_visible() and page.locator("#glance-money").is_visible()
+    finally:
+        context.close()
+
+
 def test_the_charts_are_drawn_with_utc_time_ticks(page, manager):
     register(manager, f"vastctl-chart-{uuid_module.uuid4().hex[:6]}")
     queue(manager, 3)
     sign_in(page, manager)
-    assert page.locator("#chart svg.chart").count() == 3
+    assert page.locator("#chart .charts.wide svg.chart").count() == 3  # the phone's three are hidden here
+    assert page.locator("#chart .charts.narrow svg.chart").count() == 3
+    assert not page.locator("#chart .charts.narrow").is_visible()
     drawn = page.evaluate("""() => Array.from(document.querySelectorAll('#chart polyline')).map(
         line => { const box = line.getBBox(); return [line.getAttribute('class'), box.width]; })""")
     assert {name for name, _ in drawn} >= {"line capacity", "line target", "line queue", "line spend"}

@@ -17,6 +17,7 @@ from test_dashboard import ADMIN, Browser, add_step, make_app, register
 
 from vastctl import clock
 from vastctl.errors import BenchFailed
+from vastctl.facts import cost
 from vastctl.machine.reports import LocalReports
 from vastctl.state import db, lifecycle, settings
 
@@ -96,6 +97,10 @@ def test_metrics_parse_and_hold_the_files_figures(app):
     assert got[("vastctl_target_proofs_per_hour", ())] == 300
     assert got[("vastctl_spend_dollars_per_hour", ())] == 1.5
     assert got[("vastctl_max_hourly_spend_dollars_per_hour", ())] == 1.25
+    assert got[("vastctl_max_daily_spend_dollars", ())] == 240 and got[("vastctl_min_machines", ())] == 0
+    assert got[("vastctl_warm_machines", ())] == 3  # the two running and the one booting; not the dead one
+    spent = cost.spent_today(app.connection(), now=clock.SYSTEM.now())
+    assert got[("vastctl_spent_today_dollars", ())] == pytest.approx(spent, abs=0.01)
     assert got[("vastctl_demand_queued", ())] == 42 and got[("vastctl_demand_proofs_per_hour", ())] == 250
     assert got[("vastctl_demand_in_flight", ())] == 7 and got[("vastctl_demand_lookahead", ())] == 3
     assert got[("vastctl_demand_known", ())] == 1 and 100 <= got[("vastctl_demand_age_seconds", ())] <= 200
@@ -172,7 +177,8 @@ def test_alert_rules_are_yaml_naming_only_exported_metrics(app):
     exported = {name for name, _ in samples(scrape(app).text)}
     rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
     assert {rule["alert"] for rule in rules} == {"VastctlReconcileStale", "VastctlCapacityBelowTarget",
-                                                 "VastctlDestroyPending", "VastctlSpendAboveLimit"}
+                                                 "VastctlDestroyPending", "VastctlSpendAboveLimit",
+                                                 "VastctlDailySpendHigh", "VastctlBelowMinMachines"}
     for rule in rules:
         named = set(re.findall(r"\bvastctl_[a-z0-9_]+", rule["expr"]))
         assert named, rule["alert"]

@@ -56,6 +56,24 @@ class VirtualClock(Clock):
         self._elapsed += seconds
 
 
+class StillClock(Clock):
+    """A state file as of one moment (`--as-of`): `now()` stays there, so a kept day's figures do not run on
+    while it is looked at; sleeps and deadlines still take real time."""
+
+    def __init__(self, real: Clock, moment: datetime):
+        self.real = real
+        self.moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+    def now(self) -> datetime:
+        return self.moment
+
+    def sleep(self, seconds: float) -> None:
+        self.real.sleep(seconds)
+
+    def monotonic(self) -> float:
+        return self.real.monotonic()
+
+
 SYSTEM = Clock()
 
 

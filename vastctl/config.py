@@ -50,6 +50,7 @@ RANGES: dict[str, Range] = {
     "fleet.min_bench_rate": Range(0, 1e6),
     "fleet.max_instances": Range(0, 10_000),
     "fleet.max_hourly_spend": Range(0, 1e6, above=True, why=_NO_LAUNCH),
+    "fleet.max_daily_spend": Range(0, 1e7, above=True, why=_NO_LAUNCH),
     "fleet.max_dph": Range(0, 1000, above=True, why=_NO_LAUNCH),
     "fleet.default_rate": Range(0, 1e6),
     "fleet.min_cpu_ram_gb": Range(0, 1e5),
@@ -70,6 +71,7 @@ RANGES: dict[str, Range] = {
     "reconcile.deadline": Range(0, 3600, above=True, why="0 would stop every pass before it asks vast anything"),
     "agent.interval": _POSITIVE_DURATION,
     "agent.max_actions_per_step": Range(0, 1000),
+    "agent.min_machines": Range(0, 10_000),
     "agent.max_context_tokens": Range(1000, 1_000_000),
     "agent.headroom": Range(0, 10),
     "agent.max_rounds": Range(1, 100),
@@ -101,6 +103,7 @@ class FleetSection:
     min_bench_rate: float = 40.0
     max_instances: int = 10
     max_hourly_spend: float = 10.0
+    max_daily_spend: float = 240.0  # spent since 00:00 UTC plus the next hour's spend (guard.py)
     max_dph: float = 1.0
     default_rate: float = 60.0
     gpus: list = field(default_factory=lambda: ["RTX 4090", "RTX 5090"])
@@ -155,6 +158,7 @@ class AgentSection:
     model: str = "claude-haiku-5-5"
     interval: float = field(default=5 * 60, metadata=DURATION)
     max_actions_per_step: int = 5
+    min_machines: int = 0  # a floor of warm machines (running or booting) the agent keeps whatever the queue says
     max_context_tokens: int = 12000
     headroom: float = 0.15
     # rules: capacity above what is wanted stands this long (since the last machine came up, and since the work
@@ -397,6 +401,10 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
         raise BadInput("config key launch.join is command but launch.join_command is empty: set the command the"
                        " boot script runs to join the machine, or set launch.join to none or ssh")
     _check_orphan_after(config)
+    if config.agent.min_machines > config.fleet.max_instances:
+        raise BadInput(f"config key 'agent.min_machines' ({config.agent.min_machines}) is above fleet.max_instances"
+                       f" ({config.fleet.max_instances}): the floor could never be kept; lower it or raise"
+                       " fleet.max_instances")
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:

@@ -20,6 +20,10 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
   max_hourly_spend      launch, start             spend above the max_hourly_spend setting: what vast bills
                                                   (observe.billing) plus the action's price (a start: its
                                                   price less the disk it already bills)
+  max_daily_spend       launch, start             a day's spend above the max_daily_spend setting: what was
+                                                  spent since 00:00 UTC (`vastctl cost`'s account,
+                                                  observation.spent_today) plus the next hour of the spend
+                                                  with the action (max_hourly_spend's sum)
   never_scale_to_zero   stop, kill, destroy       removing the last machine really proving (see proving():
                         (agent, operator)         running here, running at vast, heartbeat fresh) while
                                                   demand shows work (queued, in flight or look-ahead,
@@ -29,6 +33,11 @@ nothing that was refused. Rules, in the order they are checked (first refusal wi
                                                   is not refused. An operator's --force passes it (recorded
                                                   as forced); reconcile's kills of dead machines are never
                                                   refused by it.
+  min_machines          stop, kill, destroy       leaving fewer warm machines (warm(): proving, or booting and
+                        (agent, operator)         not dead at vast) than agent.min_machines, whatever demand
+                                                  says. Retiring a machine that is not warm is not refused; an
+                                                  operator's --force passes it (recorded as forced); reconcile
+                                                  is never refused by it.
 """
 
 from __future__ import annotations
@@ -37,10 +46,11 @@ import math
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from vastctl import clock
 from vastctl.config import Config
+from vastctl.observe import PENDING_STATES, VAST_DEAD
 from vastctl.state.audit import record_action
 from vastctl.state.lifecycle import KillCode, State, StrEnum
 
@@ -63,7 +73,8 @@ REMOVING = frozenset({Kind.STOP, Kind.KILL, Kind.DESTROY})
 RETIRING = frozenset({Kind.KILL, Kind.DESTROY})
 SCALE_TO_ZERO = "never_scale_to_zero"
 LABEL_PREFIX = "label_prefix"
-FORCEABLE = frozenset({SCALE_TO_ZERO, LABEL_PREFIX})  # the rules an operator's --force passes (for a kill)
+FLOOR = "min_machines"
+FORCEABLE = frozenset({SCALE_TO_ZERO, LABEL_PREFIX, FLOOR})  # the rules an operator's --force passes (for a kill)
 
 
 @dataclass(frozen=True)
@@ -158,7 +169,10 @@ def check(obs: "Observation", action: Action, config: Config, *, earlier: Sequen
         return _check_start(obs, action, earlier)
     if kind is Kind.REBID:
         return _check_rebid(obs, action, earlier)
-    return _both(prefix, _check_scale_to_zero(obs, action, config, earlier))
+    passed = _both(prefix, _check_scale_to_zero(obs, action, config, earlier))
+    if not passed.allowed:
+        return passed
+    return _both(passed, _check_floor(obs, action, config, earlier))
 
 
 def _both(first: Verdict, second: Verdict) -> Verdict:
@@ -206,11 +220,28 @@ def _resume_adds(dph: float, target: dict) -> float:
 
 
 def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, what: str) -> Verdict:
-    most = float(obs.settings["max_hourly_spend"])
     before = obs.spend_per_hour + _spend_added(earlier, obs)
-    if not before + extra <= most + 1e-9:  # a NaN anywhere in the sum is refused, not let through
-        return _refuse("max_hourly_spend", f"{what} would bring spend to ${before + extra:.2f}/h (now ${before:.2f}/h);"
+    return spend_verdict(obs, before + extra, what, before=before)
+
+
+DAY_AHEAD_H = 1.0  # max_daily_spend: what was spent today plus this many hours of the spend an action leads to
+
+
+def spend_verdict(obs: "Observation", per_hour: float, what: str, *, before: float | None = None) -> Verdict:
+    """May the fleet bill `per_hour` $/h? Within max_hourly_spend, and today's spend (observation.spent_today)
+    plus DAY_AHEAD_H of it within max_daily_spend. The rules ask it too, so a plan stays inside the limits."""
+    before = obs.spend_per_hour if before is None else before
+    most = float(obs.settings["max_hourly_spend"])
+    if not per_hour <= most + 1e-9:  # a NaN anywhere in the sum is refused, not let through
+        return _refuse("max_hourly_spend", f"{what} would bring spend to ${per_hour:.2f}/h (now ${before:.2f}/h);"
                        f" max_hourly_spend is ${most:g}/h (vastctl settings set max_hourly_spend X)")
+    day_most = float(obs.settings.get("max_daily_spend", math.inf))
+    spent = obs.spent()
+    day = spent + per_hour * DAY_AHEAD_H
+    if not day <= day_most + 1e-9:
+        return _refuse("max_daily_spend", f"{what} would bring today's spend to ${day:.2f} (${spent:.2f} spent since"
+                       f" 00:00 UTC, plus the next hour at ${per_hour:.2f}/h); max_daily_spend is ${day_most:g}"
+                       " (vastctl settings set max_daily_spend X)")
     return ALLOWED
 
 
@@ -293,16 +324,32 @@ def proving(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
     return heartbeat_fresh(machine, config.timeouts.heartbeat, now)
 
 
+def _left_after(obs: "Observation", action: Action, earlier: Sequence[Action],
+                counted: Callable[[Mapping[str, Any]], bool]) -> list[dict] | None:
+    """The machines `counted` still counts once this removal and the step's earlier ones are done; None when the
+    target is not one of them (removing it takes nothing away)."""
+    target = find(obs, action)
+    if target is None or not counted(target):
+        return None
+    gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
+    gone.add(_key(target))
+    return [m for m in obs.machines if counted(m) and _key(m) not in gone]
+
+
+def _held_back(action: Action, text: str, limit: str, agent_hint: str = "") -> Verdict:
+    """A removal a rule holds back: refused, or for an operator's --force allowed and recorded as forced."""
+    if action.actor == "operator" and action.force:
+        return Verdict(True, f"forced: {text}", limit)
+    hint = " (pass --force to do it anyway)" if action.actor == "operator" else agent_hint
+    return _refuse(limit, text + hint)
+
+
 def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, earlier: Sequence[Action]) -> Verdict:
     if action.actor == "reconcile":  # a dead machine is no capacity: the safety net is never held back
         return ALLOWED
-    target = find(obs, action)
-    if target is None or not proving(target, config, obs.now):
-        return ALLOWED  # it proves nothing: retiring it takes no capacity away
-    gone = {_key(m) for m in (find(obs, a) for a in earlier if a.kind in REMOVING) if m is not None}
-    gone.add(_key(target))
-    if any(_key(m) not in gone for m in obs.machines if proving(m, config, obs.now)):
-        return ALLOWED
+    left = _left_after(obs, action, earlier, lambda m: proving(m, config, obs.now))
+    if left is None or left:
+        return ALLOWED  # it proves nothing (retiring it takes no capacity away), or another one still proves
     demand = obs.demand
     if demand.known and demand.work == 0:
         return ALLOWED
@@ -314,13 +361,32 @@ def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, ear
         why += f", {demand.held} of them held at the proof router for a free prover"
     text = (f"{action.kind} {action.label or action.uuid} would leave no machine running: it is the last one"
             f" proving (running here and at vast, heartbeat fresh) while {why}; never scale to zero")
-    if action.actor == "operator" and action.force:
-        return Verdict(True, f"forced: {text}", SCALE_TO_ZERO)
-    hint = " (pass --force to do it anyway)" if action.actor == "operator" else ""
-    return _refuse(SCALE_TO_ZERO, text + hint)
+    return _held_back(action, text, SCALE_TO_ZERO)
 
 
-def _key(machine: dict) -> str | None:
+def warm(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
+    """Counted in the floor of agent.min_machines: proving (proving()), or booting and not dead or missing at vast
+    (a boot counts, so the floor is not rented twice while it comes up)."""
+    if machine.get("state") == State.RUNNING:
+        return proving(machine, config, now)
+    if machine.get("state") not in PENDING_STATES or machine.get("vast_missing"):
+        return False
+    return machine.get("vast_status") not in VAST_DEAD
+
+
+def _check_floor(obs: "Observation", action: Action, config: Config, earlier: Sequence[Action]) -> Verdict:
+    floor = config.agent.min_machines
+    if action.actor == "reconcile" or floor <= 0:
+        return ALLOWED
+    left = _left_after(obs, action, earlier, lambda m: warm(m, config, obs.now))
+    if left is None or len(left) >= floor:
+        return ALLOWED  # not warm (retiring it takes nothing from the floor), or the floor still holds
+    text = (f"{action.kind} {action.label or action.uuid} would leave {len(left)} warm machine(s) (proving, or"
+            f" booting); agent.min_machines keeps {floor} whatever the queue says")
+    return _held_back(action, text, FLOOR, " (lower agent.min_machines in the config)")
+
+
+def _key(machine: Mapping[str, Any]) -> str | None:
     return machine.get("uuid") or machine.get("label")
 
 

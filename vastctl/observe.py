@@ -13,6 +13,8 @@ in how capacity is counted changes it everywhere at once.
                     for no more than its model's rate among the machines that never over-claimed
   spend_per_hour    $/h vast bills us, as far as the file and the last good listing know: every
                     machine of ours, by whichever of the two heard of it last (the rules at billing())
+  spent_today       $ spent since 00:00 UTC, as `vastctl cost` accounts it (facts/cost.py): what
+                    max_daily_spend is checked against
 
 Nothing here calls a provider or runs the demand command: demand is the newest
 sample (demand.refresh() takes a new one first when the caller wants it).
@@ -29,10 +31,11 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock as clock_module
 from vastctl.config import Config
+from vastctl.facts import cost as cost_module
 from vastctl.facts import deliveries, tunnel
 from vastctl.facts import demand as demand_module
 from vastctl.facts.demand import Demand
@@ -72,6 +75,17 @@ class Observation:
     last_known_demand: dict | None = None
     # what the proof router holds now (its route_status; fresh False: no router running)
     router: deliveries.Held = field(default_factory=lambda: deliveries.Held(fresh=False))
+    spent_today: float | None = None  # $ since 00:00 UTC (cost.spent_today); None until spent() first reads it
+    min_machines: int = 0  # agent.min_machines: the floor of warm machines the guard and the rules keep
+    day_spend: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+
+    def spent(self) -> float:
+        """$ spent since 00:00 UTC, what max_daily_spend is checked against: read from the file the first time a
+        decision asks (a launch or start to check, the model's prompt), as it reads every machine's billing and
+        most observations never need it."""
+        if self.spent_today is None:
+            self.spent_today = float(self.day_spend()) if self.day_spend is not None else 0.0
+        return self.spent_today
 
     def running(self) -> list[dict]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
@@ -91,6 +105,8 @@ class Observation:
             "capacity_proofs_per_hour": round(self.capacity, 1),
             "pending_capacity_proofs_per_hour": round(self.pending_capacity, 1),
             "spend_per_hour": round(self.spend_per_hour, 3),
+            "spent_today": round(self.spent(), 2),
+            "min_machines": self.min_machines,
             "expected_rate_by_gpu": {name: round(rate, 1) for name, rate in sorted(self.model_rates.items())},
             "machines": [_machine_brief(m) for m in self.machines],
             "events": [{k: clock_module.display_iso(e.get(k)) if k == "at" else e.get(k)
@@ -447,6 +463,8 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         demand_history=demand_history(conn, now - timedelta(seconds=config.agent.scale_down_after)),
         last_known_demand=last_known_demand(conn),
         router=router,
+        day_spend=functools.partial(cost_module.spent_today, conn, now=now),
+        min_machines=config.agent.min_machines,
     )
 
 

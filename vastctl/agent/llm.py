@@ -84,6 +84,10 @@ How to decide:
   and do not launch again for capacity already on its way.
 - Demand that is unknown or stale is not "no demand": hold the fleet, never shrink it then.
 - Never stop or destroy the last running machine while work is queued or demand is unknown.
+- Keep at least min_machines machines warm (proving, or booting and not dead at vast) whatever the queue
+  says: do not stop or destroy below it, and launch up to it even with no work.
+- Spend limits: spend per hour within max_hourly_spend, and spent_today (since 00:00 UTC) plus the next
+  hour of spend within max_daily_spend. A launch or start that would pass either is refused.
 - Prefer start (resume) of a stopped or exited machine once before replacing it.
 - A machine with a bid is rented interruptible (machines without one are on-demand). One vast paused for a
   higher bid (outbid_since) keeps its disk: wait for it, rebid (above its bid, at most max_dph, and not above

@@ -52,6 +52,9 @@ policy is shown. In the order `plan()` applies them:
                              what that sample needed: a replacement for a machine lost meanwhile); the incident
                              (59 queued, no "active" flag, every machine stopped) cannot recur: a queue is work,
                              one fresh report is no evidence over the window, and the guard never scales to zero
+  any (agent.min_machines)   the floor, last: no release takes the warm machines (guard.warm: proving, or
+                             booting and not dead at vast) below agent.min_machines, and a fleet under it resumes
+                             stopped machines, then rents the cheapest offers per expected proof up to it
 
 Expected rate: measured, else bench, else the median bench rate seen for the GPU
 model, else fleet.default_rate (observe.py). An offer's expected rate is what a
@@ -60,8 +63,9 @@ slow host of a fast model is not rented again at its model's rate), else its
 model's (before any benchmark of it, the published figure, GPU_RATES), capped by what its host RAM allows (RAM_RATES, the cuzk measurements of
 docs/workload.md "Host RAM bounds the rate"): a 256 GiB host proves ~68/h whatever its GPU, so offers are ranked
 by proofs per dollar with the RAM counted. Plans stay inside the limits the
-guard checks (max_instances, max_dph, max_hourly_spend, max_actions_per_step), so
-a healthy plan is never refused; the guard checks them again anyway.
+guard checks (max_instances, max_dph, max_hourly_spend and max_daily_spend through
+guard.spend_verdict, min_machines, max_actions_per_step), so a healthy plan is never
+refused; the guard checks them again anyway.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
-from vastctl import clock
+from vastctl import clock, guard
 from vastctl.bids import bid_for_offer, wants_bid
 from vastctl.config import Config
 from vastctl.guard import Action, Kind
@@ -226,7 +230,8 @@ def needs_offers(obs: Observation, config: Config) -> bool:
     """Whether plan() would look at offers (the caller searches the market only then): to grow (a stopped
     machine is resumed only when no offer is clearly cheaper per proof), or to replace a running machine by a
     cheaper host."""
-    return shortfall(obs, config) > 0 or bool(replacement_candidates(obs, config))
+    return (shortfall(obs, config) > 0 or bool(replacement_candidates(obs, config))
+            or warm_count(obs, config) < config.agent.min_machines)
 
 
 def _resumable(obs: Observation) -> list[dict]:
@@ -314,7 +319,62 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = ()) -> list
                            or _replace(obs, config, offers, budget - len(actions)))
     elif _cooled_down(obs, config):
         actions.extend(_trim(obs, config, budget - len(actions)) or _shrink(obs, config, budget - len(actions)))
-    return actions
+    return _keep_floor(obs, config, offers, actions, budget)
+
+
+def warm_count(obs: Observation, config: Config) -> int:
+    """Machines in the floor of agent.min_machines, as the guard counts them (guard.warm)."""
+    return sum(1 for m in obs.machines if guard.warm(m, config, obs.now))
+
+
+def _keep_floor(obs: Observation, config: Config, offers: Sequence[Offer], actions: list[Action],
+                budget: int) -> list[Action]:
+    """agent.min_machines, whatever the queue says: no release takes the warm machines below it, and a fleet
+    under it resumes stopped machines, then rents the cheapest offers per expected proof, to reach it (within
+    max_instances, max_dph and the spend limits, as every launch)."""
+    floor = config.agent.min_machines
+    if floor <= 0:
+        return actions
+    warm = {m["uuid"] for m in obs.machines if guard.warm(m, config, obs.now)}
+    count = len(warm)
+    kept: list[Action] = []
+    for action in actions:
+        if action.kind in guard.REMOVING and action.uuid in warm:
+            if count - 1 < floor:
+                continue  # the floor holds it
+            count -= 1
+        kept.append(action)
+    coming = sum(max(1, a.count) if a.kind == Kind.LAUNCH else 1 for a in kept if a.kind in (Kind.LAUNCH, Kind.START))
+    missing = floor - count - coming
+    if missing <= 0:
+        return kept
+    why = f"agent.min_machines {floor}: {count} warm (proving or booting), whatever the queue says"
+    spend = obs.spend_per_hour + sum(max(1, a.count) * (a.dph or 0.0) for a in kept if a.kind == Kind.LAUNCH)
+    started = {a.uuid for a in kept if a.kind == Kind.START}
+    for machine in _resumable(obs):
+        if missing <= 0 or len(kept) >= budget:
+            return kept
+        adds = max(0.0, float(machine.get("dph") or 0.0) - float(machine.get("billed_per_hour") or 0.0))
+        if machine["uuid"] in started or not guard.spend_verdict(obs, spend + adds, "").allowed:
+            continue
+        kept.append(Action(kind=Kind.START, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                           dph=machine.get("dph"), reason=f"{why}; resume before renting anew"))
+        missing -= 1
+        spend += adds
+    live = len(obs.live()) + sum(max(1, a.count) for a in kept if a.kind == Kind.LAUNCH)
+    taken = {a.offer_id for a in kept if a.kind == Kind.LAUNCH}
+    for offer, rate in rank_offers(offers, obs, config):
+        if missing <= 0 or len(kept) >= budget or live >= int(obs.settings["max_instances"]):
+            break
+        if offer.id in taken or not guard.spend_verdict(obs, spend + offer.dph_total, "").allowed:
+            continue
+        kept.append(Action(kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name,
+                           dph=offer.dph_total, reason=(f"{why}; {offer.gpu_name} at {_terms(offer, obs, config)},"
+                                                        f" {rate:g} proofs/h expected")))
+        missing -= 1
+        spend += offer.dph_total
+        live += 1
+    return kept
 
 
 def _since(machine: Mapping[str, Any], now: datetime) -> float:
@@ -440,7 +500,6 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     actions: list[Action] = []
     spend = obs.spend_per_hour
     live = len(obs.live())
-    max_spend = float(obs.settings["max_hourly_spend"])
     best = _price(ranked[0][0], obs, config) / ranked[0][1] if ranked else float("inf")
     for machine in _resumable(obs):
         dph = float(machine.get("dph") or 0.0)
@@ -449,7 +508,7 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
         if _per_proof(machine) > config.agent.replace_factor * best:
             continue  # running, it would be replaced by that offer: rent the offer instead
         adds = max(0.0, dph - float(machine.get("billed_per_hour") or 0.0))  # its disk bills already
-        if spend + adds > max_spend + 1e-9 or dph > float(obs.settings["max_dph"]) + 1e-9:
+        if not guard.spend_verdict(obs, spend + adds, "").allowed or dph > float(obs.settings["max_dph"]) + 1e-9:
             continue
         actions.append(Action(kind=Kind.START, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                               dph=machine.get("dph"), reason=f"{sizing}; resume before renting anew"))
@@ -459,7 +518,7 @@ def _grow(obs: Observation, config: Config, offers: Sequence[Offer], budget: int
     while left and missing > 0 and len(actions) < budget and live < int(obs.settings["max_instances"]):
         offer, rate, covers_the_rest = next_offer(left, missing, obs, config)
         left.remove((offer, rate))
-        if spend + offer.dph_total > max_spend + 1e-9:
+        if not guard.spend_verdict(obs, spend + offer.dph_total, "").allowed:
             continue
         last = "; the cheapest per hour that covers the rest" if covers_the_rest else ""
         actions.append(Action(
@@ -586,7 +645,7 @@ def _replace(obs: Observation, config: Config, offers: Sequence[Offer], budget: 
     worst = candidates[0]
     if _per_proof(worst) < config.agent.replace_factor * best:
         return []
-    if obs.spend_per_hour + offer.dph_total > float(obs.settings["max_hourly_spend"]) + 1e-9:
+    if not guard.spend_verdict(obs, obs.spend_per_hour + offer.dph_total, "").allowed:
         return []
     return [Action(kind=Kind.LAUNCH, actor=ACTOR, offer_id=offer.id, gpu_name=offer.gpu_name, dph=offer.dph_total,
                    reason=(f"replacing {worst['label']} (${_per_proof(worst) * 1000:.2f} per 1000 proofs) with"
@@ -658,7 +717,8 @@ def hold_reason(obs: Observation, config: Config, offers: Sequence[Offer] = ()) 
                     f" not up to a whole machine (a growing queue raises what is wanted)")
         return (f"{work_reason(obs)}: {have} is short of {sized}, but no stopped machine to resume and no offer"
                 f" of fleet.gpus within max_dph, max_hourly_spend (${obs.spend_per_hour:.2f}/h of"
-                f" ${float(obs.settings['max_hourly_spend']):g}/h) and max_instances")
+                f" ${float(obs.settings['max_hourly_spend']):g}/h), max_daily_spend (${obs.spent():.2f} spent"
+                f" today of ${float(obs.settings.get('max_daily_spend', math.inf)):g}) and max_instances")
     since = obs.demand.empty_since
     empty_for = int((obs.now - since).total_seconds() // 60) if since is not None else 0
     wait = int(config.agent.scale_down_after // 60)
@@ -667,4 +727,8 @@ def hold_reason(obs: Observation, config: Config, offers: Sequence[Offer] = ()) 
                 f" agent.scale_down_after ({wait}m)")
     if any(m["state"] in PENDING_STATES for m in obs.machines):
         return f"no work for {empty_for}m, but a machine is still booting (its rate is a guess): releasing after it settles"
+    warm = warm_count(obs, config)
+    if 0 < warm <= config.agent.min_machines:
+        return (f"no work for {empty_for}m: agent.min_machines keeps {config.agent.min_machines} warm"
+                f" ({warm} proving or booting)")
     return f"no work for {empty_for}m and no machine left to release"

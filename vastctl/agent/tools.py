@@ -140,15 +140,18 @@ LABEL = Param("label", "string", "the machine's label, as in the observation", m
 GPU_NAME = Param("gpu_name", "string", min_length=1, max_length=100)
 TOOLS: tuple[Tool, ...] = (
     Tool("launch", "Rent new machines: `count` of the cheapest offers of gpu_name, or the one offer "
-                   "offer_id (from search_offers, count 1). Give exactly one of gpu_name and offer_id.",
+                   "offer_id (from search_offers, count 1). Give exactly one of gpu_name and offer_id. The guard "
+                   "refuses one past max_instances, max_dph, max_hourly_spend or max_daily_spend.",
          (Param("count", "integer", "machines to rent", minimum=1, maximum=100, required=True),
           Param("gpu_name", "string", "only this GPU model (one of fleet.gpus)", min_length=1, max_length=100),
           Param("offer_id", "integer", "rent exactly this offer", minimum=1)),
          _launch),
-    Tool("destroy", "Kill a machine and destroy it at vast (it stops costing money; its disk is gone).",
+    Tool("destroy", "Kill a machine and destroy it at vast (it stops costing money; its disk is gone). The guard "
+                    "refuses one that leaves fewer than min_machines warm.",
          (LABEL, Param("reason", "string", "why, for the event", min_length=1, max_length=500, required=True)),
          _on_a_machine(Kind.DESTROY)),
-    Tool("stop", "Stop a machine at vast: no GPU billing, its disk (and fetched parameters) kept.",
+    Tool("stop", "Stop a machine at vast: no GPU billing, its disk (and fetched parameters) kept. Refused like "
+                 "destroy below min_machines.",
          (LABEL,), _on_a_machine(Kind.STOP)),
     Tool("start", "Resume a stopped (or exited) machine; it boots again from its kept disk.",
          (LABEL,), _on_a_machine(Kind.START)),

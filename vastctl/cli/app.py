@@ -7,7 +7,7 @@ import os
 import sqlite3
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Optional
 
 import typer
@@ -15,6 +15,7 @@ import typer
 from vastctl import __version__, clock
 from vastctl import config as config_module
 from vastctl.clock import SYSTEM, Clock
+from vastctl.errors import BadInput
 from vastctl.state import db
 from vastctl.state.lifecycle import printable
 
@@ -82,6 +83,25 @@ def root(
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
+AsOfOpt = Annotated[Optional[str], typer.Option("--as-of", help=(
+    "Read the state file as of this UTC time (e.g. 2031-03-04T00:00:00Z, the end of a `demo --keep` day)"
+    " instead of now: the figures `serve --as-of` shows."))]
+
+
+def as_of_moment(text: str) -> datetime:
+    """`--as-of TIME`: a UTC time; one `error:` line naming the form otherwise."""
+    try:
+        moment = clock.from_iso(text.strip())
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise BadInput(f"--as-of must be a UTC time like 2031-03-04T00:00:00Z, got {text!r}")
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def now_of(g: "Globals", as_of: str | None) -> datetime:
+    """The moment a read command reads at: now, or `--as-of`."""
+    return g.clock.now() if as_of is None else as_of_moment(as_of)
 
 
 def globals_of(ctx: typer.Context) -> Globals:

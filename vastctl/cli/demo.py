@@ -19,6 +19,7 @@ SUMMARY = [
     ("proofs done / arrived", ("proofs", "proofs_arrived"), "pair"),
     ("cost (simulated billing)", "cost", "usd"),
     ("cost per 1000 proofs", "cost_per_1000_proofs", "usd"),
+    ("vastctl's account: cost / proofs reported", ("vastctl_cost", "vastctl_proofs"), "account"),
     ("lower bound per 1000 proofs", "lower_bound_cost_per_1000_proofs", "usd"),
     ("cost / lower bound", "cost_ratio_to_lower_bound", "ratio"),
     ("machines launched", "machines_launched", "int"),
@@ -33,6 +34,9 @@ EXPLAINED = (
     "lower bound: what the market's cheapest offers each minute would have cost sized exactly to the work"
     " arriving (fractions of a machine, no boot, no failures, no headroom), knowing every host's true rate,"
     " among the hosts the fleet may rent (its filters) that nobody else holds: no fleet proves the day for less.",
+    "vastctl's account: what the state file says (`vastctl cost`); above the simulated billing by the first"
+    " minutes of each boot (counted at the full price) and below its proofs by what machines did after their last"
+    " heartbeat.",
     "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
     " machines, boot and benchmark time, failures and the headroom kept for bursts).",
 )
@@ -73,6 +77,7 @@ def demo_cmd(
         raise BadInput("--policy llm needs ANTHROPIC_API_KEY (it spends real tokens): set it, or use --policy rules")
     with tempfile.TemporaryDirectory(prefix="vastctl-demo-") as scratch:
         result = demo.run(options, Path(scratch), env=os.environ, progress=_progress_bar() if sys.stderr.isatty() else None)
+        result.figures.update(_account(Path(scratch) / "demo.db", demo.end_of(options)))
         if keep is not None:
             demo.keep_state(Path(scratch), keep)
     if chart is not None:
@@ -86,6 +91,25 @@ def demo_cmd(
     if keep is not None:
         say(f"state file kept at {keep}: look at it with `vastctl --db {keep} serve --as-of {demo.end_of(options)}`"
             " and server.admin_token in your config")
+
+
+def _account(path: Path, end: str) -> dict[str, Any]:
+    """vastctl's own account of the day's file at its end (cost.account: what `vastctl cost --as-of END` and the
+    dashboard of `serve --as-of END` show), beside the simulator's truth. It differs from the truth where the
+    state file cannot know: a boot's first minutes count at the full price (vast bills the disk alone until the
+    container runs), and proofs are what the machines reported by their last heartbeat."""
+    from vastctl import clock
+    from vastctl.facts import cost
+    from vastctl.state import db
+
+    now = clock.parse_iso(end)
+    conn = db.connect(path, now=now)
+    try:
+        figures = cost.account(conn, now=now)
+    finally:
+        conn.close()
+    return {"vastctl_cost": figures["cost"], "vastctl_proofs": figures["proofs"],
+            "vastctl_cost_per_1000_proofs": figures["cost_per_1000_proofs"], "vastctl_as_of": figures["as_of"]}
 
 
 def _progress_bar():
@@ -117,6 +141,8 @@ def _print_summary(figures: dict[str, Any]) -> None:
 def _cell(figures: dict[str, Any], key: Any, kind: str) -> str:
     if kind == "pair":
         return f"{figures[key[0]]} / {figures[key[1]]}"
+    if kind == "account":
+        return f"${figures[key[0]]:,.2f} / {figures[key[1]]} (as `vastctl cost --as-of` and the dashboard show)"
     if kind == "minutes":
         return " / ".join("-" if figures[k] is None else f"{figures[k] / 60:.0f} min" for k in key)
     if kind == "seconds":

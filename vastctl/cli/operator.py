@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vastctl import clock
-from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl.cli.app import AsOfOpt, JsonOpt, app, echo, fmt_num, globals_of, now_of, print_json, print_table, say
 from vastctl.state import settings, tokens
 from vastctl.views import fleet
 
@@ -35,6 +35,7 @@ def fleet_cmd(
     as_json: JsonOpt = False,
     include_killed: Annotated[bool, typer.Option("--all", help=(
         "Also list killed machines that vast confirmed destroyed or that were never rented (no vast id)."))] = False,
+    as_of: AsOfOpt = None,
 ) -> None:
     """Every machine we pay for, our state beside vast's, and a summary line.
 
@@ -49,7 +50,7 @@ def fleet_cmd(
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
     g = globals_of(ctx)
-    now = g.clock.now()
+    now = now_of(g, as_of)
     view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed, now=now)
     if as_json:
         print_json(view)
@@ -172,6 +173,7 @@ SETTINGS_HELP = {
     "min_bench_rate": "the benchmark gate, proofs/hour",
     "max_instances": "most machines at once, a whole number (0 pauses every launch)",
     "max_hourly_spend": "most $/hour across the fleet (above 0)",
+    "max_daily_spend": "most $ a UTC day: spent since 00:00 UTC plus the next hour (above 0)",
     "max_dph": "most $/hour for one machine (above 0)",
 }
 KEYS_HELP = "\b\nKeys:\n" + "\n".join(f"  {key:<24}{meaning}" for key, meaning in SETTINGS_HELP.items())

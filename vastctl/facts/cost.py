@@ -299,3 +299,13 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
             groups.items(), key=lambda item: (-sum(item[1].cost.values()), item[0]) if by != "day" else (item[0],))],
     }
     return figures
+
+
+def day_start(now: datetime) -> datetime:
+    """00:00 UTC of `now`'s day: where a day's spend (max_daily_spend, `cost --by day`) begins."""
+    return datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
+
+
+def spent_today(conn: sqlite3.Connection, *, now: datetime) -> float:
+    """$ spent since 00:00 UTC up to `now`, as `vastctl cost --since` that midnight says it."""
+    return float(account(conn, now=now, since=day_start(now))["cost"])

@@ -189,8 +189,15 @@ class Web:
     def data(self) -> dict:
         """What the page shows: overview's figures, the cost account and the machines' log tails (the CLI's calls)."""
         conn, now = self.connect(), self.clock.now()
-        data = overview.overview(conn, self.config, now)
-        data["cost"] = cost.account(conn, now=now)
+        data = overview.overview(conn, self.config, now, steps=page.STEPS_READ)
+        data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
+        data["cost_day"] = cost.account(conn, now=now, since=now - overview.HISTORY)  # `vastctl cost --since 24h`
+        data["spent_today"] = data["observation"].spent()  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
+        data["warm"] = sum(guard.warm(m, self.config, now) for m in data["observation"].machines)
+        data["agent"] = {"max_wait_s": self.config.agent.max_wait, "min_machines": self.config.agent.min_machines,
+                         "interval_s": self.config.agent.interval}
+        data["idle"] = _idle(data["observation"], self.config, now)
+        data["router"] = None  # the proof router's held calls and proof wait, once it reports them (page._router)
         data["logs"] = machine_logs.recent(conn)
         return data
 
@@ -335,6 +342,22 @@ class Web:
 
 
 SESSION, FLASH = "session", "flash"
+
+
+def _idle(obs, config: Config, now: datetime) -> dict[str, float]:
+    """$/h billed by what proves nothing and is not booting (not guard.warm): stopped disks, kept on purpose, and
+    the rest (killed awaiting vast's destroy, dead or missing at vast, silent, instances of ours no row stands for)."""
+    stopped = lost = 0.0
+    for machine in obs.machines:
+        if guard.warm(machine, config, now):
+            continue
+        billed = float(machine.get("billed_per_hour") or 0.0)
+        if machine["state"] == "stopped":
+            stopped += billed
+        else:
+            lost += billed
+    unlisted = obs.spend_per_hour - sum(float(m.get("billed_per_hour") or 0.0) for m in obs.machines)
+    return {"stopped": round(stopped, 4), "lost": round(lost + max(0.0, unlisted), 4)}
 
 
 def _override(path: str, form: dict[str, str], exc: VastctlError) -> dict[str, str] | None:

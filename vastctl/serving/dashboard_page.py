@@ -11,12 +11,24 @@ Read at a glance: a machine's `why` is vastctl's own word (kill reason, the
 guard's refusal, a disagreement with vast) and vast's raw status message waits
 in a <details> behind its status; the steps --if-events skipped are folded in
 another (dashboard.js keeps an opened one open across refreshes). Every time is
-UTC, and the page fits an 820 px window.
+UTC.
+
+The top row (`_glance`) answers three questions before anything else: is work
+waiting too long (proofs done within agent.max_wait over the last day), is money
+leaking (spend now, today against max_daily_spend, what idle machines bill), is
+anything broken (the safety net, demand, vast's word, the agent, the floor).
+Its figures are the CLI's: `vastctl cost` (whole file, --since 24h, --since
+00:00 UTC) and `fleet`'s summary, read at the page's one `now`. The proof
+router's held calls and proof wait take their place at its end (`_router`).
+Agent steps that changed nothing are folded into one row per run, with the
+hold reason `agent history` prints. Below 600 px the page is one column and
+tables become stacked cards: nothing scrolls sideways on a phone.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timedelta, timezone
 from html import escape
 from typing import Any, Iterable, Sequence
@@ -28,6 +40,11 @@ from vastctl.upstream import cut
 LIVE_URL = "/dashboard/live"
 REFRESH_MS = 5000
 CHART_WIDTH, CHART_HEIGHT = 720, 96
+NARROW_WIDTH = 340  # the phone's chart: drawn for its width, so its text stays ~10 px there
+Y_GUTTER = 44  # user units left of each panel for its y-axis numbers
+STEPS_READ = 60  # agent steps that ran, read for the page: folded, the newest STEPS_SHOWN rows are shown
+STEPS_SHOWN = 10
+EVENTS_SHOWN = 10  # the newest events shown; the rest of those read wait behind a detail
 
 
 def esc(value: Any, empty: str = "-") -> str:
@@ -118,6 +135,7 @@ def live_fragment(data: dict[str, Any]) -> str:
     labels = "".join(f'<option value="{esc(i["label"])}">' for i in data["instances"] if i["state"] != "killed")
     parts = [
         _orphan_warning(data["summary"]),
+        _glance(data, now) if "waits" in data else "",
         _summary(data["summary"], now),
         _cost(data["cost"]) if "cost" in data else "",
         _chart(data["history"], data["summary"]["settings"]) if "history" in data else "",
@@ -130,6 +148,130 @@ def live_fragment(data: dict[str, Any]) -> str:
 
 
 # --- the live parts ---------------------------------------------------------------------------------
+
+
+def _card(ident: str, title: str, status: str, body: str) -> str:
+    return f'<div class="card glance {status}" id="{ident}"><h3>{title}</h3>{body}</div>'
+
+
+def _glance(data: dict[str, Any], now: datetime) -> str:
+    """The top row: waiting, money, broken; then the proof router's figures when it reports them."""
+    cards = [_waiting(data), _money(data), _broken(data, now), _router(data.get("router"))]
+    return f'<section id="glance" class="cards top">{"".join(cards)}</section>'
+
+
+def _waiting(data: dict[str, Any]) -> str:
+    """Is work waiting too long: the share of the last day's proofs done within agent.max_wait (estimated from the
+    demand samples, overview.proof_waits), and how long a proof arriving now waits."""
+    waits, s = data["waits"], data["summary"]
+    limit = clock.human_duration(waits["max_wait_s"])
+    share = waits["within_share"]
+    demand = s["demand"] or {}
+    if share is None:
+        headline = '<span class="big" id="within-max-wait">-</span> no proofs done in the last day'
+    else:
+        headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
+                    ' <span class="note" title="estimated from the demand samples: a proof waits about what is'
+                    ' queued and in flight over the proofs done per hour">(24 h, est.)</span>')
+    if not demand.get("known"):
+        now_text, status = "demand unknown: the newest sample failed or is stale", "bad"
+    elif waits["stuck_now"]:
+        now_text, status = "work queued and no proof done in the last hour", "bad"
+    else:
+        wait = waits["wait_now_s"]
+        if wait is None:  # the source gives no rate: what waits over the capacity running
+            backlog = float(demand.get("queued") or 0) + float(demand.get("in_flight") or 0)
+            capacity = float(s["capacity_proofs_per_hour"] or 0.0)
+            wait = 0.0 if backlog == 0 else backlog / capacity * 3600 if capacity > 0 else math.inf
+        now_text = ("work queued and nothing running to prove it" if math.isinf(wait)
+                    else f'a proof arriving now waits ~{esc(clock.human_duration(wait))}')
+        status = "bad" if wait > waits["max_wait_s"] else "warn" if wait > waits["max_wait_s"] / 2 else "ok"
+    if share is not None and status == "ok":
+        status = "bad" if share < 0.95 else "warn" if share < 0.99 else "ok"
+    queue = " · ".join(f"{esc(demand[k])} {name}" for k, name, _ in DEMAND_FIGURES if demand.get(k) is not None)
+    body = f'<p>{headline}</p><p class="note">{now_text}{" · " + queue if queue else ""}</p>'
+    return _card("glance-waiting", "Work waiting", status, body)
+
+
+def _money(data: dict[str, Any]) -> str:
+    """Is money leaking: spend now, today against max_daily_spend, the last day's cost per proof, what idle machines
+    bill. The day and today are `vastctl cost --since 24h` and `--since` 00:00 UTC, at the page's now."""
+    s, day, idle = data["summary"], data["cost_day"], data.get("idle") or {"stopped": 0.0, "lost": 0.0}
+    limits = s["settings"]
+    spend, today = float(s["spend_per_hour"]), float(data["spent_today"])
+    daily, hourly = float(limits.get("max_daily_spend") or 0.0), float(limits["max_hourly_spend"])
+    per = day["cost_per_1000_proofs"]
+    status = "ok"
+    if idle["lost"] > 0 or s["destroys_pending"]["count"]:
+        status = "warn"
+    if spend > hourly + 1e-9 or (daily and today + spend > daily + 1e-9):
+        status = "bad"
+    body = (f'<p><span class="big" id="spend-now">${spend:.2f}</span>/h now (limit ${num(hourly, 2)}/h) ·'
+            f' <span id="spent-today">${today:.2f}</span> today of ${num(daily, 2)}</p>'
+            f'<p class="note">last 24 h <span id="cost-day">${day["cost"]:.2f}</span> for'
+            f' <span id="proofs-day">{esc(day["proofs"])}</span> proofs'
+            + ("" if per is None else f' · ${per:.2f} per 1,000') +
+            f' · idle <span id="idle-lost">${idle["lost"]:.2f}/h</span> killed, dead or missing,'
+            f' ${idle["stopped"]:.2f}/h stopped disks</p>')
+    return _card("glance-money", "Money", status, body)
+
+
+def problems(data: dict[str, Any], now: datetime) -> list[str]:
+    """What is broken, in words (empty: nothing): the safety net, demand, vast's word, destroys, the agent, the
+    floor of agent.min_machines."""
+    s, found = data["summary"], []
+    rec = s["reconcile"]
+    if rec["last_success"] is None:
+        found.append("vast never listed: is the reconcile timer running?")
+    elif (now - rec["last_success"]).total_seconds() > 600:
+        found.append(f'vast last listed {clock.human_age(rec["last_success"], now)} ago (reconcile)')
+    if rec["consecutive_failures"]:
+        found.append(f'{rec["consecutive_failures"]} listing(s) failed in a row: {rec["last_error"] or "?"}')
+    if s["demand"] is not None and not s["demand"]["known"]:
+        found.append("demand unknown: the newest sample failed or is stale")
+    if s["disagreements"]:
+        found.append(f'{s["disagreements"]} machine(s) where vast disagrees (see why)')
+    pending = s["destroys_pending"]
+    if pending["count"] and pending["oldest_age_s"] > 900:
+        found.append(f'{pending["count"]} killed machine(s) not destroyed at vast for'
+                     f' {clock.human_duration(pending["oldest_age_s"])} (still billed)')
+    steps, agent = data.get("steps") or [], data.get("agent") or {}
+    if not steps:
+        found.append("the agent has not run a step")
+    else:
+        last = clock.from_iso(steps[0].get("finished_at") or steps[0]["started_at"])
+        interval = float(agent.get("interval_s") or 300)
+        if last is not None and (now - last).total_seconds() > 3 * interval:
+            found.append(f"the agent last ran {clock.human_age(last, now)} ago")
+        if isinstance(steps[0].get("errors"), list) and steps[0]["errors"]:
+            found.append(f'the agent\'s last step failed: {_brief(steps[0]["errors"][0], 120)}')
+    floor = int(agent.get("min_machines") or 0)
+    if floor and data.get("warm", floor) < floor:
+        found.append(f'{data["warm"]} warm machine(s), under agent.min_machines {floor}')
+    if s.get("orphan_warning"):
+        found.append(str(s["orphan_warning"]))
+    return found
+
+
+def _broken(data: dict[str, Any], now: datetime) -> str:
+    found = problems(data, now)
+    if not found:
+        return _card("glance-broken", "Broken", "ok", '<p><span class="big" id="problems">nothing</span></p>'
+                     '<p class="note">safety net, demand, vast, destroys and the agent all answer</p>')
+    items = "".join(f"<li>{esc(text)}</li>" for text in found)
+    return _card("glance-broken", "Broken", "bad",
+                 f'<p><span class="big" id="problems">{len(found)}</span> to look at</p><ul class="problems">{items}</ul>')
+
+
+def _router(router: dict[str, Any] | None) -> str:
+    """The proof router's place in the top row: its held calls and its measured proof wait, once it reports them
+    (data["router"]: {"held_calls": N, "proof_wait_s": S}); nothing until then."""
+    if not router:
+        return ""
+    held, wait = router.get("held_calls"), router.get("proof_wait_s")
+    body = (f'<p><span class="big" id="held-calls">{esc(held)}</span> held calls</p><p class="note">proof wait'
+            f' <span id="proof-wait">{esc(None if wait is None else clock.human_duration(float(wait)))}</span></p>')
+    return _card("glance-router", "Proof router", "ok", body)
 
 
 def _summary(s: dict[str, Any], now: datetime) -> str:
@@ -269,7 +411,11 @@ def _vast_cell(i: dict[str, Any]) -> str:
             f'<span class="msg">{esc(i["vast_status_msg"])}</span></details>')
 
 
+EVENT_HEAD = ("id", "at", "label", "change", "source", "reason")
+
+
 def _events(events: list[dict[str, Any]], now: datetime) -> str:
+    """The newest events first-seen; older ones read behind a detail (a phone's page stays short)."""
     rows = []
     for e in events:
         change = f'{e["from_state"] or "∅"} → {e["to_state"]}' if e["to_state"] else e["kind"]
@@ -278,7 +424,11 @@ def _events(events: list[dict[str, Any]], now: datetime) -> str:
         rows.append(f'<tr data-kind="{esc(e["kind"])}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if not rows:
         rows.append('<tr><td colspan="6" class="empty">no events</td></tr>')
-    return _table("events", "Latest events (times UTC)", ("id", "at", "label", "change", "source", "reason"), rows)
+    older = rows[EVENTS_SHOWN:]
+    folded = "" if not older else (
+        f'<details class="older" id="older-events" data-key="older-events"><summary>{len(older)} older'
+        f' event{"s" if len(older) != 1 else ""}</summary>{_table("older", "", EVENT_HEAD, older)}</details>')
+    return _table("events", "Latest events (times UTC)", EVENT_HEAD, rows[:EVENTS_SHOWN], after=folded)
 
 
 STEP_HEAD = ("started", "policy", "outcome", "saw", "did", "refused", "errors", "tokens", "cost")
@@ -286,19 +436,53 @@ STEP_HEAD = ("started", "policy", "outcome", "saw", "did", "refused", "errors", 
 
 def _steps(steps: list[dict[str, Any]], now: datetime, *, skipped: Sequence[dict[str, Any]] = (),
            skipped_count: int = 0) -> str:
-    """The steps that ran; those --if-events skipped (nothing new happened) folded away below them."""
-    rows = [_step_row(step, now) for step in steps]
+    """The steps that acted (did, were refused or failed), each a row; a run of steps that changed nothing one
+    row with how many and the newest one's hold reason (as `agent history` prints it); those --if-events skipped
+    (nothing new happened) folded away below."""
+    rows: list[str] = []
+    held: list[dict[str, Any]] = []  # newest first
+
+    def fold() -> None:
+        if held:
+            rows.append(_held_row(held, now))
+            held.clear()
+
+    for step in steps:  # newest first
+        if len(rows) >= STEPS_SHOWN:
+            break
+        if _acted(step):
+            fold()
+            rows.append(_step_row(step, now))
+        else:
+            held.append(step)
+    if len(rows) < STEPS_SHOWN:
+        fold()
     if not rows:
         rows.append(f'<tr><td colspan="{len(STEP_HEAD)}" class="empty">no agent step has run yet</td></tr>')
-    table = _table("steps", "Agent steps (times UTC)", STEP_HEAD, rows)
-    if not skipped_count:
-        return table
-    shown = f"the newest {len(skipped)} " if skipped_count > len(skipped) else ""
-    folded = (f'<details class="skipped" id="skipped-steps" data-key="skipped-steps"><summary>{skipped_count}'
-              f' skipped step{"s" if skipped_count != 1 else ""} (nothing new since the step before): show'
-              f' {shown}</summary>{_table("skipped", "", STEP_HEAD, [_step_row(step, now) for step in skipped])}'
-              "</details>")
-    return table.removesuffix("</section>") + folded + "</section>"
+    folded = ""
+    if skipped_count:
+        shown = f"the newest {len(skipped)} " if skipped_count > len(skipped) else ""
+        folded = (f'<details class="skipped" id="skipped-steps" data-key="skipped-steps"><summary>{skipped_count}'
+                  f' skipped step{"s" if skipped_count != 1 else ""} (nothing new since the step before): show'
+                  f' {shown}</summary>{_table("skipped", "", STEP_HEAD, [_step_row(step, now) for step in skipped])}'
+                  "</details>")
+    return _table("steps", "Agent steps (times UTC)", STEP_HEAD, rows, after=folded)
+
+
+def _acted(step: dict[str, Any]) -> bool:
+    """It did something, was refused something or failed: worth its own row."""
+    return any(step.get(name) not in (None, "", [], {}) for name in ("actions", "refused", "errors"))
+
+
+def _held_row(run: list[dict[str, Any]], now: datetime) -> str:
+    """A run of steps that changed nothing (newest first): when, how many, and why the newest one held."""
+    newest, oldest = run[0], run[-1]
+    span = when(newest["started_at"], now) if len(run) == 1 else (
+        f'{when(oldest["started_at"], now)}–{when(newest["started_at"], now)}')
+    why = newest.get("hold") or "nothing to do"
+    count = f"{len(run)} steps held" if len(run) > 1 else "held"
+    return (f'<tr class="held"><td>{span}</td><td>{esc(newest["policy"])}</td><td>{count}</td>'
+            f'<td class="hold" colspan="{len(STEP_HEAD) - 3}">{esc(why)}</td></tr>')
 
 
 def _step_row(step: dict[str, Any], now: datetime) -> str:
@@ -312,11 +496,20 @@ def _step_row(step: dict[str, Any], now: datetime) -> str:
     return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
-def _table(ident: str, title: str, head: Iterable[str], rows: list[str]) -> str:
+def _table(ident: str, title: str, head: Iterable[str], rows: list[str], *, after: str = "") -> str:
+    head = list(head)
     th = "".join(f"<th>{esc(h, '')}</th>" for h in head)
     heading = f"<h2>{esc(title)}</h2>" if title else ""
-    return (f'<section id="{ident}">{heading}<div class="scroll"><table>'
-            f'<thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>')
+    return (f'<section id="{ident}">{heading}<div class="scroll"><table class="stack">'
+            f'<thead><tr>{th}</tr></thead><tbody>{"".join(_named(rows, head))}</tbody></table></div>{after}</section>')
+
+
+def _named(rows: list[str], head: list[str]) -> Iterable[str]:
+    """Each plain `<td>` of a row named by its column (`data-h`): a phone shows the name beside the value."""
+    for row in rows:
+        parts = row.split("<td>")
+        yield parts[0] + "".join(f'<td data-h="{esc(head[i], "")}">{part}' if i < len(head) else f"<td>{part}"
+                                 for i, part in enumerate(parts[1:]))
 
 
 def _saw(observation: Any) -> str:
@@ -436,21 +629,27 @@ def _note_form(hidden: str) -> str:
 
 
 def _chart(history: dict[str, Any], limits: dict[str, Any]) -> str:
+    """The last day in three panels, each with its y-axis numbered; drawn twice, for a wide window and for a
+    phone (dashboard.css shows one), so the text keeps its size on both."""
     start, end = _chart_span(history)
-    proofs_top = _top([v for _, v in history["capacity"]] + [v for _, v in history["target"]])
     limit = float(limits["max_hourly_spend"])
-    panels = [
-        _panel("Proofs/hour: capacity vastctl counts, and target", proofs_top, start, end,
-               [("capacity", history["capacity"]), ("target", history["target"])],
-               ticks=history["reconcile_failures"], tick_name="failed listing"),
-        _panel("Queued proofs", _top([v for _, v in history["queue"]]), start, end, [("queue", history["queue"])],
-               empty="no demand samples in this span" if not history["queue"] else None),
-        _panel("Spend, $/hour (dashed: max_hourly_spend)", _top([v for _, v in history["spend"]] + [limit]),
-               start, end, [("spend", history["spend"]), ("limit", [(start, limit), (end, limit)])]),
+    specs = [
+        ("Proofs/hour: capacity vastctl counts, and target", [("capacity", history["capacity"]),
+                                                              ("target", history["target"])],
+         {"ticks": history["reconcile_failures"], "tick_name": "failed listing"}),
+        ("Queued proofs", [("queue", history["queue"])],
+         {"empty": "no demand samples in this span" if not history["queue"] else None}),
+        ("Spend, $/hour (dashed: max_hourly_spend)", [("spend", history["spend"]),
+                                                      ("limit", [(start, limit), (end, limit)])], {}),
     ]
+    drawn = []
+    for width, kind in ((CHART_WIDTH, "wide"), (NARROW_WIDTH, "narrow")):
+        panels = "".join(_panel(title, _top([v for _, points in lines for _, v in points]), start, end, lines,
+                                width=width, **extra) for title, lines, extra in specs)
+        drawn.append(f'<div class="charts {kind}">{panels}</div>')
     hours = (end - start).total_seconds() / 3600
     span = "Last 24 hours" if hours > 23.9 else f"Since the fleet began ({clock.human_duration(hours * 3600)})"
-    return f'<section id="chart"><h2>{span} · UTC</h2>{"".join(panels)}</section>'
+    return f'<section id="chart"><h2>{span} · UTC</h2>{"".join(drawn)}</section>'
 
 
 MIN_SPAN = timedelta(hours=1)
@@ -487,9 +686,18 @@ def _top(values: list[float]) -> float:
     return max([v for v in values if v is not None] + [1.0]) * 1.1
 
 
+def y_ticks(top: float) -> list[float]:
+    """Round numbers from 0 up to `top` for a y-axis: steps of 1, 2, 2.5 or 5 × a power of ten, 3 or 4 of them."""
+    raw = top / 1.1 / 3
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    return [i * step for i in range(int(top // step) + 1)]
+
+
 def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[tuple[str, list]], *,
-           ticks: Sequence[datetime] = (), tick_name: str = "", empty: str | None = None) -> str:
-    width, height, span = CHART_WIDTH, CHART_HEIGHT, max(1.0, (end - start).total_seconds())
+           width: int = CHART_WIDTH, ticks: Sequence[datetime] = (), tick_name: str = "",
+           empty: str | None = None) -> str:
+    height, span = CHART_HEIGHT, max(1.0, (end - start).total_seconds())
 
     def x(moment: datetime) -> float:
         return round(min(1.0, max(0.0, (moment - start).total_seconds() / span)) * width, 1)
@@ -498,13 +706,17 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
         return round(height - min(1.0, max(0.0, value / top)) * (height - 4), 1)
 
     shapes = []
-    for moment in _time_ticks(start, end):
+    for moment in _time_ticks(start, end, most=8 if width >= CHART_WIDTH else 4):
         if not 0.04 * width <= x(moment) <= 0.96 * width:  # its label would be cut at the edge
             continue
         shapes.append(f'<line class="grid" x1="{x(moment)}" x2="{x(moment)}" y1="0" y2="{height}"/>'
                       f'<text class="axis time" x="{x(moment)}" y="{height + 12}" text-anchor="middle">'
                       f'{moment.strftime("%H:%M")}</text>')
-    shapes.append(f'<line class="grid" x1="0" x2="{width}" y1="{y(top / 1.1 / 2)}" y2="{y(top / 1.1 / 2)}"/>')
+    steps = y_ticks(top)
+    digits = 2 if steps[-1] < 2 else 1 if steps[-1] < 20 and any(v % 1 for v in steps) else 0
+    for value in steps:
+        shapes.append(f'<line class="grid" x1="0" x2="{width}" y1="{y(value)}" y2="{y(value)}"/>'
+                      f'<text class="axis y" x="-4" y="{y(value) + 4}" text-anchor="end">{num(value, digits)}</text>')
     for name, points in lines:
         points = [(moment, value) for moment, value in points if moment <= end]
         if not points:
@@ -527,9 +739,9 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
         keys.append(("fail", f"| {tick_name}"))
     legend = " · ".join(f'<tspan class="key {name}">{esc(text)}</tspan>' for name, text in keys)
     return (
-        f'<svg class="chart" viewBox="0 -14 {width} {height + 28}" role="img" aria-label="{esc(title)}">'
-        f"<title>{esc(title)}</title>"
-        f'<text class="axis" x="0" y="-3">{esc(title)} · top {num(top / 1.1, 2 if top < 11 else 0)}</text>'
-        f'<text class="axis" x="{width}" y="-3" text-anchor="end">{legend}</text>'
+        f'<svg class="chart" viewBox="{-Y_GUTTER} -14 {width + Y_GUTTER + 4} {height + 42}" role="img"'
+        f' aria-label="{esc(title)}"><title>{esc(title)}</title>'
+        f'<text class="axis" x="{-Y_GUTTER}" y="-3">{esc(title)}</text>'
+        f'<text class="axis" x="0" y="{height + 26}">{legend}</text>'
         f'<rect class="frame" x="0" y="0" width="{width}" height="{height}"/>{"".join(shapes)}</svg>'
     )

@@ -18,6 +18,7 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from vastctl import guard
 from vastctl.config import Config
 from vastctl.facts import cost, deliveries
 from vastctl.observe import observe
@@ -59,7 +60,13 @@ class _FleetCollector:
                      " as far as the state file and the last vast listing know.", summary["spend_per_hour"])
         yield _gauge("vastctl_max_hourly_spend_dollars_per_hour", "The max_hourly_spend setting.",
                      limits["max_hourly_spend"])
+        yield _gauge("vastctl_spent_today_dollars", "$ spent since 00:00 UTC, vastctl's account (as `vastctl cost"
+                     " --since` that midnight): what max_daily_spend is checked against.", obs.spent())
+        yield _gauge("vastctl_max_daily_spend_dollars", "The max_daily_spend setting.", limits["max_daily_spend"])
         yield _gauge("vastctl_max_instances", "The max_instances setting.", limits["max_instances"])
+        yield _gauge("vastctl_warm_machines", "Machines in the floor of agent.min_machines: proving, or booting and"
+                     " not dead at vast (guard.warm).", sum(guard.warm(m, config, now) for m in obs.machines))
+        yield _gauge("vastctl_min_machines", "The agent.min_machines floor (0: none).", config.agent.min_machines)
         yield _gauge("vastctl_disagreements", "Machines whose state here and at vast disagree.",
                      summary["disagreements"])
         yield from _demand(overview.demand_view(obs))

@@ -24,6 +24,7 @@ KEYS: dict[str, type] = {
     "min_bench_rate": float,
     "max_instances": int,
     "max_hourly_spend": float,
+    "max_daily_spend": float,
     "max_dph": float,
 }
 

@@ -10,6 +10,7 @@ hand) is shown as text rather than failing the page.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -67,6 +68,37 @@ def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
                        " WHERE state = 'killed' AND destroyed_at IS NULL").fetchone()
     oldest = _moment(row["oldest"])
     return {"count": row["n"], "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
+
+
+def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[str, Any]:
+    """Proofs done within agent.max_wait over the last day, estimated from the demand samples alone (the file
+    records no proof's own wait): a proof that arrives behind `queued + in_flight` proofs waits about that backlog
+    over the rate proofs are done (the sample's proofs_per_hour: Little's law), so each stretch between two good
+    samples counts the proofs done in it (that rate × its length) as within when that wait is at most max_wait.
+    `within_share` is None while no proof was done; `wait_now_s` is the newest good sample's wait (None when it
+    gives no rate, or when nothing is being done: `stuck_now`). Samples without a rate are not judged."""
+    rows = conn.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
+                        " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
+    times = [_moment(row["at"]) for row in rows] + [now]
+    done = within = 0.0
+    wait_now = None
+    for row, start, end in zip(rows, times, times[1:]):
+        if not row["ok"] or start is None or end is None:
+            continue
+        if row["proofs_per_hour"] is None:  # a source that reports only its queue: no rate to judge the wait by
+            wait_now = None
+            continue
+        rate = float(row["proofs_per_hour"])
+        backlog = float(row["queued"] or 0) + float(row["in_flight"] or 0)
+        wait_h = backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
+        proofs = rate * max(0.0, (end - start).total_seconds()) / 3600
+        done += proofs
+        within += proofs if wait_h * 3600 <= config.agent.max_wait else 0.0
+        wait_now = wait_h * 3600
+    return {"max_wait_s": config.agent.max_wait, "proofs": round(done, 1),
+            "within_share": round(within / done, 4) if done > 0 else None,
+            "wait_now_s": None if wait_now is None or math.isinf(wait_now) else round(wait_now, 1),
+            "stuck_now": wait_now is not None and math.isinf(wait_now)}
 
 
 # --- agent steps ------------------------------------------------------------------------------------
@@ -209,6 +241,8 @@ def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events:
         "steps": agent_steps(conn, limit=steps, skipped=False),
         "skipped_steps": agent_steps(conn, limit=steps, skipped=True),
         "skipped_step_count": conn.execute("SELECT count(*) FROM agent_steps WHERE outcome = 'skipped'").fetchone()[0],
+        "waits": proof_waits(conn, config, now),
+        "observation": obs,
     }
     if chart:
         result["history"] = history(conn, config, now, capacity=summary["capacity_proofs_per_hour"],

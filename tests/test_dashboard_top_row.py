@@ -1,0 +1,129 @@
+"""The dashboard's top row and its folds: is work waiting too long, is money leaking, is anything broken; the
+proof router's place; held agent steps folded with their reason; numbered y-axes and the phone's charts."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from test_dashboard import Browser, add_step, app, browser, make_app, register, run_machine, signed_in  # noqa: F401 - fixtures
+from test_dashboard_glance import section
+
+from vastctl import clock
+from vastctl.facts import demand
+from vastctl.serving import dashboard_page
+from vastctl.state import db, settings
+from vastctl.views import overview
+
+
+def card(page: str, ident: str) -> str:
+    return page.split(f'id="{ident}"', 1)[1].split('<div class="card', 1)[0].split("</section>", 1)[0]
+
+
+def status(page: str, ident: str) -> str:
+    return re.search(rf'class="card glance (\w+)" id="{ident}"', page).group(1)
+
+
+def report_queue(app, points):
+    """(minutes ago, queued, proofs done in the last hour) demand samples, oldest first."""
+    conn, now = app.connection(), clock.SYSTEM.now()
+    for minutes, queued, rate in points:
+        demand.report(conn, queued, rate, now=now - timedelta(minutes=minutes))
+
+
+def test_proofs_within_max_wait_come_first_estimated_from_the_demand_samples(signed_in, app):
+    # 80 min at 60/h with 20 queued: a 20 min wait (within 45); then 10 min with 120 queued: 2 h (late)
+    report_queue(app, [(90, 20, 60.0), (10, 120, 60.0)])
+    waits = overview.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
+    assert waits["proofs"] == 90.0 and waits["within_share"] == round(80 / 90, 4)
+    assert waits["wait_now_s"] == 7200.0 and not waits["stuck_now"]
+    page = signed_in.get("/").text
+    assert page.index('id="glance"') < page.index('id="summary"')  # the top row comes first
+    assert '<span class="big" id="within-max-wait">88.9%</span> done within 45m' in page
+    assert "a proof arriving now waits ~2h" in card(page, "glance-waiting")
+    assert status(page, "glance-waiting") == "bad"
+
+
+def test_a_queue_that_drains_in_time_is_green_and_one_nobody_proves_is_red(signed_in, app):
+    report_queue(app, [(60, 10, 120.0), (1, 5, 120.0)])
+    page = signed_in.get("/").text
+    assert '<span class="big" id="within-max-wait">100.0%</span>' in page and status(page, "glance-waiting") == "ok"
+    demand.report(app.connection(), 40, 0.0, now=clock.SYSTEM.now())
+    page = signed_in.get("/").text
+    assert "work queued and no proof done in the last hour" in page and status(page, "glance-waiting") == "bad"
+
+
+def test_money_shows_spend_today_against_the_daily_limit_and_what_idle_machines_bill(signed_in, app):
+    conn, now = app.connection(), clock.SYSTEM.now()
+    run_machine(app, "u1", "vastctl-run", 60, 11)
+    register(app, "u2", "vastctl-dead", gpu_name="RTX 4090", vast_id=12)
+    with db.transaction(conn):
+        conn.execute("UPDATE instances SET dph = 0.5")
+        conn.execute("UPDATE instances SET vast_status = 'exited' WHERE uuid = 'u2'")
+    page = signed_in.get("/").text
+    money = card(page, "glance-money")
+    assert '<span class="big" id="spend-now">$1.00</span>/h now (limit $10/h)' in money
+    assert 'id="idle-lost">$0.50/h</span> killed, dead or missing' in money  # the exited one bills, proves nothing
+    assert "today of $240" in money and status(page, "glance-money") == "warn"
+    settings.set_value(conn, app.config, "max_daily_spend", 0.5, now=now)  # today + the next hour passes it
+    assert status(signed_in.get("/").text, "glance-money") == "bad"
+
+
+def test_broken_lists_what_to_look_at_and_says_nothing_when_all_answer(signed_in, app, db_path):
+    page = signed_in.get("/").text
+    broken = card(page, "glance-broken")
+    assert "vast never listed: is the reconcile timer running?" in broken
+    assert "the agent has not run a step" in broken and status(page, "glance-broken") == "bad"
+    conn, now = app.connection(), clock.SYSTEM.now()
+    conn.execute("INSERT INTO vast_listings (at, ok, instances) VALUES (?, 1, 0)", (clock.to_iso(now),))
+    add_step(conn, now, policy="rules", hold="no work for 3m")
+    demand.report(conn, 0, 10.0, now=now)
+    page = signed_in.get("/").text
+    assert '<span class="big" id="problems">nothing</span>' in page and status(page, "glance-broken") == "ok"
+    floor = make_app(db_path)
+    floor.config.agent.min_machines = 2  # a floor with no machine warm
+    floored = Browser(floor)
+    floored.sign_in()
+    assert "0 warm machine(s), under agent.min_machines 2" in card(floored.get("/").text, "glance-broken")
+
+
+def test_the_proof_routers_place_is_the_end_of_the_top_row():
+    data = {"router": None}
+    assert dashboard_page._router(data["router"]) == ""
+    shown = dashboard_page._router({"held_calls": 3, "proof_wait_s": 125})
+    assert 'id="glance-router"' in shown and '<span class="big" id="held-calls">3</span>' in shown
+    assert '<span id="proof-wait">2m</span>' in shown
+
+
+def test_steps_that_changed_nothing_fold_into_one_row_with_the_newest_hold_reason(signed_in, app):
+    conn, now = app.connection(), clock.SYSTEM.now()
+    add_step(conn, now - timedelta(minutes=20), policy="rules",
+             actions='[{"kind": "launch", "gpu_name": "RTX 4090", "reason": "short", "result": "launched"}]')
+    for minutes, hold in ((15, "capacity 50 covers 40 wanted"), (10, "capacity 55 covers 45 wanted")):
+        add_step(conn, now - timedelta(minutes=minutes), policy="rules", hold=hold)
+    add_step(conn, now - timedelta(minutes=5), policy="rules", errors='["llm: HTTP 529"]')
+    steps = section(signed_in.get("/").text, "steps").split("</table>", 1)[0]
+    rows = steps.split("<tbody>", 1)[1].split("</tr>")[:-1]
+    assert len(rows) == 3  # the error, the two held ones as one, the launch
+    assert "llm: HTTP 529" in rows[0] and "launch RTX 4090" in rows[2]
+    assert 'class="held"' in rows[1] and "2 steps held" in rows[1]
+    assert "capacity 55 covers 45 wanted" in rows[1] and "capacity 50 covers" not in rows[1]
+
+
+def test_charts_number_their_y_axes_and_are_drawn_for_a_phone_too(signed_in, app):
+    report_queue(app, [(60, 80, 60.0), (30, 120, 60.0)])
+    chart = section(signed_in.get("/").text, "chart")
+    wide, narrow = chart.split('<div class="charts narrow">', 1)
+    queue_panel = [panel for panel in wide.split("</svg>") if "Queued proofs" in panel][0]
+    assert re.findall(r'class="axis y"[^>]*>([^<]+)<', queue_panel) == ["0", "50", "100"]
+    assert narrow.count("<svg") == 3 and 'viewBox="-44 -14 388 138"' in narrow
+    assert dashboard_page.y_ticks(11.0) == [0, 5, 10] and dashboard_page.y_ticks(1.1) == [0, 0.5, 1.0]
+
+
+def test_a_source_that_reports_only_its_queue_is_judged_by_the_capacity_running(signed_in, app):
+    demand.report(app.connection(), 30, None, now=clock.SYSTEM.now())
+    waits = overview.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
+    assert waits["within_share"] is None and waits["wait_now_s"] is None and not waits["stuck_now"]
+    page = signed_in.get("/").text
+    assert "work queued and nothing running to prove it" in page and status(page, "glance-waiting") == "bad"
+    assert "no proofs done in the last day" in page
