@@ -87,12 +87,30 @@ def test_broken_lists_what_to_look_at_and_says_nothing_when_all_answer(signed_in
     assert "0 warm machine(s), under agent.min_machines 2" in card(floored.get("/").text, "glance-broken")
 
 
-def test_the_proof_routers_place_is_the_end_of_the_top_row():
-    data = {"router": None}
-    assert dashboard_page._router(data["router"]) == ""
-    shown = dashboard_page._router({"held_calls": 3, "proof_wait_s": 125})
-    assert 'id="glance-router"' in shown and '<span class="big" id="held-calls">3</span>' in shown
-    assert '<span id="proof-wait">2m</span>' in shown
+def test_the_proof_router_ends_the_top_row_and_its_measured_wait_replaces_the_estimate(signed_in, app):
+    from vastctl.facts import deliveries
+
+    page = signed_in.get("/").text
+    assert 'id="glance-router"' not in page  # no router ever ran: no card
+    conn, now = app.connection(), clock.SYSTEM.now()
+    report_queue(app, [(90, 20, 60.0), (10, 120, 60.0)])  # the estimate would say 88.9%
+    deliveries.record_calls(conn, [
+        {"at": clock.to_iso(now - timedelta(minutes=5)), "kind": "porep", "uuid": "u1", "label": "vastctl-a",
+         "result": "completed", "held_ms": held * 1000, "prover_ms": 120_000, "attempt": 1, "size_bytes": 1}
+        for held in (0, 60, 60, 3000)])
+    deliveries.write_status(conn, {"held": 2, "held_bytes": 9, "oldest_held_s": 125.0, "in_flight": 5,
+                                   "provers": [{}]}, now=now)
+    page = signed_in.get("/").text
+    assert page.index('id="glance-waiting"') < page.index('id="glance-router"')
+    router = card(page, "glance-router")
+    assert '<span class="big" id="held-calls">2</span> held (oldest 2m) · 5 on provers' in router
+    assert 'proof wait p50 <span id="proof-wait">3m</span> · p95 52m · p99 52m (4 calls)' in router
+    assert status(page, "glance-router") == "warn"  # calls held, none for long
+    assert '<span class="big" id="within-max-wait">75.0%</span> done within 45m' in page
+    assert "(24 h, measured)" in card(page, "glance-waiting")
+    deliveries.write_status(conn, {"held": 0, "held_bytes": 0, "oldest_held_s": None, "in_flight": 0,
+                                   "provers": []}, now=now - timedelta(minutes=5))
+    assert "not running" in card(signed_in.get("/").text, "glance-router")
 
 
 def test_steps_that_changed_nothing_fold_into_one_row_with_the_newest_hold_reason(signed_in, app):

@@ -197,7 +197,8 @@ class Web:
         data["agent"] = {"max_wait_s": self.config.agent.max_wait, "min_machines": self.config.agent.min_machines,
                          "interval_s": self.config.agent.interval}
         data["idle"] = _idle(data["observation"], self.config, now)
-        data["router"] = None  # the proof router's held calls and proof wait, once it reports them (page._router)
+        router = fleet.router_status(conn, self.config, data["observation"], now)  # fleet --json's summary.router
+        data["router"] = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
         data["logs"] = machine_logs.recent(conn)
         return data
 

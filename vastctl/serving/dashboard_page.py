@@ -19,7 +19,8 @@ leaking (spend now, today against max_daily_spend, what idle machines bill), is
 anything broken (the safety net, demand, vast's word, the agent, the floor).
 Its figures are the CLI's: `vastctl cost` (whole file, --since 24h, --since
 00:00 UTC) and `fleet`'s summary, read at the page's one `now`. The proof
-router's held calls and proof wait take their place at its end (`_router`).
+router's held calls and proof wait take their place at its end (`_router`), and its measured proof wait replaces
+the estimate of the first card when it answered calls.
 Agent steps that changed nothing are folded into one row per run, with the
 hold reason `agent history` prints. Below 600 px the page is one column and
 tables become stacked cards: nothing scrolls sideways on a phone.
@@ -167,7 +168,13 @@ def _waiting(data: dict[str, Any]) -> str:
     limit = clock.human_duration(waits["max_wait_s"])
     share = waits["within_share"]
     demand = s["demand"] or {}
-    if share is None:
+    measured = (data.get("router") or {}).get("proof_wait_last_day") or {}
+    if measured.get("calls"):  # the proof router saw every call: its measure, not the estimate
+        share = measured["within_max_wait"]
+        headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
+                    ' <span class="note" title="held + proving time of each call the proof router answered">'
+                    '(24 h, measured)</span>')
+    elif share is None:
         headline = '<span class="big" id="within-max-wait">-</span> no proofs done in the last day'
     else:
         headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
@@ -264,14 +271,24 @@ def _broken(data: dict[str, Any], now: datetime) -> str:
 
 
 def _router(router: dict[str, Any] | None) -> str:
-    """The proof router's place in the top row: its held calls and its measured proof wait, once it reports them
-    (data["router"]: {"held_calls": N, "proof_wait_s": S}); nothing until then."""
+    """The proof router's card: the calls it holds for a free prover (the oldest one's age), the calls on provers,
+    and the proof wait it measured over the last day (fleet --json's summary.router); nothing without a router."""
     if not router:
         return ""
-    held, wait = router.get("held_calls"), router.get("proof_wait_s")
-    body = (f'<p><span class="big" id="held-calls">{esc(held)}</span> held calls</p><p class="note">proof wait'
-            f' <span id="proof-wait">{esc(None if wait is None else clock.human_duration(float(wait)))}</span></p>')
-    return _card("glance-router", "Proof router", "ok", body)
+    wait = router["proof_wait_last_day"]
+    if not router["router_running"]:
+        status, held = "bad", '<span class="big" id="held-calls">-</span> not running (its status is over 30 s old)'
+    else:
+        oldest = router["oldest_held_s"]
+        status = "ok" if not router["held"] else "warn" if (oldest or 0) < 600 else "bad"
+        held = (f'<span class="big" id="held-calls">{esc(router["held"])}</span> held'
+                + (f' (oldest {esc(clock.human_duration(float(oldest)))})' if router["held"] and oldest else "")
+                + f' · {esc(router["in_flight"])} on provers')
+    waits = ("no call answered in the last day" if not wait["calls"] else
+             f'proof wait p50 <span id="proof-wait">{esc(clock.human_duration(wait["p50_s"]))}</span>'
+             f' · p95 {esc(clock.human_duration(wait["p95_s"]))} · p99 {esc(clock.human_duration(wait["p99_s"]))}'
+             f' ({esc(wait["calls"])} calls)')
+    return _card("glance-router", "Proof router", status, f'<p>{held}</p><p class="note">{waits}</p>')
 
 
 def _summary(s: dict[str, Any], now: datetime) -> str:
