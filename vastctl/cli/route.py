@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -29,13 +30,16 @@ def route_cmd(
 
     Example: vastctl route --listen 127.0.0.1:9820
     """
-    from vastctl.route import server as route_server
-
     g = globals_of(ctx)
     config = g.config
     address = listen or config.route.listen
-    if ":" not in address:
-        raise BadInput(f"--listen {address!r} is not host:port: give e.g. 127.0.0.1:9820")
+    host, _, port_text = address.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        flag = "--listen" if listen else "route.listen"
+        raise BadInput(f"{flag} {address!r} is not host:port (a port 0-65535): give e.g. 127.0.0.1:9820")
+    # gRPC's core logs its own failures to stderr unless told not to; the router says each in one line of its own
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    from vastctl.route import server as route_server
     conn = g.connect()  # the state file must exist and be ours before a call is taken
     conn.close()
     _log_to_stderr()
@@ -43,15 +47,14 @@ def route_cmd(
     router.start_writer(config.db_path)
     try:
         server, port = route_server.make_server(router, address)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError):
         router.stop_writer()
-        raise Unavailable(f"cannot listen on {address} ({exc}): is another router or a cuzk daemon there? set"
-                          " route.listen or --listen") from None
+        raise Unavailable(f"cannot listen on {address}: the address is in use (another router or a cuzk daemon?)"
+                          " or not this host's; set route.listen or --listen") from None
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     server.start()
-    host = address.rsplit(":", 1)[0]
     say(f"routing on {host}:{port} (state file {config.db_path}; post_address"
         f" {config.route.post_address or 'none: PoSt goes to the fleet, ahead of other calls'}; stop with SIGTERM)")
     stopping.wait()
