@@ -84,7 +84,7 @@ def reset_peak(pid: int) -> bool:
         return False
 
 
-def start(workdir: Path, max_held_mb: int, router_env: dict[str, str]) -> tuple[subprocess.Popen, subprocess.Popen, int, int]:
+def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, str]) -> tuple[subprocess.Popen, subprocess.Popen, int, int]:
     daemon_port, router_port = free_port(), free_port()
     daemon_log = workdir / "daemon.err"
     daemon = subprocess.Popen([sys.executable, str(DAEMON), "--port", str(daemon_port), "--slots", "64",
@@ -100,7 +100,7 @@ def start(workdir: Path, max_held_mb: int, router_env: dict[str, str]) -> tuple[
     conn.close()
     config = workdir / "config.yaml"
     config.write_text(f"launch:\n  bench_concurrency: 64\nroute:\n  listen: 127.0.0.1:{router_port}\n"
-                      f"  max_held_mb: {max_held_mb}\n  refresh: 2s\n")
+                      f"  max_held_mb: {max_held_mb}\n  refresh: {refresh}\n")
     env = {**os.environ, "VASTCTL_DB": str(db_path), "VASTCTL_CONFIG": str(config), "HOME": str(workdir),
            **router_env}
     router_log = workdir / "route.log"
@@ -159,14 +159,16 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=10, help="100 MB calls each way")
     parser.add_argument("--burst", type=int, default=8, help="100 MB calls sent at once through the router")
     parser.add_argument("--max-held-mb", type=int, default=512, help="route.max_held_mb for the run")
+    parser.add_argument("--refresh", default="2s", help="route.refresh: how often the router's writer thread runs")
     parser.add_argument("--router-env", action="append", default=[], metavar="NAME=VALUE",
                         help="environment for the router process only, e.g. MALLOC_ARENA_MAX=2")
     args = parser.parse_args()
     command = "python bench/route_bench.py " + " ".join(sys.argv[1:])
+    load_before = os.getloadavg()[0]
 
     with tempfile.TemporaryDirectory(prefix="route-bench-") as tmp:
         router_env = dict(item.split("=", 1) for item in args.router_env)
-        daemon, router, daemon_port, router_port = start(Path(tmp), args.max_held_mb, router_env)
+        daemon, router, daemon_port, router_port = start(Path(tmp), args.max_held_mb, args.refresh, router_env)
         try:
             direct_channel = grpc.insecure_channel(f"127.0.0.1:{daemon_port}", options=OPTIONS)
             router_channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=OPTIONS)
@@ -220,6 +222,8 @@ def main() -> None:
           f" peak over {args.burst} 100 MB calls at once {burst_peak / mb:.0f} MiB ({outcomes});"
           f" route.max_held_mb {args.max_held_mb}")
     print()
+    print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at"
+          " the end (other work on the machine widens both paths' p99 alike)")
     print(f"rerun: {command.strip()}")
 
 
