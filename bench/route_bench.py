@@ -19,6 +19,7 @@ Rerun:
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
 import statistics
@@ -48,6 +49,20 @@ TARGET_LARGE_ADDED = 0.10
 LARGE_BYTES = 100_000_000
 OPTIONS = [("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
            ("grpc.max_receive_message_length", wire.CURIO_MAX_MESSAGE), ("grpc.enable_retries", 0)]
+
+
+STARTED: list[subprocess.Popen] = []  # stopped at exit, however the run ends
+
+
+@atexit.register
+def _stop_started() -> None:
+    for proc in STARTED:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def free_port() -> int:
@@ -90,6 +105,7 @@ def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, s
     daemon = subprocess.Popen([sys.executable, str(DAEMON), "--port", str(daemon_port), "--slots", "64",
                                "--prove-seconds", "0", "--proof-bytes", "1920"],
                               stdout=subprocess.DEVNULL, stderr=daemon_log.open("w"))
+    STARTED.append(daemon)
     wait(lambda: "listening" in daemon_log.read_text(), "the stand-in listens", daemon, daemon_log)
     db_path = workdir / "manager.db"
     now = SYSTEM.now()
@@ -106,6 +122,7 @@ def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, s
     router_log = workdir / "route.log"
     router = subprocess.Popen([sys.executable, "-m", "vastctl", "route"], env=env, stdout=subprocess.DEVNULL,
                               stderr=router_log.open("w"))
+    STARTED.append(router)
     wait(lambda: "provers joined" in router_log.read_text(), "the router sees the stand-in", router, router_log)
     return daemon, router, daemon_port, router_port
 
@@ -189,12 +206,7 @@ def main() -> None:
             outcomes = burst(routed, args.burst)
             burst_peak = rss(router.pid, "VmHWM")
         finally:
-            for proc in (router, daemon):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            _stop_started()
 
     ms = 1000.0
     print(f"small calls (1 KiB vanilla proof), {args.small} each way, interleaved:")
