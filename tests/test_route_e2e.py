@@ -468,3 +468,81 @@ def test_a_call_without_a_deadline_is_proved(make_site):
     with grpc.insecure_channel(site.address) as channel:
         answer = channel.unary_unary(wire.PROVE)(prove_request("porep-1000-1"))  # no timeout: no deadline
     assert wire.ProveResponse.FromString(answer).result.status == wire.STATUS_COMPLETED
+
+
+# --- the bounds of holding, and PoSt ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_held_call_is_refused_past_max_held_expires_at_its_deadline_and_is_dropped_when_curio_gives_up(make_site):
+    site = make_site(max_held=3).start_router()  # no prover at all
+    curio = CurioClient(site.address, max_pending=16, prove_timeout=PROVE_TIMEOUT_S)
+    try:
+        held = [curio.submit(f"porep-1000-{n}") for n in range(3)]
+        wait_for(lambda: site.status()["held"] == 3, "three calls held")
+        code, message, _ = curio.call(prove_request("porep-1000-3"), timeout=10)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "route.max_held 3" in message, (code, message)
+        assert not any(task.done.is_set() for task in held)  # the held ones are still held
+
+        gone = curio._prove.future(prove_request("porep-1000-4"), timeout=PROVE_TIMEOUT_S)  # over max_held too
+        assert gone.exception(timeout=10).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        curio.close()  # Curio stops (its tasks' calls are cancelled): the router lets go of what it held
+        wait_for(lambda: site.status()["held"] == 0, "the router holds nothing once the caller went away")
+        wait_for(lambda: sorted(c["result"] for c in site.calls()) == ["abandoned"] * 3 + ["refused"] * 2,
+                 "proof_calls: two refused, three abandoned")
+
+        short = CurioClient(site.address, prove_timeout=1.0)  # a deadline shorter than any machine's boot
+        try:
+            code, message, _ = short.call(prove_request("porep-1000-5"))
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (code, message)
+        finally:
+            short.close()
+        wait_for(lambda: [c["result"] for c in site.calls() if c["request_id"] == "porep-1000-5"] == ["expired"],
+                 "proof_calls: the call held past its deadline expired")
+    finally:
+        curio.close()
+
+
+@pytest.mark.slow
+def test_post_goes_ahead_of_every_held_porep_call(make_site):
+    site = make_site().start_router()
+    daemon = site.daemon("a", prove_seconds=1.0)
+    site.join("a", daemon, checked=True)
+    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    curio = CurioClient(site.address, max_pending=16, prove_timeout=PROVE_TIMEOUT_S)
+    try:
+        porep = [curio.submit(f"porep-1000-{n}") for n in range(2)]
+        wait_for(lambda: len(daemon.received()) == SLOTS, "a's two slots are taken")
+        porep += [curio.submit(f"porep-1000-{n}") for n in range(2, 5)]
+        wait_for(lambda: site.status()["held"] == 3, "three PoRep calls held")
+        post = curio.submit("winning-1000-1", kind="winning_post")
+        wait_for(lambda: site.status()["held"] == 4, "the WinningPoSt call held too")
+        wait_for(lambda: all_done(porep + [post]), "every call answered", timeout=60)
+        assert_never_failed(porep + [post])
+        assert daemon.received()[2] == "winning-1000-1", daemon.received()  # the first slot that came free
+    finally:
+        curio.close()
+
+
+@pytest.mark.slow
+def test_post_goes_to_the_operators_own_daemon_when_post_address_is_set(make_site, tmp_path):
+    own = StandIn(tmp_path, "own", prove_seconds=0.05)
+    try:
+        site = make_site(post_address=f"127.0.0.1:{own.port}").start_router()
+        fleet = site.daemon("a", prove_seconds=0.05)
+        site.join("a", fleet, checked=True)
+        wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+        curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
+        try:
+            tasks = [curio.submit("wdpost-1000-1", kind="window_post"), curio.submit("winning-1000-1", kind="winning_post"),
+                     curio.submit("porep-1000-1")]
+            wait_for(lambda: all_done(tasks), "every call answered")
+            assert_never_failed(tasks)
+        finally:
+            curio.close()
+        assert sorted(own.received()) == ["wdpost-1000-1", "winning-1000-1"] and fleet.received() == ["porep-1000-1"]
+        wait_for(lambda: sorted((c["request_id"], c["label"]) for c in site.calls()) ==
+                 [("porep-1000-1", "vastctl-a"), ("wdpost-1000-1", "post_address"), ("winning-1000-1", "post_address")],
+                 "proof_calls names where each went")
+    finally:
+        own.stop()
