@@ -546,3 +546,33 @@ def test_post_goes_to_the_operators_own_daemon_when_post_address_is_set(make_sit
                  "proof_calls names where each went")
     finally:
         own.stop()
+
+
+@pytest.mark.slow
+def test_calls_on_a_machine_that_leaves_the_fleet_while_proving_them_are_moved_and_complete_on_another(make_site):
+    site = make_site().start_router()
+    leaving = site.daemon("a", prove_seconds=3.0)
+    staying = site.daemon("b", prove_seconds=0.2)
+    a = site.join("a", leaving, checked=True, rate=90.0)  # the better rate: it takes the first calls
+    site.join("b", staying, checked=True, rate=50.0)
+    wait_for(lambda: site.status()["provers"] == 2, "the router sends to a and b")
+    curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
+    try:
+        tasks = [curio.submit("porep-1000-1")]
+        wait_for(lambda: leaving.received() == ["porep-1000-1"], "a proves the first call")
+        tasks.append(curio.submit("porep-1000-2"))
+        wait_for(lambda: len(leaving.received()) + len(staying.received()) == 2, "the second call is on a prover")
+        on_a = set(leaving.received())
+        with site.connect() as conn:  # the machine is killed (vast took it back, an operator's kill): not running
+            conn.execute("UPDATE instances SET state = 'killed', killed_at = state_since WHERE uuid = ?", (a.uuid,))
+            conn.commit()
+        wait_for(lambda: all_done(tasks), "the calls complete", timeout=30)
+        assert_never_failed(tasks)
+        assert on_a <= set(staying.answered()) and leaving.answered() == []
+        wait_for(lambda: {(c["request_id"], c["label"], c["result"]) for c in site.calls()} >=
+                 {(rid, a.label, "dropped") for rid in on_a}, "proof_calls: a's calls dropped (moved) on a")
+        assert "prover uuid-a left the joined set: its calls are moved" in site.log()
+        wait_for(lambda: len(leaving.lines()) == 2 * len(on_a), "a finishes what it was proving, for nobody")
+        assert {event for event, _, _ in leaving.lines()} <= {"received", "cancelled"}
+    finally:
+        curio.close()

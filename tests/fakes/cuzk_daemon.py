@@ -19,6 +19,7 @@ in progress).
 --log FILE gets one line per event, appended and written through at once (a crash loses none):
     received <request_id> kind=<n> size=<bytes> inflight=<calls in this daemon, this one included>
     answered <request_id> status=<completed|failed|invalid>
+    cancelled <request_id>   (proved, but the caller had cancelled the call: the answer reached nobody)
 so a test can tell which calls a daemon saw, how many it held at once, and that none was answered twice.
 The proof of a completed call is `proof_for(request_id, n)`: the client checks it got its own call's proof.
 """
@@ -115,7 +116,10 @@ class Daemon:
                     self.failed += 1
                 else:
                     self.completed += 1
-                self._log(f"answered {request_id} status={'failed' if fail else 'completed'}")
+                if context.is_active():
+                    self._log(f"answered {request_id} status={'failed' if fail else 'completed'}")
+                else:  # the caller cancelled it (or went away): the answer reaches nobody
+                    self._log(f"cancelled {request_id}")
             return wire.ProveResponse(result=result)
         finally:
             with self.lock:
