@@ -116,10 +116,11 @@ def test_what_is_not_the_provers_fault_never_sets_it_aside(outcome):
 
 
 def test_admission_is_bounded_by_calls_and_bytes_and_bytes_count_until_finished():
-    d = make(max_held=2, max_bytes=100)
-    one = d.admit(klass=CLASS_PROOF, size=60)
-    with pytest.raises(dispatch.Full, match=r"160 request bytes would be kept \(route.max_held_mb 0\)"):
-        d.admit(klass=CLASS_PROOF, size=100)
+    mib = dispatch.MiB
+    d = make(max_held=2, max_bytes=100 * mib)
+    one = d.admit(klass=CLASS_PROOF, size=60 * mib)
+    with pytest.raises(dispatch.Full, match=r"^101 MiB of request memory would be in use \(route.max_held_mb 100\)"):
+        d.admit(klass=CLASS_PROOF, size=41 * mib)
     d.admit(klass=CLASS_PROOF, size=10)
     with pytest.raises(dispatch.Full, match=r"2 calls already held \(route.max_held 2\)"):
         d.admit(klass=CLASS_PROOF, size=1)

@@ -19,6 +19,7 @@ from typing import Iterable
 
 from vastctl.clock import Clock
 
+MiB = 1024 * 1024
 CLASS_POST, CLASS_PROOF = 0, 1  # held order: PoSt ahead of PoRep, SnapDeals and PSProve
 
 
@@ -61,7 +62,8 @@ class Closed(Exception):
 
 
 class Full(Exception):
-    """Holding this call would pass route.max_held (calls) or route.max_held_mb (bytes)."""
+    """Holding this call would pass route.max_held (calls) or route.max_held_mb (its memory: a call's `size` is
+    what keeping it costs, the server's copies counted)."""
 
 
 class Dispatcher:
@@ -108,8 +110,8 @@ class Dispatcher:
             if len(self.held) >= self.max_held:
                 raise Full(f"{len(self.held)} calls already held (route.max_held {self.max_held})")
             if self.kept_bytes + size > self.max_bytes:
-                raise Full(f"{self.kept_bytes + size} request bytes would be kept (route.max_held_mb"
-                           f" {self.max_bytes // (1024 * 1024)})")
+                raise Full(f"{-(-(self.kept_bytes + size) // MiB)} MiB of request memory would be in use"
+                           f" (route.max_held_mb {self.max_bytes // MiB})")
             ticket = Ticket(seq=next(self._seq), klass=klass, size=size, arrived=now)
             self.kept_bytes += size
             self.held.append(ticket)
