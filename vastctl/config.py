@@ -194,7 +194,8 @@ class TunnelSection:
     host: str = ""  # the manager's address as the machines dial it
     ssh_port: int = 22
     user: str = "vastctl-tunnel"  # the tunnel account (jobs/sshd-vastctl-tunnel.conf)
-    authorized_keys: str = "/var/lib/vastctl/tunnel/authorized_keys"  # written by vastctl, read by sshd
+    authorized_keys: str = "/var/lib/vastctl-tunnel/authorized_keys"  # written by vastctl, read by sshd
+    keys_reader: str = "nobody"  # sshd's AuthorizedKeysCommandUser: who must be able to read authorized_keys
     host_key_file: str = "/etc/ssh/ssh_host_ed25519_key.pub"  # the manager's host key the machines pin
     first_port: int = 20000  # the range the machines' ports come from, both ends included
     last_port: int = 20999
