@@ -1,7 +1,7 @@
 """Time in one place: aware UTC datetimes in code, ISO-8601 strings ending in Z in the file.
 
 Nothing outside this module reads the system clock. The CLI holds `SYSTEM`
-(cli.app.Globals.clock) and hands it down: functions that need one moment take
+(cli.app.Globals.system_clock) and hands it down: functions that need one moment take
 `now`, those that sleep, time a deadline or read the time more than once take
 the Clock. The simulator hands the same code a VirtualClock.
 """
@@ -54,6 +54,24 @@ class VirtualClock(Clock):
         seconds = max(0.0, float(seconds))
         self._now += timedelta(seconds=seconds)
         self._elapsed += seconds
+
+
+class Shifted(Clock):
+    """Another clock moved to start at `start` and run on from there at its pace: a state file's own day (a
+    kept simulated one lies years ahead) read as if now were then; sleeps and deadlines stay real."""
+
+    def __init__(self, real: Clock, start: datetime):
+        self.real = real
+        self.offset = start - real.now()
+
+    def now(self) -> datetime:
+        return self.real.now() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        self.real.sleep(seconds)
+
+    def monotonic(self) -> float:
+        return self.real.monotonic()
 
 
 SYSTEM = Clock()

@@ -292,9 +292,28 @@ def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Confi
     config.source = str(config_path) if config_path.is_file() else ""
     if env.get("VASTCTL_DB"):
         config.db = env["VASTCTL_DB"]
+    if env.get("VASTCTL_ADMIN_TOKEN", "").strip():  # as VAST_API_KEY: a secret kept in the environment file
+        config.server.admin_token = env["VASTCTL_ADMIN_TOKEN"].strip()
     if not config.db:
         config.db = default_db_path(env)
     return config
+
+
+def admin_token_file(db_path: Path) -> Path:
+    """Where a state file's own admin token lives, beside it (what `demo --keep` leaves for its dashboard)."""
+    return Path(f"{db_path}.admin-token")
+
+
+def admin_token_beside(config: Config) -> None:
+    """server.admin_token from the file beside the state file, when neither the config nor VASTCTL_ADMIN_TOKEN
+    set one: a kept demo day opens its dashboard with no config written by hand."""
+    if config.server.admin_token:
+        return
+    try:
+        token = admin_token_file(config.db_path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):  # none there (the usual case), or not ours to read
+        return
+    config.server.admin_token = token
 
 
 def _read_yaml(path: Path) -> dict:

@@ -8,7 +8,6 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
@@ -16,8 +15,7 @@ import typer
 
 from vastctl import clock as clock_module
 from vastctl import markets, validate
-from vastctl.cli.app import app, globals_of, say
-from vastctl.clock import Clock
+from vastctl.cli.app import app, globals_of, moment_option, say
 from vastctl.errors import BadInput, Refused
 from vastctl.state import tokens
 
@@ -50,7 +48,7 @@ def serve_cmd(
     from vastctl.serving import server, webhooks
 
     g = globals_of(ctx)
-    clock = g.clock if as_of is None else _ShiftedClock(g.clock, _moment(as_of, "--as-of"))
+    clock = g.clock if as_of is None else clock_module.Shifted(g.system_clock, moment_option(as_of, "--as-of"))
     waker = webhooks.Waker(g.config, clock=clock)  # its market: markets.get_provider, as cron's commands build it
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
                              request_timeout=request_timeout, connection_limit=connection_limit, clock=clock,
@@ -188,33 +186,6 @@ def _existing_secret(config) -> Path:
         whence = (f"beside the state file {config.db_path}; "
                   + (f"config {config.source}" if config.source else "no config file was read"))
     raise BadInput(f"no token secret at {path} ({whence}): {tokens.NO_SECRET_FIX}")
-
-
-class _ShiftedClock(Clock):
-    """The system clock moved to start at another moment: it runs on from there at the real pace."""
-
-    def __init__(self, real: Clock, start: datetime):
-        self.real = real
-        self.offset = start - real.now()
-
-    def now(self) -> datetime:
-        return self.real.now() + self.offset
-
-    def sleep(self, seconds: float) -> None:
-        self.real.sleep(seconds)
-
-    def monotonic(self) -> float:
-        return self.real.monotonic()
-
-
-def _moment(text: str, option: str) -> datetime:
-    try:
-        moment = clock_module.from_iso(text.strip())
-    except ValueError:
-        moment = None
-    if moment is None:
-        raise BadInput(f"{option} must be a UTC time like 2031-03-04T00:00:00Z, got {text!r}")
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _loopback(host: str) -> bool:
