@@ -21,7 +21,7 @@ PINNED = {
         "vast_status", "vast_status_msg", "vast_seen_at", "vast_missing", "resumed_at", "destroy_attempts",
         "destroy_error", "claimed_vast_id",
         "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at", "storage_dph",
-        "vast_status_since", "bid", "ask_dph", "outbid_since",
+        "vast_status_since", "bid", "ask_dph", "outbid_since", "boot_stages",
     ],
     "machine_logs": ["uuid", "name", "at", "text", "cut"],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],

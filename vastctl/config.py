@@ -126,6 +126,11 @@ class LaunchSection:
     rental: str = "on-demand"
     interruptible_share: float = 0.75  # launch.rental mixed: the share of the live fleet rented interruptible
     bid_margin: float = 0.1  # an interruptible create bids the offer's min_bid × (1 + this)
+    # where machines fetch the proving parameters: an HTTP(S) prefix that answers GET <prefix><CID> (the
+    # machine's IPFS_GATEWAY, which curio fetch-params reads); empty: Curio's public default
+    params_mirror: str = ""
+    sector_size: str = "32GiB"  # the sectors the fleet proves: the parameters fetched, the bench's input, demand
+    bench_input: str = ""  # URL of the C1 output the bench proves; empty: the published 32 GiB one (64GiB: needed)
 
 
 @dataclass
@@ -222,6 +227,7 @@ _CHOICES = {
     ("agent", "policy"): ("auto", "rules", "llm"),
     ("sim", "failures"): ("low", "default", "high"),
     ("launch", "join"): ("none", "ssh", "command"),
+    ("launch", "sector_size"): ("32GiB", "64GiB"),
     ("launch", "rental"): ("on-demand", "interruptible", "mixed"),
 }
 
@@ -397,6 +403,11 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
         raise BadInput("config key launch.join is command but launch.join_command is empty: set the command the"
                        " boot script runs to join the machine, or set launch.join to none or ssh")
     _check_orphan_after(config)
+    for key in ("params_mirror", "bench_input"):
+        value = getattr(config.launch, key).strip()
+        if value and (not re.fullmatch(r"https?://[^\s'\"\\$`]+", value) or (key == "params_mirror" and not value.endswith("/"))):
+            raise BadInput(f"config key 'launch.{key}' must be an http:// or https:// URL{' ending in /' if key == 'params_mirror' else ''}"
+                           f" (machines fetch {'<it><CID>' if key == 'params_mirror' else 'it'}), got {value!r}")
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:

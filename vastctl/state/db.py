@@ -394,6 +394,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX vast_listings_ok ON vast_listings(ok)
         """,
     ),
+    (
+        "where each machine's boot went: the seconds of each stage its boot script timed, reported with `running`",
+        "ALTER TABLE instances ADD COLUMN boot_stages TEXT",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 from vastctl import clock
 from vastctl.config import Config
@@ -30,7 +31,18 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     view = display(machine_facts(row))
     if row.get("destroyed_at") and row.get("vast_id") is not None:
         view["vast_status"] = "destroyed"
+    view["boot_stages"] = boot_stages(row)
     return view
+
+
+def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
+    """Where a machine's boot went, {stage: seconds} in the order they ran, as its boot script timed them (null
+    before `running` or from a script that does not time them)."""
+    try:
+        stages = json.loads(row.get("boot_stages") or "null")
+    except ValueError:  # a row edited by hand
+        return None
+    return stages if isinstance(stages, dict) else None
 
 
 def display(facts: dict[str, Any]) -> dict[str, Any]:
