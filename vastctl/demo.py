@@ -6,13 +6,13 @@ minute on a VirtualClock:
 
   every minute   Curio's proving work arrives (the demand curve below); a script reports the queue
                  (`demand report`): the proofs waiting or in flight plus those arriving within the
-                 hour (the look-ahead query of domain.md: precommitted sectors reach PoRep ~75 min
+                 hour (the look-ahead of jobs/curio-demand.sh: precommitted sectors reach PoRep ~75 min
                  later), except during the outage of the demand source, when nothing is reported
                  and demand goes unknown after demand.stale_after;
                  `reconcile`, then `agent-step --if-events`, as cron runs them;
                  the machines the market says are proving take work off the queue at their true rates
   every 10 min   the operator's script sets target_proofs_per_hour to the peak arrival rate of the
-                 coming hour (the look-ahead query of domain.md: precommitted sectors arrive ~75 min
+                 coming hour (the look-ahead of jobs/curio-demand.sh: precommitted sectors arrive ~75 min
                  later), rounded up to 10; it keeps the last target while the demand source is down
 
 The demand curve (hours from the start of each simulated day): a daily swing of

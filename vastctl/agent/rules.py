@@ -57,8 +57,8 @@ Expected rate: measured, else bench, else the median bench rate seen for the GPU
 model, else fleet.default_rate (observe.py). An offer's expected rate is what a
 machine of ours last benchmarked on the same host (observation.host_rates: a
 slow host of a fast model is not rented again at its model's rate), else its
-model's (before any benchmark of it, the published figure, GPU_RATES), capped by what its host RAM allows (RAM_RATES, the cuzk measurements of
-domain.md): a 256 GiB host proves ~68/h whatever its GPU, so offers are ranked
+model's (before any benchmark of it, the published figure, GPU_RATES), capped by what its host RAM allows (RAM_RATES, cuzk's measured
+rates): a 256 GiB host proves ~68/h whatever its GPU, so offers are ranked
 by proofs per dollar with the RAM counted. Plans stay inside the limits the
 guard checks (max_instances, max_dph, max_hourly_spend, max_actions_per_step), so
 a healthy plan is never refused; the guard checks them again anyway.
@@ -83,9 +83,9 @@ ACTOR = "agent"
 BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
 ROUND_DOWN = 0.5  # a shortfall under this share of the smallest machine to hand is not worth renting one
 LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
-# proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; domain.md), interpolated between
+# proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk, measured), interpolated between
 RAM_RATES = ((128, 24.0), (256, 68.0), (384, 84.0), (512, 95.0))
-# proofs/hour a model proves on a host with RAM to spare, before any machine of it has benchmarked (domain.md)
+# proofs/hour a model proves on a host with RAM to spare, before any machine of it has benchmarked (published figures)
 GPU_RATES = {"RTX 3090": 50.0, "RTX 4090": 80.0, "RTX 5070 Ti": 95.0, "RTX 5090": 100.0, "A100 SXM4": 70.0,
              "A100 80GB": 70.0, "H100 SXM": 100.0, "H100 PCIe": 100.0}
 
