@@ -203,7 +203,7 @@ def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
     kept = tmp_path / "day.db"
     result = cli("demo", "--hours", "2", "--keep", kept)
     assert result.code == 0, result.err
-    assert f"state file kept at {kept}; every command reads it at the day's end, 2031-03-03T02:00:00Z" in result.err
+    assert f"state file kept at {kept}; every command reads it at the day's end (`--as-of 2031-03-03T02:00:00Z`)" in result.err
     token = (tmp_path / "day.db.admin-token").read_text().strip()
     assert len(token) >= 32 and f"`vastctl --db {kept} serve`" in result.err
     assert result.err.count(token) == 1 and token not in result.out  # shown once, on stderr

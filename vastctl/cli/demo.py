@@ -85,7 +85,7 @@ def demo_cmd(
     if chart is not None:
         say(f"chart written to {chart}")
     if keep is not None:
-        say(f"state file kept at {keep}; every command reads it at the day's end, {demo.end_of(options)}:"
+        say(f"state file kept at {keep}; every command reads it at the day's end (`--as-of {demo.end_of(options)}`):"
             f" `vastctl --db {keep} fleet --all`, `cost`, `events --label LABEL` (one machine's whole path)")
         say(f"its dashboard: `vastctl --db {keep} serve`, then http://127.0.0.1:8080/ and sign in with {token}"
             f" (shown once; kept in {keep}.admin-token)")
