@@ -14,7 +14,7 @@ Target: week ≤ 7.5 × day. Every run of a length must give the same figures
 (the same seed): the script says so, or stops.
 
 Rerun:
-    python bench/sim_scaling.py                    # seed 11 (the demo's), 3 rounds (~3 min on 2 cores)
+    python bench/sim_scaling.py                    # seed 11 (the demo's default when measured; 351 now), 3 rounds (~3 min on 2 cores)
     python bench/sim_scaling.py --seed 5 --rounds 5
 """
 

@@ -10,6 +10,10 @@
 # lookahead:       sectors precommitted on chain whose PoRep task is not created yet (it comes ~75 min later)
 # proofs_per_hour: those tasks finished successfully in the last hour
 #
+# The sector size the fleet proves: CURIO_SECTOR_SIZE, else VASTCTL_SECTOR_SIZE (vastctl sets it from
+# launch.sector_size when it runs demand.command): 32GiB or 64GiB. PoRep work on sectors of the other size
+# (sectors_sdr_pipeline.reg_seal_proof) is left out of queued, in_flight and lookahead; unset: every size counts.
+#
 # Curio keeps its tables in schema "curio" (CURIO_DB_SCHEMA to change it); every name is qualified with it.
 # One statement, one snapshot. Bounded well under vastctl's 20 s: connecting 5 s, waiting for a lock 5 s,
 # the statement 10 s, so no backend is left waiting on the database. Any failure exits non-zero with one
@@ -27,11 +31,22 @@ case "$SCHEMA" in  # it is pasted into the SQL: a plain identifier only
 esac
 command -v psql >/dev/null 2>&1 || fail "psql not found on PATH (install postgresql-client)"
 
+# the registered seal proofs of a size (V1, V1_1, V1_1 synthetic PoRep, V1_2 NI-PoRep)
+SIZE="${CURIO_SECTOR_SIZE:-${VASTCTL_SECTOR_SIZE:-}}"
+case "$SIZE" in
+    '') OTHER_SIZE= SIZED= ;;
+    32GiB|64GiB)
+        PROOFS="3,8,13,18"; [ "$SIZE" = 64GiB ] && PROOFS="4,9,14,19"
+        OTHER_SIZE="AND NOT EXISTS (SELECT 1 FROM $SCHEMA.sectors_sdr_pipeline s WHERE s.task_id_porep = t.id AND s.reg_seal_proof NOT IN ($PROOFS))"
+        SIZED="AND reg_seal_proof IN ($PROOFS)" ;;
+    *) fail "sector size '$SIZE' is not 32GiB or 64GiB (CURIO_SECTOR_SIZE, or launch.sector_size)" ;;
+esac
+
 SQL="SELECT
-  (SELECT count(*) FROM $SCHEMA.harmony_task WHERE name IN ($TASKS) AND owner_id IS NULL),
-  (SELECT count(*) FROM $SCHEMA.harmony_task WHERE name IN ($TASKS) AND owner_id IS NOT NULL),
+  (SELECT count(*) FROM $SCHEMA.harmony_task t WHERE name IN ($TASKS) AND owner_id IS NULL $OTHER_SIZE),
+  (SELECT count(*) FROM $SCHEMA.harmony_task t WHERE name IN ($TASKS) AND owner_id IS NOT NULL $OTHER_SIZE),
   (SELECT count(*) FROM $SCHEMA.sectors_sdr_pipeline
-    WHERE after_precommit_msg_success AND NOT after_porep AND NOT failed AND task_id_porep IS NULL),
+    WHERE after_precommit_msg_success AND NOT after_porep AND NOT failed AND task_id_porep IS NULL $SIZED),
   (SELECT count(*) FROM $SCHEMA.harmony_task_history
     WHERE name IN ($TASKS) AND result AND work_end > now() - interval '1 hour')"
 

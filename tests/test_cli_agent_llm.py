@@ -14,7 +14,7 @@ from test_cli_agent import query, ready, running  # noqa: F401 (ready is a fixtu
 from vastctl.agent import memory
 
 TOOL_ORDER = ["launch", "destroy", "stop", "start", "rebid", "search_offers", "note"]
-PRICES = (0.10, 0.50, 0.01, 0.125)  # the default model's $ per million tokens (CONTRACT.md config)
+PRICES = (0.10, 0.50, 0.01, 0.125)  # the default model's $ per million tokens (docs/interface.md, agent.prices)
 NOTE = "vastctl-a is the only running machine: never release it while proofs are queued"
 
 

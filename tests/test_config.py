@@ -51,6 +51,25 @@ def test_file_beats_default_and_env_beats_file(tmp_path, monkeypatch):
     assert config_module.load().db == "/from/file.db"
 
 
+def test_the_admin_token_comes_from_the_environment_else_the_file_else_beside_the_state_file(tmp_path, monkeypatch):
+    """VASTCTL_ADMIN_TOKEN as the environment file's other secrets; FILE.admin-token as `demo --keep` leaves it."""
+    path = write(tmp_path, 'server:\n  admin_token: "from-the-config-file-0123456789"\n')
+    monkeypatch.setenv("VASTCTL_CONFIG", str(path))
+    monkeypatch.setenv("VASTCTL_ADMIN_TOKEN", " from-the-environment-0123456789\n")
+    assert config_module.load().server.admin_token == "from-the-environment-0123456789"
+    monkeypatch.setenv("VASTCTL_ADMIN_TOKEN", "")
+    assert config_module.load().server.admin_token == "from-the-config-file-0123456789"
+    beside = config_module.admin_token_file(tmp_path / "vastctl.db")  # VASTCTL_DB of the test
+    beside.write_text("kept-beside-the-state-file-0123456789\n")
+    config = config_module.load()
+    config_module.admin_token_beside(config)
+    assert config.server.admin_token == "from-the-config-file-0123456789"  # a token set anywhere wins
+    path.write_text("")
+    config = config_module.load()
+    config_module.admin_token_beside(config)
+    assert config.server.admin_token == "kept-beside-the-state-file-0123456789"
+
+
 def test_explicit_path_beats_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("VASTCTL_CONFIG", str(write(tmp_path, "fleet: {max_instances: 3}", "a.yaml")))
     explicit = write(tmp_path, "fleet: {max_instances: 7}", "b.yaml")

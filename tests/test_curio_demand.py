@@ -226,6 +226,25 @@ def test_the_schema_is_configurable_and_an_idle_curio_is_all_zero(cluster):
     assert json.loads(result.stdout) == {"queued": 0, "in_flight": 0, "lookahead": 0, "proofs_per_hour": 0}
 
 
+def test_the_sector_size_leaves_out_porep_work_on_sectors_of_the_other_size(cluster):
+    """launch.sector_size reaches the script as VASTCTL_SECTOR_SIZE: a 32 GiB fleet never sizes to 64 GiB PoRep."""
+    cluster.sql("CREATE SCHEMA curio_sizes;" + CURIO_TABLES.format(s="curio_sizes") + ";"
+                "INSERT INTO curio_sizes.harmony_task (id, posted_time, added_by, name) VALUES"
+                " (1, now(), 1, 'PoRep'), (2, now(), 1, 'PoRep'), (3, now(), 1, 'UpdateProve');"
+                "INSERT INTO curio_sizes.sectors_sdr_pipeline (sp_id, sector_number, reg_seal_proof,"
+                " after_precommit_msg, after_precommit_msg_success, task_id_porep) VALUES"
+                " (1, 1, 8, TRUE, TRUE, 1), (1, 2, 9, TRUE, TRUE, 2),"  # a PoRep task each: 32 GiB, 64 GiB
+                " (1, 3, 18, TRUE, TRUE, NULL), (1, 4, 14, TRUE, TRUE, NULL), (1, 5, 4, TRUE, TRUE, NULL)")  # coming
+    counts = {}
+    for size in ("", "32GiB", "64GiB"):
+        result = run_script(CURIO_DB_URL=cluster.url(), CURIO_DB_SCHEMA="curio_sizes", VASTCTL_SECTOR_SIZE=size)
+        assert result.returncode == 0, result.stderr
+        counts[size] = json.loads(result.stdout)
+    assert [(c["queued"], c["lookahead"]) for c in counts.values()] == [(3, 3), (2, 1), (2, 2)]
+    result = run_script(CURIO_DB_URL=cluster.url(), CURIO_SECTOR_SIZE="32G")
+    assert result.returncode == 1 and result.stderr.startswith("curio-demand: sector size '32G' is not 32GiB or 64GiB")
+
+
 def test_the_connection_parts_build_the_url(cluster):
     result = run_script(CURIO_DB_HOST="127.0.0.1", CURIO_DB_PORT=str(cluster.port), CURIO_DB_USER=pg.USER,
                         CURIO_DB_PASSWORD=pg.PASSWORD, CURIO_DB_NAME="postgres")

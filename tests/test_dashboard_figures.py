@@ -37,9 +37,9 @@ def test_the_pages_figures_are_the_clis_and_the_demos_for_the_same_file_and_as_o
     run = cli("demo", "--hours", "3", "--keep", kept, "--json")
     assert run.code == 0, run.err
     demo = json.loads(run.out)
-    whole = json.loads(cli("--db", kept, "cost", "--as-of", END, "--json").out)
-    day = json.loads(cli("--db", kept, "cost", "--since", "24h", "--as-of", END, "--json").out)
-    summary = json.loads(cli("--db", kept, "fleet", "--as-of", END, "--json").out)["summary"]
+    whole = json.loads(cli("--db", kept, "--as-of", END, "cost", "--json").out)
+    day = json.loads(cli("--db", kept, "--as-of", END, "cost", "--since", "24h", "--json").out)
+    summary = json.loads(cli("--db", kept, "--as-of", END, "fleet", "--json").out)["summary"]
     page = kept_page(kept, clock.parse_iso(END))
 
     assert figure(page, "cost-total") == f"${whole['cost']:.2f}" == f"${demo['vastctl_cost']:.2f}"
@@ -57,7 +57,7 @@ def test_the_pages_figures_are_the_clis_and_the_demos_for_the_same_file_and_as_o
     # a day looked at later, or twice, shows the same figures: nothing runs on past --as-of
     again = kept_page(kept, clock.parse_iso(END))
     assert figure(again, "cost-total") == figure(page, "cost-total")
-    later = json.loads(cli("--db", kept, "cost", "--as-of", "2031-03-03T04:00:00Z", "--json").out)
+    later = json.loads(cli("--db", kept, "--as-of", "2031-03-03T04:00:00Z", "cost", "--json").out)
     assert later["cost"] > whole["cost"]  # an hour later the machines left running billed on: --as-of is a moment
 
 
@@ -72,6 +72,6 @@ def test_a_still_clock_stands_at_its_moment_while_real_time_runs():
 
 def test_as_of_that_is_not_a_time_is_one_error_line(cli):
     for command in (("cost",), ("fleet",)):
-        result = cli(*command, "--as-of", "yesterday")
+        result = cli("--as-of", "yesterday", *command)
         assert result.code == 2 and result.err.count("\n") == 1
         assert result.err.startswith("error: --as-of must be a UTC time like 2031-03-04T00:00:00Z")

@@ -22,6 +22,7 @@ PINNED = {
         "destroy_error", "claimed_vast_id",
         "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at", "storage_dph",
         "vast_status_since", "bid", "ask_dph", "outbid_since", "proofs_total", "route_failing_since", "route_failure",
+        "boot_stages",
     ],
     "machine_logs": ["uuid", "name", "at", "text", "cut"],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],

@@ -203,12 +203,85 @@ def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
     kept = tmp_path / "day.db"
     result = cli("demo", "--hours", "2", "--keep", kept)
     assert result.code == 0, result.err
-    assert f"state file kept at {kept}" in result.err and "serve --as-of 2031-03-03T02:00:00Z" in result.err
-    assert (tmp_path / "day.db.secret").stat().st_mode & 0o777 == 0o600
+    assert f"state file kept at {kept}; every command reads it at the day's end (`--as-of 2031-03-03T02:00:00Z`)" in result.err
+    token = (tmp_path / "day.db.admin-token").read_text().strip()
+    assert len(token) >= 32 and f"`vastctl --db {kept} serve`" in result.err
+    assert result.err.count(token) == 1 and token not in result.out  # shown once, on stderr
+    for name in ("day.db.secret", "day.db.admin-token"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
     conn = db.connect(kept, now=demo.START + timedelta(hours=2))  # a whole file: no -wal beside it needed
     assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] > 0
     conn.close()
     assert not (tmp_path / "day.db-wal").exists() or (tmp_path / "day.db-wal").stat().st_size == 0
+
+
+@pytest.fixture(scope="module")
+def kept_day(tmp_path_factory):
+    """A 6-hour day kept by `demo --keep`, through the CLI as an operator runs it."""
+    from serving import run_vastctl
+
+    kept = tmp_path_factory.mktemp("kept") / "day.db"
+    done = run_vastctl("demo", "--hours", "6", "--keep", str(kept), env={})
+    assert done.returncode == 0, done.stderr
+    return kept
+
+
+@pytest.mark.slow
+def test_the_read_commands_read_a_kept_day_at_its_own_end(cli, kept_day):
+    """Without --as-of: the day lies years ahead of the wall clock, and its "last hour" is its own."""
+    cost = json.loads(cli("--db", kept_day, "cost", "--json").out)
+    assert cost["as_of"].startswith("2031-03-03T06:00:0") and cost["cost"] > 0 and cost["machines"] > 0, cost
+    fleet = json.loads(cli("--db", kept_day, "fleet", "--all", "--json").out)
+    assert fleet["summary"]["listing_age_s"] < 120  # the day's last listing, a minute before its end
+    destroyed = [m for m in fleet["instances"] if m["destroyed_at"] and m["vast_id"] is not None]
+    assert destroyed and {m["vast_status"] for m in destroyed} == {"destroyed"}
+    table = cli("--db", kept_day, "fleet", "--all").out
+    assert " destroyed " in table
+    history = cli("--db", kept_day, "agent", "history", "--json")
+    assert history.code == 0 and json.loads(history.out), history.err
+    earlier = json.loads(cli("--db", kept_day, "--as-of", "2031-03-03T01:00:00Z", "cost", "--json").out)
+    assert earlier["as_of"].startswith("2031-03-03T01:00:0") and earlier["cost"] < cost["cost"]
+
+
+@pytest.mark.slow
+def test_events_label_shows_one_machines_whole_path(cli, kept_day):
+    conn = db.connect(kept_day, now=demo.START + timedelta(hours=6))
+    label, uuid = conn.execute(  # one that booted, proved, was killed and destroyed: every kind of step
+        "SELECT label, uuid FROM instances i WHERE destroyed_at IS NOT NULL AND vast_id IS NOT NULL AND EXISTS"
+        " (SELECT 1 FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'bench_done') ORDER BY created_at LIMIT 1"
+    ).fetchone()
+    mine = [r[0] for r in conn.execute("SELECT id FROM events WHERE uuid = ? ORDER BY id", (uuid,))]
+    calls = [r[0] for r in conn.execute("SELECT kind FROM actions WHERE uuid = ? ORDER BY id", (uuid,))]
+    conn.close()
+    listed = json.loads(cli("--db", kept_day, "events", "--label", label, "--json").out)
+    assert [e["id"] for e in listed] == mine and {e["label"] for e in listed} == {label}
+    table = cli("--db", kept_day, "events", "--label", label).out.splitlines()
+    changes = " ".join(table)
+    for state in ("∅ → launching", "launching → registered", "→ params_done", "→ bench_done", "→ killed"):
+        assert state in changes, (state, table)
+    assert sum(line.split()[2] == "vast" for line in table[1:-1]) == len(calls) and "launch" in calls
+    assert "vast destroy: " in changes and table[-1].split()[2] == "now" and "destroyed at vast" in table[-1]
+    times = [line.split()[1] for line in table[1:-1]]
+    assert times == sorted(times)
+    unknown = cli("--db", kept_day, "events", "--label", "vastctl-nothere")
+    assert unknown.code == 2 and unknown.err.count("\n") == 1 and "no instance labelled" in unknown.err
+
+
+def test_as_of_refuses_a_time_it_cannot_read(cli):
+    result = cli("--as-of", "yesterday", "fleet")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert result.err.startswith("error: --as-of must be a UTC time like 2031-03-04T00:00:00Z")
+
+
+@pytest.mark.slow
+def test_in_a_simulated_day_event_ids_follow_their_times(day):
+    """The order consumers follow (--since ID) is the order things happened: a minute's machine reports are written
+    before that minute's settings and passes."""
+    result, path = day
+    conn = db.connect(path, now=demo.START)
+    times = [row[0] for row in conn.execute("SELECT at FROM events ORDER BY id")]
+    conn.close()
+    assert len(times) > 100 and times == sorted(times)
 
 
 def test_keep_never_overwrites_a_file(cli, tmp_path):
@@ -244,6 +317,30 @@ def test_serve_as_of_shows_the_kept_day_on_its_own_clock(cli, tmp_path):
         assert manager.stop() == 0
     assert "Since the fleet began (2h" in page  # the simulated day, not the wall clock's empty last day
     assert '<time datetime="2031-03-03T01:' in page
+
+
+@pytest.mark.slow
+def test_a_kept_day_opens_its_dashboard_with_no_config_written(cli, tmp_path):
+    """`demo --keep`, then `vastctl --db FILE serve` alone: the token printed once signs in, at the day's end."""
+    import requests
+    from serving import Manager
+
+    kept = tmp_path / "m" / "day.db"
+    kept.parent.mkdir()
+    made = cli("demo", "--hours", "2", "--keep", kept)
+    token = re.search(r"sign in with (\S+) ", made.err).group(1)
+    manager = Manager(tmp_path / "m2")
+    manager.config_path.write_text("fleet:\n  min_bench_rate: 40\n")  # no admin token anywhere in it
+    manager.env["VASTCTL_DB"] = str(kept)
+    manager.start(0)
+    try:
+        session = requests.Session()
+        assert session.post(f"{manager.url}/login", data={"token": "wrong" * 8}, timeout=10).status_code == 401
+        session.post(f"{manager.url}/login", data={"token": token}, timeout=10)
+        page = session.get(f"{manager.url}/", timeout=10).text
+    finally:
+        assert manager.stop() == 0
+    assert "Since the fleet began (2h" in page and '<time datetime="2031-03-03T01:' in page
 
 
 def test_proof_waits_are_first_come_first_proved_and_late_ones_still_queued_count():

@@ -31,7 +31,7 @@ def make_config(tmp_path: Path, **tunnel_keys) -> config_module.Config:
     return config_module.from_mapping({
         "launch": {"join": "ssh"},
         "tunnel": {"host": "manager.example.net", "authorized_keys": str(tmp_path / "keys" / "authorized_keys"),
-                   "first_port": 20000, "last_port": 20002, **tunnel_keys},
+                   "keys_reader": "root", "first_port": 20000, "last_port": 20002, **tunnel_keys},
     })
 
 

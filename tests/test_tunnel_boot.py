@@ -52,7 +52,7 @@ def test_an_ssh_join_to_a_manager_that_does_not_answer_never_reports_running(boo
 
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     machine = booted(f"  join: ssh\ntunnel:\n  host: 127.0.0.1\n  ssh_port: {free_port()}\n"
-                     f"  host_key_file: {key}.pub\n  authorized_keys: {tmp_path / 'ak'}\n",
+                     f"  host_key_file: {key}.pub\n  authorized_keys: {tmp_path / 'ak'}\n  keys_reader: root\n",
                      VASTCTL_TUNNEL_WAIT_S="1")  # gives up after a second or two
     assert machine.wait_exit(timeout=60) == 1
     assert machine.current()["state"] == "bench_done"

@@ -75,7 +75,7 @@ def site(tmp_path):
         "launch:\n  vastctl_source: vastctl==0.1.0\n  install: 'true'\n  bench_count: 4\n  bench_concurrency: 2\n"
         f"  env: {json.dumps(launch_env)}\n  join: ssh\n"
         f"tunnel:\n  host: 127.0.0.1\n  ssh_port: {sshd.port}\n  user: {sshd.user}\n"
-        f"  authorized_keys: {sshd.authorized_keys}\n  host_key_file: {sshd.host_public_key}\n"
+        f"  authorized_keys: {sshd.authorized_keys}\n  keys_reader: root\n  host_key_file: {sshd.host_public_key}\n"
         f"  first_port: {first}\n  last_port: {first + 20}\n  down_timeout: 10m\n"
         f"provers:\n  upstream_file: {upstream}\n  reload_command: {json.dumps(nginx.reload_command)}\n")
     manager.start(port)

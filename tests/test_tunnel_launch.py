@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from test_reconcile import SETTINGS, ago, kills, row, seen
 
 from vastctl import config as config_module
 from vastctl import operations
-from vastctl.errors import BadInput
+from vastctl.errors import BadInput, Unavailable
 from vastctl.providers.base import ProviderError, ProviderRejected
 from vastctl.reconcile import plan
 from vastctl.state import lifecycle, tokens
@@ -29,12 +31,12 @@ def host_key(tmp_path) -> Path:
     return path.with_suffix(".pub")
 
 
-def make_cfg(db_path, tmp_path, host_key, **launch):
+def make_cfg(db_path, tmp_path, host_key, *, keys: Path | None = None, reader: str = "root", **launch):
     config = config_module.from_mapping({
         "db": str(db_path), "server": {"url": "https://manager.example:8443"},
         "launch": {"image": "ghcr.io/x/cuzk:1", "join": "ssh", **launch},
         "fleet": {"max_instances": 4, "max_dph": 1.0, "max_hourly_spend": 3.0},
-        "tunnel": {"host": "manager.example.net", "ssh_port": 2222, "authorized_keys": str(tmp_path / "ak"),
+        "tunnel": {"host": "manager.example.net", "ssh_port": 2222, "authorized_keys": str(keys or tmp_path / "ak"), "keys_reader": reader,
                    "host_key_file": str(host_key), "first_port": 21000, "last_port": 21009},
     })
     tokens.ensure_secret(config.secret_path)
@@ -185,3 +187,35 @@ def test_an_unwritable_keys_file_stops_the_launch_before_anything_is_rented(conn
     assert market.creates() == []
     (row_,) = rows(conn)
     assert (row_["state"], row_["kill_code"]) == ("killed", "start_failed") and row_["destroyed_at"]
+
+
+@pytest.fixture
+def open_root():
+    """A directory anyone may enter, as / is (pytest's own temporary directories are root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="vastctl-keys-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,rented", [(0o750, False), (0o755, True)])
+def test_a_launch_whose_keys_sshd_cannot_read_rents_nothing(conn, db_path, tmp_path, host_key, open_root, mode, rented):
+    """The state file's directory (vastctl:vastctl 750) hides the keys from sshd's reader, nobody: every login
+    would be refused and the machine would bench, never join, and bill. Refused before the create goes out."""
+    place = open_root / "var" / "lib" / "vastctl"
+    place.mkdir(parents=True)
+    place.chmod(mode)
+    cfg = make_cfg(db_path, tmp_path, host_key, keys=place / "tunnel" / "authorized_keys", reader="nobody")
+    market = FakeMarket(conn, [offer(10, 100)])
+    if rented:
+        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        assert len(market.creates()) == 1 and (place / "tunnel" / "authorized_keys").stat().st_mode & 0o004
+        return
+    with pytest.raises(Unavailable) as refused:
+        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    assert market.creates() == [] and not (place / "tunnel").exists()
+    said = str(refused.value)
+    assert f"as nobody (tunnel.keys_reader), who cannot enter {place} " in said and "mode 750" in said
+    assert "/var/lib/vastctl-tunnel" in said and "\n" not in said
+    assert [r["state"] for r in rows(conn)] == ["killed"]  # its row ends there, not rented

@@ -59,7 +59,9 @@ def tunnel_account() -> str:
 class Sshd:
     """sshd -D on 127.0.0.1 with its own host key, pid file and config: the shipped Match block for the account."""
 
-    def __init__(self, home: Path, authorized_keys: Path):
+    def __init__(self, home: Path, authorized_keys: Path, *, shipped: str | None = None, reader: str = "root"):
+        """`shipped`: the tunnel account's config as installed (default: jobs/'s, keys at `authorized_keys`);
+        `reader`: the account sshd reads the keys as (the guides' in-order test keeps the shipped `nobody`)."""
         self.binary = need_root_sshd()
         self.user = tunnel_account()
         self.home = home
@@ -69,10 +71,12 @@ class Sshd:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)], check=True)
         self.port = free_port()
         self.log = home / "sshd.log"
-        shipped = SSHD_CONF.read_text()
-        for old, new in (("Match User vastctl-tunnel", f"Match User {self.user}"),
-                         ("/var/lib/vastctl/tunnel/authorized_keys", str(authorized_keys)),
-                         ("AuthorizedKeysCommandUser nobody", "AuthorizedKeysCommandUser root")):
+        replaced = [("Match User vastctl-tunnel", f"Match User {self.user}"),
+                    ("AuthorizedKeysCommandUser nobody", f"AuthorizedKeysCommandUser {reader}")]
+        if shipped is None:
+            shipped = SSHD_CONF.read_text()
+            replaced.append(("/var/lib/vastctl-tunnel/authorized_keys", str(authorized_keys)))
+        for old, new in replaced:
             assert shipped.count(old) == 1, old
             shipped = shipped.replace(old, new)
         self.config = home / "sshd_config"
@@ -112,14 +116,15 @@ class Sshd:
 class Nginx:
     """nginx in the foreground on the shipped gRPC balancer config, listening on a free loopback port."""
 
-    def __init__(self, home: Path, upstream_file: Path):
+    def __init__(self, home: Path, upstream_file: Path, *, site: str | None = None):
+        """`site`: the balancer's config as installed (default: jobs/nginx-cuzk-grpc.conf)."""
         self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(self.binary).exists():
             pytest.skip("Debian's nginx is not installed (.ci/run installs it)")
         self.prefix = home
         home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        site = NGINX_CONF.read_text()
+        site = NGINX_CONF.read_text() if site is None else site
         for old, new in (("include /etc/nginx/vastctl/cuzk-upstream.conf;", f"include {upstream_file};"),
                          ("listen 127.0.0.1:9820 http2;", f"listen 127.0.0.1:{self.port} http2;")):
             assert site.count(old) == 1, old

@@ -1,7 +1,7 @@
 """Time in one place: aware UTC datetimes in code, ISO-8601 strings ending in Z in the file.
 
 Nothing outside this module reads the system clock. The CLI holds `SYSTEM`
-(cli.app.Globals.clock) and hands it down: functions that need one moment take
+(cli.app.Globals.system_clock) and hands it down: functions that need one moment take
 `now`, those that sleep, time a deadline or read the time more than once take
 the Clock. The simulator hands the same code a VirtualClock.
 """

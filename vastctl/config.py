@@ -134,6 +134,11 @@ class LaunchSection:
     rental: str = "on-demand"
     interruptible_share: float = 0.75  # launch.rental mixed: the share of the live fleet rented interruptible
     bid_margin: float = 0.1  # an interruptible create bids the offer's min_bid × (1 + this)
+    # where machines fetch the proving parameters: an HTTP(S) prefix that answers GET <prefix><CID> (the
+    # machine's IPFS_GATEWAY, which curio fetch-params reads); empty: Curio's public default
+    params_mirror: str = ""
+    sector_size: str = "32GiB"  # the sectors the fleet proves: the parameters fetched, the bench's input, demand
+    bench_input: str = ""  # URL of the C1 output the bench proves; empty: the published 32 GiB one (64GiB: needed)
 
 
 @dataclass
@@ -203,7 +208,8 @@ class TunnelSection:
     host: str = ""  # the manager's address as the machines dial it
     ssh_port: int = 22
     user: str = "vastctl-tunnel"  # the tunnel account (jobs/sshd-vastctl-tunnel.conf)
-    authorized_keys: str = "/var/lib/vastctl/tunnel/authorized_keys"  # written by vastctl, read by sshd
+    authorized_keys: str = "/var/lib/vastctl-tunnel/authorized_keys"  # written by vastctl, read by sshd
+    keys_reader: str = "nobody"  # sshd's AuthorizedKeysCommandUser: who must be able to read authorized_keys
     host_key_file: str = "/etc/ssh/ssh_host_ed25519_key.pub"  # the manager's host key the machines pin
     first_port: int = 20000  # the range the machines' ports come from, both ends included
     last_port: int = 20999
@@ -244,6 +250,7 @@ _CHOICES = {
     ("agent", "policy"): ("auto", "rules", "llm"),
     ("sim", "failures"): ("low", "default", "high"),
     ("launch", "join"): ("none", "ssh", "command"),
+    ("launch", "sector_size"): ("32GiB", "64GiB"),
     ("launch", "rental"): ("on-demand", "interruptible", "mixed"),
 }
 
@@ -315,9 +322,28 @@ def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Confi
     config.source = str(config_path) if config_path.is_file() else ""
     if env.get("VASTCTL_DB"):
         config.db = env["VASTCTL_DB"]
+    if env.get("VASTCTL_ADMIN_TOKEN", "").strip():  # as VAST_API_KEY: a secret kept in the environment file
+        config.server.admin_token = env["VASTCTL_ADMIN_TOKEN"].strip()
     if not config.db:
         config.db = default_db_path(env)
     return config
+
+
+def admin_token_file(db_path: Path) -> Path:
+    """Where a state file's own admin token lives, beside it (what `demo --keep` leaves for its dashboard)."""
+    return Path(f"{db_path}.admin-token")
+
+
+def admin_token_beside(config: Config) -> None:
+    """server.admin_token from the file beside the state file, when neither the config nor VASTCTL_ADMIN_TOKEN
+    set one: a kept demo day opens its dashboard with no config written by hand."""
+    if config.server.admin_token:
+        return
+    try:
+        token = admin_token_file(config.db_path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):  # none there (the usual case), or not ours to read
+        return
+    config.server.admin_token = token
 
 
 def _read_yaml(path: Path) -> dict:
@@ -405,6 +431,11 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
         raise BadInput(f"config key 'agent.min_machines' ({config.agent.min_machines}) is above fleet.max_instances"
                        f" ({config.fleet.max_instances}): the floor could never be kept; lower it or raise"
                        " fleet.max_instances")
+    for key in ("params_mirror", "bench_input"):
+        value = getattr(config.launch, key).strip()
+        if value and (not re.fullmatch(r"https?://[^\s'\"\\$`]+", value) or (key == "params_mirror" and not value.endswith("/"))):
+            raise BadInput(f"config key 'launch.{key}' must be an http:// or https:// URL{' ending in /' if key == 'params_mirror' else ''}"
+                           f" (machines fetch {'<it><CID>' if key == 'params_mirror' else 'it'}), got {value!r}")
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:

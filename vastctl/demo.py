@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from vastctl import clock as clocks
+from vastctl import config as config_module
 from vastctl import reconcile
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
@@ -235,6 +236,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         waits.arrive(minute, arriving / 60)
         down = curve.outage(minute)
         if minute % TARGET_EVERY_MINUTES == 0 and not down:
+            market.totals()  # the machines' reports of the minute gone by are written first: ids follow times
             wanted = peak if options.fleet == "static" else curve.lookahead_target(minute)
             settings.set_value(conn, config, "target_proofs_per_hour", wanted, source="operator", now=now)
         target = float(settings.get(conn, config, "target_proofs_per_hour"))
@@ -507,16 +509,21 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
 
 def check_keep(path: Path) -> None:
     """--keep FILE: a new file in a directory that exists (an operator's state file is never overwritten)."""
-    if path.exists() or Path(f"{path}.secret").exists():
-        raise BadInput(f"--keep {path}: the file (or {path}.secret) already exists: name a new file")
+    if any(Path(f"{path}{suffix}").exists() for suffix in KEPT_BESIDE):
+        raise BadInput(f"--keep {path}: the file (or {path}.secret, {path}.admin-token) already exists: name a new file")
     if not path.resolve().parent.is_dir():
         raise BadInput(f"--keep {path}: the directory {path.resolve().parent} does not exist")
 
 
-def keep_state(directory: Path, path: Path) -> None:
+KEPT_BESIDE = ("", ".secret", ".admin-token")  # the kept file and what is kept beside it
+
+
+def keep_state(directory: Path, path: Path) -> str:
     """Copy the demo's state file out of its scratch `directory` as one self-contained file (SQLite's backup:
-    the write-ahead log folded in), its token secret beside it, both readable by the owner only."""
+    the write-ahead log folded in), its token secret beside it and a fresh admin token for its dashboard (which
+    serve reads from beside the file when no config names one), all readable by the owner only. The token."""
     import os
+    import secrets
     import shutil
 
     check_keep(path)
@@ -529,8 +536,13 @@ def keep_state(directory: Path, path: Path) -> None:
         source.close()
     secret = Path(f"{path}.secret")
     shutil.copyfile(directory / "demo.db.secret", secret)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(config_module.admin_token_file(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(token + "\n")
     for name in (path, secret):
         os.chmod(name, 0o600)
+    return token
 
 
 def end_of(options: DemoOptions) -> str:

@@ -34,16 +34,20 @@ app = typer.Typer(
 class Globals:
     """What the root options say; the config is loaded once, on first use.
 
-    `clock` is every command's one source of time: the system clock here, read
-    nowhere else; everything below the CLI is handed it (or the moment it gave).
+    `clock` is every command's one source of time: the system clock, read nowhere
+    else, moved to `--as-of` when given, or to the end of a kept simulated day when
+    the state file holds one that lies ahead of it; everything below the CLI is
+    handed it (or the moment it gave).
     """
 
-    clock: ClassVar[Clock] = SYSTEM
+    system_clock: ClassVar[Clock] = SYSTEM
 
     config_path: str | None = None
     db_path: str | None = None
+    as_of: str | None = None
     debug: bool = False
     _config: config_module.Config | None = field(default=None, repr=False)
+    _clock: Clock | None = field(default=None, repr=False)
 
     @property
     def config(self) -> config_module.Config:
@@ -51,7 +55,24 @@ class Globals:
             self._config = config_module.load(self.config_path)
             if self.db_path:
                 self._config.db = self.db_path
+            config_module.admin_token_beside(self._config)
         return self._config
+
+    @property
+    def clock(self) -> Clock:
+        if self._clock is None:
+            self._clock = self._read_clock()
+        return self._clock
+
+    def _read_clock(self) -> Clock:
+        if self.as_of is not None:
+            return clock.StillClock(self.system_clock, moment_option(self.as_of, "--as-of"))
+        from vastctl.providers.sim_store import simulated_until
+
+        until = simulated_until(self.config.db_path)
+        if until is not None and until > self.system_clock.now():  # a kept demo day: read at its own end
+            return clock.StillClock(self.system_clock, until)
+        return self.system_clock
 
     @property
     def db_file(self) -> str | None:
@@ -73,35 +94,32 @@ def root(
     ctx: typer.Context,
     config: Annotated[Optional[str], typer.Option("--config", help="YAML config file (beats $VASTCTL_CONFIG).")] = None,
     db_path: Annotated[Optional[str], typer.Option("--db", help="SQLite state file (beats $VASTCTL_DB and the config).")] = None,
+    as_of: Annotated[Optional[str], typer.Option(
+        "--as-of", help="Read (and write) the state file as if it were this UTC time, e.g. 2031-03-04T00:00:00Z;"
+                        " a day `demo --keep` left is read at its own end without it.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show a traceback on unexpected errors.")] = False,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
                                           help="Print vastctl's version and exit.")] = False,
 ) -> None:
     g = ctx.obj if isinstance(ctx.obj, Globals) else Globals()  # main() passes one in to read after a failure
-    g.config_path, g.db_path, g.debug = config, db_path, debug
+    g.config_path, g.db_path, g.as_of, g.debug = config, db_path, as_of, debug
     ctx.obj = g
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
-AsOfOpt = Annotated[Optional[str], typer.Option("--as-of", help=(
-    "Read the state file as of this UTC time (e.g. 2031-03-04T00:00:00Z, the end of a `demo --keep` day)"
-    " instead of now: the figures `serve --as-of` shows."))]
+def moment_option(text: str, option: str) -> datetime:
+    """An option's UTC time (2031-03-04T00:00:00Z; a time without a zone is UTC), or one error line."""
 
 
-def as_of_moment(text: str) -> datetime:
-    """`--as-of TIME`: a UTC time; one `error:` line naming the form otherwise."""
     try:
         moment = clock.from_iso(text.strip())
     except ValueError:
         moment = None
     if moment is None:
-        raise BadInput(f"--as-of must be a UTC time like 2031-03-04T00:00:00Z, got {text!r}")
+        raise BadInput(f"{option} must be a UTC time like 2031-03-04T00:00:00Z, got {text!r}")
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def now_of(g: "Globals", as_of: str | None) -> datetime:
-    """The moment a read command reads at: now, or `--as-of`."""
-    return g.clock.now() if as_of is None else as_of_moment(as_of)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 
 
 def globals_of(ctx: typer.Context) -> Globals:

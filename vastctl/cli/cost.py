@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vastctl.cli.app import AsOfOpt, JsonOpt, app, echo, fmt_num, globals_of, now_of, print_json, print_table
+from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table
 
 
 @app.command("cost")
@@ -14,7 +14,6 @@ def cost_cmd(
     ctx: typer.Context,
     since: Annotated[Optional[str], typer.Option("--since", help="Only from then on: a duration before now (6h, 2d, 90m) or a UTC time (2026-11-30T06:00:00Z).")] = None,
     by: Annotated[Optional[str], typer.Option("--by", help="Break the figures down by machine, gpu, day (UTC) or reason (the kill code; live, stopped).")] = None,
-    as_of: AsOfOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Money spent, proofs done and $ per 1,000 proofs, from what the state file recorded.
@@ -29,7 +28,7 @@ def cost_cmd(
     from vastctl.facts import cost
 
     g = globals_of(ctx)
-    now = now_of(g, as_of)
+    now = g.clock.now()
     start = cost.parse_since(since, now)
     figures = cost.account(g.connect(), now=now, since=start, by=by)
     if as_json:

@@ -45,11 +45,11 @@ EXPLAINED = (
 @app.command("demo")
 def demo_cmd(
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 11: every failure kind happens in its day).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351: every failure kind happens in its day).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
     chart: Annotated[Optional[Path], typer.Option("--chart", help="Write target, capacity, queue and spend over time to FILE (.svg or .png).")] = None,
-    keep: Annotated[Optional[Path], typer.Option("--keep", help="Keep the simulated day's state file as FILE (a new file; its token secret beside it as FILE.secret) for `vastctl serve --as-of` to show.")] = None,
+    keep: Annotated[Optional[Path], typer.Option("--keep", help="Keep the simulated day's state file as FILE (a new file; its token secret beside it as FILE.secret, an admin token for its dashboard as FILE.admin-token): `vastctl --db FILE serve` shows it.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the control loop against a simulated market for a day, on virtual time, in seconds.
@@ -75,11 +75,12 @@ def demo_cmd(
         demo.check_keep(keep)
     if policy == "llm" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise BadInput("--policy llm needs ANTHROPIC_API_KEY (it spends real tokens): set it, or use --policy rules")
+    token = None
     with tempfile.TemporaryDirectory(prefix="vastctl-demo-") as scratch:
         result = demo.run(options, Path(scratch), env=os.environ, progress=_progress_bar() if sys.stderr.isatty() else None)
         result.figures.update(_account(Path(scratch) / "demo.db", demo.end_of(options)))
         if keep is not None:
-            demo.keep_state(Path(scratch), keep)
+            token = demo.keep_state(Path(scratch), keep)
     if chart is not None:
         demo.write_chart(result, chart)
     if as_json:
@@ -89,12 +90,14 @@ def demo_cmd(
     if chart is not None:
         say(f"chart written to {chart}")
     if keep is not None:
-        say(f"state file kept at {keep}: look at it with `vastctl --db {keep} serve --as-of {demo.end_of(options)}`"
-            " and server.admin_token in your config")
+        say(f"state file kept at {keep}; every command reads it at the day's end (`--as-of {demo.end_of(options)}`):"
+            f" `vastctl --db {keep} fleet --all`, `cost`, `events --label LABEL` (one machine's whole path)")
+        say(f"its dashboard: `vastctl --db {keep} serve`, then http://127.0.0.1:8080/ and sign in with {token}"
+            f" (shown once; kept in {keep}.admin-token)")
 
 
 def _account(path: Path, end: str) -> dict[str, Any]:
-    """vastctl's own account of the day's file at its end (cost.account: what `vastctl cost --as-of END` and the
+    """vastctl's own account of the day's file at its end (cost.account: what `vastctl --as-of END cost` and the
     dashboard of `serve --as-of END` show), beside the simulator's truth. It differs from the truth where the
     state file cannot know: a boot's first minutes count at the full price (vast bills the disk alone until the
     container runs), and proofs are what the machines reported by their last heartbeat."""
@@ -142,7 +145,7 @@ def _cell(figures: dict[str, Any], key: Any, kind: str) -> str:
     if kind == "pair":
         return f"{figures[key[0]]} / {figures[key[1]]}"
     if kind == "account":
-        return f"${figures[key[0]]:,.2f} / {figures[key[1]]} (as `vastctl cost --as-of` and the dashboard show)"
+        return f"${figures[key[0]]:,.2f} / {figures[key[1]]} (as `vastctl cost` and the dashboard show)"
     if kind == "minutes":
         return " / ".join("-" if figures[k] is None else f"{figures[k] / 60:.0f} min" for k in key)
     if kind == "seconds":

@@ -85,12 +85,34 @@ def bench_report_cmd(
 
 
 @app.command("running")
-def running_cmd(ctx: typer.Context, uuid: UuidOpt) -> None:
+def running_cmd(
+    ctx: typer.Context,
+    uuid: UuidOpt,
+    stages: Annotated[Optional[str], typer.Option(
+        "--stages", help="Where the boot's time went, seconds per stage: fetch=412,daemon=35,warmup=95,bench=310,join=3"
+                         " (fleet --json: boot_stages).")] = None,
+) -> None:
     """The prover is up and taking work.
 
-    Example: vastctl running --uuid "$VASTCTL_UUID"
+    Example: vastctl running --uuid "$VASTCTL_UUID" --stages fetch=412,daemon=35,warmup=95,bench=310,join=3
     """
-    typer.echo(reports_for(ctx).running(uuid)["state"])
+    from vastctl.state import lifecycle
+
+    checked = None if stages is None else lifecycle.validate_stages(_stages(stages))  # before anything is opened
+    typer.echo(reports_for(ctx).running(uuid, checked)["state"])
+
+
+def _stages(text: str) -> dict[str, str]:
+    """`fetch=412,daemon=35` → {"fetch": "412", "daemon": "35"} (the numbers are checked with the report)."""
+    from vastctl.errors import BadInput
+
+    found = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, seconds = part.partition("=")
+        if not sep:
+            raise BadInput(f"--stages takes STAGE=SECONDS pairs separated by commas, e.g. fetch=412,bench=310; got {part!r}")
+        found[name.strip()] = seconds.strip()
+    return found
 
 
 @app.command("heartbeat")

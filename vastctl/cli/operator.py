@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from vastctl import clock
-from vastctl.cli.app import AsOfOpt, JsonOpt, app, echo, fmt_num, globals_of, now_of, print_json, print_table, say
-from vastctl.state import settings, tokens
+from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl.state import lifecycle, settings, tokens
 from vastctl.views import fleet
 
 
@@ -35,7 +35,6 @@ def fleet_cmd(
     as_json: JsonOpt = False,
     include_killed: Annotated[bool, typer.Option("--all", help=(
         "Also list killed machines that vast confirmed destroyed or that were never rented (no vast id)."))] = False,
-    as_of: AsOfOpt = None,
 ) -> None:
     """Every machine we pay for, our state beside vast's, and a summary line.
 
@@ -50,7 +49,7 @@ def fleet_cmd(
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
     g = globals_of(ctx)
-    now = now_of(g, as_of)
+    now = g.clock.now()
     view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed, now=now)
     if as_json:
         print_json(view)
@@ -103,10 +102,16 @@ def events_cmd(
     ctx: typer.Context,
     since: Annotated[Optional[int], typer.Option("--since", min=0, max=fleet.MAX_EVENT_ID,
                                                  help="Only events after this id.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=fleet.MAX_EVENT_ID, help="Keep the newest N.")] = 50,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, max=fleet.MAX_EVENT_ID,
+                                                 help="Keep the newest N (default 50; every one with --label).")] = None,
+    label: Annotated[Optional[str], typer.Option(
+        "--label", help="One machine (label or uuid): its whole path, with the calls made to vast for it.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """State changes, notes and settings changes, oldest first: in id order, the order they were written.
+
+    With --label, one machine's whole path: launch, boot reports, benchmark, join, kill, each call to vast
+    for it (launch, stop, start, destroy) and where it stands now; --json lists its events alone.
 
     `at` is the moment the command that wrote an event judged it (a reconcile pass: when vast's listing
     came back); an agent step's events carry the time it observed, which a slow model call can put a few
@@ -114,16 +119,34 @@ def events_cmd(
 
     Example: vastctl events --since 120 --json
     """
-    items = fleet.events(globals_of(ctx).connect(), since=since, limit=limit)
+    conn = globals_of(ctx).connect()
+    if label is not None:
+        row = lifecycle.resolve(conn, label)
+        if as_json:
+            print_json(fleet.events(conn, since=since, limit=limit or fleet.MAX_EVENT_ID, uuid=row["uuid"]))
+            return
+        path = [step for step in fleet.machine_path(conn, row) if since is None or step["id"] is None or step["id"] > since]
+        rows = [{**step, "id": step["id"] or "-", "at": step["at"] or "-", "change": _change(step), "reason": _reason(step)}
+                for step in path]
+        print_table(rows[-(limit or len(rows)):], ["id", "at", "change", "source", "reason"])
+        return
+    items = fleet.events(conn, since=since, limit=limit or 50)
     if as_json:
         print_json(items)
         return
-    rows = [
-        {**e, "change": f"{e['from_state'] or '∅'} → {e['to_state']}" if e["to_state"] else e["kind"],
-         "label": e["label"] or "-", "reason": e["reason"] + (f" [{e['code']}]" if e["code"] else "")}
-        for e in items
-    ]
+    rows = [{**e, "change": _change({**e, "what": "event"}), "label": e["label"] or "-", "reason": _reason(e)}
+            for e in items]
     print_table(rows, ["id", "at", "label", "change", "source", "reason"])
+
+
+def _reason(step: dict) -> str:
+    return (step["reason"] or "") + (f" [{step['code']}]" if step["code"] else "")
+
+
+def _change(step: dict) -> str:
+    if step["what"] != "event":
+        return step["what"]
+    return f"{step['from_state'] or '∅'} → {step['to_state']}" if step["to_state"] else step["kind"]
 
 
 @app.command("kill")

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from vastctl import markets, validate
-from vastctl.cli.app import app, as_of_moment, globals_of, say
+from vastctl.cli.app import app, globals_of, moment_option, say
 from vastctl.clock import StillClock
 from vastctl.errors import BadInput, Refused
 from vastctl.state import tokens
@@ -39,7 +39,7 @@ def serve_cmd(
         "--access-log/--no-access-log", help="Log each request (never its headers).")] = True,
     as_of: Annotated[str | None, typer.Option(
         "--as-of", help="Show the state file as of this UTC time (e.g. 2031-03-04T00:00:00Z): the clock stands"
-                        " there instead of now, as `cost --as-of` and `fleet --as-of` read it; to look at a state"
+                        " there instead of now, as `vastctl --as-of TIME cost` and `fleet` read it; to look at a state"
                         " file `demo --keep` left, at the end of its simulated day.")] = None,
 ) -> None:
     """Answer the boot scripts' reports over HTTP (machines set VASTCTL_SERVER and VASTCTL_TOKEN).
@@ -49,7 +49,7 @@ def serve_cmd(
     from vastctl.serving import server, webhooks
 
     g = globals_of(ctx)
-    clock = g.clock if as_of is None else StillClock(g.clock, as_of_moment(as_of))
+    clock = g.clock if as_of is None else StillClock(g.system_clock, moment_option(as_of, "--as-of"))
     waker = webhooks.Waker(g.config, clock=clock)  # its market: markets.get_provider, as cron's commands build it
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
                              request_timeout=request_timeout, connection_limit=connection_limit, clock=clock,

@@ -27,7 +27,7 @@ import sqlite3
 import subprocess
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from vastctl import clock, upstream, validate
 from vastctl.config import Config
@@ -169,13 +169,15 @@ def _json_int(digits: str) -> int:
     return int(digits)
 
 
-Runner = Callable[[str, float], tuple[int, str, str]]
+Runner = Callable[[str, float, Mapping[str, str]], tuple[int, str, str]]
 
 
-def run_command(command: str, timeout_s: float) -> tuple[int, str, str]:
-    """Run through the shell in its own process group, so a timeout kills the whole pipeline (psql included)."""
+def run_command(command: str, timeout_s: float, extra_env: Mapping[str, str]) -> tuple[int, str, str]:
+    """Run through the shell in its own process group, so a timeout kills the whole pipeline (psql included);
+    `extra_env` on top of ours (VASTCTL_SECTOR_SIZE: the sectors the fleet proves, which the Curio script counts)."""
     process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, **extra_env})
     try:
         out, err = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -193,7 +195,7 @@ def sample_command(conn: sqlite3.Connection, config: Config, *, now: datetime, r
     error = None
     sample = None
     try:
-        code, out, err = runner(command, COMMAND_TIMEOUT_S)
+        code, out, err = runner(command, COMMAND_TIMEOUT_S, {"VASTCTL_SECTOR_SIZE": config.launch.sector_size})
         if code != 0:
             error = f"demand.command exited {code}: {_clip(err or out, 240)}"
         else:

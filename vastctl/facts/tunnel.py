@@ -16,9 +16,13 @@ and the manager's own check that the machine's daemon answers through it.
 from __future__ import annotations
 
 import base64
+import grp
+import os
+import pwd
 import re
 import socket
 import sqlite3
+import stat
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +161,9 @@ def write_authorized_keys(conn: sqlite3.Connection, config: Config) -> bool:
     if not enabled(config) and not has_tunnels:
         return False
     path = Path(config.tunnel.authorized_keys).expanduser()
+    unreadable = unreadable_by(path, config.tunnel.keys_reader)
+    if unreadable:
+        raise Unavailable(unreadable)
     text = authorized_keys_text(conn)
     if atomicfile.read(path) == text:
         return False
@@ -166,6 +173,47 @@ def write_authorized_keys(conn: sqlite3.Connection, config: Config) -> bool:
         raise Unavailable(f"cannot write tunnel.authorized_keys {path} ({exc.strerror or exc}): the vastctl user"
                           " needs to write its directory (docs/joining-curio.md)") from None
     return True
+
+
+def unreadable_by(path: Path, user: str) -> str | None:
+    """Why sshd's AuthorizedKeysCommandUser (tunnel.keys_reader) could not read the keys file, or None.
+
+    sshd reads the file as that account, not as vastctl: a directory on the way it cannot enter (the state
+    file's own, vastctl:vastctl 750) turns every machine's login into `Permission denied (publickey)`, and the
+    machines bench, never join, and bill. Checked before a key is written, so such a launch rents nothing.
+    """
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        return (f"tunnel.keys_reader {user!r} is no account on this host: name the AuthorizedKeysCommandUser"
+                " of jobs/sshd-vastctl-tunnel.conf (nobody)")
+    if account.pw_uid == 0:
+        return None
+    groups = set(os.getgrouplist(user, account.pw_gid))
+    path = path.absolute()
+    for place, need in [*((parent, 1) for parent in reversed(path.parents)), (path, 4)]:
+        try:
+            info = place.stat()
+        except FileNotFoundError:
+            return None  # made below by vastctl itself, readable (0644 in a directory it made)
+        except OSError:
+            continue
+        if info.st_uid == account.pw_uid:
+            bits = info.st_mode >> 6
+        elif info.st_gid in groups:
+            bits = info.st_mode >> 3
+        else:
+            bits = info.st_mode
+        if not bits & need:
+            what = "enter" if need == 1 else "read"
+            try:
+                owner = f"{pwd.getpwuid(info.st_uid).pw_name}:{grp.getgrgid(info.st_gid).gr_name}"
+            except KeyError:
+                owner = f"{info.st_uid}:{info.st_gid}"
+            return (f"sshd reads tunnel.authorized_keys as {user} (tunnel.keys_reader), who cannot {what} {place}"
+                    f" ({owner}, mode {stat.S_IMODE(info.st_mode):o}): no machine could log in; keep the keys in a"
+                    f" directory {user} can enter, e.g. /var/lib/vastctl-tunnel, mode 755 (docs/joining-curio.md)")
+    return None
 
 
 # --- the manager's check ----------------------------------------------------------------------------------

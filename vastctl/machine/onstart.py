@@ -112,6 +112,11 @@ def boot_env(launch: LaunchSection) -> dict[str, str]:
     env["VASTCTL_BENCH_COUNT"] = str(launch.bench_count)
     env["VASTCTL_BENCH_CONCURRENCY"] = str(launch.bench_concurrency)
     env["VASTCTL_ORPHAN_AFTER_S"] = str(math.ceil(launch.orphan_after))  # the dead-man switch; 0: off
+    env["VASTCTL_SECTOR_SIZE"] = launch.sector_size  # what `curio fetch-params` fetches and the bench proves
+    if launch.params_mirror.strip():
+        env["IPFS_GATEWAY"] = launch.params_mirror.strip()  # curio fetch-params: GET $IPFS_GATEWAY<CID>
+    if launch.bench_input.strip():
+        env["VASTCTL_C1_URL"] = launch.bench_input.strip()
     return env
 
 
@@ -120,10 +125,15 @@ def boot_problems(launch: LaunchSection) -> list[str]:
 
     A custom `launch.onstart` or `launch.image` is trusted: only the operator knows what it holds.
     """
-    if launch.onstart.strip() or launch.image != DEFAULT_IMAGE:
-        return []
     env = {**boot_env(launch), **launch.env}
+    if launch.onstart.strip():
+        return []
     problems = []
+    if env.get("VASTCTL_SECTOR_SIZE") != "32GiB" and not env.get("VASTCTL_C1_URL") and not env.get("VASTCTL_BENCH_CMD"):
+        problems.append(f"set launch.bench_input to the URL of a {launch.sector_size} sector's C1 output for the"
+                        " bench (only a 32 GiB one is published)")
+    if launch.image != DEFAULT_IMAGE:
+        return problems
     if not env.get("VASTCTL_PIP"):
         problems.append("set launch.vastctl_source to where the machine installs vastctl from"
                         " (a pip requirement, e.g. git+https://github.com/OWNER/vastctl@v0.1.0)")

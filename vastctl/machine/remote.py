@@ -127,9 +127,9 @@ class RemoteReports:
         error.row = answer
         raise error
 
-    def running(self, uuid):
+    def running(self, uuid, stages=None):
         validate.text(uuid, "uuid")
-        return self._report(uuid, "running", {})
+        return self._report(uuid, "running", {} if stages is None else {"stages": lifecycle.validate_stages(stages)})
 
     def heartbeat(self, uuid, proofs_done=None):
         validate.text(uuid, "uuid")

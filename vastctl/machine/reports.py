@@ -33,7 +33,7 @@ class Reports(Protocol):
 
     def bench_failed(self, uuid: str, reason: str | None) -> dict[str, Any]: ...
 
-    def running(self, uuid: str) -> dict[str, Any]: ...
+    def running(self, uuid: str, stages: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
     def heartbeat(self, uuid: str, proofs_done: int | None) -> dict[str, Any]: ...
 
@@ -66,8 +66,8 @@ class LocalReports:
     def bench_failed(self, uuid, reason=None):
         lifecycle.bench_failed(self.conn, uuid, reason, now=self.now)  # always raises BenchFailed: the kill is done
 
-    def running(self, uuid):
-        return {"state": lifecycle.running(self.conn, uuid, now=self.now)["state"]}
+    def running(self, uuid, stages=None):
+        return {"state": lifecycle.running(self.conn, uuid, now=self.now, stages=stages)["state"]}
 
     def heartbeat(self, uuid, proofs_done=None):
         from vastctl.facts import deliveries

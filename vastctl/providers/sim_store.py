@@ -22,6 +22,7 @@ import sqlite3
 from collections import Counter
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Iterable, Iterator, overload
 
 from vastctl import clock as clocks
@@ -142,6 +143,24 @@ def row_of(machine: Machine) -> list[Any]:
 def machine_of(row: sqlite3.Row) -> Machine:
     values: dict[str, Any] = {name: _from_iso(row[name]) if name in TIME_FIELDS else row[name] for name in MACHINE_FIELDS}
     return Machine(**values)
+
+
+def simulated_until(path: Path) -> datetime | None:
+    """How far the simulated market in the state file at `path` has run (None: no market there, or no file).
+
+    Read-only and without migrating: a kept `demo` day is read at this moment by default, since it lies years
+    after the wall clock and every "last hour" would otherwise be empty."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT advanced_to FROM sim_meta WHERE id = 1").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:  # not SQLite, no market table, unreadable: the file is read on the wall clock
+        return None
+    return clocks.from_iso(row[0]) if row else None
 
 
 class SimStore:

@@ -88,7 +88,7 @@ _FIELDS: dict[str, dict[str, tuple[str, int]]] = {
     "register": {"label": ("text", 0), "vast_id": ("int", 0), "gpu_name": ("text", 0), "num_gpus": ("int", 1)},
     "params-done": {},
     "bench-report": {"rate": ("number", 0), "failed": ("bool", 0), "reason": ("reason", 0)},
-    "running": {},
+    "running": {"stages": ("stages", 0)},
     "heartbeat": {"proofs_done": ("int", 0)},
 }
 
@@ -205,7 +205,7 @@ class App:
             except BenchFailed as exc:  # a below-gate bench is an answer, not an error: the machine must stop
                 return {"state": exc.row["state"], "passed": False, "reason": str(exc)}
         if report == "running":
-            return reports.running(uuid)
+            return reports.running(uuid, body.get("stages"))
         return reports.heartbeat(uuid, body.get("proofs_done"))
 
     def check_machine(self, environ: dict, uuid: str) -> None:
@@ -292,6 +292,8 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise validate.Invalid(key, f"must be true or false, got {validate.ascii_shown(value)}")
+        elif kind == "stages":  # {stage: seconds}: where the boot's time went
+            value = lifecycle.validate_stages(value)
         else:
             validate.text(value, key, max_len=lifecycle.REASON_CHARS if kind == "reason" else validate.TEXT_CHARS,
                           utf8=True)

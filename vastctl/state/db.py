@@ -443,6 +443,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE instances ADD COLUMN route_failure TEXT
         """,
     ),
+    (
+        "where each machine's boot went: the seconds of each stage its boot script timed, reported with `running`",
+        "ALTER TABLE instances ADD COLUMN boot_stages TEXT",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

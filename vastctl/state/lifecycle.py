@@ -13,6 +13,7 @@ nothing the second time and writes no second event.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from datetime import datetime
@@ -428,9 +429,33 @@ def bench_failed(conn: sqlite3.Connection, uuid: str, reason: Any = None, *, now
     raise error
 
 
-def running(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
-    """The prover is up and taking work."""
-    return _report_once(conn, uuid, S.RUNNING, "proving", now=now)
+BOOT_STAGES = ("fetch", "daemon", "warmup", "bench", "join")  # the boot script's stages, in the order they run
+MAX_STAGE_S = 7 * 86400  # a stage longer than a week is not a measurement
+
+
+def validate_stages(stages: Any) -> dict[str, float]:
+    """The boot's stage durations: {stage: seconds}, each stage one of BOOT_STAGES, each a finite number ≥ 0."""
+    if not isinstance(stages, dict):
+        raise Invalid("stages", f"must map a stage ({', '.join(BOOT_STAGES)}) to its seconds, got {validate.shown(stages)}")
+    checked = {}
+    for name, seconds in stages.items():
+        if name not in BOOT_STAGES:
+            raise Invalid("stages", f"has an unknown stage {validate.shown(name)} (known: {', '.join(BOOT_STAGES)})")
+        value = validate.finite(seconds, f"stages.{name}", what=" (seconds)", text=True)
+        if value > MAX_STAGE_S:
+            raise Invalid(f"stages.{name}", f"must be at most {MAX_STAGE_S} seconds, got {value:g}")
+        checked[name] = round(value, 1)
+    return {name: checked[name] for name in BOOT_STAGES if name in checked}
+
+
+def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages)."""
+    checked = None if stages is None else validate_stages(dict(stages))
+    row = _report_once(conn, uuid, S.RUNNING, "proving", now=now)
+    if checked:
+        with transaction(conn):
+            update_fields(conn, uuid, {"boot_stages": json.dumps(checked)})
+    return row
 
 
 def validate_proofs(proofs_done: Any) -> int:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 from vastctl import clock
 from vastctl.config import Config
@@ -26,8 +27,23 @@ ORPHAN_WARN_FRACTION = 0.5  # the dashboard warns once the fleet's newest contac
 
 def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     """One machine as `fleet --json` shows it: the observation's facts, its rate rounded and its times the
-    contract's whole-second ISO text."""
-    return display(machine_facts(row))
+    contract's whole-second ISO text. Once vast confirmed its destroy, vast's status is `destroyed`, not the
+    last one listed (`fleet --all` would show a destroyed machine as still running at vast)."""
+    view = display(machine_facts(row))
+    if row.get("destroyed_at") and row.get("vast_id") is not None:
+        view["vast_status"] = "destroyed"
+    view["boot_stages"] = boot_stages(row)
+    return view
+
+
+def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
+    """Where a machine's boot went, {stage: seconds} in the order they ran, as its boot script timed them (null
+    before `running` or from a script that does not time them)."""
+    try:
+        stages = json.loads(row.get("boot_stages") or "null")
+    except ValueError:  # a row edited by hand
+        return None
+    return stages if isinstance(stages, dict) else None
 
 
 def display(facts: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +150,10 @@ def event_view(row: sqlite3.Row) -> dict[str, Any]:
 MAX_EVENT_ID = 2**63 - 1  # the largest id (and count) SQLite can hold
 
 
-def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    """Events oldest first, in id order (the order written): the newest `limit` of those after `since`.
+def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 50,
+           uuid: str | None = None) -> list[dict[str, Any]]:
+    """Events oldest first, in id order (the order written): the newest `limit` of those after `since`, of one
+    machine when `uuid` is given.
 
     `since` is an id, so a reader that follows the log by id never misses one; each `at` is the time its
     writer judged the change (see `vastctl events --help`)."""
@@ -144,11 +162,32 @@ def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 5
     for name, value in (("--since", since), ("--limit", limit)):
         if value is not None and value > MAX_EVENT_ID:  # SQLite's INTEGER: a larger number cannot even be compared
             raise BadInput(f"{name} must be at most {MAX_EVENT_ID}, got a {len(str(value))}-digit number")
+    mine = "" if uuid is None else " AND uuid = ?"
     rows = conn.execute(
-        "SELECT * FROM (SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?) ORDER BY id",
-        (since or 0, limit),
+        f"SELECT * FROM (SELECT * FROM events WHERE id > ?{mine} ORDER BY id DESC LIMIT ?) ORDER BY id",
+        (since or 0, *(() if uuid is None else (uuid,)), limit),
     ).fetchall()
     return [event_view(row) for row in rows]
+
+
+def machine_path(conn: sqlite3.Connection, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One machine's whole path for `events --label`: its events and the calls made to vast for it (launch,
+    stop, start, destroy: the `actions` table), in the order they happened, then where it stands now."""
+    steps = [{**e, "what": "event"} for e in events(conn, uuid=row["uuid"], limit=MAX_EVENT_ID)]
+    for action in conn.execute("SELECT * FROM actions WHERE uuid = ? ORDER BY id", (row["uuid"],)):
+        steps.append({"id": None, "at": clock.display_iso(action["at"]), "what": "vast", "kind": action["kind"],
+                      "from_state": None, "to_state": None, "source": action["actor"], "code": None,
+                      "reason": f"vast {action['kind']}: {action['result'] or ('ok' if action['ok'] else 'failed')}"})
+    steps.sort(key=lambda step: (step["at"] or "", step["what"] == "vast"))  # an event before the call it made
+    heartbeat = clock.display_iso(row.get("last_heartbeat_at"))
+    now = f"now {row['state']} since {clock.display_iso(row.get('state_since'))}"
+    if heartbeat:
+        now += f", last heartbeat {heartbeat} ({row.get('proofs_done') or 0} proofs)"
+    if row.get("destroyed_at"):
+        now += f", destroyed at vast {clock.display_iso(row['destroyed_at'])}"
+    steps.append({"id": None, "at": None, "what": "now", "kind": "now", "from_state": None, "to_state": None,
+                  "source": "-", "code": None, "reason": now})
+    return steps
 
 
 def notify(conn: sqlite3.Connection, text: str, *, source: str = "operator", now: datetime) -> int:

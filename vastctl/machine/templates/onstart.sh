@@ -80,9 +80,13 @@ need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or 
 [ -n "${VASTCTL_CUZK_CMD:-}" ] || need cuzk
 [ -n "${VASTCTL_BENCH_CMD:-}" ] || need cuzk-bench " (make cuzk builds only the daemon; cargo build --release -p cuzk-bench in extern/cuzk)"
 
-# 3. proving parameters (~53 GiB)
-log "fetching parameters (fetch.log)"
-bash -c "${VASTCTL_FETCH_CMD:-curio fetch-params 32GiB}" >fetch.log 2>&1 || fail "parameter fetch failed (exit $?): $(tail1 fetch.log)"
+# 3. proving parameters (~53 GiB for 32GiB) for VASTCTL_SECTOR_SIZE (launch.sector_size), from IPFS_GATEWAY
+# (launch.params_mirror) when set. Each stage's seconds are logged and reported with `running` (fleet --json)
+SECTOR=${VASTCTL_SECTOR_SIZE:-32GiB} STAGES=
+took() { local s=$((SECONDS - $2)); STAGES="$STAGES${STAGES:+,}$1=$s"; log "stage $1 took ${s}s"; }
+log "fetching $SECTOR parameters from ${IPFS_GATEWAY:-the public gateway} (fetch.log)"; T=$SECONDS
+bash -c "${VASTCTL_FETCH_CMD:-curio fetch-params $SECTOR}" >fetch.log 2>&1 || fail "parameter fetch failed (exit $?): $(tail1 fetch.log)"
+took fetch $T
 vastctl params-done || exit 1
 push onstart fetch
 
@@ -101,29 +105,32 @@ CUZK=$!; echo $CUZK >cuzk.pid  # for the dead-man switch
 status() {  # the daemon's completed proofs, from its status API
   python3 -c 'import json,sys,urllib.request as u; print(int(json.load(u.urlopen(sys.argv[1],timeout=10))["counters"]["total_completed"]))' "http://$STATUS/status"
 }
-WAIT=${VASTCTL_CUZK_WAIT_S:-600} T0=$SECONDS
+WAIT=${VASTCTL_CUZK_WAIT_S:-600} T0=$SECONDS T=$SECONDS
 until status >/dev/null 2>&1; do
   kill -0 $CUZK 2>/dev/null || fail "cuzk exited at start: $(tail1 cuzk.log)"
   [ $((SECONDS - T0)) -lt "$WAIT" ] || fail "cuzk status API at $STATUS did not answer in ${WAIT}s: $(tail1 cuzk.log)"
   sleep 1
 done
-log "cuzk is up (cuzk.log); benchmarking (bench.log)"
+log "cuzk is up (cuzk.log); benchmarking (bench.log)"; took daemon $T; T=$SECONDS
 if [ -n "${VASTCTL_BENCH_CMD:-}" ]; then
   RATE=$(bash -c "$VASTCTL_BENCH_CMD" 2>bench.log)
 else
-  if [ ! -s c1.json ]; then
+  C1=c1.json; [ "$SECTOR" = 32GiB ] || C1=c1-$SECTOR.json  # a sector size's own input (launch.bench_input)
+  if [ ! -s $C1 ]; then
     python3 -c 'import sys,urllib.request as u; u.urlretrieve(*sys.argv[1:])' "${VASTCTL_C1_URL:-https://pub-08ae819c828244bdbe5f615fd8c5e144.r2.dev/c1.json}" \
-      c1.part >bench.log 2>&1 && mv c1.part c1.json || fail "cannot download the benchmark input c1.json: $(tail1 bench.log)"
+      c1.part >bench.log 2>&1 && mv c1.part $C1 || fail "cannot download the benchmark input $C1: $(tail1 bench.log)"
   fi
   # as the gate was calibrated: one warm-up proof (SRS and PCE loaded), then N proofs J at a time
-  cuzk-bench -a "$ADDR" single -t porep --c1 c1.json >bench.log 2>&1
+  cuzk-bench -a "$ADDR" single -t porep --c1 $C1 >bench.log 2>&1
   grep -q '^status: *COMPLETED' bench.log || fail "warm-up proof failed: $(tail1 bench.log)"
-  cuzk-bench -a "$ADDR" batch -t porep --c1 c1.json -c "${VASTCTL_BENCH_COUNT:-5}" -j "${VASTCTL_BENCH_CONCURRENCY:-5}" >bench.log 2>&1
+  took warmup $T; T=$SECONDS
+  cuzk-bench -a "$ADDR" batch -t porep --c1 $C1 -c "${VASTCTL_BENCH_COUNT:-5}" -j "${VASTCTL_BENCH_CONCURRENCY:-5}" >bench.log 2>&1
   PPM=$(sed -n 's|^throughput: *\([0-9][0-9.]*\) proofs/min.*|\1|p' bench.log | tail -1)
   [ -n "$PPM" ] || fail "benchmark completed no proof: $(tail1 bench.log)"
   RATE=$(awk -v p="$PPM" 'BEGIN{printf "%.3f", p*60}')
 fi
 case "$RATE" in ''|*[!0-9.]*) fail "no benchmark rate (got '$(echo "$RATE" | LC_ALL=C tr -c ' -~' ' ' | cut -c1-60)')" ;; esac
+took bench $T; T=$SECONDS
 push onstart cuzk bench
 vastctl bench-report --rate "$RATE"; rc=$?
 if [ $rc -eq 5 ]; then log "rate $RATE is below the gate: not proving"; stop; exit 0; fi
@@ -161,7 +168,8 @@ case "${VASTCTL_JOIN:-none}" in
 esac
 
 # 5. prove, with a heartbeat carrying the daemon's cumulative proof count
-vastctl running || { stop; exit 1; }
+took join $T
+vastctl running --stages "$STAGES" || { stop; exit 1; }
 proofs() {
   if [ -n "${VASTCTL_PROOFS_CMD:-}" ]; then bash -c "$VASTCTL_PROOFS_CMD"; return; fi
   status || cuzk-bench -a "$ADDR" status | sed -n 's/^proofs completed: *\([0-9]*\)$/\1/p'
