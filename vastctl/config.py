@@ -142,6 +142,7 @@ class ReconcileSection:
     disappear_confirmations: int = 2
     max_vanish_fraction: float = 0.5
     deadline: float = field(default=50.0, metadata=DURATION)  # a pass stops calling vast after this (cron: 1 min)
+    confirm_after: float = field(default=60.0, metadata=DURATION)  # vast's dead/missing word must hold this long
 
 
 @dataclass

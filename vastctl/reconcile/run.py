@@ -139,7 +139,16 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
 
 
 def _snapshot(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    return [dict(row) for row in conn.execute(LIVE_ROWS)]
+    """The live rows; a row missing from the last k good listings carries the first of them as vast_missing_since
+    (the k-th newest good listing), so the rules can tell how long it has really been missing."""
+    rows = [dict(row) for row in conn.execute(LIVE_ROWS)]
+    for row in rows:
+        missing = int(row.get("vast_missing") or 0)
+        if missing > 0:
+            first = conn.execute("SELECT at FROM vast_listings WHERE ok = 1 ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                 (missing - 1,)).fetchone()
+            row["vast_missing_since"] = first["at"] if first else None
+    return rows
 
 
 def _list(provider: Provider, budget: Budget) -> list[RemoteInstance]:

@@ -24,10 +24,12 @@ Decisions:
 - Wakes are coalesced and rate-limited: deliveries that arrive while a wake
   is running or within `server.webhook_min_interval` of the last one's start
   are served by one more wake. A wake is one reconcile pass, a second one
-  `server.webhook_confirm_after` later only when the first saw a live
-  machine listed dead or missing (the rules need two listings to agree
-  before they kill), then one agent step (`--if-events`: the delivery's
-  event is its news).
+  later only when the first saw a live machine listed dead or missing (the
+  rules kill only when two listings agree and vast's word has held for
+  `reconcile.confirm_after` without a heartbeat), then one agent step
+  (`--if-events`: the delivery's event is its news). The second listing
+  comes `server.webhook_confirm_after` or `reconcile.confirm_after` later,
+  whichever is longer: sooner, it could not confirm a kill.
 """
 
 from __future__ import annotations
@@ -356,7 +358,7 @@ class Waker:
 
             if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
                 result.passes += 1
-                if needs_confirmation(conn) and not self._wait(self.config.server.webhook_confirm_after):
+                if needs_confirmation(conn) and not self._wait(confirm_delay(self.config)):
                     if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
                         result.passes += 1
             if self._stopping.is_set():
@@ -379,6 +381,11 @@ class Waker:
                     result.errors.append(f"{lease}: {exc}")
                     return False
         return False  # pragma: no cover
+
+
+def confirm_delay(config: Config) -> float:
+    """How long after its first listing a wake lists again: no sooner than a kill could be confirmed."""
+    return max(config.server.webhook_confirm_after, config.reconcile.confirm_after)
 
 
 def needs_confirmation(conn: sqlite3.Connection) -> bool:
