@@ -51,12 +51,18 @@ except r.HTTPError as e: print(f"vast refused the destroy: HTTP {e.code}"); sys.
       0) log "destroyed"; kill ${WATCHDOG:-} 2>/dev/null; return 0 ;; 3) return 1 ;; esac; sleep 20
   done; log "vast did not take the destroy"; return 1
 }
+# A contact file that cannot be written (a full disk) or read is never silence: the switch counts from the newest
+# of the file's time, its own start and the last answer it saw itself; any exit of its last try but 1 (no answer,
+# or only 5xx) and 3 (killed) is the manager answering.
 watchdog() {
+  local ok; ok=$(date +%s)
   while sleep "${VASTCTL_WATCHDOG_S:-60}"; do
-    last() { local t; read -r t <"$VASTCTL_CONTACT_FILE"; echo $(($(date +%s) - ${t:-0})); } 2>/dev/null
+    last() { local t=; read -r t <"$VASTCTL_CONTACT_FILE"; case "$t" in ''|*[!0-9]*) t=0 ;; esac
+      [ "$t" -gt "$ok" ] || t=$ok; echo $(($(date +%s) - t)); } 2>/dev/null
     [ "$(last)" -ge "$ORPHAN" ] || continue
     log "no answer from the manager for ${ORPHAN}s: one last heartbeat"
     VASTCTL_RETRY_FOR=${VASTCTL_LAST_TRY_FOR:-2m} vastctl heartbeat; rc=$?
+    [ $rc -eq 1 ] || [ $rc -eq 3 ] || { ok=$(date +%s); log "the manager answered (exit $rc): carrying on"; continue; }
     [ $rc -eq 3 ] || [ "$(last)" -ge "$ORPHAN" ] || { log "the manager answered (exit $rc): carrying on"; continue; }
     kill "$MAIN" 2>/dev/null; CUZK=$(cat cuzk.pid 2>/dev/null); destroy_self "orphaned (last heartbeat exit $rc)"; exit
   done
