@@ -43,7 +43,7 @@ PINNED = {
         "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost", "hold",
     ],
     "dashboard_sign_outs": ["session", "expires_at", "signed_out_at"],
-    "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event"],
+    "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event", "signed"],
     # the simulated market's (providers/sim_store.py; sim_meta.schema_version counts their changes too)
     "sim_meta": ["id", "schema_version", "seed", "started_at", "advanced_to", "calls", "next_vast_id", "version",
                  "busy_by", "busy_until"],

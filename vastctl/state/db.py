@@ -394,6 +394,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX vast_listings_ok ON vast_listings(ok)
         """,
     ),
+    (
+        "webhook deliveries: the digest of what vast signed, so a body replayed under a fresh event id is one",
+        """
+        ALTER TABLE webhook_deliveries ADD COLUMN signed TEXT;
+        CREATE INDEX webhook_deliveries_signed ON webhook_deliveries(signed)
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
