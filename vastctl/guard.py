@@ -42,6 +42,7 @@ from vastctl import clock
 from vastctl.config import Config
 from vastctl.state.audit import record_action
 from vastctl.state.lifecycle import KillCode, State, StrEnum
+from vastctl.validate import MIN_DPH
 
 if TYPE_CHECKING:
     from vastctl.observe import Observation
@@ -215,9 +216,9 @@ def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, wh
 
 def _check_dph(dph: float, what: str, obs: "Observation") -> Verdict:
     most = float(obs.settings["max_dph"])
-    if not (math.isfinite(dph) and dph > 0):  # NaN passes every comparison and a negative price lowers the spend
+    if not (math.isfinite(dph) and dph >= MIN_DPH):  # NaN passes every comparison; a negative or tiny one lowers the spend
         return _refuse("max_dph", f"{what} is priced ${dph:g}/h, which is not a price: vastctl rents only at a finite"
-                       " price above $0/h (check the offer at vast)")
+                       f" price of at least ${MIN_DPH:g}/h (check the offer at vast)")
     if dph > most + 1e-9:
         return _refuse("max_dph", f"{what} costs ${dph:g}/h; max_dph is ${most:g}/h (vastctl settings set max_dph X)")
     return ALLOWED
