@@ -378,11 +378,23 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
         raise BadInput("config key launch.join is command but launch.join_command is empty: set the command the"
                        " boot script runs to join the machine, or set launch.join to none or ssh")
     _check_orphan_after(config)
+    _check_label_prefix(config.vast.label_prefix)
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:
             raise BadInput(f"config key 'launch.{key}' must be from 0 to 1, got {value:g}")
     return config
+
+
+LABEL_PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+
+
+def _check_label_prefix(prefix: str) -> None:
+    """The prefix starts every label we write (vast's listing, nginx's upstream file, tables): plain characters only,
+    so no newline or control can break out of where a label is written."""
+    if prefix and not LABEL_PREFIX_RE.fullmatch(prefix):
+        raise BadInput(f"config key 'vast.label_prefix' must be 1 to 40 letters, digits, '.', '_' or '-' (starting"
+                       f" with a letter or digit), got {validate.shown(prefix)}: e.g. vastctl-")
 
 
 def _check_orphan_after(config: Config) -> None:
