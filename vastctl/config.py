@@ -379,11 +379,23 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
                        " boot script runs to join the machine, or set launch.join to none or ssh")
     _check_orphan_after(config)
     _check_label_prefix(config.vast.label_prefix)
+    _check_cuzk_memory(config.launch.env.get("VASTCTL_CUZK_MEMORY"))
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:
             raise BadInput(f"config key 'launch.{key}' must be from 0 to 1, got {value:g}")
     return config
+
+
+CUZK_SIZE_RE = re.compile(r" *(?:[1-9][0-9]{0,6} *(?:GiB|MiB|GB|MB)|[1-9][0-9]{0,15}) *")  # the boot script's check
+
+
+def _check_cuzk_memory(value: str | None) -> None:
+    """cuzk reads total_budget as exactly `auto` or a whole size (GiB, MiB, GB, MB, bytes) and silently turns
+    anything else into 50 GiB: refused before a machine is rented with it."""
+    if value is not None and value != "auto" and not CUZK_SIZE_RE.fullmatch(value):
+        raise BadInput(f"config key 'launch.env.VASTCTL_CUZK_MEMORY' must be auto or a whole size cuzk reads"
+                       f" (e.g. 256GiB, 200000MiB, 256GB), got {validate.shown(value)}: cuzk would run on 50 GiB")
 
 
 LABEL_PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")

@@ -20,8 +20,8 @@ case "$LISTEN" in unix://*) ADDR=$LISTEN ;; *) ADDR=http://$LISTEN ;; esac
 CUZK=
 # the end of a log as one short printable line, for a reason
 tail1() { tail -n 8 "$1" 2>/dev/null | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | LC_ALL=C tr -c ' -~' ' ' | tr -s ' ' | LC_ALL=C grep -o '.\{0,300\}$'; }
-stop() {  # the prover, given 10 s to exit
-  [ -n "$CUZK" ] || return 0; kill "$CUZK" 2>/dev/null
+stop() {  # the prover, given 10 s to exit: SIGINT, the signal cuzk shuts down gracefully on (SIGTERM ends it at once)
+  [ -n "$CUZK" ] || return 0; kill -INT "$CUZK" 2>/dev/null
   for _ in $(seq 50); do kill -0 "$CUZK" 2>/dev/null || return 0; sleep 0.2; done; kill -9 "$CUZK" 2>/dev/null
 }
 # log tails to the manager (`vastctl logs`), never fatal
@@ -80,6 +80,11 @@ fi
 # 2. register (vast sets CONTAINER_ID to the instance id), then curio and cuzk
 VID=${CONTAINER_ID:-}; case "$VID" in ''|*[!0-9]*) VID= ;; esac
 vastctl register ${VID:+--vast-id "$VID"} || { log "register failed (exit $?)"; exit 1; }
+# cuzk reads total_budget as exactly `auto` or a whole number of GiB, MiB, GB, MB or bytes, and turns anything
+# else ("256G", "Auto") into 50 GiB without a word: refused here, before 53 GiB of parameters are fetched
+MEM=${VASTCTL_CUZK_MEMORY:-auto} SIZE='^ *([1-9][0-9]{0,6} *(GiB|MiB|GB|MB)|[1-9][0-9]{0,15}) *$'
+[ "$MEM" = auto ] || [[ $MEM =~ $SIZE ]] \
+  || fail "VASTCTL_CUZK_MEMORY '$(printf '%s' "$MEM" | LC_ALL=C tr -c ' -~' '?' | cut -c1-40)' is not a size cuzk reads (auto, or e.g. 256GiB): cuzk would run on 50 GiB"
 if [ -n "${VASTCTL_INSTALL:-}" ]; then bash -c "$VASTCTL_INSTALL" || { log "launch.install failed"; exit 1; }; fi
 need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or launch.image${2:-}"; exit 1; }; }
 [ -n "${VASTCTL_FETCH_CMD:-}" ] || need curio
@@ -100,7 +105,7 @@ status_listen = "$STATUS"
 [srs]
 param_cache = "$FIL_PROOFS_PARAMETER_CACHE"
 [memory]
-total_budget = "${VASTCTL_CUZK_MEMORY:-auto}"
+total_budget = "$MEM"
 EOF
 if [ -n "${VASTCTL_CUZK_CMD:-}" ]; then bash -c "$VASTCTL_CUZK_CMD" >cuzk.log 2>&1 & else cuzk --config "$ZK/cuzk.toml" >cuzk.log 2>&1 & fi
 CUZK=$!; echo $CUZK >cuzk.pid  # for the dead-man switch
