@@ -20,7 +20,18 @@
 # line on stderr naming the cause; vastctl then treats demand as unknown and never shrinks the fleet on it.
 set -eu
 
-URL="${CURIO_DB_URL:-postgres://${CURIO_DB_USER:-yugabyte}:${CURIO_DB_PASSWORD:-yugabyte}@${CURIO_DB_HOST:-127.0.0.1}:${CURIO_DB_PORT:-5433}/${CURIO_DB_NAME:-yugabyte}}"
+# Without CURIO_DB_URL, the parts Curio reads (CURIO_DB_HOST, a comma-separated list, each host on CURIO_DB_PORT;
+# CURIO_DB_USER, _PASSWORD, _NAME) go to psql as libpq's own variables, never pasted into a URL: a password with
+# @, / or % in it is taken as it is written, and every host of the list gets the port. libpq tries the hosts in
+# order; Curio itself (without load balancing) uses the first.
+if [ -n "${CURIO_DB_URL:-}" ]; then
+    CONN=$CURIO_DB_URL
+else
+    CONN=
+    PGHOST="${CURIO_DB_HOST:-127.0.0.1}" PGPORT="${CURIO_DB_PORT:-5433}" PGUSER="${CURIO_DB_USER:-yugabyte}"
+    PGPASSWORD="${CURIO_DB_PASSWORD:-yugabyte}" PGDATABASE="${CURIO_DB_NAME:-yugabyte}"
+    export PGHOST PGPORT PGUSER PGPASSWORD PGDATABASE
+fi
 SCHEMA="${CURIO_DB_SCHEMA:-curio}"
 TASKS="'PoRep','UpdateProve','PSProve'"
 
@@ -52,7 +63,7 @@ SQL="SELECT
 
 errors=$(mktemp)
 trap 'rm -f "$errors"' EXIT
-if ! counts=$(PGCONNECT_TIMEOUT=5 PGAPPNAME=curio-demand psql "$URL" -X -q -t -A -F ' ' -v ON_ERROR_STOP=1 \
+if ! counts=$(PGCONNECT_TIMEOUT=5 PGAPPNAME=curio-demand psql ${CONN:+"$CONN"} -X -q -t -A -F ' ' -v ON_ERROR_STOP=1 \
         -c "SET statement_timeout = '10s'" -c "SET lock_timeout = '5s'" -c "$SQL" 2>"$errors"); then
     why=$(grep -m 1 -E 'ERROR|FATAL|error' "$errors" || head -n 1 "$errors")
     case "$why" in

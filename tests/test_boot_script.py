@@ -267,6 +267,19 @@ def test_a_slow_machine_is_killed_at_the_gate(machine):
     assert f"below gate {GATE}" in row["kill_reason"]
     assert "is below the gate: not proving" in machine.text("onstart.log")
     assert len(kill_events(machine)) == 1 and not machine.daemon_answers()
+    # stopped with SIGINT, the signal cuzk drains on (SIGTERM would end it at once)
+    assert "received SIGINT, shutting down gracefully" in (machine.zk / "cuzk.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("memory", ["256G", "Auto", "1.5GiB", "0GiB"])
+def test_a_memory_budget_cuzk_would_read_as_50_gib_is_refused_before_the_fetch(machine, memory):
+    machine.boot(VASTCTL_CUZK_MEMORY=memory)
+    assert machine.wait_exit() == 1
+    row = machine.current()
+    assert (row["state"], row["kill_code"]) == ("killed", "bench_failed")
+    assert f"VASTCTL_CUZK_MEMORY '{memory}' is not a size cuzk reads" in row["kill_reason"]
+    assert "fetching parameters" not in machine.text("onstart.log")
 
 
 # --- the fakes refuse what the real tools do not have -----------------------------------------------------

@@ -201,3 +201,23 @@ def test_a_duplicate_key_is_an_error_naming_it(tmp_path, text, key, line):
 def test_deep_nesting_is_bad_input_not_a_crash(tmp_path):
     with pytest.raises(BadInput, match="config file"):
         config_module.load(str(write(tmp_path, "a: " + "[" * 100_000 + "]" * 100_000 + "\n")))
+
+
+@pytest.mark.parametrize("prefix", ["vast\nctl-", "vastctl-\n# x", "vast ctl-", "-vastctl", "v\u202ectl-", "x" * 41])
+def test_a_label_prefix_that_could_break_out_of_where_labels_are_written_is_refused(prefix):
+    with pytest.raises(BadInput, match="vast.label_prefix' must be 1 to 40 letters, digits"):
+        config_module.from_mapping({"vast": {"label_prefix": prefix}})
+    assert config_module.from_mapping({"vast": {"label_prefix": "prover-1.a_"}}).vast.label_prefix == "prover-1.a_"
+    assert config_module.from_mapping({"vast": {"label_prefix": ""}}).vast.label_prefix == ""
+
+
+@pytest.mark.parametrize("memory", ["256G", "Auto", " auto", "1.5GiB", "0GiB", "256GiB\nx", "99999999GiB"])
+def test_a_cuzk_memory_budget_cuzk_would_misread_is_refused(memory):
+    with pytest.raises(BadInput, match="VASTCTL_CUZK_MEMORY' must be auto or a whole size cuzk reads"):
+        config_module.from_mapping({"launch": {"env": {"VASTCTL_CUZK_MEMORY": memory}}})
+
+
+@pytest.mark.parametrize("memory", ["auto", "256GiB", "200000MiB", "256GB", "274877906944", " 64 GiB "])
+def test_a_cuzk_memory_budget_cuzk_reads_is_kept(memory):
+    config = config_module.from_mapping({"launch": {"env": {"VASTCTL_CUZK_MEMORY": memory}}})
+    assert config.launch.env["VASTCTL_CUZK_MEMORY"] == memory

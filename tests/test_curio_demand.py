@@ -251,6 +251,30 @@ def test_the_connection_parts_build_the_url(cluster):
     assert result.returncode == 0 and json.loads(result.stdout) == truth()
 
 
+@pytest.mark.parametrize("password", ["p@ss", "a/b", "pc%41t", "x:y?z#w", "sp ace&'quote"])
+def test_a_password_is_taken_as_written_as_curio_takes_it(cluster, password):
+    role = "curio_pw_" + str(abs(hash(password)) % 10_000)
+    quoted = password.replace("'", "''")
+    cluster.sql(f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{quoted}' SUPERUSER")
+    result = run_script(CURIO_DB_HOST="127.0.0.1", CURIO_DB_PORT=str(cluster.port), CURIO_DB_USER=role,
+                        CURIO_DB_PASSWORD=password, CURIO_DB_NAME="postgres")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == truth()
+    wrong = run_script(CURIO_DB_HOST="127.0.0.1", CURIO_DB_PORT=str(cluster.port), CURIO_DB_USER=role,
+                       CURIO_DB_PASSWORD=password + "-not", CURIO_DB_NAME="postgres")
+    assert wrong.returncode == 1 and wrong.stderr.startswith("curio-demand: authentication failed: ")
+
+
+def test_a_host_list_takes_the_port_on_every_host(cluster):
+    # Curio's CURIO_DB_HOST is a comma-separated list and CURIO_DB_PORT the port of each; nothing listens on
+    # the first host's default port, so a port given to the last host only would not connect
+    for hosts in ("127.0.0.1,127.0.0.2", "127.0.0.2,127.0.0.1"):
+        result = run_script(CURIO_DB_HOST=hosts, CURIO_DB_PORT=str(cluster.port), CURIO_DB_USER=pg.USER,
+                            CURIO_DB_PASSWORD=pg.PASSWORD, CURIO_DB_NAME="postgres")
+        assert result.returncode == 0, (hosts, result.stderr)
+        assert json.loads(result.stdout) == truth()
+
+
 def test_the_grants_docs_curio_demand_md_lists_are_enough(cluster):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "curio-demand.md").read_text()
     grants = doc.split("```sql\n", 1)[1].split("```", 1)[0]

@@ -44,7 +44,7 @@ PINNED = {
         "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost", "hold",
     ],
     "dashboard_sign_outs": ["session", "expires_at", "signed_out_at"],
-    "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event"],
+    "webhook_deliveries": ["event_id", "received_at", "notif_type", "attempt", "event", "signed"],
     # the proof router's (facts/deliveries.py)
     "proof_calls": ["id", "at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
                     "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail"],

@@ -178,6 +178,24 @@ def test_a_manager_answering_5xx_is_alive_and_the_machine_keeps_proving(machine,
 
 
 @pytest.mark.slow
+def test_a_contact_file_that_cannot_be_written_is_not_silence_while_the_manager_answers(machine, instance_api):
+    # a full disk: the heartbeat is answered but its contact note cannot land (here the file's place is taken by a
+    # directory, so the note's rename fails and the switch cannot read the file either, even as root)
+    boot(machine, instance_api)
+    running(machine)
+    contact = machine.zk / "manager-contact"
+    contact.unlink()
+    contact.mkdir()
+    (contact / "taken").write_text("full")
+    wait_until(lambda: machine.text("onstart.log").count("the manager answered (exit 0): carrying on") >= 2,
+               "the switch never heard the manager answer its last heartbeat", machine)
+    assert instance_api.requests == [] and machine.proc.poll() is None and machine.daemon_answers()
+    assert "destroying this instance" not in machine.text("onstart.log")
+    machine.manager.stop()  # and once nothing answers at all, the switch still works
+    assert_destroyed_itself_once(machine, instance_api)
+
+
+@pytest.mark.slow
 def test_a_killed_machine_destroys_itself_at_once(machine, instance_api):
     boot(machine, instance_api, VASTCTL_ORPHAN_AFTER_S="3600")
     running(machine)

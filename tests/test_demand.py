@@ -96,6 +96,15 @@ def test_the_command_is_sampled_and_every_sample_kept(conn):
     assert not after_failure.known and "exited 2" in after_failure.error  # the last good one is not used
 
 
+UNDECODABLE = [  # output no decoder takes: unknown demand with the cause, never an unexpected error
+    (r"""printf 'psql: FEHLER:  Relation \253sectors\273 existiert nicht\n' >&2; exit 2""",
+     "demand.command exited 2: psql: FEHLER: Relation \ufffdsectors\ufffd existiert nicht"),
+    (r"""printf '{"queued": 3, "note": "\377\376"}'""", "printed output that is not UTF-8 (byte 0xff at offset 23)"),
+    ("""python3 -c 'print("[" * 200000 + "]" * 200000)'""", "nested too deeply"),
+    ("""python3 -c 'print("{\\"queued\\": " + "[" * 200000 + "]" * 200000 + "}")'""", "nested too deeply"),
+]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command, why", [
     ("echo hello", "printed no JSON"),
@@ -116,6 +125,7 @@ def test_the_command_is_sampled_and_every_sample_kept(conn):
     ("""echo '{"queued": 1, "proofs_per_hour": 1e400}'""", "proofs_per_hour must be a finite number"),
     ("""echo '{"queued": 1, "proofs_per_hour": 1e300}'""", "proofs_per_hour must be at most"),
     ("""echo '{"queued": 1, "lookahead": 99999999999}'""", "lookahead must be at most"),
+    *UNDECODABLE,
 ])
 def test_garbage_is_unknown(conn, command, why):
     current = demand.refresh(conn, cfg(command), now=NOW)
@@ -304,3 +314,29 @@ def test_an_agent_step_reads_a_400_digit_number_as_unknown_demand(ready, cli, tm
     assert result.code == 0, result.err
     step = json.loads(result.out)
     assert step["demand"]["known"] is False and "a number of 400 digits (out of range)" in step["demand"]["error"]
+
+
+@pytest.mark.slow
+def test_a_latin1_stderr_beside_a_good_report_is_known(conn):
+    current = demand.refresh(conn, cfg(r"""printf 'Warnung: \344\n' >&2; echo '{"queued": 4}'"""), now=NOW)
+    assert current.known and current.queued == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, why", UNDECODABLE)
+def test_demand_show_and_an_agent_step_hold_on_undecodable_output(ready, cli, tmp_path, monkeypatch, command, why):
+    import yaml
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"demand": {"command": command}}))
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    shown = cli("demand", "show", "--json")
+    assert shown.code == 0, shown.err
+    view = json.loads(shown.out)
+    assert view["known"] is False and why in view["error"]
+    market = type("EmptyMarket", (), {"list_instances": lambda self: [], "search_offers": lambda self, query: []})()
+    monkeypatch.setattr("vastctl.markets.get_provider", lambda config, *, clock: market)
+    result = cli("agent-step", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    step = json.loads(result.out)
+    assert step["demand"]["known"] is False and why in step["demand"]["error"]

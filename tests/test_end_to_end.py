@@ -102,6 +102,7 @@ def manager(tmp_path):
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: admin-token-for-tests-0123456789\n"
         "fleet:\n  min_bench_rate: 40\n  max_dph: 1.0\n"
         "launch:\n  vastctl_source: vastctl==0.1.0\n  install: /opt/provers/install.sh\n"
+        "reconcile:\n  confirm_after: 0s\n"  # cron's two listings are a minute apart; here they are back to back
     )
     m.start(port)
     yield m

@@ -159,3 +159,87 @@ def test_a_bad_log_body_is_a_400_that_keeps_nothing(served, body, says):
     assert answer.status_code == 400 and says in answer.json()["error"], answer.text
     conn = sqlite3.connect(served.db_path)
     assert conn.execute("SELECT count(*) FROM machine_logs WHERE uuid = 'u-h2'").fetchone()[0] == 0
+
+
+# --- secrets a boot log holds ------------------------------------------------------------------------
+
+OPENSSH = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+           "QyNTUxOQAAACBn3kNq7xHkUwq0c3VHn0Ocb8lUq1nqY3d0p4u5bqqPzQAAAJgm7x4TJu8e\n"
+           "-----END OPENSSH PRIVATE KEY-----\n")
+ENV_VALUE = "postgres://curio:launch-env-pw-41@db.internal/curio"
+
+
+def boot_log(token: str) -> str:
+    import base64
+
+    tunnel_key = base64.b64encode(OPENSSH.encode()).decode()
+    return (f"+ export VASTCTL_TOKEN={token}\n"
+            f"vastctl: reporting with {token}\n"
+            "CONTAINER_API_KEY=cak-5f3e2d1c0b9a8f7e6d5c\n"
+            "the key again: cak-5f3e2d1c0b9a8f7e6d5c\n"
+            f"VASTCTL_TUNNEL_KEY={tunnel_key}\n"
+            f"echoed alone: {tunnel_key}\n"
+            + OPENSSH +
+            "VAST_API_KEY=vak-0123456789abcdef\n"
+            "ANTHROPIC_API_KEY=sk-ant-api03-abcdefghijklmnop\n"
+            '{"db_password": "pg-pass-9876", "secret": "s3cr3t-v4lue"}\n'
+            f"MY_DSN={ENV_VALUE}\n"
+            "cuzk: proof 12 done in 61.2s\n")
+
+
+LEAKS = ("cak-5f3e2d1c0b9a8f7e6d5c", "b3BlbnNzaC1rZXkt", "LS0tLS1CRUdJTi", "vak-0123456789abcdef", "sk-ant-api03",
+         "pg-pass-9876", "s3cr3t-v4lue", "launch-env-pw-41", "OPENSSH PRIVATE KEY-----\nb3")
+
+
+def test_every_secret_a_boot_log_holds_is_masked_before_it_is_kept():
+    token = "9f" * 32
+    safe, _ = machine_logs.made_safe(boot_log(token), [token, ENV_VALUE])
+    for leak in (token, *LEAKS):
+        assert leak not in safe, leak
+    assert "VASTCTL_TOKEN=***" in safe and "CONTAINER_API_KEY=***" in safe and "the key again: ***" in safe
+    assert "cuzk: proof 12 done in 61.2s" in safe  # what is not a secret stays readable
+
+
+def test_a_key_block_whose_head_the_tail_cut_off_is_masked_too():
+    body = OPENSSH.split("\n", 1)[1]  # the pusher read the file's last bytes from inside the block
+    safe, _ = machine_logs.made_safe(body + "after\n")
+    assert safe == "***\nafter\n"
+
+
+def test_masking_stays_linear_on_hostile_runs():
+    import time
+
+    started = time.monotonic()
+    for text in ("key" * 20000, "a:" * 30000, "x=" * 30000, "Ab1" * 30000):
+        machine_logs.made_safe(text)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.slow
+def test_a_real_log_push_keeps_no_secret_the_manager_handed_nor_the_log_names(tmp_path):
+    from serving import run_vastctl
+
+    manager = Manager(tmp_path / "manager")
+    with manager.config_path.open("a") as config:
+        config.write(f"launch:\n  env:\n    MY_DSN: \"{ENV_VALUE}\"\n")
+    manager.start(0)
+    try:
+        uuid = "u-secrets"
+        token = manager.token(uuid)
+        assert post(manager, uuid, {"label": "vastctl-secrets"}, "register").status_code == 200
+        log = tmp_path / "onstart.log"
+        log.write_text(boot_log(token))
+        machine = {"VASTCTL_SERVER": manager.url, "VASTCTL_TOKEN": token, "VASTCTL_UUID": uuid,
+                   "HOME": str(tmp_path), "VASTCTL_DB": str(tmp_path / "none.db")}
+        pushed = run_vastctl("log-push", "--name", "onstart", "--file", str(log), env=machine)
+        assert pushed.returncode == 0, pushed.stderr
+        stored = sqlite3.connect(manager.db_path).execute("SELECT text FROM machine_logs").fetchone()[0]
+        shown = run_vastctl("logs", "vastctl-secrets", "--json", env=manager.env)
+        table = run_vastctl("logs", "vastctl-secrets", env=manager.env)
+        assert shown.returncode == 0 and table.returncode == 0, shown.stderr
+        for where in (stored, shown.stdout, table.stdout):
+            for leak in (token, *LEAKS):
+                assert leak not in where, leak
+        assert "cuzk: proof 12 done" in json.loads(shown.stdout)["logs"][0]["text"]
+    finally:
+        manager.stop()

@@ -525,3 +525,17 @@ def test_the_library_raises_the_limit_for_every_caller(conn, cfg):
     with pytest.raises(GuardRefused) as info:  # demand unknown: the last machine proving stays
         operations.stop(conn, market, "vastctl-a", config=cfg, actor="agent", now=NOW)
     assert info.value.limit == "never_scale_to_zero"
+
+
+@pytest.mark.parametrize("label", ["vastctl-a", "training-a"])
+def test_a_second_kill_of_a_killed_row_says_it_is_killed_already(conn, cfg, label):
+    live_row(conn, State.RUNNING)
+    conn.execute("UPDATE instances SET label = ? WHERE uuid = 'u1'", (label,))  # adopted without our prefix
+    market = FakeMarket(conn)
+    first, error = operations.kill(conn, market, label, "operator: done", config=cfg, actor="operator",
+                                   force=True, now=NOW)
+    assert error is None and first["state"] == "killed"
+    with pytest.raises(Refused, match=f"instance {label} is killed already \\(operator: done") as refused:
+        operations.kill(conn, market, label, "operator: again", config=cfg, actor="operator", now=NOW)
+    assert "label prefix" not in str(refused.value)
+    assert market.calls == [("destroy", 77)]  # nothing at vast touched again

@@ -129,3 +129,50 @@ def test_a_failing_reload_is_one_error_line_exit_1_and_the_previous_file_stays(m
     assert "host not found in upstream" in done.stderr and "previous upstream file was put back" in done.stderr
     assert manager["upstream"].read_text() == "# the file nginx runs on\n"
     assert [p.name for p in manager["upstream"].parent.iterdir()] == ["cuzk-upstream.conf"]
+
+
+def test_a_label_never_breaks_out_of_its_comment_in_the_upstream_file():
+    text = provers.upstream_text([{"label": "vastctl-a\nserver 10.9.9.9:1;\r\u2028}", "endpoint": "127.0.0.1:20001"}])
+    lines = text.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("    server 127.0.0.1:20001 ") and "# vastctl-a server 10.9.9.9" in lines[2]
+    assert not any(line.lstrip().startswith("server 10.9.9.9") for line in lines) and "\u2028" not in text
+
+
+@pytest.mark.slow
+def test_a_reload_that_leaves_a_child_holding_its_output_is_judged_by_its_exit(manager):
+    manager["config"].write_text(f"provers:\n  upstream_file: {manager['upstream']}\n"
+                                 f"  reload_command: \"(sleep 300 & echo $! > {manager['reloads']}.child);"
+                                 f" echo reloaded >> {manager['reloads']}\"\n")
+    daemon = FakeDaemon("a")
+    try:
+        add_joined(manager, "a", daemon.port)
+        started = SYSTEM.monotonic()
+        done = vastctl(manager, "provers", "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["reloaded"] is True and reloads(manager) == 1
+        assert SYSTEM.monotonic() - started < 30  # not the 60 s of a reload taken for hung
+        assert f"127.0.0.1:{daemon.port}" in manager["upstream"].read_text()  # not put back
+    finally:
+        daemon.stop()
+        child = manager["reloads"].with_name("reloads.child")
+        if child.exists():
+            os.kill(int(child.read_text()), 9)  # the background child the reload left
+
+
+@pytest.mark.slow
+def test_a_hanging_reload_is_bounded_by_the_passs_deadline(manager):
+    from vastctl import config as config_module
+    from vastctl.reconcile.effects import Budget
+    from vastctl.reconcile.run import Live
+
+    manager["config"].write_text(f"provers:\n  upstream_file: {manager['upstream']}\n  reload_command: sleep 600\n")
+    atomicfile.write(manager["upstream"], "# the file nginx runs on\n")
+    add_joined(manager, "a", 20001)
+    config = config_module.load(str(manager["config"]))
+    conn = db.connect(manager["state"], now=SYSTEM.now())
+    budget = Budget(SYSTEM, 2.0)  # what is left of a pass's reconcile.deadline
+    errors = Live(conn, config, SYSTEM).after(budget)
+    assert SYSTEM.monotonic() - budget.deadline < 10  # killed near the deadline, not after 60 s
+    (error,) = [e for e in errors if "reload_command" in e]
+    assert "did not finish" in error and "previous upstream file was put back" in error
+    assert manager["upstream"].read_text() == "# the file nginx runs on\n"

@@ -150,6 +150,43 @@ def test_dead_status_seen_once_waits_for_the_next_listing():
     assert plan([r], [seen(r, "exited")], SETTINGS, cfg(), NOW) == []
 
 
+def test_a_dead_status_two_listings_saw_seconds_apart_is_a_flap_not_a_kill():
+    # a webhook wake lists twice 5 s apart: two listings agree, but vast has said offline for 7 s only
+    r = row("vastctl-1", vast_status="offline", vast_status_since=clock.to_iso(NOW - timedelta(seconds=7)),
+            vast_seen_at=clock.to_iso(NOW - timedelta(seconds=5)), last_heartbeat_at=ago(minutes=2))
+    assert plan([r], [seen(r, "offline")], SETTINGS, cfg(), NOW) == []
+    later = NOW + timedelta(seconds=53)  # cron's next pass: a minute of offline, no heartbeat in it
+    assert kills(plan([r], [seen(r, "offline")], SETTINGS, cfg(), later)) == {("vastctl-1", "offline")}
+
+
+def test_the_confirmation_span_is_configurable():
+    r = row("vastctl-1", vast_status="exited", vast_status_since=clock.to_iso(NOW - timedelta(seconds=20)),
+            vast_seen_at=clock.to_iso(NOW - timedelta(seconds=20)), last_heartbeat_at=ago(minutes=5))
+    assert plan([r], [seen(r, "exited")], SETTINGS, cfg(), NOW) == []
+    quick = cfg(reconcile={"confirm_after": "15s"})
+    assert kills(plan([r], [seen(r, "exited")], SETTINGS, quick, NOW)) == {("vastctl-1", "exited")}
+
+
+def test_a_machine_heartbeating_inside_the_span_is_not_killed_on_vast_status_alone():
+    r = row("vastctl-1", vast_status="offline", vast_status_since=ago(minutes=3), vast_seen_at=ago(minutes=1),
+            last_heartbeat_at=clock.to_iso(NOW - timedelta(seconds=20)))
+    assert plan([r], [seen(r, "offline")], SETTINGS, cfg(), NOW) == []
+    r["last_heartbeat_at"] = clock.to_iso(NOW - timedelta(seconds=70))  # its heartbeats stopped
+    assert kills(plan([r], [seen(r, "offline")], SETTINGS, cfg(), NOW)) == {("vastctl-1", "offline")}
+
+
+def test_a_machine_missing_for_seconds_is_not_disappeared_nor_one_that_heartbeats():
+    rows = [row(f"vastctl-{n}") for n in range(4)]
+    rows[0].update(vast_missing=1, vast_missing_since=clock.to_iso(NOW - timedelta(seconds=5)),
+                   last_heartbeat_at=ago(minutes=3))
+    listing = [seen(r) for r in rows[1:]]
+    assert plan(rows, listing, SETTINGS, cfg(), NOW) == []
+    rows[0]["vast_missing_since"] = ago(minutes=1)
+    assert kills(plan(rows, listing, SETTINGS, cfg(), NOW)) == {("vastctl-0", "disappeared")}
+    rows[0]["last_heartbeat_at"] = clock.to_iso(NOW - timedelta(seconds=10))
+    assert plan(rows, listing, SETTINGS, cfg(), NOW) == []
+
+
 @pytest.mark.parametrize("msg", [
     "OCI runtime create failed: runc create failed: unable to start container process",
     "Error response from daemon: pull access denied",

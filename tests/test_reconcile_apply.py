@@ -230,6 +230,24 @@ def test_vanished_machine_killed_after_two_good_listings(conn, config, market):
     assert kill_events(conn)[0]["reason"].startswith("disappeared from vast: instance 10 missing from 2")
 
 
+def test_two_listings_seconds_apart_confirm_nothing_a_minute_of_them_does(conn, config, market):
+    uuids = [make(conn, f"vastctl-{n}", vast_id=10 + n, last_heartbeat_at=clock.to_iso(at(-5))) for n in range(3)]
+    for n in range(3):
+        market.add(10 + n, f"vastctl-{n}")
+    reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(NOW))
+    del market.instances[10]
+    market.add(11, "vastctl-1", status="offline")
+    second = NOW + timedelta(seconds=50)
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(second)).actions == []
+    wake = second + timedelta(seconds=5)  # a wake's confirming listing: two listings agree, 5 s apart
+    assert reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(wake)).actions == []
+    assert _snapshot(conn)[0]["vast_missing_since"] == clock.to_iso(second)  # the first listing it missed
+    result = reconcile.run_pass(conn, market, config, clock=clock.VirtualClock(second + timedelta(seconds=60)))
+    assert sorted((a["label"], a["code"]) for a in result.actions if a["kind"] == "kill") == [
+        ("vastctl-0", "disappeared"), ("vastctl-1", "offline")]
+    assert get(conn, uuids[2])["state"] == "running"
+
+
 def test_the_cache_records_what_was_seen(conn, config, market):
     uuid = make(conn, "vastctl-a", vast_id=11)
     market.add(11, "vastctl-a", status_msg="success, running img/ssh", machine_id=77, gpu_name="RTX 4090",

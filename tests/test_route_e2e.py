@@ -145,7 +145,8 @@ class Site:
         self.port = free_port()
         raw = {
             "launch": {"bench_concurrency": SLOTS, "join": "ssh" if via_ssh else "none"},
-            "tunnel": {"authorized_keys": str(home / "tunnel" / "authorized_keys"), "check_timeout": 1},
+            "tunnel": {"authorized_keys": str(home / "tunnel" / "authorized_keys"), "check_timeout": 1,
+                       "keys_reader": "root"},  # tunnel_parts' sshd reads the keys file as root
             "route": {"listen": f"127.0.0.1:{self.port}", "refresh": 0.2, "fail_threshold": 3, "max_retries": 3,
                       "drain_timeout": 5, **route},
         }

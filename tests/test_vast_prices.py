@@ -125,8 +125,8 @@ def test_a_negative_listed_price_is_not_a_price(vast):
 
 def test_search_never_returns_an_unpriced_offer(vast):
     provider = VastProvider(KEY, API, clock=VirtualClock(NOW))
-    answer_offers(vast, (1, "NaN"), (2, "-1"), (3, "0.2"), (4, "1e400"))
-    assert [o.id for o in provider.search_offers(OfferQuery())] == [3]
+    answer_offers(vast, (1, "NaN"), (2, "-1"), (3, "0.2"), (4, "1e400"), (5, "1e-320"), (6, "0.0001"), (7, "0.001"))
+    assert sorted(o.id for o in provider.search_offers(OfferQuery())) == [3, 7]
 
 
 def observation(spend=0.0):
@@ -137,7 +137,7 @@ def observation(spend=0.0):
                        last_actions=[])
 
 
-@pytest.mark.parametrize("dph", [math.nan, -20.0, 0.0, math.inf, -math.inf])
+@pytest.mark.parametrize("dph", [math.nan, -20.0, 0.0, math.inf, -math.inf, 1e-320, 0.0009])
 def test_the_guard_refuses_a_launch_at_a_price_that_is_not_one(dph):
     action = guard.Action(kind="launch", actor="agent", offer_id=1, gpu_name="RTX 4090", dph=dph)
     verdict = guard.check(observation(), action, Config())

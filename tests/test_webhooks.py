@@ -179,10 +179,62 @@ def test_rotation_any_secret_verifies_and_retiring_drops_the_old(app, conn, conf
     assert [d["event_id"] for d in recorded(conn)[1]] == ["evt-a", "evt-b", "evt-d"]
 
 
-def test_a_broken_secret_file_keeps_the_secrets_loaded(app, conn, config):
+@pytest.mark.parametrize("broken", ["short\n", "", "# only a comment\n", "\xff\xfe not text\n"])
+def test_a_secret_file_broken_by_hand_accepts_nothing_until_fixed(app, conn, config, broken):
     assert deliver(app, body_of("evt-a"), event_id="evt-a")[0] == 200
-    config.webhook_secret_path.write_text("short\n")
-    assert deliver(app, body_of("evt-b"), event_id="evt-b")[0] == 200
+    config.webhook_secret_path.write_text(broken, encoding="latin-1")  # cutting a leaked secret
+    status, answer = deliver(app, body_of("evt-b"), event_id="evt-b")
+    assert status == 503 and "secret file is broken" in answer["error"]  # the old secret no longer verifies
+    assert [d["event_id"] for d in recorded(conn)[1]] == ["evt-a"]
+    config.webhook_secret_path.write_text("whsec_the_new_one_0123456789\n")  # fixed by hand
+    assert deliver(app, body_of("evt-c"), event_id="evt-c", secret="whsec_the_new_one_0123456789")[0] == 200
+    assert deliver(app, body_of("evt-d"), event_id="evt-d")[0] == 401
+
+
+def test_a_secret_file_changed_by_hand_is_read_again(app, conn, config):
+    assert deliver(app, body_of("evt-a"), event_id="evt-a")[0] == 200
+    config.webhook_secret_path.write_text("whsec_replaced_by_hand_012345\n")
+    assert deliver(app, body_of("evt-b"), event_id="evt-b")[0] == 401
+    assert deliver(app, body_of("evt-c"), event_id="evt-c", secret="whsec_replaced_by_hand_012345")[0] == 200
+
+
+def test_a_signed_body_replayed_under_a_fresh_event_id_is_a_duplicate(app, conn):
+    body = json.dumps({"notif_type": "offline", "subject": "Instance offline", "message": "m"}).encode()
+    assert deliver(app, body, event_id="evt-1")[1]["duplicate"] is False
+    for fresh in ("evt-2", "evt-3"):  # the id header is not signed: an attacker can change it
+        status, answer = deliver(app, body, event_id=fresh)
+        assert (status, answer["duplicate"]) == (200, True)
+    events, deliveries = recorded(conn)
+    assert len(events) == 1 and [d["event_id"] for d in deliveries] == ["evt-1"]
+    later = str(int(NOW.timestamp()) + 1)  # vast signing the same text again, a second later: a new delivery
+    assert deliver(app, body, event_id="evt-4", timestamp=later)[1]["duplicate"] is False
+
+
+@pytest.mark.parametrize("header, value, status", [
+    # WSGI hands headers over as latin-1: `²` (0xb2) is the digit an HTTP header can carry
+    ("HTTP_X_VAST_TIMESTAMP", str(int(NOW.timestamp()))[:-1] + "\u00b2", 401), ("HTTP_X_VAST_TIMESTAMP", "\u00b9", 401),
+    ("HTTP_X_VAST_DELIVERY_ATTEMPT", "\u00b2", 200), ("HTTP_X_VAST_DELIVERY_ATTEMPT", "1\u00b3", 200),
+])
+def test_unicode_digits_in_the_headers_are_refused_or_ignored_never_a_500(app, conn, header, value, status):
+    body = body_of()
+    timestamp = value if header == "HTTP_X_VAST_TIMESTAMP" else None
+    signed = webhooks.signature(SECRET.encode(), timestamp.encode("latin-1"), body) if timestamp else None
+    got, answer = deliver(app, body, timestamp=timestamp, signature=signed,
+                          headers={header: value} if timestamp is None else None)
+    assert got == status, answer
+    if status == 401:
+        assert "whole Unix seconds" in answer["error"]
+    if status == 200:
+        assert recorded(conn)[1][0]["attempt"] is None
+
+
+def test_the_wake_log_line_names_a_few_deliveries_and_counts_the_rest(caplog):
+    ids = [f"evt-{n:04d}" for n in range(1199)]
+    with caplog.at_level("INFO", logger="vastctl.serve.wake"):
+        webhooks._log_wake(webhooks.WakeResult(ids, passes=1, steps=1))
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert len(line) < 400 and "evt-0009, … 1189 more" in line and "evt-0010" not in line
+    assert line.startswith("webhook wake for 1199 delivery(ies)")
 
 
 def test_deliveries_older_than_the_retention_are_pruned(conn):

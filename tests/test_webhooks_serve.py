@@ -30,6 +30,7 @@ class CountingHandler(FakeVastHandler):
         if self.path.startswith("/api/v1/instances/"):
             with self.server.lock:
                 self.server.listings += 1
+                self.server.flap_step()
         super().do_GET()
 
 
@@ -38,6 +39,14 @@ class CountingVast(FakeVast):
         super().__init__()
         self.RequestHandlerClass = CountingHandler
         self.listings = 0
+        self.flap: dict[int, float] = {}  # vast_id → seconds it is listed offline from the next listing on
+        self.flap_ends: dict[int, float] = {}
+
+    def flap_step(self):
+        """vast's own short `offline`: from the first listing after it was asked for, for that many seconds."""
+        for vast_id, seconds in list(self.flap.items()):
+            ends = self.flap_ends.setdefault(vast_id, time.monotonic() + seconds)
+            self.instances[vast_id]["actual_status"] = "offline" if time.monotonic() < ends else "running"
 
 
 @pytest.fixture
@@ -46,12 +55,13 @@ def vast():
         yield server
 
 
-def start_manager(home, vast, *, min_interval="10s") -> Manager:
+def start_manager(home, vast, *, min_interval="10s", confirm="", confirm_after="3s") -> Manager:
     m = Manager(home)
     port = free_port()
     m.config_path.write_text(
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: admin-token-for-tests-0123456789\n"
-        f"  webhook_min_interval: {min_interval}\n"
+        f"  webhook_min_interval: {min_interval}\n" + (f"  webhook_confirm_after: {confirm}\n" if confirm else "")
+        + f"reconcile:\n  confirm_after: {confirm_after}\n"
         "fleet:\n  min_bench_rate: 40\n  max_dph: 1.0\n"
         "launch:\n  vastctl_source: vastctl==0.1.0\n  install: /opt/provers/install.sh\n"
     )
@@ -117,6 +127,31 @@ def test_an_offline_delivery_gets_the_machine_vast_lists_offline_killed_within_s
         assert wake == (["evt-offline-1"], 2, 1)  # one listing, then the confirming one the rule needs
         (event,) = vast_events(manager)
         assert (event["kind"], event["code"], event["uuid"]) == ("webhook", "offline", None)
+    finally:
+        assert manager.stop() == 0
+
+
+def test_a_seven_second_offline_flap_with_its_delivery_kills_nobody(tmp_path, vast):
+    # vast lists the machine offline for 7 s and says so by webhook; a wake's two listings 1 s apart both see it
+    manager = start_manager(tmp_path / "manager", vast, confirm="1s", confirm_after="12s")
+    try:
+        operator = {**manager.env, "VAST_API_KEY": KEY, "VAST_API_URL": vast.url}
+        launched = run_vastctl("launch", "--gpu", "RTX 4090", "--json", env=operator)
+        assert launched.returncode == 0, launched.stderr
+        (machine,) = json.loads(launched.stdout)["launched"]
+        assert run_vastctl("reconcile", env=operator).returncode == 0  # cron's last pass saw it running
+        with vast.lock:
+            vast.flap[machine["vast_id"]] = 7.0
+        assert deliver(manager, "evt-flap-1").status_code == 200
+
+        (wake,) = wait_for(lambda: wakes(manager), timeout=40, what="the wake's log line")
+        assert wake == (["evt-flap-1"], 2, 1)  # it listed again, 12 s on: vast had it running again
+        assert vast.flap_ends and vast.instances[machine["vast_id"]]["actual_status"] == "running"
+        assert run_vastctl("reconcile", env=operator).returncode == 0  # and cron's next pass
+        assert [e for e in manager.events(machine["uuid"]) if e["to_state"] == "killed"] == []
+        (row,) = query(manager.db_path, "SELECT state, destroyed_at FROM instances")
+        assert (row["state"], row["destroyed_at"]) == ("launching", None)
+        assert machine["vast_id"] in vast.instances
     finally:
         assert manager.stop() == 0
 

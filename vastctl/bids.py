@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from vastctl.config import Config
 from vastctl.providers.base import Offer
+from vastctl.validate import MIN_DPH
 
 RENTALS = ("on-demand", "interruptible", "mixed")
 
@@ -24,7 +25,7 @@ def bid_for_offer(offer: Offer, max_dph: float, margin: float = 0.1) -> float | 
     offer's on-demand price). None when the offer names no usable min_bid (vast's numbers are hostile: a
     missing, non-finite, zero or negative one) or the floor itself is past max_dph."""
     floor = offer.raw.get("min_bid") if isinstance(offer.raw, Mapping) else None
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < MIN_DPH:
         return None
     ceiling_dph = min(float(max_dph), float(offer.dph_total))
     if floor > ceiling_dph:

@@ -155,6 +155,7 @@ class ReconcileSection:
     disappear_confirmations: int = 2
     max_vanish_fraction: float = 0.5
     deadline: float = field(default=50.0, metadata=DURATION)  # a pass stops calling vast after this (cron: 1 min)
+    confirm_after: float = field(default=60.0, metadata=DURATION)  # vast's dead/missing word must hold this long
 
 
 @dataclass
@@ -436,11 +437,35 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
         if value and (not re.fullmatch(r"https?://[^\s'\"\\$`]+", value) or (key == "params_mirror" and not value.endswith("/"))):
             raise BadInput(f"config key 'launch.{key}' must be an http:// or https:// URL{' ending in /' if key == 'params_mirror' else ''}"
                            f" (machines fetch {'<it><CID>' if key == 'params_mirror' else 'it'}), got {value!r}")
+    _check_label_prefix(config.vast.label_prefix)
+    _check_cuzk_memory(config.launch.env.get("VASTCTL_CUZK_MEMORY"))
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:
             raise BadInput(f"config key 'launch.{key}' must be from 0 to 1, got {value:g}")
     return config
+
+
+CUZK_SIZE_RE = re.compile(r" *(?:[1-9][0-9]{0,6} *(?:GiB|MiB|GB|MB)|[1-9][0-9]{0,15}) *")  # the boot script's check
+
+
+def _check_cuzk_memory(value: str | None) -> None:
+    """cuzk reads total_budget as exactly `auto` or a whole size (GiB, MiB, GB, MB, bytes) and silently turns
+    anything else into 50 GiB: refused before a machine is rented with it."""
+    if value is not None and value != "auto" and not CUZK_SIZE_RE.fullmatch(value):
+        raise BadInput(f"config key 'launch.env.VASTCTL_CUZK_MEMORY' must be auto or a whole size cuzk reads"
+                       f" (e.g. 256GiB, 200000MiB, 256GB), got {validate.shown(value)}: cuzk would run on 50 GiB")
+
+
+LABEL_PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+
+
+def _check_label_prefix(prefix: str) -> None:
+    """The prefix starts every label we write (vast's listing, nginx's upstream file, tables): plain characters only,
+    so no newline or control can break out of where a label is written."""
+    if prefix and not LABEL_PREFIX_RE.fullmatch(prefix):
+        raise BadInput(f"config key 'vast.label_prefix' must be 1 to 40 letters, digits, '.', '_' or '-' (starting"
+                       f" with a letter or digit), got {validate.shown(prefix)}: e.g. vastctl-")
 
 
 def _check_orphan_after(config: Config) -> None:

@@ -53,6 +53,7 @@ from vastctl.config import Config
 from vastctl.observe import PENDING_STATES, VAST_DEAD
 from vastctl.state.audit import record_action
 from vastctl.state.lifecycle import KillCode, State, StrEnum
+from vastctl.validate import MIN_DPH
 
 if TYPE_CHECKING:
     from vastctl.observe import Observation
@@ -247,9 +248,9 @@ def spend_verdict(obs: "Observation", per_hour: float, what: str, *, before: flo
 
 def _check_dph(dph: float, what: str, obs: "Observation") -> Verdict:
     most = float(obs.settings["max_dph"])
-    if not (math.isfinite(dph) and dph > 0):  # NaN passes every comparison and a negative price lowers the spend
+    if not (math.isfinite(dph) and dph >= MIN_DPH):  # NaN passes every comparison; a negative or tiny one lowers the spend
         return _refuse("max_dph", f"{what} is priced ${dph:g}/h, which is not a price: vastctl rents only at a finite"
-                       " price above $0/h (check the offer at vast)")
+                       f" price of at least ${MIN_DPH:g}/h (check the offer at vast)")
     if dph > most + 1e-9:
         return _refuse("max_dph", f"{what} costs ${dph:g}/h; max_dph is ${most:g}/h (vastctl settings set max_dph X)")
     return ALLOWED

@@ -610,6 +610,10 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
+    if was == State.KILLED:  # before the guard: whatever its label, there is nothing left to decide
+        left = "" if row.get("destroyed_at") else "; reconcile destroys it again on every pass until vast confirms"
+        raise Refused(f"instance {lifecycle.printable(row['label'])} is killed already"
+                      f" ({lifecycle.printable(row.get('kill_reason') or 'no reason')}){left}")
     verdict = pass_guard(conn, config, guard.Action(kind=kind, actor=actor, label=row["label"], uuid=row["uuid"],
                                                     vast_id=row["vast_id"], reason=reason, code=code,
                                                     force=force), now=now)

@@ -19,6 +19,7 @@ from vastctl.errors import BadInput, UnknownInstance
 
 MAX_INT = 2**63 - 1  # SQLite's INTEGER: a whole number past it cannot be stored or compared
 DAY_S = 86400.0
+MIN_DPH = 0.001  # $/h: no GPU rents for less; a price under it (1e-320, 0.0) is not a price, as a negative one is not
 TEXT_CHARS = 256  # a uuid, label or GPU name
 
 # Characters that hide or rearrange text in a terminal: C0 and C1 controls and DEL, zero-width and bidi

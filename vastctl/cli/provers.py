@@ -17,12 +17,13 @@ def provers_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     Example: vastctl provers --json
     """
+    from vastctl import detached
     from vastctl.facts import provers, tunnel
 
     g = globals_of(ctx)
     conn = g.connect()
     tunnel.check(conn, g.config, now=g.clock.now())
-    result = provers.refresh(conn, g.config)
+    result = provers.refresh(conn, g.config, run=detached.run)  # judged by its exit, not by who holds its output
     if as_json:
         print_json(result.view())
         return

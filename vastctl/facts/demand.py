@@ -151,6 +151,8 @@ def parse_output(text: str) -> Sample:
     """The command's stdout → a Sample; BadInput on anything else (a number past range included)."""
     try:
         data = json.loads(text, parse_int=_json_int)
+    except RecursionError:
+        raise BadInput(f"demand.command printed JSON nested too deeply to be a demand report: {EXPECTED}") from None
     except ValueError:
         raise BadInput(f"demand.command printed no JSON ({_clip(text)!r}): {EXPECTED}") from None
     except BadInput as exc:
@@ -174,17 +176,27 @@ Runner = Callable[[str, float, Mapping[str, str]], tuple[int, str, str]]
 
 def run_command(command: str, timeout_s: float, extra_env: Mapping[str, str]) -> tuple[int, str, str]:
     """Run through the shell in its own process group, so a timeout kills the whole pipeline (psql included);
-    `extra_env` on top of ours (VASTCTL_SECTOR_SIZE: the sectors the fleet proves, which the Curio script counts)."""
+    `extra_env` on top of ours (VASTCTL_SECTOR_SIZE: the sectors the fleet proves, which the Curio script counts).
+
+    Output is read as bytes: stderr (a localized psql error may be latin-1) is shown with U+FFFD for what is
+    not UTF-8; stdout that is not UTF-8 is refused (BadInput), since no number in it can be trusted."""
     process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env={**os.environ, **extra_env})
+                               stderr=subprocess.PIPE, start_new_session=True, env={**os.environ, **extra_env})
     try:
         out, err = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
         raise
-    return process.returncode, out, err
+    shown_err = err.decode("utf-8", "replace")
+    try:
+        shown_out = out.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if process.returncode != 0:  # its exit is the news; the bytes are only shown
+            return process.returncode, out.decode("utf-8", "replace"), shown_err
+        raise BadInput(f"demand.command printed output that is not UTF-8 (byte 0x{out[exc.start]:02x} at offset"
+                       f" {exc.start}): {EXPECTED}") from None
+    return process.returncode, shown_out, shown_err
 
 
 def sample_command(conn: sqlite3.Connection, config: Config, *, now: datetime, runner: Runner = run_command) -> Demand:

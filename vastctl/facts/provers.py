@@ -54,7 +54,8 @@ def upstream_text(provers: list[dict[str, Any]]) -> str:
     lines = ["# written by `vastctl provers`: the joined machines (their tunnels' ends); edits are overwritten",
              f"upstream {UPSTREAM} {{"]
     for prover in provers:
-        lines.append(f"    server {prover['endpoint']} max_fails=1 fail_timeout=10s;  # {prover['label']}")
+        label = upstream.clip(prover["label"], 80)  # one line, escaped: a label never ends the comment
+        lines.append(f"    server {prover['endpoint']} max_fails=1 fail_timeout=10s;  # {label}")
     if not provers:
         lines.append(f"    server {NO_SERVER} down;  # no machine joined")
     lines.append("}")

@@ -80,4 +80,5 @@ class LocalReports:
     def log_push(self, uuid, name, text):
         from vastctl.facts import machine_logs
 
-        return machine_logs.push(self.conn, uuid, name, text, now=self.now)
+        return machine_logs.push(self.conn, uuid, name, text, now=self.now,
+                                 secrets=machine_logs.handed(self.config, uuid))

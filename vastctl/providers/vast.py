@@ -48,6 +48,7 @@ from vastctl.providers.base import (
     ProviderRejected,
     RemoteInstance,
 )
+from vastctl.validate import MIN_DPH
 
 DEFAULT_URL = "https://console.vast.ai"
 PAGE_SIZE = 25  # the API's maximum for /api/v1/instances/
@@ -560,10 +561,10 @@ def _number(value: Any) -> float | None:
 
 
 def _price(value: Any) -> float | None:
-    """A $/h vast quotes: finite and above zero, else None. A NaN compares false against every limit and a
-    negative price lowers the spend the guard adds up, so neither is ever a price."""
+    """A $/h vast quotes: finite and at least MIN_DPH, else None. A NaN compares false against every limit, and
+    a negative price or one of 1e-320 lowers (or adds nothing to) the spend the guard adds up, so none is a price."""
     number = _number(value)
-    return number if number is not None and number > 0 else None
+    return number if number is not None and number >= MIN_DPH else None
 
 
 def _storage_price(raw: Mapping[str, Any]) -> float | None:

@@ -3,9 +3,9 @@
 No database, no provider, no clock but the `now` it is given: run.py reads the snapshots, effects.py does
 what this decides. Rules, in the order `plan()` applies them to one live row (first match wins):
 
-  disappeared         missing from `disappear_confirmations` consecutive good listings
+  disappeared         missing from `disappear_confirmations` consecutive good listings, confirmed (below)
   start_failed        vast's status_msg reports a start failure and the container is not running
-  exited / offline    vast status exited (or unknown/offline) in two consecutive good listings
+  exited / offline    vast status exited (or unknown/offline) in two consecutive good listings, confirmed
   scheduling_timeout  resumed, still launching, vast keeps it stopped/created past SCHEDULING_DEADLINE_S
   bench_failed        bench_done with a rate below the current min_bench_rate (a lost bench report)
   timeout_<state>     launching/registered/params_done/bench_done longer than timeouts.<state>
@@ -14,6 +14,12 @@ what this decides. Rules, in the order `plan()` applies them to one live row (fi
                       for longer than tunnel.down_timeout (never joined: counted from `running`)
   route_failing       running, and the proof router set it aside: it dropped or failed route.fail_threshold
                       calls in a row (route_failing_since, route_failure; vastctl/facts/deliveries.py)
+
+Confirmed: vast's word alone (missing, a dead status) kills only once it has held for
+reconcile.confirm_after of real time (default a minute: what cron's two listings span) and the
+machine has sent no heartbeat within that span. Two listings can be seconds apart (a webhook wake
+lists twice in a few seconds), and a few seconds of `offline` at vast is a flap, not a death; a
+machine that heartbeats is alive whatever vast's listing says.
 
 The vast-status rules (start_failed, exited/offline, scheduling_timeout) skip
 `stopped` rows: their container is down because we asked; `start` moves them
@@ -221,7 +227,7 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
     if entry is None:
         missing = missing_after(row, matched)
         needed = max(1, config.reconcile.disappear_confirmations)
-        if missing >= needed:
+        if missing >= needed and confirmed(row, missing_since(row), config, now):
             seen = clock.from_iso(row.get("vast_seen_at"))
             last = f", last seen {clock.human_age(seen, now)} ago" if seen else ", never seen"
             return KillCode.DISAPPEARED, (f"disappeared from vast: instance {row.get('vast_id')} missing from {missing}"
@@ -230,8 +236,9 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
         status = entry.actual_status or None
         if status != "running" and entry.status_msg and START_FAILURE.search(entry.status_msg):
             return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
-        if status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at"):
-            since = clock.from_iso(row["vast_seen_at"])
+        if (status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at")
+                and confirmed(row, dead_since(row), config, now)):
+            since = dead_since(row) or now
             detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
             return DEAD_STATUSES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
         if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
@@ -276,6 +283,29 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
             return KillCode.ROUTE_FAILING, (f"the proof router set it aside {clock.human_age(failing, now)} ago:"
                                             f" {upstream.clip(row.get('route_failure') or 'no detail', REASON_CHARS)}")
     return None
+
+
+def dead_since(row: Mapping[str, Any]) -> datetime | None:
+    """When the listings first showed the (dead) status the row holds: vast_status_since, else the last sighting."""
+    return clock.from_iso(row.get("vast_status_since") or row.get("vast_seen_at"))
+
+
+def missing_since(row: Mapping[str, Any]) -> datetime | None:
+    """The first good listing the row was missing from (run.py reads it from the listing history), else the
+    last sighting; None before any listing missed it (this one is the first)."""
+    if not row.get("vast_missing"):
+        return None
+    return clock.from_iso(row.get("vast_missing_since") or row.get("vast_seen_at"))
+
+
+def confirmed(row: Mapping[str, Any], since: datetime | None, config: Config, now: datetime) -> bool:
+    """vast's word about a machine has held for reconcile.confirm_after of real time, and the machine has not
+    heartbeated within that span (module docstring)."""
+    span = config.reconcile.confirm_after
+    if (now - (since or now)).total_seconds() < span:
+        return False
+    beat = clock.from_iso(row.get("last_heartbeat_at"))
+    return beat is None or (now - beat).total_seconds() >= span
 
 
 def outbid(entry: RemoteInstance) -> bool:

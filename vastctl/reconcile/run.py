@@ -9,10 +9,12 @@ methods change nothing and whose apply only reports each action as planned.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 from datetime import datetime
 from typing import Any, Callable, Iterator, Sequence
 
+from vastctl import detached
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import Unavailable
@@ -59,10 +61,13 @@ class Live:
         return apply(self.conn, provider, actions, self.config, now=now, keepalive=keepalive, listing=listing,
                      budget=budget)
 
-    def after(self) -> list[str]:
-        """The tunnel account's keys and nginx's upstream list brought in line with the rows; what failed."""
+    def after(self, budget: Budget | None = None) -> list[str]:
+        """The tunnel account's keys and nginx's upstream list brought in line with the rows; what failed.
+        The reload is judged by its exit and given no longer than what is left of the pass's deadline."""
+        left = None if budget is None else budget.deadline - self.clock.monotonic()
+        reload = functools.partial(detached.run, limit=left)
         errors = []
-        for step in (tunnel.write_authorized_keys, provers.refresh):
+        for step in (tunnel.write_authorized_keys, functools.partial(provers.refresh, run=reload)):
             try:
                 step(self.conn, self.config)
             except Unavailable as exc:
@@ -91,7 +96,7 @@ class DryRun(Live):
               listing: Sequence[RemoteInstance], budget: Budget) -> PassResult:
         return PassResult(actions=[reported(action, PLANNED) for action in actions], dry_run=True)
 
-    def after(self) -> list[str]:
+    def after(self, budget: Budget | None = None) -> list[str]:
         return []
 
 
@@ -132,14 +137,23 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             changes.listed(rows, listing, matched, now)
             result = changes.apply(provider, actions, now=now, keepalive=keepalive, listing=listing, budget=budget)
             result.listed = len(listing)
-            result.errors[:0] = listing_notes(provider) + changes.after()
+            result.errors[:0] = listing_notes(provider) + changes.after(budget)
             return result
     finally:
         provider.deadline = previous
 
 
 def _snapshot(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    return [dict(row) for row in conn.execute(LIVE_ROWS)]
+    """The live rows; a row missing from the last k good listings carries the first of them as vast_missing_since
+    (the k-th newest good listing), so the rules can tell how long it has really been missing."""
+    rows = [dict(row) for row in conn.execute(LIVE_ROWS)]
+    for row in rows:
+        missing = int(row.get("vast_missing") or 0)
+        if missing > 0:
+            first = conn.execute("SELECT at FROM vast_listings WHERE ok = 1 ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                 (missing - 1,)).fetchone()
+            row["vast_missing_since"] = first["at"] if first else None
+    return rows
 
 
 def _list(provider: Provider, budget: Budget) -> list[RemoteInstance]:

@@ -13,25 +13,34 @@ Decisions:
   the file (401), the timestamp within `server.webhook_tolerance` of now
   either way (401: stale or from the future), headers and body (400), then
   the event id. A refused delivery changes nothing and wakes nothing.
-- A delivery whose `X-Vast-Event-Id` was accepted before is answered
-  200 `{"duplicate": true}` and changes nothing: delivery is at-least-once,
-  a retry of an accepted delivery is not an error, and a 4xx would read as a
-  permanent failure to vast. A captured delivery replayed later fails the
-  timestamp check; within the window it is this duplicate.
+- A delivery whose `X-Vast-Event-Id` was accepted before, or whose signed
+  part (timestamp and body) was, is answered 200 `{"duplicate": true}` and
+  changes nothing: delivery is at-least-once, a retry of an accepted delivery
+  is not an error, and a 4xx would read as a permanent failure to vast. The
+  id header is not signed, so a captured delivery replayed within the window
+  under a fresh id is caught by what is signed; replayed later, it fails the
+  timestamp check.
+- The secret file is re-read when it changes; one emptied or broken by hand
+  (to cut a leaked secret) accepts nothing (503, the log says why) until it
+  holds a good secret again: never the old secrets.
+- Numbers in headers are ASCII digits only (`²` is not a digit here).
 - One event a delivery: kind `webhook`, source `vast`, code the
   `notif_type` slug, reason the slug, subject and message; all of it vast's
   text, so escaped, masked and cut (upstream.clip).
 - Wakes are coalesced and rate-limited: deliveries that arrive while a wake
   is running or within `server.webhook_min_interval` of the last one's start
   are served by one more wake. A wake is one reconcile pass, a second one
-  `server.webhook_confirm_after` later only when the first saw a live
-  machine listed dead or missing (the rules need two listings to agree
-  before they kill), then one agent step (`--if-events`: the delivery's
-  event is its news).
+  later only when the first saw a live machine listed dead or missing (the
+  rules kill only when two listings agree and vast's word has held for
+  `reconcile.confirm_after` without a heartbeat), then one agent step
+  (`--if-events`: the delivery's event is its news). The second listing
+  comes `server.webhook_confirm_after` or `reconcile.confirm_after` later,
+  whichever is longer: sooner, it could not confirm a kill.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -64,6 +73,7 @@ MAX_SECRET_CHARS = 256
 MAX_EVENT_ID_CHARS = 128
 SLUG_CHARS = 40
 REASON_CHARS = 500
+LOGGED_EVENT_IDS = 10  # a wake's log line names this many of the deliveries it served, then counts the rest
 DELIVERIES_KEPT = timedelta(days=30)  # vast's retries are long over by then; older deliveries are stale anyway
 LEASE_RETRIES = 3  # a cron pass holding the lease: try again this many times…
 LEASE_RETRY_S = 2.0  # …this far apart, so the pass after the delivery still happens
@@ -125,8 +135,8 @@ def _write(path: Path, lines: list[str]) -> None:
 class Secrets:
     """The file's secrets, re-read when it changes (one stat a delivery), so a rotation needs no restart.
 
-    None while the file is missing: webhooks are off. A file that became
-    broken keeps the secrets already loaded, and the log hears why.
+    None while the file is missing: webhooks are off. A file that became broken fails closed: `current()` raises
+    Rejected(503) until the file holds a good secret again (the old secrets are not kept), and the log hears why.
     """
 
     def __init__(self, path: Path):
@@ -134,20 +144,24 @@ class Secrets:
         self._lock = threading.Lock()
         self._stamp: tuple | None = None
         self._secrets: list[bytes] | None = None
+        self._broken: str | None = None
 
     def current(self) -> list[bytes] | None:
         try:
             stat = self.path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino, stat.st_ctime_ns)
         except OSError:
             return None
         with self._lock:
             if stamp != self._stamp:
                 try:
-                    self._secrets = read_secrets(self.path)
-                except (BadInput, OSError) as exc:
-                    wake_log.error("keeping the webhook secrets already loaded: %s", exc)
+                    self._secrets, self._broken = read_secrets(self.path), None
+                except (BadInput, OSError, UnicodeError) as exc:
+                    self._secrets, self._broken = None, upstream.clip(str(exc), 300)
+                    wake_log.error("accepting no webhook delivery until the secret file is fixed: %s", exc)
                 self._stamp = stamp
+            if self._broken is not None:
+                raise Rejected(503, f"the webhook secret file is broken, so no delivery is accepted: {self._broken}")
             return self._secrets
 
 
@@ -166,6 +180,7 @@ class Delivery:
     subject: str
     message: str
     attempt: int | None
+    signed: str = ""  # sha256 of what the signature covers: "<X-Vast-Timestamp>.<body>"
 
 
 class Receiver:
@@ -191,7 +206,7 @@ class Receiver:
                                 " the webhook's current secret (`vastctl webhook-secret --add`)")
         now = self.clock.now()
         self.check_fresh(timestamp, now)
-        delivery = parse(environ, body)
+        delivery = dataclasses.replace(parse(environ, body), signed=signed_digest(timestamp, body))
         new = record(conn, delivery, now=now)
         if not new:
             return {"ok": True, "duplicate": True, "event_id": delivery.event_id}
@@ -200,7 +215,7 @@ class Receiver:
         return {"ok": True, "duplicate": False, "event_id": delivery.event_id}
 
     def check_fresh(self, timestamp: str, now: datetime) -> None:
-        if not timestamp.isdigit() or len(timestamp) > 12:
+        if not ascii_digits(timestamp) or len(timestamp) > 12:
             raise Rejected(401, "X-Vast-Timestamp must be whole Unix seconds")
         skew = int(timestamp) - now.timestamp()
         tolerance = self.config.server.webhook_tolerance
@@ -210,6 +225,11 @@ class Receiver:
         if skew > tolerance:
             raise Rejected(401, f"X-Vast-Timestamp is {int(skew)}s in the future, over server.webhook_tolerance"
                                 f" ({tolerance:g}s): check this host's clock")
+
+
+def ascii_digits(text: str) -> bool:
+    """0-9 only: str.isdigit() also takes `²` and other digits int() refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def _too_large(length: int, limit: int) -> Rejected:
@@ -222,7 +242,7 @@ def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
     if not event_id or len(event_id) > MAX_EVENT_ID_CHARS or not event_id.isascii() or not event_id.isprintable():
         raise Rejected(400, f"X-Vast-Event-Id must be 1 to {MAX_EVENT_ID_CHARS} printable ASCII characters")
     attempt_text = environ.get("HTTP_X_VAST_DELIVERY_ATTEMPT", "").strip()
-    attempt = int(attempt_text) if attempt_text.isdigit() and len(attempt_text) <= 6 else None
+    attempt = int(attempt_text) if ascii_digits(attempt_text) and len(attempt_text) <= 6 else None
     try:
         value = json.loads(body.decode("utf-8"), parse_constant=wsgi.refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -242,17 +262,24 @@ def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
                     attempt=attempt)
 
 
+def signed_digest(timestamp: str, body: bytes) -> str:
+    return hashlib.sha256(timestamp.encode("latin-1", "replace") + b"." + body).hexdigest()
+
+
 def record(conn: sqlite3.Connection, delivery: Delivery, *, now: datetime) -> bool:
-    """The delivery and its one event, in one transaction; False (and nothing written) for a known event id."""
+    """The delivery and its one event, in one transaction; False (and nothing written) for a known event id or
+    signed content."""
     parts = [delivery.notif_type, delivery.subject, delivery.message]
     reason = upstream.clip(": ".join(part for part in parts if part.strip()), REASON_CHARS)
     with transaction(conn):
-        if conn.execute("SELECT 1 FROM webhook_deliveries WHERE event_id = ?", (delivery.event_id,)).fetchone():
+        if conn.execute("SELECT 1 FROM webhook_deliveries WHERE event_id = ? OR signed = ?",
+                        (delivery.event_id, delivery.signed or None)).fetchone():
             return False
         event = record_event(conn, kind="webhook", source="vast", reason=reason, now=now, code=delivery.notif_type)
-        conn.execute("INSERT INTO webhook_deliveries (event_id, received_at, notif_type, attempt, event)"
-                     " VALUES (?, ?, ?, ?, ?)",
-                     (delivery.event_id, clocks.to_iso(now), delivery.notif_type, delivery.attempt, event))
+        conn.execute("INSERT INTO webhook_deliveries (event_id, received_at, notif_type, attempt, event, signed)"
+                     " VALUES (?, ?, ?, ?, ?, ?)",
+                     (delivery.event_id, clocks.to_iso(now), delivery.notif_type, delivery.attempt, event,
+                      delivery.signed or None))
         conn.execute("DELETE FROM webhook_deliveries WHERE received_at < ?", (clocks.to_iso(now - DELIVERIES_KEPT),))
     return True
 
@@ -356,7 +383,7 @@ class Waker:
 
             if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
                 result.passes += 1
-                if needs_confirmation(conn) and not self._wait(self.config.server.webhook_confirm_after):
+                if needs_confirmation(conn) and not self._wait(confirm_delay(self.config)):
                     if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):
                         result.passes += 1
             if self._stopping.is_set():
@@ -381,6 +408,11 @@ class Waker:
         return False  # pragma: no cover
 
 
+def confirm_delay(config: Config) -> float:
+    """How long after its first listing a wake lists again: no sooner than a kill could be confirmed."""
+    return max(config.server.webhook_confirm_after, config.reconcile.confirm_after)
+
+
 def needs_confirmation(conn: sqlite3.Connection) -> bool:
     """A live machine the last listing showed dead or missing: the next listing decides whether it is killed."""
     from vastctl.reconcile import DEAD_STATUSES  # the statuses the rules kill for once two listings agree
@@ -393,7 +425,10 @@ def needs_confirmation(conn: sqlite3.Connection) -> bool:
 
 
 def _log_wake(result: WakeResult) -> None:
-    ids = ", ".join(upstream.clip(one, MAX_EVENT_ID_CHARS) for one in result.event_ids)
+    shown = result.event_ids[:LOGGED_EVENT_IDS]
+    ids = ", ".join(upstream.clip(one, MAX_EVENT_ID_CHARS) for one in shown)
+    if len(result.event_ids) > len(shown):
+        ids += f", … {len(result.event_ids) - len(shown)} more"
     line = (f"webhook wake for {len(result.event_ids)} delivery(ies) ({ids}): {result.passes} reconcile pass(es),"
             f" {result.steps} agent step(s)")
     if result.errors:

@@ -447,6 +447,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         "where each machine's boot went: the seconds of each stage its boot script timed, reported with `running`",
         "ALTER TABLE instances ADD COLUMN boot_stages TEXT",
     ),
+    (
+        "webhook deliveries: the digest of what vast signed, so a body replayed under a fresh event id is one",
+        """
+        ALTER TABLE webhook_deliveries ADD COLUMN signed TEXT;
+        CREATE INDEX webhook_deliveries_signed ON webhook_deliveries(signed)
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

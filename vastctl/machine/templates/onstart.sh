@@ -20,8 +20,8 @@ case "$LISTEN" in unix://*) ADDR=$LISTEN ;; *) ADDR=http://$LISTEN ;; esac
 CUZK=
 # the end of a log as one short printable line, for a reason
 tail1() { tail -n 8 "$1" 2>/dev/null | sed 's/\x1b\[[0-9;]*[A-Za-z]//g' | LC_ALL=C tr -c ' -~' ' ' | tr -s ' ' | LC_ALL=C grep -o '.\{0,300\}$'; }
-stop() {  # the prover, given 10 s to exit
-  [ -n "$CUZK" ] || return 0; kill "$CUZK" 2>/dev/null
+stop() {  # the prover, given 10 s to exit: SIGINT, the signal cuzk shuts down gracefully on (SIGTERM ends it at once)
+  [ -n "$CUZK" ] || return 0; kill -INT "$CUZK" 2>/dev/null
   for _ in $(seq 50); do kill -0 "$CUZK" 2>/dev/null || return 0; sleep 0.2; done; kill -9 "$CUZK" 2>/dev/null
 }
 # log tails to the manager (`vastctl logs`), never fatal
@@ -51,12 +51,18 @@ except r.HTTPError as e: print(f"vast refused the destroy: HTTP {e.code}"); sys.
       0) log "destroyed"; kill ${WATCHDOG:-} 2>/dev/null; return 0 ;; 3) return 1 ;; esac; sleep 20
   done; log "vast did not take the destroy"; return 1
 }
+# A contact file that cannot be written (a full disk) or read is never silence: the switch counts from the newest
+# of the file's time, its own start and the last answer it saw itself; any exit of its last try but 1 (no answer,
+# or only 5xx) and 3 (killed) is the manager answering.
 watchdog() {
+  local ok; ok=$(date +%s)
   while sleep "${VASTCTL_WATCHDOG_S:-60}"; do
-    last() { local t; read -r t <"$VASTCTL_CONTACT_FILE"; echo $(($(date +%s) - ${t:-0})); } 2>/dev/null
+    last() { local t=; read -r t <"$VASTCTL_CONTACT_FILE"; case "$t" in ''|*[!0-9]*) t=0 ;; esac
+      [ "$t" -gt "$ok" ] || t=$ok; echo $(($(date +%s) - t)); } 2>/dev/null
     [ "$(last)" -ge "$ORPHAN" ] || continue
     log "no answer from the manager for ${ORPHAN}s: one last heartbeat"
     VASTCTL_RETRY_FOR=${VASTCTL_LAST_TRY_FOR:-2m} vastctl heartbeat; rc=$?
+    [ $rc -eq 1 ] || [ $rc -eq 3 ] || { ok=$(date +%s); log "the manager answered (exit $rc): carrying on"; continue; }
     [ $rc -eq 3 ] || [ "$(last)" -ge "$ORPHAN" ] || { log "the manager answered (exit $rc): carrying on"; continue; }
     kill "$MAIN" 2>/dev/null; CUZK=$(cat cuzk.pid 2>/dev/null); destroy_self "orphaned (last heartbeat exit $rc)"; exit
   done
@@ -74,6 +80,11 @@ fi
 # 2. register (vast sets CONTAINER_ID to the instance id), then curio and cuzk
 VID=${CONTAINER_ID:-}; case "$VID" in ''|*[!0-9]*) VID= ;; esac
 vastctl register ${VID:+--vast-id "$VID"} || { log "register failed (exit $?)"; exit 1; }
+# cuzk reads total_budget as exactly `auto` or a whole number of GiB, MiB, GB, MB or bytes, and turns anything
+# else ("256G", "Auto") into 50 GiB without a word: refused here, before 53 GiB of parameters are fetched
+MEM=${VASTCTL_CUZK_MEMORY:-auto} SIZE='^ *([1-9][0-9]{0,6} *(GiB|MiB|GB|MB)|[1-9][0-9]{0,15}) *$'
+[ "$MEM" = auto ] || [[ $MEM =~ $SIZE ]] \
+  || fail "VASTCTL_CUZK_MEMORY '$(printf '%s' "$MEM" | LC_ALL=C tr -c ' -~' '?' | cut -c1-40)' is not a size cuzk reads (auto, or e.g. 256GiB): cuzk would run on 50 GiB"
 if [ -n "${VASTCTL_INSTALL:-}" ]; then bash -c "$VASTCTL_INSTALL" || { log "launch.install failed"; exit 1; }; fi
 need() { command -v "$1" >/dev/null || { log "$1 missing: set launch.install or launch.image${2:-}"; exit 1; }; }
 [ -n "${VASTCTL_FETCH_CMD:-}" ] || need curio
@@ -98,7 +109,7 @@ status_listen = "$STATUS"
 [srs]
 param_cache = "$FIL_PROOFS_PARAMETER_CACHE"
 [memory]
-total_budget = "${VASTCTL_CUZK_MEMORY:-auto}"
+total_budget = "$MEM"
 EOF
 if [ -n "${VASTCTL_CUZK_CMD:-}" ]; then bash -c "$VASTCTL_CUZK_CMD" >cuzk.log 2>&1 & else cuzk --config "$ZK/cuzk.toml" >cuzk.log 2>&1 & fi
 CUZK=$!; echo $CUZK >cuzk.pid  # for the dead-man switch
