@@ -39,12 +39,12 @@ from vastctl.state import db
 log = logging.getLogger("vastctl.route")
 
 ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK too): returned as it came
-DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})
+DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})  # the prover failed before answering: safe to send elsewhere
 # a kept request exists about three times over: gRPC's receive buffer, the handler's bytes, the send buffer to the
 # prover (measured peak RSS 4-5x the largest message): route.max_held_mb counts each call at this many copies
-COPIES = 3  # the prover failed before answering: safe to send elsewhere
+COPIES = 3
 STATUS_TIMEOUT_S = 2.0  # one prover's GetStatus (Curio gives the whole call 5 s)
-NO_DEADLINE_S = 24 * 3600.0  # a call with no deadline is held at most this long
+NO_DEADLINE_S = 24 * 3600.0  # a call with no deadline (grpcurl, a test call) is held and proved at most this long
 PROBE_TIMEOUT_S = 1.0  # the router's own check of a machine reconcile has not joined yet
 RESEND_PAUSE_S = 1.0  # a call sent back to the prover that dropped it waits this × attempts first
 CHANNEL_OPTIONS = [
@@ -116,7 +116,7 @@ class Router:
             outcome: str = "dropped"
             answer: Any = "the router failed while sending it"
             try:
-                outcome, answer = self._send(prover, request, context)
+                outcome, answer = self._send(prover, request, self._remaining(context, started))
             finally:  # the slot comes back whatever happened, so a fault here never shrinks the fleet
                 record = {**base, "uuid": prover.spec.uuid, "label": prover.spec.label, "attempt": attempt,
                           "held_ms": _ms(sent - started), "prover_ms": _ms(self.clock.monotonic() - sent)}
@@ -150,9 +150,7 @@ class Router:
         if attempt and self._only_droppers(ticket):  # back to a prover that just dropped it: give it a moment
             self._stop.wait(min(10.0, RESEND_PAUSE_S * attempt))
         while True:
-            remaining = context.time_remaining()
-            if remaining is None:
-                remaining = NO_DEADLINE_S - (self.clock.monotonic() - started)
+            remaining = self._remaining(context, started)
             if remaining <= 0:
                 self._record(base, "expired", started, attempt=attempt, detail="held past its deadline")
                 context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -174,7 +172,14 @@ class Router:
         live = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"] and not p["set_aside"]}
         return bool(live) and live <= ticket.dropped_by
 
-    def _send(self, prover: Prover, request: bytes, context: grpc.ServicerContext) -> tuple[str, Any]:
+    def _remaining(self, context: grpc.ServicerContext, started: float) -> float:
+        """Seconds left of the call's deadline; a call without one (grpcio then says ~9e18 s) gets NO_DEADLINE_S
+        from its arrival."""
+        own = NO_DEADLINE_S - (self.clock.monotonic() - started)
+        remaining = context.time_remaining()
+        return own if remaining is None else min(remaining, own)
+
+    def _send(self, prover: Prover, request: bytes, timeout: float) -> tuple[str, Any]:
         """(outcome, what came back): completed (the response bytes), error ((code, details) the daemon
         chose), dropped/moved (why), expired (a message).
 
@@ -183,7 +188,7 @@ class Router:
         closing that prover's channel (refresh); Curio's own deadline bounds a call it gave up on."""
         stub = self._channel(prover.spec.uuid, prover.spec.endpoint).unary_unary(wire.PROVE)
         try:
-            return "completed", stub(request, timeout=context.time_remaining())
+            return "completed", stub(request, timeout=timeout)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
             if prover.gone:
@@ -201,7 +206,7 @@ class Router:
         assert self._post_channel is not None
         sent = self.clock.monotonic()
         try:
-            answer = self._post_channel.unary_unary(wire.PROVE)(request, timeout=context.time_remaining())
+            answer = self._post_channel.unary_unary(wire.PROVE)(request, timeout=self._remaining(context, started))
         except grpc.RpcError as exc:
             self._queue_record({**base, "label": "post_address", "result": "error", "held_ms": 0, "attempt": 1,
                                 "prover_ms": _ms(self.clock.monotonic() - sent),
@@ -224,7 +229,7 @@ class Router:
             try:
                 data = self._channel(prover["uuid"], prover["endpoint"]).unary_unary(wire.GET_STATUS)(
                     b"", timeout=STATUS_TIMEOUT_S)
-            except grpc.RpcError:
+            except (grpc.RpcError, ValueError):  # ValueError: its channel closed, the prover left meanwhile
                 return None
             return wire.GetStatusResponse.FromString(data)
 
