@@ -71,7 +71,10 @@ def test_a_create_answered_with_an_id_out_of_range_is_an_unknown_outcome(vast):
             vast.create_instance(create_request())
 
 
-def test_reconcile_still_kills_the_dead_while_vast_lists_an_impossible_id(store, cli, api):
+def test_reconcile_still_kills_the_dead_while_vast_lists_an_impossible_id(store, cli, api, tmp_path, monkeypatch):
+    config = tmp_path / "back-to-back.yaml"  # cron's two listings are a minute apart; here they are back to back
+    config.write_text("reconcile:\n  confirm_after: 0s\n")
+    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
     items = fleet(store, 2)
     items[1] = instance(101, "vastctl-1", status="exited")
     entries = [json.dumps(item) for item in items] + [raw_entry(HUGE, "vastctl-evil"),

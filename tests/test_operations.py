@@ -128,7 +128,7 @@ def test_launch_writes_the_row_before_create_and_passes_env(conn, cfg):
                            "VASTCTL_TOKEN": tokens.machine_token(secret, row["uuid"]),
                            "VASTCTL_SERVER": "https://manager.example:8443",
                            "VASTCTL_BENCH_COUNT": "5", "VASTCTL_BENCH_CONCURRENCY": "5",
-                           "VASTCTL_ORPHAN_AFTER_S": "14400"}
+                           "VASTCTL_ORPHAN_AFTER_S": "14400", "VASTCTL_SECTOR_SIZE": "32GiB"}
     assert request.onstart == onstart.script_for("")
     event = conn.execute("SELECT * FROM events").fetchone()
     assert (event["to_state"], event["source"], event["label"]) == ("launching", "operator", row["label"])
