@@ -145,3 +145,16 @@ def test_a_source_that_reports_only_its_queue_is_judged_by_the_capacity_running(
     page = signed_in.get("/").text
     assert "work queued and nothing running to prove it" in page and status(page, "glance-waiting") == "bad"
     assert "no proofs done in the last day" in page
+
+
+def test_the_fleet_table_says_how_long_each_boot_took_and_where_it_went(signed_in, app):
+    from vastctl.machine.reports import LocalReports
+
+    register(app, "u9", "vastctl-boot", gpu_name="RTX 4090", vast_id=19)
+    reports = LocalReports(app.connection(), app.config, now=clock.SYSTEM.now())
+    reports.params_done("u9")
+    reports.bench_report("u9", 60)
+    reports.running("u9", stages={"fetch": 420, "daemon": 60, "warmup": 95, "bench": 310, "join": 5})
+    row = signed_in.get("/").text.split('data-label="vastctl-boot"', 1)[1].split("</tr>", 1)[0]
+    assert ('<span class="state running" title="boot 14m: fetch 7m · daemon 1m · warmup 1m · bench 5m · join 5s">'
+            'running</span>') in row

@@ -409,13 +409,24 @@ def _fleet(instances: list[dict[str, Any]], now: datetime, *, refusals: dict[str
             f'<button type="button" class="kill" data-kill="{esc(i["label"])}" title="kill {esc(i["label"])}">'
             'kill…</button>')
         gpu = f'{i["num_gpus"] or 1}x {i["gpu_name"]}' if i["gpu_name"] else None
-        cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}">{esc(i["state"])}</span>', _vast_cell(i),
-                 esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
+        cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}"{_boot_title(i)}>{esc(i["state"])}</span>',
+                 _vast_cell(i), esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
                  age(i["state_since"], now), age(i["last_heartbeat_at"], now), esc(why, ""), kill)
         rows.append(f'<tr{flag} data-label="{esc(i["label"])}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if not rows:
         rows.append(f'<tr><td colspan="{len(head)}" class="empty">no machines</td></tr>')
     return _table("fleet", "Fleet", head, rows)
+
+
+def _boot_title(i: dict[str, Any]) -> str:
+    """Where its boot went, on hover over its state: the whole and each stage as its boot script timed them
+    (fleet --json's boot_stages); nothing before `running`."""
+    stages = {name: float(v) for name, v in (i.get("boot_stages") or {}).items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not stages:
+        return ""
+    parts = " · ".join(f"{name} {clock.human_duration(v)}" for name, v in stages.items())
+    return f' title="boot {esc(clock.human_duration(sum(stages.values())))}: {esc(parts)}"'
 
 
 def _vast_cell(i: dict[str, Any]) -> str:
