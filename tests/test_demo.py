@@ -130,27 +130,35 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
 
 
 @pytest.mark.slow
-def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_level(day):
-    result, path = day
-    figures = result.figures
-    assert all(figures["faults"][kind] > 0 for kind in FAULT_KINDS), figures["faults"]
-    conn = db.connect(path, now=demo.START)
-    codes = {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
+def test_every_failure_kind_happens_and_is_handled_over_two_days_at_the_default_level(day, tmp_path):
+    """The default seed's day and seed 9's: a fleet sized honestly runs ~14 machines a day, too few for every
+    rare fault (a vanished instance, an offline host, a stalled fetch) to strike in one day."""
+    other = demo.run(demo.DemoOptions(hours=24, seed=9), tmp_path)
+    days = [day, (other, tmp_path / "demo.db")]
+    happened = {kind for result, _path in days for kind, n in result.figures["faults"].items() if n > 0}
+    assert happened >= set(FAULT_KINDS), [result.figures["faults"] for result, _path in days]
+    codes: set[str] = set()
+    stuck = 0
+    for result, path in days:
+        figures = result.figures
+        conn = db.connect(path, now=demo.START)
+        codes |= {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
+        # a stuck benchmark goes at reconcile's timeout, or before it once the fleet launched around it and covers
+        # the work
+        stuck += conn.execute("SELECT count(*) FROM instances WHERE kill_code = 'timeout_params_done' OR (kill_code ="
+                              " 'agent' AND kill_reason LIKE '%benchmarking for %likely stuck%')").fetchone()[0]
+        # every machine that died was killed, and every killed one is destroyed but the last minutes' refusals
+        assert figures["deaths"] > 0 and figures["deaths_undetected_at_end"] == 0
+        left = conn.execute("SELECT count(*) FROM instances WHERE state = 'killed' AND destroyed_at IS NULL"
+                            " AND killed_at < ?", (clocks.to_iso(demo.START + timedelta(hours=23)),)).fetchone()[0]
+        assert left == 0
+        assert figures["detection_latency_p95_s"] <= 180
+        assert sum(figures["kills_by_reason"].values()) == conn.execute(
+            "SELECT count(*) FROM instances WHERE state = 'killed'").fetchone()[0]
+        conn.close()
     assert {"start_failed", "timeout_registered", "scheduling_timeout"} <= codes, codes
-    # a stuck benchmark goes at reconcile's timeout, or before it once the fleet launched around it and covers the work
-    stuck = conn.execute("SELECT count(*) FROM instances WHERE kill_code = 'timeout_params_done' OR (kill_code ="
-                         " 'agent' AND kill_reason LIKE '%benchmarking for %likely stuck%')").fetchone()[0]
     assert stuck > 0
-    assert codes & {"exited", "disappeared", "offline"}, codes
-    # every machine that died was killed, and every killed one is destroyed but the last minutes' refusals
-    assert figures["deaths"] > 0 and figures["deaths_undetected_at_end"] == 0
-    left = conn.execute("SELECT count(*) FROM instances WHERE state = 'killed' AND destroyed_at IS NULL"
-                        " AND killed_at < ?", (clocks.to_iso(demo.START + timedelta(hours=23)),)).fetchone()[0]
-    assert left == 0
-    assert figures["detection_latency_p95_s"] <= 180
-    assert sum(figures["kills_by_reason"].values()) == conn.execute(
-        "SELECT count(*) FROM instances WHERE state = 'killed'").fetchone()[0]
-    conn.close()
+    assert {"exited", "disappeared", "offline"} <= codes, codes
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ POLICIES = ("rules", "llm")
 RENTALS = ("on-demand", "interruptible", "mixed")  # launch.rental's choices
 FLEETS = ("rules", "static")  # static: sized for the day's peak once, never scaled down (the bench's baseline)
 MAX_HOURS = 7 * 24
-DEFAULT_SEED = 351  # a day in which every failure kind the market has happens at the default level
+DEFAULT_SEED = 351  # the README's day: most failure kinds happen in it (with seed 9's day, every one)
 
 # the demand curve, in hours of the simulated day
 SWING_MEAN, SWING_AMPLITUDE, SWING_PEAK_HOUR = 280.0, 120.0, 15.0

@@ -47,7 +47,7 @@ EXPLAINED = (
 def demo_cmd(
     ctx: typer.Context,
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351: every failure kind happens in its day).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351).")] = None,
     rental: Annotated[Optional[str], typer.Option("--rental", help="How the fleet rents: on-demand, interruptible (bids at min_bid + launch.bid_margin) or mixed (default: launch.rental of --config, else on-demand).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
