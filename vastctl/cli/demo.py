@@ -113,7 +113,8 @@ def _progress_bar():
 def _print_summary(figures: dict[str, Any]) -> None:
     typer.echo(f"vastctl demo: {figures['hours']:g} simulated hours, seed {figures['seed']}, policy"
                f" {figures['policy']}, failures {figures['failures']}, rental {figures['rental']}")
-    rows = [{"figure": label, "value": _cell(figures, key, kind)} for label, key, kind in SUMMARY]
+    rows = [{"figure": label, "value": _cell(figures, key, kind)} for label, key, kind in SUMMARY
+            if key != "cost_ratio_to_interruptible_bound" or figures["rental"] != "on-demand"]  # a bid's bound
     print_table(rows, ["figure", "value"])
     kills = ", ".join(f"{code} {n}" for code, n in figures["kills_by_reason"].items()) or "none"
     faults = ", ".join(f"{kind} {n}" for kind, n in figures["faults"].items() if n) or "none"
