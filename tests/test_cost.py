@@ -277,3 +277,20 @@ def test_a_host_gone_offline_bills_after_the_kill_until_the_listing_shows_it_off
     figures = cost.account(conn, now=T0 + timedelta(hours=2))
     assert figures["rented"] == pytest.approx(0.6)
     assert figures["after_kill"] == pytest.approx(0.6 * 10 / 60)
+
+
+@pytest.mark.slow
+def test_the_whole_account_kept_for_destroyed_machines_is_the_account_computed_afresh(day):
+    """The dashboard's and /metrics' account keeps each destroyed machine's figures between scrapes: the same
+    figures as the windowed path computes from every piece, scrape after scrape, and a changed row is read again."""
+    _per, figures, _result, conn, end = day
+    afresh = cost.account(conn, now=end, since=demo.START - timedelta(days=1))
+    assert {k: v for k, v in figures.items() if k != "since"} == {k: v for k, v in afresh.items() if k != "since"}
+    assert cost.account(conn, now=end) == figures  # the second scrape, from what was kept
+    uuid = conn.execute("SELECT uuid FROM instances WHERE destroyed_at IS NOT NULL AND proofs_total > 0"
+                        " LIMIT 1").fetchone()[0]
+    conn.execute("UPDATE instances SET proofs_total = proofs_total + 1000 WHERE uuid = ?", (uuid,))
+    try:
+        assert cost.account(conn, now=end)["proofs"] == figures["proofs"] + 1000
+    finally:
+        conn.execute("UPDATE instances SET proofs_total = proofs_total - 1000 WHERE uuid = ?", (uuid,))
