@@ -111,21 +111,55 @@ def pieces(conn: sqlite3.Connection, *, now: datetime,
            skip: Callable[[dict[str, Any], float | None], bool] | None = None,
            ) -> tuple[list[Piece], dict[str, dict[str, Any]]]:
     """Every machine's billing, piece by piece up to `now`; and the rows by uuid. `skip(row, listed disk price)`
-    leaves out machines the caller has already (their rows are still returned)."""
-    rows = {row["uuid"]: dict(row) for row in conn.execute("SELECT * FROM instances ORDER BY created_at, uuid")}
+    leaves out machines the caller has already (their rows are still returned).
+
+    A machine's pieces are computed open-ended once (_OPEN) and cut at `now`: they change only with the
+    fields of its row that bill (_BILLING), its disk's listed price and its transitions, not with a heartbeat.
+    """
+    name = _file_of(conn)
+    rows = {row[0]: dict(zip(_COLUMNS, row)) for row in conn.execute(
+        f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid")}
     listed_storage = _storage_prices(conn)
     skipped = {uuid for uuid, row in rows.items()
                if skip is not None and skip(row, listed_storage.get(row["vast_id"]))}
-    moves: dict[str, list[tuple[datetime, str]]] = {}
-    for event in conn.execute("SELECT uuid, at, to_state FROM events WHERE kind = 'transition' AND uuid IS NOT NULL"
-                              " AND to_state IS NOT NULL ORDER BY at, id"):
-        if event["uuid"] not in skipped:
-            moves.setdefault(event["uuid"], []).append((clock.parse_iso(event["at"]), event["to_state"]))
+    raw: dict[str, list[tuple[str, str]]] = {}
+    for uuid, at, to_state in conn.execute(
+            "SELECT uuid, at, to_state FROM events WHERE kind = 'transition' AND uuid IS NOT NULL"
+            " AND to_state IS NOT NULL ORDER BY at, id"):
+        if uuid not in skipped:
+            raw.setdefault(uuid, []).append((at, to_state))
     out: list[Piece] = []
     for uuid, row in rows.items():
-        if uuid not in skipped:
-            out.extend(_machine_pieces(row, moves.get(uuid, []), listed_storage, now))
+        if uuid in skipped:
+            continue
+        moves = raw.get(uuid, [])
+        key = (*(row.get(field) for field in _BILLING), listed_storage.get(row["vast_id"]), len(moves),
+               moves[-1] if moves else None)
+        found = _OPEN.get((name, uuid))
+        if found is None or found[0] != key:
+            parsed = [(clock.parse_iso(at), to_state) for at, to_state in moves]
+            found = (key, list(_machine_pieces(row, parsed, listed_storage, _FAR)))
+            _OPEN[(name, uuid)] = found
+        for piece in found[1]:
+            if piece.start >= now:
+                continue
+            out.append(piece if piece.end <= now else
+                       Piece(piece.uuid, piece.start, now, piece.part, piece.dph, piece.running))
     return out, rows
+
+
+# the fields of a machine's row its billing is computed from (a heartbeat changes none of them)
+_BILLING = ("created_at", "destroyed_at", "vast_seen_at", "kill_code", "state", "vast_id", "dph", "storage_dph",
+            "vast_status", "vast_status_since")
+# what the account reads of a row (uuid first): the billing, the count, the grouping, the dead time
+_COLUMNS = ("uuid", *_BILLING, "label", "gpu_name", "proofs_total", "last_heartbeat_at", "killed_at")
+_FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # pieces are computed up to here, then cut at the moment asked
+# (state file, uuid) → (what its pieces were computed from, its pieces up to _FAR)
+_OPEN: dict[tuple[str, str], tuple[tuple[Any, ...], list[Piece]]] = {}
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    return conn.execute("PRAGMA database_list").fetchone()[2] or f":memory:{id(conn)}"
 
 
 def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
@@ -341,7 +375,7 @@ def _whole(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
     """The whole account (no window, no grouping: the dashboard's and /metrics'), each destroyed machine's
     figures kept from the last time they were computed: its billing ended and its row no longer changes, so
     a scrape costs the live machines, not the day's history. A changed row is computed again."""
-    name = conn.execute("PRAGMA database_list").fetchone()[2] or f":memory:{id(conn)}"
+    name = _file_of(conn)
     known: dict[str, _Tally] = {}
     closed: dict[str, tuple[Any, ...]] = {}
 
