@@ -146,9 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     configure = overrides(args.settings) if args.settings else None
     started = time.perf_counter()
     rows = []
+    seeds = []
     for level in args.levels:
         by_fleet = {fleet: [one_day(seed, level, fleet, args.hours, configure) for seed in args.seeds]
                     for fleet in args.fleets}
+        seeds += [{"failures": level, "fleet": fleet, "seed": r["seed"],
+                   "done ≤ max_wait": f"{r['proofs_within_max_wait'] * 100:.2f}%",
+                   "cost/1000 proofs": f"${r['cost_per_1000_proofs']:.2f}",
+                   "× lower bound": r["cost_ratio_to_lower_bound"], "× any host": r["cost_ratio_to_any_host_bound"],
+                   "× bid-aware": r["cost_ratio_to_interruptible_bound"]}
+                  for fleet, runs in by_fleet.items() for r in runs]
         for fleet, runs in by_fleet.items():
             rows.append({"failures": level, **summarise(runs, fleet)})
             if fleet == "rules":
@@ -160,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"control loop: {args.hours:g} simulated hours, seeds {' '.join(map(str, args.seeds))}"
           + (f", with {' '.join(args.settings)}" if args.settings else ""))
     print(tabulate(rows, headers="keys", tablefmt="github"))
+    print("\nper seed:")
+    print(tabulate(seeds, headers="keys", tablefmt="github"))
     print(f"\n{len(args.levels) * len(args.seeds) * len(args.fleets)} simulated days in"
           f" {time.perf_counter() - started:.0f} s. Rerun: python bench/control_loop.py"
           + "".join(f" {shlex.quote(arg)}" for arg in (sys.argv[1:] if argv is None else argv)))
