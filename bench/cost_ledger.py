@@ -4,11 +4,12 @@ Every minute of the day, each instance's billing of that minute (the market's
 own `cost`, read from the demo's state file) goes to one cause:
 
   proving machines (the market has them proving: running, not paused, not dead), their cost C at capacity K
-  (the sum of their true rates), against the lower bound's price of the minute b(x) (the cheapest allowed
-  hosts no other renter holds, in fractions of a machine: demo.lower_bound_cost's rule), with A the arrivals
+  (the sum of their true rates), against the minute-by-minute price b(x) (the cheapest allowed hosts no
+  other renter holds, in fractions of a machine: demo.lower_bound_cost's rule), with A the arrivals
   of the minute, W the capacity the rules wanted then (rules.wanted_capacity), L the look-ahead's rate
   (lookahead / demand.lookahead_window), and while K ≥ A, w = W and l = L kept within [A, K]:
-    bound                      b(A): what the lower bound pays
+    bound                      b(A): what renting minute by minute would pay; the true lower bound (the
+                               demo's, vastctl.bound) is below it by "the market's freedoms" (rows_of)
     wanted: look-ahead         b(min(l, w)) - b(A): the look-ahead's rate above the arrivals of the minute
     wanted: backlog drain      b(w) - b(min(l, w)): draining what waits within agent.plan_horizon
     whole machines             b(min(K, w + the smallest proving machine)) - b(w): the round-up to machines
@@ -233,16 +234,26 @@ def one_day(seed: int, level: str, hours: float, configure) -> tuple[Ledger, dic
 
 def rows_of(books: list[tuple[dict[str, float], dict[str, Any]]]) -> tuple[list[dict[str, Any]], float]:
     """One row per cause: mean $ per 1,000 proofs over the days (the fleet's proofs done; the bound's arrived),
-    and its share of the ratio to the lower bound."""
+    and its share of the ratio to the lower bound.
+
+    The minutes are booked against the minute-by-minute price b(x); the true lower bound (the demo's
+    lower_bound_cost_per_1000_proofs, vastctl.bound's program) is lower by what the market's freedoms save
+    (keeping a host through a taken hour, keeping its rented price, letting proofs wait): the row
+    "the market's freedoms" is that difference, so the rows add up to the ratio to the true bound."""
     table = []
     ratio = 0.0
     n = len(books)
-    bound = sum(book["bound"] / figures["proofs_arrived"] for book, figures in books) / n * 1000
+    minute_bound = sum(book["bound"] / figures["proofs_arrived"] for book, figures in books) / n * 1000
+    bound = sum(figures["lower_bound_cost_per_1000_proofs"] for _book, figures in books) / n
+    table.append({"cause": "lower bound", "$/1000 proofs": f"{bound:.3f}", "× bound": "1.000"})
+    ratio += 1.0
+    per = minute_bound - bound
+    table.append({"cause": "the market's freedoms", "$/1000 proofs": f"{per:.3f}", "× bound": f"{per / bound:.3f}"})
+    ratio += per / bound
     for cause in CAUSES:
         if cause == "bound":
-            per = bound
-        else:
-            per = sum(book.get(cause, 0.0) / figures["proofs"] for book, figures in books) / n * 1000
+            continue
+        per = sum(book.get(cause, 0.0) / figures["proofs"] for book, figures in books) / n * 1000
         table.append({"cause": cause, "$/1000 proofs": f"{per:.3f}", "× bound": f"{per / bound:.3f}"})
         ratio += per / bound
     gap = sum(book["bound"] * (1 / figures["proofs"] - 1 / figures["proofs_arrived"])

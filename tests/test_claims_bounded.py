@@ -309,3 +309,11 @@ def test_a_counter_reset_over_http_loses_nothing_and_is_one_event(tmp_path, cli)
     result = cli("--db", str(manager.db_path), "cost", "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["proofs"] == 105
+
+
+def test_cost_at_the_command_line_counts_a_10_18_heartbeat_as_what_the_machine_could_prove(ready, cli, market):
+    uuid = machine(cli, "vastctl-a", 70, 500)
+    assert cli("heartbeat", "--uuid", uuid, "--proofs-done", str(10**18)).code == 0
+    figures = json.loads(cli("cost", "--json").out)
+    assert 0 < figures["proofs"] <= lifecycle.BURST_PROOFS + 1  # seconds of proving at 140/h, and a batch
+    assert json.loads(cli("fleet", "--json").out)["instances"][0]["proofs_done"] == 10**18  # the claim, kept

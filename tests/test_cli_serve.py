@@ -146,15 +146,15 @@ def test_remote_lifecycle_writes_the_managers_file_not_a_local_one(cli, db_path,
         (["params-done"], "params_done"),
         (["bench-report", "--rate", "55.5"], "bench_done"),
         (["running"], "running"),
-        (["heartbeat", "--proofs-done", "12"], "running"),
-        (["heartbeat", "--proofs-done", "12"], "running"),
+        (["heartbeat", "--proofs-done", "7"], "running"),  # a batch: more, a second after it registered, is a lie
+        (["heartbeat", "--proofs-done", "7"], "running"),
     ]
     for args, state in steps:
         result = cli(*args)
         assert (result.code, result.out, result.err) == (0, f"{state}\n", ""), args
     row = manager.rows()["rm-1"]
     assert (row["state"], row["claimed_vast_id"], row["gpu_name"], row["num_gpus"], row["bench_rate"], row["proofs_done"]) == (
-        "running", 5, "RTX 5090", 2, 55.5, 12)
+        "running", 5, "RTX 5090", 2, 55.5, 7)
     assert len(manager.events("rm-1")) == 4
     assert not db_path.exists()
     assert not db_path.with_name(db_path.name + ".secret").exists()

@@ -45,7 +45,7 @@ def market_truth(monkeypatch) -> dict[int, dict[str, float]]:
     return per
 
 
-@pytest.fixture(scope="module", params=[demo.DEFAULT_SEED, 5])
+@pytest.fixture(scope="module", params=[9, 5])  # days with a kill that bills after it (destroy refused)
 def day(request, tmp_path_factory):
     """A simulated day (the demo's, default failures), the market's billing by part, and vastctl's account."""
     directory = tmp_path_factory.mktemp(f"cost-day-{request.param}")
@@ -291,3 +291,20 @@ def test_the_proofs_the_router_delivered_from_a_machine_are_its_count_over_what_
     assert figures["proofs"] == 40  # the router saw 40 proofs come back: failed and dropped calls are not proofs
     assert figures["cost_per_1000_proofs"] == pytest.approx(1.33 / 40 * 1000, rel=1e-3)
     assert cost.proofs_of({"proofs_total": 100}) == 100 and cost.proofs_of({"proofs_total": 100}, {"dropped": 2}) == 0
+
+
+@pytest.mark.slow
+def test_the_whole_account_kept_for_destroyed_machines_is_the_account_computed_afresh(day):
+    """The dashboard's and /metrics' account keeps each destroyed machine's figures between scrapes: the same
+    figures as the windowed path computes from every piece, scrape after scrape, and a changed row is read again."""
+    _per, figures, _result, conn, end = day
+    afresh = cost.account(conn, now=end, since=demo.START - timedelta(days=1))
+    assert {k: v for k, v in figures.items() if k != "since"} == {k: v for k, v in afresh.items() if k != "since"}
+    assert cost.account(conn, now=end) == figures  # the second scrape, from what was kept
+    uuid = conn.execute("SELECT uuid FROM instances WHERE destroyed_at IS NOT NULL AND proofs_total > 0"
+                        " LIMIT 1").fetchone()[0]
+    conn.execute("UPDATE instances SET proofs_total = proofs_total + 1000 WHERE uuid = ?", (uuid,))
+    try:
+        assert cost.account(conn, now=end)["proofs"] == figures["proofs"] + 1000
+    finally:
+        conn.execute("UPDATE instances SET proofs_total = proofs_total - 1000 WHERE uuid = ?", (uuid,))

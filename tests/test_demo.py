@@ -83,6 +83,7 @@ def test_the_chart_is_written_as_svg_or_png_by_its_extension(cli, tmp_path, name
     (["--seed", "-1"], "--seed must be a whole number"),
     (["--chart", "day.txt"], "must end in .svg or .png"),
     (["--chart", "/no/such/dir/day.svg"], "does not exist"),
+    (["--rental", "cheap"], "--rental must be one of on-demand, interruptible, mixed"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(cli, tmp_path, monkeypatch, args, words):
     work = tmp_path / "work"
@@ -129,27 +130,35 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
 
 
 @pytest.mark.slow
-def test_every_failure_kind_happens_and_is_handled_over_a_day_at_the_default_level(day):
-    result, path = day
-    figures = result.figures
-    assert all(figures["faults"][kind] > 0 for kind in FAULT_KINDS), figures["faults"]
-    conn = db.connect(path, now=demo.START)
-    codes = {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
+def test_every_failure_kind_happens_and_is_handled_over_two_days_at_the_default_level(day, tmp_path):
+    """The default seed's day and seed 9's: a fleet sized honestly runs ~14 machines a day, too few for every
+    rare fault (a vanished instance, an offline host, a stalled fetch) to strike in one day."""
+    other = demo.run(demo.DemoOptions(hours=24, seed=9), tmp_path)
+    days = [day, (other, tmp_path / "demo.db")]
+    happened = {kind for result, _path in days for kind, n in result.figures["faults"].items() if n > 0}
+    assert happened >= set(FAULT_KINDS), [result.figures["faults"] for result, _path in days]
+    codes: set[str] = set()
+    stuck = 0
+    for result, path in days:
+        figures = result.figures
+        conn = db.connect(path, now=demo.START)
+        codes |= {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
+        # a stuck benchmark goes at reconcile's timeout, or before it once the fleet launched around it and covers
+        # the work
+        stuck += conn.execute("SELECT count(*) FROM instances WHERE kill_code = 'timeout_params_done' OR (kill_code ="
+                              " 'agent' AND kill_reason LIKE '%benchmarking for %likely stuck%')").fetchone()[0]
+        # every machine that died was killed, and every killed one is destroyed but the last minutes' refusals
+        assert figures["deaths"] > 0 and figures["deaths_undetected_at_end"] == 0
+        left = conn.execute("SELECT count(*) FROM instances WHERE state = 'killed' AND destroyed_at IS NULL"
+                            " AND killed_at < ?", (clocks.to_iso(demo.START + timedelta(hours=23)),)).fetchone()[0]
+        assert left == 0
+        assert figures["detection_latency_p95_s"] <= 180
+        assert sum(figures["kills_by_reason"].values()) == conn.execute(
+            "SELECT count(*) FROM instances WHERE state = 'killed'").fetchone()[0]
+        conn.close()
     assert {"start_failed", "timeout_registered", "scheduling_timeout"} <= codes, codes
-    # a stuck benchmark goes at reconcile's timeout, or before it once the fleet launched around it and covers the work
-    stuck = conn.execute("SELECT count(*) FROM instances WHERE kill_code = 'timeout_params_done' OR (kill_code ="
-                         " 'agent' AND kill_reason LIKE '%benchmarking for %likely stuck%')").fetchone()[0]
     assert stuck > 0
-    assert codes & {"exited", "disappeared", "offline"}, codes
-    # every machine that died was killed, and every killed one is destroyed but the last minutes' refusals
-    assert figures["deaths"] > 0 and figures["deaths_undetected_at_end"] == 0
-    left = conn.execute("SELECT count(*) FROM instances WHERE state = 'killed' AND destroyed_at IS NULL"
-                        " AND killed_at < ?", (clocks.to_iso(demo.START + timedelta(hours=23)),)).fetchone()[0]
-    assert left == 0
-    assert figures["detection_latency_p95_s"] <= 180
-    assert sum(figures["kills_by_reason"].values()) == conn.execute(
-        "SELECT count(*) FROM instances WHERE state = 'killed'").fetchone()[0]
-    conn.close()
+    assert {"exited", "disappeared", "offline"} <= codes, codes
 
 
 @pytest.mark.slow
@@ -177,7 +186,11 @@ def test_the_summary_says_what_the_lower_bound_is_and_what_the_ratio_means(cli):
     result = cli("demo", "--hours", "1")
     assert result.code == 0, result.err
     bound = next(line for line in result.out.splitlines() if line.startswith("lower bound:"))
-    assert "cheapest offers" in bound and "sized exactly to the work arriving" in bound and "for less" in bound
+    assert "least any fleet could pay" in bound and "linear program" in bound and "no fleet pays less" in bound
+    for freedom in ("keep a host through an hour another renter takes", "keep the price it rented at",
+                    "let proofs wait up to agent.max_wait"):
+        assert freedom in bound
+    assert any(line.startswith("any-host bound:") and "bid-aware bound" in line for line in result.out.splitlines())
     ratio = next(line for line in result.out.splitlines() if line.startswith("cost / lower bound:"))
     assert "how many times that bound the run paid" in ratio
 
@@ -365,8 +378,8 @@ def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_
     assert figures["proofs_within_max_wait"] >= 0.99
     assert 0 <= figures["proof_wait_p50_s"] <= figures["proof_wait_p95_s"] <= figures["proof_wait_p99_s"] <= 45 * 60
     assert figures["proofs_judged_for_wait"] >= figures["proofs"] - 1
-    # the fleet's filters and other renters' hosts make the honest bound dearer than any host of the models
-    assert figures["lower_bound_cost_per_1000_proofs"] > figures["lower_bound_any_host_cost_per_1000_proofs"]
+    # the fleet's filters make the honest bound at least the any-host one (every host of the market)
+    assert figures["lower_bound_cost_per_1000_proofs"] >= figures["lower_bound_any_host_cost_per_1000_proofs"]
     conn = db.connect(path, now=demo.START)
     coming = conn.execute("SELECT count(*) FROM demand_samples WHERE lookahead > 0").fetchone()[0]
     assert coming > 600  # the script reports the coming hour as look-ahead, beside the queue
@@ -383,3 +396,56 @@ def test_the_rules_release_machines_while_work_is_queued_in_a_day(day):
                             " AND at < ?", (quiet_from,)).fetchone()[0]
     assert released > 0
     conn.close()
+
+
+def test_the_help_names_the_default_seed_and_the_rentals(cli):
+    result = cli("demo", "--help")
+    text = " ".join(result.out.split())
+    assert f"default {demo.DEFAULT_SEED}" in text and "default 11" not in text
+    assert "--rental" in text and "interruptible" in text and "mixed" in text
+
+
+@pytest.mark.slow
+def test_a_mixed_day_through_the_cli_rents_interruptible_and_reports_the_bid_aware_bound(cli, tmp_path):
+    figures = demo_json(cli, "--hours", "3", "--rental", "mixed")
+    assert figures["rental"] == "mixed" and figures["machines_interruptible"] > 0
+    assert figures["cost_ratio_to_interruptible_bound"] >= figures["cost_ratio_to_lower_bound"] >= 1
+    config = tmp_path / "config.yaml"
+    config.write_text("launch:\n  rental: interruptible\n")
+    result = cli("--config", str(config), "demo", "--json", "--hours", "2")
+    assert result.code == 0, result.err
+    from_config = json.loads(result.out)
+    assert from_config["rental"] == "interruptible" and from_config["machines_interruptible"] > 0
+
+
+@pytest.mark.slow
+def test_over_a_kept_day_vastctls_proofs_equal_the_markets_within_1_percent(cli, tmp_path):
+    kept = tmp_path / "day.db"
+    figures = demo_json(cli, "--hours", "24", "--seed", "5", "--keep", str(kept))
+    conn = db.connect(kept, now=demo.START)
+    counted = conn.execute("SELECT sum(proofs_total) FROM instances").fetchone()[0]
+    resets = conn.execute("SELECT count(*) FROM events WHERE kind = 'counter_reset'").fetchone()[0]
+    conn.close()
+    assert resets > 0  # resumed machines restarted their counters, and nothing was lost to it
+    assert abs(counted - figures["proofs"]) <= 0.01 * figures["proofs"], (counted, figures["proofs"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_fleet_comes_in_under_the_lower_bound(tmp_path, seed):
+    """The rules fleet, the static one and the mixed-rental one on three seeds (12 simulated hours each): each
+    pays at least its bound per proof (the on-demand bound; the bid-aware one for a fleet that bids)."""
+    from vastctl.config import Config
+
+    def mixed(config: Config) -> None:
+        config.launch.rental = "mixed"
+
+    for number, (fleet, configure) in enumerate((("rules", None), ("static", None), ("rules", mixed))):
+        directory = tmp_path / str(number)
+        directory.mkdir()
+        figures = demo.run(demo.DemoOptions(hours=12, seed=seed, fleet=fleet), directory, configure=configure).figures
+        assert figures["cost_ratio_to_interruptible_bound"] >= 1.0, (fleet, figures)
+        if configure is None:
+            assert figures["cost_ratio_to_lower_bound"] >= 1.0, (fleet, figures)
+        assert figures["lower_bound_interruptible_cost_per_1000_proofs"] <= figures["lower_bound_cost_per_1000_proofs"]
+        assert figures["lower_bound_any_host_cost_per_1000_proofs"] <= figures["lower_bound_cost_per_1000_proofs"]

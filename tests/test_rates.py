@@ -85,3 +85,18 @@ def test_fleet_lists_killed_machines_only_while_they_may_bill(conn, config):
     assert shown == ["rented"]
     everything = fleet.fleet_view(conn, config, include_killed=True, now=T0)["instances"]
     assert sorted(i["uuid"] for i in everything) == ["gone", "never", "rented"]
+
+
+@pytest.mark.parametrize(("queued", "falls"), [(2, False), (500, True)])
+def test_a_machine_given_too_little_work_keeps_its_rate_one_kept_busy_shows_its_own(conn, queued, falls):
+    """Counts are proofs done, not capacity: fewer proofs while the queue held less than ten minutes of the
+    running fleet's work is idleness and keeps the rate; with work waiting, the rate follows the count."""
+    from vastctl.facts import demand
+
+    running_machine(conn, bench=70)
+    beat(conn, 0, 0)
+    for minute in range(1, 61):
+        demand.report(conn, queued, None, now=T0 + timedelta(minutes=minute) - timedelta(seconds=5))
+        row = beat(conn, minute // 2, minute * 60)  # 30/h
+    assert (row["proofs_per_hour"] < 50) is falls
+    assert row["proofs_total"] == 30

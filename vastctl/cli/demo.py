@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from vastctl.cli.app import JsonOpt, app, print_json, print_table, say
+from vastctl.cli.app import JsonOpt, app, globals_of, print_json, print_table, say
 
 SUMMARY = [
     ("proofs done within 45 min of arriving", "proofs_within_max_wait", "pct"),
@@ -22,6 +22,8 @@ SUMMARY = [
     ("vastctl's account: cost / proofs reported", ("vastctl_cost", "vastctl_proofs"), "account"),
     ("lower bound per 1000 proofs", "lower_bound_cost_per_1000_proofs", "usd"),
     ("cost / lower bound", "cost_ratio_to_lower_bound", "ratio"),
+    ("cost / any-host bound", "cost_ratio_to_any_host_bound", "ratio"),
+    ("cost / bid-aware bound (min_bid)", "cost_ratio_to_interruptible_bound", "ratio"),
     ("machines launched", "machines_launched", "int"),
     ("billed instance-hours", "billed_instance_hours", "hours"),
     ("leaked instance-hours (billed after a kill)", "leaked_instance_hours", "hours"),
@@ -31,9 +33,12 @@ SUMMARY = [
 
 
 EXPLAINED = (
-    "lower bound: what the market's cheapest offers each minute would have cost sized exactly to the work"
-    " arriving (fractions of a machine, no boot, no failures, no headroom), knowing every host's true rate,"
-    " among the hosts the fleet may rent (its filters) that nobody else holds: no fleet proves the day for less.",
+    "lower bound: the least any fleet could pay for the day's proofs on this market (a linear program over"
+    " the hosts the fleet may rent, its filters, knowing every host's true rate, fractions of a machine):"
+    " it may keep a host through an hour another renter takes, keep the price it rented at while the offer's"
+    " rises, stop a host at its disk's price, and let proofs wait up to agent.max_wait; no fleet pays less.",
+    "any-host bound: the same on every host of the market, no filter of the fleet's; bid-aware bound: the"
+    " fleet's hosts each rented at its min_bid, never outbid (the bound for interruptible and mixed rental).",
     "vastctl's account: what the state file says (`vastctl cost`); above the simulated billing by the first"
     " minutes of each boot (counted at the full price) and below its proofs by what machines did after their last"
     " heartbeat.",
@@ -44,8 +49,10 @@ EXPLAINED = (
 
 @app.command("demo")
 def demo_cmd(
+    ctx: typer.Context,
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351: every failure kind happens in its day).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351).")] = None,
+    rental: Annotated[Optional[str], typer.Option("--rental", help="How the fleet rents: on-demand, interruptible (bids at min_bid + launch.bid_margin) or mixed (default: launch.rental of --config, else on-demand).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
     chart: Annotated[Optional[Path], typer.Option("--chart", help="Write target, capacity, queue and spend over time to FILE (.svg or .png).")] = None,
@@ -64,8 +71,10 @@ def demo_cmd(
     from vastctl import demo
     from vastctl.errors import BadInput
 
+    if rental is None and globals_of(ctx).config_path is not None:  # --config given: its launch.rental
+        rental = globals_of(ctx).config.launch.rental
     options = demo.DemoOptions(hours=hours, seed=demo.DEFAULT_SEED if seed is None else seed, policy=policy,
-                               failures=failures)
+                               failures=failures, rental=rental)
     options.check()
     if chart is not None and chart.suffix.lower() not in (".svg", ".png"):
         raise BadInput(f"--chart {chart}: the file must end in .svg or .png")
@@ -130,8 +139,9 @@ def _progress_bar():
 
 def _print_summary(figures: dict[str, Any]) -> None:
     typer.echo(f"vastctl demo: {figures['hours']:g} simulated hours, seed {figures['seed']}, policy"
-               f" {figures['policy']}, failures {figures['failures']}")
-    rows = [{"figure": label, "value": _cell(figures, key, kind)} for label, key, kind in SUMMARY]
+               f" {figures['policy']}, failures {figures['failures']}, rental {figures['rental']}")
+    rows = [{"figure": label, "value": _cell(figures, key, kind)} for label, key, kind in SUMMARY
+            if key != "cost_ratio_to_interruptible_bound" or figures["rental"] != "on-demand"]  # a bid's bound
     print_table(rows, ["figure", "value"])
     kills = ", ".join(f"{code} {n}" for code, n in figures["kills_by_reason"].items()) or "none"
     faults = ", ".join(f"{kind} {n}" for kind, n in figures["faults"].items() if n) or "none"

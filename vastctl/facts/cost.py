@@ -39,7 +39,7 @@ import re
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock
 from vastctl.errors import BadInput
@@ -109,18 +109,59 @@ def _storage_prices(conn: sqlite3.Connection) -> dict[int, float]:
             if (price := _price(row["storage_dph"])) is not None}
 
 
-def pieces(conn: sqlite3.Connection, *, now: datetime) -> tuple[list[Piece], dict[str, dict[str, Any]]]:
-    """Every machine's billing, piece by piece up to `now`; and the rows by uuid."""
-    rows = {row["uuid"]: dict(row) for row in conn.execute("SELECT * FROM instances ORDER BY created_at, uuid")}
-    moves: dict[str, list[tuple[datetime, str]]] = {}
-    for event in conn.execute("SELECT uuid, at, to_state FROM events WHERE kind = 'transition' AND uuid IS NOT NULL"
-                              " AND to_state IS NOT NULL ORDER BY at, id"):
-        moves.setdefault(event["uuid"], []).append((clock.parse_iso(event["at"]), event["to_state"]))
+def pieces(conn: sqlite3.Connection, *, now: datetime,
+           skip: Callable[[dict[str, Any], float | None], bool] | None = None,
+           ) -> tuple[list[Piece], dict[str, dict[str, Any]]]:
+    """Every machine's billing, piece by piece up to `now`; and the rows by uuid. `skip(row, listed disk price)`
+    leaves out machines the caller has already (their rows are still returned).
+
+    A machine's pieces are computed open-ended once (_OPEN) and cut at `now`: they change only with the
+    fields of its row that bill (_BILLING), its disk's listed price and its transitions, not with a heartbeat.
+    """
+    name = _file_of(conn)
+    rows = {row[0]: dict(zip(_COLUMNS, row)) for row in conn.execute(
+        f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid")}
     listed_storage = _storage_prices(conn)
+    skipped = {uuid for uuid, row in rows.items()
+               if skip is not None and skip(row, listed_storage.get(row["vast_id"]))}
+    raw: dict[str, list[tuple[str, str]]] = {}
+    for uuid, at, to_state in conn.execute(
+            "SELECT uuid, at, to_state FROM events WHERE kind = 'transition' AND uuid IS NOT NULL"
+            " AND to_state IS NOT NULL ORDER BY at, id"):
+        if uuid not in skipped:
+            raw.setdefault(uuid, []).append((at, to_state))
     out: list[Piece] = []
     for uuid, row in rows.items():
-        out.extend(_machine_pieces(row, moves.get(uuid, []), listed_storage, now))
+        if uuid in skipped:
+            continue
+        moves = raw.get(uuid, [])
+        key = (*(row.get(field) for field in _BILLING), listed_storage.get(row["vast_id"]), len(moves),
+               moves[-1] if moves else None)
+        found = _OPEN.get((name, uuid))
+        if found is None or found[0] != key:
+            parsed = [(clock.parse_iso(at), to_state) for at, to_state in moves]
+            found = (key, list(_machine_pieces(row, parsed, listed_storage, _FAR)))
+            _OPEN[(name, uuid)] = found
+        for piece in found[1]:
+            if piece.start >= now:
+                continue
+            out.append(piece if piece.end <= now else
+                       Piece(piece.uuid, piece.start, now, piece.part, piece.dph, piece.running))
     return out, rows
+
+
+# the fields of a machine's row its billing is computed from (a heartbeat changes none of them)
+_BILLING = ("created_at", "destroyed_at", "vast_seen_at", "kill_code", "state", "vast_id", "dph", "storage_dph",
+            "vast_status", "vast_status_since")
+# what the account reads of a row (uuid first): the billing, the count, the grouping, the dead time
+_COLUMNS = ("uuid", *_BILLING, "label", "gpu_name", "proofs_total", "last_heartbeat_at", "killed_at")
+_FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # pieces are computed up to here, then cut at the moment asked
+# (state file, uuid) → (what its pieces were computed from, its pieces up to _FAR)
+_OPEN: dict[tuple[str, str], tuple[tuple[Any, ...], list[Piece]]] = {}
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    return conn.execute("PRAGMA database_list").fetchone()[2] or f":memory:{id(conn)}"
 
 
 def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
@@ -240,6 +281,16 @@ class _Tally:
             self.never_proved += piece.cost
             self.never_proved_machines.add(piece.uuid)
 
+    def merge(self, other: "_Tally") -> None:
+        for part in PARTS:
+            self.cost[part] += other.cost[part]
+            self.hours[part] += other.hours[part]
+        self.proofs += other.proofs
+        self.machines |= other.machines
+        self.never_proved += other.never_proved
+        self.never_proved_machines |= other.never_proved_machines
+        self.dead += other.dead
+
     def view(self) -> dict[str, Any]:
         total = sum(self.cost.values())
         proofs = int(round(self.proofs))
@@ -258,18 +309,37 @@ class _Tally:
         }
 
 
+def _lifetimes(all_pieces: list[Piece]) -> tuple[dict[str, float], dict[str, float]]:
+    """uuid → hours running, and hours billed, over each machine's whole life (its count is shared over these)."""
+    running_h: dict[str, float] = {}
+    billed_h: dict[str, float] = {}
+    for piece in all_pieces:
+        running_h[piece.uuid] = running_h.get(piece.uuid, 0.0) + (piece.hours if piece.running else 0.0)
+        billed_h[piece.uuid] = billed_h.get(piece.uuid, 0.0) + piece.hours
+    return running_h, billed_h
+
+
+def _proofs_and_dead(piece: Piece, row: dict[str, Any], proofs_done: int, running_h: dict[str, float],
+                     billed_h: dict[str, float]) -> tuple[float, float]:
+    """The piece's share of the machine's proofs, and what it billed dead until detected."""
+    if running_h[piece.uuid] > 0:
+        share = piece.hours / running_h[piece.uuid] if piece.running else 0.0
+    else:  # counted proofs but never in state running (an adopted machine): shared over its billed time
+        share = piece.hours / billed_h[piece.uuid] if billed_h[piece.uuid] > 0 else 0.0
+    dead = _dead_cost(piece, row) if proofs_done > 0 else 0.0  # else counted as never proved
+    return proofs_done * share, dead
+
+
 def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None = None,
             by: str | None = None) -> dict[str, Any]:
     """The cost figures `vastctl cost`, the dashboard and /metrics all show (the `cost --json` shape)."""
     if by is not None and by not in GROUPINGS:
         raise BadInput(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+    if since is None and by is None:
+        return _whole(conn, now)
     all_pieces, rows = pieces(conn, now=now)
     delivered = deliveries.delivered(conn)
-    running_h: dict[str, float] = {}
-    billed_h: dict[str, float] = {}
-    for piece in all_pieces:  # over the machine's whole life: its count is shared out over these
-        running_h[piece.uuid] = running_h.get(piece.uuid, 0.0) + (piece.hours if piece.running else 0.0)
-        billed_h[piece.uuid] = billed_h.get(piece.uuid, 0.0) + piece.hours
+    running_h, billed_h = _lifetimes(all_pieces)
     total, groups = _Tally(), dict[str, _Tally]()
     for whole in all_pieces:
         clipped = _clip(whole, since)
@@ -280,15 +350,15 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
         proofs_done = proofs_of(row, delivered.get(piece.uuid))
         split = [(_group_key(by, row) if by and by != "day" else None, piece)] if by != "day" else list(_by_day(piece))
         for key, part_piece in split:
-            if running_h[piece.uuid] > 0:
-                share = part_piece.hours / running_h[piece.uuid] if part_piece.running else 0.0
-            else:  # counted proofs but never in state running (an adopted machine): shared over its billed time
-                share = part_piece.hours / billed_h[piece.uuid] if billed_h[piece.uuid] > 0 else 0.0
-            proofs = proofs_done * share
-            dead = _dead_cost(part_piece, row) if proofs_done > 0 else 0.0  # else counted as never proved
+            proofs, dead = _proofs_and_dead(part_piece, row, proofs_done, running_h, billed_h)
             total.add(part_piece, proofs, proofs_done == 0, dead)
             if key is not None:
                 groups.setdefault(key, _Tally()).add(part_piece, proofs, proofs_done == 0, dead)
+    return _figures(total, groups, now=now, since=since, by=by)
+
+
+def _figures(total: _Tally, groups: dict[str, _Tally], *, now: datetime, since: datetime | None,
+             by: str | None) -> dict[str, Any]:
     figures = {
         "as_of": clock.display_iso(clock.to_iso(now)),
         "since": clock.display_iso(clock.to_iso(since)) if since else None,
@@ -309,3 +379,45 @@ def day_start(now: datetime) -> datetime:
 def spent_today(conn: sqlite3.Connection, *, now: datetime) -> float:
     """$ spent since 00:00 UTC up to `now`, as `vastctl cost --since` that midnight says it."""
     return float(account(conn, now=now, since=day_start(now))["cost"])
+
+
+# (state file, uuid) → (what its figures were computed from, its figures): machines whose billing is over
+_CLOSED: dict[tuple[str, str], tuple[tuple[Any, ...], _Tally]] = {}
+
+
+def _whole(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+    """The whole account (no window, no grouping: the dashboard's and /metrics'), each destroyed machine's
+    figures kept from the last time they were computed: its billing ended and its row no longer changes, so
+    a scrape costs the live machines, not the day's history. A changed row is computed again."""
+    name = _file_of(conn)
+    known: dict[str, _Tally] = {}
+    closed: dict[str, tuple[Any, ...]] = {}
+    delivered = deliveries.delivered(conn)
+
+    def kept(row: dict[str, Any], listed: float | None) -> bool:
+        destroyed = clock.from_iso(row.get("destroyed_at"))
+        if row["state"] != State.KILLED or destroyed is None or destroyed > now:
+            return False
+        key = (*row.values(), listed, tuple(sorted((delivered.get(row["uuid"]) or {}).items())))
+        closed[row["uuid"]] = key
+        found = _CLOSED.get((name, row["uuid"]))
+        if found is not None and found[0] == key:
+            known[row["uuid"]] = found[1]
+            return True
+        return False
+
+    all_pieces, rows = pieces(conn, now=now, skip=kept)
+    running_h, billed_h = _lifetimes(all_pieces)
+    fresh: dict[str, _Tally] = {}
+    for piece in all_pieces:
+        row = rows[piece.uuid]
+        proofs_done = proofs_of(row, delivered.get(piece.uuid))
+        proofs, dead = _proofs_and_dead(piece, row, proofs_done, running_h, billed_h)
+        fresh.setdefault(piece.uuid, _Tally()).add(piece, proofs, proofs_done == 0, dead)
+    for uuid, key in closed.items():
+        if uuid not in known:
+            _CLOSED[(name, uuid)] = (key, fresh.get(uuid) or _Tally())
+    total = _Tally()
+    for tally in (*known.values(), *fresh.values()):
+        total.merge(tally)
+    return _figures(total, {}, now=now, since=None, by=None)

@@ -34,7 +34,7 @@ def reason_for(row: dict[str, Any]) -> str | None:
         return None
     if code == "start_failed" and row.get("vast_id") is None:  # the market refused the create: nothing ran
         return None
-    if not row.get("proofs_total") and not row.get("last_heartbeat_at"):  # a machine given no work proves none
+    if not row.get("proofs_total"):  # every run of its counter: one restarted before dying has proved
         return f"died before its first proof ({code}: {row.get('kill_reason') or 'no reason'})"
     return None
 
