@@ -14,9 +14,8 @@ from serving import JsonHandler, on_a_thread
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.observe import observe
-from vastctl.serving import dashboard_page
+from vastctl.serving import dashboard, dashboard_page
 from vastctl.state import db
-from vastctl.views import overview
 
 pytestmark = pytest.mark.slow  # a real HTTP server on loopback
 
@@ -111,7 +110,7 @@ def test_the_key_in_a_vast_error_reaches_nothing(ready, cli, vast, db_path):
     config = config_module.load()
     now = clock.SYSTEM.now()
     prompt = json.dumps(observe(conn, config, now=now, events_since=0).to_prompt(), default=str)
-    page = dashboard_page.live_fragment(overview.overview(conn, config, now))
+    page = dashboard_page.dashboard_page(dashboard.page_data(conn, config, now), csrf="t")
     places = {
         "cli output": json.dumps(said), "events": dump(db_path, "events"), "actions": dump(db_path, "actions"),
         "instances": dump(db_path, "instances"), "vast_listings": dump(db_path, "vast_listings"),

@@ -187,20 +187,7 @@ class Web:
         return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash).encode()
 
     def data(self) -> dict:
-        """What the page shows: overview's figures, the cost account and the machines' log tails (the CLI's calls)."""
-        conn, now = self.connect(), self.clock.now()
-        data = overview.overview(conn, self.config, now, steps=page.STEPS_READ)
-        data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
-        data["cost_day"] = cost.account(conn, now=now, since=now - overview.HISTORY)  # `vastctl cost --since 24h`
-        data["spent_today"] = data["observation"].spent()  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
-        data["warm"] = sum(guard.warm(m, self.config, now) for m in data["observation"].machines)
-        data["agent"] = {"max_wait_s": self.config.agent.max_wait, "min_machines": self.config.agent.min_machines,
-                         "interval_s": self.config.agent.interval}
-        data["idle"] = _idle(data["observation"], self.config, now)
-        router = fleet.router_status(conn, self.config, data["observation"], now)  # fleet --json's summary.router
-        data["router"] = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
-        data["logs"] = machine_logs.recent(conn)
-        return data
+        return page_data(self.connect(), self.config, self.clock.now())
 
     def static(self, name: str) -> Response:
         if name not in STATIC:
@@ -343,6 +330,22 @@ class Web:
 
 
 SESSION, FLASH = "session", "flash"
+
+
+def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict:
+    """What the page shows: overview's figures, the cost account and the machines' log tails (the CLI's calls)."""
+    data = overview.overview(conn, config, now, steps=page.STEPS_READ)
+    data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
+    data["cost_day"] = cost.account(conn, now=now, since=now - overview.HISTORY)  # `vastctl cost --since 24h`
+    data["spent_today"] = data["observation"].spent()  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
+    data["warm"] = sum(guard.warm(m, config, now) for m in data["observation"].machines)
+    data["agent"] = {"max_wait_s": config.agent.max_wait, "min_machines": config.agent.min_machines,
+                     "interval_s": config.agent.interval}
+    data["idle"] = _idle(data["observation"], config, now)
+    router = fleet.router_status(conn, config, data["observation"], now)  # fleet --json's summary.router
+    data["router"] = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
+    data["logs"] = machine_logs.recent(conn)
+    return data
 
 
 def _idle(obs, config: Config, now: datetime) -> dict[str, float]:
