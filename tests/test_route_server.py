@@ -35,7 +35,8 @@ class Daemon:
             request = wire.ProveRequest.FromString(data)
             self.seen.append(request.submit.request_id)
             self.release.wait(30)
-            return self.answer(request, context).SerializeToString()
+            answer = self.answer(request, context)
+            return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
         def status(data, context):
             return wire.GetStatusResponse(total_proofs_completed=len(self.seen), queues=[
@@ -276,3 +277,15 @@ def test_post_goes_to_post_address_when_set(tmp_path):
         server.stop(0)
         router.stop_writer()
         own.stop()
+
+
+def test_an_answer_that_is_not_a_prove_response_is_the_machines_failed_proof_passed_back_once(fleet):
+    hostile = Daemon(lambda request, context: b"\x0a\xff\xff")  # a length past the message: not a ProveResponse
+    fleet.join(hostile, "vastctl-hostile")
+    fleet.join(Daemon(), "vastctl-fine", rate=10)
+    assert fleet.call(wire.ProveRequest(submit=wire.SubmitProofRequest(request_id="odd-1", proof_kind=1))
+                      .SerializeToString(), timeout=20) == b"\x0a\xff\xff"
+    assert hostile.seen == ["odd-1"] and fleet.daemons[1].seen == []
+    (row,) = recorded(fleet, 1)
+    assert (row["result"], row["detail"]) == ("failed", "the prover answered 3 bytes that are not a ProveResponse")
+    assert fleet.router.dispatcher.snapshot()["in_flight"] == 0  # its slot came back

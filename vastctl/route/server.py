@@ -27,6 +27,7 @@ from concurrent import futures
 from typing import Any, Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from vastctl import clock as clock_module
 from vastctl.clock import Clock
@@ -134,8 +135,6 @@ class Router:
                 context.abort(*answer)
             if outcome == "expired":
                 context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, answer)
-            if outcome == "abandoned":
-                context.abort(grpc.StatusCode.CANCELLED, answer)
             if attempt > self.config.route.max_retries:
                 log.error("gave up on %s call %s: dropped by %d provers, the last: %s", base["kind"],
                           base["request_id"], attempt, answer)
@@ -353,7 +352,12 @@ class Router:
 
 
 def _timings(answer: bytes) -> dict[str, Any]:
-    result = wire.ProveResponse.FromString(answer).result
+    """The status and the daemon's timings of a prover's answer. An answer that is not a ProveResponse (a
+    machine's bytes are a claim) counts as the machine's failed proof; it is passed back as it came."""
+    try:
+        result = wire.ProveResponse.FromString(answer).result
+    except DecodeError:
+        return {"status": wire.STATUS_FAILED, "detail": f"the prover answered {len(answer)} bytes that are not a ProveResponse"}
     return {"status": result.status, "queue_wait_ms": result.queue_wait_ms, "srs_load_ms": result.srs_load_ms,
             "synthesis_ms": result.synthesis_ms, "gpu_compute_ms": result.gpu_compute_ms, "total_ms": result.total_ms,
             **({"detail": result.error_message[:500]} if result.error_message else {})}
