@@ -476,9 +476,18 @@ def _boot(tmp_path, path_dirs, **env):
     base = {"PATH": ":".join([*map(str, path_dirs), "/usr/bin", "/bin"]), "HOME": str(tmp_path),
             "VASTCTL_LOG": str(log), "VASTCTL_ZK_DIR": str(tmp_path / "zk"), "VASTCTL_SERVER": "http://127.0.0.1:9",
             "VASTCTL_TOKEN": "t", "VASTCTL_UUID": "u1", "VASTCTL_LABEL": "vastctl-u1"}
-    done = subprocess.run(["bash", str(ROOT / "vastctl" / "machine" / "templates" / "onstart.sh")], env={**base, **env},
-                          capture_output=True, text=True, timeout=30)
-    return done.returncode, log.read_text()
+    # its own session: the dead-man switch it starts outlives a script that stops, as on a machine, and is ended here
+    script = subprocess.Popen(["bash", str(ROOT / "vastctl" / "machine" / "templates" / "onstart.sh")],
+                              env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        script.communicate(timeout=30)
+    finally:
+        try:
+            os.killpg(script.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return script.returncode, log.read_text()
 
 
 @pytest.mark.slow
