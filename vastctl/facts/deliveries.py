@@ -111,7 +111,7 @@ def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: 
     claim is not counted (cost reads the router's count, facts/cost.proofs_of). A machine the router never
     sent a call is not judged. True when an event was recorded."""
     row = conn.execute("SELECT label, proofs_total FROM instances WHERE uuid = ?", (uuid,)).fetchone()
-    counts = delivered(conn).get(uuid)
+    counts = delivered(conn, uuid=uuid).get(uuid)
     if row is None or not counts:
         return False
     done, claimed = counts.get("completed", 0), int(row["proofs_total"] or 0)
@@ -156,13 +156,14 @@ def proof_wait(conn: sqlite3.Connection, *, since: datetime, until: datetime, ma
             "within_max_wait": round(sum(1 for w in waits if w <= max_wait_s) / len(waits), 4)}
 
 
-def delivered(conn: sqlite3.Connection, *, since: datetime | None = None) -> dict[str, dict[str, int]]:
-    """Per machine (uuid): how many of each result the router saw; machines it never sent to are absent."""
+def delivered(conn: sqlite3.Connection, *, uuid: str | None = None) -> dict[str, dict[str, int]]:
+    """Per machine (uuid): how many of each result the router saw; machines it never sent to are absent.
+    With `uuid`, that machine's alone (its rows through the index, as a heartbeat asks)."""
     sql = "SELECT uuid, result, count(*) FROM proof_calls WHERE uuid IS NOT NULL"
     args: tuple = ()
-    if since is not None:
-        sql += " AND at >= ?"
-        args = (clock.to_iso(since),)
+    if uuid is not None:
+        sql += " AND uuid = ?"
+        args = (uuid,)
     counts: dict[str, dict[str, int]] = {}
     for uuid, result, count in conn.execute(sql + " GROUP BY uuid, result", args):
         counts.setdefault(uuid, {})[result] = count

@@ -342,7 +342,7 @@ def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict:
     data["agent"] = {"max_wait_s": config.agent.max_wait, "min_machines": config.agent.min_machines,
                      "interval_s": config.agent.interval}
     data["idle"] = _idle(data["observation"], config, now)
-    router = fleet.router_status(conn, config, data["observation"], now)  # fleet --json's summary.router
+    router = data["summary"]["router"]  # fleet --json's summary.router, read once by overview
     data["router"] = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
     data["logs"] = machine_logs.recent(conn)
     return data

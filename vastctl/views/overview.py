@@ -53,7 +53,8 @@ def reconcile_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 def route_results(conn: sqlite3.Connection, now: datetime) -> dict[str, int]:
     """The proof router's attempts of the last day, by result (facts/deliveries.py)."""
-    return deliveries.results(conn, since=now - HISTORY, until=now + timedelta(microseconds=1))
+    since, until = deliveries.window(now, HISTORY.total_seconds() / 3600)
+    return deliveries.results(conn, since=since, until=until)
 
 
 def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
