@@ -189,6 +189,13 @@ class Site:
             assert query(self.db_path, "SELECT joined_at FROM instances WHERE uuid = ?", machine.uuid)[0]["joined_at"]
         return machine
 
+    def one_prover(self, **knobs) -> StandIn:
+        """Machine `a` joined (the manager's check) with a stand-in daemon, and the router sending to it."""
+        daemon = self.daemon("a", **knobs)
+        self.join("a", daemon, checked=True)
+        wait_for(lambda: self.status()["provers"] == 1, "the router sends to a")
+        return daemon
+
     def check_tunnels(self) -> dict:
         """`vastctl provers`: the manager's tunnel check (reconcile runs the same), joined_at/tunnel_down_since."""
         listed = run_vastctl("provers", "--json", env=self.env)
@@ -390,9 +397,7 @@ def test_a_proof_failed_inside_grpc_ok_is_passed_back_once_counted_against_its_m
 @pytest.mark.slow
 def test_a_call_over_128_mib_is_refused_at_once_and_a_120_mb_call_passes(make_site):
     site = make_site().start_router()
-    daemon = site.daemon("a", prove_seconds=0.05)
-    site.join("a", daemon, checked=True)
-    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    daemon = site.one_prover(prove_seconds=0.05)
     curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
     try:
         too_big = prove_request("porep-big-129", payload_bytes=129 * 1024 * 1024)
@@ -418,9 +423,7 @@ def test_a_call_over_128_mib_is_refused_at_once_and_a_120_mb_call_passes(make_si
 @pytest.mark.slow
 def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_held_calls_it_refused(make_site):
     site = make_site(drain_timeout=0.5).start_router()
-    daemon = site.daemon("a", prove_seconds=3.0)
-    site.join("a", daemon, checked=True)
-    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    daemon = site.one_prover(prove_seconds=3.0)
     curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
     try:
         # SnapDeals: Curio tries 3 times without waiting, so what a stop costs it shows at once
@@ -461,9 +464,7 @@ def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_
 def test_a_call_without_a_deadline_is_proved(make_site):
     """grpcio says ~9.2e18 s remain of a call without a deadline: the router holds and proves it for at most a day."""
     site = make_site().start_router()
-    daemon = site.daemon("a", prove_seconds=0.05)
-    site.join("a", daemon, checked=True)
-    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    site.one_prover(prove_seconds=0.05)
     with grpc.insecure_channel(site.address) as channel:
         answer = channel.unary_unary(wire.PROVE)(prove_request("porep-1000-1"))  # no timeout: no deadline
     assert wire.ProveResponse.FromString(answer).result.status == wire.STATUS_COMPLETED
@@ -505,9 +506,7 @@ def test_a_held_call_is_refused_past_max_held_expires_at_its_deadline_and_is_dro
 @pytest.mark.slow
 def test_post_goes_ahead_of_every_held_porep_call(make_site):
     site = make_site().start_router()
-    daemon = site.daemon("a", prove_seconds=1.0)
-    site.join("a", daemon, checked=True)
-    wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+    daemon = site.one_prover(prove_seconds=1.0)
     curio = CurioClient(site.address, max_pending=16, prove_timeout=PROVE_TIMEOUT_S)
     try:
         porep = [curio.submit(f"porep-1000-{n}") for n in range(2)]
@@ -528,9 +527,7 @@ def test_post_goes_to_the_operators_own_daemon_when_post_address_is_set(make_sit
     own = StandIn(tmp_path, "own", prove_seconds=0.05)
     try:
         site = make_site(post_address=f"127.0.0.1:{own.port}").start_router()
-        fleet = site.daemon("a", prove_seconds=0.05)
-        site.join("a", fleet, checked=True)
-        wait_for(lambda: site.status()["provers"] == 1, "the router sends to a")
+        fleet = site.one_prover(prove_seconds=0.05)
         curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
         try:
             tasks = [curio.submit("wdpost-1000-1", kind="window_post"), curio.submit("winning-1000-1", kind="winning_post"),
