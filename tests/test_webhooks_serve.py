@@ -99,14 +99,21 @@ def vast_events(manager):
     return query(manager.db_path, "SELECT * FROM events WHERE source = 'vast' ORDER BY id")
 
 
+def launched_and_listed(manager, vast):
+    """The operator's environment and one machine launched at the fake vast, seen running by a reconcile pass
+    (cron's last before the delivery)."""
+    operator = {**manager.env, "VAST_API_KEY": KEY, "VAST_API_URL": vast.url}
+    launched = run_vastctl("launch", "--gpu", "RTX 4090", "--json", env=operator)
+    assert launched.returncode == 0, launched.stderr
+    (machine,) = json.loads(launched.stdout)["launched"]
+    assert run_vastctl("reconcile", env=operator).returncode == 0
+    return operator, machine
+
+
 def test_an_offline_delivery_gets_the_machine_vast_lists_offline_killed_within_seconds(tmp_path, vast):
     manager = start_manager(tmp_path / "manager", vast)  # the shipped rate limit: 10s between wakes
     try:
-        operator = {**manager.env, "VAST_API_KEY": KEY, "VAST_API_URL": vast.url}
-        launched = run_vastctl("launch", "--gpu", "RTX 4090", "--json", env=operator)
-        assert launched.returncode == 0, launched.stderr
-        (machine,) = json.loads(launched.stdout)["launched"]
-        assert run_vastctl("reconcile", env=operator).returncode == 0  # cron's last pass saw it running
+        operator, machine = launched_and_listed(manager, vast)
         vast.instances[machine["vast_id"]]["actual_status"] = "offline"
 
         started = time.monotonic()
@@ -135,11 +142,7 @@ def test_a_seven_second_offline_flap_with_its_delivery_kills_nobody(tmp_path, va
     # vast lists the machine offline for 7 s and says so by webhook; a wake's two listings 1 s apart both see it
     manager = start_manager(tmp_path / "manager", vast, confirm="1s", confirm_after="12s")
     try:
-        operator = {**manager.env, "VAST_API_KEY": KEY, "VAST_API_URL": vast.url}
-        launched = run_vastctl("launch", "--gpu", "RTX 4090", "--json", env=operator)
-        assert launched.returncode == 0, launched.stderr
-        (machine,) = json.loads(launched.stdout)["launched"]
-        assert run_vastctl("reconcile", env=operator).returncode == 0  # cron's last pass saw it running
+        operator, machine = launched_and_listed(manager, vast)
         with vast.lock:
             vast.flap[machine["vast_id"]] = 7.0
         assert deliver(manager, "evt-flap-1").status_code == 200
