@@ -189,9 +189,9 @@ class Site:
             assert query(self.db_path, "SELECT joined_at FROM instances WHERE uuid = ?", machine.uuid)[0]["joined_at"]
         return machine
 
-    def one_prover(self, **knobs) -> StandIn:
+    def one_prover(self, *args: str, **knobs) -> StandIn:
         """Machine `a` joined (the manager's check) with a stand-in daemon, and the router sending to it."""
-        daemon = self.daemon("a", **knobs)
+        daemon = self.daemon("a", *args, **knobs)
         self.join("a", daemon, checked=True)
         wait_for(lambda: self.status()["provers"] == 1, "the router sends to a")
         return daemon
@@ -421,9 +421,11 @@ def test_a_call_over_128_mib_is_refused_at_once_and_a_120_mb_call_passes(make_si
 
 
 @pytest.mark.slow
-def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_held_calls_it_refused(make_site):
+def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_held_calls_it_refused(
+        make_site, tmp_path):
+    release = tmp_path / "release"  # a's proofs finish only once the router has refused what it held
     site = make_site(drain_timeout=0.5).start_router()
-    daemon = site.one_prover(prove_seconds=3.0)
+    daemon = site.one_prover("--release-file", str(release), prove_seconds=0)
     curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
     try:
         # SnapDeals: Curio tries 3 times without waiting, so what a stop costs it shows at once
@@ -437,6 +439,9 @@ def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_
         # no new call: grpc's server, stopping, cancels a new stream on Curio's open connection (a new
         # connection finds the port closed: UNAVAILABLE); either way no prover sees it
         assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), (code, message)
+        wait_for(lambda: "stopping: refusing 2 held call(s)" in site.log(), "the held calls are refused")
+        assert site.router.poll() is None  # still waiting on the two calls in flight
+        release.touch()
         assert site.router.wait(timeout=30) == 0
         wait_for(lambda: all_done(proving + held), "every task ends")
         for task in proving:  # in flight at SIGTERM: finished, Curio saw nothing
@@ -504,9 +509,10 @@ def test_a_held_call_is_refused_past_max_held_expires_at_its_deadline_and_is_dro
 
 
 @pytest.mark.slow
-def test_post_goes_ahead_of_every_held_porep_call(make_site):
+def test_post_goes_ahead_of_every_held_porep_call(make_site, tmp_path):
+    release = tmp_path / "release"  # a's two proofs finish only once this exists: the test frees the slots
     site = make_site().start_router()
-    daemon = site.one_prover(prove_seconds=1.0)
+    daemon = site.one_prover("--release-file", str(release), prove_seconds=0)
     curio = CurioClient(site.address, max_pending=16, prove_timeout=PROVE_TIMEOUT_S)
     try:
         porep = [curio.submit(f"porep-1000-{n}") for n in range(2)]
@@ -515,6 +521,8 @@ def test_post_goes_ahead_of_every_held_porep_call(make_site):
         wait_for(lambda: site.status()["held"] == 3, "three PoRep calls held")
         post = curio.submit("winning-1000-1", kind="winning_post")
         wait_for(lambda: site.status()["held"] == 4, "the WinningPoSt call held too")
+        assert daemon.received() == ["porep-1000-0", "porep-1000-1"]  # nothing came free while they were held
+        release.touch()
         wait_for(lambda: all_done(porep + [post]), "every call answered", timeout=60)
         assert_never_failed(porep + [post])
         assert daemon.received()[2] == "winning-1000-1", daemon.received()  # the first slot that came free
@@ -545,9 +553,11 @@ def test_post_goes_to_the_operators_own_daemon_when_post_address_is_set(make_sit
 
 
 @pytest.mark.slow
-def test_calls_on_a_machine_that_leaves_the_fleet_while_proving_them_are_moved_and_complete_on_another(make_site):
+def test_calls_on_a_machine_that_leaves_the_fleet_while_proving_them_are_moved_and_complete_on_another(
+        make_site, tmp_path):
+    release = tmp_path / "release"  # a finishes nothing until the test lets it (after it has left)
     site = make_site().start_router()
-    leaving = site.daemon("a", prove_seconds=3.0)
+    leaving = site.daemon("a", "--release-file", str(release), prove_seconds=0)
     staying = site.daemon("b", prove_seconds=0.2)
     a = site.join("a", leaving, checked=True, rate=90.0)  # the better rate: it takes the first calls
     site.join("b", staying, checked=True, rate=50.0)
@@ -568,6 +578,7 @@ def test_calls_on_a_machine_that_leaves_the_fleet_while_proving_them_are_moved_a
         wait_for(lambda: {(c["request_id"], c["label"], c["result"]) for c in site.calls()} >=
                  {(rid, a.label, "dropped") for rid in on_a}, "proof_calls: a's calls dropped (moved) on a")
         assert "prover uuid-a left the joined set: its calls are moved" in site.log()
+        release.touch()
         wait_for(lambda: len(leaving.lines()) == 2 * len(on_a), "a finishes what it was proving, for nobody")
         assert {event for event, _, _ in leaving.lines()} <= {"received", "cancelled"}
     finally:

@@ -3,7 +3,7 @@
 the real messages (vastctl/route/wire.py), run as its own process.
 
     python tests/fakes/cuzk_daemon.py --port P [--slots N] [--prove-seconds S] [--fail-every K]
-        [--die-after-accepting K] [--max-message 134217728] [--log FILE] [--proof-bytes N]
+        [--die-after-accepting K] [--max-message 134217728] [--log FILE] [--proof-bytes N] [--release-file F]
 
 As the real daemon: `Prove` proves (here: sleeps) at most `--slots` proofs at once, the others wait in its
 queue (pending); the answer is an AwaitProofResponse COMPLETED with the proof and the daemon's timings, or
@@ -11,6 +11,9 @@ FAILED with an error message inside gRPC OK (every K-th call with --fail-every K
 --max-message bytes in one call (tonic's 128 MiB): a bigger one is RESOURCE_EXHAUSTED from gRPC itself.
 A ProveRequest without `submit` is INVALID_ARGUMENT "missing submit field"; an unknown proof kind is
 INVALID_ARGUMENT. GetStatus counts its queues, proofs completed and failed.
+
+Held proofs: with --release-file F a proof that took a slot does not finish (after its --prove-seconds) until
+F exists, so a test decides when slots come free instead of racing a timer.
 
 Dying mid-call: with --die-after-accepting K the process ends (os._exit, no answer, no goodbye frame) as soon
 as it has logged its K-th Prove; SIGUSR1 ends it the same way at any time (the test sends it while calls are
@@ -96,6 +99,8 @@ class Daemon:
                 try:
                     if self.args.prove_seconds:
                         time.sleep(self.args.prove_seconds)
+                    while self.args.release_file and not os.path.exists(self.args.release_file):
+                        time.sleep(0.02)
                 finally:
                     with self.lock:
                         self.in_progress[kind] -= 1
@@ -174,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--die-after-accepting", type=int, default=0, help="exit at the K-th Prove, unanswered")
     parser.add_argument("--max-message", type=int, default=wire.DAEMON_MAX_MESSAGE, help="bytes in one call")
     parser.add_argument("--proof-bytes", type=int, default=1920, help="size of a completed call's proof")
+    parser.add_argument("--release-file", default="", help="a proof in a slot finishes only once this file exists")
     parser.add_argument("--log", default="", help="file to append one line per received and answered call")
     serve(parser.parse_args(argv))
 
