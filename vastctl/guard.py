@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from vastctl import clock
 from vastctl.config import Config
-from vastctl.observe import PENDING_STATES, VAST_DEAD
+from vastctl.observe import PENDING_STATES
 from vastctl.state.audit import record_action
-from vastctl.state.lifecycle import KillCode, State, StrEnum
+from vastctl.state.lifecycle import VAST_DEAD_CODES, KillCode, State, StrEnum
 from vastctl.validate import MIN_DPH
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ def warm(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
         return proving(machine, config, now)
     if machine.get("state") not in PENDING_STATES or machine.get("vast_missing"):
         return False
-    return machine.get("vast_status") not in VAST_DEAD
+    return machine.get("vast_status") not in VAST_DEAD_CODES
 
 
 def _check_floor(obs: "Observation", action: Action, config: Config, earlier: Sequence[Action]) -> Verdict:

@@ -48,7 +48,6 @@ INSTANCE_FIELDS = (
     "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
     "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
 )
-VAST_DEAD = frozenset(VAST_DEAD_CODES)  # vast statuses that mean the machine is dead
 LIVE_ROWS = "SELECT * FROM instances WHERE destroyed_at IS NULL"  # every row not yet destroyed: what may bill
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
 RATE_DIGITS = 1  # the model is shown proofs/hour to one decimal, as `fleet` shows them
@@ -136,7 +135,7 @@ def disagreement(row: Mapping[str, Any]) -> str | None:
         return None
     if state == State.STOPPED:
         return "stopped here but vast says running (GPU billed)" if status == "running" else None
-    if status in VAST_DEAD:
+    if status in VAST_DEAD_CODES:
         return f"{state} here but vast says {status}"
     if state == State.RUNNING and status != "running":
         return f"running here but vast says {status}"

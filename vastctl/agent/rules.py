@@ -80,8 +80,7 @@ from vastctl.config import Config
 from vastctl.guard import Action, Kind
 from vastctl.observe import PENDING_STATES, Observation, rate_of_model
 from vastctl.providers.base import Offer
-from vastctl.state.lifecycle import State
-from vastctl.views.fleet import VAST_DEAD
+from vastctl.state.lifecycle import VAST_DEAD_CODES, State
 
 ACTOR = "agent"
 BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
@@ -97,7 +96,7 @@ GPU_RATES = {"RTX 3090": 50.0, "RTX 4090": 80.0, "RTX 5070 Ti": 95.0, "RTX 5090"
 def _vast_dead(machine: Mapping[str, Any]) -> bool:
     """Not proving whatever the file says: vast lists it dead or not at all, or stopped under a running row
     (an interruptible machine outbid: reconcile waits for it, capacity does not count it)."""
-    return (bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD
+    return (bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD_CODES
             or (machine.get("state") == State.RUNNING and machine.get("vast_status") == "stopped"))
 
 

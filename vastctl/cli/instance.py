@@ -13,7 +13,8 @@ import typer
 
 from vastctl import upstream
 from vastctl.cli.app import app, env_flag, globals_of, say
-from vastctl.machine.reports import LocalReports, Reports
+from vastctl.machine.reports import LocalReports
+from vastctl.providers.reports_sink import Reports
 
 UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="This machine's uuid ($VASTCTL_UUID).")]
 

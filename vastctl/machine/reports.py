@@ -1,4 +1,4 @@
-"""The five reports a rented machine's boot script makes, and the push of its log tails, as one interface.
+"""The five reports a rented machine's boot script makes, and the push of its log tails, applied to the state file.
 
 `LocalReports` writes the state file directly (the manager host, the
 simulator, `vastctl serve`); a remote implementation speaks HTTP to `serve`.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
-from typing import Any, Protocol
 
 from vastctl.config import Config
 from vastctl.state import lifecycle, settings
@@ -21,23 +20,6 @@ from vastctl.state import lifecycle, settings
 FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", "num_gpus": "--num-gpus",
                "rate": "--rate", "proofs_done": "--proofs-done", "failed": "--failed", "reason": "--reason",
                "name": "--name", "text": "--file", "uuid": "--uuid"}
-
-
-class Reports(Protocol):
-    def register(self, uuid: str, *, label: str | None, vast_id: int | None, gpu_name: str | None,
-                 num_gpus: int | None) -> dict[str, Any]: ...
-
-    def params_done(self, uuid: str) -> dict[str, Any]: ...
-
-    def bench_report(self, uuid: str, rate: float | str) -> dict[str, Any]: ...  # text: validated here
-
-    def bench_failed(self, uuid: str, reason: str | None) -> dict[str, Any]: ...
-
-    def running(self, uuid: str, stages: dict[str, Any] | None = None) -> dict[str, Any]: ...
-
-    def heartbeat(self, uuid: str, proofs_done: int | None) -> dict[str, Any]: ...
-
-    def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]: ...
 
 
 class LocalReports:

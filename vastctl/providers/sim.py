@@ -27,7 +27,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from vastctl.clock import Clock
 from vastctl.errors import BadInput
@@ -42,11 +42,9 @@ from vastctl.providers.base import (
     ProviderRejected,
     RemoteInstance,
 )
+from vastctl.providers.reports_sink import Reports
 from vastctl.providers.sim_engine import Engine
 from vastctl.providers.sim_store import FIRST_VAST_ID, Machine, SimStore, at_of, moment, seconds
-
-if TYPE_CHECKING:
-    from vastctl.machine.reports import Reports
 
 __all__ = ["FAULT_KINDS", "FIRST_VAST_ID", "SimProvider", "SimTotals"]  # FIRST_VAST_ID: sim_store's, named here for callers
 

@@ -24,14 +24,12 @@ import heapq
 import math
 import random
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from vastctl.errors import BadInput, BenchFailed, Refused, VastctlError
 from vastctl.providers import sim_market as model
+from vastctl.providers.reports_sink import Reports
 from vastctl.providers.sim_store import Fault, Machine, moment
-
-if TYPE_CHECKING:
-    from vastctl.machine.reports import Reports
 
 HEARTBEAT_S = 60.0
 START_FAILURE_MSG = ("Error response from daemon: failed to create task for container: failed to create shim task:"

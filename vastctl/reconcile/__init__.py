@@ -19,12 +19,12 @@ The modules, each one concern: decide (pure: rows + listing → actions), effect
 the guard), listing (vast_listings, vast_cache and each row's view of vast), run (the pass).
 """
 
-from vastctl.reconcile.decide import DEAD_STATUSES, ListingDistrusted, Matched, match, plan
+from vastctl.reconcile.decide import ListingDistrusted, Matched, match, plan
 from vastctl.reconcile.effects import Budget, PassResult, apply
 from vastctl.reconcile.listing import record_failed_listing, record_listing
 from vastctl.reconcile.run import LEASE, LEASE_TTL_S, lease_ttl, listing_notes, run_pass
 
 __all__ = [
-    "DEAD_STATUSES", "LEASE", "LEASE_TTL_S", "Budget", "ListingDistrusted", "Matched", "PassResult", "apply",
+    "LEASE", "LEASE_TTL_S", "Budget", "ListingDistrusted", "Matched", "PassResult", "apply",
     "lease_ttl", "listing_notes", "match", "plan", "record_failed_listing", "record_listing", "run_pass",
 ]

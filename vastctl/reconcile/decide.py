@@ -52,8 +52,12 @@ from vastctl.errors import Unavailable
 from vastctl.facts import tunnel
 from vastctl.guard import Action, Kind
 from vastctl.providers.base import RemoteInstance
-from vastctl.state.lifecycle import LIVE_STATES, KillCode, State
-from vastctl.state.lifecycle import VAST_DEAD_CODES as DEAD_STATUSES  # vast status → kill code
+from vastctl.state.lifecycle import (
+    LIVE_STATES,
+    VAST_DEAD_CODES,  # vast status → kill code
+    KillCode,
+    State,
+)
 
 ACTOR = "reconcile"
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
@@ -236,11 +240,11 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
         status = entry.actual_status or None
         if status != "running" and entry.status_msg and START_FAILURE.search(entry.status_msg):
             return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
-        if (status in DEAD_STATUSES and row.get("vast_status") in DEAD_STATUSES and row.get("vast_seen_at")
+        if (status in VAST_DEAD_CODES and row.get("vast_status") in VAST_DEAD_CODES and row.get("vast_seen_at")
                 and confirmed(row, dead_since(row), config, now)):
             since = dead_since(row) or now
             detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
-            return DEAD_STATUSES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
+            return VAST_DEAD_CODES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
         if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
                 and (entry.intended_status in (None, "", "running"))):
             resumed = clock.from_iso(row["resumed_at"])

@@ -415,9 +415,9 @@ def confirm_delay(config: Config) -> float:
 
 def needs_confirmation(conn: sqlite3.Connection) -> bool:
     """A live machine the last listing showed dead or missing: the next listing decides whether it is killed."""
-    from vastctl.reconcile import DEAD_STATUSES  # the statuses the rules kill for once two listings agree
+    from vastctl.state.lifecycle import VAST_DEAD_CODES  # the statuses the rules kill for once two listings agree
 
-    dead = sorted(DEAD_STATUSES)
+    dead = sorted(VAST_DEAD_CODES)
     marks = ", ".join("?" for _ in dead)
     return conn.execute(
         "SELECT 1 FROM instances WHERE state NOT IN ('killed', 'stopped') AND destroyed_at IS NULL"

@@ -80,7 +80,7 @@ class KillCode(StrEnum):
 
 
 # vast statuses that mean the machine is dead → the kill code reconcile gives it once two listings agree
-# (the observation's disagreement and the rules' read the same statuses: observe.VAST_DEAD)
+# (the observation's disagreement, the rules, the guard and reconcile read this one table)
 VAST_DEAD_CODES = {"exited": KillCode.EXITED, "unknown": KillCode.OFFLINE, "offline": KillCode.OFFLINE}
 
 

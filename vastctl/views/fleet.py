@@ -12,7 +12,6 @@ from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.facts import deliveries
-from vastctl.observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
 from vastctl.observe import Observation, event_facts, machine_facts, observe
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
