@@ -391,6 +391,10 @@ def test_the_chart_replays_the_last_day(app):
     assert chart["target"] == [(now - 24 * hour, 0.0), (now - 5 * hour, 300.0)]
     assert chart["queue"] == [(now - 4 * hour, 7.0)]
     assert chart["reconcile_failures"] == [now - 3 * hour]
+    # the target's history is the event's fields: a reason reworded (or forged in text) changes nothing
+    conn.execute("UPDATE events SET reason = 'target_proofs_per_hour 999 → 1' WHERE kind = 'setting'")
+    assert overview.history(conn, cfg, now, capacity=0.0, spend=0.0, target=300.0, model_rates={})["target"] == \
+        chart["target"]
 
 
 # --- actions: the same library calls as the CLI, the same events and refusals ------------------------
@@ -402,6 +406,7 @@ def test_set_a_setting_records_the_cli_event(signed_in, app):
     assert settings.get(app.connection(), app.config, "target_proofs_per_hour") == 400
     event = events(app)[-1]
     assert (event["kind"], event["source"], event["reason"]) == ("setting", "operator", "target_proofs_per_hour 0 → 400")
+    assert json.loads(event["data"]) == {"key": "target_proofs_per_hour", "new": 400, "old": 0}
     assert signed_in.act("/dashboard/settings", {"key": "target_proofs_per_hour", "value": "400"}).endswith(
         "(unchanged)")
     assert len(events(app)) == 1
@@ -527,6 +532,7 @@ def test_a_refused_kill_offers_the_forced_kill_with_a_confirmation(signed_in, ap
     assert done == "vastctl-one killed (forced past the guard)"
     row = rows(app)["vastctl-one"]
     assert (row["state"], row["kill_code"], row["kill_reason"]) == ("killed", "operator", "operator: GPU <errors> (forced)")
+    assert row["kill_forced"] == 1 and json.loads(events(app)[-1]["data"]) == {"forced": True}  # fields, not text
     audit = [dict(a) for a in app.connection().execute("SELECT actor, kind, ok, result FROM actions ORDER BY id")]
     assert [(a["actor"], a["kind"], a["ok"]) for a in audit] == [("operator", "kill", 0)] * 2 + [("operator", "kill", 1)]
     assert audit[-1]["result"].startswith("forced past the guard (never_scale_to_zero)")

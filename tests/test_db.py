@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, timezone
 
@@ -22,10 +23,10 @@ PINNED = {
         "destroy_error", "claimed_vast_id",
         "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at", "storage_dph",
         "vast_status_since", "bid", "ask_dph", "outbid_since", "proofs_total", "route_failing_since", "route_failure",
-        "boot_stages",
+        "boot_stages", "kill_forced",
     ],
     "machine_logs": ["uuid", "name", "at", "text", "cut"],
-    "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code"],
+    "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code", "data"],
     "settings": ["key", "value", "updated_at"],
     "migrations": ["id", "name", "applied_at"],
     "vast_listings": ["id", "at", "ok", "instances", "error"],
@@ -133,6 +134,35 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
     found = {r["uuid"]: (r["vast_id"], r["claimed_vast_id"])
              for r in conn.execute("SELECT uuid, vast_id, claimed_vast_id FROM instances")}
     assert found == {"adopted": (None, 100), "launched": (101, None), "gone": (102, None)}
+
+
+def test_upgrade_reads_old_events_fields_from_their_text_once(db_path):
+    """Events written before they carried fields get them from their reason, once, in the migration: a setting's
+    key and values, a kill or stop forced past the guard, and the killed row's kill_forced."""
+    before = len(db.MIGRATIONS) - 1
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for number, (name, sql) in enumerate(db.MIGRATIONS[:before], start=1):
+        for statement in db._statements(sql):
+            raw.execute(statement)
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
+    raw.execute(f"PRAGMA user_version = {before}")
+    for uuid, reason in (("forced", "operator: GPU errors (forced)"), ("plain", "operator: done")):
+        raw.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, kill_reason)"
+                    " VALUES (?, ?, 'killed', 't', 't', ?)", (uuid, f"vastctl-{uuid}", reason))
+        raw.execute("INSERT INTO events (at, kind, uuid, to_state, reason, source) VALUES ('t', 'transition', ?,"
+                    " 'killed', ?, 'operator')", (uuid, reason))
+    for reason in ("target_proofs_per_hour 300 → 412.5", "max_instances 0 → 12", "not a setting's text"):
+        raw.execute("INSERT INTO events (at, kind, reason, source) VALUES ('t', 'setting', ?, 'operator')", (reason,))
+    raw.close()
+    conn = db.connect(db_path, now=SYSTEM.now())
+    data = [(r["kind"], r["uuid"], r["data"] and json.loads(r["data"]))
+            for r in conn.execute("SELECT kind, uuid, data FROM events ORDER BY id")]
+    assert data == [("transition", "forced", {"forced": True}), ("transition", "plain", None),
+                    ("setting", None, {"key": "target_proofs_per_hour", "old": 300.0, "new": 412.5}),
+                    ("setting", None, {"key": "max_instances", "old": 0.0, "new": 12.0}), ("setting", None, None)]
+    assert {r["uuid"]: r["kill_forced"] for r in conn.execute("SELECT uuid, kill_forced FROM instances")} == {
+        "forced": 1, "plain": 0}
 
 
 def test_a_migration_whose_trigger_body_holds_semicolons_applies_whole(db_path, monkeypatch):

@@ -474,7 +474,8 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
                                                     force=force), now=now)
     _call(conn, provider, row, Kind.STOP, actor, now)
     why = f"stopped by {actor}" + (f": {reason}" if reason else "") + (" (forced)" if verdict.forced else "")
-    return lifecycle.transition(conn, row["uuid"], State.STOPPED, why, actor, updates={"resumed_at": None}, now=now)
+    return lifecycle.transition(conn, row["uuid"], State.STOPPED, why, actor, updates={"resumed_at": None},
+                                forced=verdict.forced, now=now)
 
 
 def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, *,
@@ -620,7 +621,8 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     if verdict.forced:
         reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
-    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or KillCode(actor), now=now)
+    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or KillCode(actor), forced=verdict.forced,
+                         now=now)
     if row.get("tunnel_port") is not None:  # its key stops working at its next connect
         with contextlib.suppress(Unavailable):  # an unwritable file is reconcile's error to report, every pass
             tunnel.write_authorized_keys(conn, config)

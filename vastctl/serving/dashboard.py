@@ -321,7 +321,7 @@ class Web:
         row, error = operations.operator_kill(
             conn, self.config, instance, reason, force=force, now=self.clock.now(),
             make_provider=lambda config: markets.get_provider(config, clock=self.clock))
-        forced = " (forced past the guard)" if force and (row["kill_reason"] or "").endswith("(forced)") else ""
+        forced = " (forced past the guard)" if row.get("kill_forced") else ""
         if error:
             raise VastctlError(f"{row['label']} is killed{forced} but not yet destroyed at vast ({error});"
                                " reconcile retries")

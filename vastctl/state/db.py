@@ -454,6 +454,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX webhook_deliveries_signed ON webhook_deliveries(signed)
         """,
     ),
+    (
+        "an event's structured fields (a setting's key, old and new value; a kill or stop forced past the guard) and"
+        " a row's kill_forced, so nothing is decided from a reason's text; older rows' fields read from it once",
+        """
+        ALTER TABLE events ADD COLUMN data TEXT;
+        ALTER TABLE instances ADD COLUMN kill_forced INTEGER NOT NULL DEFAULT 0;
+        UPDATE events SET data = json_object(
+                'key', substr(reason, 1, instr(reason, ' ') - 1),
+                'old', CAST(trim(substr(reason, instr(reason, ' ') + 1, instr(reason, ' → ') - instr(reason, ' ') - 1)) AS REAL),
+                'new', CAST(trim(substr(reason, instr(reason, ' → ') + length(' → '))) AS REAL))
+            WHERE kind = 'setting' AND instr(reason, ' ') > 0 AND instr(reason, ' → ') > instr(reason, ' ');
+        UPDATE events SET data = json_object('forced', json('true'))
+            WHERE kind = 'transition' AND to_state IN ('killed', 'stopped') AND reason LIKE '%(forced)';
+        UPDATE instances SET kill_forced = 1 WHERE state = 'killed' AND kill_reason LIKE '%(forced)'
+        """,
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -133,12 +133,17 @@ def record_event(
     from_state: str | None = None,
     to_state: str | None = None,
     code: str | None = None,
+    data: Mapping[str, Any] | None = None,
 ) -> int:
-    """Append one event. Call inside the transaction that made the change."""
+    """Append one event. Call inside the transaction that made the change.
+
+    `reason` is for people; what a reader decides on is in the columns and in `data` (a setting's
+    {"key", "old", "new"}, a forced move's {"forced": true}), never parsed back out of the reason."""
     cursor = conn.execute(
-        "INSERT INTO events (at, kind, uuid, label, from_state, to_state, reason, source, code)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (clock.to_iso(now), kind, uuid, label, from_state, to_state, reason, source, code),
+        "INSERT INTO events (at, kind, uuid, label, from_state, to_state, reason, source, code, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (clock.to_iso(now), kind, uuid, label, from_state, to_state, reason, source, code,
+         None if data is None else json.dumps(dict(data), sort_keys=True)),
     )
     return inserted_id(cursor)
 
@@ -152,25 +157,28 @@ def transition(
     *,
     code: str | None = None,
     updates: dict[str, Any] | None = None,
+    forced: bool = False,
     now: datetime,
 ) -> dict[str, Any]:
-    """Move one instance to `to_state` and record the event, atomically.
+    """Move one instance to `to_state` and record the event, atomically; `forced`: the move passed the guard
+    by an operator's force (the event's data says so, and a kill's row: kill_forced).
 
     Raises UnknownInstance when there is no row and Refused when the move is
     not allowed from the row's current state; either way nothing changes.
     Returns the row as it is after the move.
     """
     with transaction(conn):
-        return _transition_in_tx(conn, uuid, State(to_state), reason, source, code=code, updates=updates, now=now)
+        return _transition_in_tx(conn, uuid, State(to_state), reason, source, code=code, updates=updates,
+                                 forced=forced, now=now)
 
 
-def _transition_in_tx(conn, uuid, to_state, reason, source, *, now, code=None, updates=None):
+def _transition_in_tx(conn, uuid, to_state, reason, source, *, now, code=None, updates=None, forced=False):
     if source not in SOURCES:
         raise ValueError(f"unknown event source {source!r}")
     before = get(conn, uuid)
     columns = {"state": str(to_state), "state_since": clock.to_iso(now), **(updates or {})}
     if to_state is S.KILLED:
-        columns.update(kill_reason=reason, kill_code=code, killed_at=clock.to_iso(now))
+        columns.update(kill_reason=reason, kill_code=code, killed_at=clock.to_iso(now), kill_forced=int(forced))
     sources = allowed_sources(to_state)
     assignments = ", ".join(f"{name} = ?" for name in columns)
     placeholders = ", ".join("?" for _ in sources)
@@ -185,7 +193,7 @@ def _transition_in_tx(conn, uuid, to_state, reason, source, *, now, code=None, u
         )
     record_event(
         conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=before["label"],
-        from_state=before["state"], to_state=str(to_state), code=code,
+        from_state=before["state"], to_state=str(to_state), code=code, data={"forced": True} if forced else None,
     )
     return get(conn, uuid)
 
@@ -579,10 +587,11 @@ def kill(
     *,
     source: str,
     code: KillCode,
+    forced: bool = False,
     now: datetime,
 ) -> dict[str, Any]:
     """Mark killed (terminal). Destroying the machine at the provider is the caller's next step."""
-    return transition(conn, uuid, S.KILLED, reason, source, code=code, now=now)
+    return transition(conn, uuid, S.KILLED, reason, source, code=code, forced=forced, now=now)
 
 
 def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:

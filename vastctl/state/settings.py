@@ -97,5 +97,6 @@ def set_value(
             " ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
             (key, repr(value), clock.to_iso(now)),
         )
-        record_event(conn, kind="setting", source=source, now=now, reason=f"{key} {old:g} → {value:g}")
+        record_event(conn, kind="setting", source=source, now=now, reason=f"{key} {old:g} → {value:g}",
+                     data={"key": key, "old": old, "new": value})
     return True

@@ -159,7 +159,7 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
     events = conn.execute(  # only moves into or out of running, stopped or killed change capacity or spend
-        "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? AND (kind = 'setting'"
+        "SELECT at, kind, uuid, from_state, to_state, reason, data FROM events WHERE at >= ? AND (kind = 'setting'"
         " OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running', 'stopped', 'killed')"
         " OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id DESC", (since,))
     for event in events:
@@ -174,9 +174,9 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
                     series[name].append((at, values[name]))
                     values[name] = max(0.0, values[name] - change * amount)
             state[uuid] = before
-        elif event["kind"] == "setting" and (event["reason"] or "").startswith("target_proofs_per_hour "):
-            old = _old_value(event["reason"])
-            if old is not None:
+        elif event["kind"] == "setting" and (setting := _setting_change(event["data"]))["key"] == "target_proofs_per_hour":
+            old = setting["old"]
+            if isinstance(old, (int, float)):
                 series["target"].append((at, values["target"]))
                 values["target"] = old
     for name in values:
@@ -213,12 +213,13 @@ def _queue_history(conn: sqlite3.Connection, since: str | None) -> list[tuple[da
     return [(at, float(row[1])) for row in rows if (at := _moment(row[0])) is not None]
 
 
-def _old_value(reason: str) -> float | None:
-    """`target_proofs_per_hour 300 → 400` (settings.set_value's event) → 300."""
+def _setting_change(data: str | None) -> dict[str, Any]:
+    """A setting event's data ({"key", "old", "new"}, settings.set_value); {"key": None} for one without."""
     try:
-        return float(reason.split(" ", 1)[1].split("→", 1)[0])
-    except (IndexError, ValueError):
-        return None
+        change = json.loads(data) if data else {}
+    except ValueError:
+        change = {}
+    return change if isinstance(change, dict) and "key" in change else {"key": None}
 
 
 # --- one read for the page --------------------------------------------------------------------------
