@@ -307,6 +307,20 @@ def test_bad_input_is_400_and_changes_nothing(manager, report, body, says):
     assert requests.get(f"{manager.url}/healthz", timeout=10).status_code == 200
 
 
+@pytest.mark.parametrize("report,body,parts", [
+    ("bench-report", '{"rate": -1}', {"field": "rate", "reason": "must be a finite number ≥ 0, got -1", "lead": ""}),
+    ("register", '{"label": 5}', {"field": "label", "reason": "must be text, got int", "lead": ""}),
+])
+def test_a_refused_value_carries_its_field_and_reason_apart_from_the_sentence(manager, report, body, parts):
+    machine = "bad-input-machine"
+    if machine not in manager.rows():
+        walk_to(manager, machine, "params_done")
+    answer = post(manager, machine, report, data=body.encode(), headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400
+    assert {key: answer.json()[key] for key in parts} == parts
+    assert answer.json()["error"] == f'the "{parts["field"]}" field {parts["reason"]}'
+
+
 def test_register_of_a_new_uuid_needs_a_label(manager, new_uuid):
     response = post(manager, new_uuid, "register", {"gpu_name": "RTX 4090"})
     assert response.status_code == 400

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
@@ -109,7 +108,7 @@ class RemoteReports:
         answer = self._report(uuid, "bench-report", {"rate": lifecycle.validate_rate(rate)})
         if answer.get("passed") is False:
             reason = answer.get("reason")
-            error = BenchFailed(in_cli_terms(reason) if isinstance(reason, str) else
+            error = BenchFailed(reason if isinstance(reason, str) else
                                 f"instance {uuid}: bench rate below the gate; it is being killed, do not prove")
             error.row = answer
             raise error
@@ -122,7 +121,7 @@ class RemoteReports:
             body["reason"] = validate.text(reason, "reason", max_len=lifecycle.REASON_CHARS)
         answer = self._report(uuid, "bench-report", body)
         reason = answer.get("reason")
-        error = BenchFailed(in_cli_terms(reason) if isinstance(reason, str) else
+        error = BenchFailed(reason if isinstance(reason, str) else
                             f"instance {uuid}: the bench failed; it is being killed, do not prove")
         error.row = answer
         raise error
@@ -216,21 +215,25 @@ def _answer(response, server: str, uuid: str) -> dict[str, Any]:
         raise BadInput(f"the manager refused the token for {uuid} ({message}): VASTCTL_TOKEN belongs to"
                        " another machine; check --uuid/VASTCTL_UUID")
     if status == 404:  # the lifecycle's own answers: the same line a local report prints
-        raise UnknownInstance(in_cli_terms(message))
+        raise UnknownInstance(message)
     if status == 409:
-        raise Refused(in_cli_terms(message))
+        raise Refused(message)
     if status == 400:
-        raise BadInput(in_cli_terms(message))
+        raise _refused_value(response) or BadInput(message)
     raise BadInput(f"the manager at {server} answered {status}: {message}")
 
 
-def in_cli_terms(message: str) -> str:
-    """A manager's message in the CLI's terms: each body field named as the flag that sets it."""
-    def flag(match: re.Match) -> str:
-        return FIELD_FLAGS.get(match.group(1), match.group(0))
-
-    message = re.sub(r'the "(\w+)" field', flag, message)
-    return message.replace("the uuid in the path", "--uuid")
+def _refused_value(response) -> validate.Invalid | None:
+    """A 400 naming a refused value by its parts (`field`, `reason`, `lead`: serving.server.refused_field) →
+    the same Invalid a local report raises, so the CLI names the field as its flag (`--rate must be …`)
+    without reading the manager's wording. None when the answer does not carry them."""
+    answer = _json(response)
+    if not isinstance(answer, dict):
+        return None
+    field, reason, lead = answer.get("field"), answer.get("reason", ""), answer.get("lead", "")
+    if not (isinstance(field, str) and field in FIELD_FLAGS and isinstance(reason, str) and isinstance(lead, str)):
+        return None
+    return validate.Invalid(field, reason[:500], lead=lead[:500])
 
 
 def _json(response) -> Any:

@@ -135,7 +135,7 @@ class App:
         except HTTPError as exc:
             status, body, headers = exc.status, {"error": cut(exc.message, ERROR_CHARS)}, exc.headers
         except Exception as exc:  # noqa: BLE001 - one bad request must never take the server down
-            status, body = _status_of(exc), {"error": cut(in_api_terms(exc), ERROR_CHARS)}
+            status, body = _status_of(exc), {"error": cut(in_api_terms(exc), ERROR_CHARS), **refused_field(exc)}
             if status == 503:
                 headers = [("Retry-After", "1")]
             elif status == 500:
@@ -318,6 +318,14 @@ def in_api_terms(exc: Exception) -> str:
         return exc.worded("the uuid in the path" if exc.field == "uuid" else f'the "{exc.field}" field')
     return str(exc)
 
+
+def refused_field(exc: Exception) -> dict[str, str]:
+    """A refused value's parts, for a client to word in its own terms (the machine's CLI names its flag):
+    `field` (the body field, `uuid` for the one in the path), `reason` (what it must be) and `lead` (what comes
+    before the field's name); nothing for any other error."""
+    if not isinstance(exc, validate.Invalid):
+        return {}
+    return {"field": exc.field, "reason": cut(exc.reason, ERROR_CHARS), "lead": cut(exc.lead, ERROR_CHARS)}
 
 
 # --- running it ------------------------------------------------------------------------------------
