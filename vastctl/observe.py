@@ -189,8 +189,9 @@ def _iso(moment: datetime) -> str:
 
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
-            "expected_rate", "rate_source", "routed_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
-            "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid", "ask_dph", "outbid_since")
+            "expected_rate", "rate_source", "routed_rate", "state_since", "last_heartbeat_at", "disagreement",
+            "resumes", "kill_reason", "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid",
+            "ask_dph", "outbid_since")
     shown: dict[str, Any] = {k: machine.get(k) for k in keys if machine.get(k) is not None}
     if "bid" in shown:  # what the model needs to rebid: the rental, its bid, its offer's on-demand price, the pause
         shown["rental"] = "interruptible"
@@ -471,7 +472,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         measured = routed.get(row["uuid"])
         view["expected_rate"], view["rate_source"] = rate_and_source(
             row, rates, config.fleet.default_rate, implausible=row["uuid"] in flagged, routed=measured)
-        view.update(measured.view() if measured is not None else
+        view.update(measured.facts() if measured is not None else
                     {"routed_rate": None, "routed_rate_max": None, "routed_proofs": 0})
         view["machine_id"] = row.get("machine_id")
         view["resumes"] = resumes.get(row["uuid"], 0)

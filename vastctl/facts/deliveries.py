@@ -90,9 +90,9 @@ class Routed:
         """Enough proofs seen for the figures to bound the machine's expected rate."""
         return self.proofs >= ROUTED_MIN_PROOFS
 
-    def view(self) -> dict[str, Any]:
-        return {"routed_rate": round(self.rate, 1), "routed_rate_max": round(self.rate_max, 1),
-                "routed_proofs": self.proofs}
+    def facts(self) -> dict[str, Any]:
+        """As the observation carries them per machine (unrounded: displays round)."""
+        return {"routed_rate": self.rate, "routed_rate_max": self.rate_max, "routed_proofs": self.proofs}
 
 
 # --- what the router writes --------------------------------------------------------------------------------
