@@ -214,17 +214,14 @@ def routed_rates(conn: sqlite3.Connection, *, now: datetime, slots: int,
                  window_s: float = ROUTED_WINDOW_S) -> dict[str, Routed]:
     """uuid → what the router saw the machine prove over the last window_s (module docstring), for every machine
     with a completed call in it. One read of the window's attempts (the `at` index), grouped here by machine."""
-    start, end = now - timedelta(seconds=window_s), clock.to_iso(now)
+    start = clock.to_iso(now - timedelta(seconds=window_s))
     spans: dict[str, list[tuple[float, float, bool]]] = {}
-    for uuid, at, result, prover_ms in conn.execute(
-            f"SELECT uuid, at, result, prover_ms FROM proof_calls WHERE at >= ? AND at <= ? AND uuid IS NOT NULL"
-            f" AND prover_ms IS NOT NULL AND result IN ({', '.join('?' for _ in ON_PROVER)})",
-            (clock.to_iso(start), end, *ON_PROVER)):
-        moment = clock.from_iso(at)
-        if moment is None:
-            continue
-        stop = (moment - start).total_seconds()
-        spans.setdefault(uuid, []).append((stop - max(0, prover_ms) / 1000, stop, result == "completed"))
+    for uuid, stop, prover_ms, done in conn.execute(  # each end in seconds from the window's start, in SQLite
+            f"SELECT uuid, (julianday(at) - julianday(?)) * 86400, prover_ms, result = 'completed' FROM proof_calls"
+            f" WHERE at >= ? AND at <= ? AND uuid IS NOT NULL AND prover_ms IS NOT NULL"
+            f" AND result IN ({', '.join('?' for _ in ON_PROVER)})", (start, start, clock.to_iso(now), *ON_PROVER)):
+        if stop is not None:
+            spans.setdefault(uuid, []).append((stop - max(0, prover_ms) / 1000, stop, bool(done)))
     return {uuid: routed for uuid, calls in spans.items() if (routed := _routed(calls, slots)) is not None}
 
 
