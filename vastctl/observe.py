@@ -10,7 +10,14 @@ in how capacity is counted changes it everywhere at once.
                     median bench rate seen for its GPU model, else fleet.default_rate;
                     every figure a machine reported is bounded first (lifecycle.rate_ceiling,
                     measured_rate_bound), and a machine with an `implausible_rate` event counts
-                    for no more than its model's rate among the machines that never over-claimed
+                    for no more than its model's rate among the machines that never over-claimed.
+                    Those are claims: where the proof router saw the machine complete
+                    deliveries.ROUTED_MIN_PROOFS calls in the last hour, its figures win: the
+                    rate is held within [routed rate, routed rate max] (deliveries.routed_rates;
+                    one figure when the router kept it full), within lifecycle.rate_ceiling.
+                    `rate_source` says which figure it is: router, heartbeats, bench, gpu_model,
+                    default. The model's rate (model_rates) stays the bench rates' median: it
+                    predicts a machine not yet rented, and every machine benched the same way
   spend_per_hour    $/h vast bills us, as far as the file and the last good listing know: every
                     machine of ours, by whichever of the two heard of it last (the rules at billing())
   spent_today       $ spent since 00:00 UTC, as `vastctl cost` accounts it (facts/cost.py): what
@@ -181,13 +188,15 @@ def _iso(moment: datetime) -> str:
 
 def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
-            "expected_rate", "state_since", "last_heartbeat_at", "disagreement", "resumes", "kill_reason",
-            "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid", "ask_dph", "outbid_since")
+            "expected_rate", "rate_source", "routed_rate", "state_since", "last_heartbeat_at", "disagreement",
+            "resumes", "kill_reason", "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid",
+            "ask_dph", "outbid_since")
     shown: dict[str, Any] = {k: machine.get(k) for k in keys if machine.get(k) is not None}
     if "bid" in shown:  # what the model needs to rebid: the rental, its bid, its offer's on-demand price, the pause
         shown["rental"] = "interruptible"
-    if "proofs_per_hour" in shown:
-        shown["proofs_per_hour"] = round(shown["proofs_per_hour"], RATE_DIGITS)
+    for name in ("proofs_per_hour", "routed_rate"):
+        if name in shown:
+            shown[name] = round(shown[name], RATE_DIGITS)
     for name in BRIEF_TIMES:
         if name in shown:
             shown[name] = clock_module.display_iso(shown[name])
@@ -239,16 +248,37 @@ def rate_of_model(gpu_name: str | None, rates: Mapping[str, float], default_rate
 
 
 def expected_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
-                  implausible: bool = False) -> float:
-    """What one machine proves per hour: measured, else benchmarked, else its model's rate; each figure bounded
-    by what the machine can plausibly prove, and a machine caught over-claiming by its model's rate."""
+                  implausible: bool = False, routed: deliveries.Routed | None = None) -> float:
+    """What one machine proves per hour (rate_and_source without the source)."""
+    return rate_and_source(row, rates, default_rate, implausible=implausible, routed=routed)[0]
+
+
+def rate_and_source(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
+                    implausible: bool = False, routed: deliveries.Routed | None = None) -> tuple[float, str]:
+    """What one machine proves per hour and which figure says so: what it claims (measured, else benchmarked,
+    else its model's rate; each bounded by what the machine can plausibly prove, and a machine caught
+    over-claiming by its model's rate), held within what the router saw it prove when it saw enough."""
+    rate, source = _claimed_rate(row, rates, default_rate, implausible=implausible)
+    if routed is None or not routed.enough:
+        return rate, source
+    ceiling = lifecycle.rate_ceiling(row)
+    low, high = min(routed.rate, ceiling), min(routed.rate_max, ceiling)
+    if rate < low:  # it proved more than it claims
+        return low, "router"
+    if rate > high:  # it claims more than its calls took time for
+        return high, "router"
+    return rate, source
+
+
+def _claimed_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
+                  implausible: bool) -> tuple[float, str]:
     model = rate_of_model(row.get("gpu_name"), rates, default_rate)
-    for value, bound in ((row.get("proofs_per_hour"), lifecycle.measured_rate_bound(row)),
-                         (row.get("bench_rate"), lifecycle.rate_ceiling(row))):
+    for value, bound, source in ((row.get("proofs_per_hour"), lifecycle.measured_rate_bound(row), "heartbeats"),
+                                 (row.get("bench_rate"), lifecycle.rate_ceiling(row), "bench")):
         if value is not None:
             rate = lifecycle.bounded(value, bound)
-            return min(rate, model) if implausible else rate
-    return model
+            return (min(rate, model), source if rate <= model else "gpu_model") if implausible else (rate, source)
+    return model, "gpu_model" if row.get("gpu_name") in rates else "default"
 
 
 def capacity(machines: Iterable[Mapping[str, Any]]) -> float:
@@ -434,11 +464,15 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     rates, hosts = bench_rates(conn, flagged)
     resumes = _resumes(conn)
     router = deliveries.held(conn, now=now)
+    routed = deliveries.routed_rates(conn, now=now, slots=config.launch.bench_concurrency)
     machines = []
     for row in rows:
         view = machine_facts(row)
-        view["expected_rate"] = expected_rate(row, rates, config.fleet.default_rate,
-                                              implausible=row["uuid"] in flagged)
+        measured = routed.get(row["uuid"])
+        view["expected_rate"], view["rate_source"] = rate_and_source(
+            row, rates, config.fleet.default_rate, implausible=row["uuid"] in flagged, routed=measured)
+        view.update(measured.facts() if measured is not None else
+                    {"routed_rate": None, "routed_rate_max": None, "routed_proofs": 0})
         view["machine_id"] = row.get("machine_id")
         view["resumes"] = resumes.get(row["uuid"], 0)
         view["billed_per_hour"] = billed[row["uuid"]]

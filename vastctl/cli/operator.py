@@ -44,7 +44,9 @@ def fleet_cmd(
     vast's status comes from the last good listing (`vastctl reconcile`); its age ends the summary line,
     and a `!` marks a machine where vast disagrees with us (the `why` column says how). `contact` is the
     age of a machine's last report of any kind; a warning follows when no machine has reported for half of
-    launch.orphan_after (they destroy themselves at the end of it).
+    launch.orphan_after (they destroy themselves at the end of it). `routed/h` (once the proof router sent a
+    machine calls) is what the router saw it prove over the last hour; a `*` marks a machine counted at the
+    router's figure rather than at its heartbeats' or bench rate.
 
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
@@ -71,6 +73,10 @@ def fleet_cmd(
         for row, i in zip(rows, view["instances"]):
             row["joined"] = {True: f"yes {_age(i['joined_at'], now)}", False: "no", None: "-"}[i["joined"]]
         columns.insert(columns.index("why"), "joined")
+    if any(i["routed_rate"] is not None for i in view["instances"]):  # what the proof router saw each one prove
+        for row, i in zip(rows, view["instances"]):
+            row["routed/h"] = fmt_num(i["routed_rate"]) + ("*" if i["rate_source"] == "router" else "")
+        columns.insert(columns.index("proofs/h") + 1, "routed/h")
     print_table(rows, columns)
     s = view["summary"]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"

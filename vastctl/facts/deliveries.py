@@ -12,6 +12,24 @@ recorded is what vastctl believes over what a machine says in its heartbeats:
                 age, the calls on provers. Older than STALE_AFTER_S it says nothing (the router is not running)
 
 A call's proof wait is its last attempt's held_ms + prover_ms: from its arrival at the router to its answer.
+
+A machine's routed rate (routed_rates) is what the router saw it prove over the last ROUTED_WINDOW_S, from the
+attempts that held one of its slots (an attempt's row is written when it ends: [at - prover_ms, at] is its time
+on the prover). Two figures bound what the machine proves when kept full (`slots` calls at once):
+
+  rate      completed proofs × 3600 / the seconds it held at least one call: its throughput while it had work.
+            Little's law: kept at `slots` calls, this is slots / the time a proof takes at that load, the machine's
+            true rate. Given fewer calls it is what it proved at the load it had: at least its rate (a daemon
+            proving fewer calls at once proves no faster in total).
+  rate_max  completed proofs × 3600 × slots / the slot-seconds its attempts took: `slots` calls at once, each
+            taking no longer than its calls took. A call shares the GPU with fewer others at a lower load, so
+            it is done sooner than at full load: this is at most what the machine proves full.
+
+The two meet when the machine was kept full. `slots × 3600 / median proving time` alone would be rate_max: right
+for a full machine and up to `slots` times too high for one given a call at a time, the unsafe side for a fleet
+sized on it. Failed, error and dropped attempts held a slot for their time and proved nothing: they count as
+time, never as proofs. Calls running when the window is read are not yet rows: `rate` understates by at most
+half of `slots` proofs over the window; an attempt begun before the window counts for its share inside it.
 """
 
 from __future__ import annotations
@@ -33,6 +51,9 @@ SET_ASIDE = "route_set_aside"  # event kind: the router stopped sending a machin
 CLAIM_DISAGREES = "claim_disagrees"  # event kind: a machine claims more proofs than the router saw it deliver
 CLAIM_SLACK = 0.1  # a claim may pass the delivered count by its benchmark's proofs and this share, plus one
 CLAIM_EVENT_EVERY_S = 3600.0  # at most one such event per machine in this long
+ROUTED_WINDOW_S = 3600.0  # the recent window a machine's routed rate is measured over
+ROUTED_MIN_PROOFS = 10  # completed calls in the window before the routed rate bounds the machine's expected rate
+ON_PROVER = ("completed", "failed", "error", "dropped")  # results of attempts that held one of a prover's slots
 CALL_COLUMNS = ("at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
                 "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail")
 
@@ -53,6 +74,25 @@ class Held:
                 "oldest_held_s": None if self.oldest_held_s is None else round(self.oldest_held_s, 1),
                 "in_flight": self.in_flight, "provers": self.provers,
                 "updated_at": clock.display_iso(self.updated_at)}
+
+
+@dataclass(frozen=True)
+class Routed:
+    """What the router saw one machine prove over the window (module docstring: rate, rate_max)."""
+    proofs: int  # completed calls that ended in the window
+    rate: float  # proofs/h while it held at least one call: what it proves at the load it had (a floor)
+    rate_max: float  # proofs/h if `slots` calls at once each took what its calls took (a ceiling)
+    busy_s: float  # seconds it held at least one call
+    occupancy: float  # calls on it on average while busy (slots: kept full)
+
+    @property
+    def enough(self) -> bool:
+        """Enough proofs seen for the figures to bound the machine's expected rate."""
+        return self.proofs >= ROUTED_MIN_PROOFS
+
+    def facts(self) -> dict[str, Any]:
+        """As the observation carries them per machine (unrounded: displays round)."""
+        return {"routed_rate": self.rate, "routed_rate_max": self.rate_max, "routed_proofs": self.proofs}
 
 
 # --- what the router writes --------------------------------------------------------------------------------
@@ -168,6 +208,40 @@ def delivered(conn: sqlite3.Connection, *, uuid: str | None = None) -> dict[str,
     for uuid, result, count in conn.execute(sql + " GROUP BY uuid, result", args):
         counts.setdefault(uuid, {})[result] = count
     return counts
+
+
+def routed_rates(conn: sqlite3.Connection, *, now: datetime, slots: int,
+                 window_s: float = ROUTED_WINDOW_S) -> dict[str, Routed]:
+    """uuid → what the router saw the machine prove over the last window_s (module docstring), for every machine
+    with a completed call in it. One read of the window's attempts (the `at` index), grouped here by machine."""
+    start = clock.to_iso(now - timedelta(seconds=window_s))
+    spans: dict[str, list[tuple[float, float, bool]]] = {}
+    for uuid, stop, prover_ms, done in conn.execute(  # each end in seconds from the window's start, in SQLite
+            f"SELECT uuid, (julianday(at) - julianday(?)) * 86400, prover_ms, result = 'completed' FROM proof_calls"
+            f" WHERE at >= ? AND at <= ? AND uuid IS NOT NULL AND prover_ms IS NOT NULL"
+            f" AND result IN ({', '.join('?' for _ in ON_PROVER)})", (start, start, clock.to_iso(now), *ON_PROVER)):
+        if stop is not None:
+            spans.setdefault(uuid, []).append((stop - max(0, prover_ms) / 1000, stop, bool(done)))
+    return {uuid: routed for uuid, calls in spans.items() if (routed := _routed(calls, slots)) is not None}
+
+
+def _routed(calls: list[tuple[float, float, bool]], slots: int) -> Routed | None:
+    """One machine's figures from its attempts (begin, end, completed) in seconds from the window's start."""
+    proofs = sum(1 for _, _, done in calls if done)
+    credit = slot_s = busy_s = 0.0
+    reach = 0.0  # the end of the busy stretch so far: attempts in order of their begin
+    for begin, stop, done in sorted(calls):
+        inside = stop - max(begin, 0.0)
+        slot_s += inside
+        if done:
+            credit += inside / (stop - begin) if stop > begin else 1.0
+        busy_s += max(0.0, stop - max(begin, 0.0, reach))
+        reach = max(reach, stop)
+    if not proofs or busy_s <= 0 or slot_s <= 0:
+        return None
+    rate = credit * 3600 / busy_s
+    return Routed(proofs=proofs, rate=rate, rate_max=max(rate, credit * 3600 * slots / slot_s), busy_s=busy_s,
+                  occupancy=slot_s / busy_s)
 
 
 def results(conn: sqlite3.Connection, *, since: datetime, until: datetime) -> dict[str, int]:

@@ -24,14 +24,24 @@ SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS N
 ORPHAN_WARN_FRACTION = 0.5  # the dashboard warns once the fleet's newest contact is half of launch.orphan_after old
 
 
-def instance_view(row: dict[str, Any]) -> dict[str, Any]:
+RATE_FIELDS = ("expected_rate", "rate_source", "routed_rate", "routed_rate_max", "routed_proofs")
+
+
+def instance_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One machine as `fleet --json` shows it: the observation's facts, its rate rounded and its times the
     contract's whole-second ISO text. Once vast confirmed its destroy, vast's status is `destroyed`, not the
-    last one listed (`fleet --all` would show a destroyed machine as still running at vast)."""
+    last one listed (`fleet --all` would show a destroyed machine as still running at vast).
+
+    `observed`: the machine as the observation counts it (absent for a destroyed one): the rate capacity counts
+    it at, the figure that set it (`rate_source`) and what the proof router saw it prove over the last hour."""
     view = display(machine_facts(row))
     if row.get("destroyed_at") and row.get("vast_id") is not None:
         view["vast_status"] = "destroyed"
     view["boot_stages"] = boot_stages(row)
+    observed = observed or {}
+    for name in RATE_FIELDS:
+        value = observed.get(name, 0 if name == "routed_proofs" else None)
+        view[name] = round(value, RATE_DIGITS) if isinstance(value, float) else value
     return view
 
 
@@ -94,7 +104,8 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
     }
-    instances = [instance_view(row) for row in rows]
+    observed = {machine["uuid"]: machine for machine in obs.machines}
+    instances = [instance_view(row, observed.get(row["uuid"])) for row in rows]
     summary["disagreements"] = sum(1 for view in instances if view["disagreement"])
     summary.update(listing_status(conn, now))
     summary.update(contact_status(rows, config, now))
