@@ -12,6 +12,7 @@ from vastctl import clock
 from vastctl.config import from_mapping
 from vastctl.providers.base import RemoteInstance
 from vastctl.reconcile import ListingDistrusted, match, plan
+from vastctl.reconcile.decide import START_FAILURES
 from vastctl.state.lifecycle import KillCode
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
@@ -187,24 +188,47 @@ def test_a_machine_missing_for_seconds_is_not_disappeared_nor_one_that_heartbeat
     assert plan(rows, listing, SETTINGS, cfg(), NOW) == []
 
 
-@pytest.mark.parametrize("msg", [
-    "OCI runtime create failed: runc create failed: unable to start container process",
-    "Error response from daemon: pull access denied",
-    "permission denied while mounting",
-])
+START_FAILURE_TEXTS = [  # at least one per decide.START_FAILURES entry, as vast has shown each
+    "Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create"
+    " failed: runc create failed: unable to start container process",
+    "Error response from daemon: pull access denied for vastctl/cuzk, repository does not exist",
+    "docker: Error response from daemon: could not select device driver \"\" with capabilities: [[gpu]].",
+    "OCI runtime create failed: runc create failed: unable to start container process: error during container init",
+    "  error response from daemon: manifest unknown",  # vast's spacing and case may differ
+]
+
+
+@pytest.mark.parametrize("msg", START_FAILURE_TEXTS)
 def test_start_failure_text_kills_at_once(msg):
     r = row("vastctl-1", state="launching", state_since=ago(minutes=2), vast_status=None, last_heartbeat_at=None)
     actions = plan([r], [seen(r, "created", status_msg=msg)], SETTINGS, cfg(), NOW)
     assert kills(actions) == {("vastctl-1", "start_failed")}
-    assert "start failure" in actions[0].reason and msg[:20] in actions[0].reason
+    assert "start failure" in actions[0].reason and msg.strip()[:20] in actions[0].reason
+
+
+def test_every_start_failure_entry_has_its_test():
+    tested = {start for start, _ in START_FAILURES for msg in START_FAILURE_TEXTS
+              if msg.strip().casefold().startswith(start.casefold())}
+    assert tested == {start for start, _ in START_FAILURES}
+
+
+@pytest.mark.parametrize("msg", [
+    "permission denied while mounting",  # words a failure might use, but no entry: shown, not acted on
+    "Traceback (most recent call last): ...",
+    "failed once, retrying",
+    "loading image: error fetching layer 3, retrying",
+])
+def test_other_status_text_is_shown_not_acted_on(msg):
+    r = row("vastctl-1", state="launching", state_since=ago(minutes=2), vast_status=None, last_heartbeat_at=None)
+    assert plan([r], [seen(r, "created", status_msg=msg)], SETTINGS, cfg(), NOW) == []
 
 
 def test_vast_text_quoted_into_a_reason_is_escaped_and_bounded():
-    hostile = "\x1b[2J\x1b[31mOCI runtime create failed\x1b[0m \u202eexe.txt\u2028next\x85\x7f " + "x" * 500
+    hostile = "OCI runtime create failed\x1b[2J\x1b[31m: \x1b[0m \u202eexe.txt\u2028next\x85\x7f " + "x" * 500
     r = row("vastctl-1", state="launching", state_since=ago(minutes=2), vast_status=None, last_heartbeat_at=None)
     (kill, _destroy) = plan([r], [seen(r, "created", status_msg=hostile)], SETTINGS, cfg(), NOW)
     assert kill.reason.isprintable() and len(kill.reason) < 300
-    assert "\\x1b[31mOCI runtime create failed\\x1b[0m" in kill.reason and "\\u202eexe.txt" in kill.reason
+    assert "OCI runtime create failed\\x1b[2J\\x1b[31m: \\x1b[0m" in kill.reason and "\\u202eexe.txt" in kill.reason
     assert "\\x7f" in kill.reason
 
 

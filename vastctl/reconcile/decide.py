@@ -40,7 +40,6 @@ picks among those).
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,7 +62,14 @@ ACTOR = "reconcile"
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 OUTBID_GRACE_S = 2 * 3600  # an outbid machine is waited for this long after its last heartbeat, then timed out
-START_FAILURE = re.compile(r"oci runtime|error|failed|exception|traceback|permission denied", re.IGNORECASE)
+# vast's status_msg texts that say the container never started, by how they begin (docs/interface.md, "Start
+# failures"): a kill at once, code start_failed. Any other text is shown (fleet --json, the dashboard), never
+# acted on: the listing's status decides (exited, unknown, offline, or a resumed machine never scheduled).
+START_FAILURES = (
+    ("Error response from daemon:", "Docker refused to create, start or pull the container"),
+    ("docker: Error response from daemon:", "the same refusal, as docker's command line words it"),
+    ("OCI runtime create failed", "the container runtime (runc, the NVIDIA hook) could not create it"),
+)
 REASON_CHARS = 160  # vast's text quoted into a reason (an event, the table), through upstream.clip
 SCHEDULING_STATUSES = frozenset({None, "", "stopped", "created", "scheduling"})
 TIMED_STATES = {  # a state with a time limit: its timeouts.<name>, and the code of a kill for overstaying it
@@ -225,6 +231,12 @@ def plan(
     return actions
 
 
+def start_failure(status_msg: str | None) -> str | None:
+    """What a status_msg that begins as a START_FAILURES entry means; None for any other text."""
+    text = (status_msg or "").strip().casefold()
+    return next((meaning for start, meaning in START_FAILURES if text.startswith(start.casefold())), None)
+
+
 def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str] | None:
     """The kill code and reason for one live row, or None when it may live."""
     state = State(row["state"])
@@ -238,7 +250,7 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
                                    f" consecutive listings{last}")
     elif state is not State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
         status = entry.actual_status or None
-        if status != "running" and entry.status_msg and START_FAILURE.search(entry.status_msg):
+        if status != "running" and start_failure(entry.status_msg):
             return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
         if (status in VAST_DEAD_CODES and row.get("vast_status") in VAST_DEAD_CODES and row.get("vast_seen_at")
                 and confirmed(row, dead_since(row), config, now)):
