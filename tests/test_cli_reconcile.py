@@ -88,12 +88,12 @@ def test_table_output(store, cli, market):
 
 def test_vast_status_text_never_reaches_the_table_raw(store, cli, market):
     put(store, market, "vastctl-a", 11, state="registered", status="exited")
-    hostile = "\x1b]0;pwned\x07\x1b[31mOCI runtime create failed\u202e"
+    hostile = "OCI runtime create failed: \x1b]0;pwned\x07\x1b[31mno GPU\u202e"  # a start failure, with escapes
     market.instances[11].status_msg = hostile
     result = cli("reconcile")
     assert result.code == 0
     assert "\x1b" not in result.out and "\u202e" not in result.out
-    assert "\\x1b[31mOCI runtime create failed" in result.out
+    assert "OCI runtime create failed: \\x1b]0;pwned\\x07\\x1b[31mno GPU" in result.out
     data = json.loads(cli("events", "--json").out)
     assert "\x1b" not in data[-1]["reason"] and "\\x1b[31m" in data[-1]["reason"]
     # the file keeps vast's own text as it came
