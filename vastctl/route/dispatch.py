@@ -64,7 +64,9 @@ class Ticket:
 
 @dataclass(eq=False)
 class Unread:
-    """A call whose message is not read yet: its arrival, and the reserve it holds while it is read."""
+    """A call whose message is not read yet: its place in arrival order (kept once it is held), its arrival,
+    and the reserve it holds while it is read."""
+    seq: int
     arrived: float
     reserved: int = 0
 
@@ -121,7 +123,7 @@ class Dispatcher:
         with self._cond:
             if self.closed:
                 raise Closed()
-            call = Unread(arrived=self.clock.monotonic())
+            call = Unread(seq=next(self._seq), arrived=self.clock.monotonic())
             self.unread.append(call)
             return call
 
@@ -166,7 +168,8 @@ class Dispatcher:
             if self.kept_bytes + size > self.max_bytes:
                 raise Full(f"{-(-(self.kept_bytes + size) // MiB)} MiB of request memory would be in use"
                            f" (route.max_held_mb {self.max_bytes // MiB})")
-            ticket = Ticket(seq=next(self._seq), klass=klass, size=size, arrived=now)
+            ticket = Ticket(seq=next(self._seq) if read is None else read.seq, klass=klass, size=size,
+                            arrived=now if read is None else read.arrived)
             self.kept_bytes += size
             self.held.append(ticket)
             self.held.sort(key=lambda t: (t.klass, t.seq))
