@@ -175,7 +175,7 @@ def burst(routed, status, count: int, release: Path, hold: float, router_pid: in
             outcomes[key] = outcomes.get(key, 0) + 1
 
     def where() -> tuple[int, int]:
-        queues = {q.proof_kind: q for q in wire.GetStatusResponse.FromString(status(b"", timeout=10)).queues}
+        queues = {q.proof_kind: q for q in wire.GetStatusResponse.FromString(status(b"", timeout=30)).queues}
         return queues["porep"].in_progress if "porep" in queues else 0, queues["router-held"].pending
 
     release.unlink()
@@ -216,7 +216,10 @@ def main() -> None:
             router_channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=OPTIONS)
             direct = direct_channel.unary_unary(wire.PROVE)
             routed = router_channel.unary_unary(wire.PROVE)
-            status = router_channel.unary_unary(wire.GET_STATUS)
+            # the bench's own look at where the burst's calls are, on a connection of its own: on the burst's
+            # connection it would queue behind the 100 MB messages being written
+            status_channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=OPTIONS)
+            status = status_channel.unary_unary(wire.GET_STATUS)
             small = prove_request("bench-small", payload_bytes=1024)
             interleaved(direct, routed, small, 30)  # warm both paths: connections, threads, caches
             d_small, r_small = interleaved(direct, routed, small, args.small)

@@ -4,8 +4,9 @@ fleet's edge.
 Curio counts every failed Prove as a failed task and deletes a PoRep task after ~8 minutes of them; a
 replacement machine takes 15-90 minutes. So the router holds what it cannot place, never fails fast:
 
-  Prove      held until a prover has a free slot (dispatch.py), bounded by the call's own deadline and
-             route.max_held; sent with its bytes untouched; a call the prover dropped before answering
+  Prove      read only once route.max_held_mb has room for it (till then it waits unread, its sender
+             paused by HTTP/2 flow control), then held until a prover has a free slot (dispatch.py), bounded
+             by the call's own deadline and route.max_held; sent with its bytes untouched; a call the prover dropped before answering
              (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the joined set while it held
              the call) is sent again to another prover, at most route.max_retries times. Whatever the prover
              answered (gRPC OK, a proof FAILED inside it, or a status the daemon chose) goes back as it came
