@@ -173,7 +173,9 @@ def test_a_call_is_read_only_while_its_reserve_fits_beside_the_kept_bytes_in_arr
     held = d.admit(klass=CLASS_PROOF, size=150, read=first)  # its reserve becomes its size, in one step
     assert d.snapshot()["kept_bytes"] == 550
     assert d.wait_to_read(third, timeout=0) and not d.wait_to_read(fourth, timeout=0)  # 950, then 1350
-    d.leave(second)  # went away while read: its reserve is given back
+    d.keep(second, 50)  # kept outside the queue (route.post_address): its own size, not the reserve
+    assert d.snapshot()["kept_bytes"] == 600
+    d.leave(second)  # answered: given back
     d.finish(held)
     assert d.wait_to_read(fourth, timeout=0)
     assert d.snapshot()["kept_bytes"] == 800 and d.snapshot()["unread"] == 0

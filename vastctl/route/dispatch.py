@@ -149,6 +149,14 @@ class Dispatcher:
                     return False
                 self._cond.wait(timeout=remaining)
 
+    def keep(self, call: Unread, size: int) -> None:
+        """A call read and kept outside the held queue (sent to route.post_address): its reserve becomes
+        `size` until `leave`."""
+        with self._cond:
+            self.kept_bytes += size - call.reserved
+            call.reserved = size
+            self._cond.notify_all()
+
     def leave(self, call: Unread) -> None:
         """The call went away before it was admitted: its place and its reserve are given up."""
         with self._cond:

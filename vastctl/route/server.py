@@ -6,9 +6,10 @@ replacement machine takes 15-90 minutes. So the router holds what it cannot plac
 
   Prove      read only once route.max_held_mb has room for it (till then it waits unread, its sender
              paused by HTTP/2 flow control), then held until a prover has a free slot (dispatch.py), bounded
-             by the call's own deadline and route.max_held; sent with its bytes untouched; a call the prover dropped before answering
-             (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the joined set while it held
-             the call) is sent again to another prover, at most route.max_retries times. Whatever the prover
+             by the call's own deadline and route.max_held; sent with its bytes untouched; a call the prover
+             dropped before answering (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the
+             joined set while it held the call) is sent again to another prover, at most route.max_retries
+             times. Whatever the prover
              answered (gRPC OK, a proof FAILED inside it, or a status the daemon chose) goes back as it came
              and is never sent again. Over the daemon's 128 MiB it is refused at once. PoSt goes to
              route.post_address when set, else ahead of every held call.
@@ -42,10 +43,10 @@ log = logging.getLogger("vastctl.route")
 
 ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK too): returned as it came
 DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})  # the prover failed before answering: safe to send elsewhere
-# what the router's memory is counted in (route.max_held_mb; docs/joining-curio.md gives the bound): a kept call
-# is its bytes and, while it is sent, gRPC's copy of them; its message being read was measured at 3.0x its size
-# at the peak (gRPC's buffer, grpcio's bytearray, the bytes made of it), so a call is read only while room for
-# the largest message a daemon takes, so read, is left
+# route.max_held_mb counts a kept call (held or on a prover) at COPIES x its size: its bytes, gRPC's copy while it
+# is sent (2x measured) and a margin for the allocator. Reading a message peaks at 3.0x its size (gRPC's buffer,
+# grpcio's bytearray, the bytes made of it; measured), so a call is read only while READ_RESERVE, enough for the
+# largest message a daemon takes, fits beside what is kept (docs/joining-curio.md gives the bound)
 COPIES = 3
 READ_RESERVE = int(3.25 * wire.DAEMON_MAX_MESSAGE)
 TRIM_FROM = 8 * 1024 * 1024  # a message at least this big was read: give the freed read buffers back to the system
@@ -142,6 +143,7 @@ class Router:
                           f"vastctl route: a {size}-byte request is over the 134217728 bytes (128 MiB) a cuzk"
                           " daemon accepts; no prover was tried")
         if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
+            self.dispatcher.keep(unread, size * COPIES)  # not the read reserve for as long as the PoSt takes
             return self._to_post_address(request, context, base, started)
         klass = dispatch.CLASS_POST if header.proof_kind in wire.POST_KINDS else dispatch.CLASS_PROOF
         try:
