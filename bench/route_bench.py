@@ -7,12 +7,15 @@ call (so the machine's load falls on both alike):
   small   --small calls of a 1 KiB vanilla proof, direct and through the router: p50/p99 latency of each and
           what the router adds (target: p99 added ≤ 5 ms)
   large   --large calls of 100 MB, direct and through the router: median time of each (target: ≤ 10% added)
-  memory  the router's peak RSS over the large calls, then over --burst 100 MB calls sent at once, beside
-          route.max_held_mb (--max-held-mb): the bytes it may keep for held and in-flight calls
+  memory  the router's peak RSS over the large calls, then over --burst 100 MB calls sent at once while the
+          stand-in holds every proof it took (--burst-hold seconds after all have arrived, so the router keeps
+          what it may and the rest wait), beside the documented bound (docs/joining-curio.md): idle RSS +
+          max(route.max_held_mb (--max-held-mb), the read reserve) + ~0.25 MiB a call waiting unread
 
 Rerun:
     python bench/route_bench.py                          # 300 small, 10 large, a burst of 8
     python bench/route_bench.py --small 100 --large 3    # a quick run
+    python bench/route_bench.py --max-held-mb 2048 --burst 16   # more calls kept at once
     python bench/route_bench.py --router-env GLIBC_TUNABLES=glibc.malloc.hugetlb=1   # the router's malloc tuned
 """
 
@@ -40,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from curio_client import prove_request  # noqa: E402  (the tests' request builder, as Curio builds a call)
 
 from vastctl.clock import SYSTEM, to_iso  # noqa: E402
+from vastctl.route import server as route_server  # noqa: E402
 from vastctl.route import wire  # noqa: E402
 from vastctl.state import db, lifecycle  # noqa: E402
 from vastctl.state.lifecycle import State  # noqa: E402
@@ -47,6 +51,7 @@ from vastctl.state.lifecycle import State  # noqa: E402
 TARGET_SMALL_P99_ADDED_MS = 5.0
 TARGET_LARGE_ADDED = 0.10
 LARGE_BYTES = 100_000_000
+UNREAD_COST = 256 * 1024  # a call waiting unread: its 64 KiB HTTP/2 window, its thread (docs/joining-curio.md)
 OPTIONS = [("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
            ("grpc.max_receive_message_length", wire.CURIO_MAX_MESSAGE), ("grpc.enable_retries", 0)]
 
@@ -102,8 +107,10 @@ def reset_peak(pid: int) -> bool:
 def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, str]) -> tuple[subprocess.Popen, subprocess.Popen, int, int]:
     daemon_port, router_port = free_port(), free_port()
     daemon_log = workdir / "daemon.err"
+    (workdir / "release").touch()  # proofs finish at once until the burst takes the file away
     daemon = subprocess.Popen([sys.executable, str(DAEMON), "--port", str(daemon_port), "--slots", "64",
-                               "--prove-seconds", "0", "--proof-bytes", "1920"],
+                               "--prove-seconds", "0", "--proof-bytes", "1920",
+                               "--release-file", str(workdir / "release")],
                               stdout=subprocess.DEVNULL, stderr=daemon_log.open("w"))
     STARTED.append(daemon)
     wait(lambda: "listening" in daemon_log.read_text(), "the stand-in listens", daemon, daemon_log)
@@ -150,8 +157,10 @@ def interleaved(direct, routed, request: bytes, rounds: int) -> tuple[list[float
     return times["direct"], times["router"]
 
 
-def burst(routed, count: int) -> dict[str, int]:
-    """`count` 100 MB calls at once through the router: how many completed and how many it refused as full."""
+def burst(routed, status, count: int, release: Path, hold: float, router_pid: int) -> dict[str, object]:
+    """`count` 100 MB calls at once through the router, the stand-in holding every proof until all have arrived
+    (on the prover or waiting at the router) and `hold` seconds more: how many the prover had at once, how many
+    waited at the router, the router's peak RSS and how the calls ended."""
     request = prove_request("bench-burst", payload_bytes=LARGE_BYTES)
     outcomes: dict[str, int] = {}
     lock = threading.Lock()
@@ -165,9 +174,23 @@ def burst(routed, count: int) -> dict[str, int]:
         with lock:
             outcomes[key] = outcomes.get(key, 0) + 1
 
+    def where() -> tuple[int, int]:
+        queues = {q.proof_kind: q for q in wire.GetStatusResponse.FromString(status(b"", timeout=30)).queues}
+        return queues["porep"].in_progress if "porep" in queues else 0, queues["router-held"].pending
+
+    release.unlink()
+    reset_peak(router_pid)
     with futures.ThreadPoolExecutor(max_workers=count) as pool:
-        list(pool.map(one, range(count)))
-    return outcomes
+        calls = [pool.submit(one, n) for n in range(count)]
+        deadline = time.monotonic() + 120
+        while sum(where()) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(hold)
+        on_prover, waiting = where()
+        release.touch()
+        for call in calls:
+            call.result()
+    return {"on_prover": on_prover, "waiting": waiting, "peak": rss(router_pid, "VmHWM"), "outcomes": outcomes}
 
 
 def main() -> None:
@@ -176,6 +199,8 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=10, help="100 MB calls each way")
     parser.add_argument("--burst", type=int, default=8, help="100 MB calls sent at once through the router")
     parser.add_argument("--max-held-mb", type=int, default=512, help="route.max_held_mb for the run")
+    parser.add_argument("--burst-hold", type=float, default=3.0,
+                        help="seconds the stand-in holds the burst's proofs once every call has arrived")
     parser.add_argument("--refresh", default="2s", help="route.refresh: how often the router's writer thread runs")
     parser.add_argument("--router-env", action="append", default=[], metavar="NAME=VALUE",
                         help="environment for the router process only, e.g. MALLOC_ARENA_MAX=2")
@@ -191,6 +216,10 @@ def main() -> None:
             router_channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=OPTIONS)
             direct = direct_channel.unary_unary(wire.PROVE)
             routed = router_channel.unary_unary(wire.PROVE)
+            # the bench's own look at where the burst's calls are, on a connection of its own: on the burst's
+            # connection it would queue behind the 100 MB messages being written
+            status_channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=OPTIONS)
+            status = status_channel.unary_unary(wire.GET_STATUS)
             small = prove_request("bench-small", payload_bytes=1024)
             interleaved(direct, routed, small, 30)  # warm both paths: connections, threads, caches
             d_small, r_small = interleaved(direct, routed, small, args.small)
@@ -202,9 +231,7 @@ def main() -> None:
             d_large, r_large = interleaved(direct, routed, large, args.large)
             large_peak = rss(router.pid, "VmHWM")
             del large
-            reset_peak(router.pid)
-            outcomes = burst(routed, args.burst)
-            burst_peak = rss(router.pid, "VmHWM")
+            burst_seen = burst(routed, status, args.burst, Path(tmp) / "release", args.burst_hold, router.pid)
         finally:
             _stop_started()
 
@@ -229,10 +256,16 @@ def main() -> None:
           f" {'met' if rm / dm - 1 <= TARGET_LARGE_ADDED else 'MISSED'}")
     print()
     mb = 1024 * 1024
-    print(f"router memory: idle {idle_rss / mb:.0f} MiB; peak over the 100 MB calls"
-          f" {large_peak / mb:.0f} MiB{'' if peak_reset else ' (peak not reset: since start)'};"
-          f" peak over {args.burst} 100 MB calls at once {burst_peak / mb:.0f} MiB ({outcomes});"
-          f" route.max_held_mb {args.max_held_mb}")
+    budget = max(args.max_held_mb * mb, route_server.READ_RESERVE)
+    bound = idle_rss + budget + UNREAD_COST * burst_seen["waiting"]  # type: ignore[operator]
+    peak = burst_seen["peak"]
+    print(f"router memory: idle {idle_rss / mb:.0f} MiB; peak over the 100 MB calls one at a time"
+          f" {large_peak / mb:.0f} MiB{'' if peak_reset else ' (peak not reset: since start)'}")
+    print(f"burst of {args.burst} 100 MB calls at once, route.max_held_mb {args.max_held_mb}: {burst_seen['on_prover']}"
+          f" on the prover at once, {burst_seen['waiting']} waiting at the router; {burst_seen['outcomes']}")
+    print(f"peak {peak / mb:.0f} MiB; bound: idle {idle_rss / mb:.0f} + max(route.max_held_mb {args.max_held_mb},"
+          f" read reserve {route_server.READ_RESERVE / mb:.0f}) + 0.25 x {burst_seen['waiting']} waiting ="
+          f" {bound / mb:.0f} MiB: {'within' if peak <= bound else 'OVER'}")
     print()
     print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at"
           " the end (other work on the machine widens both paths' p99 alike)")

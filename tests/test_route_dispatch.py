@@ -160,3 +160,38 @@ def test_the_oldest_held_age_comes_from_the_clock():
     clock.advance(42)
     d.admit(klass=CLASS_PROOF, size=1)
     assert d.snapshot()["oldest_held_s"] == pytest.approx(42)
+
+
+def test_a_call_is_read_only_while_its_reserve_fits_beside_the_kept_bytes_in_arrival_order():
+    d = make(max_bytes=1000, read_reserve=400)
+    first, second, third, fourth = (d.enter() for _ in range(4))
+    assert d.wait_to_read(first, timeout=0) and d.wait_to_read(second, timeout=0)
+    assert d.snapshot()["kept_bytes"] == 800
+    assert not d.wait_to_read(fourth, timeout=0)  # not its turn: third came first
+    assert not d.wait_to_read(third, timeout=0)  # 800 + 400 > 1000: it waits unread
+    assert d.snapshot()["held"] == 2 and d.snapshot()["unread"] == 2  # waiting unread counts as held
+    held = d.admit(klass=CLASS_PROOF, size=150, read=first)  # its reserve becomes its size, in one step
+    assert d.snapshot()["kept_bytes"] == 550
+    assert d.wait_to_read(third, timeout=0) and not d.wait_to_read(fourth, timeout=0)  # 950, then 1350
+    d.keep(second, 50)  # kept outside the queue (route.post_address): its own size, not the reserve
+    assert d.snapshot()["kept_bytes"] == 600
+    d.leave(second)  # answered: given back
+    d.finish(held)
+    assert d.wait_to_read(fourth, timeout=0)
+    assert d.snapshot()["kept_bytes"] == 800 and d.snapshot()["unread"] == 0
+
+
+def test_a_budget_under_one_reserve_still_reads_one_call_at_a_time_and_closing_refuses_the_unread():
+    d = make(max_bytes=100, read_reserve=400)
+    first, second = d.enter(), d.enter()
+    assert d.wait_to_read(first, timeout=0)  # nothing else kept: read, or nothing would ever be
+    assert not d.wait_to_read(second, timeout=0)
+    with pytest.raises(dispatch.Full, match=r"^1 MiB of request memory would be in use"):
+        d.admit(klass=CLASS_PROOF, size=120, read=first)  # alone over the budget: refused, its reserve given back
+    assert d.snapshot()["kept_bytes"] == 0
+    d.close()
+    with pytest.raises(dispatch.Closed):
+        d.wait_to_read(second, timeout=5)
+    with pytest.raises(dispatch.Closed):
+        d.enter()
+    assert d.snapshot()["held"] == 0

@@ -61,14 +61,15 @@ def completed(request, status=wire.STATUS_COMPLETED, error=""):
 
 
 @pytest.fixture
-def fleet(tmp_path):
+def fleet(tmp_path, request):
     """A state file, a router on it (refreshing every 0.1 s) and a client channel to it; `join(daemon)` adds a
-    running machine whose tunnel end is that daemon, `leave(uuid)` kills its row."""
+    running machine whose tunnel end is that daemon, `leave(uuid)` kills its row. A test parametrizing `fleet` (indirect) adds
+    to its route section."""
     path = tmp_path / "state.db"
     now = clock.SYSTEM.now()
     conn = db.connect(path, now=now, create=True)
-    config = config_module.from_mapping({"db": str(path), "route": {"refresh": "0.1s", "max_held": 5},
-                                         "launch": {"bench_concurrency": 2}})
+    config = config_module.from_mapping({"db": str(path), "launch": {"bench_concurrency": 2},
+                                         "route": {"refresh": "0.1s", "max_held": 5, **getattr(request, "param", {})}})
 
     class Fleet:
         router = route_server.Router(config, probe=lambda port, timeout: False)
@@ -206,6 +207,42 @@ def test_a_held_call_past_its_deadline_expires_and_past_max_held_one_is_refused(
     fleet.join(Daemon(), "vastctl-saves")
     for holder in holders:
         holder.join(20)
+
+
+@pytest.mark.parametrize("fleet", [{"max_held_mb": 6}], indirect=True)
+def test_a_burst_past_max_held_mb_waits_unread_in_order_and_every_call_completes(fleet, monkeypatch):
+    """A 1 MiB call is kept at 3 MiB; reading one needs a 3.25 MiB reserve here (3.25 x 128 MiB in production):
+    under 6 MiB one call is kept while the rest wait unread, none fails, and none is read before its turn."""
+    monkeypatch.setattr(fleet.router.dispatcher, "read_reserve", int(3.25 * MiB))
+    daemon = Daemon()
+    daemon.release.clear()  # the prover holds its calls until released
+    fleet.join(daemon, "vastctl-mem")
+    answers: dict[str, object] = {}
+    callers = []
+    for n in range(5):
+        callers.append(threading.Thread(target=lambda n=n: answers.setdefault(
+            f"burst-{n}", _outcome(fleet.prove, f"burst-{n}", size=MiB))))
+        callers[-1].start()
+        wait_for(lambda n=n: fleet.router.dispatcher.snapshot()["held"] + len(daemon.seen) == n + 1, f"call {n} in")
+    snapshot = fleet.router.dispatcher.snapshot()
+    assert daemon.seen == ["burst-0"] and snapshot["unread"] == 4 and snapshot["held"] == 4
+    assert 3 * MiB < snapshot["kept_bytes"] <= 6 * MiB
+    assert _outcome(fleet.prove, "late", size=MiB, timeout=1.5) == "DEADLINE_EXCEEDED"  # its own deadline, unread
+    daemon.release.set()
+    for caller in callers:
+        caller.join(30)
+    assert answers == {f"burst-{n}": wire.STATUS_COMPLETED for n in range(5)}
+    assert daemon.seen == [f"burst-{n}" for n in range(5)]  # read, and so sent, in arrival order
+    rows = recorded(fleet, 6)
+    assert sorted(r["result"] for r in rows) == ["completed"] * 5 + ["expired"]
+    assert [r["request_id"] for r in rows if r["result"] == "expired"] == [None]  # never read: no id known
+
+
+def _outcome(fn, *args, **kw):
+    try:
+        return fn(*args, **kw).status
+    except grpc.RpcError as exc:
+        return exc.code().name
 
 
 def _swallow(fn, *args, **kw):

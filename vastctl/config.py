@@ -232,7 +232,7 @@ class RouteSection:
 
     listen: str = "127.0.0.1:9820"  # host:port the router serves cuzk.v1.ProvingEngine on, plaintext as cuzk does
     max_held: int = 200  # calls waiting for a free prover slot, at most; past it a new call is refused
-    max_held_mb: int = 4096  # memory for the requests it keeps (held, on provers), a call counted at 3x its size
+    max_held_mb: int = 4096  # memory for requests (kept: 3x a call's size; being read: 416 MiB); past it calls wait unread
     max_retries: int = 3  # times a call a prover dropped is sent again to another prover
     fail_threshold: int = 3  # a prover that drops or fails this many calls in a row takes no more and is killed
     post_address: str = ""  # the operator's own daemon for WindowPoSt/WinningPoSt; empty: the fleet, ahead of all

@@ -6,6 +6,11 @@ first held call that some prover can take is given a slot, so none overtakes ano
 to the prover with the most free slots (ties: the best measured rate), avoiding provers that already dropped
 it while another prover is joined.
 
+Memory is decided before a call's message is read (`wait_to_read`): a call is read only while the bytes kept
+for other calls leave room for `read_reserve` (what reading the largest message a daemon takes costs), in
+arrival order; until then it waits unread, its sender paused by HTTP/2 flow control, at no memory cost. Once
+read, its reserve becomes its own size (`admit`), so the kept bytes never pass `max_bytes`.
+
 A prover that drops or fails `fail_threshold` calls in a row is set aside: it takes no new call, and the
 router reports it (reconcile kills it). Time comes from the clock it is given (vastctl/clock.py).
 """
@@ -57,6 +62,15 @@ class Ticket:
     held: bool = True
 
 
+@dataclass(eq=False)
+class Unread:
+    """A call whose message is not read yet: its place in arrival order (kept once it is held), its arrival,
+    and the reserve it holds while it is read."""
+    seq: int
+    arrived: float
+    reserved: int = 0
+
+
 class Closed(Exception):
     """The router stopped taking calls while this one was held."""
 
@@ -67,14 +81,17 @@ class Full(Exception):
 
 
 class Dispatcher:
-    def __init__(self, *, max_held: int, max_bytes: int, fail_threshold: int, clock: Clock) -> None:
+    def __init__(self, *, max_held: int, max_bytes: int, fail_threshold: int, clock: Clock,
+                 read_reserve: int = 0) -> None:
         self.clock = clock
+        self.read_reserve = read_reserve
         self.max_held = max_held
         self.max_bytes = max_bytes
         self.fail_threshold = fail_threshold
         self.provers: dict[str, Prover] = {}
         self.held: list[Ticket] = []
-        self.kept_bytes = 0  # request bytes of every call admitted and not yet answered
+        self.kept_bytes = 0  # what every call admitted and not yet answered costs, and every reserve of a call being read
+        self.unread: list[Unread] = []  # calls waiting for their message to be read, in arrival order
         self.closed = False
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -101,10 +118,57 @@ class Dispatcher:
 
     # --- a call's way through ---------------------------------------------------------------------------
 
-    def admit(self, *, klass: int, size: int) -> Ticket:
-        """Take a call in, or raise Full; its bytes count until `finish`."""
+    def enter(self) -> Unread:
+        """A call arrived, its message not read yet (raises Closed when the router stopped)."""
+        with self._cond:
+            if self.closed:
+                raise Closed()
+            call = Unread(seq=next(self._seq), arrived=self.clock.monotonic())
+            self.unread.append(call)
+            return call
+
+    def wait_to_read(self, call: Unread, *, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) until this call's message may be read: it is the first unread call
+        and `read_reserve` fits beside the kept bytes (or nothing is kept, so a budget under one reserve still
+        reads one call at a time). True once its reserve counts; False on timeout (it keeps its place)."""
+        with self._cond:
+            deadline = self.clock.monotonic() + timeout
+            while True:
+                if self.closed:
+                    self._leave(call)
+                    raise Closed()
+                if self.unread and self.unread[0] is call and (
+                        self.kept_bytes + self.read_reserve <= self.max_bytes or self.kept_bytes == 0):
+                    self.unread.pop(0)
+                    call.reserved = self.read_reserve
+                    self.kept_bytes += call.reserved
+                    self._cond.notify_all()
+                    return True
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(timeout=remaining)
+
+    def keep(self, call: Unread, size: int) -> None:
+        """A call read and kept outside the held queue (sent to route.post_address): its reserve becomes
+        `size` until `leave`."""
+        with self._cond:
+            self.kept_bytes += size - call.reserved
+            call.reserved = size
+            self._cond.notify_all()
+
+    def leave(self, call: Unread) -> None:
+        """The call went away before it was admitted: its place and its reserve are given up."""
+        with self._cond:
+            self._leave(call)
+
+    def admit(self, *, klass: int, size: int, read: Unread | None = None) -> Ticket:
+        """Take a call in, or raise Full; its bytes count until `finish`. `read`: the reserve it was read
+        under, given back in the same step (so no other call takes the room between)."""
         now = self.clock.monotonic()
         with self._cond:
+            if read is not None:
+                self._leave(read)
             if self.closed:
                 raise Closed()
             if len(self.held) >= self.max_held:
@@ -112,7 +176,8 @@ class Dispatcher:
             if self.kept_bytes + size > self.max_bytes:
                 raise Full(f"{-(-(self.kept_bytes + size) // MiB)} MiB of request memory would be in use"
                            f" (route.max_held_mb {self.max_bytes // MiB})")
-            ticket = Ticket(seq=next(self._seq), klass=klass, size=size, arrived=now)
+            ticket = Ticket(seq=next(self._seq) if read is None else read.seq, klass=klass, size=size,
+                            arrived=now if read is None else read.arrived)
             self.kept_bytes += size
             self.held.append(ticket)
             self.held.sort(key=lambda t: (t.klass, t.seq))
@@ -181,9 +246,10 @@ class Dispatcher:
 
     def snapshot(self) -> dict:
         with self._cond:
-            oldest = min((t.arrived for t in self.held), default=None)
+            oldest = min([t.arrived for t in self.held] + [u.arrived for u in self.unread], default=None)
             age = None if oldest is None else max(0.0, self.clock.monotonic() - oldest)
-            return {"held": len(self.held), "held_bytes": sum(t.size for t in self.held), "oldest_held_s": age,
+            return {"held": len(self.held) + len(self.unread), "held_bytes": sum(t.size for t in self.held),
+                    "unread": len(self.unread), "oldest_held_s": age,
                     "kept_bytes": self.kept_bytes,
                     "in_flight": sum(p.busy for p in self.provers.values()),
                     "provers": [{"uuid": p.spec.uuid, "label": p.spec.label, "endpoint": p.spec.endpoint,
@@ -210,6 +276,13 @@ class Dispatcher:
         if not candidates:
             return None
         return max(candidates, key=lambda p: (p.free, p.spec.rate, p.spec.label))
+
+    def _leave(self, call: Unread) -> None:
+        if call in self.unread:
+            self.unread.remove(call)
+        self.kept_bytes -= call.reserved
+        call.reserved = 0
+        self._cond.notify_all()
 
     def _unhold(self, ticket: Ticket) -> None:
         if ticket.held:

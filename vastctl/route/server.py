@@ -4,10 +4,12 @@ fleet's edge.
 Curio counts every failed Prove as a failed task and deletes a PoRep task after ~8 minutes of them; a
 replacement machine takes 15-90 minutes. So the router holds what it cannot place, never fails fast:
 
-  Prove      held until a prover has a free slot (dispatch.py), bounded by the call's own deadline and
-             route.max_held; sent with its bytes untouched; a call the prover dropped before answering
-             (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the joined set while it held
-             the call) is sent again to another prover, at most route.max_retries times. Whatever the prover
+  Prove      read only once route.max_held_mb has room for it (till then it waits unread, its sender
+             paused by HTTP/2 flow control), then held until a prover has a free slot (dispatch.py), bounded
+             by the call's own deadline and route.max_held; sent with its bytes untouched; a call the prover
+             dropped before answering (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the
+             joined set while it held the call) is sent again to another prover, at most route.max_retries
+             times. Whatever the prover
              answered (gRPC OK, a proof FAILED inside it, or a status the daemon chose) goes back as it came
              and is never sent again. Over the daemon's 128 MiB it is refused at once. PoSt goes to
              route.post_address when set, else ahead of every held call.
@@ -24,7 +26,7 @@ import logging
 import queue
 import threading
 from concurrent import futures
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -33,7 +35,7 @@ from vastctl import clock as clock_module
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.facts import deliveries, tunnel
-from vastctl.route import dispatch, wire
+from vastctl.route import dispatch, memory, wire
 from vastctl.route.dispatch import Dispatcher, Prover, ProverSpec
 from vastctl.state import db
 
@@ -41,9 +43,13 @@ log = logging.getLogger("vastctl.route")
 
 ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK too): returned as it came
 DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})  # the prover failed before answering: safe to send elsewhere
-# a kept request exists about three times over: gRPC's receive buffer, the handler's bytes, the send buffer to the
-# prover (measured peak RSS 4-5x the largest message): route.max_held_mb counts each call at this many copies
+# route.max_held_mb counts a kept call (held or on a prover) at COPIES x its size: its bytes, gRPC's copy while it
+# is sent (2x measured) and a margin for the allocator. Reading a message peaks at 3.0x its size (gRPC's buffer,
+# grpcio's bytearray, the bytes made of it; measured), so a call is read only while READ_RESERVE, enough for the
+# largest message a daemon takes, fits beside what is kept (docs/joining-curio.md gives the bound)
 COPIES = 3
+READ_RESERVE = int(3.25 * wire.DAEMON_MAX_MESSAGE)
+TRIM_FROM = 8 * 1024 * 1024  # a message at least this big was read: give the freed read buffers back to the system
 STATUS_TIMEOUT_S = 2.0  # one prover's GetStatus (Curio gives the whole call 5 s)
 NO_DEADLINE_S = 24 * 3600.0  # a call with no deadline (grpcurl, a test call) is held and proved at most this long
 PROBE_TIMEOUT_S = 1.0  # the router's own check of a machine reconcile has not joined yet
@@ -66,7 +72,7 @@ class Router:
         self.clock = clock
         self.probe = probe
         self.dispatcher = Dispatcher(max_held=route.max_held, max_bytes=route.max_held_mb * 1024 * 1024,
-                                     fail_threshold=route.fail_threshold, clock=clock)
+                                     fail_threshold=route.fail_threshold, clock=clock, read_reserve=READ_RESERVE)
         self._channels: dict[str, grpc.Channel] = {}  # one per prover (uuid): closed when it leaves
         self._lock = threading.Lock()
         self._records: queue.Queue = queue.Queue()
@@ -77,8 +83,53 @@ class Router:
 
     # --- the calls ----------------------------------------------------------------------------------------
 
-    def prove(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def prove(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """Prove, served as a stream of its one message (the same call on the wire): a unary handler is given
+        a call only once grpcio has read its whole message, so the router could not keep a call it has no
+        room for from costing memory. Here it decides first, and a call it has no room for waits unread."""
         started = self.clock.monotonic()
+        try:
+            unread = self.dispatcher.enter()
+        except dispatch.Closed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "vastctl route is stopping: it takes no new calls")
+        try:
+            request = self._read(requests, context, unread, started)
+            return self._prove(request, context, unread, started)
+        finally:
+            self.dispatcher.leave(unread)  # its place and reserve, if it never got as far as admit
+
+    def _read(self, requests: Iterator[bytes], context: grpc.ServicerContext, unread: dispatch.Unread,
+              started: float) -> bytes:
+        """The call's message, read once the router has room for it (dispatch.Dispatcher.wait_to_read)."""
+        base = {"request_id": None, "kind": "unread", "size_bytes": 0}
+        while True:
+            remaining = self._remaining(context, started)
+            if remaining <= 0:
+                self._record(base, "expired", started, attempt=0, detail="waited unread past its deadline")
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"vastctl route kept this call unread {self.clock.monotonic() - started:.0f}s: the"
+                              " memory for requests (route.max_held_mb) stayed in use until its deadline")
+            if not context.is_active():
+                self._record(base, "abandoned", started, attempt=0, detail="the caller went away while unread")
+                context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
+            try:
+                if self.dispatcher.wait_to_read(unread, timeout=min(remaining, 1.0)):
+                    break
+            except dispatch.Closed:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "vastctl route is stopping: it takes no new calls")
+        try:
+            request = next(requests, None)
+        except grpc.RpcError:  # the caller went away while its message came in
+            context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Prove carries one cuzk.v1.ProveRequest; none came")
+        assert request is not None  # abort raised
+        if len(request) >= TRIM_FROM:
+            memory.give_back()
+        return request
+
+    def _prove(self, request: bytes, context: grpc.ServicerContext, unread: dispatch.Unread,
+               started: float) -> bytes:
         size = len(request)
         try:
             header = wire.prove_header(request)
@@ -92,10 +143,11 @@ class Router:
                           f"vastctl route: a {size}-byte request is over the 134217728 bytes (128 MiB) a cuzk"
                           " daemon accepts; no prover was tried")
         if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
+            self.dispatcher.keep(unread, size * COPIES)  # not the read reserve for as long as the PoSt takes
             return self._to_post_address(request, context, base, started)
         klass = dispatch.CLASS_POST if header.proof_kind in wire.POST_KINDS else dispatch.CLASS_PROOF
         try:
-            ticket = self.dispatcher.admit(klass=klass, size=size * COPIES)
+            ticket = self.dispatcher.admit(klass=klass, size=size * COPIES, read=unread)
         except dispatch.Full as exc:
             self._record(base, "refused", started, attempt=0, detail=str(exc))
             log.warning("refused %s call %s: %s", kind, base["request_id"], exc)
@@ -372,7 +424,7 @@ class _Handler(grpc.GenericRpcHandler):
 
     def __init__(self, router: Router) -> None:
         self.methods = {
-            wire.PROVE: grpc.unary_unary_rpc_method_handler(router.prove),
+            wire.PROVE: grpc.stream_unary_rpc_method_handler(router.prove),
             wire.GET_STATUS: grpc.unary_unary_rpc_method_handler(router.get_status),
         }
 
@@ -397,7 +449,10 @@ def make_server(router: Router, listen: str) -> tuple[grpc.Server, int]:
         handlers=[_Handler(router)],
         options=[("grpc.max_receive_message_length", wire.CURIO_MAX_MESSAGE + 1024 * 1024),
                  ("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
-                 ("grpc.so_reuseport", 0)],
+                 ("grpc.so_reuseport", 0),
+                 # a call waiting unread is given the first 64 KiB window only: with BDP probing on, grpc
+                 # widened it to ~8 MiB a call (measured), which a burst of calls would hold unread
+                 ("grpc.http2.bdp_probe", 0)],
     )
     port = server.add_insecure_port(listen)
     if port == 0:
