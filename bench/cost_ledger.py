@@ -6,7 +6,7 @@ own `cost`, read from the demo's state file) goes to one cause:
   proving machines (the market has them proving: running, not paused, not dead), their cost C at capacity K
   (the sum of their true rates), against the minute-by-minute price b(x) (the cheapest allowed hosts no
   other renter holds, in fractions of a machine: demo.lower_bound_cost's rule), with A the arrivals
-  of the minute, W the capacity the rules wanted then (rules.wanted_capacity), L the look-ahead's rate
+  of the minute, W the capacity the rules wanted then (sizing.wanted_capacity), L the look-ahead's rate
   (lookahead / demand.lookahead_window), and while K ≥ A, w = W and l = L kept within [A, K]:
     bound                      b(A): what renting minute by minute would pay; the true lower bound (the
                                demo's, vastctl.bound) is below it by "the market's freedoms" (rows_of)
@@ -50,7 +50,7 @@ from typing import Any
 from control_loop import overrides
 
 from vastctl import demo
-from vastctl.agent import rules
+from vastctl.agent import sizing
 from vastctl.config import Config
 from vastctl.observe import observe
 from vastctl.providers import sim_market
@@ -171,7 +171,7 @@ class Ledger:
             else:
                 book["stopped storage"] += spent
         obs = observe(conn, config, now=now)
-        wanted = rules.wanted_capacity(obs, config) if rules.has_work(obs) else 0.0
+        wanted = sizing.wanted_capacity(obs, config) if sizing.has_work(obs) else 0.0
         demand = obs.demand
         window = config.demand.lookahead_window
         if demand.known and demand.lookahead is not None and window > 0:
@@ -179,7 +179,7 @@ class Ledger:
         else:
             coming = wanted
         self.wanted_minutes += 1
-        self.capped_minutes += wanted >= rules.ceiling(obs, config) - 1e-9
+        self.capped_minutes += wanted >= sizing.ceiling(obs, config) - 1e-9
         arrivals = self.curve.rate(minute)
         for name, value in (("proving", capacity), ("wanted", wanted), ("arrived", arrivals)):
             self.proof_hours[name] += value / 60

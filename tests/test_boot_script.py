@@ -32,7 +32,7 @@ from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput, BenchFailed, Refused
 from vastctl.machine import onstart
 from vastctl.machine.remote import RemoteReports
-from vastctl.state import blocklist, lifecycle
+from vastctl.state import blocklist, lifecycle, rates
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fakes"
@@ -377,7 +377,7 @@ def test_a_failed_bench_with_an_unprintable_reason_changes_nothing(conn, reason)
 
 def test_a_failed_bench_is_refused_once_the_bench_passed(conn):
     now = booting(conn)
-    lifecycle.bench_report(conn, "u1", 60, gate=40, now=now)
+    rates.bench_report(conn, "u1", 60, gate=40, now=now)
     with pytest.raises(Refused, match="is bench_done: a failed bench is reported while it boots"):
         lifecycle.bench_failed(conn, "u1", "late", now=now)
     assert lifecycle.get(conn, "u1")["state"] == "bench_done"

@@ -18,8 +18,9 @@ import requests
 from serving import ADMIN_TOKEN, Manager
 from stand_in_market import Market, stand_in
 
-from vastctl.state import lifecycle
-from vastctl.state.lifecycle import MAX_RATE_PER_GPU, State
+from vastctl.state import lifecycle, rates
+from vastctl.state.lifecycle import State
+from vastctl.state.rates import MAX_RATE_PER_GPU
 from vastctl.validate import MAX_INT
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
@@ -187,13 +188,13 @@ def running_machine(conn, uuid="u1", bench=70.0, num_gpus=1):
     lifecycle.create(conn, uuid=uuid, label=f"vastctl-{uuid}", state=State.REGISTERED, reason="test",
                      source="operator", now=T0, fields={"num_gpus": num_gpus})
     lifecycle.params_done(conn, uuid, now=T0)
-    lifecycle.bench_report(conn, uuid, bench, gate=40, now=T0)
+    rates.bench_report(conn, uuid, bench, gate=40, now=T0)
     lifecycle.running(conn, uuid, now=T0)
-    return lifecycle.heartbeat(conn, uuid, proofs_done=0, now=T0)
+    return rates.heartbeat(conn, uuid, proofs_done=0, now=T0)
 
 
 def beat(conn, proofs, seconds, uuid="u1"):
-    return lifecycle.heartbeat(conn, uuid, proofs_done=proofs, now=T0 + timedelta(seconds=seconds))
+    return rates.heartbeat(conn, uuid, proofs_done=proofs, now=T0 + timedelta(seconds=seconds))
 
 
 def implausible(conn, uuid="u1"):
@@ -221,11 +222,11 @@ def test_an_honest_batch_of_proofs_is_not_called_a_lie(conn):
 def test_the_ceiling_counts_each_gpu_up_to_eight(conn):
     lifecycle.create(conn, uuid="u8", label="vastctl-u8", state=State.PARAMS_DONE, reason="test", source="operator",
                      now=T0, fields={"num_gpus": 4})
-    assert lifecycle.bench_report(conn, "u8", 500, gate=40, now=T0)["bench_rate"] == 500
+    assert rates.bench_report(conn, "u8", 500, gate=40, now=T0)["bench_rate"] == 500
     assert implausible(conn, "u8") == 0
     lifecycle.create(conn, uuid="u9", label="vastctl-u9", state=State.PARAMS_DONE, reason="test", source="operator",
                      now=T0, fields={"num_gpus": 10**6})
-    assert lifecycle.bench_report(conn, "u9", 1e9, gate=40, now=T0)["bench_rate"] == 8 * MAX_RATE_PER_GPU
+    assert rates.bench_report(conn, "u9", 1e9, gate=40, now=T0)["bench_rate"] == 8 * MAX_RATE_PER_GPU
 
 
 def test_rows_written_before_the_bounds_are_bounded_when_read(conn, config):
@@ -271,7 +272,7 @@ def test_a_restarted_counter_adds_a_new_run_and_never_lowers_the_total(conn):
 def test_one_heartbeat_claiming_10_18_proofs_adds_what_a_minute_can(conn):
     running_machine(conn, bench=70)
     row = beat(conn, 10**18, 60)
-    assert row["proofs_total"] == int(140 * 60 / 3600) + lifecycle.BURST_PROOFS  # 2 × bench for a minute + a batch
+    assert row["proofs_total"] == int(140 * 60 / 3600) + rates.BURST_PROOFS  # 2 × bench for a minute + a batch
     assert implausible(conn) == 1
     assert beat(conn, 10**18 + 1, 120)["proofs_total"] == row["proofs_total"] + 1  # honest from there on
 
@@ -279,9 +280,9 @@ def test_one_heartbeat_claiming_10_18_proofs_adds_what_a_minute_can(conn):
 def test_a_restart_that_claims_more_than_possible_is_bounded_too(conn):
     running_machine(conn, bench=70)
     beat(conn, 50, 3600)
-    assert beat(conn, 10**18 - 1, 3601)["proofs_total"] == 50 + lifecycle.BURST_PROOFS  # a leap up: bounded
+    assert beat(conn, 10**18 - 1, 3601)["proofs_total"] == 50 + rates.BURST_PROOFS  # a leap up: bounded
     row = beat(conn, 3, 3602)  # now lower than the last: a new run of 3
-    assert row["proofs_total"] == 50 + lifecycle.BURST_PROOFS + 3 and len(resets(conn)) == 1
+    assert row["proofs_total"] == 50 + rates.BURST_PROOFS + 3 and len(resets(conn)) == 1
 
 
 @pytest.mark.slow
@@ -315,5 +316,5 @@ def test_cost_at_the_command_line_counts_a_10_18_heartbeat_as_what_the_machine_c
     uuid = machine(cli, "vastctl-a", 70, 500)
     assert cli("heartbeat", "--uuid", uuid, "--proofs-done", str(10**18)).code == 0
     figures = json.loads(cli("cost", "--json").out)
-    assert 0 < figures["proofs"] <= lifecycle.BURST_PROOFS + 1  # seconds of proving at 140/h, and a batch
+    assert 0 < figures["proofs"] <= rates.BURST_PROOFS + 1  # seconds of proving at 140/h, and a batch
     assert json.loads(cli("fleet", "--json").out)["instances"][0]["proofs_done"] == 10**18  # the claim, kept

@@ -13,7 +13,7 @@ from test_dashboard import XSS, add_step, app, browser, register, signed_in  # n
 
 from vastctl import clock, demo
 from vastctl.facts import demand
-from vastctl.serving import dashboard_page
+from vastctl.serving import dashboard_chart, dashboard_page
 from vastctl.state import db, lifecycle
 from vastctl.views import overview
 
@@ -100,7 +100,7 @@ def test_times_are_utc(signed_in, app):
 
 def chart_of(app, now: datetime) -> str:
     data = overview.overview(app.connection(), app.config, now)
-    return dashboard_page._chart(data["history"], data["summary"]["settings"])
+    return dashboard_chart.chart(data["history"], data["summary"]["settings"])
 
 
 def test_a_young_fleets_chart_spans_its_life_with_time_ticks(app):

@@ -11,7 +11,7 @@ from test_dashboard_glance import section
 
 from vastctl import clock
 from vastctl.facts import demand
-from vastctl.serving import dashboard_page
+from vastctl.serving import dashboard_chart
 from vastctl.state import db, settings
 from vastctl.views import overview
 
@@ -135,7 +135,7 @@ def test_charts_number_their_y_axes_and_are_drawn_for_a_phone_too(signed_in, app
     queue_panel = [panel for panel in wide.split("</svg>") if "Queued proofs" in panel][0]
     assert re.findall(r'class="axis y"[^>]*>([^<]+)<', queue_panel) == ["0", "50", "100"]
     assert narrow.count("<svg") == 3 and 'viewBox="-44 -14 388 138"' in narrow
-    assert dashboard_page.y_ticks(11.0) == [0, 5, 10] and dashboard_page.y_ticks(1.1) == [0, 0.5, 1.0]
+    assert dashboard_chart.y_ticks(11.0) == [0, 5, 10] and dashboard_chart.y_ticks(1.1) == [0, 0.5, 1.0]
 
 
 def test_a_source_that_reports_only_its_queue_is_judged_by_the_capacity_running(signed_in, app):

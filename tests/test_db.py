@@ -11,7 +11,7 @@ import pytest
 from vastctl import clock
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput
-from vastctl.state import db
+from vastctl.state import db, migrations
 
 # The columns of every table, in order. A change here means a new migration.
 PINNED = {
@@ -93,7 +93,7 @@ def test_wal_and_busy_timeout(conn):
 def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for statement in db._statements(db.MIGRATIONS[0][1]):
+    for statement in db._statements(migrations.MIGRATIONS[0][1]):
         raw.execute(statement)
     raw.execute("INSERT INTO migrations VALUES (1, ?, '2026-01-01T00:00:00Z')", (db.FIRST_MIGRATION,))
     raw.execute("PRAGMA user_version = 1")
@@ -119,7 +119,7 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
     did not launch that id was never verified, so the upgrade keeps it only as a claim."""
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for number, (name, sql) in enumerate(db.MIGRATIONS[:2], start=1):
+    for number, (name, sql) in enumerate(migrations.MIGRATIONS[:2], start=1):
         for statement in db._statements(sql):
             raw.execute(statement)
         raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
@@ -139,10 +139,10 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
 def test_upgrade_reads_old_events_fields_from_their_text_once(db_path):
     """Events written before they carried fields get them from their reason, once, in the migration: a setting's
     key and values, a kill or stop forced past the guard, and the killed row's kill_forced."""
-    before = len(db.MIGRATIONS) - 1
+    before = len(migrations.MIGRATIONS) - 1
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for number, (name, sql) in enumerate(db.MIGRATIONS[:before], start=1):
+    for number, (name, sql) in enumerate(migrations.MIGRATIONS[:before], start=1):
         for statement in db._statements(sql):
             raw.execute(statement)
         raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
@@ -181,8 +181,8 @@ def test_a_migration_whose_trigger_body_holds_semicolons_applies_whole(db_path, 
         INSERT INTO settings VALUES ('k', 'v', 't')
         """,
     )
-    monkeypatch.setattr(db, "MIGRATIONS", [*db.MIGRATIONS, trigger])
-    monkeypatch.setattr(db, "SCHEMA_VERSION", len(db.MIGRATIONS))
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, trigger])
+    monkeypatch.setattr(db, "SCHEMA_VERSION", len(migrations.MIGRATIONS))
     conn = db.connect(db_path, create=True, now=SYSTEM.now())
     assert conn.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
     assert [r[0] for r in conn.execute("SELECT text FROM setting_notes ORDER BY id")] == [
@@ -193,8 +193,8 @@ def test_a_migration_whose_trigger_body_holds_semicolons_applies_whole(db_path, 
 
 def test_a_failing_statement_undoes_its_whole_migration(db_path, monkeypatch):
     broken = ("a migration that fails half way", "CREATE TABLE half (id INTEGER); INSERT INTO nowhere VALUES (1)")
-    monkeypatch.setattr(db, "MIGRATIONS", [*db.MIGRATIONS, broken])
-    monkeypatch.setattr(db, "SCHEMA_VERSION", len(db.MIGRATIONS))
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, broken])
+    monkeypatch.setattr(db, "SCHEMA_VERSION", len(migrations.MIGRATIONS))
     with pytest.raises(sqlite3.OperationalError, match="nowhere"):
         db.connect(db_path, create=True, now=SYSTEM.now())
     raw = sqlite3.connect(db_path)
@@ -203,12 +203,12 @@ def test_a_failing_statement_undoes_its_whole_migration(db_path, monkeypatch):
 
 def test_a_file_whose_simulator_made_its_tables_before_the_migration_keeps_its_market(db_path, monkeypatch):
     """The simulator once created its tables itself (CREATE TABLE IF NOT EXISTS); the migration leaves them."""
-    number = next(i for i, (_name, sql) in enumerate(db.MIGRATIONS) if "TABLE IF NOT EXISTS sim_instances" in sql)
+    number = next(i for i, (_name, sql) in enumerate(migrations.MIGRATIONS) if "TABLE IF NOT EXISTS sim_instances" in sql)
     with monkeypatch.context() as before:
-        before.setattr(db, "MIGRATIONS", db.MIGRATIONS[:number])
+        before.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:number])
         before.setattr(db, "SCHEMA_VERSION", number)
         old = db.connect(db_path, create=True, now=SYSTEM.now())
-    for statement in db._statements(db.MIGRATIONS[number][1]):
+    for statement in db._statements(migrations.MIGRATIONS[number][1]):
         old.execute(statement)
     old.execute("INSERT INTO sim_meta (id, schema_version, seed, started_at, advanced_to, calls, next_vast_id, version)"
                 " VALUES (1, 2, 7, 't', 't', 3, 7000002, 4)")

@@ -313,7 +313,7 @@ def test_fleet_shows_each_machines_last_contact_and_warns_before_the_fleet_gives
     from datetime import datetime, timedelta, timezone
 
     from vastctl.serving import dashboard_page
-    from vastctl.state import lifecycle
+    from vastctl.state import lifecycle, rates
     from vastctl.views import fleet
 
     t0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
@@ -322,7 +322,7 @@ def test_fleet_shows_each_machines_last_contact_and_warns_before_the_fleet_gives
                          fields={"vast_id": 7 if uuid == "u-boot" else 8})
     lifecycle.register(conn, "u-boot", now=t0 + timedelta(minutes=5))  # a report that changes state
     lifecycle.register(conn, "u-run", now=t0 + timedelta(minutes=2))
-    lifecycle.heartbeat(conn, "u-run", now=t0 + timedelta(minutes=30))  # a report that records no event
+    rates.heartbeat(conn, "u-run", now=t0 + timedelta(minutes=30))  # a report that records no event
 
     def view(now):
         return fleet.fleet_view(conn, config, now=now)

@@ -12,7 +12,7 @@ import pytest
 from serving import JsonHandler, on_a_thread
 
 from vastctl import bids, clock, demo, guard
-from vastctl.agent import rules
+from vastctl.agent import sizing
 from vastctl.config import from_mapping
 from vastctl.errors import BadInput
 from vastctl.providers.base import CreateRequest, Offer, ProviderRejected
@@ -172,7 +172,7 @@ def test_an_outbid_machine_is_not_counted_as_capacity():
                                                           source="report", known=True),
                       machines=[machine, proving], capacity=160, pending_capacity=0, spend_per_hour=0.4, events=[],
                       last_actions=[])
-    assert rules.counted_capacity(obs) == 80.0
+    assert sizing.counted_capacity(obs) == 80.0
 
 
 @pytest.mark.parametrize("min_bid, dph, max_dph, expected", [
@@ -185,7 +185,7 @@ def test_an_outbid_machine_is_not_counted_as_capacity():
 ])
 def test_a_bid_is_min_bid_plus_a_margin_and_never_above_max_dph(min_bid, dph, max_dph, expected):
     offer = Offer(id=1, machine_id=1, gpu_name="RTX 4090", num_gpus=1, dph_total=dph, raw={"min_bid": min_bid})
-    bid = rules.bid_for_offer(offer, max_dph)
+    bid = bids.bid_for_offer(offer, max_dph)
     assert bid == (None if expected is None else pytest.approx(expected))
     if bid is not None:
         assert bid <= max_dph

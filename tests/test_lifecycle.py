@@ -9,7 +9,7 @@ import pytest
 from vastctl import clock, validate
 from vastctl.cli import said
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
-from vastctl.state import lifecycle
+from vastctl.state import lifecycle, rates
 from vastctl.state.lifecycle import ALLOWED, State
 
 T0 = clock.from_iso("2026-11-30T00:00:00Z")
@@ -143,14 +143,14 @@ def test_register_of_a_killed_row_is_refused(conn):
 
 def test_bench_at_the_gate_passes(conn):
     make(conn, State.PARAMS_DONE)
-    row = lifecycle.bench_report(conn, "u1", 40.0, gate=40.0, now=T0)
+    row = rates.bench_report(conn, "u1", 40.0, gate=40.0, now=T0)
     assert (row["state"], row["bench_rate"]) == ("bench_done", 40.0)
 
 
 def test_bench_below_the_gate_kills_with_rate_and_gate_in_the_reason(conn):
     make(conn, State.PARAMS_DONE)
     with pytest.raises(BenchFailed) as failure:
-        lifecycle.bench_report(conn, "u1", 3.1, gate=10, now=T0)
+        rates.bench_report(conn, "u1", 3.1, gate=10, now=T0)
     assert failure.value.exit_code == 5
     row = lifecycle.get(conn, "u1")
     assert (row["state"], row["kill_code"], row["bench_rate"]) == ("killed", "bench_failed", 3.1)
@@ -161,7 +161,7 @@ def test_bench_below_the_gate_kills_with_rate_and_gate_in_the_reason(conn):
 def test_bad_rates_are_bad_input_and_change_nothing(conn, rate):
     make(conn, State.PARAMS_DONE)
     with pytest.raises(BadInput):
-        lifecycle.bench_report(conn, "u1", rate, gate=10, now=T0)
+        rates.bench_report(conn, "u1", rate, gate=10, now=T0)
     assert lifecycle.get(conn, "u1")["state"] == "params_done"
     assert len(events(conn)) == 1
 
@@ -171,7 +171,7 @@ def test_a_repeated_bench_report_answers_the_same_without_a_second_event(conn, r
     make(conn, State.PARAMS_DONE)
     for _ in range(3):
         try:
-            row = lifecycle.bench_report(conn, "u1", rate, gate=10, now=T0)
+            row = rates.bench_report(conn, "u1", rate, gate=10, now=T0)
         except BenchFailed as failure:
             row = failure.row
         assert row["state"] == state
@@ -181,14 +181,14 @@ def test_a_repeated_bench_report_answers_the_same_without_a_second_event(conn, r
 def test_bench_report_from_registered_is_refused(conn):
     make(conn, State.REGISTERED)
     with pytest.raises(Refused):
-        lifecycle.bench_report(conn, "u1", 50, gate=10, now=T0)
+        rates.bench_report(conn, "u1", 50, gate=10, now=T0)
 
 
 def test_params_done_and_running_are_idempotent(conn):
     make(conn, State.REGISTERED)
     lifecycle.params_done(conn, "u1", now=T0)
     lifecycle.params_done(conn, "u1", now=T0)
-    lifecycle.bench_report(conn, "u1", 50, gate=10, now=T0)
+    rates.bench_report(conn, "u1", 50, gate=10, now=T0)
     lifecycle.running(conn, "u1", now=T0)
     lifecycle.running(conn, "u1", now=T0)
     assert [e["to_state"] for e in events(conn)] == ["registered", "params_done", "bench_done", "running"]
@@ -196,7 +196,7 @@ def test_params_done_and_running_are_idempotent(conn):
 
 def test_heartbeat_is_not_an_event_and_keeps_liveness(conn):
     make(conn, State.RUNNING)
-    row = lifecycle.heartbeat(conn, "u1", proofs_done=3, now=T0)
+    row = rates.heartbeat(conn, "u1", proofs_done=3, now=T0)
     assert row["last_heartbeat_at"] == clock.to_iso(T0) and row["proofs_done"] == 3
     assert len(events(conn)) == 1
 
@@ -204,29 +204,29 @@ def test_heartbeat_is_not_an_event_and_keeps_liveness(conn):
 def test_heartbeat_rate_follows_the_counter(conn):
     make(conn, State.RUNNING)
     for minute in range(0, 121, 10):  # no benchmark to start from: the first rate needs a 10-minute window
-        lifecycle.heartbeat(conn, "u1", proofs_done=minute, now=T0 + timedelta(minutes=minute))
+        rates.heartbeat(conn, "u1", proofs_done=minute, now=T0 + timedelta(minutes=minute))
     assert lifecycle.get(conn, "u1")["proofs_per_hour"] == pytest.approx(60.0, rel=1e-6)
 
 
 def test_heartbeat_counter_reset_does_not_go_negative(conn):
     make(conn, State.RUNNING)
-    lifecycle.heartbeat(conn, "u1", proofs_done=100, now=T0)
-    lifecycle.heartbeat(conn, "u1", proofs_done=110, now=T0 + timedelta(minutes=10))
-    row = lifecycle.heartbeat(conn, "u1", proofs_done=2, now=T0 + timedelta(minutes=20))
+    rates.heartbeat(conn, "u1", proofs_done=100, now=T0)
+    rates.heartbeat(conn, "u1", proofs_done=110, now=T0 + timedelta(minutes=10))
+    row = rates.heartbeat(conn, "u1", proofs_done=2, now=T0 + timedelta(minutes=20))
     assert row["proofs_per_hour"] == pytest.approx(60.0) and row["proofs_done"] == 2
 
 
 def test_heartbeat_of_a_killed_row_is_refused(conn):
     make(conn, State.KILLED)
     with pytest.raises(Refused):
-        lifecycle.heartbeat(conn, "u1", proofs_done=1, now=T0)
+        rates.heartbeat(conn, "u1", proofs_done=1, now=T0)
     assert lifecycle.get(conn, "u1")["last_heartbeat_at"] is None
 
 
 def test_heartbeat_rejects_a_negative_count(conn):
     make(conn, State.RUNNING)
     with pytest.raises(BadInput):
-        lifecycle.heartbeat(conn, "u1", proofs_done=-1, now=T0)
+        rates.heartbeat(conn, "u1", proofs_done=-1, now=T0)
 
 
 def test_resolve_by_label_or_uuid(conn):
@@ -270,9 +270,9 @@ def test_printable_escapes_only_what_hides():
 @pytest.mark.parametrize("value", [-1, 2**63, True, 1.5, "3"])
 def test_proofs_done_must_fit_the_file(value):
     with pytest.raises(BadInput) as caught:
-        lifecycle.validate_proofs(value)
+        rates.validate_proofs(value)
     assert said(caught.value).startswith("--proofs-done must be a whole number from 0 to 9223372036854775807")
-    assert lifecycle.validate_proofs(2**63 - 1) == 2**63 - 1
+    assert rates.validate_proofs(2**63 - 1) == 2**63 - 1
 
 
 @pytest.mark.parametrize("field,value,flag", [

@@ -13,7 +13,7 @@ from serving import Manager
 from vastctl.cli import said
 from vastctl.errors import BadInput, UnknownInstance
 from vastctl.facts import machine_logs
-from vastctl.serving import dashboard_page
+from vastctl.serving import dashboard_tables
 from vastctl.state import db, lifecycle
 from vastctl.state.lifecycle import State
 
@@ -72,7 +72,7 @@ def test_a_push_for_no_machine_or_no_such_log_changes_nothing(conn):
 def test_the_page_shows_a_tail_as_text_never_as_markup(conn):
     uuid = machine(conn)
     machine_logs.push(conn, uuid, "fetch", HOSTILE, now=NOW)
-    html = dashboard_page._logs(machine_logs.recent(conn))
+    html = dashboard_tables.logs(machine_logs.recent(conn))
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "\x1b" not in html and "\u202e" not in html and "<pre>" in html
 

@@ -15,7 +15,7 @@ import pytest
 from test_sim import START, make_market
 
 from vastctl import clock as clocks
-from vastctl import operations, reconcile
+from vastctl import launches, reconcile
 from vastctl.agent import step
 from vastctl.errors import VastctlError
 from vastctl.facts import demand
@@ -64,7 +64,7 @@ def day(tmp_path_factory) -> Day:
     sim.list_instances, sim.search_offers = watching(sim.list_instances), watching(sim.search_offers)
     demand.report(conn, queued_at(0), None, now=virtual.now())
     settings.set_value(conn, config, "target_proofs_per_hour", 300, now=virtual.now())
-    operations.launch(conn, sim, config, gpu="RTX 4090", count=2, now=virtual.now())
+    launches.launch(conn, sim, config, gpu="RTX 4090", count=2, now=virtual.now())
     for minute in range(HOURS * 60):
         if minute % 5 == 0:
             demand.report(conn, queued_at(minute), None, now=virtual.now())

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import responses
 
-from vastctl import clock, operations
+from vastctl import clock, launches, operations
 from vastctl import config as config_module
 from vastctl.agent.step import Executor
 from vastctl.errors import BadInput, GuardRefused, Refused, Unavailable
@@ -112,7 +112,7 @@ def actions(conn):
 def test_launch_writes_the_row_before_create_and_passes_env(conn, cfg):
     market = FakeMarket(conn, [offer(11, 110, 0.5), offer(10, 100, 0.3)])
     market.offers.sort(key=lambda o: o.dph_total)
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", now=NOW)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", now=NOW)
     assert result.error is None and len(result.launched) == 1
     before = market.rows_at_create[0]
     assert len(before) == 1 and before[0]["state"] == "launching" and before[0]["vast_id"] is None
@@ -141,7 +141,7 @@ def test_launch_writes_the_row_before_create_and_passes_env(conn, cfg):
 def test_a_refused_create_kills_the_row_and_marks_it_destroyed(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100)])
     market.create_errors[10] = ProviderRejected("vast PUT /api/v0/asks/10/: HTTP 400 invalid_args: bad image")
-    result = operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    result = launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     assert result.launched == [] and result.error and "bad image" in result.error
     row = rows(conn)[0]
     assert market.rows_at_create[0][0]["uuid"] == row["uuid"]
@@ -153,7 +153,7 @@ def test_a_refused_create_kills_the_row_and_marks_it_destroyed(conn, cfg):
 def test_an_unknown_create_outcome_leaves_the_row_launching(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100), offer(11, 101)])
     market.create_errors[10] = ProviderError("vast PUT /api/v0/asks/10/: ReadTimeout; the outcome is unknown")
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
     assert result.launched == [] and len(result.unknown) == 1 and "unknown" in result.error
     assert len(market.creates()) == 1  # never a second machine while the first may exist
     row = rows(conn)[0]
@@ -163,7 +163,7 @@ def test_an_unknown_create_outcome_leaves_the_row_launching(conn, cfg):
 def test_a_gone_offer_falls_through_to_the_next(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100, 0.3), offer(11, 101, 0.4), offer(12, 102, 0.5)])
     market.create_errors[10] = OfferGone("offer 10 is no longer available")
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
     assert result.error is None
     assert [r["offer_id"] for r in result.launched] == [11, 12] and len(result.failed) == 1
     assert result.failed[0]["reason"] == "gone: offer 10 is no longer available"  # as --json has always said it
@@ -175,7 +175,7 @@ def test_a_refusal_worded_like_a_gone_offer_is_still_a_refusal(conn, cfg):
     """Only an OfferGone lets the launch try the next offer, whatever the market's words say."""
     market = FakeMarket(conn, [offer(10, 100, 0.3), offer(11, 101, 0.4)])
     market.create_errors[10] = ProviderRejected("gone: the image does not exist")
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=1, now=NOW)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", count=1, now=NOW)
     assert result.launched == [] and len(market.creates()) == 1
     assert result.failed[0]["reason"] == "gone: the image does not exist"
     assert result.error == "launched 0 of 1: vast refused offer 10: gone: the image does not exist"
@@ -183,27 +183,27 @@ def test_a_refusal_worded_like_a_gone_offer_is_still_a_refusal(conn, cfg):
 
 def test_count_launches_one_machine_per_offer(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100, 0.3), offer(13, 100, 0.31), offer(11, 101, 0.4), offer(12, 102, 0.5)])
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=3, now=NOW)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", count=3, now=NOW)
     assert [r["offer_id"] for r in result.launched] == [10, 11, 12]  # offer 13 is on machine 100 again
     assert len({r["label"] for r in rows(conn)}) == 3 and len({r["uuid"] for r in rows(conn)}) == 3
 
 
 def test_fewer_offers_than_count(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100)])
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
     assert len(result.launched) == 1 and "1 of 2" in result.error
 
 
 def test_no_offer_at_all_changes_nothing(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100, dph=2.0)])
     with pytest.raises(Unavailable, match="no RTX 4090 offer"):
-        operations.launch(conn, market, cfg, gpu="RTX 4090", now=NOW)
+        launches.launch(conn, market, cfg, gpu="RTX 4090", now=NOW)
     assert rows(conn) == [] and market.creates() == []
 
 
 def test_search_uses_the_config_floors(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100)])
-    operations.launch(conn, market, cfg, gpu="RTX 5090", now=NOW)
+    launches.launch(conn, market, cfg, gpu="RTX 5090", now=NOW)
     query = market.calls[0][1]
     assert query.gpu_names == ["RTX 5090"] and query.max_dph == 1.0 and query.min_cpu_ram_gb == 256
     assert query.min_inet_down_mbps == 500 and query.disk_gb == 150 and query.min_reliability > 0
@@ -211,51 +211,51 @@ def test_search_uses_the_config_floors(conn, cfg):
 
 def test_max_instances_refuses_and_changes_nothing(conn, cfg):
     market = FakeMarket(conn, [offer(i, 100 + i, 0.1) for i in range(10)])
-    operations.launch(conn, market, cfg, gpu="RTX 4090", count=3, now=NOW)
+    launches.launch(conn, market, cfg, gpu="RTX 4090", count=3, now=NOW)
     with pytest.raises(GuardRefused, match="max_instances"):
-        operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+        launches.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
     assert len(rows(conn)) == 3 and len(market.creates()) == 3
 
 
 def test_max_dph_refuses_an_explicit_offer(conn, cfg):
     market = FakeMarket(conn, [offer(10, 100, dph=1.5)])
     with pytest.raises(GuardRefused, match="max_dph"):
-        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     settings.set_value(conn, cfg, "max_dph", "0.2", now=NOW)
     market.offers = [offer(10, 100, dph=0.3)]
     with pytest.raises(GuardRefused):
-        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     assert rows(conn) == [] and market.creates() == []
 
 
 def test_max_hourly_spend_refuses(conn, cfg):
     market = FakeMarket(conn, [offer(i, 100 + i, 0.9) for i in range(5)])
     with pytest.raises(GuardRefused, match="max_hourly_spend"):
-        operations.launch(conn, market, cfg, gpu="RTX 4090", count=4, now=NOW)
+        launches.launch(conn, market, cfg, gpu="RTX 4090", count=4, now=NOW)
     assert rows(conn) == []
 
 
 def test_unknown_offer_is_bad_input(conn, cfg):
     with pytest.raises(BadInput, match="offer 99"):
-        operations.launch(conn, FakeMarket(conn), cfg, offer_id=99, now=NOW)
+        launches.launch(conn, FakeMarket(conn), cfg, offer_id=99, now=NOW)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"offer_id": 1, "gpu": "RTX 4090"}, {"offer_id": 1, "count": 2},
                                     {"gpu": "RTX 4090", "count": 0}, {"gpu": " "}])
 def test_bad_launch_arguments(conn, cfg, kwargs):
     with pytest.raises(BadInput):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, now=NOW, **kwargs)
+        launches.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, now=NOW, **kwargs)
     assert rows(conn) == []
 
 
 def test_launch_needs_a_server_url_and_a_secret(conn, cfg, tmp_path):
     cfg.server.url = ""
     with pytest.raises(BadInput, match="server.url"):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
+        launches.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
     cfg.server.url = "https://m"
     cfg.server.secret_file = str(tmp_path / "missing")
     with pytest.raises(BadInput, match="init"):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
+        launches.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
     assert rows(conn) == []
 
 
@@ -264,14 +264,14 @@ def test_launch_is_serialised(conn, cfg):
 
     locks.acquire(conn, "launch", ttl_s=600, holder="otherhost:1", now=NOW)
     with pytest.raises(Unavailable, match="another launch"):
-        operations.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
+        launches.launch(conn, FakeMarket(conn, [offer(1, 1)]), cfg, offer_id=1, now=NOW)
     assert rows(conn) == []
 
 
 def test_long_onstart_is_packed(conn, cfg):
     cfg.launch.onstart = "#!/bin/bash\n" + "echo 'a fairly long line of boot script'\n" * 200
     market = FakeMarket(conn, [offer(10, 100)])
-    operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     sent = market.creates()[0].onstart
     assert len(sent) <= onstart.MAX_CHARS and "base64 -d | gunzip" in sent
 
@@ -302,19 +302,19 @@ def test_blocklisted_machines_are_not_offered(conn, cfg):
     killed_row(conn, cfg, 102, "exited", proofs=50)  # died after proving: not the machine's fault
     killed_row(conn, cfg, 103, "operator")
     market = FakeMarket(conn, [offer(i, 100 + i, 0.1 + i / 100) for i in range(5)])
-    found = operations.find_offers(conn, market, cfg, gpu_names=["RTX 4090"], now=NOW + timedelta(hours=1))
+    found = launches.find_offers(conn, market, cfg, gpu_names=["RTX 4090"], now=NOW + timedelta(hours=1))
     assert [o.machine_id for o in found] == [102, 103, 104]
     assert set(blocklist.blocked(conn, NOW)) == {100, 101}
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", now=NOW + timedelta(hours=1))
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", now=NOW + timedelta(hours=1))
     assert result.launched[0]["machine_id"] == 102
     with pytest.raises(GuardRefused, match="blocklisted"):
-        operations.launch(conn, market, cfg, offer_id=0, now=NOW + timedelta(hours=1))
+        launches.launch(conn, market, cfg, offer_id=0, now=NOW + timedelta(hours=1))
 
 
 def test_blocklist_expires(conn, cfg):
     killed_row(conn, cfg, 100, "bench_failed")
     later = NOW + timedelta(seconds=cfg.vast.blocklist_ttl + 1)
-    found = operations.find_offers(conn, FakeMarket(conn, [offer(0, 100)]), cfg, now=later)
+    found = launches.find_offers(conn, FakeMarket(conn, [offer(0, 100)]), cfg, now=later)
     assert [o.machine_id for o in found] == [100]
 
 
@@ -446,7 +446,7 @@ def test_launch_on_the_wire(conn, cfg, monkeypatch):
         mocked.post("https://vast.test/api/v0/bundles/", json={"offers": [
             {"id": 31, "machine_id": 310, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.35}]})
         mocked.put("https://vast.test/api/v0/asks/31/", json={"success": True, "new_contract": 4242})
-        result = operations.launch(conn, provider, cfg, gpu="RTX 4090", now=NOW)
+        result = launches.launch(conn, provider, cfg, gpu="RTX 4090", now=NOW)
         sent = json.loads(mocked.calls[1].request.body)
         url = mocked.calls[1].request.url
     row = result.launched[0]
@@ -476,7 +476,7 @@ def test_a_machine_killed_while_its_create_was_in_flight_is_destroyed_once_vast_
         return real_create(request)
 
     market.create_instance = create_while_killed
-    operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     vast_id = market.next_id
     assert ("destroy", vast_id) in market.calls  # rented after the kill: its billing ends now, not never
     (machine,) = [dict(r) for r in conn.execute("SELECT * FROM instances")]
@@ -518,7 +518,7 @@ def test_a_blocklisted_offer_names_the_blocklist(conn, cfg):
 def test_the_library_raises_the_limit_for_every_caller(conn, cfg):
     market = FakeMarket(conn, [offer(21, 210, dph=1.5)])
     with pytest.raises(GuardRefused) as info:
-        operations.launch(conn, market, cfg, offer_id=21, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=21, now=NOW)
     assert info.value.limit == "max_dph" and info.value.exit_code == 4
     lifecycle.register(conn, "u1", label="vastctl-a", now=NOW)
     conn.execute("UPDATE instances SET vast_id = 5, state = 'running', last_heartbeat_at = state_since")

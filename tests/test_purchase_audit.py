@@ -18,7 +18,7 @@ from serving import on_a_thread, query, wait_for
 from test_end_to_end import KEY, FakeVast, FakeVastHandler
 from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
 
-from vastctl import operations
+from vastctl import launches, operations
 from vastctl.errors import Unavailable
 from vastctl.state import db
 from vastctl.state.audit import PENDING
@@ -66,7 +66,7 @@ def operator(ready, vast, tmp_path, monkeypatch, db_path):
     return env
 
 
-def launches(db_path):
+def launch_audits(db_path):
     return query(db_path, "SELECT label, uuid, ok, result, vast_id FROM actions WHERE kind = 'launch' ORDER BY id")
 
 
@@ -92,7 +92,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
     wait_for(lambda: len(vast.creates) == 1, "the create at vast", timeout=20)  # vast rented it although the process died
     (machine,) = query(db_path, "SELECT uuid, label, state, vast_id FROM instances")
     assert (machine["state"], machine["vast_id"]) == ("launching", None)
-    (intent,) = launches(db_path)
+    (intent,) = launch_audits(db_path)
     assert (intent["label"], intent["uuid"], intent["ok"]) == (machine["label"], machine["uuid"], 0)
     assert intent["result"].startswith(PENDING) and "may have rented" in intent["result"]
     assert vast.creates[0]["label"] == machine["label"]
@@ -100,7 +100,7 @@ def test_kill_9_while_the_create_is_in_flight_leaves_a_pending_launch_that_recon
     result = cli("reconcile", "--json")
     assert result.code == 0, result.err
     (found,) = query(db_path, "SELECT vast_id FROM instances")
-    (settled,) = launches(db_path)
+    (settled,) = launch_audits(db_path)
     assert settled["ok"] == 1, (settled, result.out)
     assert found["vast_id"] == 5001 and (settled["ok"], settled["vast_id"]) == (1, 5001)
     assert "found by label by reconcile" in settled["result"]
@@ -111,10 +111,10 @@ def test_a_crash_after_vast_answered_leaves_the_pending_launch(operator, vast, d
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # the process dies between vast's answer and its record
 
-    monkeypatch.setattr(operations, "settle", crash)
+    monkeypatch.setattr(launches, "settle", crash)
     assert cli(*LAUNCH).code != 0
     assert len(vast.creates) == 1
-    (intent,) = launches(db_path)
+    (intent,) = launch_audits(db_path)
     assert intent["ok"] == 0 and intent["result"].startswith(PENDING) and intent["label"] == vast.creates[0]["label"]
 
 
@@ -123,7 +123,7 @@ def test_every_launch_row_says_what_came_of_it(operator, vast, db_path, cli):
     result = cli(*LAUNCH)
     assert result.code == 0, result.err
     (launched,) = json.loads(result.out)["launched"]
-    (row,) = launches(db_path)
+    (row,) = launch_audits(db_path)
     assert (row["label"], row["ok"], row["vast_id"], row["result"]) == (launched["label"], 1, 5001, "instance 5001")
 
 
@@ -167,7 +167,7 @@ def test_on_a_full_disk_no_create_goes_out(full_disk, vast, db_path, cli):
     assert result.code == 1, (result.out, result.err)
     assert result.err.startswith("error: ") and len(result.err.splitlines()) == 1
     assert "full" in result.err and "not saved" in result.err
-    assert [r for r in launches(db_path) if r["label"]] == []
+    assert [r for r in launch_audits(db_path) if r["label"]] == []
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_a_rental_the_file_cannot_record_says_so_and_where_to_find_it(operator, 
     assert len(vast.creates) == 1 and result.code == 1
     assert result.err.startswith("error: vast rented instance 5001") and len(result.err.splitlines()) == 1
     assert "reconcile finds the machine by its label" in result.err and "not saved" not in result.err
-    (intent,) = launches(db_path)
+    (intent,) = launch_audits(db_path)
     assert intent["result"].startswith(PENDING)  # rolled back with the row's vast id: still says "may have"
 
 
@@ -203,7 +203,7 @@ def test_the_intent_is_in_the_file_when_the_create_goes_out_and_a_create_past_th
         return real_create(request)
 
     market.create_instance = create
-    result = operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=now)
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=now)
     (first,) = seen_at_create  # the deadline passed: no further create is tried
     assert [(r["ok"], r["result"][:8]) for r in first] == [(0, PENDING)]  # committed before the create went out
     assert result.failed and "deadline" in result.failed[0]["reason"]

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl.state import lifecycle
+from vastctl.state import lifecycle, rates
 from vastctl.state.lifecycle import State
 from vastctl.views import fleet
 
@@ -17,12 +17,12 @@ def running_machine(conn, uuid="u1", bench=70.0):
     lifecycle.create(conn, uuid=uuid, label=f"vastctl-{uuid}", state=State.REGISTERED, reason="test",
                      source="operator", now=T0)
     lifecycle.params_done(conn, uuid, now=T0)
-    lifecycle.bench_report(conn, uuid, bench, gate=40, now=T0)
+    rates.bench_report(conn, uuid, bench, gate=40, now=T0)
     lifecycle.running(conn, uuid, now=T0)
 
 
 def beat(conn, proofs, seconds, uuid="u1"):
-    return lifecycle.heartbeat(conn, uuid, proofs_done=proofs, now=T0 + timedelta(seconds=seconds))
+    return rates.heartbeat(conn, uuid, proofs_done=proofs, now=T0 + timedelta(seconds=seconds))
 
 
 def test_two_heartbeats_30s_apart_do_not_swing_a_benched_rate(conn):

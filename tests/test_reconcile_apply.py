@@ -12,7 +12,7 @@ from vastctl.errors import BenchFailed, Unavailable
 from vastctl.guard import Action, Kind
 from vastctl.providers.base import ProviderError, RemoteInstance
 from vastctl.reconcile.run import _snapshot
-from vastctl.state import lifecycle, locks, settings
+from vastctl.state import lifecycle, locks, rates, settings
 from vastctl.views import fleet
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
@@ -136,7 +136,7 @@ def test_a_kill_racing_the_bench_report_yields_one_event(conn, config, market):
     actions = reconcile.plan(rows, market.list_instances(), settings.effective(conn, config), config, NOW)
     assert [a.code for a in actions if a.kind == "kill"] == ["timeout_params_done"]
     with pytest.raises(BenchFailed):  # the primary path wins the race
-        lifecycle.bench_report(conn, uuid, 3.0, gate=40.0, now=NOW)
+        rates.bench_report(conn, uuid, 3.0, gate=40.0, now=NOW)
     result = reconcile.apply(conn, market, actions, config, now=NOW)
     assert result.actions[0]["result"].startswith("already killed by instance: bench rate 3 below gate 40")
     assert result.actions[1]["result"] == "destroyed"  # the loser still makes sure the machine is gone
@@ -162,7 +162,7 @@ def test_a_row_that_moved_on_since_the_plan_is_left_alone(conn, config, market):
     market.add(11, "vastctl-a")
     actions = reconcile.plan(_snapshot(conn), market.list_instances(), settings.effective(conn, config),
                              config, NOW)
-    lifecycle.heartbeat(conn, uuid, now=NOW)  # it came back before apply
+    rates.heartbeat(conn, uuid, now=NOW)  # it came back before apply
     result = reconcile.apply(conn, market, actions, config, now=NOW)
     assert [a["result"] for a in result.actions] == ["skipped: it moved on since the plan (now running)",
                                                      "skipped: not killed (now running)"]

@@ -125,7 +125,7 @@ def test_the_routed_rate_is_bounded_by_the_machines_ceiling(conn):
     deliveries.record_calls(conn, kept_full(uuid, prover_s=30.0, batches=120))  # 600/h seen on one GPU
     seen = by_uuid(observe(conn, CONFIG, now=NOW))[uuid]
     assert seen["routed_rate"] == pytest.approx(600.0)
-    assert (seen["expected_rate"], seen["rate_source"]) == (200.0, "router")  # lifecycle.MAX_RATE_PER_GPU
+    assert (seen["expected_rate"], seen["rate_source"]) == (200.0, "router")  # rates.MAX_RATE_PER_GPU
 
 
 def test_fleet_shows_the_routed_rate_and_where_each_expected_rate_came_from(ready, cli, db_path):

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl import config as config_module
-from vastctl.agent import rules
+from vastctl.agent import rules, valuation
 from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
 from vastctl.providers.base import Offer
@@ -148,7 +148,7 @@ def test_offers_are_ranked_per_expected_proof_with_host_ram_counted():
     big_host = Offer(id=8, machine_id=80, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, cpu_ram_gb=512)
     unseen = Offer(id=9, machine_id=90, gpu_name="RTX 5070 Ti", num_gpus=1, dph_total=0.46, cpu_ram_gb=512)
     config = config_module.from_mapping({"fleet": {"gpus": ["RTX 4090", "RTX 5070 Ti"]}})
-    ranked = rules.rank_offers([small_host, big_host, unseen], observation([], queued(5)), config)
+    ranked = valuation.rank_offers([small_host, big_host, unseen], observation([], queued(5)), config)
     # 128 GiB bounds a 4090 to ~24/h whatever it benchmarks elsewhere; a model never benchmarked gets its published rate
     assert [(offer.id, rate) for offer, rate in ranked] == [(9, 95.0), (8, 60.0), (7, 24.0)]
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl import clock as clocks
-from vastctl import operations, reconcile
+from vastctl import launches, operations, reconcile
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import VastctlError
@@ -48,7 +48,7 @@ class Market:
         return lifecycle.get(self.conn, uuid)
 
     def launch(self, **kwargs):
-        return operations.launch(self.conn, self.sim, self.config, now=self.clock.now(), **kwargs)
+        return launches.launch(self.conn, self.sim, self.config, now=self.clock.now(), **kwargs)
 
     def reconcile(self):
         return reconcile.run_pass(self.conn, self.sim, self.config, clock=self.clock)

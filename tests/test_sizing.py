@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl import config as config_module
-from vastctl.agent import rules
+from vastctl.agent import outbid, rules, sizing, valuation
 from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
 from vastctl.providers.base import Offer
@@ -177,9 +177,9 @@ def test_sizing(name, machines, history, offers, expected):
 
 def test_wanted_drains_the_queue_within_the_horizon_and_keeps_up_with_arrivals():
     obs = observation(fleet(1), steady(40, lookahead=90, in_flight=10))
-    assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(50 / 0.5 + 90)  # 100 to drain + 90 arriving
+    assert sizing.wanted_capacity(obs, CONFIG) == pytest.approx(50 / 0.5 + 90)  # 100 to drain + 90 arriving
     capped = observation(fleet(1), steady(400, lookahead=300))
-    assert rules.wanted_capacity(capped, CONFIG) == pytest.approx(345)  # target 300 × 1.15
+    assert sizing.wanted_capacity(capped, CONFIG) == pytest.approx(345)  # target 300 × 1.15
 
 
 def test_the_release_of_a_late_benchmark_says_why():
@@ -197,20 +197,20 @@ def test_a_rounded_down_shortfall_holds_naming_it_and_the_smallest_machine():
     assert why.startswith("work for the fleet (10 queued, 120 PoRep coming): capacity 120 + 0 booting is 20 short"
                           " of 140 wanted"), why
     assert "under 50% of the smallest machine to hand (60/h): rounded down" in why
-    assert rules.rounded_down(obs, CONFIG, rules.rank_offers(MARKET, obs, CONFIG)) == 60.0
+    assert sizing.rounded_down(obs, CONFIG, valuation.rank_offers(MARKET, obs, CONFIG)) == 60.0
     grown = observation(fleet(2), steady(15, lookahead=120))  # a growing queue raises wanted past half a machine
-    assert rules.rounded_down(grown, CONFIG, rules.rank_offers(MARKET, grown, CONFIG)) is None
+    assert sizing.rounded_down(grown, CONFIG, valuation.rank_offers(MARKET, grown, CONFIG)) is None
 
 
 def test_unknown_demand_is_sized_to_the_newest_good_sample_and_says_so():
     history = steady(30, lookahead=100)[:-1] + [sample(0, ok=False)]
     obs = observation(fleet(1), history)
-    assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(30 / 0.5 + 100)
+    assert sizing.wanted_capacity(obs, CONFIG) == pytest.approx(30 / 0.5 + 100)
     launch = rules.plan(obs, CONFIG, MARKET)[0]
     assert launch.reason.startswith("demand unknown (held to its newest good sample, 1m old: 30 queued, 0 in flight,"
                                     " 100 coming): capacity 60 of 160 proofs/h wanted"), launch.reason
     never = observation(fleet(1), [sample(0, ok=False)])
-    assert rules.wanted_capacity(never, CONFIG) == pytest.approx(345)  # never known: the ceiling
+    assert sizing.wanted_capacity(never, CONFIG) == pytest.approx(345)  # never known: the ceiling
     assert rules.plan(never, CONFIG, MARKET)[0].reason.startswith(
         "demand unknown, never known (sized as if work were queued): capacity 60 of 345 proofs/h wanted (target")
 
@@ -243,9 +243,9 @@ def test_an_offer_on_a_host_we_benchmarked_is_expected_to_prove_what_it_proved()
     """A slow host of a fast model (a weak CPU, shared RAM) benchmarked at 30/h is ranked at 30/h when offered
     again, not at its model's 60/h: the dearer offer on an unknown host is cheaper per expected proof."""
     obs = observation(fleet(1), steady(30, lookahead=60))
-    assert [(offer.id, rate) for offer, rate in rules.rank_offers(MARKET, obs, CONFIG)] == [(2, 60.0), (1, 60.0)]
+    assert [(offer.id, rate) for offer, rate in valuation.rank_offers(MARKET, obs, CONFIG)] == [(2, 60.0), (1, 60.0)]
     obs.host_rates = {20: 30.0}
-    assert [(offer.id, rate) for offer, rate in rules.rank_offers(MARKET, obs, CONFIG)] == [(1, 60.0), (2, 30.0)]
+    assert [(offer.id, rate) for offer, rate in valuation.rank_offers(MARKET, obs, CONFIG)] == [(1, 60.0), (2, 30.0)]
 
 
 def test_the_observation_carries_the_newest_bench_rate_of_each_host(tmp_path):
@@ -269,7 +269,7 @@ def test_a_source_silent_on_lookahead_keeps_up_with_the_rate_it_reports():
     demand = Demand(queued=10, proofs_per_hour=70.0, at=NOW, age_s=0, source="command", known=True)
     obs = Observation(now=NOW, settings=SETTINGS, demand=demand, machines=[], capacity=0, pending_capacity=0,
                       spend_per_hour=0, events=[], last_actions=[])
-    assert rules.wanted_capacity(obs, CONFIG) == pytest.approx(20 + 70)
+    assert sizing.wanted_capacity(obs, CONFIG) == pytest.approx(20 + 70)
 
 
 def test_the_release_reason_names_what_is_kept_and_why():
@@ -327,18 +327,18 @@ def test_releases_never_drop_running_capacity_below_what_is_wanted(seed):
     state = {x["label"]: x["state"] for x in machines}
     left = sum(x["expected_rate"] for x in machines if x["state"] == "running" and x["label"] not in released)
     if any(state[label] == "running" for label in released):
-        assert left >= rules.wanted_capacity(obs, CONFIG) - 1e-9
-        assert left >= rules.held_capacity(obs, CONFIG) - 1e-9
+        assert left >= sizing.wanted_capacity(obs, CONFIG) - 1e-9
+        assert left >= sizing.held_capacity(obs, CONFIG) - 1e-9
     for label in (label for label in released if state[label] != "running"):  # a late benchmark, given up on
-        assert rules.late(next(x for x in machines if x["label"] == label), NOW)
-        assert rules.counted_capacity(obs) >= rules.wanted_capacity(obs, CONFIG) - 1e-9  # covered without it
+        assert sizing.late(next(x for x in machines if x["label"] == label), NOW)
+        assert sizing.counted_capacity(obs) >= sizing.wanted_capacity(obs, CONFIG) - 1e-9  # covered without it
 
 
 def test_one_fresh_report_is_no_evidence_over_the_window_so_nothing_is_released():
     """The incident as the CLI meets it: a first report of 59 queued, the fleet far over a low target."""
     machines = fleet(3)
     obs = observation(machines, [sample(59, None, minutes_ago=0)], target_proofs_per_hour=20.0)
-    assert rules.held_capacity(obs, CONFIG) is None
+    assert sizing.held_capacity(obs, CONFIG) is None
     assert rules.plan(obs, CONFIG, MARKET) == []
     covered = observation(machines, steady(59, lookahead=None), target_proofs_per_hour=20.0)
     assert [a.kind for a in rules.plan(covered, CONFIG, MARKET)] == ["stop"]  # 15 min of it: spare capacity goes
@@ -402,13 +402,13 @@ def test_an_outbid_machine_is_not_counted_so_the_fleet_grows_around_it():
     obs = observation(machines, steady(30, lookahead=100))  # wanted 160: 120 proving, the outbid one not counted
     actions = rules.plan(obs, CONFIG, MARKET)
     assert [(a.kind, a.offer_id) for a in actions] == [("launch", 2)]
-    assert rules.outbid_choice(machines[-1], NOW, 1.0, CONFIG)[0] == "wait"
+    assert outbid.outbid_choice(machines[-1], NOW, 1.0, CONFIG)[0] == "wait"
 
 
 def test_a_machine_rented_on_demand_that_vast_lists_stopped_is_no_outbid():
     machine = m("vastctl-z")
     machine.update(vast_status="stopped", bid=None)
-    assert rules.outbid_since(machine) is None
+    assert outbid.outbid_since(machine) is None
 
 
 def test_a_launch_that_will_bid_picks_the_offer_cheapest_at_its_bid():
@@ -429,7 +429,7 @@ def test_calls_the_proof_router_holds_launch_an_empty_fleet_at_once_and_hold_a_f
     obs = observation([], empty)
     assert rules.plan(obs, CONFIG, MARKET) == []  # nothing waits: nothing rented
     held = dataclasses.replace(obs, demand=dataclasses.replace(obs.demand, held=10))
-    assert rules.wanted_capacity(held, CONFIG) == pytest.approx(10 / 0.5)
+    assert sizing.wanted_capacity(held, CONFIG) == pytest.approx(10 / 0.5)
     (launch,) = rules.plan(held, CONFIG, MARKET)
     assert launch.kind == "launch"
     assert launch.reason.startswith("work for the fleet (0 queued, 10 held at the proof router, 0 PoRep coming):"
@@ -448,5 +448,5 @@ def test_calls_the_proof_router_holds_launch_an_empty_fleet_at_once_and_hold_a_f
     # while demand is unknown, the fleet is sized to the held calls too, when they need more than the last sample
     unknown = observation([], steady(0)[:-1] + [sample(0, ok=False)])
     unknown_held = dataclasses.replace(unknown, demand=dataclasses.replace(unknown.demand, held=30))
-    assert rules.wanted_capacity(unknown_held, CONFIG) == pytest.approx(30 / 0.5)
+    assert sizing.wanted_capacity(unknown_held, CONFIG) == pytest.approx(30 / 0.5)
     assert "30 calls held at the proof router" in rules.plan(unknown_held, CONFIG, MARKET)[0].reason

@@ -17,7 +17,7 @@ from test_reconcile import NOW as RECONCILE_NOW
 from test_reconcile import SETTINGS, ago, kills, row, seen
 
 from vastctl import config as config_module
-from vastctl import operations
+from vastctl import launches, operations
 from vastctl.errors import BadInput, Unavailable
 from vastctl.providers.base import ProviderError, ProviderRejected
 from vastctl.reconcile import plan
@@ -67,7 +67,7 @@ def test_ssh_launch_gives_each_machine_a_port_and_a_key_whose_private_half_only_
         conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key)
     market = KeysAtCreate(conn, [offer(10, 100), offer(11, 110)], Path(cfg.tunnel.authorized_keys))
-    operations.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
+    launches.launch(conn, market, cfg, gpu="RTX 4090", count=2, now=NOW)
     first, second = market.creates()
     assert (first.env["VASTCTL_TUNNEL_PORT"], second.env["VASTCTL_TUNNEL_PORT"]) == ("21000", "21001")
     assert first.env["VASTCTL_JOIN"] == "ssh" and first.env["VASTCTL_TUNNEL_HOST"] == "manager.example.net"
@@ -101,7 +101,7 @@ def test_a_create_error_never_shows_the_key(conn, db_path, tmp_path, host_key):
             raise ProviderError(f"vast PUT /api/v0/asks/10/: HTTP 500 body {json.dumps(request.env)}")
 
     market = Echoing(conn, [offer(10, 100)])
-    result = operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    result = launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     env = market.creates()[0].env
     shown = json.dumps([result.view(), actions(conn)])
     assert env["VASTCTL_TUNNEL_KEY"] not in shown and "unknown outcome" in result.error
@@ -112,10 +112,10 @@ def test_a_refused_create_and_a_kill_prune_the_machines_key(conn, db_path, tmp_p
     cfg = make_cfg(db_path, tmp_path, host_key)
     market = FakeMarket(conn, [offer(10, 100), offer(11, 110)])
     market.create_errors[10] = ProviderRejected("vast PUT /api/v0/asks/10/: HTTP 400 invalid_args: bad image")
-    operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     keys = Path(cfg.tunnel.authorized_keys)
     assert "permitlisten" not in keys.read_text()  # nothing was rented: no key works
-    operations.launch(conn, market, cfg, offer_id=11, now=NOW)
+    launches.launch(conn, market, cfg, offer_id=11, now=NOW)
     label = market.creates()[1].label
     assert keys.read_text().count("permitlisten") == 1
     operations.kill(conn, market, label, "operator: test", config=cfg, force=True, now=NOW)
@@ -126,7 +126,7 @@ def test_a_refused_create_and_a_kill_prune_the_machines_key(conn, db_path, tmp_p
 def test_join_none_is_the_default_and_sends_nothing_new(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key, join="none")
     market = FakeMarket(conn, [offer(10, 100)])
-    operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     env = market.creates()[0].env
     assert not [k for k in env if k.startswith(("VASTCTL_JOIN", "VASTCTL_TUNNEL"))]
     assert rows(conn)[0]["tunnel_port"] is None and not Path(cfg.tunnel.authorized_keys).exists()
@@ -136,7 +136,7 @@ def test_join_none_is_the_default_and_sends_nothing_new(conn, db_path, tmp_path,
 def test_join_command_hands_the_machine_the_operators_command(conn, db_path, tmp_path, host_key):
     cfg = make_cfg(db_path, tmp_path, host_key, join="command", join_command="tailscale up --authkey-file /k")
     market = FakeMarket(conn, [offer(10, 100)])
-    operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+    launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     env = market.creates()[0].env
     assert (env["VASTCTL_JOIN"], env["VASTCTL_JOIN_CMD"]) == ("command", "tailscale up --authkey-file /k")
     assert "VASTCTL_TUNNEL_KEY" not in env and rows(conn)[0]["tunnel_port"] is None
@@ -148,7 +148,7 @@ def test_ssh_launch_without_a_host_is_refused_before_the_market_is_asked(conn, d
     cfg.tunnel.host = ""
     market = FakeMarket(conn, [offer(10, 100)])
     with pytest.raises(BadInput, match="tunnel.host is empty"):
-        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     assert market.calls == [] and rows(conn) == []
 
 
@@ -183,7 +183,7 @@ def test_an_unwritable_keys_file_stops_the_launch_before_anything_is_rented(conn
     cfg.tunnel.authorized_keys = str(blocker / "authorized_keys")
     market = FakeMarket(conn, [offer(10, 100)])
     with pytest.raises(Unavailable, match="cannot write tunnel.authorized_keys"):
-        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     assert market.creates() == []
     (row_,) = rows(conn)
     assert (row_["state"], row_["kill_code"]) == ("killed", "start_failed") and row_["destroyed_at"]
@@ -209,11 +209,11 @@ def test_a_launch_whose_keys_sshd_cannot_read_rents_nothing(conn, db_path, tmp_p
     cfg = make_cfg(db_path, tmp_path, host_key, keys=place / "tunnel" / "authorized_keys", reader="nobody")
     market = FakeMarket(conn, [offer(10, 100)])
     if rented:
-        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=10, now=NOW)
         assert len(market.creates()) == 1 and (place / "tunnel" / "authorized_keys").stat().st_mode & 0o004
         return
     with pytest.raises(Unavailable) as refused:
-        operations.launch(conn, market, cfg, offer_id=10, now=NOW)
+        launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     assert market.creates() == [] and not (place / "tunnel").exists()
     said = str(refused.value)
     assert f"as nobody (tunnel.keys_reader), who cannot enter {place} " in said and "mode 750" in said

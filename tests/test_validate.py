@@ -10,7 +10,7 @@ from vastctl import validate
 from vastctl.cli import said
 from vastctl.errors import BadInput, UnknownInstance
 from vastctl.serving.server import in_api_terms
-from vastctl.state import lifecycle, settings
+from vastctl.state import lifecycle, rates, settings
 from vastctl.validate import MAX_INT, Invalid, NotFound, Range
 
 
@@ -71,7 +71,7 @@ def test_a_range_refusal_says_why_its_excluded_end_is_refused():
 
 def test_the_library_names_the_field_the_cli_its_flag_the_server_the_body_field():
     with pytest.raises(Invalid) as caught:
-        lifecycle.validate_rate("fast")
+        rates.validate_rate("fast")
     assert str(caught.value) == "rate must be a number of proofs per hour, got 'fast'"
     assert said(caught.value) == "--rate must be a number of proofs per hour, got 'fast'"
     assert in_api_terms(caught.value) == "the \"rate\" field must be a number of proofs per hour, got 'fast'"
@@ -106,8 +106,8 @@ def test_a_setting_is_named_by_its_key_wherever_it_is_set():
 
 
 def test_library_messages_speak_no_flags():
-    for check in (lambda: lifecycle.validate_proofs(-1), lambda: validate.text("", "uuid"),
-                  lambda: lifecycle.validate_rate(-1)):
+    for check in (lambda: rates.validate_proofs(-1), lambda: validate.text("", "uuid"),
+                  lambda: rates.validate_rate(-1)):
         with pytest.raises(Invalid) as caught:
             check()
         assert "--" not in str(caught.value)

@@ -461,7 +461,7 @@ def least_costs(market, config: Config, curve: DemandCurve, minutes: int) -> dic
     The work is the demand curve's arrivals, each proof done within agent.max_wait.
     """
     from vastctl import bound
-    from vastctl.operations import DEFAULT_MIN_RELIABILITY
+    from vastctl.launches import DEFAULT_MIN_RELIABILITY
     from vastctl.providers import sim_market
 
     arrivals = [curve.rate(minute) / 60 for minute in range(minutes)]

@@ -46,8 +46,9 @@ from vastctl.facts import cost as cost_module
 from vastctl.facts import deliveries, tunnel
 from vastctl.facts import demand as demand_module
 from vastctl.facts.demand import Demand
-from vastctl.state import lifecycle, settings
+from vastctl.state import settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
+from vastctl.state.rates import IMPLAUSIBLE, bounded, measured_rate_bound, rate_ceiling
 
 __all__ = ["Demand", "Observation", "observe"]
 
@@ -232,14 +233,14 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
 @functools.lru_cache(maxsize=4096, typed=True)
 def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
     """A bench rate as bench_rates counts it; the same few pairs come back on every call (every machine ever)."""
-    return lifecycle.bounded(bench_rate, lifecycle.rate_ceiling({"num_gpus": num_gpus}))
+    return bounded(bench_rate, rate_ceiling({"num_gpus": num_gpus}))
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
     """uuid → how many of its reports were bounded as implausible (lifecycle.IMPLAUSIBLE events)."""
     return {row["uuid"]: row["n"] for row in conn.execute(
         "SELECT uuid, count(*) AS n FROM events WHERE kind = ? AND uuid IS NOT NULL GROUP BY uuid",
-        (lifecycle.IMPLAUSIBLE,))}
+        (IMPLAUSIBLE,))}
 
 
 def rate_of_model(gpu_name: str | None, rates: Mapping[str, float], default_rate: float) -> float:
@@ -261,7 +262,7 @@ def rate_and_source(row: Mapping[str, Any], rates: Mapping[str, float], default_
     rate, source = _claimed_rate(row, rates, default_rate, implausible=implausible)
     if routed is None or not routed.enough:
         return rate, source
-    ceiling = lifecycle.rate_ceiling(row)
+    ceiling = rate_ceiling(row)
     low, high = min(routed.rate, ceiling), min(routed.rate_max, ceiling)
     if rate < low:  # it proved more than it claims
         return low, "router"
@@ -273,10 +274,10 @@ def rate_and_source(row: Mapping[str, Any], rates: Mapping[str, float], default_
 def _claimed_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
                   implausible: bool) -> tuple[float, str]:
     model = rate_of_model(row.get("gpu_name"), rates, default_rate)
-    for value, bound, source in ((row.get("proofs_per_hour"), lifecycle.measured_rate_bound(row), "heartbeats"),
-                                 (row.get("bench_rate"), lifecycle.rate_ceiling(row), "bench")):
+    for value, bound, source in ((row.get("proofs_per_hour"), measured_rate_bound(row), "heartbeats"),
+                                 (row.get("bench_rate"), rate_ceiling(row), "bench")):
         if value is not None:
-            rate = lifecycle.bounded(value, bound)
+            rate = bounded(value, bound)
             return (min(rate, model), source if rate <= model else "gpu_model") if implausible else (rate, source)
     return model, "gpu_model" if row.get("gpu_name") in rates else "default"
 

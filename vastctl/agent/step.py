@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping
 
 from vastctl import clock as clock_module
-from vastctl import guard, operations
+from vastctl import guard, launches, operations
 from vastctl.agent import rules
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, Unavailable, VastctlError
@@ -264,7 +264,7 @@ class Executor:
         return True, outcome
 
     def offers(self, *, gpu_names: list[str] | None = None, max_dph: float | None = None, limit: int = OFFERS_SEARCHED):
-        return operations.find_offers(self.conn, self.provider, self.config, gpu_names=gpu_names or None,
+        return launches.find_offers(self.conn, self.provider, self.config, gpu_names=gpu_names or None,
                                       max_dph=max_dph, limit=limit, now=self.now)
 
 
@@ -276,7 +276,7 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
         raise BadInput(f"unknown action kind {action.kind!r}: one of {', '.join(k.value for k in Kind)}") from None
     target = action.uuid or action.label
     if kind is Kind.LAUNCH:
-        launched = operations.launch(conn, provider, config, offer_id=action.offer_id,
+        launched = launches.launch(conn, provider, config, offer_id=action.offer_id,
                                      gpu=None if action.offer_id is not None else action.gpu_name,
                                      count=action.count, actor=action.actor, now=now)
         names = ", ".join(f"{row['label']} (instance {row['vast_id']})" for row in launched.launched)
@@ -363,7 +363,7 @@ def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, 
 
 
 def _search(executor: Executor, search: "tools.OfferSearch") -> "llm.ToolOutcome":
-    """search_offers: the offers the fleet may rent, as the model is shown them (operations.offer_view)."""
+    """search_offers: the offers the fleet may rent, as the model is shown them (launches.offer_view)."""
     from vastctl.agent import llm
 
     try:
@@ -371,4 +371,4 @@ def _search(executor: Executor, search: "tools.OfferSearch") -> "llm.ToolOutcome
                                 limit=search.limit)
     except VastctlError as exc:
         return llm.ToolOutcome(ok=False, text=f"error: {exc}")
-    return llm.ToolOutcome(ok=True, text=json.dumps([operations.offer_view(offer) for offer in found]))
+    return llm.ToolOutcome(ok=True, text=json.dumps([launches.offer_view(offer) for offer in found]))

@@ -73,7 +73,7 @@ class Param:
 
 @dataclass(frozen=True)
 class OfferSearch:
-    """search_offers: the offers to list (the search itself is the step's: operations.find_offers)."""
+    """search_offers: the offers to list (the search itself is the step's: launches.find_offers)."""
 
     gpu_name: str | None = None
     max_dph: float | None = None

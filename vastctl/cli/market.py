@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from vastctl import markets, operations
+from vastctl import launches, markets, operations
 from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
 from vastctl.config import Config
 from vastctl.errors import Refused, Unavailable
@@ -20,7 +20,7 @@ def offers_cmd(
     gpu: Annotated[Optional[List[str]], typer.Option("--gpu", help="GPU model, e.g. 'RTX 4090' (repeatable; default: the config's fleet.gpus).")] = None,
     max_dph: Annotated[Optional[float], typer.Option("--max-dph", help="Highest $/h (default: the max_dph setting).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="Show at most N offers.")] = 20,
-    min_reliability: Annotated[Optional[float], typer.Option("--min-reliability", min=0.0, max=1.0, help=f"Lowest vast reliability score (default {operations.DEFAULT_MIN_RELIABILITY}).")] = None,
+    min_reliability: Annotated[Optional[float], typer.Option("--min-reliability", min=0.0, max=1.0, help=f"Lowest vast reliability score (default {launches.DEFAULT_MIN_RELIABILITY}).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Offers we would rent, cheapest first (RAM, bandwidth floors applied; blocklisted machines left out).
@@ -29,9 +29,9 @@ def offers_cmd(
     """
     g = globals_of(ctx)
     provider = markets.get_provider(g.config, clock=g.clock)
-    found = operations.find_offers(g.connect(), provider, g.config, gpu_names=gpu, max_dph=max_dph,
+    found = launches.find_offers(g.connect(), provider, g.config, gpu_names=gpu, max_dph=max_dph,
                                    min_reliability=min_reliability, limit=limit, now=g.clock.now())
-    views = [operations.offer_view(offer) for offer in found]
+    views = [launches.offer_view(offer) for offer in found]
     if as_json:
         print_json(views)
         return
@@ -62,10 +62,10 @@ def launch_cmd(
     Example: vastctl launch --gpu "RTX 4090" --count 2
     """
     g = globals_of(ctx)
-    operations.check_launch_request(g.config, offer_id=offer, gpu=gpu, count=count)
+    launches.check_launch_request(g.config, offer_id=offer, gpu=gpu, count=count)
     conn = g.connect()
     provider = markets.get_provider(g.config, clock=g.clock)
-    result = operations.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator",
+    result = launches.launch(conn, provider, g.config, offer_id=offer, gpu=gpu, count=count, actor="operator",
                                now=g.clock.now())
     if as_json:
         print_json(result.view())

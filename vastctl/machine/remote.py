@@ -35,7 +35,7 @@ from vastctl.clock import Clock
 from vastctl.config import parse_duration
 from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
 from vastctl.machine.reports import FIELD_FLAGS
-from vastctl.state import lifecycle
+from vastctl.state import lifecycle, rates
 
 if TYPE_CHECKING:
     import requests
@@ -105,7 +105,7 @@ class RemoteReports:
 
     def bench_report(self, uuid, rate):
         validate.text(uuid, "uuid")
-        answer = self._report(uuid, "bench-report", {"rate": lifecycle.validate_rate(rate)})
+        answer = self._report(uuid, "bench-report", {"rate": rates.validate_rate(rate)})
         if answer.get("passed") is False:
             reason = answer.get("reason")
             error = BenchFailed(reason if isinstance(reason, str) else
@@ -132,7 +132,7 @@ class RemoteReports:
 
     def heartbeat(self, uuid, proofs_done=None):
         validate.text(uuid, "uuid")
-        body = {} if proofs_done is None else {"proofs_done": lifecycle.validate_proofs(proofs_done)}
+        body = {} if proofs_done is None else {"proofs_done": rates.validate_proofs(proofs_done)}
         return self._report(uuid, "heartbeat", body)
 
     def log_push(self, uuid, name, text):

@@ -13,7 +13,7 @@ import sqlite3
 from datetime import datetime
 
 from vastctl.config import Config
-from vastctl.state import lifecycle, settings
+from vastctl.state import lifecycle, rates, settings
 
 # The report bodies' fields and the instance-command flags that carry them (the HTTP API ↔ the CLI): the CLI
 # names a refused field by its flag (cli.said), and remote mode reads a manager's answer back into flags.
@@ -42,7 +42,7 @@ class LocalReports:
 
     def bench_report(self, uuid, rate):
         gate = settings.get(self.conn, self.config, "min_bench_rate")
-        row = lifecycle.bench_report(self.conn, uuid, rate, gate=gate, now=self.now)
+        row = rates.bench_report(self.conn, uuid, rate, gate=gate, now=self.now)
         return {"state": row["state"], "passed": True}
 
     def bench_failed(self, uuid, reason=None):
@@ -54,7 +54,7 @@ class LocalReports:
     def heartbeat(self, uuid, proofs_done=None):
         from vastctl.facts import deliveries
 
-        state = lifecycle.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]
+        state = rates.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]
         if proofs_done is not None:  # a count is a claim: checked against what the proof router saw delivered
             deliveries.check_claim(self.conn, uuid, bench_proofs=self.config.launch.bench_count + 1, now=self.now)
         return {"state": state}

@@ -1,6 +1,6 @@
 """The simulated market's rows: its machines, hosts, faults and bookkeeping in the state file's `sim_*` tables.
 
-The tables come through the state file's migrations (db.MIGRATIONS), like
+The tables come through the state file's migrations (migrations.MIGRATIONS), like
 every other table: this module only reads and writes them, so the simulator
 imports no state module (providers sit below the state layer). A market is
 set up in a file the first time a SimProvider is built on it (its meta row and

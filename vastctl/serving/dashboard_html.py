@@ -1,0 +1,74 @@
+"""The text every part of the dashboard writes with: escaping, numbers, ages and times, and the stacked table.
+
+Every value that reaches the page goes through `esc()`: labels, GPU names,
+vast's status messages and kill reasons come from rented machines or from
+vast, and a label like `<img src=x onerror=alert(1)>` must show as text. Every time is
+UTC. Below 600 px the page is one column and tables become stacked cards (each cell named by its column:
+`table()`): nothing scrolls sideways on a phone.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from html import escape
+from typing import Any, Iterable
+
+from vastctl import clock
+from vastctl.upstream import cut
+
+
+def esc(value: Any, empty: str = "-") -> str:
+    """Text for HTML content or a quoted attribute."""
+    if value is None or value == "":
+        return escape(empty)
+    return escape(str(value), quote=True)
+
+
+def num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    text = f"{float(value):.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def age(iso: str | None, now: datetime) -> str:
+    return "-" if not iso else clock.human_age(clock.from_iso(iso), now)
+
+
+def when(iso: str | None, now: datetime) -> str:
+    """A stored time in UTC, as the CLI speaks it: `07:40:16` today, `03-02 07:40` another day; the whole
+    ISO time in the cell's title."""
+    try:
+        moment = clock.from_iso(iso) if iso else None
+    except ValueError:
+        return esc(iso)
+    if moment is None:
+        return "-"
+    moment = moment.astimezone(timezone.utc)
+    short = moment.strftime("%H:%M:%S" if moment.date() == now.astimezone(timezone.utc).date() else "%m-%d %H:%M")
+    return f'<time datetime="{esc(clock.display_iso(iso))}" title="{esc(clock.display_iso(iso))}">{short}</time>'
+
+
+def table(ident: str, title: str, head: Iterable[str], rows: list[str], *, after: str = "") -> str:
+    head = list(head)
+    th = "".join(f"<th>{esc(h, '')}</th>" for h in head)
+    heading = f"<h2>{esc(title)}</h2>" if title else ""
+    return (f'<section id="{ident}">{heading}<div class="scroll"><table class="stack">'
+            f'<thead><tr>{th}</tr></thead><tbody>{"".join(_named(rows, head))}</tbody></table></div>{after}</section>')
+
+
+def _named(rows: list[str], head: list[str]) -> Iterable[str]:
+    """Each plain `<td>` of a row named by its column (`data-h`): a phone shows the name beside the value."""
+    for row in rows:
+        parts = row.split("<td>")
+        yield parts[0] + "".join(f'<td data-h="{esc(head[i], "")}">{part}' if i < len(head) else f"<td>{part}"
+                                 for i, part in enumerate(parts[1:]))
+
+
+def brief(value: Any, limit: int) -> str:
+    return cut(_compact(value), limit)
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)

@@ -1,0 +1,458 @@
+"""The state file's schema, as its history: numbered, append-only migrations that db.py applies on open.
+
+A shipped migration is never edited: add a new one at the end of MIGRATIONS. Its position in the list is its
+number, recorded in the file's `migrations` table and `user_version`.
+"""
+
+from __future__ import annotations
+
+# (name, sql). The position in this list is the migration's number (1-based).
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "instances, events, settings",
+        """
+        CREATE TABLE instances (
+            uuid TEXT PRIMARY KEY,
+            label TEXT NOT NULL,
+            state TEXT NOT NULL,
+            vast_id INTEGER,
+            machine_id INTEGER,
+            offer_id INTEGER,
+            gpu_name TEXT,
+            num_gpus INTEGER,
+            dph REAL,
+            bench_rate REAL,
+            proofs_done INTEGER NOT NULL DEFAULT 0,
+            proofs_per_hour REAL,
+            restarts INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL,
+            state_since TEXT NOT NULL,
+            last_heartbeat_at TEXT,
+            kill_reason TEXT,
+            kill_code TEXT,
+            killed_at TEXT,
+            destroyed_at TEXT
+        );
+        CREATE UNIQUE INDEX instances_label ON instances(label);
+        CREATE INDEX instances_state ON instances(state);
+        CREATE INDEX instances_vast_id ON instances(vast_id);
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            uuid TEXT,
+            label TEXT,
+            from_state TEXT,
+            to_state TEXT,
+            reason TEXT,
+            source TEXT NOT NULL,
+            code TEXT
+        );
+        CREATE INDEX events_uuid ON events(uuid);
+        CREATE TABLE settings (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        );
+        """,
+    ),
+    (
+        "vast listing cache, provider audit, blocklist, locks",
+        """
+        ALTER TABLE instances ADD COLUMN vast_status TEXT;
+        ALTER TABLE instances ADD COLUMN vast_status_msg TEXT;
+        ALTER TABLE instances ADD COLUMN vast_seen_at TEXT;
+        ALTER TABLE instances ADD COLUMN vast_missing INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE instances ADD COLUMN resumed_at TEXT;
+        ALTER TABLE instances ADD COLUMN destroy_attempts INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE instances ADD COLUMN destroy_error TEXT;
+        CREATE TABLE vast_listings (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            instances INTEGER,
+            error TEXT
+        );
+        CREATE TABLE vast_cache (
+            vast_id INTEGER PRIMARY KEY,
+            label TEXT,
+            actual_status TEXT,
+            intended_status TEXT,
+            cur_state TEXT,
+            status_msg TEXT,
+            machine_id INTEGER,
+            gpu_name TEXT,
+            num_gpus INTEGER,
+            dph REAL,
+            first_seen_at TEXT NOT NULL,
+            seen_at TEXT NOT NULL
+        );
+        CREATE TABLE actions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            uuid TEXT,
+            label TEXT,
+            vast_id INTEGER,
+            request TEXT,
+            ok INTEGER NOT NULL,
+            result TEXT
+        );
+        CREATE INDEX actions_uuid ON actions(uuid);
+        CREATE TABLE blocklist (
+            machine_id INTEGER PRIMARY KEY,
+            reason TEXT NOT NULL,
+            until TEXT NOT NULL
+        );
+        CREATE TABLE locks (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            acquired_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        )
+        """,
+    ),
+    (
+        "agent conversation record and notes",
+        """
+        CREATE TABLE agent_messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            step_id INTEGER,
+            at TEXT NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL
+        );
+        CREATE INDEX agent_messages_step ON agent_messages(step_id);
+        CREATE TABLE agent_notes (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            step_id INTEGER,
+            at TEXT NOT NULL,
+            text TEXT NOT NULL
+        )
+        """,
+    ),
+    (
+        "a machine's claimed vast id, kept apart from the one the manager trusts",
+        # vast_id is what the manager recorded at launch or vast listed under the row's label; a machine's
+        # own report goes to claimed_vast_id. Ids an adopted row got from its machine before this are claims.
+        """
+        ALTER TABLE instances ADD COLUMN claimed_vast_id INTEGER;
+        UPDATE instances SET claimed_vast_id = vast_id, vast_id = NULL
+            WHERE offer_id IS NULL AND vast_id IS NOT NULL AND destroyed_at IS NULL
+        """,
+    ),
+    (
+        "demand samples, agent steps",
+        """
+        CREATE TABLE demand_samples (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            queued INTEGER,
+            proofs_per_hour REAL,
+            source TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            error TEXT
+        );
+        CREATE INDEX demand_samples_at ON demand_samples(at);
+        CREATE TABLE agent_steps (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            policy TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            event_cursor INTEGER,
+            observation TEXT,
+            actions TEXT,
+            refused TEXT,
+            errors TEXT,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+            cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+            cost REAL NOT NULL DEFAULT 0
+        );
+        CREATE INDEX agent_steps_outcome ON agent_steps(outcome, id)
+        """,
+    ),
+    (
+        "demand samples: in flight and look-ahead",
+        """
+        ALTER TABLE demand_samples ADD COLUMN in_flight INTEGER;
+        ALTER TABLE demand_samples ADD COLUMN lookahead INTEGER
+        """,
+    ),
+    (
+        "the disk price of each listed instance, what a stopped one still bills",
+        """
+        ALTER TABLE vast_cache ADD COLUMN storage_dph REAL
+        """,
+    ),
+    (
+        "dashboard sessions ended by sign-out",
+        """
+        CREATE TABLE dashboard_sign_outs (
+            session TEXT PRIMARY KEY,
+            expires_at TEXT NOT NULL,
+            signed_out_at TEXT NOT NULL
+        )
+        """,
+    ),
+    (
+        "vast webhook deliveries, one row an event id",
+        # what makes a delivery vast retries (or anyone replays) a duplicate; event: the events row it made
+        """
+        CREATE TABLE webhook_deliveries (
+            event_id TEXT PRIMARY KEY,
+            received_at TEXT NOT NULL,
+            notif_type TEXT,
+            attempt INTEGER,
+            event INTEGER
+        );
+        CREATE INDEX webhook_deliveries_received ON webhook_deliveries(received_at)
+        """,
+    ),
+    (
+        "each machine's tunnel to the manager: its port, the public half of its key, joined or not since when",
+        # The private half of the key went to the machine in its create request and is kept nowhere here.
+        # A port stays taken until the machine is confirmed destroyed: a killed machine's open session may
+        # still hold it on the manager.
+        """
+        ALTER TABLE instances ADD COLUMN tunnel_port INTEGER;
+        ALTER TABLE instances ADD COLUMN tunnel_public_key TEXT;
+        ALTER TABLE instances ADD COLUMN joined_at TEXT;
+        ALTER TABLE instances ADD COLUMN tunnel_down_since TEXT;
+        ALTER TABLE instances ADD COLUMN tunnel_checked_at TEXT;
+        CREATE UNIQUE INDEX instances_tunnel_port ON instances(tunnel_port)
+            WHERE tunnel_port IS NOT NULL AND destroyed_at IS NULL
+        """,
+    ),
+    (
+        "each machine keeps the disk price vast last listed for it, for the cost account after it is gone",
+        # vast_cache holds the last listing only: a destroyed machine drops out of it, and with it the price
+        # its stopped hours billed at. Triggers copy the price onto the row whenever the listing is written.
+        """
+        ALTER TABLE instances ADD COLUMN storage_dph REAL;
+        UPDATE instances SET storage_dph = (SELECT c.storage_dph FROM vast_cache c WHERE c.vast_id = instances.vast_id)
+            WHERE vast_id IS NOT NULL;
+        CREATE TRIGGER vast_cache_storage_insert AFTER INSERT ON vast_cache WHEN NEW.storage_dph IS NOT NULL
+        BEGIN
+            UPDATE instances SET storage_dph = NEW.storage_dph WHERE vast_id = NEW.vast_id AND destroyed_at IS NULL;
+        END;
+        CREATE TRIGGER vast_cache_storage_update AFTER UPDATE OF storage_dph ON vast_cache
+            WHEN NEW.storage_dph IS NOT NULL
+        BEGIN
+            UPDATE instances SET storage_dph = NEW.storage_dph WHERE vast_id = NEW.vast_id AND destroyed_at IS NULL;
+        END
+        """,
+    ),
+    (
+        "the tail of each machine's logs, as its boot script pushed it",
+        # one row per machine and log name, replaced at each push: bounded by the number of machines
+        """
+        CREATE TABLE machine_logs (
+            uuid TEXT NOT NULL,
+            name TEXT NOT NULL,
+            at TEXT NOT NULL,
+            text TEXT NOT NULL,
+            cut INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (uuid, name)
+        )
+        """,
+    ),
+    (
+        "agent steps: why a step that did nothing held",
+        """
+        ALTER TABLE agent_steps ADD COLUMN hold TEXT
+        """,
+    ),
+    (
+        "when vast's status of each machine last changed, as the listings saw it",
+        # A host goes `unknown` and only later `offline`: it bills until then, nothing after. The cost account
+        # needs when the listing first showed the status the row holds, not only the last time it did.
+        """
+        ALTER TABLE instances ADD COLUMN vast_status_since TEXT;
+        UPDATE instances SET vast_status_since = vast_seen_at WHERE vast_status IS NOT NULL;
+        CREATE TRIGGER instances_vast_status_since AFTER UPDATE OF vast_status ON instances
+            WHEN NEW.vast_status IS NOT OLD.vast_status
+        BEGIN
+            UPDATE instances SET vast_status_since = NEW.vast_seen_at WHERE uuid = NEW.uuid;
+        END
+        """,
+    ),
+    (
+        "each machine's bid when rented interruptible, the offer's on-demand price, since when vast has it outbid",
+        """
+        ALTER TABLE instances ADD COLUMN bid REAL;
+        ALTER TABLE instances ADD COLUMN ask_dph REAL;
+        ALTER TABLE instances ADD COLUMN outbid_since TEXT
+        """,
+    ),
+    (
+        "the simulated market's tables (provider: sim), empty until a market is set up in the file",
+        # IF NOT EXISTS: a file that ran the simulator before its tables came through here has them already
+        """
+        CREATE TABLE IF NOT EXISTS sim_meta (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            schema_version INTEGER NOT NULL,
+            seed INTEGER NOT NULL,
+            started_at TEXT NOT NULL,
+            advanced_to TEXT NOT NULL,
+            calls INTEGER NOT NULL,
+            next_vast_id INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            busy_by TEXT,
+            busy_until TEXT
+        );
+        CREATE TABLE IF NOT EXISTS sim_hosts (
+            machine_id INTEGER PRIMARY KEY,
+            offer_id INTEGER NOT NULL UNIQUE,
+            gpu_name TEXT NOT NULL,
+            num_gpus INTEGER NOT NULL,
+            cpu_ram_gb REAL NOT NULL,
+            inet_down_mbps REAL NOT NULL,
+            reliability REAL NOT NULL,
+            base_dph REAL NOT NULL,
+            storage_cost REAL NOT NULL,
+            true_rate REAL NOT NULL,
+            slow INTEGER NOT NULL,
+            phase REAL NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS sim_instances (
+            vast_id INTEGER PRIMARY KEY,
+            machine_id INTEGER NOT NULL,
+            offer_id INTEGER NOT NULL,
+            label TEXT,
+            uuid TEXT,
+            env_label TEXT,
+            image TEXT,
+            disk_gb REAL NOT NULL,
+            gpu_dph REAL NOT NULL,
+            storage_dph REAL NOT NULL,
+            intended_status TEXT NOT NULL,
+            actual_status TEXT,
+            cur_state TEXT NOT NULL,
+            status_msg TEXT,
+            listed INTEGER NOT NULL,
+            epoch INTEGER NOT NULL,
+            epoch_at TEXT NOT NULL,
+            step TEXT,
+            step_at TEXT,
+            fault TEXT,
+            fault_at TEXT,
+            proving_since TEXT,
+            refused_at TEXT,
+            created_at TEXT NOT NULL,
+            died_at TEXT,
+            destroy_requested_at TEXT,
+            destroy_refused_s REAL NOT NULL,
+            destroyed_at TEXT,
+            cost REAL NOT NULL,
+            billed_s REAL NOT NULL,
+            gpu_s REAL NOT NULL,
+            billed_at TEXT NOT NULL,
+            bid REAL,
+            outbids INTEGER NOT NULL DEFAULT 0,
+            outbid_at TEXT,
+            outbid_price REAL,
+            paused_at TEXT,
+            resume_at TEXT
+        );
+        CREATE INDEX IF NOT EXISTS sim_instances_live ON sim_instances(destroyed_at);
+        CREATE TABLE IF NOT EXISTS sim_faults (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            vast_id INTEGER,
+            detail TEXT
+        )
+        """,
+    ),
+    (
+        "indexes for what every decision and every reconcile pass reads, so that a pass costs the same in a file a"
+        " year old",
+        # implausible claims and resumes (observe) count a few events among all; the listing history is pruned by age
+        """
+        CREATE INDEX events_kind ON events(kind, uuid);
+        CREATE INDEX events_resumes ON events(uuid) WHERE from_state = 'stopped' AND to_state = 'launching';
+        CREATE INDEX vast_listings_at ON vast_listings(at);
+        CREATE INDEX vast_listings_ok ON vast_listings(ok)
+        """,
+    ),
+    (
+        "each machine's proofs over every run of its prover (a restarted counter adds, never lowers the total)",
+        # proofs_done stays the prover's raw counter as last reported (the rate and the reset are read from it);
+        # a file from before counted only that, so its total starts there
+        """
+        ALTER TABLE instances ADD COLUMN proofs_total INTEGER NOT NULL DEFAULT 0;
+        UPDATE instances SET proofs_total = max(proofs_done, 0);
+        ALTER TABLE sim_instances ADD COLUMN proofs REAL NOT NULL DEFAULT 0;
+        UPDATE sim_meta SET schema_version = 3 WHERE schema_version = 2
+        """,
+    ),
+    (
+        "the proof router: every call it delivered, what it holds, the machines it set aside",
+        # vastctl/facts/deliveries.py says what each column means
+        """
+        CREATE TABLE proof_calls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at TEXT NOT NULL,
+            request_id TEXT,
+            kind TEXT NOT NULL,
+            uuid TEXT,
+            label TEXT,
+            result TEXT NOT NULL,
+            held_ms INTEGER NOT NULL,
+            prover_ms INTEGER,
+            attempt INTEGER NOT NULL,
+            size_bytes INTEGER NOT NULL,
+            queue_wait_ms INTEGER,
+            srs_load_ms INTEGER,
+            synthesis_ms INTEGER,
+            gpu_compute_ms INTEGER,
+            total_ms INTEGER,
+            detail TEXT
+        );
+        CREATE INDEX proof_calls_at ON proof_calls(at);
+        CREATE INDEX proof_calls_uuid ON proof_calls(uuid, result);
+        CREATE TABLE route_status (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            updated_at TEXT NOT NULL,
+            held INTEGER NOT NULL,
+            held_bytes INTEGER NOT NULL,
+            oldest_held_s REAL,
+            in_flight INTEGER NOT NULL,
+            provers INTEGER NOT NULL
+        );
+        ALTER TABLE instances ADD COLUMN route_failing_since TEXT;
+        ALTER TABLE instances ADD COLUMN route_failure TEXT
+        """,
+    ),
+    (
+        "where each machine's boot went: the seconds of each stage its boot script timed, reported with `running`",
+        "ALTER TABLE instances ADD COLUMN boot_stages TEXT",
+    ),
+    (
+        "webhook deliveries: the digest of what vast signed, so a body replayed under a fresh event id is one",
+        """
+        ALTER TABLE webhook_deliveries ADD COLUMN signed TEXT;
+        CREATE INDEX webhook_deliveries_signed ON webhook_deliveries(signed)
+        """,
+    ),
+    (
+        "an event's structured fields (a setting's key, old and new value; a kill or stop forced past the guard) and"
+        " a row's kill_forced, so nothing is decided from a reason's text; older rows' fields read from it once",
+        """
+        ALTER TABLE events ADD COLUMN data TEXT;
+        ALTER TABLE instances ADD COLUMN kill_forced INTEGER NOT NULL DEFAULT 0;
+        UPDATE events SET data = json_object(
+                'key', substr(reason, 1, instr(reason, ' ') - 1),
+                'old', CAST(trim(substr(reason, instr(reason, ' ') + 1, instr(reason, ' → ') - instr(reason, ' ') - 1)) AS REAL),
+                'new', CAST(trim(substr(reason, instr(reason, ' → ') + length(' → '))) AS REAL))
+            WHERE kind = 'setting' AND instr(reason, ' ') > 0 AND instr(reason, ' → ') > instr(reason, ' ');
+        UPDATE events SET data = json_object('forced', json('true'))
+            WHERE kind = 'transition' AND to_state IN ('killed', 'stopped') AND reason LIKE '%(forced)';
+        UPDATE instances SET kill_forced = 1 WHERE state = 'killed' AND kill_reason LIKE '%(forced)'
+        """,
+    ),
+]
