@@ -284,6 +284,17 @@ def test_errors_never_carry_the_key(mocked, clock):
     assert KEY not in repr(vast)
 
 
+@pytest.mark.parametrize("status,body,says_key", [
+    (404, {"success": False, "error": "auth_error", "msg": "Invalid user key"}, True),  # /bundles/' bad key
+    (404, {"success": False, "error": "not_found", "msg": "no user key route here"}, False),  # words alone: shown
+])
+def test_a_refused_key_is_known_by_vasts_code_not_its_words(vast, mocked, status, body, says_key):
+    mocked.post(f"{BASE}/api/v0/bundles/", status=status, json=body)
+    with pytest.raises(ProviderRejected) as info:
+        vast.search_offers(OfferQuery(gpu_names=["RTX 4090"]))
+    assert ("VAST_API_KEY" in str(info.value)) is says_key and body["msg"] in str(info.value)
+
+
 @pytest.mark.parametrize("answer", [
     pytest.param({"status": 400, "body": "r" * 185 + f" api_key={KEY} and more"}, id="plain-text-400"),
     pytest.param({"status": 400, "json": {"error": "bad", "msg": "q" * 190 + f" Bearer {KEY} echoed"}}, id="json-msg"),

@@ -213,7 +213,7 @@ class VastHttp:
             text = self._scrub(message or code or response.reason or "")
             if status in (404, 410) and code in ("no_such_ask", "no_such_instance"):
                 raise NotFound(f"HTTP {status} {code}: {text}")
-            if status == 401 or (status == 404 and "user key" in text.lower()):
+            if status == 401 or code == "auth_error":  # by vast's code; its words ("Invalid user key") are shown
                 raise ProviderRejected(f"{what}: vast refused the API key (HTTP {status} {text}):"
                                        " check VAST_API_KEY")
             if status >= 500:
