@@ -28,8 +28,8 @@ def esc(value: Any, empty: str = "-") -> str:
 def num(value: Any, digits: int = 1) -> str:
     if value is None:
         return "-"
-    text = f"{float(value):.{digits}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    shown = f"{float(value):.{digits}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
 
 
 def age(iso: str | None, now: datetime) -> str:

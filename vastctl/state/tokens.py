@@ -193,11 +193,11 @@ def _read_lines(path: Path) -> list[tuple[bytes, datetime | None]]:
 
 
 def _added(comment: str, path: Path, number: int) -> datetime | None:
-    text = comment.strip()
-    if not text.startswith("added "):
+    stamp = comment.strip()  # the file's own format, written by add_secret: "added <ISO time>"
+    if not stamp.startswith("added "):
         return None
     try:
-        return clock.from_iso(text.removeprefix("added ").strip())
+        return clock.from_iso(stamp.removeprefix("added ").strip())
     except ValueError:
         raise BadInput(f"line {number} of {path} ends in {cut(comment, 60)!r}, not '# added <ISO time>':"
                        " fix or remove the comment") from None
