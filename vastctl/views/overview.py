@@ -150,32 +150,44 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     """
     start = now - HISTORY
     since = clock.to_iso(start)
-    machines = {row["uuid"]: dict(row) for row in conn.execute(
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: thousands of rows and events per page
+    machines = {row[0]: row for row in cursor.execute(
         "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
-    state = {uuid: row["state"] for uuid, row in machines.items()}
-    rate = {uuid: expected_rate(row, model_rates, config.fleet.default_rate) for uuid, row in machines.items()}
-    price = {uuid: float(row["dph"] or 0.0) for uuid, row in machines.items()}
+    amounts: dict[str, tuple[float, float]] = {}  # uuid → (its rate, its price), for the machines events move
+
+    def amount(uuid: str) -> tuple[float, float]:
+        found = amounts.get(uuid)
+        if found is None:
+            row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), machines[uuid]))
+            found = amounts[uuid] = (expected_rate(row, model_rates, config.fleet.default_rate),
+                                     float(row["dph"] or 0.0))
+        return found
+
     # the three replayed series, then the queue's, the failed listings' times and the span's moments
     series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
-    events = conn.execute(  # only moves into or out of running, stopped or killed change capacity or spend
+    events = cursor.execute(  # only moves into or out of running, stopped or killed change capacity or spend
         "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? AND (kind = 'setting'"
         " OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running', 'stopped', 'killed')"
         " OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id DESC", (since,))
-    for event in events:
-        at = _moment(event["at"])
+    for at_text, kind, uuid, before, after, reason in events:
+        at = _moment(at_text)
         if at is None:
             continue
-        if event["kind"] == "transition" and event["uuid"] in state:
-            uuid, before, after = event["uuid"], event["from_state"], event["to_state"]
-            for name, counts, amount in (("capacity", {"running"}, rate[uuid]), ("spend", BILLING_STATES, price[uuid])):
-                change = (after in counts) - (before in counts)
-                if change:
-                    series[name].append((at, values[name]))
-                    values[name] = max(0.0, values[name] - change * amount)
-            state[uuid] = before
-        elif event["kind"] == "setting" and (event["reason"] or "").startswith("target_proofs_per_hour "):
-            old = _old_value(event["reason"])
+        if kind == "transition" and uuid in machines:
+            running = (after == "running") - (before == "running")
+            billing = (after in BILLING_STATES) - (before in BILLING_STATES)
+            if running or billing:
+                rate, price = amount(uuid)
+                if running:
+                    series["capacity"].append((at, values["capacity"]))
+                    values["capacity"] = max(0.0, values["capacity"] - running * rate)
+                if billing:
+                    series["spend"].append((at, values["spend"]))
+                    values["spend"] = max(0.0, values["spend"] - billing * price)
+        elif kind == "setting" and (reason or "").startswith("target_proofs_per_hour "):
+            old = _old_value(reason)
             if old is not None:
                 series["target"].append((at, values["target"]))
                 values["target"] = old
