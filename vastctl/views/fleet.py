@@ -13,7 +13,7 @@ from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.facts import deliveries
 from vastctl.observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
-from vastctl.observe import Observation, event_facts, machine_facts, observe
+from vastctl.observe import Observation, event_facts, machine_facts, observe, table_rows
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
 
@@ -81,11 +81,9 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     `disagreement` and `last_contact_at` (its last report of any kind); in the summary `disagreements`, the age
     of the vast listing the statuses come from, and the fleet's newest contact (contact_status()).
     """
+    given = obs is not None and bool(obs.rows)
     obs = obs or observe(conn, config, now=now)  # a caller that already observed passes its observation
-    query = "SELECT * FROM instances"
-    if not include_killed:
-        query += f" WHERE {SHOWN_WITHOUT_ALL}"
-    rows = [dict(row) for row in conn.execute(query + " ORDER BY created_at, label")]
+    rows = shown_rows(conn, obs if given else None, include_killed=include_killed)
     contacts = last_reports(conn)
     for row in rows:
         row["last_contact_at"] = max(filter(None, (row.get("last_heartbeat_at"), contacts.get(row["uuid"]))), default=None)
@@ -101,6 +99,20 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     summary.update(contact_status(rows, config, now))
     summary["router"] = router_status(conn, config, obs, now)
     return {"instances": instances, "summary": summary}
+
+
+def shown_rows(conn: sqlite3.Connection, obs: "Observation | None", *, include_killed: bool) -> list[dict[str, Any]]:
+    """The rows fleet_view lists, ordered by creation then label: without include_killed, the observation's rows
+    (every row not yet destroyed) that SHOWN_WITHOUT_ALL keeps, and the few destroyed rows it keeps too, so the
+    page and /metrics read the wide rows once per request."""
+    if include_killed or obs is None:
+        where = "" if include_killed else f" WHERE {SHOWN_WITHOUT_ALL}"
+        return table_rows(conn, f"SELECT * FROM instances{where} ORDER BY created_at, label")
+    rows = [dict(row) for row in obs.rows if row["state"] != State.KILLED or row.get("vast_id") is not None]
+    destroyed = table_rows(conn, "SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND state != 'killed'")
+    if destroyed:
+        rows = sorted(rows + destroyed, key=lambda row: (row["created_at"], row["label"]))
+    return rows
 
 
 def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", now: datetime) -> dict[str, Any]:
