@@ -8,6 +8,7 @@ the Clock. The simulator hands the same code a VirtualClock.
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import datetime, timedelta, timezone
 from typing import overload
@@ -100,8 +101,10 @@ def from_iso(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@functools.lru_cache(maxsize=1 << 15)
 def display_iso(text: str | None) -> str | None:
-    """The contract's JSON shape: whole seconds, trailing Z."""
+    """The contract's JSON shape: whole seconds, trailing Z. Kept for the texts last shown: a page of a thousand
+    machines shows the same stored times at every refresh."""
     moment = from_iso(text)
     if moment is None:
         return None

@@ -38,14 +38,13 @@ import bisect
 import math
 import re
 import sqlite3
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock
 from vastctl.errors import BadInput
-from vastctl.facts import deliveries
+from vastctl.facts import appended, deliveries
 from vastctl.state.lifecycle import State
 
 PARTS = ("rented", "stopped_storage", "after_kill")
@@ -120,7 +119,7 @@ def pieces(conn: sqlite3.Connection, *, now: datetime,
     A machine's pieces are computed open-ended once (_OPEN) and cut at `now`: they change only with the
     fields of its row that bill (_BILLING), its disk's listed price and its transitions, not with a heartbeat.
     """
-    name = _file_of(conn)
+    name = appended.file_of(conn)
     rows = {row[0]: dict(zip(_COLUMNS, row)) for row in conn.execute(
         f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid")}
     listed_storage = _storage_prices(conn)
@@ -161,10 +160,6 @@ _FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # pieces are computed up to he
 _NEVER = datetime(1, 1, 1, tzinfo=timezone.utc)
 # (state file, uuid) → (what its pieces were computed from, its pieces up to _FAR)
 _OPEN: dict[tuple[str, str], tuple[tuple[Any, ...], list[Piece]]] = {}
-
-
-def _file_of(conn: sqlite3.Connection) -> str:
-    return conn.execute("PRAGMA database_list").fetchone()[2] or f":memory:{id(conn)}"
 
 
 def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
@@ -401,7 +396,6 @@ def spent_today(conn: sqlite3.Connection, *, now: datetime) -> float:
 # (PRAGMA data_version for other connections' writes, total_changes for this one's). A request then costs one
 # short sum per machine. Counts (proofs_total, the router's deliveries) are read again whenever the file changed.
 
-_FILES_KEPT = 8  # state files whose books are kept (a process serves one; tests open many)
 _CONNECTIONS_KEPT = 4  # connections per file whose rows are kept (serve has one per thread)
 
 
@@ -445,7 +439,7 @@ class _Book:
     """One state file's kept account: transitions by machine, compiled machines, rows per connection."""
 
     def __init__(self) -> None:
-        self.last_event: tuple[int, str, str] | None = None  # (id, at, kind) of the newest event read
+        self.tail = appended.Tail()
         self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
         self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
         # the newest few connections' rows: (connection, what the file was at, its machines); a connection is
@@ -454,26 +448,20 @@ class _Book:
 
     def read_moves(self, conn: sqlite3.Connection) -> None:
         """The transitions appended since the last read (all of them when the file is not the one last read)."""
-        newest = conn.execute("SELECT id, at, kind FROM events ORDER BY id DESC LIMIT 1").fetchone()
-        newest = tuple(newest) if newest is not None else None
-        if newest == self.last_event:
+        span = self.tail.span(conn)
+        if span is None:
             return
-        after = 0
-        if self.last_event is not None and newest is not None and newest[0] > self.last_event[0]:
-            seen = conn.execute("SELECT id, at, kind FROM events WHERE id = ?", (self.last_event[0],)).fetchone()
-            if seen is not None and tuple(seen) == self.last_event:
-                after = self.last_event[0]
-        if after == 0:  # another file at this path, or one rewritten: read it whole
+        after, upto = span
+        if after == 0:
             self.moves, self.compiled = {}, {}
         changed: set[str] = set()
         for event_id, uuid, at, to_state in conn.execute(
-                "SELECT id, uuid, at, to_state FROM events WHERE id > ? AND kind = 'transition'"
-                " AND uuid IS NOT NULL AND to_state IS NOT NULL ORDER BY id", (after,)):
+                "SELECT id, uuid, at, to_state FROM events WHERE id > ? AND id <= ? AND kind = 'transition'"
+                " AND uuid IS NOT NULL AND to_state IS NOT NULL ORDER BY id", (after, upto)):
             self.moves.setdefault(uuid, []).append((at, event_id, to_state))
             changed.add(uuid)
         for uuid in changed:  # the order pieces() reads them in: by time, then id
             self.moves[uuid].sort()
-        self.last_event = newest
 
     def entries(self, conn: sqlite3.Connection) -> list[_Entry]:
         """Every machine as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time fields)."""
@@ -514,18 +502,11 @@ _Entry = tuple[str, _Compiled, int, "tuple[Any, ...] | None"]
 _VAST_ID = _COLUMNS.index("vast_id")
 _PROOFS = _COLUMNS.index("proofs_total")
 _KILL_CODE = _COLUMNS.index("kill_code")
-_BOOKS: OrderedDict[str, _Book] = OrderedDict()
+_BOOKS = appended.PerFile(_Book)
 
 
 def _book(conn: sqlite3.Connection) -> "_Reader":
-    name = _file_of(conn)
-    book = _BOOKS.get(name)
-    if book is None:
-        book = _BOOKS[name] = _Book()
-        while len(_BOOKS) > _FILES_KEPT:
-            _BOOKS.popitem(last=False)
-    _BOOKS.move_to_end(name)
-    return _Reader(book, conn)
+    return _Reader(_BOOKS.get(conn), conn)
 
 
 class _Reader:

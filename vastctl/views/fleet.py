@@ -11,9 +11,9 @@ from typing import Any, Mapping
 from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
-from vastctl.facts import deliveries
+from vastctl.facts import appended, deliveries
 from vastctl.observe import VAST_DEAD as VAST_DEAD  # its home is observe; agent.rules reads it here
-from vastctl.observe import Observation, event_facts, machine_facts, observe, table_rows
+from vastctl.observe import Observation, disagreement, event_facts, machine_facts, observe, table_rows
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
 
@@ -71,7 +71,7 @@ def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 
 def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
-               now: datetime, obs: "Observation | None" = None) -> dict[str, Any]:
+               now: datetime, obs: "Observation | None" = None, listed: bool = True) -> dict[str, Any]:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
 
     Without include_killed a killed machine is listed only while it has a vast id and vast has not
@@ -80,6 +80,7 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg`,
     `disagreement` and `last_contact_at` (its last report of any kind); in the summary `disagreements`, the age
     of the vast listing the statuses come from, and the fleet's newest contact (contact_status()).
+    `listed` False: the summary alone (instances empty), what /metrics reads.
     """
     given = obs is not None and bool(obs.rows)
     obs = obs or observe(conn, config, now=now)  # a caller that already observed passes its observation
@@ -93,8 +94,8 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
     }
-    instances = [instance_view(row) for row in rows]
-    summary["disagreements"] = sum(1 for view in instances if view["disagreement"])
+    instances = [instance_view(row) for row in rows] if listed else []
+    summary["disagreements"] = sum(1 for row in rows if disagreement(row))
     summary.update(listing_status(conn, now))
     summary.update(contact_status(rows, config, now))
     summary["router"] = router_status(conn, config, obs, now)
@@ -126,9 +127,29 @@ def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", 
 
 def last_reports(conn: sqlite3.Connection) -> dict[str, str]:
     """uuid → when its newest report that changed something landed (the events a machine's reports record);
-    heartbeats, which record none, are `last_heartbeat_at`."""
-    return {row["uuid"]: row["at"] for row in conn.execute(
-        "SELECT uuid, max(at) AS at FROM events WHERE source = 'instance' AND uuid IS NOT NULL GROUP BY uuid")}
+    heartbeats, which record none, are `last_heartbeat_at`. Kept per file and read on from the last event seen
+    (facts/appended.py): the page and /metrics ask at every request."""
+    kept = _REPORTS.get(conn)
+    span = kept.tail.span(conn)
+    if span is not None:
+        after, upto = span
+        if after == 0:
+            kept.newest = {}
+        for uuid, at in conn.execute(
+                "SELECT uuid, max(at) FROM events WHERE id > ? AND id <= ? AND source = 'instance'"
+                " AND uuid IS NOT NULL GROUP BY uuid", (after, upto)):
+            if at is not None and (uuid not in kept.newest or at > kept.newest[uuid]):
+                kept.newest[uuid] = at
+    return dict(kept.newest)
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.tail = appended.Tail()
+        self.newest: dict[str, str] = {}
+
+
+_REPORTS = appended.PerFile(_Reports)
 
 
 def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) -> dict[str, Any]:
