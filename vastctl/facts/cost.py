@@ -38,6 +38,7 @@ import bisect
 import math
 import re
 import sqlite3
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
@@ -444,7 +445,12 @@ class _Book:
         self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
         # the newest few connections' rows: (connection, what the file was at, its machines); a connection is
         # held only while it is among them (its id alone could be a later one's)
-        self.snapshots: list[tuple[sqlite3.Connection, tuple[Any, ...], list[_Entry]]] = []
+        self.snapshots: list[tuple[sqlite3.Connection, tuple[Any, ...], tuple[list[_Entry], list[_Entry]]]] = []
+        # the machines whose billing is over, and their figures summed per window start (the same at every moment
+        # after the last of them ended): a request sums the machines still billing, whatever the day's history
+        self.closed: list[_Entry] = []
+        self.settled = _NEVER
+        self.blocks: OrderedDict[datetime | None, _Sums] = OrderedDict()
 
     def read_moves(self, conn: sqlite3.Connection) -> None:
         """The transitions appended since the last read (all of them when the file is not the one last read)."""
@@ -463,8 +469,9 @@ class _Book:
         for uuid in changed:  # the order pieces() reads them in: by time, then id
             self.moves[uuid].sort()
 
-    def entries(self, conn: sqlite3.Connection) -> list[_Entry]:
-        """Every machine as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time fields)."""
+    def entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
+        """Every machine that billed, as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time
+        fields); those still billing (or whose pieces cannot be summed), then those whose billing is over."""
         key = (conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes)
         kept = next((snapshot for snapshot in self.snapshots if snapshot[0] is conn), None)
         if kept is not None and kept[1] == key:
@@ -474,7 +481,8 @@ class _Book:
         delivered = deliveries.delivered(conn)
         cursor = conn.cursor()
         cursor.row_factory = None
-        out: list[_Entry] = []
+        live: list[_Entry] = []
+        closed: list[_Entry] = []
         billing = len(_BILLING) + 1
         for values in cursor.execute(f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid"):
             uuid = values[0]
@@ -492,7 +500,14 @@ class _Book:
             if counted:
                 proofs = int(counted.get("completed", 0))
             dying = values[_KILL_CODE] in DEATH_CODES
-            out.append((uuid, found[1], proofs, values if dying else None))
+            compiled = found[1]
+            if compiled.pieces:  # a machine that never billed is in no window
+                (closed if compiled.whole is not None else live).append(
+                    (uuid, compiled, proofs, values if dying else None))
+        if closed != self.closed:  # a machine's billing ended, or a finished one's row or count changed
+            self.closed, self.blocks = closed, OrderedDict()
+            self.settled = max((entry[1].settled for entry in closed), default=_NEVER)
+        out = (live, self.closed)
         self.snapshots = [(conn, key, out), *(s for s in self.snapshots if s[0] is not conn)][:_CONNECTIONS_KEPT]
         return out
 
@@ -517,38 +532,76 @@ class _Reader:
 
     def tally(self, now: datetime, since: datetime | None) -> _Tally:
         """The account over [since, now] (since None: every machine's whole life), as afresh() sums it."""
+        live, closed = self.book.entries(self.conn)
+        book = self.book
+        if now < book.settled:  # a moment before some finished machine's end: nothing kept applies
+            block = _sum(closed, now, since)
+        else:
+            found = book.blocks.get(since)
+            if found is None:
+                found = book.blocks[since] = _sum(closed, now, since)
+                while len(book.blocks) > _BLOCKS_KEPT:
+                    book.blocks.popitem(last=False)
+            book.blocks.move_to_end(since)
+            block = found
+        sums = _sum(live, now, since)
         total = _Tally()
-        cost, hours = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
-        proofs = never = dead = 0.0
-        for uuid, compiled, proofs_done, dying in self.book.entries(self.conn):
-            window = _window(compiled, now, since)
-            if window is None:
-                continue
-            sums, run_w, billed_w, run_all, billed_all = window
-            cost[0] += sums[0]
-            cost[1] += sums[1]
-            cost[2] += sums[2]
-            hours[0] += sums[3]
-            hours[1] += sums[4]
-            hours[2] += sums[5]
-            total.machines.add(uuid)
-            if run_all > 0:
-                proofs += proofs_done * (run_w / run_all)
-            elif billed_all > 0:
-                proofs += proofs_done * (billed_w / billed_all)
-            if proofs_done == 0:
-                never += sums[0] + sums[1] + sums[2]
-                total.never_proved_machines.add(uuid)
-            elif dying is not None:
-                row = dict(zip(_COLUMNS, dying))
-                for piece in compiled.pieces:
-                    clipped = _clip(_cut(piece, now), since) if piece.start < now else None
-                    if clipped is not None:
-                        dead += _dead_cost(clipped, row)
         for index, part in enumerate(PARTS):
-            total.cost[part], total.hours[part] = cost[index], hours[index]
-        total.proofs, total.never_proved, total.dead = proofs, never, dead
+            total.cost[part] = block.numbers[index] + sums.numbers[index]
+            total.hours[part] = block.numbers[3 + index] + sums.numbers[3 + index]
+        total.proofs = block.numbers[6] + sums.numbers[6]
+        total.never_proved = block.numbers[7] + sums.numbers[7]
+        total.dead = block.numbers[8] + sums.numbers[8]
+        total.machines = block.machines | sums.machines
+        total.never_proved_machines = block.never_proved | sums.never_proved
         return total
+
+
+_BLOCKS_KEPT = 4  # window starts kept for the finished machines: the whole life, today, and the moving day's last
+
+
+class _Sums:
+    """Machines' figures over one window: cost and hours per part, proofs, never proved, dead until detected."""
+
+    __slots__ = ("numbers", "machines", "never_proved")
+
+    def __init__(self) -> None:
+        self.numbers = [0.0] * 9
+        self.machines: set[str] = set()
+        self.never_proved: set[str] = set()
+
+
+def _sum(entries: list[_Entry], now: datetime, since: datetime | None) -> _Sums:
+    out = _Sums()
+    numbers = out.numbers
+    cost0 = cost1 = cost2 = hours0 = hours1 = hours2 = proofs = never = dead = 0.0
+    for uuid, compiled, proofs_done, dying in entries:
+        window = _window(compiled, now, since)
+        if window is None:
+            continue
+        sums, run_w, billed_w, run_all, billed_all = window
+        cost0 += sums[0]
+        cost1 += sums[1]
+        cost2 += sums[2]
+        hours0 += sums[3]
+        hours1 += sums[4]
+        hours2 += sums[5]
+        out.machines.add(uuid)
+        if run_all > 0:
+            proofs += proofs_done * (run_w / run_all)
+        elif billed_all > 0:
+            proofs += proofs_done * (billed_w / billed_all)
+        if proofs_done == 0:
+            never += sums[0] + sums[1] + sums[2]
+            out.never_proved.add(uuid)
+        elif dying is not None:
+            row = dict(zip(_COLUMNS, dying))
+            for piece in compiled.pieces:
+                clipped = _clip(_cut(piece, now), since) if piece.start < now else None
+                if clipped is not None:
+                    dead += _dead_cost(clipped, row)
+    numbers[:] = [cost0, cost1, cost2, hours0, hours1, hours2, proofs, never, dead]
+    return out
 
 
 def _cut(piece: Piece, now: datetime) -> Piece:

@@ -17,7 +17,7 @@ from typing import Any
 
 from vastctl import clock
 from vastctl.config import Config
-from vastctl.facts import deliveries
+from vastctl.facts import appended, deliveries
 from vastctl.observe import Observation, expected_rate, observe
 from vastctl.state import settings
 from vastctl.state.lifecycle import LIVE_STATES, State
@@ -167,15 +167,10 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     # the three replayed series, then the queue's, the failed listings' times and the span's moments
     series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
-    events = cursor.execute(  # only moves into or out of running, stopped or killed change capacity or spend
-        "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE at >= ? AND (kind = 'setting'"
-        " OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running', 'stopped', 'killed')"
-        " OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id DESC", (since,))
-    for at_text, kind, uuid, before, after, reason in events:
-        at = _moment(at_text)
-        if at is None:
+    for at_text, at, kind, uuid, before, after, reason in reversed(_MOVES.get(conn).read(conn)):
+        if at is None or at_text < since:  # newest first, those of the day (ISO text sorts as time)
             continue
-        if kind == "transition" and uuid in machines:
+        if kind == "transition" and uuid is not None and uuid in machines:
             running = (after == "running") - (before == "running")
             billing = (after in BILLING_STATES) - (before in BILLING_STATES)
             if running or billing:
@@ -186,7 +181,7 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
                 if billing:
                     series["spend"].append((at, values["spend"]))
                     values["spend"] = max(0.0, values["spend"] - billing * price)
-        elif kind == "setting" and (reason or "").startswith("target_proofs_per_hour "):
+        elif kind == "setting" and reason is not None and reason.startswith("target_proofs_per_hour "):
             old = _old_value(reason)
             if old is not None:
                 series["target"].append((at, values["target"]))
@@ -203,6 +198,36 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
              for table in ("events", "demand_samples", "vast_listings")]
     series["first"] = min((at for at in first if at is not None), default=None)  # a fleet younger than the day
     return series
+
+
+# (at as stored, at parsed, kind, uuid, from_state, to_state, reason)
+_Move = tuple[str, "datetime | None", str, "str | None", "str | None", "str | None", "str | None"]
+
+
+class _Moves:
+    """The events the history replays (settings, and moves into or out of running, stopped or killed: the only ones
+    that change capacity or spend), in id order, their times parsed: kept per state file and read on from the
+    last event seen (facts/appended.py), as the page asks at every refresh."""
+
+    def __init__(self) -> None:
+        self.tail = appended.Tail()
+        self.events: list[_Move] = []
+
+    def read(self, conn: sqlite3.Connection) -> list[_Move]:
+        span = self.tail.span(conn)
+        if span is not None:
+            after, upto = span
+            if after == 0:
+                self.events = []
+            self.events.extend((at, _moment(at), kind, uuid, before, to, reason) for at, kind, uuid, before, to, reason
+                               in conn.execute(
+                "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE id > ? AND id <= ? AND"
+                " (kind = 'setting' OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running',"
+                " 'stopped', 'killed') OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id", (after, upto)))
+        return self.events
+
+
+_MOVES = appended.PerFile(_Moves)
 
 
 def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[datetime, float]]:
