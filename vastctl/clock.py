@@ -95,7 +95,10 @@ def to_iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def from_iso(text: str | None) -> datetime | None:
+    """A stored time (to_iso's text) as an aware datetime. Kept for the texts last read: a page or a pass over
+    thousands of machines reads the same few stored times many times (datetimes do not change)."""
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
