@@ -13,17 +13,24 @@ Target: the pass grows about linearly (10k ÷ 1k close to 10); the steady pass
 at 10,000 machines takes under 0.5 s of CPU (the CPU column stays meaningful
 when other work shares the cores).
 
+`--before REV` measures git revision REV's vastctl and then this tree's, each in its own process, and prints
+the two side by side.
+
 Rerun:
     python bench/reconcile_bench.py
     python bench/reconcile_bench.py --sizes 1000 10000 --rounds 5
+    python bench/reconcile_bench.py --sizes 10000 --rounds 7 --before 5d4e028
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +42,8 @@ from vastctl import clock, reconcile
 from vastctl.config import from_mapping
 from vastctl.providers.base import RemoteInstance
 from vastctl.state import db
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Market:
@@ -105,11 +114,42 @@ def measure(n: int, rounds: int) -> dict:
             "kills": kills, "destroys": destroys, "listed": len(market.listing)}
 
 
+def run_tree(tree: Path, sizes: list[int], rounds: int) -> list[dict]:
+    """measure() in a child process importing vastctl from `tree` (git revision REV's, or this tree's)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json", "--rounds", str(rounds),
+                          "--sizes", *map(str, sizes)], check=True, capture_output=True, text=True, env=env, cwd=tree)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", metavar="REV", help="also run git revision REV's vastctl, side by side")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the child of run_tree()
     args = parser.parse_args()
+    if args.json:
+        print(json.dumps([measure(n, args.rounds) for n in args.sizes]))
+        return
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "vastctl"], check=True,
+                                     capture_output=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            before = run_tree(Path(tmp), args.sizes, args.rounds)
+        after = run_tree(ROOT, args.sizes, args.rounds)
+        print(f"python bench/reconcile_bench.py --sizes {' '.join(map(str, args.sizes))} --rounds {args.rounds}"
+              f" --before {args.before}")
+        print(f"Python {sys.version.split()[0]}; each tree in its own process, one after the other")
+        print(f"| machines | steady pass CPU s, before ({args.before}) | after | steady pass s wall, before | after"
+              " | first pass CPU s, before | after |")
+        print("|---|---|---|---|---|---|---|")
+        for b, a in zip(before, after):
+            print(f"| {a['n']:,} | {b['steady_cpu']:.3f} | {a['steady_cpu']:.3f} | {b['steady_s']:.3f} |"
+                  f" {a['steady_s']:.3f} | {b['first_cpu']:.3f} | {a['first_cpu']:.3f} |")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        return
     results = [measure(n, args.rounds) for n in args.sizes]
     print(f"python bench/reconcile_bench.py --sizes {' '.join(map(str, args.sizes))} --rounds {args.rounds}")
     print(f"Python {sys.version.split()[0]}")

@@ -39,6 +39,7 @@ def shown(conn, config, now):
     warm = read()
     cost._BOOKS.kept.clear()
     overview._MOVES.kept.clear()
+    overview._RATES.kept.clear()
     fleet._REPORTS.kept.clear()
     clock.display_iso.cache_clear()
     assert read() == warm

@@ -155,13 +155,17 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     machines = {row[0]: row for row in cursor.execute(
         "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
     amounts: dict[str, tuple[float, float]] = {}  # uuid → (its rate, its price), for the machines events move
+    rates = _RATES.get(conn).matching(model_rates, config.fleet.default_rate)
 
     def amount(uuid: str) -> tuple[float, float]:
         found = amounts.get(uuid)
         if found is None:
-            row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), machines[uuid]))
-            found = amounts[uuid] = (expected_rate(row, model_rates, config.fleet.default_rate),
-                                     float(row["dph"] or 0.0))
+            values = machines[uuid]
+            rate = rates.get(values)
+            if rate is None:
+                row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), values))
+                rate = rates[values] = expected_rate(row, model_rates, config.fleet.default_rate)
+            found = amounts[uuid] = (rate, float(values[5] or 0.0))
         return found
 
     # the three replayed series, then the queue's, the failed listings' times and the span's moments
@@ -228,6 +232,27 @@ class _Moves:
 
 
 _MOVES = appended.PerFile(_Moves)
+
+
+class _Rates:
+    """Each machine's expected rate as the history counts it, by the row fields it is computed from: the rows of
+    finished machines, and of live ones between their heartbeats, come back unchanged at every refresh."""
+
+    RATES_KEPT = 50_000
+
+    def __init__(self) -> None:
+        self.basis: tuple[Any, ...] | None = None
+        self.rates: dict[tuple[Any, ...], float] = {}
+
+    def matching(self, model_rates: dict[str, float], default_rate: float) -> dict[tuple[Any, ...], float]:
+        """The kept rates, emptied when what they were computed against (model rates, the default) changed."""
+        basis = (tuple(sorted(model_rates.items())), default_rate)
+        if basis != self.basis or len(self.rates) > self.RATES_KEPT:
+            self.basis, self.rates = basis, {}
+        return self.rates
+
+
+_RATES = appended.PerFile(_Rates)
 
 
 def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[datetime, float]]:
