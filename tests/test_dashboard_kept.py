@@ -1,6 +1,7 @@
 """What the dashboard and /metrics keep between requests (the events read so far, each machine's compiled
-billing, the finished machines' sums) never shows a stale figure: after each change to the file, the page's
-figures and the scrape's text equal those of a process that kept nothing."""
+billing, the finished machines' sums, the history's rates, the fleet table's rows) never shows a stale figure:
+after each change to the file, the page's data and HTML and the scrape's text equal those of a process that
+kept nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from vastctl import clock
 from vastctl.config import from_mapping
 from vastctl.facts import cost
-from vastctl.serving import dashboard, metrics
+from vastctl.serving import dashboard, dashboard_page, metrics
 from vastctl.state import lifecycle, settings
 from vastctl.state.lifecycle import State
 from vastctl.views import fleet, overview
@@ -33,8 +34,9 @@ def shown(conn, config, now):
     """The page's data and the scrape's text, as warm (what was kept) and as cold (nothing kept)."""
     def read():
         data = dashboard.page_data(conn, config, now)
+        page_html = dashboard_page.dashboard_page(data, csrf="x", flash=None)
         data.pop("observation")
-        return repr(data), metrics.render(conn, config, now)
+        return repr(data), page_html, metrics.render(conn, config, now)
 
     warm = read()
     cost._BOOKS.kept.clear()
@@ -42,6 +44,8 @@ def shown(conn, config, now):
     overview._RATES.kept.clear()
     fleet._REPORTS.kept.clear()
     clock.display_iso.cache_clear()
+    clock.from_iso.cache_clear()
+    dashboard_page._ROWS.clear()
     assert read() == warm
     return warm
 
