@@ -43,6 +43,7 @@ def shown(conn, config, now):
     overview._MOVES.kept.clear()
     overview._RATES.kept.clear()
     fleet._REPORTS.kept.clear()
+    fleet._VIEWS.clear()
     clock.display_iso.cache_clear()
     clock.from_iso.cache_clear()
     dashboard_page._ROWS.clear()

@@ -36,6 +36,22 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def _kept_view(row: dict[str, Any]) -> dict[str, Any]:
+    """instance_view(row), kept by the row's whole content: the page and its 5 s refresh list a thousand rows that
+    mostly did not change since the last request. A copy each time (callers may add to it)."""
+    key = (tuple(row), tuple(row.values()))
+    view = _VIEWS.get(key)
+    if view is None:
+        if len(_VIEWS) > VIEWS_KEPT:
+            _VIEWS.clear()
+        view = _VIEWS[key] = instance_view(row)
+    return {**view, "boot_stages": dict(view["boot_stages"]) if view["boot_stages"] else view["boot_stages"]}
+
+
+VIEWS_KEPT = 20_000
+_VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
 def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
     """Where a machine's boot went, {stage: seconds} in the order they ran, as its boot script timed them (null
     before `running` or from a script that does not time them)."""
@@ -94,7 +110,7 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
     }
-    instances = [instance_view(row) for row in rows] if listed else []
+    instances = [_kept_view(row) for row in rows] if listed else []
     summary["disagreements"] = sum(1 for row in rows if disagreement(row))
     summary.update(listing_status(conn, now))
     summary.update(contact_status(rows, config, now))
