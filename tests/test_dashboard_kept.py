@@ -72,3 +72,40 @@ def test_the_page_and_the_scrape_after_each_change_are_what_a_cold_process_shows
     lifecycle.update_fields(conn, a, {"destroyed_at": clock.to_iso(now + timedelta(minutes=22))})
     shown(conn, config, now + timedelta(minutes=30))
     shown(conn, config, T0 + timedelta(days=1, hours=1))  # the next day: today's spend starts again
+
+
+def test_serves_threads_share_what_is_kept_and_each_reads_the_file_as_it_is(conn, db_path):
+    """`serve --threads N`: workers read through their own connections while the file grows; each read of the kept
+    account is the account computed afresh through that connection, whatever the others did meanwhile."""
+    import threading
+
+    from vastctl.state import db
+
+    now = T0 + timedelta(hours=3)
+    for n in range(6):
+        run_to(conn, launch(conn, f"vastctl-{n:04x}", at=T0 + timedelta(minutes=n)), T0 + timedelta(minutes=10 + n))
+    failures: list[str] = []
+
+    def worker() -> None:
+        mine = db.connect(db_path, now=now)
+        try:
+            for _ in range(15):
+                mine.execute("BEGIN")  # both read the same moment of the file
+                kept, fresh = cost.account(mine, now=now), cost.afresh(mine, now=now)
+                mine.execute("COMMIT")
+                if kept != fresh:
+                    failures.append(f"{kept} != {fresh}")
+                fleet.last_reports(mine)
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for n in range(6, 12):  # the file grows while they read
+        run_to(conn, launch(conn, f"vastctl-{n:04x}", at=T0 + timedelta(minutes=n)), T0 + timedelta(minutes=10 + n))
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert cost.account(conn, now=now) == cost.afresh(conn, now=now)
+    assert cost.account(conn, now=now)["machines"] == 12

@@ -8,6 +8,7 @@ it is gone or differs (another file at the path, one restored from a backup), ev
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
@@ -42,16 +43,18 @@ class PerFile(Generic[T]):
     def __init__(self, make: type[T]):
         self.make = make
         self.kept: OrderedDict[str, T] = OrderedDict()
+        self.lock = threading.Lock()  # serve's worker threads share it (--threads)
 
     def get(self, conn: sqlite3.Connection) -> T:
         name = file_of(conn)
-        found = self.kept.get(name)
-        if found is None:
-            found = self.kept[name] = self.make()
-            while len(self.kept) > FILES_KEPT:
-                self.kept.popitem(last=False)
-        self.kept.move_to_end(name)
-        return found
+        with self.lock:
+            found = self.kept.get(name)
+            if found is None:
+                found = self.kept[name] = self.make()
+                while len(self.kept) > FILES_KEPT:
+                    self.kept.popitem(last=False)
+            self.kept.move_to_end(name)
+            return found
 
 
 def file_of(conn: sqlite3.Connection) -> str:

@@ -38,6 +38,7 @@ import bisect
 import math
 import re
 import sqlite3
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -440,6 +441,7 @@ class _Book:
     """One state file's kept account: transitions by machine, compiled machines, rows per connection."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()  # serve's worker threads share the book (--threads)
         self.tail = appended.Tail()
         self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
         self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
@@ -472,6 +474,15 @@ class _Book:
     def entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
         """Every machine that billed, as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time
         fields); those still billing (or whose pieces cannot be summed), then those whose billing is over."""
+        if conn.in_transaction:
+            return self._entries(conn)
+        conn.execute("BEGIN")  # one snapshot of the file: its version, its transitions and its rows agree
+        try:
+            return self._entries(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def _entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
         key = (conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes)
         kept = next((snapshot for snapshot in self.snapshots if snapshot[0] is conn), None)
         if kept is not None and kept[1] == key:
@@ -532,18 +543,19 @@ class _Reader:
 
     def tally(self, now: datetime, since: datetime | None) -> _Tally:
         """The account over [since, now] (since None: every machine's whole life), as afresh() sums it."""
-        live, closed = self.book.entries(self.conn)
         book = self.book
-        if now < book.settled:  # a moment before some finished machine's end: nothing kept applies
-            block = _sum(closed, now, since)
-        else:
-            found = book.blocks.get(since)
-            if found is None:
-                found = book.blocks[since] = _sum(closed, now, since)
-                while len(book.blocks) > _BLOCKS_KEPT:
-                    book.blocks.popitem(last=False)
-            book.blocks.move_to_end(since)
-            block = found
+        with book.lock:
+            live, closed = book.entries(self.conn)
+            if now < book.settled:  # a moment before some finished machine's end: nothing kept applies
+                block = _sum(closed, now, since)
+            else:
+                found = book.blocks.get(since)
+                if found is None:
+                    found = book.blocks[since] = _sum(closed, now, since)
+                    while len(book.blocks) > _BLOCKS_KEPT:
+                        book.blocks.popitem(last=False)
+                book.blocks.move_to_end(since)
+                block = found
         sums = _sum(live, now, since)
         total = _Tally()
         for index, part in enumerate(PARTS):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections import Counter
 from datetime import datetime
 from typing import Any, Mapping
@@ -146,21 +147,23 @@ def last_reports(conn: sqlite3.Connection) -> dict[str, str]:
     heartbeats, which record none, are `last_heartbeat_at`. Kept per file and read on from the last event seen
     (facts/appended.py): the page and /metrics ask at every request."""
     kept = _REPORTS.get(conn)
-    span = kept.tail.span(conn)
-    if span is not None:
-        after, upto = span
-        if after == 0:
-            kept.newest = {}
-        for uuid, at in conn.execute(
-                "SELECT uuid, max(at) FROM events WHERE id > ? AND id <= ? AND source = 'instance'"
-                " AND uuid IS NOT NULL GROUP BY uuid", (after, upto)):
-            if at is not None and (uuid not in kept.newest or at > kept.newest[uuid]):
-                kept.newest[uuid] = at
-    return dict(kept.newest)
+    with kept.lock:
+        span = kept.tail.span(conn)
+        if span is not None:
+            after, upto = span
+            if after == 0:
+                kept.newest = {}
+            for uuid, at in conn.execute(
+                    "SELECT uuid, max(at) FROM events WHERE id > ? AND id <= ? AND source = 'instance'"
+                    " AND uuid IS NOT NULL GROUP BY uuid", (after, upto)):
+                if at is not None and (uuid not in kept.newest or at > kept.newest[uuid]):
+                    kept.newest[uuid] = at
+        return dict(kept.newest)
 
 
 class _Reports:
     def __init__(self) -> None:
+        self.lock = threading.Lock()  # serve's worker threads share it (--threads)
         self.tail = appended.Tail()
         self.newest: dict[str, str] = {}
 

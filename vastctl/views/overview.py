@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -214,10 +215,17 @@ class _Moves:
     last event seen (facts/appended.py), as the page asks at every refresh."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()  # serve's worker threads share it (--threads)
         self.tail = appended.Tail()
         self.events: list[_Move] = []
 
     def read(self, conn: sqlite3.Connection) -> list[_Move]:
+        """The events so far (a list only ever appended to, or replaced: safe to read while another thread adds)."""
+        with self.lock:
+            self._read_on(conn)
+            return self.events
+
+    def _read_on(self, conn: sqlite3.Connection) -> None:
         span = self.tail.span(conn)
         if span is not None:
             after, upto = span
@@ -228,7 +236,6 @@ class _Moves:
                 "SELECT at, kind, uuid, from_state, to_state, reason FROM events WHERE id > ? AND id <= ? AND"
                 " (kind = 'setting' OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running',"
                 " 'stopped', 'killed') OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id", (after, upto)))
-        return self.events
 
 
 _MOVES = appended.PerFile(_Moves)
