@@ -445,6 +445,8 @@ class _Book:
         self.tail = appended.Tail()
         self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
         self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
+        # uuid → (its row, listed disk price, transitions, router count as last read; its entry): unchanged, reused
+        self.entry_of: dict[str, tuple[tuple[Any, ...], float | None, int, Any, _Entry | None]] = {}
         # the newest few connections' rows: (connection, what the file was at, its machines); a connection is
         # held only while it is among them (its id alone could be a later one's)
         self.snapshots: list[tuple[sqlite3.Connection, tuple[Any, ...], tuple[list[_Entry], list[_Entry]]]] = []
@@ -461,7 +463,7 @@ class _Book:
             return
         after, upto = span
         if after == 0:
-            self.moves, self.compiled = {}, {}
+            self.moves, self.compiled, self.entry_of = {}, {}, {}
         changed: set[str] = set()
         for event_id, uuid, at, to_state in conn.execute(
                 "SELECT id, uuid, at, to_state FROM events WHERE id > ? AND id <= ? AND kind = 'transition'"
@@ -497,8 +499,15 @@ class _Book:
         billing = len(_BILLING) + 1
         for values in cursor.execute(f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid"):
             uuid = values[0]
-            moves = self.moves.get(uuid, [])
+            moves = self.moves.get(uuid, _NO_MOVES)
             listed = listed_storage.get(values[_VAST_ID])
+            counted = delivered.get(uuid)
+            last = self.entry_of.get(uuid)
+            if last is not None and last[0] == values and last[1] == listed and last[2] == len(moves) \
+                    and last[3] == counted:  # the row, its disk price, its transitions and count as last read
+                if last[4] is not None:
+                    (live if last[4][1].whole is None else closed).append(last[4])
+                continue
             compile_key = (values[1:billing], listed, len(moves), moves[-1] if moves else None)
             found = self.compiled.get(uuid)
             if found is None or found[0] != compile_key:
@@ -507,14 +516,14 @@ class _Book:
                 found = (compile_key, _Compiled(list(_machine_pieces(row, parsed, listed_storage, _FAR))))
                 self.compiled[uuid] = found
             proofs = max(0, int(values[_PROOFS] or 0))
-            counted = delivered.get(uuid)
             if counted:
                 proofs = int(counted.get("completed", 0))
             dying = values[_KILL_CODE] in DEATH_CODES
             compiled = found[1]
-            if compiled.pieces:  # a machine that never billed is in no window
-                (closed if compiled.whole is not None else live).append(
-                    (uuid, compiled, proofs, values if dying else None))
+            entry = (uuid, compiled, proofs, values if dying else None) if compiled.pieces else None
+            self.entry_of[uuid] = (values, listed, len(moves), counted, entry)
+            if entry is not None:  # a machine that never billed is in no window
+                (closed if compiled.whole is not None else live).append(entry)
         if closed != self.closed:  # a machine's billing ended, or a finished one's row or count changed
             self.closed, self.blocks = closed, OrderedDict()
             self.settled = max((entry[1].settled for entry in closed), default=_NEVER)
@@ -525,6 +534,7 @@ class _Book:
 
 
 _Entry = tuple[str, _Compiled, int, "tuple[Any, ...] | None"]
+_NO_MOVES: list[tuple[str, int, str]] = []
 _VAST_ID = _COLUMNS.index("vast_id")
 _PROOFS = _COLUMNS.index("proofs_total")
 _KILL_CODE = _COLUMNS.index("kill_code")
