@@ -308,3 +308,63 @@ def test_the_whole_account_kept_for_destroyed_machines_is_the_account_computed_a
         assert cost.account(conn, now=end)["proofs"] == figures["proofs"] + 1000
     finally:
         conn.execute("UPDATE instances SET proofs_total = proofs_total - 1000 WHERE uuid = ?", (uuid,))
+
+
+# --- the account kept between requests ---------------------------------------------------------------
+
+
+def afresh_everywhere(conn, now):
+    """The kept account (the dashboard's and /metrics') equals the piece-by-piece one, for every window they show,
+    and a cold process (nothing kept) says the same."""
+    windows = (None, now - timedelta(hours=24), cost.day_start(now), now - timedelta(minutes=90))
+    kept = [cost.account(conn, now=now, since=since) for since in windows]
+    assert kept == [cost.afresh(conn, now=now, since=since) for since in windows]
+    cost._BOOKS.kept.clear()
+    assert kept == [cost.account(conn, now=now, since=since) for since in windows]
+    return kept[0]
+
+
+def test_the_account_kept_between_requests_follows_every_change_to_the_file(fleet):
+    """Heartbeats, a counter's growth, a kill, a destroy, a listed disk price, a new machine and a new day: after
+    each, the kept figures are the figures computed afresh (a kept figure that went stale would differ here)."""
+    now = T0 + timedelta(hours=5)
+    c = launch(fleet, "vastctl-cccc", at=T0 + timedelta(hours=4), dph=0.8)
+    run_to(fleet, c, T0 + timedelta(hours=4, minutes=10))
+    first = afresh_everywhere(fleet, now)
+    later = afresh_everywhere(fleet, now + timedelta(minutes=7))  # the same file, later: c billed 7 more minutes
+    assert later["rented"] == pytest.approx(first["rented"] + 0.8 * 7 / 60, abs=1e-4)
+    lifecycle.update_fields(fleet, c, {"proofs_total": 40, "last_heartbeat_at": clock.to_iso(now)})  # a heartbeat
+    assert afresh_everywhere(fleet, now)["proofs"] == 140
+    lifecycle.transition(fleet, c, State.STOPPED, "t", "operator", now=now + timedelta(minutes=10))
+    list_stopped(fleet, c, 0.05, now + timedelta(minutes=11))
+    afresh_everywhere(fleet, now + timedelta(minutes=30))
+    lifecycle.kill(fleet, c, "t", source="operator", code="operator", now=now + timedelta(minutes=40))
+    afresh_everywhere(fleet, now + timedelta(minutes=50))
+    lifecycle.update_fields(fleet, c, {"destroyed_at": clock.to_iso(now + timedelta(minutes=55))})
+    gone = afresh_everywhere(fleet, now + timedelta(hours=1))
+    assert afresh_everywhere(fleet, now + timedelta(hours=3))["cost"] == gone["cost"]  # all billing over: fixed
+    d = launch(fleet, "vastctl-dddd", at=now + timedelta(hours=1), dph=0.2)
+    run_to(fleet, d, now + timedelta(hours=1, minutes=5))
+    next_day = T0 + timedelta(days=1, hours=3)  # past 00:00 UTC: today's window starts again
+    assert afresh_everywhere(fleet, next_day)["machines"] == 4
+    fleet.execute("UPDATE instances SET proofs_total = 7 WHERE uuid = ?", (c,))  # a finished machine's row edited
+    assert afresh_everywhere(fleet, next_day)["proofs"] == 100 + 7
+    assert cost.account(fleet, now=now - timedelta(hours=2))["cost"] == cost.afresh(fleet, now=now - timedelta(hours=2))["cost"]
+
+
+def test_another_file_at_the_same_path_is_read_afresh(tmp_path):
+    """A file replaced at its path (a restore, a new `init`) shares nothing with what was kept for the old one."""
+    path = tmp_path / "swap.db"
+    conn = db.connect(path, create=True, now=T0)
+    a = launch(conn, "vastctl-aaaa", at=T0, dph=0.5)
+    run_to(conn, a, T0 + timedelta(minutes=10))
+    now = T0 + timedelta(hours=2)
+    assert cost.account(conn, now=now)["rented"] == pytest.approx(1.0)
+    conn.close()
+    path.unlink()
+    conn = db.connect(path, create=True, now=T0)
+    b = launch(conn, "vastctl-aaaa", at=T0 + timedelta(hours=1), dph=0.3)  # the same label, another machine
+    lifecycle.transition(conn, b, State.REGISTERED, "t", "instance", now=T0 + timedelta(hours=1, minutes=5))
+    assert cost.account(conn, now=now) == cost.afresh(conn, now=now)
+    assert cost.account(conn, now=now)["rented"] == pytest.approx(0.3)
+    conn.close()

@@ -8,6 +8,7 @@ the Clock. The simulator hands the same code a VirtualClock.
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import datetime, timedelta, timezone
 from typing import overload
@@ -94,14 +95,19 @@ def to_iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def from_iso(text: str | None) -> datetime | None:
+    """A stored time (to_iso's text) as an aware datetime. Kept for the texts last read: a page or a pass over
+    thousands of machines reads the same few stored times many times (datetimes do not change)."""
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@functools.lru_cache(maxsize=1 << 15)
 def display_iso(text: str | None) -> str | None:
-    """The contract's JSON shape: whole seconds, trailing Z."""
+    """The contract's JSON shape: whole seconds, trailing Z. Kept for the texts last shown: a page of a thousand
+    machines shows the same stored times at every refresh."""
     moment = from_iso(text)
     if moment is None:
         return None

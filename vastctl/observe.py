@@ -85,6 +85,8 @@ class Observation:
     spent_today: float | None = None  # $ since 00:00 UTC (cost.spent_today); None until spent() first reads it
     min_machines: int = 0  # agent.min_machines: the floor of warm machines the guard and the rules keep
     day_spend: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+    # the rows not yet destroyed it was built from, as the file has them (what fleet_view lists, read once)
+    rows: list[dict] = field(default_factory=list, repr=False, compare=False)
 
     def spent(self) -> float:
         """$ spent since 00:00 UTC, what max_daily_spend is checked against: read from the file the first time a
@@ -393,8 +395,16 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
 
 def machine_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Every row not yet destroyed, as the file has it."""
-    return [dict(row) for row in conn.execute(
-        f"{LIVE_ROWS} ORDER BY created_at, label")]
+    return table_rows(conn, f"{LIVE_ROWS} ORDER BY created_at, label")
+
+
+def table_rows(conn: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
+    """A query's rows as dicts (through plain tuples: half the time of sqlite3.Row for a thousand wide rows)."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    cursor.execute(sql, args)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
 
 
 def _resumes(conn: sqlite3.Connection) -> dict[str, int]:
@@ -499,6 +509,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         router=router,
         day_spend=functools.partial(cost_module.spent_today, conn, now=now),
         min_machines=config.agent.min_machines,
+        rows=rows,
     )
 
 

@@ -34,16 +34,19 @@ Everything is computed at an injected `now` (the one-clock rule).
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import sqlite3
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock
 from vastctl.errors import BadInput
-from vastctl.facts import deliveries
+from vastctl.facts import appended, deliveries
 from vastctl.state.lifecycle import State
 
 PARTS = ("rented", "stopped_storage", "after_kill")
@@ -118,7 +121,7 @@ def pieces(conn: sqlite3.Connection, *, now: datetime,
     A machine's pieces are computed open-ended once (_OPEN) and cut at `now`: they change only with the
     fields of its row that bill (_BILLING), its disk's listed price and its transitions, not with a heartbeat.
     """
-    name = _file_of(conn)
+    name = appended.file_of(conn)
     rows = {row[0]: dict(zip(_COLUMNS, row)) for row in conn.execute(
         f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid")}
     listed_storage = _storage_prices(conn)
@@ -156,12 +159,9 @@ _BILLING = ("created_at", "destroyed_at", "vast_seen_at", "kill_code", "state", 
 # what the account reads of a row (uuid first): the billing, the count, the grouping, the dead time
 _COLUMNS = ("uuid", *_BILLING, "label", "gpu_name", "proofs_total", "last_heartbeat_at", "killed_at")
 _FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # pieces are computed up to here, then cut at the moment asked
+_NEVER = datetime(1, 1, 1, tzinfo=timezone.utc)
 # (state file, uuid) → (what its pieces were computed from, its pieces up to _FAR)
 _OPEN: dict[tuple[str, str], tuple[tuple[Any, ...], list[Piece]]] = {}
-
-
-def _file_of(conn: sqlite3.Connection) -> str:
-    return conn.execute("PRAGMA database_list").fetchone()[2] or f":memory:{id(conn)}"
 
 
 def _machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
@@ -335,8 +335,15 @@ def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None =
     """The cost figures `vastctl cost`, the dashboard and /metrics all show (the `cost --json` shape)."""
     if by is not None and by not in GROUPINGS:
         raise BadInput(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
-    if since is None and by is None:
-        return _whole(conn, now)
+    if by is None:
+        return _figures(_book(conn).tally(now, since), {}, now=now, since=since, by=None)
+    return afresh(conn, now=now, since=since, by=by)
+
+
+def afresh(conn: sqlite3.Connection, *, now: datetime, since: datetime | None = None,
+           by: str | None = None) -> dict[str, Any]:
+    """account() computed piece by piece from every row and event (what `cost --by` reads, and what the account
+    kept between scrapes is checked against)."""
     all_pieces, rows = pieces(conn, now=now)
     delivered = deliveries.delivered(conn)
     running_h, billed_h = _lifetimes(all_pieces)
@@ -381,43 +388,312 @@ def spent_today(conn: sqlite3.Connection, *, now: datetime) -> float:
     return float(account(conn, now=now, since=day_start(now))["cost"])
 
 
-# (state file, uuid) → (what its figures were computed from, its figures): machines whose billing is over
-_CLOSED: dict[tuple[str, str], tuple[tuple[Any, ...], _Tally]] = {}
+# --- the account kept between scrapes -----------------------------------------------------------------
+#
+# The dashboard and /metrics ask for the whole account, the last 24 hours and today at every request. What a
+# machine billed changes only with its billing fields, its transitions and its disk's listed price; between
+# those, a live machine's figures grow with `now` along its one open piece. So each state file keeps (_Book):
+# its transitions read once and then only the new ones (events are only ever appended), each machine's pieces
+# compiled once with the sums of its closed pieces, and per connection the rows as of the file's last change
+# (PRAGMA data_version for other connections' writes, total_changes for this one's). A request then costs one
+# short sum per machine. Counts (proofs_total, the router's deliveries) are read again whenever the file changed.
+
+_CONNECTIONS_KEPT = 4  # connections per file whose rows are kept (serve has one per thread)
 
 
-def _whole(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
-    """The whole account (no window, no grouping: the dashboard's and /metrics'), each destroyed machine's
-    figures kept from the last time they were computed: its billing ended and its row no longer changes, so
-    a scrape costs the live machines, not the day's history. A changed row is computed again."""
-    name = _file_of(conn)
-    known: dict[str, _Tally] = {}
-    closed: dict[str, tuple[Any, ...]] = {}
-    delivered = deliveries.delivered(conn)
+class _Compiled:
+    """One machine's pieces up to _FAR with what any window needs precomputed: the closed pieces' ends and
+    suffix sums (cost and hours per part, running hours, billed hours), and its open piece."""
 
-    def kept(row: dict[str, Any], listed: float | None) -> bool:
-        destroyed = clock.from_iso(row.get("destroyed_at"))
-        if row["state"] != State.KILLED or destroyed is None or destroyed > now:
-            return False
-        key = (*row.values(), listed, tuple(sorted((delivered.get(row["uuid"]) or {}).items())))
-        closed[row["uuid"]] = key
-        found = _CLOSED.get((name, row["uuid"]))
-        if found is not None and found[0] == key:
-            known[row["uuid"]] = found[1]
-            return True
-        return False
+    __slots__ = ("pieces", "closed", "ends", "suffix", "open", "settled", "plain", "first", "whole")
 
-    all_pieces, rows = pieces(conn, now=now, skip=kept)
-    running_h, billed_h = _lifetimes(all_pieces)
-    fresh: dict[str, _Tally] = {}
-    for piece in all_pieces:
-        row = rows[piece.uuid]
-        proofs_done = proofs_of(row, delivered.get(piece.uuid))
-        proofs, dead = _proofs_and_dead(piece, row, proofs_done, running_h, billed_h)
-        fresh.setdefault(piece.uuid, _Tally()).add(piece, proofs, proofs_done == 0, dead)
-    for uuid, key in closed.items():
-        if uuid not in known:
-            _CLOSED[(name, uuid)] = (key, fresh.get(uuid) or _Tally())
-    total = _Tally()
-    for tally in (*known.values(), *fresh.values()):
-        total.merge(tally)
-    return _figures(total, {}, now=now, since=None, by=None)
+    def __init__(self, machine_pieces: list[Piece]):
+        self.pieces = machine_pieces
+        self.open = machine_pieces[-1] if machine_pieces and machine_pieces[-1].end >= _FAR else None
+        self.closed = machine_pieces[:-1] if self.open is not None else machine_pieces
+        self.ends = [piece.end for piece in self.closed]
+        self.settled = max(self.ends, default=_NEVER)  # when its last closed piece ended
+        # the sums below are the per-piece sums only while pieces follow each other without overlapping
+        self.plain = all(a.end <= b.start for a, b in zip(machine_pieces, machine_pieces[1:]))
+        suffix: list[tuple[float, ...]] = [(0.0,) * 8]
+        for piece in reversed(self.closed):
+            sums = list(suffix[-1])
+            index = _PART_INDEX[piece.part]
+            hours = piece.hours
+            sums[index] += piece.cost
+            sums[3 + index] += hours
+            sums[6] += hours if piece.running else 0.0
+            sums[7] += hours
+            suffix.append(tuple(sums))
+        self.suffix = suffix[::-1]
+        self.first = machine_pieces[0].start if machine_pieces else _FAR
+        # a machine whose billing is over: its whole life's figures, the same at every later moment
+        self.whole = None
+        if self.open is None and self.plain and machine_pieces:
+            sums = list(self.suffix[0])
+            self.whole = (sums, sums[6], sums[7], sums[6], sums[7])
+
+
+_PART_INDEX = {part: index for index, part in enumerate(PARTS)}
+
+
+class _Book:
+    """One state file's kept account: transitions by machine, compiled machines, rows per connection."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # serve's worker threads share the book (--threads)
+        self.tail = appended.Tail()
+        self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
+        self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
+        # uuid → (its row, listed disk price, transitions, router count as last read; its entry): unchanged, reused
+        self.entry_of: dict[str, tuple[tuple[Any, ...], float | None, int, Any, _Entry | None]] = {}
+        # the newest few connections' rows: (connection, what the file was at, its machines); a connection is
+        # held only while it is among them (its id alone could be a later one's)
+        self.snapshots: list[tuple[sqlite3.Connection, tuple[Any, ...], tuple[list[_Entry], list[_Entry]]]] = []
+        # the machines whose billing is over, and their figures summed per window start (the same at every moment
+        # after the last of them ended): a request sums the machines still billing, whatever the day's history
+        self.closed: list[_Entry] = []
+        self.settled = _NEVER
+        self.blocks: OrderedDict[datetime | None, _Sums] = OrderedDict()
+
+    def read_moves(self, conn: sqlite3.Connection) -> None:
+        """The transitions appended since the last read (all of them when the file is not the one last read)."""
+        span = self.tail.span(conn)
+        if span is None:
+            return
+        after, upto = span
+        if after == 0:
+            self.moves, self.compiled, self.entry_of = {}, {}, {}
+        changed: set[str] = set()
+        for event_id, uuid, at, to_state in conn.execute(
+                "SELECT id, uuid, at, to_state FROM events WHERE id > ? AND id <= ? AND kind = 'transition'"
+                " AND uuid IS NOT NULL AND to_state IS NOT NULL ORDER BY id", (after, upto)):
+            self.moves.setdefault(uuid, []).append((at, event_id, to_state))
+            changed.add(uuid)
+        for uuid in changed:  # the order pieces() reads them in: by time, then id
+            self.moves[uuid].sort()
+
+    def entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
+        """Every machine that billed, as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time
+        fields); those still billing (or whose pieces cannot be summed), then those whose billing is over."""
+        if conn.in_transaction:
+            return self._entries(conn)
+        conn.execute("BEGIN")  # one snapshot of the file: its version, its transitions and its rows agree
+        try:
+            return self._entries(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def _entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
+        key = (conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes)
+        kept = next((snapshot for snapshot in self.snapshots if snapshot[0] is conn), None)
+        if kept is not None and kept[1] == key:
+            return kept[2]
+        self.read_moves(conn)
+        listed_storage = _storage_prices(conn)
+        delivered = deliveries.delivered(conn)
+        cursor = conn.cursor()
+        cursor.row_factory = None
+        live: list[_Entry] = []
+        closed: list[_Entry] = []
+        billing = len(_BILLING) + 1
+        for values in cursor.execute(f"SELECT {', '.join(_COLUMNS)} FROM instances ORDER BY created_at, uuid"):
+            uuid = values[0]
+            moves = self.moves.get(uuid, _NO_MOVES)
+            listed = listed_storage.get(values[_VAST_ID])
+            counted = delivered.get(uuid)
+            last = self.entry_of.get(uuid)
+            if last is not None and last[0] == values and last[1] == listed and last[2] == len(moves) \
+                    and last[3] == counted:  # the row, its disk price, its transitions and count as last read
+                if last[4] is not None:
+                    (live if last[4][1].whole is None else closed).append(last[4])
+                continue
+            compile_key = (values[1:billing], listed, len(moves), moves[-1] if moves else None)
+            found = self.compiled.get(uuid)
+            if found is None or found[0] != compile_key:
+                row = dict(zip(_COLUMNS, values))
+                parsed = [(clock.parse_iso(at), to_state) for at, _, to_state in moves]
+                found = (compile_key, _Compiled(list(_machine_pieces(row, parsed, listed_storage, _FAR))))
+                self.compiled[uuid] = found
+            proofs = max(0, int(values[_PROOFS] or 0))
+            if counted:
+                proofs = int(counted.get("completed", 0))
+            dying = values[_KILL_CODE] in DEATH_CODES
+            compiled = found[1]
+            entry = (uuid, compiled, proofs, values if dying else None) if compiled.pieces else None
+            self.entry_of[uuid] = (values, listed, len(moves), counted, entry)
+            if entry is not None:  # a machine that never billed is in no window
+                (closed if compiled.whole is not None else live).append(entry)
+        if closed != self.closed:  # a machine's billing ended, or a finished one's row or count changed
+            self.closed, self.blocks = closed, OrderedDict()
+            self.settled = max((entry[1].settled for entry in closed), default=_NEVER)
+        out = (live, self.closed)
+        self.snapshots = [(conn, key, out), *(s for s in self.snapshots if s[0] is not conn)][:_CONNECTIONS_KEPT]
+        return out
+
+
+
+_Entry = tuple[str, _Compiled, int, "tuple[Any, ...] | None"]
+_NO_MOVES: list[tuple[str, int, str]] = []
+_VAST_ID = _COLUMNS.index("vast_id")
+_PROOFS = _COLUMNS.index("proofs_total")
+_KILL_CODE = _COLUMNS.index("kill_code")
+_BOOKS = appended.PerFile(_Book)
+
+
+def _book(conn: sqlite3.Connection) -> "_Reader":
+    return _Reader(_BOOKS.get(conn), conn)
+
+
+class _Reader:
+    """A book read through one connection."""
+
+    def __init__(self, book: _Book, conn: sqlite3.Connection):
+        self.book, self.conn = book, conn
+
+    def tally(self, now: datetime, since: datetime | None) -> _Tally:
+        """The account over [since, now] (since None: every machine's whole life), as afresh() sums it."""
+        book = self.book
+        with book.lock:
+            live, closed = book.entries(self.conn)
+            if now < book.settled:  # a moment before some finished machine's end: nothing kept applies
+                block = _sum(closed, now, since)
+            else:
+                found = book.blocks.get(since)
+                if found is None:
+                    found = book.blocks[since] = _sum(closed, now, since)
+                    while len(book.blocks) > _BLOCKS_KEPT:
+                        book.blocks.popitem(last=False)
+                book.blocks.move_to_end(since)
+                block = found
+        sums = _sum(live, now, since)
+        total = _Tally()
+        for index, part in enumerate(PARTS):
+            total.cost[part] = block.numbers[index] + sums.numbers[index]
+            total.hours[part] = block.numbers[3 + index] + sums.numbers[3 + index]
+        total.proofs = block.numbers[6] + sums.numbers[6]
+        total.never_proved = block.numbers[7] + sums.numbers[7]
+        total.dead = block.numbers[8] + sums.numbers[8]
+        total.machines = block.machines | sums.machines
+        total.never_proved_machines = block.never_proved | sums.never_proved
+        return total
+
+
+_BLOCKS_KEPT = 4  # window starts kept for the finished machines: the whole life, today, and the moving day's last
+
+
+class _Sums:
+    """Machines' figures over one window: cost and hours per part, proofs, never proved, dead until detected."""
+
+    __slots__ = ("numbers", "machines", "never_proved")
+
+    def __init__(self) -> None:
+        self.numbers = [0.0] * 9
+        self.machines: set[str] = set()
+        self.never_proved: set[str] = set()
+
+
+def _sum(entries: list[_Entry], now: datetime, since: datetime | None) -> _Sums:
+    out = _Sums()
+    numbers = out.numbers
+    cost0 = cost1 = cost2 = hours0 = hours1 = hours2 = proofs = never = dead = 0.0
+    for uuid, compiled, proofs_done, dying in entries:
+        window = _window(compiled, now, since)
+        if window is None:
+            continue
+        sums, run_w, billed_w, run_all, billed_all = window
+        cost0 += sums[0]
+        cost1 += sums[1]
+        cost2 += sums[2]
+        hours0 += sums[3]
+        hours1 += sums[4]
+        hours2 += sums[5]
+        out.machines.add(uuid)
+        if run_all > 0:
+            proofs += proofs_done * (run_w / run_all)
+        elif billed_all > 0:
+            proofs += proofs_done * (billed_w / billed_all)
+        if proofs_done == 0:
+            never += sums[0] + sums[1] + sums[2]
+            out.never_proved.add(uuid)
+        elif dying is not None:
+            row = dict(zip(_COLUMNS, dying))
+            for piece in compiled.pieces:
+                clipped = _clip(_cut(piece, now), since) if piece.start < now else None
+                if clipped is not None:
+                    dead += _dead_cost(clipped, row)
+    numbers[:] = [cost0, cost1, cost2, hours0, hours1, hours2, proofs, never, dead]
+    return out
+
+
+def _cut(piece: Piece, now: datetime) -> Piece:
+    return piece if piece.end <= now else Piece(piece.uuid, piece.start, now, piece.part, piece.dph, piece.running)
+
+
+def _window(compiled: _Compiled, now: datetime, since: datetime | None
+            ) -> tuple[list[float], float, float, float, float] | None:
+    """One machine over [since, now]: (cost and hours per part, running and billed hours in the window), and its
+    running and billed hours over its life up to now; None when no piece of it falls in the window."""
+    opened = compiled.open
+    if compiled.whole is not None and now >= compiled.settled:  # billing over: all of it, part of it or none
+        if since is None or since <= compiled.first:
+            return compiled.whole
+        if since >= compiled.settled:
+            return None
+    if (not compiled.plain or now < compiled.settled
+            or (opened is not None and opened.start >= now)):
+        return _window_by_piece(compiled, now, since)
+    suffix = compiled.suffix
+    run_all, billed_all = suffix[0][6], suffix[0][7]
+    open_h = 0.0
+    if opened is not None:
+        open_h = max(0.0, (now - opened.start).total_seconds()) / 3600
+        billed_all += open_h
+        run_all += open_h if opened.running else 0.0
+    index = 0 if since is None else bisect.bisect_right(compiled.ends, since)
+    sums: list[float] | None = None
+    if index < len(compiled.closed):
+        piece = compiled.closed[index]
+        if since is not None and piece.start < since:  # the piece the window starts in counts from since
+            sums = list(suffix[index + 1])
+            part = _PART_INDEX[piece.part]
+            hours = max(0.0, (piece.end - since).total_seconds()) / 3600
+            sums[part] += hours * piece.dph
+            sums[3 + part] += hours
+            sums[6] += hours if piece.running else 0.0
+            sums[7] += hours
+        else:
+            sums = list(suffix[index])
+    if opened is not None and (since is None or now > since):
+        if sums is None:
+            sums = [0.0] * 8
+        hours = open_h if since is None or opened.start >= since else max(0.0, (now - since).total_seconds()) / 3600
+        part = _PART_INDEX[opened.part]
+        sums[part] += hours * opened.dph
+        sums[3 + part] += hours
+        sums[6] += hours if opened.running else 0.0
+        sums[7] += hours
+    if sums is None:
+        return None
+    return sums, sums[6], sums[7], run_all, billed_all
+
+
+def _window_by_piece(compiled: _Compiled, now: datetime, since: datetime | None
+                     ) -> tuple[list[float], float, float, float, float] | None:
+    """_window() for a machine whose pieces the sums do not cover at `now` (a moment before its last change)."""
+    cut = [_cut(piece, now) for piece in compiled.pieces if piece.start < now]
+    sums = [0.0] * 8
+    run_all = sum(piece.hours for piece in cut if piece.running)
+    billed_all = sum(piece.hours for piece in cut)
+    found = False
+    for whole in cut:
+        piece = _clip(whole, since)
+        if piece is None:
+            continue
+        found = True
+        part = _PART_INDEX[piece.part]
+        sums[part] += piece.cost
+        sums[3 + part] += piece.hours
+        sums[6] += piece.hours if piece.running else 0.0
+        sums[7] += piece.hours
+    return (sums, sums[6], sums[7], run_all, billed_all) if found else None

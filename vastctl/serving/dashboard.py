@@ -338,22 +338,24 @@ def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict:
     data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
     data["cost_day"] = cost.account(conn, now=now, since=now - overview.HISTORY)  # `vastctl cost --since 24h`
     data["spent_today"] = data["observation"].spent()  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
-    data["warm"] = sum(guard.warm(m, config, now) for m in data["observation"].machines)
+    warm = [guard.warm(m, config, now) for m in data["observation"].machines]  # read once, for both figures
+    data["warm"] = sum(warm)
     data["agent"] = {"max_wait_s": config.agent.max_wait, "min_machines": config.agent.min_machines,
                      "interval_s": config.agent.interval}
-    data["idle"] = _idle(data["observation"], config, now)
+    data["idle"] = _idle(data["observation"], warm)
     router = data["summary"]["router"]  # fleet --json's summary.router, read once by overview
     data["router"] = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
     data["logs"] = machine_logs.recent(conn)
     return data
 
 
-def _idle(obs, config: Config, now: datetime) -> dict[str, float]:
-    """$/h billed by what proves nothing and is not booting (not guard.warm): stopped disks, kept on purpose, and
-    the rest (killed awaiting vast's destroy, dead or missing at vast, silent, instances of ours no row stands for)."""
+def _idle(obs, warm: list[bool]) -> dict[str, float]:
+    """$/h billed by what proves nothing and is not booting (not guard.warm: `warm`, per machine of the
+    observation): stopped disks, kept on purpose, and the rest (killed awaiting vast's destroy, dead or missing at
+    vast, silent, instances of ours no row stands for)."""
     stopped = lost = 0.0
-    for machine in obs.machines:
-        if guard.warm(machine, config, now):
+    for machine, proving in zip(obs.machines, warm):
+        if proving:
             continue
         billed = float(machine.get("billed_per_hour") or 0.0)
         if machine["state"] == "stopped":

@@ -111,13 +111,14 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
         points = [(moment, value) for moment, value in points if moment <= end]
         if not points:
             continue
-        coords, last = [], None
+        coords, last = [], None  # each point placed once: a step to it holds the last height, then rises to its own
         for moment, value in points:
+            at, height_ = x(moment), y(value)
             if last is not None:
-                coords.append(f"{x(moment)},{y(last)}")
-            coords.append(f"{x(moment)},{y(value)}")
-            last = value
-        coords.append(f"{width},{y(points[-1][1])}")  # the last value holds to the right edge
+                coords.append(f"{at},{last}")
+            coords.append(f"{at},{height_}")
+            last = height_
+        coords.append(f"{width},{last}")  # the last value holds to the right edge
         shapes.append(f'<polyline class="line {name}" points="{" ".join(coords)}"/>')
     shown = [t for t in ticks if start <= t <= end]
     shapes.extend(f'<line class="tick fail" x1="{x(t)}" x2="{x(t)}" y1="{height - 8}" y2="{height}"/>'

@@ -19,10 +19,13 @@ from vastctl.upstream import cut
 
 
 def esc(value: Any, empty: str = "-") -> str:
-    """Text for HTML content or a quoted attribute."""
+    """Text for HTML content or a quoted attribute (a page has tens of thousands: most need no escape)."""
     if value is None or value == "":
         return escape(empty)
-    return escape(str(value), quote=True)
+    text = str(value)
+    if "&" in text or "<" in text or ">" in text or '"' in text or "'" in text:
+        return escape(text, quote=True)
+    return text
 
 
 def num(value: Any, digits: int = 1) -> str:
@@ -60,10 +63,10 @@ def table(ident: str, title: str, head: Iterable[str], rows: list[str], *, after
 
 def _named(rows: list[str], head: list[str]) -> Iterable[str]:
     """Each plain `<td>` of a row named by its column (`data-h`): a phone shows the name beside the value."""
+    named = [f'<td data-h="{esc(name, "")}">' for name in head]
     for row in rows:
         parts = row.split("<td>")
-        yield parts[0] + "".join(f'<td data-h="{esc(head[i], "")}">{part}' if i < len(head) else f"<td>{part}"
-                                 for i, part in enumerate(parts[1:]))
+        yield parts[0] + "".join((named[i] if i < len(named) else "<td>") + part for i, part in enumerate(parts[1:]))
 
 
 def brief(value: Any, limit: int) -> str:

@@ -49,22 +49,47 @@ def step_refusals(steps: list[dict[str, Any]]) -> dict[str, str]:
 def fleet(instances: list[dict[str, Any]], now: datetime, *, refusals: dict[str, str] | None = None) -> str:
     """The machines. `why` is vastctl's own word (kill reason, the guard's refusal, a disagreement with vast);
     vast's raw status message is behind the vast status, opened on demand."""
-    head = ("label", "state", "vast", "GPU", "$/h", "bench", "proofs/h", "for", "beat", "why", "")
+    head = FLEET_HEAD
     rows = []
+    if len(_ROWS) > ROWS_KEPT:
+        _ROWS.clear()
     for i in instances:
-        why = " · ".join(str(x) for x in (i["kill_reason"], (refusals or {}).get(i["label"]), i["disagreement"]) if x)
-        flag = ' class="disagree"' if i["disagreement"] else ""
-        kill = "" if i["state"] == "killed" else (
-            f'<button type="button" class="kill" data-kill="{esc(i["label"])}" title="kill {esc(i["label"])}">'
-            'kill…</button>')
-        gpu = f'{i["num_gpus"] or 1}x {i["gpu_name"]}' if i["gpu_name"] else None
-        cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}"{_boot_title(i)}>{esc(i["state"])}</span>',
-                 _vast_cell(i), esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
-                 age(i["state_since"], now), age(i["last_heartbeat_at"], now), esc(why, ""), kill)
-        rows.append(f'<tr{flag} data-label="{esc(i["label"])}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        refusal = (refusals or {}).get(i["label"])
+        since, beat = age(i["state_since"], now), age(i["last_heartbeat_at"], now)
+        key = (*(i.get(name) for name in _ROW_FIELDS), repr(i.get("boot_stages")), refusal, since, beat)
+        row = _ROWS.get(key)
+        if row is None:
+            row = _ROWS[key] = _fleet_row(i, refusal, since, beat)
+        rows.append(row)
     if not rows:
         rows.append(f'<tr><td colspan="{len(head)}" class="empty">no machines</td></tr>')
     return table("fleet", "Fleet", head, rows)
+
+
+# A machine's row is the same text while what it shows is the same (its ages as shown included): kept, so a
+# refresh of a thousand machines formats the few that changed. _fleet_row reads these fields and boot_stages.
+_ROW_FIELDS = ("uuid", "label", "state", "kill_reason", "disagreement", "num_gpus", "gpu_name", "dph", "bench_rate",
+               "proofs_per_hour", "vast_missing", "vast_status", "vast_id", "vast_status_msg")
+ROWS_KEPT = 20_000
+FLEET_HEAD = ("label", "state", "vast", "GPU", "$/h", "bench", "proofs/h", "for", "beat", "why", "")
+_NAMED = [f'<td data-h="{esc(name, "")}">' for name in FLEET_HEAD]
+_ROWS: dict[tuple[Any, ...], str] = {}
+
+
+def _fleet_row(i: dict[str, Any], refusal: str | None, since: str, beat: str) -> str:
+    """One machine's row of the fleet table (its ages already worded)."""
+    why = " · ".join(str(x) for x in (i["kill_reason"], refusal, i["disagreement"]) if x)
+    flag = ' class="disagree"' if i["disagreement"] else ""
+    kill = "" if i["state"] == "killed" else (
+        f'<button type="button" class="kill" data-kill="{esc(i["label"])}" title="kill {esc(i["label"])}">'
+        'kill…</button>')
+    gpu = f'{i["num_gpus"] or 1}x {i["gpu_name"]}' if i["gpu_name"] else None
+    cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}"{_boot_title(i)}>{esc(i["state"])}</span>',
+             _vast_cell(i), esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
+             since, beat, esc(why, ""), kill)
+    # each cell already named by its column, as dashboard_html's _named would name it
+    return (f'<tr{flag} data-label="{esc(i["label"])}">' + "".join(f"{name}{c}</td>" for name, c in zip(_NAMED, cells))
+            + "</tr>")
 
 
 def _boot_title(i: dict[str, Any]) -> str:

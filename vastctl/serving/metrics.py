@@ -42,7 +42,7 @@ class _FleetCollector:
     def collect(self) -> Iterator[Metric]:
         conn, config, now = self.conn, self.config, self.now
         obs = observe(conn, config, now=now)
-        summary = fleet.fleet_view(conn, config, now=now, obs=obs)["summary"]
+        summary = fleet.fleet_view(conn, config, now=now, obs=obs, listed=False)["summary"]
         limits = obs.settings
 
         machines = GaugeMetricFamily("vastctl_machines", "Machines by our state (killed: not yet destroyed at vast).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections import Counter
 from datetime import datetime
 from typing import Any, Mapping
@@ -11,8 +12,8 @@ from typing import Any, Mapping
 from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
-from vastctl.facts import deliveries
-from vastctl.observe import Observation, event_facts, machine_facts, observe
+from vastctl.facts import appended, deliveries
+from vastctl.observe import Observation, disagreement, event_facts, machine_facts, observe, table_rows
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
 
@@ -43,6 +44,24 @@ def instance_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None
         value = observed.get(name, 0 if name == "routed_proofs" else None)
         view[name] = round(value, RATE_DIGITS) if isinstance(value, float) else value
     return view
+
+
+def _kept_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """instance_view(row, observed), kept by the row's whole content and the observation's rate figures: the page
+    and its 5 s refresh list a thousand rows that mostly did not change since the last request. A copy each time
+    (callers may add to it)."""
+    rates = tuple((observed or {}).get(name) for name in RATE_FIELDS)
+    key = (tuple(row), tuple(row.values()), rates)
+    view = _VIEWS.get(key)
+    if view is None:
+        if len(_VIEWS) > VIEWS_KEPT:
+            _VIEWS.clear()
+        view = _VIEWS[key] = instance_view(row, observed)
+    return {**view, "boot_stages": dict(view["boot_stages"]) if view["boot_stages"] else view["boot_stages"]}
+
+
+VIEWS_KEPT = 20_000
+_VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
@@ -80,7 +99,7 @@ def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 
 def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
-               now: datetime, obs: "Observation | None" = None) -> dict[str, Any]:
+               now: datetime, obs: "Observation | None" = None, listed: bool = True) -> dict[str, Any]:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
 
     Without include_killed a killed machine is listed only while it has a vast id and vast has not
@@ -89,12 +108,11 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     Beside the contract's keys: per instance `vast_missing`, `vast_seen_at`, `vast_status_msg`,
     `disagreement` and `last_contact_at` (its last report of any kind); in the summary `disagreements`, the age
     of the vast listing the statuses come from, and the fleet's newest contact (contact_status()).
+    `listed` False: the summary alone (instances empty), what /metrics reads.
     """
+    given = obs is not None and bool(obs.rows)
     obs = obs or observe(conn, config, now=now)  # a caller that already observed passes its observation
-    query = "SELECT * FROM instances"
-    if not include_killed:
-        query += f" WHERE {SHOWN_WITHOUT_ALL}"
-    rows = [dict(row) for row in conn.execute(query + " ORDER BY created_at, label")]
+    rows = shown_rows(conn, obs if given else None, include_killed=include_killed)
     contacts = last_reports(conn)
     for row in rows:
         row["last_contact_at"] = max(filter(None, (row.get("last_heartbeat_at"), contacts.get(row["uuid"]))), default=None)
@@ -104,13 +122,27 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
     }
-    observed = {machine["uuid"]: machine for machine in obs.machines}
-    instances = [instance_view(row, observed.get(row["uuid"])) for row in rows]
-    summary["disagreements"] = sum(1 for view in instances if view["disagreement"])
+    observed = {machine["uuid"]: machine for machine in obs.machines} if listed else {}
+    instances = [_kept_view(row, observed.get(row["uuid"])) for row in rows] if listed else []
+    summary["disagreements"] = sum(1 for row in rows if disagreement(row))
     summary.update(listing_status(conn, now))
     summary.update(contact_status(rows, config, now))
     summary["router"] = router_status(conn, config, obs, now)
     return {"instances": instances, "summary": summary}
+
+
+def shown_rows(conn: sqlite3.Connection, obs: "Observation | None", *, include_killed: bool) -> list[dict[str, Any]]:
+    """The rows fleet_view lists, ordered by creation then label: without include_killed, the observation's rows
+    (every row not yet destroyed) that SHOWN_WITHOUT_ALL keeps, and the few destroyed rows it keeps too, so the
+    page and /metrics read the wide rows once per request."""
+    if include_killed or obs is None:
+        where = "" if include_killed else f" WHERE {SHOWN_WITHOUT_ALL}"
+        return table_rows(conn, f"SELECT * FROM instances{where} ORDER BY created_at, label")
+    rows = [dict(row) for row in obs.rows if row["state"] != State.KILLED or row.get("vast_id") is not None]
+    destroyed = table_rows(conn, "SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND state != 'killed'")
+    if destroyed:
+        rows = sorted(rows + destroyed, key=lambda row: (row["created_at"], row["label"]))
+    return rows
 
 
 def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", now: datetime) -> dict[str, Any]:
@@ -124,9 +156,31 @@ def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", 
 
 def last_reports(conn: sqlite3.Connection) -> dict[str, str]:
     """uuid → when its newest report that changed something landed (the events a machine's reports record);
-    heartbeats, which record none, are `last_heartbeat_at`."""
-    return {row["uuid"]: row["at"] for row in conn.execute(
-        "SELECT uuid, max(at) AS at FROM events WHERE source = 'instance' AND uuid IS NOT NULL GROUP BY uuid")}
+    heartbeats, which record none, are `last_heartbeat_at`. Kept per file and read on from the last event seen
+    (facts/appended.py): the page and /metrics ask at every request."""
+    kept = _REPORTS.get(conn)
+    with kept.lock:
+        span = kept.tail.span(conn)
+        if span is not None:
+            after, upto = span
+            if after == 0:
+                kept.newest = {}
+            for uuid, at in conn.execute(
+                    "SELECT uuid, max(at) FROM events WHERE id > ? AND id <= ? AND source = 'instance'"
+                    " AND uuid IS NOT NULL GROUP BY uuid", (after, upto)):
+                if at is not None and (uuid not in kept.newest or at > kept.newest[uuid]):
+                    kept.newest[uuid] = at
+        return dict(kept.newest)
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # serve's worker threads share it (--threads)
+        self.tail = appended.Tail()
+        self.newest: dict[str, str] = {}
+
+
+_REPORTS = appended.PerFile(_Reports)
 
 
 def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) -> dict[str, Any]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from vastctl import clock
 from vastctl.config import Config
-from vastctl.facts import deliveries
+from vastctl.facts import appended, deliveries
 from vastctl.observe import Observation, expected_rate, observe
 from vastctl.state import settings
 from vastctl.state.lifecycle import LIVE_STATES, State
@@ -150,31 +151,42 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     """
     start = now - HISTORY
     since = clock.to_iso(start)
-    machines = {row["uuid"]: dict(row) for row in conn.execute(
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: thousands of rows and events per page
+    machines = {row[0]: row for row in cursor.execute(
         "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
-    state = {uuid: row["state"] for uuid, row in machines.items()}
-    rate = {uuid: expected_rate(row, model_rates, config.fleet.default_rate) for uuid, row in machines.items()}
-    price = {uuid: float(row["dph"] or 0.0) for uuid, row in machines.items()}
+    amounts: dict[str, tuple[float, float]] = {}  # uuid → (its rate, its price), for the machines events move
+    rates = _RATES.get(conn).matching(model_rates, config.fleet.default_rate)
+
+    def amount(uuid: str) -> tuple[float, float]:
+        found = amounts.get(uuid)
+        if found is None:
+            values = machines[uuid]
+            rate = rates.get(values)
+            if rate is None:
+                row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), values))
+                rate = rates[values] = expected_rate(row, model_rates, config.fleet.default_rate)
+            found = amounts[uuid] = (rate, float(values[5] or 0.0))
+        return found
+
     # the three replayed series, then the queue's, the failed listings' times and the span's moments
     series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
     values = {"capacity": capacity, "spend": spend, "target": target}
-    events = conn.execute(  # only moves into or out of running, stopped or killed change capacity or spend
-        "SELECT at, kind, uuid, from_state, to_state, reason, data FROM events WHERE at >= ? AND (kind = 'setting'"
-        " OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running', 'stopped', 'killed')"
-        " OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id DESC", (since,))
-    for event in events:
-        at = _moment(event["at"])
-        if at is None:
+    for at_text, at, kind, uuid, before, after, data in reversed(_MOVES.get(conn).read(conn)):
+        if at is None or at_text < since:  # newest first, those of the day (ISO text sorts as time)
             continue
-        if event["kind"] == "transition" and event["uuid"] in state:
-            uuid, before, after = event["uuid"], event["from_state"], event["to_state"]
-            for name, counts, amount in (("capacity", {"running"}, rate[uuid]), ("spend", BILLING_STATES, price[uuid])):
-                change = (after in counts) - (before in counts)
-                if change:
-                    series[name].append((at, values[name]))
-                    values[name] = max(0.0, values[name] - change * amount)
-            state[uuid] = before
-        elif event["kind"] == "setting" and (setting := _setting_change(event["data"]))["key"] == "target_proofs_per_hour":
+        if kind == "transition" and uuid is not None and uuid in machines:
+            running = (after == "running") - (before == "running")
+            billing = (after in BILLING_STATES) - (before in BILLING_STATES)
+            if running or billing:
+                rate, price = amount(uuid)
+                if running:
+                    series["capacity"].append((at, values["capacity"]))
+                    values["capacity"] = max(0.0, values["capacity"] - running * rate)
+                if billing:
+                    series["spend"].append((at, values["spend"]))
+                    values["spend"] = max(0.0, values["spend"] - billing * price)
+        elif kind == "setting" and (setting := _setting_change(data))["key"] == "target_proofs_per_hour":
             old = setting["old"]
             if isinstance(old, (int, float)):
                 series["target"].append((at, values["target"]))
@@ -191,6 +203,63 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
              for table in ("events", "demand_samples", "vast_listings")]
     series["first"] = min((at for at in first if at is not None), default=None)  # a fleet younger than the day
     return series
+
+
+# (at as stored, at parsed, kind, uuid, from_state, to_state, reason)
+_Move = tuple[str, "datetime | None", str, "str | None", "str | None", "str | None", "str | None"]
+
+
+class _Moves:
+    """The events the history replays (settings, and moves into or out of running, stopped or killed: the only ones
+    that change capacity or spend), in id order, their times parsed: kept per state file and read on from the
+    last event seen (facts/appended.py), as the page asks at every refresh."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # serve's worker threads share it (--threads)
+        self.tail = appended.Tail()
+        self.events: list[_Move] = []
+
+    def read(self, conn: sqlite3.Connection) -> list[_Move]:
+        """The events so far (a list only ever appended to, or replaced: safe to read while another thread adds)."""
+        with self.lock:
+            self._read_on(conn)
+            return self.events
+
+    def _read_on(self, conn: sqlite3.Connection) -> None:
+        span = self.tail.span(conn)
+        if span is not None:
+            after, upto = span
+            if after == 0:
+                self.events = []
+            self.events.extend((at, _moment(at), kind, uuid, before, to, data) for at, kind, uuid, before, to, data
+                               in conn.execute(
+                "SELECT at, kind, uuid, from_state, to_state, data FROM events WHERE id > ? AND id <= ? AND"
+                " (kind = 'setting' OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running',"
+                " 'stopped', 'killed') OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id", (after, upto)))
+
+
+_MOVES = appended.PerFile(_Moves)
+
+
+class _Rates:
+    """Each machine's expected rate as the history counts it, by the row fields it is computed from: the rows of
+    finished machines, and of live ones between their heartbeats, come back unchanged at every refresh."""
+
+    RATES_KEPT = 50_000
+
+    def __init__(self) -> None:
+        self.basis: tuple[Any, ...] | None = None
+        self.rates: dict[tuple[Any, ...], float] = {}
+
+    def matching(self, model_rates: dict[str, float], default_rate: float) -> dict[tuple[Any, ...], float]:
+        """The kept rates, emptied when what they were computed against (model rates, the default) changed."""
+        basis = (tuple(sorted(model_rates.items())), default_rate)
+        if basis != self.basis or len(self.rates) > self.RATES_KEPT:
+            self.basis, self.rates = basis, {}
+        return self.rates
+
+
+_RATES = appended.PerFile(_Rates)
 
 
 def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[datetime, float]]:
