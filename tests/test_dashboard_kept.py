@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from vastctl import clock
 from vastctl.config import from_mapping
 from vastctl.facts import cost
-from vastctl.serving import dashboard, dashboard_page, metrics
+from vastctl.serving import dashboard, dashboard_page, dashboard_tables, metrics
 from vastctl.state import lifecycle, settings
 from vastctl.state.lifecycle import State
 from vastctl.views import fleet, overview
@@ -46,7 +46,7 @@ def shown(conn, config, now):
     fleet._VIEWS.clear()
     clock.display_iso.cache_clear()
     clock.from_iso.cache_clear()
-    dashboard_page._ROWS.clear()
+    dashboard_tables._ROWS.clear()
     assert read() == warm
     return warm
 
