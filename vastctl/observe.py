@@ -8,13 +8,13 @@ in how capacity is counted changes it everywhere at once.
   pending_capacity  the same for machines on their way (launching .. bench_done)
   expected rate     measured proofs/hour, else the machine's bench rate, else the
                     median bench rate seen for its GPU model, else fleet.default_rate;
-                    every figure a machine reported is bounded first (lifecycle.rate_ceiling,
+                    every figure a machine reported is bounded first (rates.rate_ceiling,
                     measured_rate_bound), and a machine with an `implausible_rate` event counts
                     for no more than its model's rate among the machines that never over-claimed.
                     Those are claims: where the proof router saw the machine complete
                     deliveries.ROUTED_MIN_PROOFS calls in the last hour, its figures win: the
                     rate is held within [routed rate, routed rate max] (deliveries.routed_rates;
-                    one figure when the router kept it full), within lifecycle.rate_ceiling.
+                    one figure when the router kept it full), within rates.rate_ceiling.
                     `rate_source` says which figure it is: router, heartbeats, bench, gpu_model,
                     default. The model's rate (model_rates) stays the bench rates' median: it
                     predicts a machine not yet rented, and every machine benched the same way
@@ -122,7 +122,7 @@ class Observation:
                         for k in ("id", "at", "label", "from_state", "to_state", "reason", "source", "code", "kind")}
                        for e in self.events],
             "last_actions": list(self.last_actions),
-            # while demand is unknown the rules hold the fleet to what this sample needed (rules.wanted_capacity)
+            # while demand is unknown the rules hold the fleet to what this sample needed (sizing.wanted_capacity)
             **({"last_known_demand": {k: _iso(v) if k == "at" else v for k, v in self.last_known_demand.items()
                                       if k != "ok"}}
                if not self.demand.known and self.last_known_demand is not None else {}),
@@ -239,7 +239,7 @@ def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
-    """uuid → how many of its reports were bounded as implausible (lifecycle.IMPLAUSIBLE events)."""
+    """uuid → how many of its reports were bounded as implausible (rates.IMPLAUSIBLE events)."""
     return {row["uuid"]: row["n"] for row in conn.execute(
         "SELECT uuid, count(*) AS n FROM events WHERE kind = ? AND uuid IS NOT NULL GROUP BY uuid",
         (IMPLAUSIBLE,))}
