@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ElementTree
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -18,7 +19,8 @@ CONTRACT_KEYS = {"hours", "seed", "target_attainment", "cost", "proofs", "cost_p
                  "leaked_instance_hours", "detection_latency_p95_s"}
 # columns that hold a moment to come (computed from simulated time): a blocklist entry's end, the market's next step
 SCHEDULED = {("blocklist", "until"), ("sim_instances", "step_at"), ("sim_instances", "fault_at"),
-             ("sim_meta", "busy_until"), ("locks", "expires_at")}
+             ("sim_meta", "busy_until"), ("locks", "expires_at"),
+             ("proof_calls", "at")}  # a call a machine took before the end is answered after it
 ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
 
 
@@ -124,7 +126,7 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
                     seen[(table, column)] = seen.get((table, column), 0) + 1
     for table, column in (("migrations", "applied_at"), ("agent_steps", "started_at"), ("agent_steps", "observation"), ("demand_samples", "at"),
                           ("events", "at"), ("actions", "at"), ("instances", "killed_at"), ("settings", "updated_at"),
-                          ("sim_instances", "died_at"), ("vast_listings", "at")):
+                          ("sim_instances", "died_at"), ("vast_listings", "at"), ("proof_calls", "at")):
         assert seen.get((table, column)), (table, column)  # the scan saw each of them: it cannot pass on an empty file
     conn.close()
 
@@ -356,18 +358,44 @@ def test_a_kept_day_opens_its_dashboard_with_no_config_written(cli, tmp_path):
     assert "Since the fleet began (2h" in page and '<time datetime="2031-03-03T01:' in page
 
 
-def test_proof_waits_are_first_come_first_proved_and_late_ones_still_queued_count():
-    waits = demo.ProofWaits(45 * 60)
-    waits.arrive(0, 10.0)
-    waits.arrive(1, 10.0)
-    waits.serve(0, 5.0)  # 5 of minute 0's proofs at once
-    waits.serve(30, 10.0)  # the other 5 of minute 0 (30 min), then 5 of minute 1 (29 min)
-    waits.arrive(90, 4.0)  # still queued at the end, 10 minutes old: not judged
-    summary = waits.summary(100)  # 5 of minute 1 still queued after 99 minutes: late
-    assert summary["judged"] == pytest.approx(20.0)
-    assert summary["within"] == pytest.approx(15 / 20)
-    assert (summary["p50"], summary["p95"], summary["p99"]) == (29 * 60, 99 * 60, 99 * 60)
-    assert demo.ProofWaits(2700).summary(10) == {"judged": 0, "within": None, "p50": None, "p95": None, "p99": None}
+def test_the_days_proofs_are_recorded_as_the_routers_calls_first_come_first_proved(tmp_path):
+    """Two machines' fractional shares become whole calls in proof_calls, each held from its proof's arrival to
+    the moment its machine took it and on the prover for its true rate's time; the late still queued expire."""
+    from vastctl.facts import deliveries
+    from vastctl.providers.sim_engine import Share
+
+    conn = db.connect(tmp_path / "calls.db", now=demo.START, create=True)
+    calls = demo.RoutedCalls(conn, slots=2)
+    slow = Share(vast_id=1, uuid="u-slow", label="vastctl-slow", rate=60.0, proofs=0.5)  # 2 × 3600 / 60: 120 s a call
+    fast = Share(vast_id=2, uuid="u-fast", label="vastctl-fast", rate=120.0, proofs=1.0)  # 60 s a call
+    calls.arrive(3.0)  # minute 0: proofs 1, 2, 3 arrive at 20, 40 and 60 s
+    calls.take(0, [slow, fast])  # fast takes proof 1 at 60 s; slow has half a proof
+    assert conn.execute("SELECT count(*) FROM proof_calls").fetchone()[0] == 0  # answered at 120 s: not yet
+    calls.arrive(0.0)
+    calls.take(1, [replace(slow, proofs=1.0), fast])  # slow reaches 1 proof at 90 s (proof 2), fast 2 at 120 s (3)
+    assert [r[0] for r in conn.execute("SELECT request_id FROM proof_calls")] == ["sim-1"]  # ended by 120 s
+    calls.arrive(2.0)  # minute 2: proofs 4 and 5 at 150 and 180 s, never taken
+    calls.take(2, [])
+    calls.finish(60, 45 * 60)  # an hour in: both waited past 45 min
+    rows = [dict(r) for r in conn.execute("SELECT * FROM proof_calls ORDER BY at, request_id")]
+    done = [(r["request_id"], r["uuid"], r["label"], r["held_ms"], r["prover_ms"], r["attempt"], r["result"],
+             r["kind"], r["total_ms"], r["at"]) for r in rows if r["result"] == "completed"]
+    at = [clocks.to_iso(demo.START + timedelta(seconds=s)) for s in (120, 180, 210)]
+    assert done == [("sim-1", "u-fast", "vastctl-fast", 40_000, 60_000, 1, "completed", "porep", 60_000, at[0]),
+                    ("sim-3", "u-fast", "vastctl-fast", 60_000, 60_000, 1, "completed", "porep", 60_000, at[1]),
+                    ("sim-2", "u-slow", "vastctl-slow", 50_000, 120_000, 1, "completed", "porep", 120_000, at[2])]
+    late = [(r["request_id"], r["uuid"], r["held_ms"], r["prover_ms"], r["attempt"]) for r in rows
+            if r["result"] == "expired"]
+    assert late == [("sim-4", None, 3_450_000, None, 0), ("sim-5", None, 3_420_000, None, 0)]
+    assert set(rows[0]) >= set(deliveries.CALL_COLUMNS) and all(r["size_bytes"] == demo.RoutedCalls.REQUEST_BYTES
+                                                                 for r in rows)
+    assert deliveries.delivered(conn) == {"u-fast": {"completed": 2}, "u-slow": {"completed": 1}}  # 1.5 → 1 call
+    measured = deliveries.proof_wait(conn, since=demo.START, until=calls.until, max_wait_s=45 * 60)
+    assert measured == {"calls": 3, "p50_s": 120.0, "p95_s": 170.0, "p99_s": 170.0, "within_max_wait": 1.0}
+    assert demo.proof_waits(conn, calls, 45 * 60) == {"judged": 5, "within": 0.6, "p50": 120.0, "p95": 170.0,
+                                                      "p99": 170.0}  # the late two count against the share
+    assert demo.wait_minutes(conn, calls) == {1: 1, 2: 2, 57: 2}  # 100, 120 and 170 s; the late 57.5 and 57 min
+    conn.close()
 
 
 @pytest.mark.slow
@@ -377,12 +405,43 @@ def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_
     assert figures["max_wait_s"] == 45 * 60
     assert figures["proofs_within_max_wait"] >= 0.99
     assert 0 <= figures["proof_wait_p50_s"] <= figures["proof_wait_p95_s"] <= figures["proof_wait_p99_s"] <= 45 * 60
-    assert figures["proofs_judged_for_wait"] >= figures["proofs"] - 1
+    assert figures["proofs_judged_for_wait"] >= figures["proofs"] - figures["machines_launched"]  # whole calls
     # the fleet's filters make the honest bound at least the any-host one (every host of the market)
     assert figures["lower_bound_cost_per_1000_proofs"] >= figures["lower_bound_any_host_cost_per_1000_proofs"]
     conn = db.connect(path, now=demo.START)
     coming = conn.execute("SELECT count(*) FROM demand_samples WHERE lookahead > 0").fetchone()[0]
     assert coming > 600  # the script reports the coming hour as look-ahead, beside the queue
+    conn.close()
+
+
+@pytest.mark.slow
+def test_a_days_calls_add_up_to_the_markets_proofs_and_its_wait_figures_are_the_routers(day):
+    """The day's proof_calls rows: every proof the market did, as whole calls (within one a machine), and the
+    demo's proof-wait figures are deliveries.proof_wait over the file, as `fleet --json` reads it."""
+    from vastctl.facts import deliveries
+
+    result, path = day
+    figures = result.figures
+    conn = db.connect(path, now=demo.START)
+    completed = dict(conn.execute("SELECT uuid, count(*) FROM proof_calls WHERE result = 'completed'"
+                                  " GROUP BY uuid").fetchall())
+    assert None not in completed and set(completed) <= {r[0] for r in conn.execute("SELECT uuid FROM instances")}
+    assert 0 <= figures["proofs"] - sum(completed.values()) <= len(completed), (figures["proofs"], completed)
+    kinds = conn.execute("SELECT DISTINCT kind, attempt FROM proof_calls WHERE result = 'completed'").fetchall()
+    assert [tuple(k) for k in kinds] == [("porep", 1)]
+    late = conn.execute("SELECT count(*) FROM proof_calls WHERE result = 'expired'").fetchone()[0]
+    measured = deliveries.proof_wait(conn, since=demo.START, until=demo.START + timedelta(days=2),
+                                     max_wait_s=figures["max_wait_s"])
+    assert measured["calls"] == sum(completed.values()) and figures["proofs_judged_for_wait"] == measured["calls"] + late
+    assert (figures["proof_wait_p50_s"], figures["proof_wait_p95_s"], figures["proof_wait_p99_s"]) == (
+        measured["p50_s"], measured["p95_s"], measured["p99_s"])
+    assert figures["proofs_within_max_wait"] == pytest.approx(
+        measured["within_max_wait"] * measured["calls"] / (measured["calls"] + late), abs=1e-4)
+    # a machine kept at its true rate is seen by the router at it: the routed ceiling is that rate
+    end = demo.START + timedelta(hours=24)
+    true = dict(conn.execute("SELECT uuid, h.true_rate FROM sim_instances JOIN sim_hosts h USING (machine_id)"))
+    for uuid, routed in deliveries.routed_rates(conn, now=end, slots=5).items():
+        assert routed.rate <= true[uuid] * 1.001 and routed.rate_max == pytest.approx(true[uuid], rel=1e-3)
     conn.close()
 
 

@@ -30,16 +30,25 @@ fraction of the minutes after the first hour (warm-up: a first machine takes
 20-40 minutes to boot) with work queued during which that capacity was at
 least the target.
 
+The proofs reach vastctl as the proof router's calls would (RoutedCalls): each
+machine's share of the work becomes whole calls, each a proof_calls row, so
+the day runs through what the router feeds in production: a machine's proofs
+in `cost`, its routed rate in the observation, the dashboard's proof waits.
+The proof-wait figures are production's (deliveries.proof_wait: held + proving
+time of each answered call), with the proofs still held past agent.max_wait at
+the end counted as late.
+
 The same seed gives the same figures to the digit: the market, the demand and
 the clock are all functions of the seed, and no wall-clock time enters.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import random
 import sqlite3
-from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -51,7 +60,8 @@ from vastctl import reconcile
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import BadInput, VastctlError
-from vastctl.facts import demand
+from vastctl.facts import deliveries, demand
+from vastctl.providers.sim_engine import Share
 from vastctl.state import db, settings, tokens
 
 START = datetime(2031, 3, 3, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
@@ -156,7 +166,7 @@ class DemoResult:
     latencies: list[float] = field(default_factory=list)  # seconds from each death to its kill
     launches: list[float] = field(default_factory=list)  # minutes of the run at which vastctl launched a machine
     kills: list[tuple[float, str]] = field(default_factory=list)  # (minute, kill code) of each kill
-    waits: dict[int, float] = field(default_factory=dict)  # minutes waited → proofs (ProofWaits.weights)
+    waits: dict[int, float] = field(default_factory=dict)  # whole minutes waited → calls judged (wait_minutes)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.figures)
@@ -225,7 +235,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     env = {} if env is None else env
 
     backlog = arrived = done = 0.0
-    waits = ProofWaits(config.agent.max_wait)
+    calls = RoutedCalls(conn, slots=config.launch.bench_concurrency)
     done_by_minute: list[float] = []
     samples: list[Sample] = []
     target = 0.0
@@ -239,7 +249,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         arriving = curve.rate(minute)
         backlog += arriving / 60
         arrived += arriving / 60
-        waits.arrive(minute, arriving / 60)
+        calls.arrive(arriving / 60)
         down = curve.outage(minute)
         if minute % TARGET_EVERY_MINUTES == 0 and not down:
             market.totals()  # the machines' reports of the minute gone by are written first: ids follow times
@@ -259,10 +269,11 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         except VastctlError:
             errors["agent_step"] += 1
         capacity = truth.proving_rate()
-        served = market.work(backlog, STEP_S)  # the proving machines' counters count what they take
+        shares = market.work(backlog, STEP_S)  # the proving machines' counters count what they take
+        calls.take(minute, shares)  # and the router sees it as calls
+        served = sum(share.proofs for share in shares)
         backlog -= served
         done += served
-        waits.serve(minute, served)
         done_by_minute.append(served)
         if minute >= WARMUP_MINUTES and queued > 0:
             counted += 1
@@ -277,16 +288,19 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         clock.advance(STEP_S)
         if progress is not None:
             progress(minute + 1, total)
+    calls.finish(total, config.agent.max_wait)
     totals = market.totals()
     latencies, undetected = detection_latencies(conn, totals.instances)
     figures = _figures(conn, config, options, totals, market, curve, arrived=arrived, done=done, backlog=backlog,
-                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors, waits=waits.summary(total),
+                       counted=counted, met=met, billed_at_kill=billed_at_kill, errors=errors,
+                       waits=proof_waits(conn, calls, config.agent.max_wait),
                        latencies=latencies, undetected=undetected,
                        asked=[sample.target * (1 + config.agent.headroom) for sample in samples])
     launches, kills = _launches_and_kills(conn)
+    waits = wait_minutes(conn, calls)
     conn.close()
     return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies, launches=launches,
-                      kills=kills, waits=waits.weights(total))
+                      kills=kills, waits=waits)
 
 
 def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tuple[float, str]]]:
@@ -315,63 +329,125 @@ def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at
         billed_at_kill[row["vast_id"]] = billed[row["vast_id"]] - max(0.0, before)
 
 
-class ProofWaits:
-    """Each proof from its arrival to its completion, first come first proved, in whole minutes.
+class RoutedCalls:
+    """The day's proofs as the proof router records them: whole calls, each a proof_calls row.
 
-    Proofs arrive and are done in fractions per minute (the demo's queue is a
-    rate), so each minute's arrivals are one cohort. A proof is judged once it
-    is done or has waited past `max_wait` (still queued at the end and older
-    than that: late); one still queued and younger at the end is not judged
-    either way. Percentiles are weighted by proofs; a late proof still queued
-    counts with the wait it has had so far (a lower bound of its wait).
+    The market proves in fractions of a proof a minute (sim_engine.Share). Each machine keeps the fraction it
+    has not yet made a call of, and takes a call at the moment within the minute its share reaches the next
+    whole proof, so its calls stay within one of its proofs. Calls are first come first proved: the k-th
+    call taken is the k-th proof to arrive, at the moment the arrivals (spread evenly over each minute) reach
+    k. Its row, in the router's shape (route/server.py): kind porep, the machine's uuid and label, result
+    completed, attempt 1, held = taken − arrived, on the prover the time one proof takes that machine at its
+    true rate with `slots` calls at once (slots × 3600 / rate; the daemon's total_ms the same, its queue and
+    SRS load nothing: the simulator does not split a proof further), answered (`at`) when that ends.
+
+    A row is written (deliveries.record_calls) once the clock passes its end, as the router writes a call
+    when it ends. `finish` writes, at the day's end, the calls still on a prover (taken before the end,
+    answered after it) and, for each proof still queued that has waited past max_wait, a call the router
+    held until the end: result expired, never sent (attempt 0, no machine), its held time its wait so far.
+    Those are the late the answered calls' figures leave out (`late`); younger ones are not judged.
     """
 
-    def __init__(self, max_wait_s: float):
-        self.max_wait_min = max_wait_s / 60
-        self._queue: deque[list[float]] = deque()  # [arrival minute, proofs still waiting]
-        self._done: dict[int, float] = {}  # wait in minutes → proofs done after that wait
+    KIND = "porep"  # route/wire.KIND_NAMES: the demand curve's work is PoRep
+    REQUEST_BYTES = 51_000_000  # a 32 GiB PoRep's C1 output, as Curio sends it (the published c1.json: ~51 MB)
 
-    def arrive(self, minute: int, proofs: float) -> None:
-        if proofs > 0:
-            self._queue.append([minute, proofs])
+    def __init__(self, conn: sqlite3.Connection, *, slots: int):
+        self.conn = conn
+        self.slots = slots
+        self.taken = 0  # calls taken so far (the number of the last)
+        self.late = 0  # expired calls `finish` wrote
+        self.until = START  # past the end of every row written
+        self._arrived = [0.0]  # proofs arrived by the start of each minute (and the end of the last)
+        self._remainder: dict[int, float] = {}  # vast id → the fraction of a proof not yet a call
+        self._pending: list[tuple[float, int, dict[str, Any]]] = []  # (end s, order, row) not yet written
+        self._queued = 0
 
-    def serve(self, minute: int, proofs: float) -> None:
-        while proofs > 1e-12 and self._queue:
-            cohort = self._queue[0]
-            taken = min(cohort[1], proofs)
-            wait = minute - int(cohort[0])
-            self._done[wait] = self._done.get(wait, 0.0) + taken
-            cohort[1] -= taken
-            proofs -= taken
-            if cohort[1] <= 1e-12:
-                self._queue.popleft()
+    def arrive(self, proofs: float) -> None:
+        """The next minute's arrivals."""
+        self._arrived.append(self._arrived[-1] + max(0.0, proofs))
 
-    def weights(self, minutes: int) -> dict[int, float]:
-        """Minutes waited → proofs judged at the end of minute `minutes` (the done, and the late still queued)."""
-        weighted = dict(self._done)
-        for arrived_at, proofs in self._queue:
-            age = minutes - arrived_at
-            if age > self.max_wait_min:
-                weighted[int(age)] = weighted.get(int(age), 0.0) + proofs
-        return weighted
+    def take(self, minute: int, shares: list[Share]) -> None:
+        """The machines' shares of minute `minute`'s work as calls; the calls ended by its end written."""
+        begin = minute * STEP_S
+        moments = []
+        for share in shares:
+            before = self._remainder.get(share.vast_id, 0.0)
+            whole = math.floor(before + share.proofs + 1e-9)
+            for j in range(1, whole + 1):  # the moment within the minute its share reaches the j-th proof
+                moments.append((begin + STEP_S * min(1.0, max(0.0, (j - before) / share.proofs)), share.vast_id,
+                                share))
+            self._remainder[share.vast_id] = max(0.0, before + share.proofs - whole)
+        for at, _vast_id, share in sorted(moments, key=lambda item: item[:2]):
+            self.taken += 1
+            held = max(0.0, at - self._arrival(self.taken))
+            prover = self.slots * 3600 / share.rate
+            self._queue(at + prover, {"request_id": f"sim-{self.taken}", "kind": self.KIND, "uuid": share.uuid,
+                                      "label": share.label, "result": "completed", "held_ms": _ms(held),
+                                      "prover_ms": _ms(prover), "attempt": 1, "size_bytes": self.REQUEST_BYTES,
+                                      "queue_wait_ms": 0, "srs_load_ms": 0, "total_ms": _ms(prover)})
+        self._write(begin + STEP_S)
 
-    def summary(self, minutes: int) -> dict[str, float | None]:
-        weighted = self.weights(minutes)
-        judged = sum(weighted.values())
-        within = sum(proofs for wait, proofs in weighted.items() if wait <= self.max_wait_min)
-        return {"judged": judged, "within": within / judged if judged > 0 else None,
-                **{name: _weighted_percentile(weighted, fraction, judged) * 60 if judged > 0 else None
-                   for name, fraction in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))}}
+    def finish(self, minutes: int, max_wait_s: float) -> None:
+        """At the end of minute `minutes`: every call taken written, and the late proofs still queued."""
+        end = minutes * STEP_S
+        self._write(math.inf)
+        number = self.taken
+        while number + 1 <= self._arrived[-1] + 1e-9:
+            number += 1
+            waited = end - self._arrival(number)
+            if waited <= max_wait_s:
+                break  # the rest arrived later still: not yet late, not judged
+            self.late += 1
+            self._queue(end, {"request_id": f"sim-{number}", "kind": self.KIND, "result": "expired",
+                              "held_ms": _ms(waited), "attempt": 0, "size_bytes": self.REQUEST_BYTES,
+                              "detail": "still held at the end of the simulated day, past agent.max_wait"})
+        self._write(math.inf)
+
+    def _arrival(self, number: int) -> float:
+        """Seconds from the start at which the arrivals reached `number` proofs."""
+        index = min(len(self._arrived) - 1, max(1, bisect.bisect_left(self._arrived, number - 1e-9)))
+        low, high = self._arrived[index - 1], self._arrived[index]
+        return (index - 1 + (min(1.0, (number - low) / (high - low)) if high > low else 1.0)) * STEP_S
+
+    def _queue(self, end: float, row: dict[str, Any]) -> None:
+        self._queued += 1  # ties in the order queued
+        heapq.heappush(self._pending, (end, self._queued, row))
+
+    def _write(self, until: float) -> None:
+        rows = []
+        while self._pending and self._pending[0][0] <= until:
+            end, _order, row = heapq.heappop(self._pending)
+            moment = START + timedelta(seconds=end)
+            rows.append({**row, "at": clocks.to_iso(moment)})
+            self.until = max(self.until, moment + timedelta(microseconds=1))
+        deliveries.record_calls(self.conn, rows)
 
 
-def _weighted_percentile(weights: Mapping[int, float], fraction: float, total: float) -> float:
-    """The smallest value with at least `fraction` of the weight at or below it."""
-    running = 0.0
-    for value in sorted(weights):
-        running += weights[value]
-        if running >= fraction * total - 1e-9:
-            return float(value)
-    return float(max(weights))
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def proof_waits(conn: sqlite3.Connection, calls: RoutedCalls, max_wait_s: float) -> dict[str, Any]:
+    """The day's proof waits as production measures them (deliveries.proof_wait over the day's calls: held +
+    proving time of each answered call, `fleet --json`'s and /metrics' figures), with the proofs still held
+    past max_wait at the end counted as late in the share within it (the percentiles are the answered calls')."""
+    waits = deliveries.proof_wait(conn, since=START, until=calls.until, max_wait_s=max_wait_s)
+    judged = waits["calls"] + calls.late
+    within = waits["within_max_wait"]
+    if calls.late and judged:
+        within = round((within or 0.0) * waits["calls"] / judged, 4)
+    return {"judged": judged, "within": within, "p50": waits["p50_s"], "p95": waits["p95_s"], "p99": waits["p99_s"]}
+
+
+def wait_minutes(conn: sqlite3.Connection, calls: RoutedCalls) -> dict[int, float]:
+    """Whole minutes waited → calls judged (answered, and the late still held): the chart's histogram."""
+    weights: dict[int, float] = {}
+    for (wait_ms,) in conn.execute(
+            "SELECT held_ms + coalesce(prover_ms, 0) FROM proof_calls WHERE at >= ? AND at < ?"
+            " AND result IN ('completed', 'failed', 'expired')", (clocks.to_iso(START), clocks.to_iso(calls.until))):
+        minute = int((wait_ms or 0) // 60_000)
+        weights[minute] = weights.get(minute, 0.0) + 1
+    return weights
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -529,9 +605,9 @@ def _figures(conn, config, options, totals, market, curve, *, arrived, done, bac
         "fleet": options.fleet,
         "proofs_within_max_wait": r(waits["within"]),
         "max_wait_s": config.agent.max_wait,
-        "proof_wait_p50_s": r(waits["p50"], 1),
-        "proof_wait_p95_s": r(waits["p95"], 1),
-        "proof_wait_p99_s": r(waits["p99"], 1),
+        "proof_wait_p50_s": waits["p50"],  # deliveries.proof_wait's, as they come (to the millisecond)
+        "proof_wait_p95_s": waits["p95"],
+        "proof_wait_p99_s": waits["p99"],
         "proofs_judged_for_wait": int(waits["judged"]),
         "target_attainment": r(met / counted if counted else None),
         "attainment_minutes": counted,
@@ -695,7 +771,7 @@ def write_chart(result: DemoResult, path: Path) -> None:
                 outage_labelled = outage_labelled or label is not None
     rates.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
 
-    if result.waits:  # the run's own record of each proof's wait (ProofWaits): the summary's figures, drawn
+    if result.waits:  # each call's wait as the day's proof_calls rows hold it: the summary's figures, drawn
         figures = result.figures
         top_wait = max(1.0, (figures["proof_wait_p99_s"] or 60.0) / 60)
         waits_axis.hist([min(float(wait), top_wait) for wait in result.waits], weights=list(result.waits.values()),
@@ -706,9 +782,10 @@ def write_chart(result: DemoResult, path: Path) -> None:
                 continue
             waits_axis.axvline(value / 60, color="#333333", linewidth=1.0, linestyle=style,
                                label=f"{name} {value / 60:.0f} min")
-        waits_axis.set_yscale("log")  # most proofs wait under a minute: the tail would not show on a linear axis
+        waits_axis.set_yscale("log")  # most proofs wait their proving time alone: the tail would not show on a linear axis
         waits_axis.legend(loc="upper right", fontsize=8)
-    waits_axis.set_xlabel("minutes a proof waited, arrival to a prover (first in, first out; the top 1% at the right)")
+    waits_axis.set_xlabel("minutes a proof waited, arrival to its answer: held, then proving (first in, first out;"
+                          " the top 1% at the right)")
     waits_axis.set_ylabel("proofs")
     waits_axis.grid(True, linewidth=0.3)
     metadata = {"Date": None} if suffix == ".svg" else {"Software": None}

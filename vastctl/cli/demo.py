@@ -39,9 +39,12 @@ EXPLAINED = (
     " rises, stop a host at its disk's price, and let proofs wait up to agent.max_wait; no fleet pays less.",
     "any-host bound: the same on every host of the market, no filter of the fleet's; bid-aware bound: the"
     " fleet's hosts each rented at its min_bid, never outbid (the bound for interruptible and mixed rental).",
+    "proof wait: from a proof's arrival to its answer (held, then proving), each proof a call as the proof router"
+    " records it in the state file, the figures `fleet --json` and /metrics give; proofs still waiting past"
+    " agent.max_wait at the end count as late.",
     "vastctl's account: what the state file says (`vastctl cost`); above the simulated billing by the first"
-    " minutes of each boot (counted at the full price) and below its proofs by what machines did after their last"
-    " heartbeat.",
+    " minutes of each boot (counted at the full price); its proofs are the calls the router saw answered (those"
+    " still proving at the end included).",
     "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
     " machines, boot and benchmark time, failures and the headroom kept for bursts).",
 )
