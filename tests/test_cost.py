@@ -12,9 +12,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import clock, demo, reconcile
+from vastctl import clock, reconcile
 from vastctl.cli.app import Globals
 from vastctl.clock import VirtualClock
+from vastctl.demo import day, setting
 from vastctl.facts import cost
 from vastctl.providers import sim_engine
 from vastctl.providers.base import RemoteInstance
@@ -51,9 +52,9 @@ def day(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(f"cost-day-{request.param}")
     with pytest.MonkeyPatch.context() as patch:
         per = market_truth(patch)
-        result = demo.run(demo.DemoOptions(hours=24, seed=request.param), directory)
-    conn = db.connect(directory / "demo.db", now=demo.START)
-    end = demo.START + timedelta(hours=24)
+        result = day.run(setting.DemoOptions(hours=24, seed=request.param), directory)
+    conn = db.connect(directory / "demo.db", now=setting.START)
+    end = setting.START + timedelta(hours=24)
     figures = cost.account(conn, now=end)
     yield per, figures, result, conn, end
     conn.close()
@@ -298,7 +299,7 @@ def test_the_whole_account_kept_for_destroyed_machines_is_the_account_computed_a
     """The dashboard's and /metrics' account keeps each destroyed machine's figures between scrapes: the same
     figures as the windowed path computes from every piece, scrape after scrape, and a changed row is read again."""
     _per, figures, _result, conn, end = day
-    afresh = cost.account(conn, now=end, since=demo.START - timedelta(days=1))
+    afresh = cost.account(conn, now=end, since=setting.START - timedelta(days=1))
     assert {k: v for k, v in figures.items() if k != "since"} == {k: v for k, v in afresh.items() if k != "since"}
     assert cost.account(conn, now=end) == figures  # the second scrape, from what was kept
     uuid = conn.execute("SELECT uuid FROM instances WHERE destroyed_at IS NOT NULL AND proofs_total > 0"
