@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ElementTree
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from vastctl import clock as clocks
-from vastctl.demo import calls as routed_calls
 from vastctl.demo import chart as day_chart
 from vastctl.demo import day as demo_day
 from vastctl.demo import setting
@@ -359,46 +357,6 @@ def test_a_kept_day_opens_its_dashboard_with_no_config_written(cli, tmp_path):
     finally:
         assert manager.stop() == 0
     assert "Since the fleet began (2h" in page and '<time datetime="2031-03-03T01:' in page
-
-
-def test_the_days_proofs_are_recorded_as_the_routers_calls_first_come_first_proved(tmp_path):
-    """Two machines' fractional shares become whole calls in proof_calls, each held from its proof's arrival to
-    the moment its machine took it and on the prover for its true rate's time; the late still queued expire."""
-    from vastctl.facts import deliveries
-    from vastctl.providers.sim_engine import Share
-
-    conn = db.connect(tmp_path / "calls.db", now=setting.START, create=True)
-    calls = routed_calls.RoutedCalls(conn, slots=2)
-    slow = Share(vast_id=1, uuid="u-slow", label="vastctl-slow", rate=60.0, proofs=0.5)  # 2 × 3600 / 60: 120 s a call
-    fast = Share(vast_id=2, uuid="u-fast", label="vastctl-fast", rate=120.0, proofs=1.0)  # 60 s a call
-    calls.arrive(3.0)  # minute 0: proofs 1, 2, 3 arrive at 20, 40 and 60 s
-    calls.take(0, [slow, fast])  # fast takes proof 1 at 60 s; slow has half a proof
-    assert conn.execute("SELECT count(*) FROM proof_calls").fetchone()[0] == 0  # answered at 120 s: not yet
-    calls.arrive(0.0)
-    calls.take(1, [replace(slow, proofs=1.0), fast])  # slow reaches 1 proof at 90 s (proof 2), fast 2 at 120 s (3)
-    assert [r[0] for r in conn.execute("SELECT request_id FROM proof_calls")] == ["sim-1"]  # ended by 120 s
-    calls.arrive(2.0)  # minute 2: proofs 4 and 5 at 150 and 180 s, never taken
-    calls.take(2, [])
-    calls.finish(60, 45 * 60)  # an hour in: both waited past 45 min
-    rows = [dict(r) for r in conn.execute("SELECT * FROM proof_calls ORDER BY at, request_id")]
-    done = [(r["request_id"], r["uuid"], r["label"], r["held_ms"], r["prover_ms"], r["attempt"], r["result"],
-             r["kind"], r["total_ms"], r["at"]) for r in rows if r["result"] == "completed"]
-    at = [clocks.to_iso(setting.START + timedelta(seconds=s)) for s in (120, 180, 210)]
-    assert done == [("sim-1", "u-fast", "vastctl-fast", 40_000, 60_000, 1, "completed", "porep", 60_000, at[0]),
-                    ("sim-3", "u-fast", "vastctl-fast", 60_000, 60_000, 1, "completed", "porep", 60_000, at[1]),
-                    ("sim-2", "u-slow", "vastctl-slow", 50_000, 120_000, 1, "completed", "porep", 120_000, at[2])]
-    late = [(r["request_id"], r["uuid"], r["held_ms"], r["prover_ms"], r["attempt"]) for r in rows
-            if r["result"] == "expired"]
-    assert late == [("sim-4", None, 3_450_000, None, 0), ("sim-5", None, 3_420_000, None, 0)]
-    assert set(rows[0]) >= set(deliveries.CALL_COLUMNS) and all(r["size_bytes"] == routed_calls.RoutedCalls.REQUEST_BYTES
-                                                                 for r in rows)
-    assert deliveries.delivered(conn) == {"u-fast": {"completed": 2}, "u-slow": {"completed": 1}}  # 1.5 → 1 call
-    measured = deliveries.proof_wait(conn, since=setting.START, until=calls.until, max_wait_s=45 * 60)
-    assert measured == {"calls": 3, "p50_s": 120.0, "p95_s": 170.0, "p99_s": 170.0, "within_max_wait": 1.0}
-    assert routed_calls.proof_waits(conn, calls, 45 * 60) == {"judged": 5, "within": 0.6, "p50": 120.0, "p95": 170.0,
-                                                      "p99": 170.0}  # the late two count against the share
-    assert routed_calls.wait_minutes(conn, calls) == {1: 1, 2: 2, 57: 2}  # 100, 120 and 170 s; the late 57.5 and 57 min
-    conn.close()
 
 
 @pytest.mark.slow

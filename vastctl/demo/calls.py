@@ -26,9 +26,10 @@ class RoutedCalls:
 
     The market proves in fractions of a proof a minute (sim_engine.Share). Each machine keeps the fraction it
     has not yet made a call of, and takes a call at the moment within the minute its share reaches the next
-    whole proof, so its calls stay within one of its proofs. Calls are first come first proved: the k-th
-    call taken is the k-th proof to arrive, at the moment the arrivals (spread evenly over each minute) reach
-    k. Its row, in the router's shape (route/server.py): kind porep, the machine's uuid and label, result
+    whole proof, so its calls stay within one of its proofs. Calls are first come first proved: a call taken
+    at a moment is the proof at the head of the queue then, the one whose arrival the proofs done so far (the
+    market's, in fractions, spread evenly over each minute as the arrivals are) have reached; counting whole
+    calls instead would hold a fraction left on a machine through a quiet spell as a proof waiting. Its row, in the router's shape (route/server.py): kind porep, the machine's uuid and label, result
     completed, attempt 1, held = taken − arrived, on the prover the time one proof takes that machine at its
     true rate with `slots` calls at once (slots × 3600 / rate; the daemon's total_ms the same, its queue and
     SRS load nothing: the simulator does not split a proof further), answered (`at`) when that ends.
@@ -50,6 +51,7 @@ class RoutedCalls:
         self.late = 0  # expired calls `finish` wrote
         self.until = START  # past the end of every row written
         self._arrived = [0.0]  # proofs arrived by the start of each minute (and the end of the last)
+        self._done = 0.0  # the market's proofs so far, in fractions
         self._remainder: dict[int, float] = {}  # vast id → the fraction of a proof not yet a call
         self._pending: list[tuple[float, int, dict[str, Any]]] = []  # (end s, order, row) not yet written
         self._queued = 0
@@ -61,17 +63,19 @@ class RoutedCalls:
     def take(self, minute: int, shares: list[Share]) -> None:
         """The machines' shares of minute `minute`'s work as calls; the calls ended by its end written."""
         begin = minute * STEP_S
+        done, served = self._done, sum(share.proofs for share in shares)
         moments = []
         for share in shares:
             before = self._remainder.get(share.vast_id, 0.0)
             whole = math.floor(before + share.proofs + 1e-9)
-            for j in range(1, whole + 1):  # the moment within the minute its share reaches the j-th proof
-                moments.append((begin + STEP_S * min(1.0, max(0.0, (j - before) / share.proofs)), share.vast_id,
-                                share))
+            for j in range(1, whole + 1):  # the share of the minute at which it reaches the j-th proof
+                moments.append((min(1.0, max(0.0, (j - before) / share.proofs)), share.vast_id, share))
             self._remainder[share.vast_id] = max(0.0, before + share.proofs - whole)
-        for at, _vast_id, share in sorted(moments, key=lambda item: item[:2]):
+        self._done += served
+        for part, _vast_id, share in sorted(moments, key=lambda item: item[:2]):
             self.taken += 1
-            held = max(0.0, at - self._arrival(self.taken))
+            at = begin + STEP_S * part
+            held = max(0.0, at - self._arrival(done + served * part))  # every machine's share runs evenly
             prover = self.slots * 3600 / share.rate
             self._queue(at + prover, {"request_id": f"sim-{self.taken}", "kind": self.KIND, "uuid": share.uuid,
                                       "label": share.label, "result": "completed", "held_ms": _ms(held),
@@ -83,19 +87,19 @@ class RoutedCalls:
         """At the end of minute `minutes`: every call taken written, and the late proofs still queued."""
         end = minutes * STEP_S
         self._write(math.inf)
-        number = self.taken
-        while number + 1 <= self._arrived[-1] + 1e-9:
-            number += 1
-            waited = end - self._arrival(number)
+        head = math.floor(self._done + 1e-9)  # the whole proofs the market did; the next is (partly) still queued
+        while head + 1 <= self._arrived[-1] + 1e-9:
+            head += 1
+            waited = end - self._arrival(head)
             if waited <= max_wait_s:
                 break  # the rest arrived later still: not yet late, not judged
             self.late += 1
-            self._queue(end, {"request_id": f"sim-{number}", "kind": self.KIND, "result": "expired",
+            self._queue(end, {"request_id": f"sim-{self.taken + self.late}", "kind": self.KIND, "result": "expired",
                               "held_ms": _ms(waited), "attempt": 0, "size_bytes": self.REQUEST_BYTES,
                               "detail": "still held at the end of the simulated day, past agent.max_wait"})
         self._write(math.inf)
 
-    def _arrival(self, number: int) -> float:
+    def _arrival(self, number: float) -> float:
         """Seconds from the start at which the arrivals reached `number` proofs."""
         index = min(len(self._arrived) - 1, max(1, bisect.bisect_left(self._arrived, number - 1e-9)))
         low, high = self._arrived[index - 1], self._arrived[index]
