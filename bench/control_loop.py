@@ -10,7 +10,8 @@ the hosts the fleet may rent, kept through hours others take, at the price
 they were rented at, proofs waiting up to agent.max_wait; bench/README.md
 "The lower bound" has its assumptions). Reported per failure level, over the
 seeds: the service (the share of proofs done within agent.max_wait of
-arriving, mean and worst seed; wait p50/p95), target attainment after
+arriving, mean and worst seed; wait p50/p95: held + proving time of each
+proof's call, as the proof router records it and `fleet --json` reads it), target attainment after
 warm-up, cost per 1,000 proofs as a ratio to the lower bound (and to the
 any-host bound, no filter of the fleet's, and to the bid-aware bound, every
 host at its min_bid), detection latency from a machine dying (the market's
