@@ -1,7 +1,7 @@
 """The demo's lower bounds on a day's market beside the old minute-by-minute figure, per seed ($ per 1,000 proofs).
 
-No fleet is run: the market is built from its seed and each bound computed (demo.least_costs, the linear
-program of vastctl/bound.py; demo.lower_bound_cost, the old figure), with the CPU each took.
+No fleet is run: the market is built from its seed and each bound computed (vastctl/demo/figures.py: least_costs, the linear
+program of vastctl/bound.py; lower_bound_cost, the old figure), with the CPU each took.
 
     python bench/bounds.py --seeds 22 23 351
 """
@@ -14,25 +14,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from vastctl import demo, markets
+from vastctl import markets
 from vastctl.clock import VirtualClock
+from vastctl.demo import figures, setting
 from vastctl.state import db
 
 
 def one_seed(seed: int, hours: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="vastctl-bounds-") as scratch:
-        options = demo.DemoOptions(hours=hours, seed=seed)
-        config = demo.demo_config(Path(scratch), options)
-        clock = VirtualClock(demo.START)
+        options = setting.DemoOptions(hours=hours, seed=seed)
+        config = setting.demo_config(Path(scratch), options)
+        clock = VirtualClock(setting.START)
         conn = db.connect(config.db_path, now=clock.now(), create=True)
         market = markets.get_provider(config, conn=conn, clock=clock)
-        curve = demo.DemandCurve(seed)
+        curve = setting.DemandCurve(seed)
         arrived = sum(curve.rate(minute) / 60 for minute in range(options.minutes))
         started = time.process_time()
-        least = demo.least_costs(market, config, curve, options.minutes)
+        least = figures.least_costs(market, config, curve, options.minutes)
         cpu = time.process_time() - started
-        old = demo.lower_bound_cost(market, config, curve, options.minutes)
-        old_any = demo.lower_bound_cost(market, config, curve, options.minutes, honest=False)
+        old = figures.lower_bound_cost(market, config, curve, options.minutes)
+        old_any = figures.lower_bound_cost(market, config, curve, options.minutes, honest=False)
         conn.close()
 
     def per(cost: float) -> str:

@@ -1,16 +1,17 @@
 """The control loop over simulated days: the rules policy beside a static fleet and the lower bound.
 
 For each seed and each failure level (low, default, high), one `vastctl demo`
-day (vastctl/demo.py: the same demand curve, market and cron cadence) with
+day (vastctl/demo/: the same demand curve, market and cron cadence) with
 the rules policy, and one with a static fleet (the target set once to the
 day's peak, never scaled down: what an operator without agent-step would
 run), beside the lower bound: the least any fleet could pay for the day's
-proofs on that market (demo.least_costs, vastctl/bound.py's linear program:
+proofs on that market (demo/figures.least_costs, vastctl/bound.py's linear program:
 the hosts the fleet may rent, kept through hours others take, at the price
 they were rented at, proofs waiting up to agent.max_wait; bench/README.md
 "The lower bound" has its assumptions). Reported per failure level, over the
 seeds: the service (the share of proofs done within agent.max_wait of
-arriving, mean and worst seed; wait p50/p95), target attainment after
+arriving, mean and worst seed; wait p50/p95: held + proving time of each
+proof's call, as the proof router records it and `fleet --json` reads it), target attainment after
 warm-up, cost per 1,000 proofs as a ratio to the lower bound (and to the
 any-host bound, no filter of the fleet's, and to the bid-aware bound, every
 host at its min_bid), detection latency from a machine dying (the market's
@@ -43,8 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from vastctl import demo
 from vastctl.config import Config, from_mapping
+from vastctl.demo import day, figures, setting
 
 
 def overrides(pairs: list[str]):
@@ -68,8 +69,8 @@ def overrides(pairs: list[str]):
 
 def one_day(seed: int, level: str, fleet: str, hours: float, configure) -> dict:
     with tempfile.TemporaryDirectory(prefix="vastctl-bench-") as scratch:
-        options = demo.DemoOptions(hours=hours, seed=seed, failures=level, fleet=fleet)
-        result = demo.run(options, Path(scratch), configure=configure)
+        options = setting.DemoOptions(hours=hours, seed=seed, failures=level, fleet=fleet)
+        result = day.run(options, Path(scratch), configure=configure)
         return {**result.figures, "latencies": result.latencies}
 
 
@@ -95,7 +96,7 @@ def summarise(runs: list[dict], fleet: str) -> dict:
         "× any host / × bid-aware": " / ".join(_mean_worst([r[key] for r in runs if r.get(key) is not None])
                                                for key in ("cost_ratio_to_any_host_bound",
                                                            "cost_ratio_to_interruptible_bound")),
-        "detect p50/p95": (f"{demo.percentile(latencies, 0.5):.0f}s / {demo.percentile(latencies, 0.95):.0f}s"
+        "detect p50/p95": (f"{figures.percentile(latencies, 0.5):.0f}s / {figures.percentile(latencies, 0.95):.0f}s"
                            f" (n={len(latencies)})") if latencies else "-",
         "leaked h (of billed)": f"{leaked:.2f} of {billed:.0f} ({leaked / billed * 100:.2f}%)" if billed else "-",
         "bids / outbids / rebids": (f"{sum(r.get('machines_interruptible', 0) for r in runs)}"
@@ -135,9 +136,9 @@ def lower_bound_rows(runs: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 9])
-    parser.add_argument("--levels", nargs="+", default=list(demo.FAILURE_LEVELS), choices=demo.FAILURE_LEVELS)
+    parser.add_argument("--levels", nargs="+", default=list(setting.FAILURE_LEVELS), choices=setting.FAILURE_LEVELS)
     parser.add_argument("--hours", type=float, default=24.0)
-    parser.add_argument("--fleets", nargs="+", default=list(demo.FLEETS), choices=demo.FLEETS)
+    parser.add_argument("--fleets", nargs="+", default=list(setting.FLEETS), choices=setting.FLEETS)
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         help="a config override for every run, e.g. agent.headroom=0.1")
     args = parser.parse_args(argv)

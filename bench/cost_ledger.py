@@ -5,7 +5,7 @@ own `cost`, read from the demo's state file) goes to one cause:
 
   proving machines (the market has them proving: running, not paused, not dead), their cost C at capacity K
   (the sum of their true rates), against the minute-by-minute price b(x) (the cheapest allowed hosts no
-  other renter holds, in fractions of a machine: demo.lower_bound_cost's rule), with A the arrivals
+  other renter holds, in fractions of a machine: demo/figures.lower_bound_cost's rule), with A the arrivals
   of the minute, W the capacity the rules wanted then (sizing.wanted_capacity), L the look-ahead's rate
   (lookahead / demand.lookahead_window), and while K ≥ A, w = W and l = L kept within [A, K]:
     bound                      b(A): what renting minute by minute would pay; the true lower bound (the
@@ -49,9 +49,9 @@ from typing import Any
 
 from control_loop import overrides
 
-from vastctl import demo
 from vastctl.agent import sizing
 from vastctl.config import Config
+from vastctl.demo import day, setting
 from vastctl.observe import observe
 from vastctl.providers import sim_market
 
@@ -77,7 +77,7 @@ class BoundPrices:
         self._taken: tuple[int, frozenset[int]] = (-1, frozenset())
 
     def priced(self, minute: int) -> list[tuple[float, float]]:
-        at = (demo.START + timedelta(minutes=minute)).timestamp()
+        at = (setting.START + timedelta(minutes=minute)).timestamp()
         hour = int(at // 3600)
         if self._taken[0] != hour:
             self._taken = (hour, sim_market.taken_by_others(self.seed, self.everyone, hour))
@@ -106,7 +106,7 @@ def price_of(priced: list[tuple[float, float]], need: float) -> float:
 class Ledger:
     """Reads the demo's state file after each simulated minute and books that minute's billing to causes."""
 
-    def __init__(self, path: Path, seed: int, config_box: dict[str, Config], curve: demo.DemandCurve):
+    def __init__(self, path: Path, seed: int, config_box: dict[str, Config], curve: setting.DemandCurve):
         self.path = path
         self.seed = seed
         self.config_box = config_box
@@ -133,7 +133,7 @@ class Ledger:
             self.rates = {host.machine_id: host.true_rate for host in sim_market.make_hosts(self.seed)}
         assert self.bound is not None
         conn = self.conn
-        now = demo.START + timedelta(minutes=minute)
+        now = setting.START + timedelta(minutes=minute)
         book = self.hours[minute // 60]
         killed = {row[0] for row in conn.execute("SELECT vast_id FROM instances WHERE killed_at IS NOT NULL"
                                                  " AND vast_id IS NOT NULL")}
@@ -225,8 +225,8 @@ def one_day(seed: int, level: str, hours: float, configure) -> tuple[Ledger, dic
         box["config"] = config
 
     with tempfile.TemporaryDirectory(prefix="vastctl-ledger-") as scratch:
-        ledger = Ledger(Path(scratch) / "demo.db", seed, box, demo.DemandCurve(seed))
-        result = demo.run(demo.DemoOptions(hours=hours, seed=seed, failures=level), Path(scratch),
+        ledger = Ledger(Path(scratch) / "demo.db", seed, box, setting.DemandCurve(seed))
+        result = day.run(setting.DemoOptions(hours=hours, seed=seed, failures=level), Path(scratch),
                           configure=keep, progress=ledger.minute)
         ledger.finish()
     return ledger, result.figures
@@ -266,7 +266,7 @@ def rows_of(books: list[tuple[dict[str, float], dict[str, Any]]]) -> tuple[list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 9])
-    parser.add_argument("--level", default="default", choices=demo.FAILURE_LEVELS)
+    parser.add_argument("--level", default="default", choices=setting.FAILURE_LEVELS)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--hourly", action="store_true", help="also one row per simulated hour of each day")
     parser.add_argument("--set", dest="settings", action="append", default=[],

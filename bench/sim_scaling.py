@@ -1,9 +1,9 @@
 """The simulator's cost per simulated minute: a simulated day beside a simulated week, the same seed.
 
-Each run is one `vastctl demo` (vastctl/demo.py: the market, reconcile and
+Each run is one `vastctl demo` (vastctl/demo/: the market, reconcile and
 agent-step every simulated minute, the figures at the end) in a fresh process,
 so that no cache of one run warms the next; the wall time is taken around
-demo.run only (not the interpreter's start). Rounds interleave the day and the
+demo/day.run only (not the interpreter's start). Rounds interleave the day and the
 week so that machine noise hits them alike. Prints each run's wall time per
 simulated minute, the medians, and the ratio of the week's wall time to the
 day's: 7 means a minute costs the same at the end of a week as on the first
@@ -35,13 +35,13 @@ TARGET_RATIO = 7.5
 
 
 def one(hours: float, seed: int) -> dict:
-    """One demo run in this process: wall seconds around demo.run, and a digest of its figures."""
+    """One demo run in this process: wall seconds around demo/day.run, and a digest of its figures."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from vastctl import demo
+    from vastctl.demo import day, setting
 
     with tempfile.TemporaryDirectory() as directory:
         started, cpu = time.perf_counter(), time.process_time()
-        result = demo.run(demo.DemoOptions(hours=hours, seed=seed), Path(directory))
+        result = day.run(setting.DemoOptions(hours=hours, seed=seed), Path(directory))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     digest = hashlib.sha256(json.dumps(result.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {"hours": hours, "wall_s": wall, "cpu_s": cpu, "minutes": result.options.minutes, "figures": digest}

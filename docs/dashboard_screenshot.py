@@ -45,7 +45,7 @@ def vastctl(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=11)  # the screenshots' day (demo.DEFAULT_SEED is now 351)
+    parser.add_argument("--seed", type=int, default=11)  # the screenshots' day (demo/setting.DEFAULT_SEED is now 351)
     parser.add_argument("--kept", type=Path, help="a state file `demo --keep` left (its FILE.secret beside it)")
     parser.add_argument("--as-of", help="with --kept: the end of its day, as the demo printed it")
     parser.add_argument("--out-dir", type=Path, default=DOCS)

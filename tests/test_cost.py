@@ -12,10 +12,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vastctl import clock, demo, reconcile
+from vastctl import clock, reconcile
 from vastctl.cli.app import Globals
 from vastctl.clock import VirtualClock
-from vastctl.facts import cost
+from vastctl.demo import day as demo_day
+from vastctl.demo import setting
+from vastctl.facts import cost, deliveries
 from vastctl.providers import sim_engine
 from vastctl.providers.base import RemoteInstance
 from vastctl.state import db, lifecycle
@@ -51,9 +53,9 @@ def day(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(f"cost-day-{request.param}")
     with pytest.MonkeyPatch.context() as patch:
         per = market_truth(patch)
-        result = demo.run(demo.DemoOptions(hours=24, seed=request.param), directory)
-    conn = db.connect(directory / "demo.db", now=demo.START)
-    end = demo.START + timedelta(hours=24)
+        result = demo_day.run(setting.DemoOptions(hours=24, seed=request.param), directory)
+    conn = db.connect(directory / "demo.db", now=setting.START)
+    end = setting.START + timedelta(hours=24)
     figures = cost.account(conn, now=end)
     yield per, figures, result, conn, end
     conn.close()
@@ -296,18 +298,22 @@ def test_the_proofs_the_router_delivered_from_a_machine_are_its_count_over_what_
 @pytest.mark.slow
 def test_the_whole_account_kept_for_destroyed_machines_is_the_account_computed_afresh(day):
     """The dashboard's and /metrics' account keeps each destroyed machine's figures between scrapes: the same
-    figures as the windowed path computes from every piece, scrape after scrape, and a changed row is read again."""
+    figures as the windowed path computes from every piece, scrape after scrape, and a machine whose count
+    changed is read again (the day's proofs are the router's calls: its proof_calls rows)."""
     _per, figures, _result, conn, end = day
-    afresh = cost.account(conn, now=end, since=demo.START - timedelta(days=1))
+    afresh = cost.account(conn, now=end, since=setting.START - timedelta(days=1))
     assert {k: v for k, v in figures.items() if k != "since"} == {k: v for k, v in afresh.items() if k != "since"}
     assert cost.account(conn, now=end) == figures  # the second scrape, from what was kept
     uuid = conn.execute("SELECT uuid FROM instances WHERE destroyed_at IS NOT NULL AND proofs_total > 0"
-                        " LIMIT 1").fetchone()[0]
-    conn.execute("UPDATE instances SET proofs_total = proofs_total + 1000 WHERE uuid = ?", (uuid,))
+                        " AND uuid IN (SELECT uuid FROM proof_calls) LIMIT 1").fetchone()[0]
+    at = clock.to_iso(end - timedelta(hours=1))
+    deliveries.record_calls(conn, [{"at": at, "request_id": "another", "kind": "porep", "uuid": uuid,
+                                    "result": "completed", "held_ms": 0, "prover_ms": 1000, "attempt": 1,
+                                    "size_bytes": 1}] * 1000)
     try:
         assert cost.account(conn, now=end)["proofs"] == figures["proofs"] + 1000
     finally:
-        conn.execute("UPDATE instances SET proofs_total = proofs_total - 1000 WHERE uuid = ?", (uuid,))
+        conn.execute("DELETE FROM proof_calls WHERE request_id = 'another'")
 
 
 # --- the account kept between requests ---------------------------------------------------------------

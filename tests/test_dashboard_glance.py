@@ -11,7 +11,8 @@ from pathlib import Path
 
 from test_dashboard import XSS, add_step, app, browser, register, signed_in  # noqa: F401 - fixtures
 
-from vastctl import clock, demo
+from vastctl import clock
+from vastctl.demo import chart
 from vastctl.facts import demand
 from vastctl.serving import dashboard_chart, dashboard_page
 from vastctl.state import db, lifecycle
@@ -126,4 +127,4 @@ def test_a_day_old_fleets_chart_is_the_last_day_ticked_every_three_hours(app):
 def test_the_charts_colours_are_the_demo_charts():
     css = CSS.read_text()
     for name in ("target", "capacity", "queue", "spend"):
-        assert f"svg polyline.{name} {{ stroke: {demo.CHART_COLOURS[name]}; }}" in css
+        assert f"svg polyline.{name} {{ stroke: {chart.CHART_COLOURS[name]}; }}" in css

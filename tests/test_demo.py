@@ -10,7 +10,9 @@ from datetime import timedelta
 import pytest
 
 from vastctl import clock as clocks
-from vastctl import demo
+from vastctl.demo import chart as day_chart
+from vastctl.demo import day as demo_day
+from vastctl.demo import setting
 from vastctl.providers.sim import FAULT_KINDS
 from vastctl.state import db
 
@@ -18,7 +20,8 @@ CONTRACT_KEYS = {"hours", "seed", "target_attainment", "cost", "proofs", "cost_p
                  "leaked_instance_hours", "detection_latency_p95_s"}
 # columns that hold a moment to come (computed from simulated time): a blocklist entry's end, the market's next step
 SCHEDULED = {("blocklist", "until"), ("sim_instances", "step_at"), ("sim_instances", "fault_at"),
-             ("sim_meta", "busy_until"), ("locks", "expires_at")}
+             ("sim_meta", "busy_until"), ("locks", "expires_at"),
+             ("proof_calls", "at")}  # a call a machine took before the end is answered after it
 ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
 
 
@@ -31,7 +34,7 @@ def demo_json(cli, *args):
 def test_a_short_demo_through_the_cli_prints_the_contracts_figures_and_leaves_the_operators_file_alone(cli, db_path):
     figures = demo_json(cli, "--hours", "3")
     assert CONTRACT_KEYS <= set(figures)
-    assert figures["hours"] == 3 and figures["seed"] == demo.DEFAULT_SEED
+    assert figures["hours"] == 3 and figures["seed"] == setting.DEFAULT_SEED
     assert 0 <= figures["target_attainment"] <= 1 and figures["attainment_minutes"] == 120  # 3 h minus the warm-up
     assert figures["proofs"] > 0 and figures["cost"] > 0
     assert figures["cost_per_1000_proofs"] == pytest.approx(figures["cost"] / figures["proofs"] * 1000, rel=0.01)
@@ -43,7 +46,7 @@ def test_a_short_demo_through_the_cli_prints_the_contracts_figures_and_leaves_th
 def test_the_summary_table_names_the_figures_and_no_progress_bar_goes_to_a_pipe(cli):
     result = cli("demo", "--hours", "2")
     assert result.code == 0, result.err
-    assert result.out.startswith(f"vastctl demo: 2 simulated hours, seed {demo.DEFAULT_SEED}, policy rules,"
+    assert result.out.startswith(f"vastctl demo: 2 simulated hours, seed {setting.DEFAULT_SEED}, policy rules,"
                                  " failures default")
     for label in ("target met", "cost per 1000 proofs", "leaked instance-hours", "dead machines detected"):
         assert label in result.out
@@ -101,15 +104,15 @@ def test_bad_input_is_one_error_line_and_exit_2(cli, tmp_path, monkeypatch, args
 @pytest.fixture(scope="module")
 def day(tmp_path_factory):
     directory = tmp_path_factory.mktemp("demo-day")
-    result = demo.run(demo.DemoOptions(hours=24), directory)
+    result = demo_day.run(setting.DemoOptions(hours=24), directory)
     return result, directory / "demo.db"
 
 
 @pytest.mark.slow
 def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
     result, path = day
-    conn = db.connect(path, now=demo.START)
-    start, end = demo.START, demo.START + timedelta(hours=24)
+    conn = db.connect(path, now=setting.START)
+    start, end = setting.START, setting.START + timedelta(hours=24)
     low, high = clocks.to_iso(start)[:19], clocks.to_iso(end)[:19]
     until = "9999"  # a moment to come may lie past the day, never before it (the wall clock is years before START)
     seen = {}
@@ -124,7 +127,7 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
                     seen[(table, column)] = seen.get((table, column), 0) + 1
     for table, column in (("migrations", "applied_at"), ("agent_steps", "started_at"), ("agent_steps", "observation"), ("demand_samples", "at"),
                           ("events", "at"), ("actions", "at"), ("instances", "killed_at"), ("settings", "updated_at"),
-                          ("sim_instances", "died_at"), ("vast_listings", "at")):
+                          ("sim_instances", "died_at"), ("vast_listings", "at"), ("proof_calls", "at")):
         assert seen.get((table, column)), (table, column)  # the scan saw each of them: it cannot pass on an empty file
     conn.close()
 
@@ -133,7 +136,7 @@ def test_a_simulated_day_writes_no_wall_clock_time_anywhere_in_the_file(day):
 def test_every_failure_kind_happens_and_is_handled_over_two_days_at_the_default_level(day, tmp_path):
     """The default seed's day and seed 9's: a fleet sized honestly runs ~14 machines a day, too few for every
     rare fault (a vanished instance, an offline host, a stalled fetch) to strike in one day."""
-    other = demo.run(demo.DemoOptions(hours=24, seed=9), tmp_path)
+    other = demo_day.run(setting.DemoOptions(hours=24, seed=9), tmp_path)
     days = [day, (other, tmp_path / "demo.db")]
     happened = {kind for result, _path in days for kind, n in result.figures["faults"].items() if n > 0}
     assert happened >= set(FAULT_KINDS), [result.figures["faults"] for result, _path in days]
@@ -141,7 +144,7 @@ def test_every_failure_kind_happens_and_is_handled_over_two_days_at_the_default_
     stuck = 0
     for result, path in days:
         figures = result.figures
-        conn = db.connect(path, now=demo.START)
+        conn = db.connect(path, now=setting.START)
         codes |= {row[0] for row in conn.execute("SELECT kill_code FROM instances WHERE state = 'killed'")}
         # a stuck benchmark goes at reconcile's timeout, or before it once the fleet launched around it and covers
         # the work
@@ -150,7 +153,7 @@ def test_every_failure_kind_happens_and_is_handled_over_two_days_at_the_default_
         # every machine that died was killed, and every killed one is destroyed but the last minutes' refusals
         assert figures["deaths"] > 0 and figures["deaths_undetected_at_end"] == 0
         left = conn.execute("SELECT count(*) FROM instances WHERE state = 'killed' AND destroyed_at IS NULL"
-                            " AND killed_at < ?", (clocks.to_iso(demo.START + timedelta(hours=23)),)).fetchone()[0]
+                            " AND killed_at < ?", (clocks.to_iso(setting.START + timedelta(hours=23)),)).fetchone()[0]
         assert left == 0
         assert figures["detection_latency_p95_s"] <= 180
         assert sum(figures["kills_by_reason"].values()) == conn.execute(
@@ -164,9 +167,9 @@ def test_every_failure_kind_happens_and_is_handled_over_two_days_at_the_default_
 @pytest.mark.slow
 def test_the_demand_source_outage_makes_demand_unknown_and_the_agent_holds(day):
     result, path = day
-    conn = db.connect(path, now=demo.START)
-    outage_from = clocks.to_iso(demo.START + timedelta(hours=demo.OUTAGE[0]))
-    outage_to = clocks.to_iso(demo.START + timedelta(hours=demo.OUTAGE[1]))
+    conn = db.connect(path, now=setting.START)
+    outage_from = clocks.to_iso(setting.START + timedelta(hours=setting.OUTAGE[0]))
+    outage_to = clocks.to_iso(setting.START + timedelta(hours=setting.OUTAGE[1]))
     assert conn.execute("SELECT count(*) FROM demand_samples WHERE at >= ? AND at < ?",
                         (outage_from, outage_to)).fetchone()[0] == 0
     unknown = [json.loads(row[0])["demand"] for row in conn.execute(
@@ -198,9 +201,9 @@ def test_the_summary_says_what_the_lower_bound_is_and_what_the_ratio_means(cli):
 @pytest.mark.slow
 def test_the_chart_marks_launches_kills_by_reason_the_outage_and_shows_spend_so_far_and_proof_waits(day, tmp_path):
     result, _ = day
-    chart = tmp_path / "day.svg"
-    demo.write_chart(result, chart)
-    text = chart.read_text()
+    svg = tmp_path / "day.svg"
+    day_chart.write_chart(result, svg)
+    text = svg.read_text()
     assert f"launch ({len(result.launches)})" in text and len(result.launches) == result.figures["machines_launched"]
     for code, n in result.figures["kills_by_reason"].items():
         assert f"kill: {code} ({n})" in text
@@ -222,7 +225,7 @@ def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
     assert result.err.count(token) == 1 and token not in result.out  # shown once, on stderr
     for name in ("day.db.secret", "day.db.admin-token"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
-    conn = db.connect(kept, now=demo.START + timedelta(hours=2))  # a whole file: no -wal beside it needed
+    conn = db.connect(kept, now=setting.START + timedelta(hours=2))  # a whole file: no -wal beside it needed
     assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] > 0
     conn.close()
     assert not (tmp_path / "day.db-wal").exists() or (tmp_path / "day.db-wal").stat().st_size == 0
@@ -258,7 +261,7 @@ def test_the_read_commands_read_a_kept_day_at_its_own_end(cli, kept_day):
 
 @pytest.mark.slow
 def test_events_label_shows_one_machines_whole_path(cli, kept_day):
-    conn = db.connect(kept_day, now=demo.START + timedelta(hours=6))
+    conn = db.connect(kept_day, now=setting.START + timedelta(hours=6))
     label, uuid = conn.execute(  # one that booted, proved, was killed and destroyed: every kind of step
         "SELECT label, uuid FROM instances i WHERE destroyed_at IS NOT NULL AND vast_id IS NOT NULL AND EXISTS"
         " (SELECT 1 FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'bench_done') ORDER BY created_at LIMIT 1"
@@ -291,7 +294,7 @@ def test_in_a_simulated_day_event_ids_follow_their_times(day):
     """The order consumers follow (--since ID) is the order things happened: a minute's machine reports are written
     before that minute's settings and passes."""
     result, path = day
-    conn = db.connect(path, now=demo.START)
+    conn = db.connect(path, now=setting.START)
     times = [row[0] for row in conn.execute("SELECT at FROM events ORDER BY id")]
     conn.close()
     assert len(times) > 100 and times == sorted(times)
@@ -356,20 +359,6 @@ def test_a_kept_day_opens_its_dashboard_with_no_config_written(cli, tmp_path):
     assert "Since the fleet began (2h" in page and '<time datetime="2031-03-03T01:' in page
 
 
-def test_proof_waits_are_first_come_first_proved_and_late_ones_still_queued_count():
-    waits = demo.ProofWaits(45 * 60)
-    waits.arrive(0, 10.0)
-    waits.arrive(1, 10.0)
-    waits.serve(0, 5.0)  # 5 of minute 0's proofs at once
-    waits.serve(30, 10.0)  # the other 5 of minute 0 (30 min), then 5 of minute 1 (29 min)
-    waits.arrive(90, 4.0)  # still queued at the end, 10 minutes old: not judged
-    summary = waits.summary(100)  # 5 of minute 1 still queued after 99 minutes: late
-    assert summary["judged"] == pytest.approx(20.0)
-    assert summary["within"] == pytest.approx(15 / 20)
-    assert (summary["p50"], summary["p95"], summary["p99"]) == (29 * 60, 99 * 60, 99 * 60)
-    assert demo.ProofWaits(2700).summary(10) == {"judged": 0, "within": None, "p50": None, "p95": None, "p99": None}
-
-
 @pytest.mark.slow
 def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_fleet_may(day):
     result, path = day
@@ -377,12 +366,43 @@ def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_
     assert figures["max_wait_s"] == 45 * 60
     assert figures["proofs_within_max_wait"] >= 0.99
     assert 0 <= figures["proof_wait_p50_s"] <= figures["proof_wait_p95_s"] <= figures["proof_wait_p99_s"] <= 45 * 60
-    assert figures["proofs_judged_for_wait"] >= figures["proofs"] - 1
+    assert figures["proofs_judged_for_wait"] >= figures["proofs"] - figures["machines_launched"]  # whole calls
     # the fleet's filters make the honest bound at least the any-host one (every host of the market)
     assert figures["lower_bound_cost_per_1000_proofs"] >= figures["lower_bound_any_host_cost_per_1000_proofs"]
-    conn = db.connect(path, now=demo.START)
+    conn = db.connect(path, now=setting.START)
     coming = conn.execute("SELECT count(*) FROM demand_samples WHERE lookahead > 0").fetchone()[0]
     assert coming > 600  # the script reports the coming hour as look-ahead, beside the queue
+    conn.close()
+
+
+@pytest.mark.slow
+def test_a_days_calls_add_up_to_the_markets_proofs_and_its_wait_figures_are_the_routers(day):
+    """The day's proof_calls rows: every proof the market did, as whole calls (within one a machine), and the
+    demo's proof-wait figures are deliveries.proof_wait over the file, as `fleet --json` reads it."""
+    from vastctl.facts import deliveries
+
+    result, path = day
+    figures = result.figures
+    conn = db.connect(path, now=setting.START)
+    completed = dict(conn.execute("SELECT uuid, count(*) FROM proof_calls WHERE result = 'completed'"
+                                  " GROUP BY uuid").fetchall())
+    assert None not in completed and set(completed) <= {r[0] for r in conn.execute("SELECT uuid FROM instances")}
+    assert 0 <= figures["proofs"] - sum(completed.values()) <= len(completed), (figures["proofs"], completed)
+    kinds = conn.execute("SELECT DISTINCT kind, attempt FROM proof_calls WHERE result = 'completed'").fetchall()
+    assert [tuple(k) for k in kinds] == [("porep", 1)]
+    late = conn.execute("SELECT count(*) FROM proof_calls WHERE result = 'expired'").fetchone()[0]
+    measured = deliveries.proof_wait(conn, since=setting.START, until=setting.START + timedelta(days=2),
+                                     max_wait_s=figures["max_wait_s"])
+    assert measured["calls"] == sum(completed.values()) and figures["proofs_judged_for_wait"] == measured["calls"] + late
+    assert (figures["proof_wait_p50_s"], figures["proof_wait_p95_s"], figures["proof_wait_p99_s"]) == (
+        measured["p50_s"], measured["p95_s"], measured["p99_s"])
+    assert figures["proofs_within_max_wait"] == pytest.approx(
+        measured["within_max_wait"] * measured["calls"] / (measured["calls"] + late), abs=1e-4)
+    # a machine kept at its true rate is seen by the router at it: the routed ceiling is that rate
+    end = setting.START + timedelta(hours=24)
+    true = dict(conn.execute("SELECT uuid, h.true_rate FROM sim_instances JOIN sim_hosts h USING (machine_id)"))
+    for uuid, routed in deliveries.routed_rates(conn, now=end, slots=5).items():
+        assert routed.rate <= true[uuid] * 1.001 and routed.rate_max == pytest.approx(true[uuid], rel=1e-3)
     conn.close()
 
 
@@ -390,8 +410,8 @@ def test_a_day_reports_how_long_proofs_waited_and_the_bound_rents_only_what_the_
 def test_the_rules_release_machines_while_work_is_queued_in_a_day(day):
     """Two-way sizing: machines are stopped while work is queued or coming, not only after the quiet spell."""
     result, path = day
-    conn = db.connect(path, now=demo.START)
-    quiet_from = clocks.to_iso(demo.START + timedelta(hours=demo.QUIET[0]))
+    conn = db.connect(path, now=setting.START)
+    quiet_from = clocks.to_iso(setting.START + timedelta(hours=setting.QUIET[0]))
     released = conn.execute("SELECT count(*) FROM events WHERE source = 'agent' AND to_state IN ('stopped', 'killed')"
                             " AND at < ?", (quiet_from,)).fetchone()[0]
     assert released > 0
@@ -401,7 +421,7 @@ def test_the_rules_release_machines_while_work_is_queued_in_a_day(day):
 def test_the_help_names_the_default_seed_and_the_rentals(cli):
     result = cli("demo", "--help")
     text = " ".join(result.out.split())
-    assert f"default {demo.DEFAULT_SEED}" in text and "default 11" not in text
+    assert f"default {setting.DEFAULT_SEED}" in text and "default 11" not in text
     assert "--rental" in text and "interruptible" in text and "mixed" in text
 
 
@@ -422,7 +442,7 @@ def test_a_mixed_day_through_the_cli_rents_interruptible_and_reports_the_bid_awa
 def test_over_a_kept_day_vastctls_proofs_equal_the_markets_within_1_percent(cli, tmp_path):
     kept = tmp_path / "day.db"
     figures = demo_json(cli, "--hours", "24", "--seed", "5", "--keep", str(kept))
-    conn = db.connect(kept, now=demo.START)
+    conn = db.connect(kept, now=setting.START)
     counted = conn.execute("SELECT sum(proofs_total) FROM instances").fetchone()[0]
     resets = conn.execute("SELECT count(*) FROM events WHERE kind = 'counter_reset'").fetchone()[0]
     conn.close()
@@ -443,7 +463,7 @@ def test_no_fleet_comes_in_under_the_lower_bound(tmp_path, seed):
     for number, (fleet, configure) in enumerate((("rules", None), ("static", None), ("rules", mixed))):
         directory = tmp_path / str(number)
         directory.mkdir()
-        figures = demo.run(demo.DemoOptions(hours=12, seed=seed, fleet=fleet), directory, configure=configure).figures
+        figures = demo_day.run(setting.DemoOptions(hours=12, seed=seed, fleet=fleet), directory, configure=configure).figures
         assert figures["cost_ratio_to_interruptible_bound"] >= 1.0, (fleet, figures)
         if configure is None:
             assert figures["cost_ratio_to_lower_bound"] >= 1.0, (fleet, figures)

@@ -11,9 +11,10 @@ from http.server import ThreadingHTTPServer
 import pytest
 from serving import JsonHandler, on_a_thread
 
-from vastctl import bids, clock, demo, guard
+from vastctl import bids, clock, guard
 from vastctl.agent import sizing
 from vastctl.config import from_mapping
+from vastctl.demo import day, setting
 from vastctl.errors import BadInput
 from vastctl.providers.base import CreateRequest, Offer, ProviderRejected
 from vastctl.providers.vast import VastProvider
@@ -261,7 +262,7 @@ def test_a_mixed_fleet_over_a_simulated_day_bids_is_outbid_and_keeps_the_service
     def mixed(config):
         config.launch.rental = "mixed"
 
-    result = demo.run(demo.DemoOptions(hours=12, seed=2, failures="default"), tmp_path, configure=mixed)
+    result = day.run(setting.DemoOptions(hours=12, seed=2, failures="default"), tmp_path, configure=mixed)
     figures = result.figures
     assert figures["rental"] == "mixed"
     assert 0 < figures["machines_interruptible"] < figures["machines_launched"]

@@ -39,9 +39,12 @@ EXPLAINED = (
     " rises, stop a host at its disk's price, and let proofs wait up to agent.max_wait; no fleet pays less.",
     "any-host bound: the same on every host of the market, no filter of the fleet's; bid-aware bound: the"
     " fleet's hosts each rented at its min_bid, never outbid (the bound for interruptible and mixed rental).",
+    "proof wait: from a proof's arrival to its answer (held, then proving), each proof a call as the proof router"
+    " records it in the state file, the figures `fleet --json` and /metrics give; proofs still waiting past"
+    " agent.max_wait at the end count as late.",
     "vastctl's account: what the state file says (`vastctl cost`); above the simulated billing by the first"
-    " minutes of each boot (counted at the full price) and below its proofs by what machines did after their last"
-    " heartbeat.",
+    " minutes of each boot (counted at the full price); its proofs are the calls the router saw answered (those"
+    " still proving at the end included).",
     "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
     " machines, boot and benchmark time, failures and the headroom kept for bursts).",
 )
@@ -68,12 +71,14 @@ def demo_cmd(
 
     Example: vastctl demo --hours 24 --seed 1 --chart demo.svg --keep demo.db
     """
-    from vastctl import demo
+    from vastctl.demo import chart as day_chart
+    from vastctl.demo import day, setting
+    from vastctl.demo import keep as day_file
     from vastctl.errors import BadInput
 
     if rental is None and globals_of(ctx).config_path is not None:  # --config given: its launch.rental
         rental = globals_of(ctx).config.launch.rental
-    options = demo.DemoOptions(hours=hours, seed=demo.DEFAULT_SEED if seed is None else seed, policy=policy,
+    options = setting.DemoOptions(hours=hours, seed=setting.DEFAULT_SEED if seed is None else seed, policy=policy,
                                failures=failures, rental=rental)
     options.check()
     if chart is not None and chart.suffix.lower() not in (".svg", ".png"):
@@ -81,17 +86,17 @@ def demo_cmd(
     if chart is not None and not chart.resolve().parent.is_dir():
         raise BadInput(f"--chart {chart}: the directory {chart.resolve().parent} does not exist")
     if keep is not None:
-        demo.check_keep(keep)
+        day_file.check_keep(keep)
     if policy == "llm" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise BadInput("--policy llm needs ANTHROPIC_API_KEY (it spends real tokens): set it, or use --policy rules")
     token = None
     with tempfile.TemporaryDirectory(prefix="vastctl-demo-") as scratch:
-        result = demo.run(options, Path(scratch), env=os.environ, progress=_progress_bar() if sys.stderr.isatty() else None)
-        result.figures.update(_account(Path(scratch) / "demo.db", demo.end_of(options)))
+        result = day.run(options, Path(scratch), env=os.environ, progress=_progress_bar() if sys.stderr.isatty() else None)
+        result.figures.update(_account(Path(scratch) / "demo.db", setting.end_of(options)))
         if keep is not None:
-            token = demo.keep_state(Path(scratch), keep)
+            token = day_file.keep_state(Path(scratch), keep)
     if chart is not None:
-        demo.write_chart(result, chart)
+        day_chart.write_chart(result, chart)
     if as_json:
         print_json(result.to_json())
     else:
@@ -99,7 +104,7 @@ def demo_cmd(
     if chart is not None:
         say(f"chart written to {chart}")
     if keep is not None:
-        say(f"state file kept at {keep}; every command reads it at the day's end (`--as-of {demo.end_of(options)}`):"
+        say(f"state file kept at {keep}; every command reads it at the day's end (`--as-of {setting.end_of(options)}`):"
             f" `vastctl --db {keep} fleet --all`, `cost`, `events --label LABEL` (one machine's whole path)")
         say(f"its dashboard: `vastctl --db {keep} serve`, then http://127.0.0.1:8080/ and sign in with {token}"
             f" (shown once; kept in {keep}.admin-token)")

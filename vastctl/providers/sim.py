@@ -43,7 +43,7 @@ from vastctl.providers.base import (
     RemoteInstance,
 )
 from vastctl.providers.reports_sink import Reports
-from vastctl.providers.sim_engine import Engine
+from vastctl.providers.sim_engine import Engine, Share
 from vastctl.providers.sim_store import FIRST_VAST_ID, Machine, SimStore, at_of, moment, seconds
 
 __all__ = ["FAULT_KINDS", "FIRST_VAST_ID", "SimProvider", "SimTotals"]  # FIRST_VAST_ID: sim_store's, named here for callers
@@ -238,9 +238,10 @@ class SimProvider:
             instances=records, faults=faults, outbids=outbids,
         )
 
-    def work(self, queued: float, seconds: float) -> float:
+    def work(self, queued: float, seconds: float) -> list[Share]:
         """The machines proving now take up to `queued` proofs of the queue over the next `seconds` (the demo's
-        work); their counters, which their heartbeats report, count them. The proofs done. Not an API call."""
+        work); their counters, which their heartbeats report, count them. Each machine's share of the proofs
+        (sim_engine.Share; their sum is the proofs done). Not an API call."""
         with self._consulted() as _now:
             return self.engine.work(queued, seconds)
 

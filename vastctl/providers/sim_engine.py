@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -37,6 +38,17 @@ START_FAILURE_MSG = ("Error response from daemon: failed to create task for cont
                      " error during container init: nvidia-container-cli: initialization error: driver rpc error")
 OUTBID_MSG = "stopped: outbid (a higher bid holds the host); resumes when the bid wins again"
 RESTART_S = (90.0, 300.0)  # an outbid container resumed: it starts again, cuzk loads its SRS, then proves
+
+
+@dataclass(frozen=True)
+class Share:
+    """One proving machine's part of the work `Engine.work` did: its proofs in fractions, at its true rate."""
+
+    vast_id: int
+    uuid: str | None  # the VASTCTL_UUID it was launched with (the prover the router knows it as)
+    label: str | None
+    rate: float  # its true proofs/hour
+    proofs: float
 
 
 class Engine:
@@ -83,19 +95,24 @@ class Engine:
                 and m.actual_status == "running" and m.proving_since is not None and m.paused_at is None
                 and m.refused_at is None and m.died_at is None]
 
-    def work(self, queued: float, seconds: float) -> float:
+    def work(self, queued: float, seconds: float) -> list[Share]:
         """The proving machines take up to `queued` proofs over `seconds` at their true rates, each its share
-        of what is done by its rate (idle capacity proves nothing); the proofs done."""
+        of what is done by its rate (idle capacity proves nothing); each one's share, in fractions of a proof
+        (the demo makes whole calls of them, as the proof router would see them)."""
         hosts = self.hosts()
         proving = [(m, hosts[m.machine_id].true_rate) for m in self.proving()]
         capacity = sum(rate for _m, rate in proving) * seconds / 3600
         done = min(max(0.0, queued), capacity)
         if done <= 0:
-            return 0.0
+            return []
+        shares = []
         for machine, rate in proving:
-            machine.proofs += done * rate * seconds / 3600 / capacity
+            taken = done * rate * seconds / 3600 / capacity
+            machine.proofs += taken
             self.dirty.add(machine.vast_id)
-        return done
+            shares.append(Share(vast_id=machine.vast_id, uuid=machine.uuid, label=machine.label, rate=rate,
+                                proofs=taken))
+        return shares
 
     # --- the events ------------------------------------------------------------------------------------
 
