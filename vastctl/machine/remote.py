@@ -215,25 +215,26 @@ def _answer(response, server: str, uuid: str) -> dict[str, Any]:
         raise BadInput(f"the manager refused the token for {uuid} ({message}): VASTCTL_TOKEN belongs to"
                        " another machine; check --uuid/VASTCTL_UUID")
     if status == 404:  # the lifecycle's own answers: the same line a local report prints
-        raise UnknownInstance(message)
+        raise _refused_value(response, validate.NotFound) or UnknownInstance(message)
     if status == 409:
         raise Refused(message)
     if status == 400:
-        raise _refused_value(response) or BadInput(message)
+        raise _refused_value(response, validate.Invalid) or BadInput(message)
     raise BadInput(f"the manager at {server} answered {status}: {message}")
 
 
-def _refused_value(response) -> validate.Invalid | None:
-    """A 400 naming a refused value by its parts (`field`, `reason`, `lead`: serving.server.refused_field) →
-    the same Invalid a local report raises, so the CLI names the field as its flag (`--rate must be …`)
-    without reading the manager's wording. None when the answer does not carry them."""
+def _refused_value(response, kind: type[validate.Invalid]) -> validate.Invalid | None:
+    """A 400 (or a 404 for an unknown uuid) naming a refused value by its parts (`field`, `reason`, `lead`:
+    serving.server.refused_field) → the same error a local report raises (`kind`: Invalid, or NotFound), so the
+    CLI names the field as its flag (`--rate must be …`, `check --uuid`) without reading the manager's wording.
+    None when the answer does not carry them."""
     answer = _json(response)
     if not isinstance(answer, dict):
         return None
     field, reason, lead = answer.get("field"), answer.get("reason", ""), answer.get("lead", "")
     if not (isinstance(field, str) and field in FIELD_FLAGS and isinstance(reason, str) and isinstance(lead, str)):
         return None
-    return validate.Invalid(field, reason[:500], lead=lead[:500])
+    return kind(field, reason[:500], lead=lead[:500])
 
 
 def _json(response) -> Any:
