@@ -15,11 +15,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 from vastctl import validate
 from vastctl.errors import BadInput
 from vastctl.validate import DAY_S, MAX_INT, Invalid, Range
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Section = TypeVar("_Section", bound="DataclassInstance")  # Config or one of its sections
 
 DURATION = {"duration": True}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -106,7 +111,7 @@ class FleetSection:
     max_daily_spend: float = 240.0  # spent since 00:00 UTC plus the next hour's spend (guard.py)
     max_dph: float = 1.0
     default_rate: float = 60.0
-    gpus: list = field(default_factory=lambda: ["RTX 4090", "RTX 5090"])
+    gpus: list[str] = field(default_factory=lambda: ["RTX 4090", "RTX 5090"])
     min_cpu_ram_gb: float = 256.0
     min_inet_down_mbps: float = 500.0
 
@@ -119,7 +124,7 @@ class LaunchSection:
     image: str = DEFAULT_IMAGE
     disk_gb: float = 150.0
     onstart: str = ""
-    env: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     vastctl_source: str = ""  # pip requirement the boot script installs vastctl from; empty: the image has it
     install: str = ""  # shell command the boot script runs to install curio and cuzk; empty: the image has them
     bench_count: int = 5  # proofs the benchmark times, after one warm-up proof (the gate's calibration)
@@ -179,7 +184,7 @@ class AgentSection:
     outbid_wait: float = field(default=10 * 60, metadata=DURATION)  # rules: an outbid machine is waited for this long, then rebid or released
     max_rounds: int = 8
     deadline: float = field(default=50.0, metadata=DURATION)
-    prices: dict = field(default_factory=lambda: {"claude-haiku-5-5": [0.10, 0.50, 0.01, 0.125]}, metadata={"prices": True})
+    prices: dict[str, list[float]] = field(default_factory=lambda: {"claude-haiku-5-5": [0.10, 0.50, 0.01, 0.125]}, metadata={"prices": True})
 
 
 @dataclass
@@ -311,7 +316,7 @@ def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Confi
     env = os.environ if env is None else env
     explicit = path or env.get("VASTCTL_CONFIG")
     config_path = Path(explicit).expanduser() if explicit else default_config_path(env)
-    raw: dict = {}
+    raw: dict[str, Any] = {}
     if explicit and not config_path.is_file():
         raise BadInput(f"config file {config_path} not found: fix VASTCTL_CONFIG or --config")
     if config_path.is_file():
@@ -347,7 +352,7 @@ def admin_token_beside(config: Config) -> None:
     config.server.admin_token = token
 
 
-def _read_yaml(path: Path) -> dict:
+def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml  # only when there is a file to read
 
     try:
@@ -380,9 +385,10 @@ def _load_strict(text: str) -> Any:
     import yaml
 
     class NoAliasLoader(yaml.SafeLoader):
-        def compose_node(self, parent, index):
+        def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
             if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
+                # types-PyYAML leaves Parser.peek_event unannotated (unused-ignore: the non-strict run allows the call)
+                event = self.peek_event()  # type: ignore[no-untyped-call, unused-ignore]
                 raise _Refused(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not allowed:"
                                " write the value out")
             return super().compose_node(parent, index)
@@ -480,7 +486,7 @@ def _check_orphan_after(config: Config) -> None:
                        " still wanted; raise it (default 4h), or set 0 to turn the dead-man switch off")
 
 
-def _build(cls, raw: Mapping[str, Any], prefix: str):
+def _build(cls: type[_Section], raw: Mapping[str, Any], prefix: str) -> _Section:
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     values = {}
     for key, value in raw.items():
@@ -497,7 +503,7 @@ def _build(cls, raw: Mapping[str, Any], prefix: str):
     return cls(**values)
 
 
-def _prices(value: Any, name: str) -> dict:
+def _prices(value: Any, name: str) -> dict[str, list[float]]:
     """model → [input, output, cache_read, cache_write] $ per million tokens."""
     if not isinstance(value, dict):
         raise BadInput(f"config key {name!r} must map a model name to [input, output, cache_read, cache_write]")
@@ -520,9 +526,9 @@ def _price(value: Any) -> bool:
     return True
 
 
-def _convert(f: dataclasses.Field, value: Any, name: str, prefix: str) -> Any:
+def _convert(f: dataclasses.Field[Any], value: Any, name: str, prefix: str) -> Any:
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    if dataclasses.is_dataclass(default):
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):  # a section's instance
         if value is None:
             return default
         if not isinstance(value, dict):

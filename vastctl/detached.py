@@ -17,7 +17,7 @@ from typing import Any, Sequence
 OUTPUT_BYTES = 16 * 1024
 
 
-def run(argv: Sequence[str], *, timeout: float, limit: float | None = None, **_pipes: Any) -> subprocess.CompletedProcess:
+def run(argv: Sequence[str], *, timeout: float, limit: float | None = None, **_pipes: Any) -> subprocess.CompletedProcess[str]:
     """subprocess.run's answer for `argv` (its output in `stderr`), or TimeoutExpired once the time is up.
     Keyword arguments about pipes and text are accepted and not needed: the output is always text."""
     wait = timeout if limit is None else max(0.1, min(timeout, limit))

@@ -215,7 +215,7 @@ def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
     return added
 
 
-def _resume_adds(dph: float, target: dict) -> float:
+def _resume_adds(dph: float, target: Mapping[str, Any]) -> float:
     """What resuming a machine adds to the spend: its price, less what it bills already (a stopped disk)."""
     return max(0.0, dph - float(target.get("billed_per_hour") or 0.0))
 
@@ -326,7 +326,7 @@ def proving(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
 
 
 def _left_after(obs: "Observation", action: Action, earlier: Sequence[Action],
-                counted: Callable[[Mapping[str, Any]], bool]) -> list[dict] | None:
+                counted: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]] | None:
     """The machines `counted` still counts once this removal and the step's earlier ones are done; None when the
     target is not one of them (removing it takes nothing away)."""
     target = find(obs, action)
@@ -391,7 +391,7 @@ def _key(machine: Mapping[str, Any]) -> str | None:
     return machine.get("uuid") or machine.get("label")
 
 
-def find(obs: "Observation", action: Action) -> dict | None:
+def find(obs: "Observation", action: Action) -> dict[str, Any] | None:
     """The machine an action names: by uuid, else by label, else by vast id."""
     for machine in obs.machines:
         if action.uuid is not None:

@@ -40,7 +40,7 @@ class FramingParser(HTTPRequestParser):
 
     framing_refused = False
 
-    def parse_header(self, header_plus):
+    def parse_header(self, header_plus: bytes) -> None:
         super().parse_header(header_plus)  # pops TRANSFER_ENCODING in HTTP/1.1, setting `chunked`
         if "CONTENT_LENGTH" in self.headers and (self.chunked or "TRANSFER_ENCODING" in self.headers):
             self.framing_refused = True
@@ -51,8 +51,8 @@ class FramingParser(HTTPRequestParser):
             raise ParsingError("HTTP/1.0 has no Transfer-Encoding (RFC 9112 section 6.1): send Content-Length;"
                                " this connection is closed")
 
-    def received(self, data):
-        consumed = super().received(data)
+    def received(self, data: bytes) -> int:
+        consumed: int = super().received(data)
         return len(data) if self.framing_refused else consumed  # what followed it is no request of ours
 
 
@@ -62,26 +62,27 @@ class DeadlineChannel(HTTPChannel):
     parser_class = FramingParser
     request_started: float | None = None  # clock.monotonic() at the current request's first byte
 
-    def received(self, data):
+    def received(self, data: bytes) -> bool:
         if data and self.request_started is None:
             self.request_started = self.server.clock.monotonic()
-        return super().received(data)
+        arrived: bool = super().received(data)
+        return arrived
 
-    def service(self):
+    def service(self) -> None:
         self.request_started = None  # arrived in full: from here on it is the worker's time, not the client's
         _serving.fd = self._fileno
         try:
-            return super().service()
+            super().service()
         finally:
             _serving.fd = None
 
-    def add_channel(self, map=None):
+    def add_channel(self, map: dict[int, Any] | None = None) -> None:
         super().add_channel(map)
         loop = getattr(self.server, "event_loop", None)
         if loop is not None:
             loop.recheck.add(self._fileno)
 
-    def del_channel(self, map=None):
+    def del_channel(self, map: dict[int, Any] | None = None) -> None:
         fd = self._fileno
         loop = getattr(self.server, "event_loop", None)
         if loop is not None and fd is not None:
@@ -104,14 +105,14 @@ class DeadlineServer(TcpWSGIServer):
 
     channel_class = DeadlineChannel
 
-    def __init__(self, *args, request_timeout: float, clock: Clock, **kwargs):
+    def __init__(self, *args: Any, request_timeout: float, clock: Clock, **kwargs: Any) -> None:
         self.request_timeout = request_timeout
         self.clock = clock
         super().__init__(*args, **kwargs)
 
     event_loop: EventLoop | None = None
 
-    def maintenance(self, now):
+    def maintenance(self, now: float) -> None:
         super().maintenance(now)  # the idle ones
         cutoff = self.clock.monotonic() - self.request_timeout
         for channel in list(self.active_channels.values()):
@@ -121,16 +122,17 @@ class DeadlineServer(TcpWSGIServer):
         if self.event_loop is not None:
             self.event_loop.sweep_ran = True  # any channel may now be closing: ask them all again
 
-    def pull_trigger(self):
+    def pull_trigger(self) -> None:
         fd = getattr(_serving, "fd", None)
         if fd is not None and self.event_loop is not None:
             self.event_loop.touched.append(fd)  # before the wake-up, so the pass it causes asks this connection
         super().pull_trigger()
 
-    def run(self):
+    def run(self) -> None:
         """waitress's run(), on EventLoop where epoll exists (Linux), else on waitress's own poll loop."""
         if not hasattr(select, "epoll"):
-            return super().run()
+            super().run()
+            return
         self.event_loop = EventLoop(self._map, self.channel_class, self.adj)
         try:
             self.event_loop.run(self.adj.asyncore_loop_timeout)
@@ -165,7 +167,7 @@ class EventLoop:
     WRITE = select.POLLOUT
     TROUBLE = select.POLLHUP | select.POLLERR
 
-    def __init__(self, map: dict, channel_class: type, adj: Adjustments):
+    def __init__(self, map: dict[int, Any], channel_class: type[DeadlineChannel], adj: Adjustments) -> None:
         self.map = map
         self.channel_class = channel_class
         self.lookahead = adj.channel_request_lookahead
@@ -220,14 +222,14 @@ class EventLoop:
                     continue
             readwrite(obj, flags)
 
-    def channel_flags(self, channel) -> int:
+    def channel_flags(self, channel: DeadlineChannel) -> int:
         """HTTPChannel.readable() and writable(), inline: this runs at least once per request."""
         closing = channel.will_close or channel.close_when_flushed
         pending = channel.total_outbufs_len
         readable = not (closing or pending or len(channel.requests) > self.lookahead)
         return (self.READ if readable else 0) | (self.WRITE if closing or pending else 0)
 
-    def flags_of(self, obj) -> int:
+    def flags_of(self, obj: Any) -> int:
         return (self.READ if obj.readable() else 0) | (self.WRITE if obj.writable() and not obj.accepting else 0)
 
     def ask(self, fd: int, wanted: int) -> None:

@@ -15,10 +15,13 @@ llm.run() only, like the SDK.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import httpcore2
 import httpx2
+
+if TYPE_CHECKING:
+    import ssl
 
 MIN_WAIT_S = 0.001  # a socket timeout of 0 would mean "do not block", not "no time left"
 
@@ -80,7 +83,7 @@ class DeadlineStream(httpcore2.NetworkStream):
     def close(self) -> None:
         self.inner.close()
 
-    def start_tls(self, ssl_context, server_hostname: str | None = None,
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                   timeout: float | None = None) -> httpcore2.NetworkStream:
         wait = _bounded(self.left, timeout, httpcore2.ConnectTimeout, "TLS handshake")
         return DeadlineStream(self.inner.start_tls(ssl_context, server_hostname=server_hostname, timeout=wait),

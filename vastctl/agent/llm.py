@@ -42,12 +42,18 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from vastctl.agent import memory, tools
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import anthropic
+    from anthropic.types import MessageParam, TextBlockParam, ToolParam, Usage
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 MAX_OUTPUT_TOKENS = 1024
@@ -98,7 +104,7 @@ How to decide:
 - Doing nothing is a valid step. End with one short sentence saying why you did what you did.
 """
 
-SYSTEM = [{"type": "text", "text": SYSTEM_PROMPT, "cache_control": {"type": "ephemeral"}}]
+SYSTEM: list[TextBlockParam] = [{"type": "text", "text": SYSTEM_PROMPT, "cache_control": {"type": "ephemeral"}}]
 
 TOOLS: list[dict[str, Any]] = tools.schemas()  # built once: the cached prefix is the same in every request
 
@@ -107,17 +113,17 @@ TOOLS: list[dict[str, Any]] = tools.schemas()  # built once: the cached prefix i
 class ToolOutcome:
     ok: bool
     text: str  # what the model is told (an error text when refused or failed)
-    action: dict | None = None  # the action's view when one was applied or refused
+    action: dict[str, Any] | None = None  # the action's view when one was applied or refused
 
 
 @dataclass
 class LlmResult:
-    tokens: dict  # {"input", "output", "cache_read", "cache_write"}
+    tokens: dict[str, int]  # {"input", "output", "cache_read", "cache_write"}
     cost: float
     rounds: int
     stop_reason: str  # end_turn | max_rounds | deadline | refusal | max_tokens | error
     error: str | None = None
-    transcript: list[dict] = field(default_factory=list)
+    transcript: list[dict[str, Any]] = field(default_factory=list)
 
 
 def prefix_tokens() -> int:
@@ -151,7 +157,7 @@ def cost_of(tokens: Mapping[str, int], prices: list[float]) -> float:
     return sum(tokens[key] * price for key, price in zip(TOKEN_KEYS, prices)) / 1_000_000
 
 
-def run(conn: sqlite3.Connection, config: Config, *, observation: dict, suggestion: list[dict],
+def run(conn: sqlite3.Connection, config: Config, *, observation: dict[str, Any], suggestion: list[dict[str, Any]],
         execute: Callable[[str, tools.Call], ToolOutcome], clock: Clock, step_id: int | None = None,
         env: Mapping[str, str] | None = None) -> LlmResult:
     """One step of the llm policy: ask, answer every tool call through `execute`, until done or out of budget."""
@@ -185,24 +191,24 @@ class _Step:
                  execute: Callable[[str, tools.Call], ToolOutcome], started: float):
         self.conn, self.config, self.clock, self.step_id, self.execute = conn, config, clock, step_id, execute
         self.started = started
-        self.messages: list[dict] = []
+        self.messages: list[dict[str, Any]] = []
         self.tokens = dict.fromkeys(TOKEN_KEYS, 0)
         self.rounds = 0
         self.notes_taken = 0
         self.retried = False
-        self.transcript: list[dict] = []
+        self.transcript: list[dict[str, Any]] = []
 
     def remaining(self) -> float:
         return self.config.agent.deadline - (self.clock.monotonic() - self.started)
 
-    def say(self, role: str, content: list[dict]) -> None:
+    def say(self, role: str, content: list[dict[str, Any]]) -> None:
         self.messages.append({"role": role, "content": content})
         self.record(role, content)
 
     def record(self, role: str, content: Any) -> None:
         memory.record_message(self.conn, step_id=self.step_id, role=role, content=content, now=self.clock.now())
 
-    def loop(self, client, anthropic) -> tuple[str, str | None]:
+    def loop(self, client: anthropic.Anthropic, anthropic: ModuleType) -> tuple[str, str | None]:
         stop_reason, error = self.rounds_until_done(client, anthropic)
         if self.rounds == 0 and stop_reason in ("max_rounds", "deadline"):  # nothing answered: not a step that ran
             why = (f"agent.deadline ({self.config.agent.deadline:g}s) left no room for a request"
@@ -216,7 +222,7 @@ class _Step:
         self.transcript.append({"round": self.rounds + 1, "error": text})
         return "error", text
 
-    def rounds_until_done(self, client, anthropic) -> tuple[str, str | None]:
+    def rounds_until_done(self, client: anthropic.Anthropic, anthropic: ModuleType) -> tuple[str, str | None]:
         budget = self.config.agent.max_context_tokens - prefix_tokens()
         while True:
             if self.rounds >= self.config.agent.max_rounds:
@@ -237,8 +243,11 @@ class _Step:
                                           " compacted: the model was not asked; raise agent.max_context_tokens")
                 return "max_rounds", None
             try:
+                # the tools and messages are JSON this module builds to the API's schema (tools.schemas(), the
+                # replies' model_dump()), kept as plain dicts: typed as the SDK's params at the call
                 reply = client.messages.create(model=self.config.agent.model, max_tokens=MAX_OUTPUT_TOKENS,
-                                               system=SYSTEM, tools=TOOLS, messages=self.messages, timeout=remaining)
+                                               system=SYSTEM, tools=cast("list[ToolParam]", TOOLS),
+                                               messages=cast("list[MessageParam]", self.messages), timeout=remaining)
             except anthropic.APIError as exc:
                 wait = _retry_wait(exc, anthropic)
                 if not self.retried and wait is not None and self.remaining() - wait >= MIN_ROUND_S:  # left now
@@ -256,7 +265,7 @@ class _Step:
             self.count(reply.usage)
             content = [block.model_dump(mode="json", exclude_none=True) for block in reply.content]
             self.say("assistant", content)
-            entry = {"round": self.rounds, "stop_reason": reply.stop_reason, "calls": [],
+            entry: dict[str, Any] = {"round": self.rounds, "stop_reason": reply.stop_reason, "calls": [],
                      "text": " ".join(b["text"] for b in content if b.get("type") == "text")}
             self.transcript.append(entry)
             calls = [block for block in content if block.get("type") == "tool_use"]
@@ -279,13 +288,13 @@ class _Step:
         self.transcript.append({"round": 1, "error": text})
         return "error", text
 
-    def count(self, usage) -> None:
+    def count(self, usage: Usage) -> None:
         self.tokens["input"] += usage.input_tokens or 0
         self.tokens["output"] += usage.output_tokens or 0
         self.tokens["cache_read"] += usage.cache_read_input_tokens or 0
         self.tokens["cache_write"] += usage.cache_creation_input_tokens or 0
 
-    def answer(self, block: dict, entry: dict) -> dict:
+    def answer(self, block: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
         """Run (or refuse) one tool call; the tool_result the model reads next round."""
         name, tool_input = block.get("name"), block.get("input")
         outcome = self.outcome(name, tool_input)
@@ -321,7 +330,7 @@ class _Step:
                            action={"kind": "note", "text": text.strip()})
 
 
-def _fit_rounds(messages: list[dict], budget_tokens: int) -> bool:
+def _fit_rounds(messages: list[dict[str, Any]], budget_tokens: int) -> bool:
     """Elide the oldest tool results of this step until the request fits; False when it cannot."""
     while memory.estimate_tokens(memory.as_data(messages)) > budget_tokens:
         block = next((b for m in messages[1:] if isinstance(m["content"], list) for b in m["content"]
@@ -357,7 +366,7 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**9
 
 
-def _retry_wait(exc: Exception, anthropic) -> float | None:
+def _retry_wait(exc: Exception, anthropic: ModuleType) -> float | None:
     """Seconds to wait before the one retry, or None when this error is not worth one within a step."""
     if isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
         return RETRY_WAIT_DEFAULT_S

@@ -34,7 +34,7 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from vastctl import clock
 from vastctl.observe import expected_rate, stored_json
@@ -150,7 +150,7 @@ def _step_row_summary(row: sqlite3.Row) -> dict[str, Any]:
     return summary
 
 
-def _put_items(summary: dict[str, Any], name: str, items: list) -> None:
+def _put_items(summary: dict[str, Any], name: str, items: list[Any]) -> None:
     """The first ITEMS_PER_STEP items under `name`, and how many more there were under `name_omitted`."""
     summary[name] = items[:ITEMS_PER_STEP]
     if len(items) > ITEMS_PER_STEP:
@@ -238,7 +238,7 @@ class Prompt:
     omitted: dict[str, int] = field(default_factory=dict)
 
 
-def build_prompt(conn: sqlite3.Connection, *, observation: dict, suggestion: Sequence[dict],
+def build_prompt(conn: sqlite3.Connection, *, observation: dict[str, Any], suggestion: Sequence[dict[str, Any]],
                  step_id: int | None, budget_tokens: int) -> Prompt:
     """The step's opening message, at most `budget_tokens` (estimated) whenever that is possible.
 
@@ -257,11 +257,11 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict, suggestion: Seq
     if len(suggestion) > len(suggested):
         base_omitted["suggestion"] = len(suggestion) - len(suggested)
 
-    def dropped(kept_notes: list, kept_steps: list) -> dict[str, int]:
+    def dropped(kept_notes: list[dict[str, Any]], kept_steps: list[dict[str, Any]]) -> dict[str, int]:
         counts = {"notes": len(remembered_notes) - len(kept_notes), "recent_steps": len(steps) - len(kept_steps)}
         return {key: count for key, count in counts.items() if count}
 
-    def render(obs: dict, kept_notes: list, kept_steps: list, omitted: dict[str, int]) -> str:
+    def render(obs: dict[str, Any], kept_notes: list[dict[str, Any]], kept_steps: list[dict[str, Any]], omitted: dict[str, int]) -> str:
         omitted = {**omitted, **dropped(kept_notes, kept_steps)}
         data = {"notes": kept_notes, "recent_steps": kept_steps, "suggestion": suggested, "observation": obs}
         if omitted:
@@ -279,7 +279,8 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict, suggestion: Seq
     return Prompt(text=text, tokens=estimate_tokens(text), omitted=omitted)
 
 
-def _trim_oldest(kept_notes: list[dict], kept_steps: list[dict], fits) -> tuple[list[dict], list[dict]]:
+def _trim_oldest(kept_notes: list[dict[str, Any]], kept_steps: list[dict[str, Any]],
+                 fits: Callable[[list[dict[str, Any]], list[dict[str, Any]]], bool]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Drop the oldest note or step summary (by time) until `fits(notes, steps)`."""
     kept_notes, kept_steps = list(kept_notes), list(kept_steps)
     while (kept_notes or kept_steps) and not fits(kept_notes, kept_steps):
@@ -292,7 +293,7 @@ def _trim_oldest(kept_notes: list[dict], kept_steps: list[dict], fits) -> tuple[
     return kept_notes, kept_steps
 
 
-def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[str, int]]:
+def fit_observation(observation: dict[str, Any], budget_chars: int) -> tuple[dict[str, Any], dict[str, int]]:
     """The observation within `budget_chars` of JSON, and how many machines and events were left out.
 
     In order, while over: machines become a table (column names once, without
@@ -308,7 +309,7 @@ def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[st
     if len(as_data(obs)) <= budget_chars:
         return obs, omitted
     machines = obs.get("machines")
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     if isinstance(machines, list) and all(isinstance(m, dict) for m in machines):
         rows = sorted(machines, key=_interest)
         obs["machines_summary"] = _summary(machines)
@@ -343,7 +344,7 @@ def fit_observation(observation: dict, budget_chars: int) -> tuple[dict, dict[st
     return obs, omitted
 
 
-def _bare(obs: dict, budget_chars: int, omitted: dict[str, int]) -> dict:
+def _bare(obs: dict[str, Any], budget_chars: int, omitted: dict[str, int]) -> dict[str, Any]:
     """The last resort: every text cut to SHORT_TEXT_CHARS, then every list and map left empty (counted)."""
     obs = clip(obs, SHORT_TEXT_CHARS)
     omitted["texts_cut_to_chars"] = SHORT_TEXT_CHARS
@@ -359,7 +360,7 @@ def _bare(obs: dict, budget_chars: int, omitted: dict[str, int]) -> dict:
     return obs
 
 
-def _most_that_fit(total: int, fits) -> int:
+def _most_that_fit(total: int, fits: Callable[[int], bool]) -> int:
     """The largest n in [0, total] with fits(n), for fits monotone (true up to some n)."""
     low, high = 0, total
     while low < high:
@@ -375,7 +376,7 @@ VAST_TROUBLE = frozenset({"exited", "offline", "unknown"})
 TABLE_DROPS = ("uuid", "vast_seen_at")  # no tool takes them; a compacted table leaves them out
 
 
-def _interest(machine: dict) -> tuple:
+def _interest(machine: dict[str, Any]) -> tuple[int, float, str]:
     """Machines needing a decision first (in trouble at vast, then on their way or stopped), then
     healthy running ones; within each, the fewest proofs per dollar first."""
     if machine.get("disagreement") or machine.get("vast_missing") or machine.get("vast_status") in VAST_TROUBLE:
@@ -390,7 +391,7 @@ def _interest(machine: dict) -> tuple:
     return (tier, per_dollar, str(machine.get("label") or ""))
 
 
-def _table(machines: list[dict]) -> dict[str, Any]:
+def _table(machines: list[dict[str, Any]]) -> dict[str, Any]:
     columns: list[str] = []
     for machine in machines:
         columns.extend(key for key in machine if key not in columns and key not in TABLE_DROPS)
@@ -398,7 +399,7 @@ def _table(machines: list[dict]) -> dict[str, Any]:
     return {"columns": columns, "rows": [[machine.get(key) for key in columns] for machine in machines]}
 
 
-def _summary(machines: list[dict]) -> dict[str, Any]:
+def _summary(machines: list[dict[str, Any]]) -> dict[str, Any]:
     by_state: dict[str, int] = {}
     by_gpu: dict[str, int] = {}
     for machine in machines:

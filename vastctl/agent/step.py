@@ -33,12 +33,12 @@ from vastctl.facts import demand as demand_module
 from vastctl.guard import Action, Kind
 from vastctl.observe import Observation, observe, stored_json
 from vastctl.state import locks
-from vastctl.state.db import transaction
+from vastctl.state.db import inserted_id, transaction
 from vastctl.state.lifecycle import KillCode
 
 if TYPE_CHECKING:
     from vastctl.agent import llm, tools
-    from vastctl.providers.base import Provider
+    from vastctl.providers.base import Offer, Provider
 
 LEASE = "agent-step"
 LEASE_TTL_S = 10 * 60
@@ -120,7 +120,8 @@ def lease_ttl(config: Config) -> float:
     return max(LEASE_TTL_S, config.agent.deadline + LEASE_SLACK_S)
 
 
-def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env) -> StepResult:
+def _step(conn: sqlite3.Connection, provider: Provider, config: Config, clock: clock_module.Clock, policy: str,
+          now: datetime, *, dry_run: bool, if_events: bool, env: Mapping[str, str]) -> StepResult:
     demand_module.refresh(conn, config, now=now)
     last = _last_ran(conn)
     cursor = int(last["event_cursor"] or 0) if last else 0
@@ -161,11 +162,12 @@ def _step(conn, provider, config, clock, policy, now, *, dry_run, if_events, env
 # --- waking up ---------------------------------------------------------------------------------------
 
 
-def _last_ran(conn: sqlite3.Connection) -> Mapping[str, Any] | None:
-    return conn.execute("SELECT * FROM agent_steps WHERE outcome = 'ok' ORDER BY id DESC LIMIT 1").fetchone()
+def _last_ran(conn: sqlite3.Connection) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute("SELECT * FROM agent_steps WHERE outcome = 'ok' ORDER BY id DESC LIMIT 1").fetchone()
+    return row
 
 
-def wake_reason(obs: Observation, last: Mapping[str, Any] | None, config: Config) -> str | None:
+def wake_reason(obs: Observation, last: sqlite3.Row | None, config: Config) -> str | None:
     """Why a step should run now, or None: the agent's own actions (events with source agent) never wake it."""
     if last is None:
         return "no step has run yet"
@@ -198,17 +200,18 @@ def observation_summary(obs: Observation) -> dict[str, Any]:
     }
 
 
-def _insert_step(conn, policy, outcome, now: datetime, cursor: int, summary: dict, *, finished: bool) -> int:
+def _insert_step(conn: sqlite3.Connection, policy: str, outcome: str, now: datetime, cursor: int,
+                 summary: dict[str, Any], *, finished: bool) -> int:
     with transaction(conn):
-        return conn.execute(
+        return inserted_id(conn.execute(
             "INSERT INTO agent_steps (started_at, finished_at, policy, outcome, event_cursor, observation)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (clock_module.to_iso(now), clock_module.to_iso(now) if finished else None, policy, outcome, cursor,
              json.dumps(summary, sort_keys=True, default=str)),
-        ).lastrowid
+        ))
 
 
-def _finish_step(conn, result: StepResult, now: datetime) -> None:
+def _finish_step(conn: sqlite3.Connection, result: StepResult, now: datetime) -> None:
     tokens = {**ZERO_TOKENS, **(result.tokens or {})}
     with transaction(conn):
         conn.execute(
@@ -228,7 +231,8 @@ def _finish_step(conn, result: StepResult, now: datetime) -> None:
 class Executor:
     """Passes each action of one step through the guard (with the ones allowed before it), then applies it."""
 
-    def __init__(self, conn, provider, config: Config, obs: Observation, now: datetime, *, dry_run: bool):
+    def __init__(self, conn: sqlite3.Connection, provider: Provider, config: Config, obs: Observation, now: datetime, *,
+                 dry_run: bool) -> None:
         self.conn, self.provider, self.config, self.obs, self.now = conn, provider, config, obs, now
         self.dry_run = dry_run
         self.accepted: list[Action] = []
@@ -263,7 +267,7 @@ class Executor:
         self.actions.append(action.view(outcome))
         return True, outcome
 
-    def offers(self, *, gpu_names: list[str] | None = None, max_dph: float | None = None, limit: int = OFFERS_SEARCHED):
+    def offers(self, *, gpu_names: list[str] | None = None, max_dph: float | None = None, limit: int = OFFERS_SEARCHED) -> list[Offer]:
         return launches.find_offers(self.conn, self.provider, self.config, gpu_names=gpu_names or None,
                                       max_dph=max_dph, limit=limit, now=self.now)
 
@@ -317,7 +321,7 @@ def _need_target(action: Action, target: str | None) -> str:
 # --- policies ----------------------------------------------------------------------------------------
 
 
-def _offers_if_needed(executor: Executor) -> list:
+def _offers_if_needed(executor: Executor) -> list[Offer]:
     if not rules.needs_offers(executor.obs, executor.config):
         return []
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-from typing import Protocol, TypeGuard
+from typing import MutableMapping, Protocol, TypeGuard
 
 import typer
 
@@ -67,7 +67,7 @@ def _check_utf8(args: list[str]) -> None:
             where = f"the argument {printable(arg)!r}"
         byte = f" (the byte 0x{ord(bad) - 0xdc00:02x})" if "\udc80" <= bad <= "\udcff" else ""
         raise BadInput(f"{where} is not UTF-8 text{byte}: pass it in UTF-8")
-def _accept_click_completion_names(env) -> None:
+def _accept_click_completion_names(env: MutableMapping[str, str]) -> None:
     """`_VASTCTL_COMPLETE=bash_source` (click's spelling) works as well as typer's `source_bash`."""
     value = env.get(COMPLETE_VAR, "")
     action, _, shell = value.partition("_")

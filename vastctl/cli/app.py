@@ -8,7 +8,7 @@ import sqlite3
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Annotated, Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar, Optional, cast
 
 import typer
 
@@ -123,7 +123,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout inst
 
 
 def globals_of(ctx: typer.Context) -> Globals:
-    return ctx.find_root().obj
+    return cast(Globals, ctx.find_root().obj)  # the root callback puts it there before any command runs
 
 
 def print_json(value: Any) -> None:

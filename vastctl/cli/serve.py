@@ -9,15 +9,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
 from vastctl import markets, validate
-from vastctl.cli.app import app, globals_of, moment_option, say
+from vastctl.cli.app import Globals, app, globals_of, moment_option, say
 from vastctl.clock import StillClock
 from vastctl.errors import BadInput, Refused
 from vastctl.state import tokens
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from vastctl.config import Config
 
 
 @app.command("serve")
@@ -75,7 +80,7 @@ def serve_cmd(
     say("stopped")
 
 
-def _say_webhooks(g) -> None:
+def _say_webhooks(g: Globals) -> None:
     """Whether vast's deliveries are taken, and a warning when their wakes could not reach vast."""
     from vastctl.serving import webhooks
 
@@ -171,7 +176,7 @@ def token_cmd(
         if retired else f"{path} holds one secret: nothing to retire")
 
 
-def _existing_secret(config) -> Path:
+def _existing_secret(config: Config) -> Path:
     """The token secret file, or an error saying where it was looked for and why.
 
     A missing file almost always means the command ran without the manager's
@@ -201,12 +206,12 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
 class _UTCFormatter(logging.Formatter):
-    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging.Formatter's name
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging.Formatter's name
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
@@ -218,7 +223,7 @@ class _BatchedStream(logging.Handler):
     pay for.
     """
 
-    def __init__(self, stream, interval: float = 0.2):
+    def __init__(self, stream: TextIO, interval: float = 0.2) -> None:
         super().__init__()
         self.stream = stream
         self.interval = interval

@@ -200,7 +200,7 @@ def delivered(conn: sqlite3.Connection, *, uuid: str | None = None) -> dict[str,
     """Per machine (uuid): how many of each result the router saw; machines it never sent to are absent.
     With `uuid`, that machine's alone (its rows through the index, as a heartbeat asks)."""
     sql = "SELECT uuid, result, count(*) FROM proof_calls WHERE uuid IS NOT NULL"
-    args: tuple = ()
+    args: tuple[str, ...] = ()
     if uuid is not None:
         sql += " AND uuid = ?"
         args = (uuid,)

@@ -76,7 +76,7 @@ def masked(text: str, secrets: Iterable[str] = ()) -> str:
     return upstream.mask(text)
 
 
-def _looks_random(found: re.Match) -> str:
+def _looks_random(found: re.Match[str]) -> str:
     """A long run is base64 of something (a key) when it mixes capitals, small letters and digits; `xxxx…` is not."""
     run = found.group(0)
     mixed = any(ch.isupper() for ch in run) and any(ch.islower() for ch in run) and any(ch.isdigit() for ch in run)
@@ -84,7 +84,7 @@ def _looks_random(found: re.Match) -> str:
 
 
 def check_name(name: Any) -> str:
-    if name not in NAMES:
+    if not isinstance(name, str) or name not in NAMES:
         raise Invalid("name", f"must be one of {', '.join(NAMES)}, got {upstream.clip(repr(name), 60)}")
     return name
 

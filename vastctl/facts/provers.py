@@ -63,7 +63,7 @@ def upstream_text(provers: list[dict[str, Any]]) -> str:
 
 
 def refresh(conn: sqlite3.Connection, config: Config, *,
-            run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Refresh:
+            run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Refresh:
     """Write the upstream file when the joined set changed, then reload; raises Unavailable when the reload
     fails (the previous file back in place) or the file cannot be written (nothing changed)."""
     provers = endpoints(conn)
@@ -97,7 +97,7 @@ def refresh(conn: sqlite3.Connection, config: Config, *,
     return result
 
 
-def _reload(command: str, run) -> str | None:
+def _reload(command: str, run: Callable[..., subprocess.CompletedProcess[str]]) -> str | None:
     """None when the reload command succeeded, else what went wrong, in a few printable words."""
     try:
         done = run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=RELOAD_TIMEOUT_S,

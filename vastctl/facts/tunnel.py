@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from vastctl import atomicfile, clock
 from vastctl.config import Config
@@ -255,7 +255,7 @@ def checked_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 
 
 def check(conn: sqlite3.Connection, config: Config, *, now: datetime,
-          probe_fn=probe) -> list[Check]:
+          probe_fn: Callable[[int, float], bool] = probe) -> list[Check]:
     """Probe every running machine's tunnel (in parallel, tunnel.check_timeout each) and record what was found:
     joined_at when it first answers, tunnel_down_since when a joined one stops; one event at each change."""
     rows = checked_rows(conn)

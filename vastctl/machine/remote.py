@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote, urlsplit
 
 from vastctl import validate
@@ -89,7 +89,8 @@ class RemoteReports:
 
     # --- the five reports (bench-report as a rate, or as a failure) ---------------------------------------------------------------------
 
-    def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
+    def register(self, uuid: str, *, label: str | None = None, vast_id: int | None = None, gpu_name: str | None = None,
+                 num_gpus: int | None = None) -> dict[str, Any]:
         validate.text(uuid, "uuid")
         if label is not None:
             validate.text(label, "label")
@@ -99,11 +100,11 @@ class RemoteReports:
                                   "num_gpus": num_gpus}.items() if v is not None}
         return self._report(uuid, "register", body)
 
-    def params_done(self, uuid):
+    def params_done(self, uuid: str) -> dict[str, Any]:
         validate.text(uuid, "uuid")
         return self._report(uuid, "params-done", {})
 
-    def bench_report(self, uuid, rate):
+    def bench_report(self, uuid: str, rate: float | str) -> dict[str, Any]:
         validate.text(uuid, "uuid")
         answer = self._report(uuid, "bench-report", {"rate": rates.validate_rate(rate)})
         if answer.get("passed") is False:
@@ -114,7 +115,7 @@ class RemoteReports:
             raise error
         return answer
 
-    def bench_failed(self, uuid, reason=None):
+    def bench_failed(self, uuid: str, reason: str | None = None) -> NoReturn:
         validate.text(uuid, "uuid")
         body: dict[str, Any] = {"failed": True}
         if reason is not None:
@@ -126,16 +127,16 @@ class RemoteReports:
         error.row = answer
         raise error
 
-    def running(self, uuid, stages=None):
+    def running(self, uuid: str, stages: Mapping[str, Any] | None = None) -> dict[str, Any]:
         validate.text(uuid, "uuid")
         return self._report(uuid, "running", {} if stages is None else {"stages": lifecycle.validate_stages(stages)})
 
-    def heartbeat(self, uuid, proofs_done=None):
+    def heartbeat(self, uuid: str, proofs_done: int | None = None) -> dict[str, Any]:
         validate.text(uuid, "uuid")
         body = {} if proofs_done is None else {"proofs_done": rates.validate_proofs(proofs_done)}
         return self._report(uuid, "heartbeat", body)
 
-    def log_push(self, uuid, name, text):
+    def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]:
         from vastctl.facts import machine_logs
 
         validate.text(uuid, "uuid")
@@ -149,7 +150,7 @@ class RemoteReports:
         response = self._post_with_retries(url, body)
         return _answer(response, self.server, uuid)
 
-    def _post_with_retries(self, url: str, body: dict[str, Any]):
+    def _post_with_retries(self, url: str, body: dict[str, Any]) -> requests.Response:
         import requests
 
         deadline = self.clock.monotonic() + self.retry_for
@@ -195,7 +196,7 @@ class RemoteReports:
             pass
 
 
-def _answer(response, server: str, uuid: str) -> dict[str, Any]:
+def _answer(response: requests.Response, server: str, uuid: str) -> dict[str, Any]:
     """The manager's answer → a result, or the typed error whose exit code the contract names."""
     status = response.status_code
     if 300 <= status < 400:
@@ -223,7 +224,7 @@ def _answer(response, server: str, uuid: str) -> dict[str, Any]:
     raise BadInput(f"the manager at {server} answered {status}: {message}")
 
 
-def _refused_value(response, kind: type[validate.Invalid]) -> validate.Invalid | None:
+def _refused_value(response: requests.Response, kind: type[validate.Invalid]) -> validate.Invalid | None:
     """A 400 (or a 404 for an unknown uuid) naming a refused value by its parts (`field`, `reason`, `lead`:
     serving.server.refused_field) → the same error a local report raises (`kind`: Invalid, or NotFound), so the
     CLI names the field as its flag (`--rate must be …`, `check --uuid`) without reading the manager's wording.
@@ -237,25 +238,30 @@ def _refused_value(response, kind: type[validate.Invalid]) -> validate.Invalid |
     return kind(field, reason[:500], lead=lead[:500])
 
 
-def _json(response) -> Any:
+def _json(response: requests.Response) -> Any:
     try:
         return response.json()
     except ValueError:
         return None
 
 
-def _error_text(response) -> str:
-    answer = _json(response)
-    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        return answer["error"][:500]
+def _error_text(response: requests.Response) -> str:
+    error = _error_field(response)
+    if error is not None:
+        return error[:500]
     return f"HTTP {response.status_code} {response.reason or ''}".strip()
 
 
-def _error_suffix(response) -> str:
+def _error_suffix(response: requests.Response) -> str:
+    error = _error_field(response)
+    return "" if error is None else f": {error[:200]}"
+
+
+def _error_field(response: requests.Response) -> str | None:
+    """The answer's `error` text; None when the body is no JSON object with one."""
     answer = _json(response)
-    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        return f": {answer['error'][:200]}"
-    return ""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    return error if isinstance(error, str) else None
 
 
 def _describe(exc: Exception) -> str:

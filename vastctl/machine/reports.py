@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
+from typing import Any, Mapping, NoReturn
 
 from vastctl.config import Config
 from vastctl.state import lifecycle, rates, settings
@@ -25,33 +26,34 @@ FIELD_FLAGS = {"label": "--label", "vast_id": "--vast-id", "gpu_name": "--gpu", 
 class LocalReports:
     """Reports applied to the state file through lifecycle, stamped with `now` (the moment they are made)."""
 
-    def __init__(self, conn: sqlite3.Connection, config: Config, *, now: datetime):
+    def __init__(self, conn: sqlite3.Connection, config: Config, *, now: datetime) -> None:
         self.conn = conn
         self.config = config
         self.now = now
 
-    def register(self, uuid, *, label=None, vast_id=None, gpu_name=None, num_gpus=None):
+    def register(self, uuid: str, *, label: str | None = None, vast_id: int | None = None, gpu_name: str | None = None,
+                 num_gpus: int | None = None) -> dict[str, Any]:
         prefix = self.config.vast.label_prefix
         row = lifecycle.register(self.conn, uuid, label=label, vast_id=vast_id, gpu_name=gpu_name,
                                  num_gpus=num_gpus, label_prefix=prefix, now=self.now)
         note = lifecycle.prefix_note(row["label"], prefix)
         return {"state": row["state"], **({"note": note} if note else {})}
 
-    def params_done(self, uuid):
+    def params_done(self, uuid: str) -> dict[str, Any]:
         return {"state": lifecycle.params_done(self.conn, uuid, now=self.now)["state"]}
 
-    def bench_report(self, uuid, rate):
+    def bench_report(self, uuid: str, rate: float | str) -> dict[str, Any]:
         gate = settings.get(self.conn, self.config, "min_bench_rate")
         row = rates.bench_report(self.conn, uuid, rate, gate=gate, now=self.now)
         return {"state": row["state"], "passed": True}
 
-    def bench_failed(self, uuid, reason=None):
+    def bench_failed(self, uuid: str, reason: str | None = None) -> NoReturn:
         lifecycle.bench_failed(self.conn, uuid, reason, now=self.now)  # always raises BenchFailed: the kill is done
 
-    def running(self, uuid, stages=None):
+    def running(self, uuid: str, stages: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return {"state": lifecycle.running(self.conn, uuid, now=self.now, stages=stages)["state"]}
 
-    def heartbeat(self, uuid, proofs_done=None):
+    def heartbeat(self, uuid: str, proofs_done: int | None = None) -> dict[str, Any]:
         from vastctl.facts import deliveries
 
         state = rates.heartbeat(self.conn, uuid, proofs_done=proofs_done, now=self.now)["state"]
@@ -59,7 +61,7 @@ class LocalReports:
             deliveries.check_claim(self.conn, uuid, bench_proofs=self.config.launch.bench_count + 1, now=self.now)
         return {"state": state}
 
-    def log_push(self, uuid, name, text):
+    def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]:
         from vastctl.facts import machine_logs
 
         return machine_logs.push(self.conn, uuid, name, text, now=self.now,

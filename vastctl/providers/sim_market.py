@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Sequence
 
 GIB_BITS = 8 * 1024 ** 3
 PARAMS_GIB = 53.0  # 32 GiB PoRep + PoSt + SnapDeals parameters
@@ -104,7 +105,7 @@ def make_hosts(seed: int) -> list[Host]:
     return hosts
 
 
-def _weighted(rng: random.Random, choices) -> float:
+def _weighted(rng: random.Random, choices: Sequence[tuple[float, float]]) -> float:
     pick = rng.random()
     for value, weight in choices:
         pick -= weight

@@ -50,9 +50,9 @@ import hmac
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 from waitress.adjustments import Adjustments  # only `serve` imports this module: other commands never load waitress
@@ -71,6 +71,9 @@ from vastctl.state import db, lifecycle, signin, tokens
 from vastctl.transport import DeadlineServer
 from vastctl.upstream import cut
 from vastctl.views import fleet
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
@@ -122,7 +125,7 @@ class App:
                 raise HTTPError(503, "the manager cannot open its state file: retry later", [("Retry-After", "5")]) from exc
         return conn
 
-    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         started = self.clock.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         path = wsgi.raw_path(environ)
@@ -152,7 +155,7 @@ class App:
         wsgi.log_request(environ, method, path, status, self.clock.monotonic() - started)
         return [payload]
 
-    def handle(self, environ: dict, method: str, path: str) -> tuple[int, Any]:
+    def handle(self, environ: dict[str, Any], method: str, path: str) -> tuple[int, Any]:
         if path == "/healthz":
             wsgi.allow(method, "GET")
             self.connection().execute("SELECT 1").fetchone()
@@ -208,7 +211,7 @@ class App:
             return reports.running(uuid, body.get("stages"))
         return reports.heartbeat(uuid, body.get("proofs_done"))
 
-    def check_machine(self, environ: dict, uuid: str) -> None:
+    def check_machine(self, environ: dict[str, Any], uuid: str) -> None:
         """401 without a token or with one of no known machine; 403 with another machine's token."""
         token = wsgi.bearer(environ)
         if token is None:
@@ -242,7 +245,7 @@ class App:
         raise HTTPError(409, f"instance {row['label']} {gone} ({row['kill_reason'] or 'no reason recorded'}):"
                              " its token is no longer accepted; shut the machine down")
 
-    def check_admin(self, environ: dict) -> None:
+    def check_admin(self, environ: dict[str, Any]) -> None:
         if not self.admin_token:
             raise HTTPError(403, "GET /v1/fleet is disabled: set server.admin_token in the manager's config and restart serve")
         token = wsgi.bearer(environ)
@@ -342,7 +345,7 @@ def make_server(
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     clock: Clock,
     waker: webhooks.Waker | None = None,
-):
+) -> DeadlineServer | MultiSocketServer:
     """A waitress server bound and ready for `.run()`; checks the state file and the token secret first.
 
     `waker` runs the safety net after a webhook delivery; without one, deliveries are recorded only.
@@ -369,7 +372,7 @@ def make_server(
         )
         dispatcher = ThreadedTaskDispatcher()
         dispatcher.set_thread_count(adj.threads)
-        sockets: dict = {}
+        sockets: dict[int, Any] = {}  # the socket map the servers share: fd → waitress dispatcher
         servers = [DeadlineServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo,
                                    request_timeout=request_timeout, clock=clock) for sockinfo in adj.listen]
     except OSError as exc:
@@ -408,7 +411,7 @@ def _allow_open_files(needed: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def listen_urls(server) -> list[str]:
+def listen_urls(server: DeadlineServer | MultiSocketServer) -> list[str]:
     """Where the server listens, with the real port when it was asked for port 0."""
     pairs = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
     return [f"http://[{h}]:{p}" if ":" in str(h) else f"http://{h}:{p}" for h, p in pairs]

@@ -142,7 +142,7 @@ class Secrets:
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
-        self._stamp: tuple | None = None
+        self._stamp: tuple[int, int, int, int] | None = None  # the file's mtime, size, inode and ctime at the last read
         self._secrets: list[bytes] | None = None
         self._broken: str | None = None
 
@@ -375,10 +375,10 @@ class Waker:
             except VastctlError as exc:
                 result.errors.append(f"cannot reach vast: {exc}")
                 return result
-            def reconcile_pass():
+            def reconcile_pass() -> None:
                 reconcile.run_pass(conn, provider, self.config, clock=self.clock)
 
-            def agent_step():
+            def agent_step() -> None:
                 step.run_step(conn, provider, self.config, clock=self.clock, if_events=True)
 
             if self._under_lease(conn, reconcile.LEASE, reconcile_pass, result):

@@ -54,7 +54,8 @@ def allow(method: str, allowed: str, *, head: bool = False) -> None:
 
 def bearer(environ: Mapping[str, Any]) -> str | None:
     """The token of `Authorization: Bearer <token>` (any case of "Bearer"); None without one."""
-    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
+    header: str = environ.get("HTTP_AUTHORIZATION", "")
+    scheme, _, token = header.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None
@@ -63,10 +64,11 @@ def bearer(environ: Mapping[str, Any]) -> str | None:
 
 def raw_path(environ: Mapping[str, Any]) -> str:
     """The path as sent (percent-escapes intact), so a uuid may hold any printable character."""
-    raw = environ.get("REQUEST_URI")
+    raw: str | None = environ.get("REQUEST_URI")
     if raw:
         return raw.split("?", 1)[0]
-    return environ.get("PATH_INFO", "")
+    path: str = environ.get("PATH_INFO", "")
+    return path
 
 
 def too_large(length: int, limit: int) -> HTTPError:

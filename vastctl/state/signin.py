@@ -13,11 +13,12 @@ clock's monotonic(), so tests and the simulator drive it.
 from __future__ import annotations
 
 import math
+import sqlite3
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 
-from vastctl.clock import to_iso
+from vastctl.clock import Clock, to_iso
 from vastctl.state.db import transaction
 
 MIN_TOKEN_CHARS = 24
@@ -57,7 +58,7 @@ class _Client:
 class Throttle:
     """Failed sign-ins per client and overall, on `clock.monotonic()`; thread-safe (serve may run workers)."""
 
-    def __init__(self, clock):
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._lock = threading.Lock()
         self._clients: dict[str, _Client] = {}
@@ -100,7 +101,7 @@ class Throttle:
         self._global_at = now
 
 
-def end_session(conn, session: str, *, expires: datetime, now: datetime) -> None:
+def end_session(conn: sqlite3.Connection, session: str, *, expires: datetime, now: datetime) -> None:
     """Sign-out: the session id is refused from now until its cookie would have expired anyway."""
     with transaction(conn):
         conn.execute("DELETE FROM dashboard_sign_outs WHERE expires_at < ?", (to_iso(now),))  # past their expiry
@@ -108,5 +109,5 @@ def end_session(conn, session: str, *, expires: datetime, now: datetime) -> None
                      (session, to_iso(expires), to_iso(now)))
 
 
-def session_ended(conn, session: str) -> bool:
+def session_ended(conn: sqlite3.Connection, session: str) -> bool:
     return conn.execute("SELECT 1 FROM dashboard_sign_outs WHERE session = ?", (session,)).fetchone() is not None

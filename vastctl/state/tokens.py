@@ -141,7 +141,7 @@ class Keyring:
                 self._indexed_up_to = max(self._indexed_up_to, rowid)
             return self._owners.get(_digest(token))
 
-    def _reload(self, stamp) -> None:
+    def _reload(self, stamp: tuple[int, int, int] | None) -> None:
         try:
             loaded = read_secrets(self.path)
         except (BadInput, OSError) as exc:
