@@ -22,10 +22,10 @@ def esc(value: Any, empty: str = "-") -> str:
     """Text for HTML content or a quoted attribute (a page has tens of thousands: most need no escape)."""
     if value is None or value == "":
         return escape(empty)
-    text = str(value)
-    if "&" in text or "<" in text or ">" in text or '"' in text or "'" in text:
-        return escape(text, quote=True)
-    return text
+    shown = str(value)
+    if "&" in shown or "<" in shown or ">" in shown or '"' in shown or "'" in shown:
+        return escape(shown, quote=True)
+    return shown
 
 
 def num(value: Any, digits: int = 1) -> str:
