@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -129,7 +130,7 @@ def _account(path: Path, end: str) -> dict[str, Any]:
             "vastctl_cost_per_1000_proofs": figures["cost_per_1000_proofs"], "vastctl_as_of": figures["as_of"]}
 
 
-def _progress_bar():
+def _progress_bar() -> Callable[[int, int], None]:
     width = 30
 
     def show(done: int, total: int) -> None:

@@ -7,12 +7,18 @@ import os
 import signal
 import sys
 import threading
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from vastctl.cli.app import app, globals_of, say
 from vastctl.errors import BadInput, Unavailable
+
+if TYPE_CHECKING:  # route.server imports grpc, loaded only when `vastctl route` runs
+    import grpc
+
+    from vastctl.clock import Clock
+    from vastctl.route.server import Router
 
 
 @app.command("route")
@@ -63,7 +69,7 @@ def route_cmd(
     say("stopped")
 
 
-def _drain(router, server, timeout: float, clock) -> None:
+def _drain(router: Router, server: grpc.Server, timeout: float, clock: Clock) -> None:
     """No new call; what is held or on a prover gets `timeout` to finish; what is still held then is refused."""
     state = router.dispatcher.snapshot()
     say(f"stopping: taking no new calls; {state['held']} held, {state['in_flight']} on provers"

@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vastctl import clock as clocks
 from vastctl.config import Config
-from vastctl.demo.setting import START, DemandCurve
+from vastctl.demo.setting import START, DemandCurve, DemoOptions
+
+if TYPE_CHECKING:  # the simulator is imported where it is used
+    from vastctl.providers.sim import SimProvider, SimTotals
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -42,7 +45,7 @@ def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]])
     return latencies, undetected
 
 
-def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *, whole: bool = False,
+def lower_bound_cost(market: SimProvider, config: Config, curve: DemandCurve, minutes: int, *, whole: bool = False,
                      sized_to: list[float] | None = None, honest: bool = True, interruptible: bool = False) -> float:
     """$ of the cheapest offers sized exactly to the arrivals, minute by minute, knowing every host's true rate.
 
@@ -93,7 +96,7 @@ def lower_bound_cost(market, config: Config, curve: DemandCurve, minutes: int, *
     return cost
 
 
-def least_costs(market, config: Config, curve: DemandCurve, minutes: int) -> dict[str, Any]:
+def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes: int) -> dict[str, Any]:
     """The day's true lower bounds (vastctl.bound's program: every freedom the market gives), in $:
 
       honest         the hosts the fleet may rent (its models, RAM, bandwidth, reliability, price cap, a host
@@ -141,8 +144,10 @@ def least_costs(market, config: Config, curve: DemandCurve, minutes: int) -> dic
     }
 
 
-def summary(conn, config, options, totals, market, curve, *, arrived, done, backlog, counted, met,
-             billed_at_kill, errors, latencies, undetected, asked, waits) -> dict[str, Any]:
+def summary(conn: sqlite3.Connection, config: Config, options: DemoOptions, totals: SimTotals, market: SimProvider,
+            curve: DemandCurve, *, arrived: float, done: float, backlog: float, counted: int, met: int,
+            billed_at_kill: dict[int, float], errors: dict[str, int], latencies: list[float], undetected: int,
+            asked: list[float], waits: dict[str, Any]) -> dict[str, Any]:
     kills: dict[str, int] = {}
     for row in conn.execute("SELECT kill_code, count(*) AS n FROM instances WHERE state = 'killed'"
                             " GROUP BY kill_code ORDER BY kill_code"):

@@ -130,7 +130,7 @@ class Web:
         self.admin_token = config.server.admin_token
         self.key = hmac.new(secret, b"vastctl dashboard\0" + self.admin_token.encode(), hashlib.sha256).digest()
 
-    def handle(self, environ: dict, method: str, path: str) -> Response:
+    def handle(self, environ: dict[str, Any], method: str, path: str) -> Response:
         if path.startswith("/static/"):
             wsgi.allow(method, "GET", head=True)
             return self.static(path.removeprefix("/static/"))
@@ -176,7 +176,7 @@ class Web:
 
     # --- pages ------------------------------------------------------------------------------------
 
-    def home(self, environ: dict) -> Response:
+    def home(self, environ: dict[str, Any]) -> Response:
         sid = self.session(environ)
         if sid is None:
             return _html(200, page.sign_in_page())
@@ -186,7 +186,7 @@ class Web:
             headers.append(("Set-Cookie", self.cookie(environ, FLASH, "", 0)))
         return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash).encode()
 
-    def data(self) -> dict:
+    def data(self) -> dict[str, Any]:
         return page_data(self.connect(), self.config, self.clock.now())
 
     def static(self, name: str) -> Response:
@@ -195,7 +195,7 @@ class Web:
         body = resources.files("vastctl.serving").joinpath("static", name).read_bytes()
         return 200, [("Content-Type", STATIC[name]), ("Cache-Control", "no-cache")], body
 
-    def metrics(self, environ: dict) -> Response:
+    def metrics(self, environ: dict[str, Any]) -> Response:
         tokens = [t for t in (self.admin_token, self.config.server.metrics_token) if t]
         if not tokens:
             return _json(403, "GET /metrics is disabled: set server.metrics_token (or server.admin_token)")
@@ -210,7 +210,7 @@ class Web:
 
     # --- sign-in ----------------------------------------------------------------------------------
 
-    def login(self, environ: dict) -> Response:
+    def login(self, environ: dict[str, Any]) -> Response:
         client = self.client(environ)
         wait = self.throttle.wait(client)
         if wait > 0:  # the token is not looked at: a guess during the wait learns nothing
@@ -232,14 +232,14 @@ class Web:
         text = page.sign_in_page(f"too many wrong tokens: wait {seconds} s, then sign in again")
         return 429, [("Content-Type", HTML), ("Retry-After", str(seconds))], text.encode()
 
-    def session(self, environ: dict) -> str | None:
+    def session(self, environ: dict[str, Any]) -> str | None:
         """The session id of a valid, unexpired cookie that was not signed out; None otherwise."""
         signed = self.signed_session(environ)
         if signed is None or int(signed[1]) <= self.clock.now().timestamp():
             return None
         return None if signin.session_ended(self.connect(), signed[0]) else signed[0]
 
-    def signed_session(self, environ: dict) -> tuple[str, str] | None:
+    def signed_session(self, environ: dict[str, Any]) -> tuple[str, str] | None:
         """(session id, expiry) from a cookie this server signed; None for a missing or forged one."""
         value = _cookies(environ).get(_cookie_name(SESSION, self.tls(environ)), "")
         sid, _, rest = value.partition(".")
@@ -248,7 +248,7 @@ class Web:
             return None
         return sid, expires
 
-    def session_expiry(self, environ: dict) -> datetime:
+    def session_expiry(self, environ: dict[str, Any]) -> datetime:
         """When the presented session would have expired (until then its sign-out must be remembered)."""
         signed = self.signed_session(environ)
         return datetime.fromtimestamp(int(signed[1]), timezone.utc) if signed else self.clock.now()
@@ -259,11 +259,11 @@ class Web:
     def mac(self, text: str) -> str:
         return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
 
-    def sign_flash(self, flash: dict) -> str:
+    def sign_flash(self, flash: dict[str, Any]) -> str:
         payload = base64.urlsafe_b64encode(_fitted(flash).encode()).decode().rstrip("=")
         return f"{payload}.{self.mac('flash' + payload)}"
 
-    def read_flash(self, environ: dict) -> dict | None:
+    def read_flash(self, environ: dict[str, Any]) -> dict[str, Any] | None:
         payload, _, mac = _cookies(environ).get(_cookie_name(FLASH, self.tls(environ)), "").partition(".")
         if not payload or not hmac.compare_digest(mac, self.mac("flash" + payload)):
             return None
@@ -272,18 +272,18 @@ class Web:
         except ValueError:
             return None
 
-    def tls(self, environ: dict) -> bool:
+    def tls(self, environ: dict[str, Any]) -> bool:
         """Whether the browser reached us over TLS (directly, or through the configured proxy)."""
         if environ.get("wsgi.url_scheme") == "https":
             return True
         forwarded = environ.get("HTTP_X_FORWARDED_PROTO", "").split(",")[0].strip().lower()
         return self.from_proxy(environ) and forwarded == "https"
 
-    def from_proxy(self, environ: dict) -> bool:
+    def from_proxy(self, environ: dict[str, Any]) -> bool:
         trusted = {a.strip() for a in self.config.server.trusted_proxy.split(",") if a.strip()}
         return environ.get("REMOTE_ADDR") in trusted
 
-    def client(self, environ: dict) -> str:
+    def client(self, environ: dict[str, Any]) -> str:
         """Who signs in, for the throttle: the address the trusted proxy saw (the last X-Forwarded-For hop), else ours."""
         if self.from_proxy(environ):
             forwarded = environ.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
@@ -291,7 +291,7 @@ class Web:
                 return forwarded
         return environ.get("REMOTE_ADDR") or "-"
 
-    def cookie(self, environ: dict, kind: str, value: str, max_age: int) -> str:
+    def cookie(self, environ: dict[str, Any], kind: str, value: str, max_age: int) -> str:
         secure = self.tls(environ)
         return (f"{_cookie_name(kind, secure)}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict"
                 + ("; Secure" if secure else ""))
@@ -332,7 +332,7 @@ class Web:
 SESSION, FLASH = "session", "flash"
 
 
-def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict:
+def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[str, Any]:
     """What the page shows: overview's figures, the cost account and the machines' log tails (the CLI's calls)."""
     data = overview.overview(conn, config, now, steps=page.STEPS_READ)
     data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
@@ -376,7 +376,7 @@ def _override(path: str, form: dict[str, str], exc: VastctlError) -> dict[str, s
             "limit": exc.limit}
 
 
-def _fitted(flash: dict) -> str:
+def _fitted(flash: dict[str, Any]) -> str:
     """The flash as JSON of at most FLASH_BYTES in UTF-8 (one cookie, base64'd). Its text is cut to fit, never
     the JSON (which would no longer parse); an override too long to carry loses its reason first (the second
     step then asks for it again), and is dropped only when even that cannot fit."""
@@ -403,7 +403,7 @@ def _cookie_name(kind: str, secure: bool) -> str:
     return f"__Host-vastctl-{kind}" if secure else f"vastctl-{kind}"
 
 
-def _cookies(environ: dict) -> dict[str, str]:
+def _cookies(environ: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for part in environ.get("HTTP_COOKIE", "").split(";"):
         name, sep, value = part.strip().partition("=")
@@ -412,7 +412,7 @@ def _cookies(environ: dict) -> dict[str, str]:
     return found
 
 
-def _cross_site(environ: dict) -> str | None:
+def _cross_site(environ: dict[str, Any]) -> str | None:
     """Why a POST is refused as cross-site, or None. Browsers send one or both headers; curl sends neither."""
     why = "refused: this request came from another site; use the dashboard's own forms"
     fetch_site = environ.get("HTTP_SEC_FETCH_SITE")

@@ -84,7 +84,7 @@ def y_ticks(top: float) -> list[float]:
     return [i * step for i in range(int(top // step) + 1)]
 
 
-def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[tuple[str, list]], *,
+def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[tuple[str, list[tuple[datetime, float]]]], *,
            width: int = CHART_WIDTH, ticks: Sequence[datetime] = (), tick_name: str = "",
            empty: str | None = None) -> str:
     height, span = CHART_HEIGHT, max(1.0, (end - start).total_seconds())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import datetime
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -80,7 +80,7 @@ class _FleetCollector:
         yield from _router(summary["router"], overview.route_results(conn, now))
 
 
-def _router(router: dict, results: dict[str, int]) -> Iterator[Metric]:
+def _router(router: dict[str, Any], results: dict[str, int]) -> Iterator[Metric]:
     yield _gauge("vastctl_route_running", "1 when the proof router wrote its status within the last 30 s.",
                  1 if router["router_running"] else 0)
     yield _gauge("vastctl_route_held_calls", "Calls the proof router holds for a free prover.", router["held"])
@@ -112,7 +112,7 @@ def _timestamp(moment: datetime | None) -> float:
     return 0.0 if moment is None else moment.timestamp()
 
 
-def _demand(demand: dict | None) -> Iterator[Metric]:
+def _demand(demand: dict[str, Any] | None) -> Iterator[Metric]:
     """Demand as the decisions read it (observe): NaN while unknown, so `queued > 0` alerts stay quiet then."""
     demand = demand or {}
     yield _gauge("vastctl_demand_known", "1 when the newest demand sample is good and fresh (demand.stale_after).",
@@ -130,7 +130,7 @@ def _demand(demand: dict | None) -> Iterator[Metric]:
         yield _gauge(name, documentation, math.nan if value is None else value)
 
 
-def _reconcile(status: dict, pending: dict) -> Iterator[Metric]:
+def _reconcile(status: dict[str, Any], pending: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("vastctl_reconcile_last_success_timestamp_seconds", "When reconcile last listed vast successfully.",
                  _timestamp(status["last_success"]))
     yield _gauge("vastctl_reconcile_last_attempt_timestamp_seconds", "When reconcile last tried to list vast.",
@@ -146,7 +146,7 @@ def _reconcile(status: dict, pending: dict) -> Iterator[Metric]:
                  pending["oldest_age_s"])
 
 
-def _agent(totals: dict) -> Iterator[Metric]:
+def _agent(totals: dict[str, Any]) -> Iterator[Metric]:
     steps = CounterMetricFamily("vastctl_agent_steps", "Agent steps, by outcome.", labels=["outcome"])
     for outcome, count in sorted(totals["steps"].items()):
         steps.add_metric([outcome], count)
@@ -162,7 +162,7 @@ def _agent(totals: dict) -> Iterator[Metric]:
                  _timestamp(totals["last_step"]))
 
 
-def _cost(figures: dict) -> Iterator[Metric]:
+def _cost(figures: dict[str, Any]) -> Iterator[Metric]:
     """vastctl's account of what vast billed (cost.account, as `vastctl cost`): vast's invoice is the truth."""
     spent = GaugeMetricFamily("vastctl_cost_dollars", "$ vast billed for our machines as vastctl accounts for it"
                               " (vast's invoice is the truth), by part: rented, stopped_storage, after_kill.",
