@@ -186,13 +186,14 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
                             retry_gone=offer_id is None, now=now)
 
 
-def _the_offer(conn, provider, config, offer_id, now) -> Offer:
+def _the_offer(conn: sqlite3.Connection, provider: Provider, config: Config, offer_id: int, now: datetime) -> Offer:
     found = provider.search_offers(OfferQuery(offer_id=offer_id, disk_gb=config.launch.disk_gb, limit=1))
     offer = next((offer for offer in found if offer.id == offer_id), None)
     if offer is None:
         raise BadInput(f"offer {offer_id} is not available (rented or withdrawn): see `vastctl offers`")
     blocklist.refresh(conn, config.vast.blocklist_ttl, now)
-    entry = blocklist.blocked(conn, now).get(offer.machine_id)
+    in_force = blocklist.blocked(conn, now)
+    entry = in_force.get(offer.machine_id) if offer.machine_id is not None else None
     if entry:
         raise GuardRefused(f"machine {offer.machine_id} of offer {offer_id} is blocklisted until"
                            f" {clock.display_iso(entry['until'])}: {entry['reason']}", limit=BLOCKLIST)
@@ -210,7 +211,8 @@ def _distinct_machines(offers: list[Offer]) -> list[Offer]:
     return kept
 
 
-def _launch_each(conn, provider, config, candidates, count, secret, *, actor, retry_gone, now) -> LaunchResult:
+def _launch_each(conn: sqlite3.Connection, provider: Provider, config: Config, candidates: list[Offer], count: int,
+                 secret: bytes, *, actor: str, retry_gone: bool, now: datetime) -> LaunchResult:
     result = LaunchResult(wanted=count)
     script = onstart.script_for(config.launch.onstart)
     offers = iter(candidates)
@@ -247,7 +249,7 @@ def _launch_each(conn, provider, config, candidates, count, secret, *, actor, re
     return result
 
 
-def _launch_one(conn, provider, config, offer: Offer, script: str, secret: bytes, *, actor: str,
+def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, offer: Offer, script: str, secret: bytes, *, actor: str,
                 now: datetime) -> LaunchOutcome:
     """Write the row and the audit's intent, then rent, then record the outcome.
 

@@ -66,27 +66,27 @@ EVENTS_KEPT = 200  # newest events after the cursor one observation carries
 @dataclass
 class Observation:
     now: datetime
-    settings: dict
+    settings: dict[str, Any]
     demand: Demand
-    machines: list[dict]
+    machines: list[dict[str, Any]]
     capacity: float
     pending_capacity: float
     spend_per_hour: float
-    events: list[dict]
-    last_actions: list[dict]
+    events: list[dict[str, Any]]
+    last_actions: list[dict[str, Any]]
     model_rates: dict[str, float] = field(default_factory=dict)  # GPU model → median bench rate seen
     host_rates: dict[int, float] = field(default_factory=dict)  # vast machine_id → its newest bench rate
     # demand samples of the last agent.scale_down_after, oldest first: what the rules release capacity against
-    demand_history: list[dict] = field(default_factory=list)
+    demand_history: list[dict[str, Any]] = field(default_factory=list)
     # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
-    last_known_demand: dict | None = None
+    last_known_demand: dict[str, Any] | None = None
     # what the proof router holds now (its route_status; fresh False: no router running)
     router: deliveries.Held = field(default_factory=lambda: deliveries.Held(fresh=False))
     spent_today: float | None = None  # $ since 00:00 UTC (cost.spent_today); None until spent() first reads it
     min_machines: int = 0  # agent.min_machines: the floor of warm machines the guard and the rules keep
     day_spend: Callable[[], float] | None = field(default=None, repr=False, compare=False)
     # the rows not yet destroyed it was built from, as the file has them (what fleet_view lists, read once)
-    rows: list[dict] = field(default_factory=list, repr=False, compare=False)
+    rows: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
 
     def spent(self) -> float:
         """$ spent since 00:00 UTC, what max_daily_spend is checked against: read from the file the first time a
@@ -96,13 +96,13 @@ class Observation:
             self.spent_today = float(self.day_spend()) if self.day_spend is not None else 0.0
         return self.spent_today
 
-    def running(self) -> list[dict]:
+    def running(self) -> list[dict[str, Any]]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
 
-    def live(self) -> list[dict]:
+    def live(self) -> list[dict[str, Any]]:
         return [m for m in self.machines if m["state"] in LIVE_STATES]
 
-    def to_prompt(self) -> dict:
+    def to_prompt(self) -> dict[str, Any]:
         """A compact, JSON-able view for the model: numbers first, one short line of facts per machine."""
         return {
             "now": _iso(self.now),
@@ -235,7 +235,8 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
 @functools.lru_cache(maxsize=4096, typed=True)
 def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
     """A bench rate as bench_rates counts it; the same few pairs come back on every call (every machine ever)."""
-    return bounded(bench_rate, rate_ceiling({"num_gpus": num_gpus}))
+    rate: float = bounded(bench_rate, rate_ceiling({"num_gpus": num_gpus}))
+    return rate
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
@@ -285,11 +286,13 @@ def _claimed_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_ra
 
 
 def capacity(machines: Iterable[Mapping[str, Any]]) -> float:
-    return sum(m["expected_rate"] for m in machines if m["state"] == State.RUNNING)
+    total: float = sum(m["expected_rate"] for m in machines if m["state"] == State.RUNNING)
+    return total
 
 
 def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
-    return sum(m["expected_rate"] for m in machines if m["state"] in PENDING_STATES)
+    total: float = sum(m["expected_rate"] for m in machines if m["state"] in PENDING_STATES)
+    return total
 
 
 # --- spend: what vast bills us for ------------------------------------------------------------------
@@ -398,7 +401,7 @@ def machine_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     return table_rows(conn, f"{LIVE_ROWS} ORDER BY created_at, label")
 
 
-def table_rows(conn: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
+def table_rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """A query's rows as dicts (through plain tuples: half the time of sqlite3.Row for a thousand wide rows)."""
     cursor = conn.cursor()
     cursor.row_factory = None
@@ -414,13 +417,15 @@ def _resumes(conn: sqlite3.Connection) -> dict[str, int]:
         " GROUP BY uuid")}
 
 
-def last_step_actions(conn: sqlite3.Connection) -> list[dict]:
+def last_step_actions(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The actions (with their results) of the agent's previous step that ran (not skipped, not a dry run)."""
     row = conn.execute("SELECT actions, refused FROM agent_steps WHERE outcome IN ('ok', 'error')"
                        " ORDER BY id DESC LIMIT 1").fetchone()
     if row is None:
         return []
-    return stored_json(row["actions"]) + stored_json(row["refused"])
+    actions: list[dict[str, Any]] = stored_json(row["actions"])
+    refused: list[dict[str, Any]] = stored_json(row["refused"])
+    return actions + refused
 
 
 def stored_json(text: str | None, kind: type = list) -> Any:
@@ -437,7 +442,7 @@ SAMPLE_COLUMNS = "at, ok, queued, in_flight, lookahead, proofs_per_hour"
 HISTORY_ROWS = 2000  # newest samples read for the window: bounded whatever the file's age or the report cadence
 
 
-def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
+def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict[str, Any]]:
     """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
     (failed ones too: they mean "unknown")."""
     rows = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
@@ -452,7 +457,7 @@ def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict]:
     return kept[::-1]
 
 
-def last_known_demand(conn: sqlite3.Connection) -> dict | None:
+def last_known_demand(conn: sqlite3.Connection) -> dict[str, Any] | None:
     """The newest good demand sample (None if there never was one): while the source is down or stale, the rules
     size the fleet to what this one needed instead of to the operator's ceiling."""
     row = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
@@ -460,7 +465,7 @@ def last_known_demand(conn: sqlite3.Connection) -> dict | None:
     return None if at is None else _sample(row, at)
 
 
-def _sample(row: sqlite3.Row, at: datetime) -> dict:
+def _sample(row: sqlite3.Row, at: datetime) -> dict[str, Any]:
     """A demand_samples row as the rules read it (rules.needed)."""
     return {"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
             "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]}

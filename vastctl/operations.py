@@ -213,7 +213,8 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     return lifecycle.get(conn, row["uuid"])
 
 
-def _call(conn, provider, row, kind: Kind, actor: str, now) -> None:
+def _call(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], kind: Kind, actor: str,
+          now: datetime) -> None:
     """A stop or start at vast, its intent committed first: a start spends money again, so a crash (or a full
     disk) at any point leaves a row that says the call may have been made, and no call goes out unrecorded."""
     method = {Kind.STOP: provider.stop_instance, Kind.START: provider.start_instance}[kind]

@@ -277,7 +277,7 @@ def _release_late_benchmarks(obs: Observation, config: Config, budget: int) -> l
             for machine in late_ones[:budget]]
 
 
-def _live_running(obs: Observation) -> list[dict]:
+def _live_running(obs: Observation) -> list[dict[str, Any]]:
     return [m for m in obs.machines if m["state"] == State.RUNNING and m.get("vast_id") is not None
             and not vast_dead(m)]
 
@@ -328,7 +328,7 @@ def _replaced(machine: Mapping[str, Any], running: Sequence[Mapping[str, Any]], 
                and per_proof(machine) >= config.agent.replace_factor * per_proof(other) for other in running)
 
 
-def replacement_candidates(obs: Observation, config: Config) -> list[dict]:
+def replacement_candidates(obs: Observation, config: Config) -> list[dict[str, Any]]:
     """Running machines old enough to be replaced by a cheaper host (agent.replace_after), dearest per proof first;
     none while any machine boots (one replacement at a time) or while demand is not known to have work."""
     if not obs.demand.known or obs.demand.work <= 0 or any(on_its_way(m, obs.now) for m in obs.machines):

@@ -64,7 +64,8 @@ def needed(sample: Mapping[str, Any], config: Config) -> float:
         arrivals = sample["lookahead"] / (window / 3600)
     else:
         arrivals = float(sample.get("proofs_per_hour") or 0.0)
-    return backlog / horizon_hours(config) + arrivals
+    needed: float = backlog / horizon_hours(config) + arrivals
+    return needed
 
 
 def sized_to(obs: Observation) -> Mapping[str, Any] | None:
@@ -153,8 +154,9 @@ def on_its_way(machine: Mapping[str, Any], now: datetime) -> bool:
 
 def counted_capacity(obs: Observation) -> float:
     """Running plus on-its-way capacity, without machines vast says are dead or boots that are late."""
-    return sum(m["expected_rate"] for m in obs.machines
-               if (m["state"] == State.RUNNING and not vast_dead(m)) or on_its_way(m, obs.now))
+    total: float = sum(m["expected_rate"] for m in obs.machines
+                       if (m["state"] == State.RUNNING and not vast_dead(m)) or on_its_way(m, obs.now))
+    return total
 
 
 def shortfall(obs: Observation, config: Config) -> float:
@@ -164,7 +166,7 @@ def shortfall(obs: Observation, config: Config) -> float:
     return wanted_capacity(obs, config) - counted_capacity(obs)
 
 
-def resumable(obs: Observation) -> list[dict]:
+def resumable(obs: Observation) -> list[dict[str, Any]]:
     stopped = [m for m in obs.machines if m["state"] == State.STOPPED and not m.get("resumes")
                and m.get("vast_id") is not None and not m.get("vast_missing")]
     return sorted(stopped, key=per_dollar, reverse=True)

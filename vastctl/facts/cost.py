@@ -232,7 +232,8 @@ def _by_day(piece: Piece) -> Iterable[tuple[str, Piece]]:
 
 def _group_key(by: str, row: dict[str, Any]) -> str:
     if by == "machine":
-        return row["label"]
+        label: str = row["label"]
+        return label
     if by == "gpu":
         return row.get("gpu_name") or "unknown"
     if row["state"] == State.KILLED:  # by reason

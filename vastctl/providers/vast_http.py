@@ -157,7 +157,8 @@ class VastHttp:
                                 " outcome is unknown")
         if "error" in outcome:
             raise outcome["error"]
-        return outcome["response"]
+        response: requests.Response = outcome["response"]
+        return response
 
     def _read_within_deadline(self, response: requests.Response, what: str, idempotent: bool) -> None:
         """Read the answer's body as it arrives, each read waiting at most the time left; past the deadline

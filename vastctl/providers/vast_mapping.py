@@ -115,7 +115,7 @@ def out_of_range_id(raw: Any) -> bool:
                                                 and as_integer(value) is None)
 
 
-def out_of_range_note(raw: dict) -> str:
+def out_of_range_note(raw: dict[str, Any]) -> str:
     digits = str(raw.get("id"))
     shown = digits if len(digits) <= 24 else f"{digits[:12]}…({len(digits)} digits)"
     label = upstream.clip(str(raw.get("label")), 80) if raw.get("label") is not None else "none"
@@ -140,7 +140,7 @@ def parse_instance(raw: Any, what: str) -> RemoteInstance:
     )
 
 
-def refuse_unpriced(rows: list, offer_id: int) -> None:
+def refuse_unpriced(rows: list[Any], offer_id: int) -> None:
     """The offer asked for by id is listed but without a real price: say so, rather than "not available"."""
     for raw in rows:
         if isinstance(raw, dict) and as_integer(raw.get("id")) == offer_id and _price(raw.get("dph_total")) is None:
@@ -149,7 +149,7 @@ def refuse_unpriced(rows: list, offer_id: int) -> None:
                                 " not renting it")
 
 
-def instance_facts(instance: RemoteInstance) -> tuple:
+def instance_facts(instance: RemoteInstance) -> tuple[Any, ...]:
     """What reconcile decides on; the same instance listed twice (a page repeated) agrees on all of it."""
     return dataclasses.astuple(dataclasses.replace(instance, raw={}))
 

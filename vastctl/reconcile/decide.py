@@ -237,7 +237,8 @@ def start_failure(status_msg: str | None) -> str | None:
     return next((meaning for start, meaning in START_FAILURES if text.startswith(start.casefold())), None)
 
 
-def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str] | None:
+def _verdict(row: Mapping[str, Any], entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, Any],
+             config: Config, now: datetime) -> tuple[KillCode, str] | None:
     """The kill code and reason for one live row, or None when it may live."""
     state = State(row["state"])
     if entry is None:
@@ -254,12 +255,13 @@ def _verdict(row, entry, matched, settings, config, now) -> tuple[KillCode, str]
             return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
         if (status in VAST_DEAD_CODES and row.get("vast_status") in VAST_DEAD_CODES and row.get("vast_seen_at")
                 and confirmed(row, dead_since(row), config, now)):
-            since = dead_since(row) or now
+            dead_from = dead_since(row) or now
             detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
-            return VAST_DEAD_CODES[status], f"vast status {status} for {clock.human_age(since, now)} (2 listings){detail}"
+            return VAST_DEAD_CODES[status], f"vast status {status} for {clock.human_age(dead_from, now)} (2 listings){detail}"
         if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
                 and (entry.intended_status in (None, "", "running"))):
             resumed = clock.from_iso(row["resumed_at"])
+            assert resumed is not None  # from_iso is None only for an empty text, and resumed_at was checked set
             deadline = min(SCHEDULING_DEADLINE_S, config.timeouts.launching)
             if (now - resumed).total_seconds() > deadline:
                 return KillCode.SCHEDULING_TIMEOUT, (

@@ -84,7 +84,7 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
 
 
 def strays_context(conn: sqlite3.Connection, config: Config,
-                    unclaimed: Sequence[RemoteInstance]) -> tuple[dict, dict]:
+                    unclaimed: Sequence[RemoteInstance]) -> tuple[dict[int, str], dict[int, dict[str, Any]]]:
     """first_seen and history for the (normally few) listed instances no unfinished row claims."""
     first_seen, history = {}, {}
     prefix = config.vast.label_prefix

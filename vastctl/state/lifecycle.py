@@ -26,12 +26,12 @@ from vastctl.state.db import inserted_id, transaction
 from vastctl.validate import Invalid, NotFound
 
 try:
-    from enum import StrEnum
+    from enum import StrEnum as StrEnum  # re-exported: guard.py takes it from here, which works on 3.10 too
 except ImportError:  # Python 3.10
 
     class StrEnum(str, Enum):  # type: ignore[no-redef]
         def __str__(self) -> str:
-            return self.value
+            return str(self.value)
 
 
 class State(StrEnum):
@@ -157,7 +157,18 @@ def transition(
                                  forced=forced, now=now)
 
 
-def transition_in_tx(conn, uuid, to_state, reason, source, *, now, code=None, updates=None, forced=False):
+def transition_in_tx(
+    conn: sqlite3.Connection,
+    uuid: str,
+    to_state: State,
+    reason: str,
+    source: str,
+    *,
+    now: datetime,
+    code: str | None = None,
+    updates: dict[str, Any] | None = None,
+    forced: bool = False,
+) -> dict[str, Any]:
     if source not in SOURCES:
         raise ValueError(f"unknown event source {source!r}")
     before = get(conn, uuid)
@@ -200,7 +211,17 @@ def create(
                              now=now, fields=fields)
 
 
-def _create_in_tx(conn, *, uuid, label, state, reason, source, now, fields=None):
+def _create_in_tx(
+    conn: sqlite3.Connection,
+    *,
+    uuid: str,
+    label: str,
+    state: State,
+    reason: str,
+    source: str,
+    now: datetime,
+    fields: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     taken = conn.execute("SELECT uuid FROM instances WHERE label = ? AND uuid != ?", (label, uuid)).fetchone()
     if taken:
         raise BadInput(f"label {label!r} already belongs to instance {taken['uuid']}: choose another label")
