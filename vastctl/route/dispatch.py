@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from vastctl.clock import Clock
 
@@ -244,7 +244,7 @@ class Dispatcher:
 
     # --- what the router shows --------------------------------------------------------------------------
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         with self._cond:
             oldest = min([t.arrived for t in self.held] + [u.arrived for u in self.unread], default=None)
             age = None if oldest is None else max(0.0, self.clock.monotonic() - oldest)

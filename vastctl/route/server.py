@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 from concurrent import futures
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -75,7 +77,7 @@ class Router:
                                      fail_threshold=route.fail_threshold, clock=clock, read_reserve=READ_RESERVE)
         self._channels: dict[str, grpc.Channel] = {}  # one per prover (uuid): closed when it leaves
         self._lock = threading.Lock()
-        self._records: queue.Queue = queue.Queue()
+        self._records: queue.Queue[tuple[Any, ...]] = queue.Queue()  # ("call", row) or ("set_aside", uuid, why)
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
         self._post_channel = (grpc.insecure_channel(route.post_address, options=CHANNEL_OPTIONS)
@@ -182,7 +184,8 @@ class Router:
                 self._queue_record({**record, "result": "dropped" if outcome == "moved" else outcome,
                                     **({"detail": str(detail)[:500]} if outcome not in ANSWERED else {})})
             if outcome in ANSWERED:
-                return answer
+                proved: bytes = answer  # the prover's answer as it came (grpc types it Any)
+                return proved
             if outcome == "error":
                 context.abort(*answer)
             if outcome == "expired":
@@ -267,7 +270,8 @@ class Router:
         result = "completed" if timings.pop("status") == wire.STATUS_COMPLETED else "failed"
         self._queue_record({**base, **timings, "label": "post_address", "result": result, "held_ms": _ms(sent - started),
                             "prover_ms": _ms(self.clock.monotonic() - sent), "attempt": 1})
-        return answer
+        proved: bytes = answer  # the daemon's answer as it came (grpc types it Any)
+        return proved
 
     def get_status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         snapshot = self.dispatcher.snapshot()
@@ -304,11 +308,12 @@ class Router:
         for kind, (pending, in_progress) in sorted(queues.items()):
             summed.queues.add(proof_kind=kind, pending=pending, in_progress=in_progress)
         summed.queues.add(proof_kind="router-held", pending=snapshot["held"], in_progress=0)
-        return summed.SerializeToString()
+        status: bytes = summed.SerializeToString()  # protobuf's message types are Any here
+        return status
 
     # --- the provers --------------------------------------------------------------------------------------
 
-    def refresh(self, conn) -> None:
+    def refresh(self, conn: sqlite3.Connection) -> None:
         """Read the joined set from the state file; calls on a prover that left it are moved."""
         slots = self.config.launch.bench_concurrency
         rows = deliveries.candidates(conn)
@@ -356,13 +361,13 @@ class Router:
     def _queue_record(self, call: dict[str, Any]) -> None:
         self._records.put(("call", {**call, "at": clock_module.to_iso(self.clock.now())}))
 
-    def start_writer(self, db_path) -> None:
+    def start_writer(self, db_path: str | Path) -> None:
         conn = db.connect(db_path, now=self.clock.now())
         conn.close()
         self._writer = threading.Thread(target=self._write_loop, args=(db_path,), name="route-writer", daemon=True)
         self._writer.start()
 
-    def _write_loop(self, db_path) -> None:
+    def _write_loop(self, db_path: str | Path) -> None:
         conn = db.connect(db_path, now=self.clock.now())
         try:
             while True:
@@ -379,9 +384,9 @@ class Router:
         finally:
             conn.close()
 
-    def _flush(self, conn) -> None:
-        calls: list[tuple] = []
-        asides: list[tuple] = []
+    def _flush(self, conn: sqlite3.Connection) -> None:
+        calls: list[tuple[Any, ...]] = []
+        asides: list[tuple[Any, ...]] = []
         while True:
             try:
                 item = self._records.get_nowait()
@@ -428,7 +433,7 @@ class _Handler(grpc.GenericRpcHandler):
             wire.GET_STATUS: grpc.unary_unary_rpc_method_handler(router.get_status),
         }
 
-    def service(self, handler_call_details):
+    def service(self, handler_call_details: Any) -> Any:  # grpc's types (untyped)
         method = handler_call_details.method
         if method in self.methods:
             return self.methods[method]

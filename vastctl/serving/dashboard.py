@@ -58,6 +58,7 @@ from vastctl import guard, markets, operations
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, VastctlError
 from vastctl.facts import cost, machine_logs
+from vastctl.observe import Observation
 from vastctl.serving import dashboard_page as page
 from vastctl.serving import wsgi
 from vastctl.serving.wsgi import HTTPError
@@ -89,7 +90,7 @@ def owns(method: str, path: str) -> bool:
     return (path == "/" and method in ("GET", "HEAD")) or path in ROUTES or path.startswith("/static/")
 
 
-def serve(app, environ: dict, start_response: Callable, method: str, path: str) -> list[bytes]:
+def serve(app: Any, environ: dict[str, Any], start_response: Callable[..., Any], method: str, path: str) -> list[bytes]:
     """The WSGI answer for a request `owns()` accepted; logged like every other request of serve."""
     started = app.clock.monotonic()
     web = Web(app.config, app.keyring.secrets()[0], app.connection, clock=app.clock,  # the signing secret (tokens.Keyring)
@@ -268,9 +269,10 @@ class Web:
         if not payload or not hmac.compare_digest(mac, self.mac("flash" + payload)):
             return None
         try:
-            return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            flash = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         except ValueError:
             return None
+        return flash if isinstance(flash, dict) else None
 
     def tls(self, environ: dict[str, Any]) -> bool:
         """Whether the browser reached us over TLS (directly, or through the configured proxy)."""
@@ -286,10 +288,10 @@ class Web:
     def client(self, environ: dict[str, Any]) -> str:
         """Who signs in, for the throttle: the address the trusted proxy saw (the last X-Forwarded-For hop), else ours."""
         if self.from_proxy(environ):
-            forwarded = environ.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
+            forwarded = str(environ.get("HTTP_X_FORWARDED_FOR", "")).split(",")[-1].strip()
             if forwarded:
                 return forwarded
-        return environ.get("REMOTE_ADDR") or "-"
+        return str(environ.get("REMOTE_ADDR") or "-")
 
     def cookie(self, environ: dict[str, Any], kind: str, value: str, max_age: int) -> str:
         secure = self.tls(environ)
@@ -349,7 +351,7 @@ def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[s
     return data
 
 
-def _idle(obs, warm: list[bool]) -> dict[str, float]:
+def _idle(obs: "Observation", warm: list[bool]) -> dict[str, float]:
     """$/h billed by what proves nothing and is not booting (not guard.warm: `warm`, per machine of the
     observation): stopped disks, kept on purpose, and the rest (killed awaiting vast's destroy, dead or missing at
     vast, silent, instances of ours no row stands for)."""
