@@ -37,8 +37,11 @@ from vastctl.state import blocklist, lifecycle, rates
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fakes"
 VENV_BIN = Path(sys.executable).parent
-GATE = 40  # proofs/hour: the fake daemon proves in 0.05 s (good) or 0.5 s (slow), one proof at a time, which the
-TIME_SCALE = "1000"  # fake bench reads 1000 times slower: 72 proofs/h (good) or 7.2 (slow), real machines' rates
+# The fake daemon proves in 0.05 s (good) or 0.5 s (slow), one proof at a time, which the fake bench reads 1000
+# times slower: 72 proofs/h (good) or 7.2 (slow), real machines' rates. The gate sits between them by the same
+# factor (~3.2 each way), so a loaded machine's slower bench (33/h once, under a load of 6) still passes.
+GATE = 22  # proofs/hour
+TIME_SCALE = "1000"
 SANE = re.compile(r"^[ -~]*$")  # what a reason may hold once the script and the manager have cleaned it
 
 
