@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import sys
 from typing import MutableMapping, Protocol, TypeGuard
 
+import click
 import typer
+import typer.main
 
 from vastctl.cli import agent, agent_history, cost, demo, instance, logs, market, operator, provers, reconcile, route, serve  # noqa: F401  (registers their commands)
 from vastctl.cli.app import Globals, app
@@ -29,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     _accept_click_completion_names(os.environ)
     try:
         _check_utf8(args)
-        result = app(args=args, prog_name="vastctl", standalone_mode=False, obj=state)
+        result = _command()(args=args, prog_name="vastctl", standalone_mode=False, obj=state)
     except VastctlError as exc:
         _fail(said(exc), exc.exit_code, False)
     except (typer.Abort, KeyboardInterrupt):
@@ -41,6 +44,13 @@ def main(argv: list[str] | None = None) -> None:
             _usage_error(exc)
         _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1, debug)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+@functools.cache
+def _command() -> click.Command:
+    """The click command typer builds from the app, built once a process: calling the Typer app rebuilds it
+    from every command's signature each time (~70 ms), which a process that runs many commands pays each time."""
+    return typer.main.get_command(app)
 
 
 def said(exc: VastctlError) -> str:
