@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from fake_anthropic import fleet_observation, machine
 
 from vastctl import clock as clock_module
@@ -52,6 +53,7 @@ def test_a_small_fleet_is_sent_whole(conn):
     assert prompt.omitted == {}
 
 
+@pytest.mark.slow
 def test_a_thousand_machines_and_a_thousand_steps_stay_within_the_budget(conn):
     for step_id in range(1, 1001):
         add_step(conn, step_id, policy="llm", observation=fleet_observation(50),

@@ -30,7 +30,9 @@ def ready(cli, tmp_path, monkeypatch):
     config.write_text("server:\n  url: https://manager.example\n"
                       "launch:\n  vastctl_source: vastctl\n  install: ./install-provers.sh\n"
                       "fleet:\n  target_proofs_per_hour: 100\n  max_instances: 6\n  default_rate: 60\n"
-                      "agent:\n  interval: 5m\n  max_actions_per_step: 5\n")
+                      # a deadline no loaded machine reaches: these tests are not about it (test_agent_llm.py
+                      # is, on the injected clock), and the llm step's runs on the wall clock here
+                      "agent:\n  interval: 5m\n  max_actions_per_step: 5\n  deadline: 10m\n")
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
     assert cli("init").code == 0
 

@@ -90,6 +90,34 @@ def test_wal_and_busy_timeout(conn):
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 10_000
 
 
+def schema_of(conn) -> set[tuple[str, str, str]]:
+    return {(r[0], r[1], r[2]) for r in conn.execute("SELECT type, name, sql FROM sqlite_master")}
+
+
+def test_a_new_file_holds_what_a_file_upgraded_migration_by_migration_holds(tmp_path):
+    """A new file is written from the schema the migrations lead to (db._create_fresh), not migration by
+    migration: the two are the same schema, rows, sequence and version, and the migrations table names each."""
+    fresh = db.connect(tmp_path / "fresh.db", create=True, now=SYSTEM.now())
+    raw = sqlite3.connect(tmp_path / "stepped.db", isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for statement in db._statements(migrations.MIGRATIONS[0][1]):
+        raw.execute(statement)
+    raw.execute("INSERT INTO migrations VALUES (1, ?, '2026-01-01T00:00:00Z')", (db.FIRST_MIGRATION,))
+    raw.execute("PRAGMA user_version = 1")
+    raw.close()
+    stepped = db.connect(tmp_path / "stepped.db", now=SYSTEM.now())  # migrations 2… one at a time
+    assert schema_of(fresh) == schema_of(stepped) and len(schema_of(fresh)) > 40
+    for (table,) in fresh.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'migrations'"):
+        assert fresh.execute(f'SELECT * FROM "{table}"').fetchall() == stepped.execute(f'SELECT * FROM "{table}"').fetchall()
+    assert [tuple(r) for r in fresh.execute("SELECT id, name FROM migrations ORDER BY id")] == [
+        (number, name) for number, (name, _) in enumerate(migrations.MIGRATIONS, start=1)]
+    assert fresh.execute("PRAGMA user_version").fetchone()[0] == stepped.execute("PRAGMA user_version").fetchone()[0]
+    # the triggers are made and fire in a new file: a vast status change stamps when it changed
+    fresh.execute("INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES ('u', 'l', 'running', 't', 't')")
+    fresh.execute("UPDATE instances SET vast_seen_at = 'seen', vast_status = 'running' WHERE uuid = 'u'")
+    assert fresh.execute("SELECT vast_status_since FROM instances").fetchone()[0] == "seen"
+
+
 def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")

@@ -91,7 +91,8 @@ def boot(machine: Machine, instance_api: Recorder, **knobs: str) -> Machine:
     return machine.boot(**{**FAST, "VASTCTL_VAST_URL": instance_api.url, **knobs})
 
 
-def wait_until(predicate, what: str, machine: Machine, timeout: float = 60) -> None:
+def wait_until(predicate, what: str, machine: Machine, timeout: float = 240) -> None:
+    """Wait for what the boot script does; the bound only stops a hung test (a loaded machine took ~50 s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

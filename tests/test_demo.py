@@ -31,6 +31,7 @@ def demo_json(cli, *args):
     return json.loads(result.out)
 
 
+@pytest.mark.slow
 def test_a_short_demo_through_the_cli_prints_the_contracts_figures_and_leaves_the_operators_file_alone(cli, db_path):
     figures = demo_json(cli, "--hours", "3")
     assert CONTRACT_KEYS <= set(figures)
@@ -43,6 +44,7 @@ def test_a_short_demo_through_the_cli_prints_the_contracts_figures_and_leaves_th
     assert not db_path.exists()  # VASTCTL_DB names the operator's file: the demo never opens it
 
 
+@pytest.mark.slow
 def test_the_summary_table_names_the_figures_and_no_progress_bar_goes_to_a_pipe(cli):
     result = cli("demo", "--hours", "2")
     assert result.code == 0, result.err
@@ -54,6 +56,7 @@ def test_the_summary_table_names_the_figures_and_no_progress_bar_goes_to_a_pipe(
     assert result.err == ""  # stderr is not a terminal here: no progress bar
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_figures_to_the_digit_and_another_seed_another(cli):
     first = demo_json(cli, "--hours", "3", "--seed", "4", "--failures", "high")
     again = demo_json(cli, "--hours", "3", "--seed", "4", "--failures", "high")
@@ -63,6 +66,7 @@ def test_the_same_seed_gives_the_same_figures_to_the_digit_and_another_seed_anot
     assert (other["cost"], other["proofs"], other["faults"]) != (first["cost"], first["proofs"], first["faults"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["day.svg", "day.png"])
 def test_the_chart_is_written_as_svg_or_png_by_its_extension(cli, tmp_path, name):
     chart = tmp_path / name
@@ -185,6 +189,7 @@ def test_the_demand_source_outage_makes_demand_unknown_and_the_agent_holds(day):
 # --- the demo explains itself; --keep --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_summary_says_what_the_lower_bound_is_and_what_the_ratio_means(cli):
     result = cli("demo", "--hours", "1")
     assert result.code == 0, result.err
@@ -215,6 +220,7 @@ def test_the_chart_marks_launches_kills_by_reason_the_outage_and_shows_spend_so_
         assert f"{name} {result.figures[f'proof_wait_{name}_s'] / 60:.0f} min" in text
 
 
+@pytest.mark.slow
 def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
     kept = tmp_path / "day.db"
     result = cli("demo", "--hours", "2", "--keep", kept)

@@ -197,6 +197,7 @@ def test_a_rented_offer_is_no_longer_offered_and_renting_it_again_is_refused(tmp
 # --- determinism -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_run_to_the_digit_and_another_seed_another(tmp_path):
     runs = [fingerprint(run_scenario(tmp_path / name, seed=seed, failures="high", hours=5))
             for name, seed in (("a", 7), ("b", 7), ("c", 8))]
@@ -516,12 +517,14 @@ def killed_for(market: Market, kind: str) -> list[dict]:
         f"SELECT * FROM instances WHERE vast_id IN ({', '.join('?' for _ in ids)})", ids)]
 
 
+@pytest.mark.slow
 def test_every_failure_kind_happens_within_a_day_at_the_high_level(high_day):
     faults = high_day.sim.totals().faults
     assert set(faults) == set(FAULT_KINDS)
     assert all(faults[kind] > 0 for kind in FAULT_KINDS), faults
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, codes, statuses", [
     ("exit", {"exited"}, {"exited"}),
     ("vanish", {"disappeared"}, None),
@@ -542,6 +545,7 @@ def test_each_failure_shows_up_the_way_vast_shows_it_and_is_handled(high_day, ki
             assert "OCI runtime create failed" in row["vast_status_msg"]
 
 
+@pytest.mark.slow
 def test_refused_destroys_and_failed_listings_are_retried_until_they_succeed(high_day):
     conn = high_day.conn
     refused = [r for r in killed_for(high_day, "destroy_refused")]
@@ -552,6 +556,7 @@ def test_refused_destroys_and_failed_listings_are_retried_until_they_succeed(hig
     assert conn.execute("SELECT count(*) FROM vast_listings WHERE ok = 1").fetchone()[0] > 1000
 
 
+@pytest.mark.slow
 def test_a_simulated_day_writes_only_simulated_time(high_day):
     end = clocks.to_iso(high_day.clock.now())
     start = clocks.to_iso(START)
@@ -563,6 +568,7 @@ def test_a_simulated_day_writes_only_simulated_time(high_day):
         assert low is not None and start <= low <= high <= end, (table, column, low, high)
 
 
+@pytest.mark.slow
 def test_dead_machines_are_recorded_with_their_death_time_and_billing_ends_at_the_destroy(high_day):
     totals = high_day.sim.totals()
     dead = [r for r in totals.instances if r["died_at"] is not None]
