@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from vastctl.providers.base import (
     CreateRequest,
@@ -67,10 +67,9 @@ def find_api_key(env: Mapping[str, str] | None = None) -> str | None:
 class VastProvider(VastHttp):
     """vast.ai through `requests`. Construct with `from_env()` or `markets.get_provider(config)`."""
 
-    def __init__(self, api_key: str, base_url: str = DEFAULT_URL, **http: Any):
-        super().__init__(api_key, base_url, **http)  # the session, timeouts, retries, clock and deadline
-        self.listing_notes: list[str] = []  # entries the last listing left out, and why (reconcile reports them)
-
+    # The entries the last listing left out, and why (reconcile reports them); each listing sets its own.
+    # (No __init__ of its own: VastHttp's keyword arguments are checked where a VastProvider is made.)
+    listing_notes: Sequence[str] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> "VastProvider | None":
@@ -89,7 +88,8 @@ class VastProvider(VastHttp):
     def list_instances(self) -> list[RemoteInstance]:
         """Every instance of ours, all pages of /api/v1/instances/ (ordered by id), or ProviderError."""
         found: dict[int, RemoteInstance] = {}
-        self.listing_notes = []
+        notes: list[str] = []
+        self.listing_notes = notes
         token: str | None = None
         seen_tokens: set[str] = set()
         total: Any = None
@@ -104,7 +104,7 @@ class VastProvider(VastHttp):
                 raise ProviderError("vast listing: the answer has no list of instances; not trusting it")
             for raw in rows:
                 if out_of_range_id(raw):
-                    self.listing_notes.append(out_of_range_note(raw))
+                    notes.append(out_of_range_note(raw))
                     continue
                 instance = parse_instance(raw, "vast listing")
                 earlier = found.setdefault(instance.id, instance)
