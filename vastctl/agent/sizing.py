@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 from vastctl import clock
 from vastctl.agent.valuation import per_dollar
 from vastctl.config import Config
-from vastctl.observe import PENDING_STATES, Observation
+from vastctl.observe import PENDING_STATES, Machine, Observation
 from vastctl.providers.base import Offer
 from vastctl.state.lifecycle import VAST_DEAD_CODES, State
 
@@ -37,7 +37,7 @@ ROUND_DOWN = 0.5  # a shortfall under this share of the smallest machine to hand
 LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
 
 
-def vast_dead(machine: Mapping[str, Any]) -> bool:
+def vast_dead(machine: Machine) -> bool:
     """Not proving whatever the file says: vast lists it dead or not at all, or stopped under a running row
     (an interruptible machine outbid: reconcile waits for it, capacity does not count it)."""
     return (bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD_CODES
@@ -140,14 +140,14 @@ def work_reason(obs: Observation) -> str:
     return f"work for the fleet ({', '.join(counts)})"
 
 
-def late(machine: Mapping[str, Any], now: datetime) -> bool:
+def late(machine: Machine, now: datetime) -> bool:
     """Benchmarking for longer than LATE_BENCH_S: a healthy benchmark takes minutes, so this one is likely stuck
     (reconcile kills it at timeouts.params_done). It is not counted as capacity on its way, so the fleet launches
     around it instead of waiting for its timeout; if it does come up, it counts again."""
     return machine["state"] == State.PARAMS_DONE and in_state_for(machine, now) > LATE_BENCH_S
 
 
-def on_its_way(machine: Mapping[str, Any], now: datetime) -> bool:
+def on_its_way(machine: Machine, now: datetime) -> bool:
     """Booting (or resuming) and expected to come up: not late, not dead at vast."""
     return machine["state"] in PENDING_STATES and not late(machine, now) and not vast_dead(machine)
 
@@ -166,13 +166,13 @@ def shortfall(obs: Observation, config: Config) -> float:
     return wanted_capacity(obs, config) - counted_capacity(obs)
 
 
-def resumable(obs: Observation) -> list[dict[str, Any]]:
+def resumable(obs: Observation) -> list[Machine]:
     stopped = [m for m in obs.machines if m["state"] == State.STOPPED and not m.get("resumes")
                and m.get("vast_id") is not None and not m.get("vast_missing")]
     return sorted(stopped, key=per_dollar, reverse=True)
 
 
-def in_state_for(machine: Mapping[str, Any], now: datetime) -> float:
+def in_state_for(machine: Machine, now: datetime) -> float:
     """Seconds the machine has been in its state (0 when the file does not say)."""
     at = clock.from_iso(machine.get("state_since"))
     return max(0.0, (now - at).total_seconds()) if at is not None else 0.0

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import atomicfile, clock
 from vastctl.config import Config
@@ -301,12 +301,12 @@ def down_since(row: dict[str, Any]) -> str | None:
     return row.get("tunnel_down_since")
 
 
-def joined_this_run(row: dict[str, Any]) -> bool:
+def joined_this_run(row: Mapping[str, Any]) -> bool:
     """joined_at is from the machine's current spell in `running` (ISO texts compare as times)."""
     return row.get("joined_at") is not None and row["joined_at"] >= (row.get("state_since") or "")
 
 
-def joined(row: dict[str, Any]) -> bool | None:
+def joined(row: Mapping[str, Any]) -> bool | None:
     """Joined now (True), not (False), or no tunnel to speak of (None)."""
     if row.get("tunnel_port") is None:
         return None
