@@ -113,6 +113,37 @@ class Machine(MachineFacts, _Flagged):
     outbid_since: str | None
 
 
+class EventFacts(TypedDict):
+    """One event's columns as stored, as an observation carries them (its `data` stays in the file)."""
+
+    id: int
+    at: str
+    kind: str
+    uuid: str | None
+    label: str | None
+    from_state: str | None
+    to_state: str | None
+    reason: str | None
+    source: str
+    code: str | None
+
+
+class Work(TypedDict):
+    """The work a demand sample names (what sizing.needed sizes the fleet to); None: the source said nothing."""
+
+    queued: int | None
+    in_flight: int | None
+    lookahead: int | None
+    proofs_per_hour: float | None
+
+
+class DemandSample(Work):
+    """A demand_samples row as the rules read it: its time parsed, ok a bool."""
+
+    at: datetime
+    ok: bool
+
+
 @dataclass
 class Observation:
     now: datetime
@@ -122,14 +153,14 @@ class Observation:
     capacity: float
     pending_capacity: float
     spend_per_hour: float
-    events: list[dict[str, Any]]
+    events: list[EventFacts]
     last_actions: list[dict[str, Any]]
     model_rates: dict[str, float] = field(default_factory=dict)  # GPU model → median bench rate seen
     host_rates: dict[int, float] = field(default_factory=dict)  # vast machine_id → its newest bench rate
     # demand samples of the last agent.scale_down_after, oldest first: what the rules release capacity against
-    demand_history: list[dict[str, Any]] = field(default_factory=list)
+    demand_history: list[DemandSample] = field(default_factory=list)
     # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
-    last_known_demand: dict[str, Any] | None = None
+    last_known_demand: DemandSample | None = None
     # what the proof router holds now (its route_status; fresh False: no router running)
     router: deliveries.Held = field(default_factory=lambda: deliveries.Held(fresh=False))
     spent_today: float | None = None  # $ since 00:00 UTC (cost.spent_today); None until spent() first reads it
@@ -173,8 +204,8 @@ class Observation:
                        for e in self.events],
             "last_actions": list(self.last_actions),
             # while demand is unknown the rules hold the fleet to what this sample needed (sizing.wanted_capacity)
-            **({"last_known_demand": {k: _iso(v) if k == "at" else v for k, v in self.last_known_demand.items()
-                                      if k != "ok"}}
+            **({"last_known_demand": {k: _iso(self.last_known_demand["at"]) if k == "at" else v
+                                      for k, v in self.last_known_demand.items() if k != "ok"}}
                if not self.demand.known and self.last_known_demand is not None else {}),
         }
 
@@ -225,13 +256,14 @@ def machine_facts(row: Mapping[str, Any]) -> MachineFacts:
     }
 
 
-def event_facts(row: Mapping[str, Any] | sqlite3.Row) -> dict[str, Any]:
+def event_facts(row: Mapping[str, Any] | sqlite3.Row) -> EventFacts:
     """One event's columns as stored."""
-    return {name: row[name] for name in ("id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason",
-                                         "source", "code")}
+    return {"id": row["id"], "at": row["at"], "kind": row["kind"], "uuid": row["uuid"], "label": row["label"],
+            "from_state": row["from_state"], "to_state": row["to_state"], "reason": row["reason"],
+            "source": row["source"], "code": row["code"]}
 
 
-def recent_events(conn: sqlite3.Connection, *, since: int, limit: int) -> list[dict[str, Any]]:
+def recent_events(conn: sqlite3.Connection, *, since: int, limit: int) -> list[EventFacts]:
     """The newest `limit` events after id `since`, oldest first, as stored."""
     rows = conn.execute("SELECT * FROM (SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?) ORDER BY id",
                         (since, limit))
@@ -491,7 +523,7 @@ SAMPLE_COLUMNS = "at, ok, queued, in_flight, lookahead, proofs_per_hour"
 HISTORY_ROWS = 2000  # newest samples read for the window: bounded whatever the file's age or the report cadence
 
 
-def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict[str, Any]]:
+def demand_history(conn: sqlite3.Connection, since: datetime) -> list[DemandSample]:
     """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
     (failed ones too: they mean "unknown")."""
     rows = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
@@ -506,7 +538,7 @@ def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict[str, 
     return kept[::-1]
 
 
-def last_known_demand(conn: sqlite3.Connection) -> dict[str, Any] | None:
+def last_known_demand(conn: sqlite3.Connection) -> DemandSample | None:
     """The newest good demand sample (None if there never was one): while the source is down or stale, the rules
     size the fleet to what this one needed instead of to the operator's ceiling."""
     row = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
@@ -514,7 +546,7 @@ def last_known_demand(conn: sqlite3.Connection) -> dict[str, Any] | None:
     return None if at is None else _sample(row, at)
 
 
-def _sample(row: sqlite3.Row, at: datetime) -> dict[str, Any]:
+def _sample(row: sqlite3.Row, at: datetime) -> DemandSample:
     """A demand_samples row as the rules read it (rules.needed)."""
     return {"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
             "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]}
