@@ -49,7 +49,7 @@ from vastctl.facts.demand import Demand
 from vastctl.state import instances, settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
 from vastctl.state.rates import IMPLAUSIBLE, bounded, measured_rate_bound, rate_ceiling
-from vastctl.state.rows import InstanceRow
+from vastctl.state.rows import InstanceRow, VastCacheRow, selected
 
 __all__ = ["Demand", "Observation", "observe"]
 
@@ -147,7 +147,7 @@ class DemandSample(Work):
 @dataclass
 class Observation:
     now: datetime
-    settings: dict[str, Any]
+    settings: dict[str, float | int]  # every setting in force (settings.effective)
     demand: Demand
     machines: list[Machine]
     capacity: float
@@ -274,7 +274,7 @@ def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
+def _machine_brief(machine: Machine) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "rate_source", "routed_rate", "state_since", "last_heartbeat_at", "disagreement",
             "resumes", "kill_reason", "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid",
@@ -316,7 +316,7 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
-def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
+def _bounded_bench(bench_rate: float, num_gpus: int | None) -> float:
     """A bench rate as bench_rates counts it; the same few pairs come back on every call (every machine ever)."""
     rate: float = bounded(bench_rate, rate_ceiling({"num_gpus": num_gpus}))
     return rate
@@ -368,12 +368,12 @@ def _claimed_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_ra
     return model, "gpu_model" if row.get("gpu_name") in rates else "default"
 
 
-def capacity(machines: Iterable[Mapping[str, Any]]) -> float:
+def capacity(machines: Iterable[Machine]) -> float:
     total: float = sum(m["expected_rate"] for m in machines if m["state"] == State.RUNNING)
     return total
 
 
-def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
+def pending_capacity(machines: Iterable[Machine]) -> float:
     total: float = sum(m["expected_rate"] for m in machines if m["state"] in PENDING_STATES)
     return total
 
@@ -392,7 +392,10 @@ def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
 # is not a finite number above zero is no price: the row's is used when the listing's is missing.
 
 
-def _price(value: Any) -> float | None:
+def _price(value: float | str | None) -> float | None:
+    """The price as a number, or None (a REAL column edited by hand may hold text)."""
+    if value is None:
+        return None
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -400,19 +403,19 @@ def _price(value: Any) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
+def _listing(conn: sqlite3.Connection) -> dict[int, VastCacheRow]:
     """vast id → the instance as the last good listing showed it (vast_cache holds that listing only)."""
-    return {row["vast_id"]: dict(row) for row in conn.execute("SELECT * FROM vast_cache")}
+    return {row["vast_id"]: row for row in selected(conn, VastCacheRow, "SELECT * FROM vast_cache")}
 
 
-def _stopped_price(dph: float | None, entry: Mapping[str, Any] | None) -> float:
+def _stopped_price(dph: float | None, entry: VastCacheRow | None) -> float:
     storage = None if entry is None else entry.get("storage_dph")
     if storage is not None and float(storage) >= 0 and math.isfinite(float(storage)):
         return float(storage) if dph is None else min(float(storage), dph)
     return dph or 0.0
 
 
-def _listed_price(entry: Mapping[str, Any], row: Mapping[str, Any] | None) -> float:
+def _listed_price(entry: VastCacheRow, row: InstanceRow | None) -> float:
     """$/h for one instance as vast listed it."""
     if entry.get("cur_state") == "unloaded":  # released: the destroy took
         return 0.0
@@ -424,7 +427,7 @@ def _listed_price(entry: Mapping[str, Any], row: Mapping[str, Any] | None) -> fl
     return dph or 0.0
 
 
-def _file_price(row: Mapping[str, Any], entry: Mapping[str, Any] | None) -> float:
+def _file_price(row: InstanceRow, entry: VastCacheRow | None) -> float:
     """$/h for one row as the file has it."""
     if row.get("destroyed_at"):
         return 0.0
@@ -438,12 +441,12 @@ def _file_price(row: Mapping[str, Any], entry: Mapping[str, Any] | None) -> floa
     return dph or 0.0  # live: a launch whose create is still unanswered may be billing already
 
 
-def _heard_last(row: Mapping[str, Any]) -> str:
+def _heard_last(row: InstanceRow) -> str:
     """When the file last learned something that changes the row's billing (ISO text sorts as time)."""
     return max(row.get("state_since") or "", row.get("destroyed_at") or "")
 
 
-def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
+def billing(conn: sqlite3.Connection, rows: Iterable[InstanceRow],
             prefix: str) -> tuple[dict[str, float], float]:
     """(uuid → $/h each live row bills, $/h of the listed machines of ours no live row stands for)."""
     rows = list(rows)

@@ -22,21 +22,14 @@ from vastctl.facts import provers, tunnel
 from vastctl.guard import Action
 from vastctl.providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 from vastctl.reconcile import listing as listing_cache
-from vastctl.reconcile.decide import ListingDistrusted, Matched, match, plan
+from vastctl.reconcile.decide import ListingDistrusted, Matched, SnapshotRow, match, plan
 from vastctl.reconcile.effects import Budget, PassResult, apply, reported
 from vastctl.state import instances, locks, settings
-from vastctl.state.rows import InstanceRow
 
 LEASE = "reconcile"
 LEASE_TTL_S = 10 * 60  # renewed before each action; a crashed holder on this host is ignored at once (locks.py)
 LEASE_SLACK_S = 5 * 60  # the lease lasts at least this beyond reconcile.deadline
 PLANNED = "planned (dry run)"
-
-
-class SnapshotRow(InstanceRow, total=False):
-    """A row as a pass plans from it: a row missing from the last k good listings carries the first of them."""
-
-    vast_missing_since: str | None  # the k-th newest good listing's time (None: fewer good listings than that)
 
 
 class Live:
