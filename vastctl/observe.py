@@ -49,7 +49,7 @@ from vastctl.facts.demand import Demand
 from vastctl.state import instances, settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
 from vastctl.state.rates import IMPLAUSIBLE, bounded, measured_rate_bound, rate_ceiling
-from vastctl.state.rows import InstanceRow, VastCacheRow, selected
+from vastctl.state.rows import EventFacts, InstanceRow, VastCacheRow, selected
 
 __all__ = ["Demand", "Observation", "observe"]
 
@@ -111,21 +111,6 @@ class Machine(MachineFacts, _Flagged):
     bid: float | None
     ask_dph: float | None
     outbid_since: str | None
-
-
-class EventFacts(TypedDict):
-    """One event's columns as stored, as an observation carries them (its `data` stays in the file)."""
-
-    id: int
-    at: str
-    kind: str
-    uuid: str | None
-    label: str | None
-    from_state: str | None
-    to_state: str | None
-    reason: str | None
-    source: str
-    code: str | None
 
 
 class Work(TypedDict):

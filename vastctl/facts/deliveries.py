@@ -43,7 +43,7 @@ from vastctl import clock
 from vastctl.facts import tunnel
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
-from vastctl.state.rows import typed
+from vastctl.state.rows import RouteStatusRow, typed
 
 STALE_AFTER_S = 30.0  # a route_status older than this is a router that stopped: no word on held calls
 ANSWERED = ("completed", "failed")  # results that carry a proof wait
@@ -181,9 +181,10 @@ def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: 
 
 
 def held(conn: sqlite3.Connection, *, now: datetime) -> Held:
-    row = conn.execute("SELECT * FROM route_status WHERE id = 1").fetchone()
-    if row is None:
+    found = conn.execute("SELECT * FROM route_status WHERE id = 1").fetchone()
+    if found is None:
         return Held(fresh=False)
+    row = typed(found, RouteStatusRow)
     updated = clock.from_iso(row["updated_at"])
     if updated is None or abs((now - updated).total_seconds()) > STALE_AFTER_S:
         return Held(fresh=False, updated_at=row["updated_at"])

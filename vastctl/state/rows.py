@@ -64,8 +64,8 @@ class InstanceRow(TypedDict):
     kill_forced: int
 
 
-class EventRow(TypedDict):
-    """One thing that happened: a transition, a setting changed, a report bounded, …"""
+class EventFacts(TypedDict):
+    """One event's columns but its data: what the observation and the views carry of it."""
 
     id: int
     at: str
@@ -77,6 +77,11 @@ class EventRow(TypedDict):
     reason: str | None
     source: str
     code: str | None
+
+
+class EventRow(EventFacts):
+    """One thing that happened: a transition, a setting changed, a report bounded, …"""
+
     data: str | None  # JSON: the event's structured fields
 
 
