@@ -197,7 +197,7 @@ def check_trust(rows: Sequence[SnapshotRow], matched: Matched, config: Config) -
 def plan(
     rows: Sequence[SnapshotRow],
     listing: Sequence[RemoteInstance],
-    settings: Mapping[str, Any],
+    settings: Mapping[str, float],
     config: Config,
     now: datetime,
     *,
@@ -245,7 +245,7 @@ def start_failure(status_msg: str | None) -> str | None:
     return next((meaning for start, meaning in START_FAILURES if text.startswith(start.casefold())), None)
 
 
-def _verdict(row: SnapshotRow, entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, Any],
+def _verdict(row: SnapshotRow, entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, float],
              config: Config, now: datetime) -> tuple[KillCode, str] | None:
     """The kill code and reason for one live row, or None when it may live."""
     state = State(row["state"])
