@@ -6,7 +6,7 @@ and an exit status, so every failure reaches the operator the same way.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 
 class VastctlError(Exception):
@@ -51,4 +51,4 @@ class BenchFailed(VastctlError):
     """The reported benchmark rate is below the gate: the instance is being killed."""
 
     exit_code = 5
-    row: dict[str, Any]  # the killed row (or the server's answer), set by whoever raises it
+    row: Mapping[str, Any]  # the killed row (or the server's answer), set by whoever raises it

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from vastctl import clock
 from vastctl.config import Config
-from vastctl.observe import PENDING_STATES
+from vastctl.observe import PENDING_STATES, Machine
 from vastctl.state.audit import record_action
 from vastctl.state.lifecycle import VAST_DEAD_CODES, KillCode, State, StrEnum
 from vastctl.validate import MIN_DPH
@@ -210,14 +210,14 @@ def _spend_added(earlier: Iterable[Action], obs: "Observation") -> float:
         if item.kind == Kind.LAUNCH:
             added += max(1, item.count) * (item.dph or 0.0)
         elif item.kind == Kind.START:
-            target = find(obs, item) or {}
-            added += _resume_adds(float(target.get("dph") or item.dph or 0.0), target)
+            target = find(obs, item)
+            added += _resume_adds(float((target.get("dph") if target is not None else None) or item.dph or 0.0), target)
     return added
 
 
-def _resume_adds(dph: float, target: Mapping[str, Any]) -> float:
+def _resume_adds(dph: float, target: Machine | None) -> float:
     """What resuming a machine adds to the spend: its price, less what it bills already (a stopped disk)."""
-    return max(0.0, dph - float(target.get("billed_per_hour") or 0.0))
+    return max(0.0, dph - float((target.get("billed_per_hour") if target is not None else None) or 0.0))
 
 
 def _check_spend(obs: "Observation", earlier: Sequence[Action], extra: float, what: str) -> Verdict:
@@ -279,7 +279,7 @@ def _check_launch(obs: "Observation", action: Action, config: Config, earlier: S
 
 def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
     target = find(obs, action)
-    dph = (target or {}).get("dph")
+    dph = target.get("dph") if target is not None else None
     if dph is None:
         dph = action.dph
     if dph is None:
@@ -287,7 +287,7 @@ def _check_start(obs: "Observation", action: Action, earlier: Sequence[Action]) 
     verdict = _check_dph(float(dph), action.label or "the machine", obs)
     if not verdict.allowed:
         return verdict
-    return _check_spend(obs, earlier, _resume_adds(float(dph), target or {}), f"starting {action.label}")
+    return _check_spend(obs, earlier, _resume_adds(float(dph), target), f"starting {action.label}")
 
 
 def _check_rebid(obs: "Observation", action: Action, earlier: Sequence[Action]) -> Verdict:
@@ -315,7 +315,7 @@ def heartbeat_fresh(machine: Mapping[str, Any], limit_s: float, now: datetime) -
     return last is None or (now - last).total_seconds() <= limit_s
 
 
-def proving(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
+def proving(machine: Machine, config: Config, now: datetime) -> bool:
     """Really proving: running in our file, running at vast (when vast has listed it at all: missing or any
     other status is not running), and its heartbeat fresh. What never_scale_to_zero protects."""
     if machine.get("state") != State.RUNNING or machine.get("vast_missing"):
@@ -326,7 +326,7 @@ def proving(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
 
 
 def _left_after(obs: "Observation", action: Action, earlier: Sequence[Action],
-                counted: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]] | None:
+                counted: Callable[[Machine], bool]) -> list[Machine] | None:
     """The machines `counted` still counts once this removal and the step's earlier ones are done; None when the
     target is not one of them (removing it takes nothing away)."""
     target = find(obs, action)
@@ -365,7 +365,7 @@ def _check_scale_to_zero(obs: "Observation", action: Action, config: Config, ear
     return _held_back(action, text, SCALE_TO_ZERO)
 
 
-def warm(machine: Mapping[str, Any], config: Config, now: datetime) -> bool:
+def warm(machine: Machine, config: Config, now: datetime) -> bool:
     """Counted in the floor of agent.min_machines: proving (proving()), or booting and not dead or missing at vast
     (a boot counts, so the floor is not rented twice while it comes up)."""
     if machine.get("state") == State.RUNNING:
@@ -387,11 +387,11 @@ def _check_floor(obs: "Observation", action: Action, config: Config, earlier: Se
     return _held_back(action, text, FLOOR, " (lower agent.min_machines in the config)")
 
 
-def _key(machine: Mapping[str, Any]) -> str | None:
+def _key(machine: Machine) -> str | None:
     return machine.get("uuid") or machine.get("label")
 
 
-def find(obs: "Observation", action: Action) -> dict[str, Any] | None:
+def find(obs: "Observation", action: Action) -> Machine | None:
     """The machine an action names: by uuid, else by label, else by vast id."""
     for machine in obs.machines:
         if action.uuid is not None:

@@ -33,10 +33,11 @@ from vastctl.providers.base import (
     ProviderError,
     ProviderRejected,
 )
-from vastctl.state import blocklist, lifecycle, locks, settings, tokens
+from vastctl.state import blocklist, instances, lifecycle, locks, settings, tokens
 from vastctl.state.audit import begin_action, finish_action, settle
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import KillCode, State
+from vastctl.state.rows import InstanceRow
 from vastctl.validate import Invalid
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
@@ -94,7 +95,7 @@ class LaunchResult:
     """What a launch did. `error` says why fewer than `wanted` machines were rented."""
 
     wanted: int
-    launched: list[dict[str, Any]] = field(default_factory=list)  # rows, with their vast ids
+    launched: list[InstanceRow] = field(default_factory=list)  # rows, with their vast ids
     failed: list[dict[str, Any]] = field(default_factory=list)  # create refused: row killed, nothing rented
     unknown: list[dict[str, Any]] = field(default_factory=list)  # create outcome unknown: row left launching
     error: str | None = None
@@ -123,7 +124,7 @@ class LaunchOutcome:
     """One machine's create: how it ended, the row as it is now, and the market's words (masked)."""
 
     status: LaunchStatus
-    row: dict[str, Any]
+    row: InstanceRow
     said: str = ""
 
     @property
@@ -259,8 +260,7 @@ def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, of
     """
     uuid, label = _new_identity(conn, config.vast.label_prefix)
     join_env, join_fields = _join(conn, config, label)
-    live = [dict(r) for r in conn.execute("SELECT bid FROM instances WHERE destroyed_at IS NULL AND state != ?",
-                                          (State.KILLED.value,))]
+    live = [{"bid": bid} for bid in instances.rented_bids(conn)]
     bid = bids.launch_bid(config, offer, float(settings.get(conn, config, "max_dph")), live)
     rental = f"interruptible, bid ${bid:g}/h" if bid is not None else f"${offer.dph_total:g}/h"
     row = lifecycle.create(
@@ -368,5 +368,5 @@ def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:
     while True:
         uuid = str(uuid_module.uuid4())
         label = prefix + uuid.replace("-", "")[:8]
-        if conn.execute("SELECT 1 FROM instances WHERE label = ?", (label,)).fetchone() is None:
+        if not instances.label_taken(conn, label):
             return uuid, label

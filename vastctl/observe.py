@@ -38,7 +38,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from vastctl import clock as clock_module
 from vastctl.config import Config
@@ -46,47 +46,113 @@ from vastctl.facts import cost as cost_module
 from vastctl.facts import deliveries, tunnel
 from vastctl.facts import demand as demand_module
 from vastctl.facts.demand import Demand
-from vastctl.state import settings
+from vastctl.state import instances, settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
 from vastctl.state.rates import IMPLAUSIBLE, bounded, measured_rate_bound, rate_ceiling
+from vastctl.state.rows import EventFacts, InstanceRow, VastCacheRow, selected
 
 __all__ = ["Demand", "Observation", "observe"]
 
-INSTANCE_FIELDS = (
-    "uuid", "label", "state", "vast_id", "vast_status", "gpu_name", "num_gpus", "bench_rate", "dph",
-    "proofs_per_hour", "proofs_done", "state_since", "last_heartbeat_at", "kill_reason", "kill_code", "destroyed_at",
-)
-LIVE_ROWS = "SELECT * FROM instances WHERE destroyed_at IS NULL"  # every row not yet destroyed: what may bill
 PENDING_STATES = frozenset({State.LAUNCHING, State.REGISTERED, State.PARAMS_DONE, State.BENCH_DONE})
 RATE_DIGITS = 1  # the model is shown proofs/hour to one decimal, as `fleet` shows them
 BRIEF_TIMES = ("state_since", "last_heartbeat_at", "joined_at", "tunnel_down_since", "outbid_since")
 EVENTS_KEPT = 200  # newest events after the cursor one observation carries
 
 
+class MachineFacts(TypedDict):
+    """One machine's facts as machine_facts() reads them from its row (stored values: displays format them)."""
+
+    uuid: str
+    label: str
+    state: str
+    vast_id: int | None
+    vast_status: str | None  # None while the listings miss it: not the last status it had, as if current
+    gpu_name: str | None
+    num_gpus: int | None
+    bench_rate: float | None
+    dph: float | None
+    proofs_per_hour: float | None
+    proofs_done: int
+    state_since: str
+    last_heartbeat_at: str | None
+    kill_reason: str | None
+    kill_code: str | None
+    destroyed_at: str | None
+    vast_missing: int
+    vast_seen_at: str | None
+    last_contact_at: str | None  # its last report of any kind, where the caller added it to the row (fleet)
+    vast_status_msg: str | None
+    disagreement: str | None
+    tunnel_port: int | None
+    joined: bool | None  # launch.join ssh: the manager reaches its daemon through its tunnel (None: no tunnel)
+    joined_at: str | None
+    tunnel_down_since: str | None
+
+
+class _Flagged(TypedDict, total=False):
+    implausible_claims: int  # only where some of its reports were bounded as implausible (rates.IMPLAUSIBLE)
+
+
+def _flags(claims: int | None) -> _Flagged:
+    return {} if claims is None else {"implausible_claims": claims}
+
+
+class Machine(MachineFacts, _Flagged):
+    """One machine as a decision reads it: its facts and what the observation counts it for."""
+
+    expected_rate: float
+    rate_source: str  # router, heartbeats, bench, gpu_model or default
+    routed_rate: float | None
+    routed_rate_max: float | None
+    routed_proofs: int
+    machine_id: int | None
+    resumes: int
+    billed_per_hour: float
+    bid: float | None
+    ask_dph: float | None
+    outbid_since: str | None
+
+
+class Work(TypedDict):
+    """The work a demand sample names (what sizing.needed sizes the fleet to); None: the source said nothing."""
+
+    queued: int | None
+    in_flight: int | None
+    lookahead: int | None
+    proofs_per_hour: float | None
+
+
+class DemandSample(Work):
+    """A demand_samples row as the rules read it: its time parsed, ok a bool."""
+
+    at: datetime
+    ok: bool
+
+
 @dataclass
 class Observation:
     now: datetime
-    settings: dict[str, Any]
+    settings: dict[str, float | int]  # every setting in force (settings.effective)
     demand: Demand
-    machines: list[dict[str, Any]]
+    machines: list[Machine]
     capacity: float
     pending_capacity: float
     spend_per_hour: float
-    events: list[dict[str, Any]]
+    events: list[EventFacts]
     last_actions: list[dict[str, Any]]
     model_rates: dict[str, float] = field(default_factory=dict)  # GPU model → median bench rate seen
     host_rates: dict[int, float] = field(default_factory=dict)  # vast machine_id → its newest bench rate
     # demand samples of the last agent.scale_down_after, oldest first: what the rules release capacity against
-    demand_history: list[dict[str, Any]] = field(default_factory=list)
+    demand_history: list[DemandSample] = field(default_factory=list)
     # the newest good demand sample, whatever its age: what the rules hold the fleet to while demand is unknown
-    last_known_demand: dict[str, Any] | None = None
+    last_known_demand: DemandSample | None = None
     # what the proof router holds now (its route_status; fresh False: no router running)
     router: deliveries.Held = field(default_factory=lambda: deliveries.Held(fresh=False))
     spent_today: float | None = None  # $ since 00:00 UTC (cost.spent_today); None until spent() first reads it
     min_machines: int = 0  # agent.min_machines: the floor of warm machines the guard and the rules keep
     day_spend: Callable[[], float] | None = field(default=None, repr=False, compare=False)
     # the rows not yet destroyed it was built from, as the file has them (what fleet_view lists, read once)
-    rows: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+    rows: list[InstanceRow] = field(default_factory=list, repr=False, compare=False)
 
     def spent(self) -> float:
         """$ spent since 00:00 UTC, what max_daily_spend is checked against: read from the file the first time a
@@ -96,10 +162,10 @@ class Observation:
             self.spent_today = float(self.day_spend()) if self.day_spend is not None else 0.0
         return self.spent_today
 
-    def running(self) -> list[dict[str, Any]]:
+    def running(self) -> list[Machine]:
         return [m for m in self.machines if m["state"] == State.RUNNING]
 
-    def live(self) -> list[dict[str, Any]]:
+    def live(self) -> list[Machine]:
         return [m for m in self.machines if m["state"] in LIVE_STATES]
 
     def to_prompt(self) -> dict[str, Any]:
@@ -123,8 +189,8 @@ class Observation:
                        for e in self.events],
             "last_actions": list(self.last_actions),
             # while demand is unknown the rules hold the fleet to what this sample needed (sizing.wanted_capacity)
-            **({"last_known_demand": {k: _iso(v) if k == "at" else v for k, v in self.last_known_demand.items()
-                                      if k != "ok"}}
+            **({"last_known_demand": {k: _iso(self.last_known_demand["at"]) if k == "at" else v
+                                      for k, v in self.last_known_demand.items() if k != "ok"}}
                if not self.demand.known and self.last_known_demand is not None else {}),
         }
 
@@ -152,33 +218,37 @@ def disagreement(row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def machine_facts(row: Mapping[str, Any]) -> dict[str, Any]:
+def machine_facts(row: Mapping[str, Any]) -> MachineFacts:
     """One machine's facts from its raw row, as stored (unrounded rates, stored times): what decisions read.
-    Displays format them at the edge (fleet.display, Observation.to_prompt)."""
-    view = {name: row.get(name) for name in INSTANCE_FIELDS}
+    Displays format them at the edge (fleet.display, Observation.to_prompt).
+
+    `row`: an InstanceRow, or one a view extended (`last_contact_at`); a Mapping, as views/fleet.py passes its
+    own rows too."""
     missing = int(row.get("vast_missing") or 0)
-    if missing:  # vast says nothing about it now: do not show the last status it had as if current
-        view["vast_status"] = None
-    view["vast_missing"] = missing
-    view["vast_seen_at"] = row.get("vast_seen_at")
-    view["last_contact_at"] = row.get("last_contact_at")
-    view["vast_status_msg"] = row.get("vast_status_msg")
-    view["disagreement"] = disagreement(row)
-    # launch.join ssh: whether the manager reaches the daemon through the machine's tunnel (None: no tunnel)
-    view["tunnel_port"] = row.get("tunnel_port")
-    view["joined"] = tunnel.joined(dict(row))
-    view["joined_at"] = row.get("joined_at") if view["joined"] else None
-    view["tunnel_down_since"] = row.get("tunnel_down_since")
-    return view
+    joined = tunnel.joined(row)
+    return {
+        "uuid": row["uuid"], "label": row["label"], "state": row["state"], "vast_id": row.get("vast_id"),
+        # vast says nothing about it now: do not show the last status it had as if current
+        "vast_status": None if missing else row.get("vast_status"),
+        "gpu_name": row.get("gpu_name"), "num_gpus": row.get("num_gpus"), "bench_rate": row.get("bench_rate"),
+        "dph": row.get("dph"), "proofs_per_hour": row.get("proofs_per_hour"), "proofs_done": row["proofs_done"],
+        "state_since": row["state_since"], "last_heartbeat_at": row.get("last_heartbeat_at"),
+        "kill_reason": row.get("kill_reason"), "kill_code": row.get("kill_code"), "destroyed_at": row.get("destroyed_at"),
+        "vast_missing": missing, "vast_seen_at": row.get("vast_seen_at"), "last_contact_at": row.get("last_contact_at"),
+        "vast_status_msg": row.get("vast_status_msg"), "disagreement": disagreement(row),
+        "tunnel_port": row.get("tunnel_port"), "joined": joined, "joined_at": row.get("joined_at") if joined else None,
+        "tunnel_down_since": row.get("tunnel_down_since"),
+    }
 
 
-def event_facts(row: Mapping[str, Any] | sqlite3.Row) -> dict[str, Any]:
+def event_facts(row: Mapping[str, Any] | sqlite3.Row) -> EventFacts:
     """One event's columns as stored."""
-    return {name: row[name] for name in ("id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason",
-                                         "source", "code")}
+    return {"id": row["id"], "at": row["at"], "kind": row["kind"], "uuid": row["uuid"], "label": row["label"],
+            "from_state": row["from_state"], "to_state": row["to_state"], "reason": row["reason"],
+            "source": row["source"], "code": row["code"]}
 
 
-def recent_events(conn: sqlite3.Connection, *, since: int, limit: int) -> list[dict[str, Any]]:
+def recent_events(conn: sqlite3.Connection, *, since: int, limit: int) -> list[EventFacts]:
     """The newest `limit` events after id `since`, oldest first, as stored."""
     rows = conn.execute("SELECT * FROM (SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?) ORDER BY id",
                         (since, limit))
@@ -189,7 +259,7 @@ def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _machine_brief(machine: Mapping[str, Any]) -> dict[str, Any]:
+def _machine_brief(machine: Machine) -> dict[str, Any]:
     keys = ("label", "state", "vast_status", "gpu_name", "num_gpus", "dph", "bench_rate", "proofs_per_hour",
             "expected_rate", "rate_source", "routed_rate", "state_since", "last_heartbeat_at", "disagreement",
             "resumes", "kill_reason", "implausible_claims", "joined", "joined_at", "tunnel_down_since", "bid",
@@ -219,9 +289,7 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
     liars = set(implausible)
     by_model: dict[str, list[float]] = defaultdict(list)
     by_host: dict[int, float] = {}
-    for uuid, gpu_name, machine_id, num_gpus, bench_rate in conn.execute(
-            "SELECT uuid, gpu_name, machine_id, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
-            " ORDER BY created_at"):
+    for uuid, gpu_name, machine_id, num_gpus, bench_rate in instances.benches(conn):
         if uuid in liars:
             continue
         rate = _bounded_bench(bench_rate, num_gpus)
@@ -233,7 +301,7 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
-def _bounded_bench(bench_rate: Any, num_gpus: Any) -> float:
+def _bounded_bench(bench_rate: float, num_gpus: int | None) -> float:
     """A bench rate as bench_rates counts it; the same few pairs come back on every call (every machine ever)."""
     rate: float = bounded(bench_rate, rate_ceiling({"num_gpus": num_gpus}))
     return rate
@@ -285,12 +353,12 @@ def _claimed_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_ra
     return model, "gpu_model" if row.get("gpu_name") in rates else "default"
 
 
-def capacity(machines: Iterable[Mapping[str, Any]]) -> float:
+def capacity(machines: Iterable[Machine]) -> float:
     total: float = sum(m["expected_rate"] for m in machines if m["state"] == State.RUNNING)
     return total
 
 
-def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
+def pending_capacity(machines: Iterable[Machine]) -> float:
     total: float = sum(m["expected_rate"] for m in machines if m["state"] in PENDING_STATES)
     return total
 
@@ -309,7 +377,10 @@ def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
 # is not a finite number above zero is no price: the row's is used when the listing's is missing.
 
 
-def _price(value: Any) -> float | None:
+def _price(value: float | str | None) -> float | None:
+    """The price as a number, or None (a REAL column edited by hand may hold text)."""
+    if value is None:
+        return None
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -317,19 +388,19 @@ def _price(value: Any) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
+def _listing(conn: sqlite3.Connection) -> dict[int, VastCacheRow]:
     """vast id → the instance as the last good listing showed it (vast_cache holds that listing only)."""
-    return {row["vast_id"]: dict(row) for row in conn.execute("SELECT * FROM vast_cache")}
+    return {row["vast_id"]: row for row in selected(conn, VastCacheRow, "SELECT * FROM vast_cache")}
 
 
-def _stopped_price(dph: float | None, entry: Mapping[str, Any] | None) -> float:
+def _stopped_price(dph: float | None, entry: VastCacheRow | None) -> float:
     storage = None if entry is None else entry.get("storage_dph")
     if storage is not None and float(storage) >= 0 and math.isfinite(float(storage)):
         return float(storage) if dph is None else min(float(storage), dph)
     return dph or 0.0
 
 
-def _listed_price(entry: Mapping[str, Any], row: Mapping[str, Any] | None) -> float:
+def _listed_price(entry: VastCacheRow, row: InstanceRow | None) -> float:
     """$/h for one instance as vast listed it."""
     if entry.get("cur_state") == "unloaded":  # released: the destroy took
         return 0.0
@@ -341,7 +412,7 @@ def _listed_price(entry: Mapping[str, Any], row: Mapping[str, Any] | None) -> fl
     return dph or 0.0
 
 
-def _file_price(row: Mapping[str, Any], entry: Mapping[str, Any] | None) -> float:
+def _file_price(row: InstanceRow, entry: VastCacheRow | None) -> float:
     """$/h for one row as the file has it."""
     if row.get("destroyed_at"):
         return 0.0
@@ -355,12 +426,12 @@ def _file_price(row: Mapping[str, Any], entry: Mapping[str, Any] | None) -> floa
     return dph or 0.0  # live: a launch whose create is still unanswered may be billing already
 
 
-def _heard_last(row: Mapping[str, Any]) -> str:
+def _heard_last(row: InstanceRow) -> str:
     """When the file last learned something that changes the row's billing (ISO text sorts as time)."""
     return max(row.get("state_since") or "", row.get("destroyed_at") or "")
 
 
-def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
+def billing(conn: sqlite3.Connection, rows: Iterable[InstanceRow],
             prefix: str) -> tuple[dict[str, float], float]:
     """(uuid → $/h each live row bills, $/h of the listed machines of ours no live row stands for)."""
     rows = list(rows)
@@ -384,9 +455,7 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
     others = 0.0
     unclaimed = {vast_id: entry for vast_id, entry in listing.items() if vast_id not in claimed}
     if unclaimed:
-        gone = {row["vast_id"]: dict(row) for row in conn.execute(
-            f"SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND vast_id IN"
-            f" ({', '.join('?' for _ in unclaimed)})", tuple(unclaimed))}
+        gone = instances.destroyed_by_vast_id(conn, unclaimed)
         for vast_id, entry in unclaimed.items():
             destroyed = gone.get(vast_id)
             if destroyed is not None:  # destroyed here; billing only if vast still listed it after
@@ -396,9 +465,9 @@ def billing(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]],
     return per_row, others
 
 
-def machine_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Every row not yet destroyed, as the file has it."""
-    return table_rows(conn, f"{LIVE_ROWS} ORDER BY created_at, label")
+def machine_rows(conn: sqlite3.Connection) -> list[InstanceRow]:
+    """Every row not yet destroyed, as the file has it, by creation then label."""
+    return instances.undestroyed(conn, ordered=True)
 
 
 def table_rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
@@ -442,7 +511,7 @@ SAMPLE_COLUMNS = "at, ok, queued, in_flight, lookahead, proofs_per_hour"
 HISTORY_ROWS = 2000  # newest samples read for the window: bounded whatever the file's age or the report cadence
 
 
-def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict[str, Any]]:
+def demand_history(conn: sqlite3.Connection, since: datetime) -> list[DemandSample]:
     """The demand samples taken at or after `since`, and the one before (in force at `since`), oldest first
     (failed ones too: they mean "unknown")."""
     rows = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples ORDER BY id DESC LIMIT ?", (HISTORY_ROWS,))
@@ -457,7 +526,7 @@ def demand_history(conn: sqlite3.Connection, since: datetime) -> list[dict[str, 
     return kept[::-1]
 
 
-def last_known_demand(conn: sqlite3.Connection) -> dict[str, Any] | None:
+def last_known_demand(conn: sqlite3.Connection) -> DemandSample | None:
     """The newest good demand sample (None if there never was one): while the source is down or stale, the rules
     size the fleet to what this one needed instead of to the operator's ceiling."""
     row = conn.execute(f"SELECT {SAMPLE_COLUMNS} FROM demand_samples WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
@@ -465,7 +534,7 @@ def last_known_demand(conn: sqlite3.Connection) -> dict[str, Any] | None:
     return None if at is None else _sample(row, at)
 
 
-def _sample(row: sqlite3.Row, at: datetime) -> dict[str, Any]:
+def _sample(row: sqlite3.Row, at: datetime) -> DemandSample:
     """A demand_samples row as the rules read it (rules.needed)."""
     return {"at": at, "ok": bool(row["ok"]), "queued": row["queued"], "in_flight": row["in_flight"],
             "lookahead": row["lookahead"], "proofs_per_hour": row["proofs_per_hour"]}
@@ -481,21 +550,23 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     resumes = _resumes(conn)
     router = deliveries.held(conn, now=now)
     routed = deliveries.routed_rates(conn, now=now, slots=config.launch.bench_concurrency)
-    machines = []
+    machines: list[Machine] = []
     for row in rows:
-        view = machine_facts(row)
         measured = routed.get(row["uuid"])
-        view["expected_rate"], view["rate_source"] = rate_and_source(
-            row, rates, config.fleet.default_rate, implausible=row["uuid"] in flagged, routed=measured)
-        view.update(measured.facts() if measured is not None else
-                    {"routed_rate": None, "routed_rate_max": None, "routed_proofs": 0})
-        view["machine_id"] = row.get("machine_id")
-        view["resumes"] = resumes.get(row["uuid"], 0)
-        view["billed_per_hour"] = billed[row["uuid"]]
-        for key in ("bid", "ask_dph", "outbid_since"):  # interruptible: its bid, its offer's on-demand price, outbid
-            view[key] = row.get(key)
-        if row["uuid"] in flagged:
-            view["implausible_claims"] = flagged[row["uuid"]]
+        rate, source = rate_and_source(row, rates, config.fleet.default_rate, implausible=row["uuid"] in flagged,
+                                       routed=measured)
+        view: Machine = {
+            **machine_facts(row), "expected_rate": rate, "rate_source": source,
+            # unrounded, as the observation carries them per machine (displays round)
+            "routed_rate": measured.rate if measured is not None else None,
+            "routed_rate_max": measured.rate_max if measured is not None else None,
+            "routed_proofs": measured.proofs if measured is not None else 0,
+            "machine_id": row["machine_id"], "resumes": resumes.get(row["uuid"], 0),
+            "billed_per_hour": billed[row["uuid"]],
+            # interruptible: its bid, its offer's on-demand price, since when it is outbid
+            "bid": row["bid"], "ask_dph": row["ask_dph"], "outbid_since": row["outbid_since"],
+            **_flags(flagged.get(row["uuid"])),
+        }
         machines.append(view)
     return Observation(
         now=now,

@@ -25,13 +25,14 @@ from vastctl.providers.base import (
     ProviderError,
     RemoteInstance,
 )
-from vastctl.state import blocklist, lifecycle
+from vastctl.state import blocklist, instances, lifecycle
 from vastctl.state.audit import begin_action, finish_action, record_action
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import KillCode, State
+from vastctl.state.rows import InstanceRow
 
 
-def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, Any], *, actor: str,
+def destroy(conn: sqlite3.Connection, provider: Provider | None, row: InstanceRow, *, actor: str,
             now: datetime, listed: Mapping[int, RemoteInstance] | None = None) -> bool:
     """Destroy the row's machine at the market; True once the market confirms it is gone.
 
@@ -47,17 +48,18 @@ def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, 
     """
     if row.get("destroyed_at"):
         return True
-    if row.get("vast_id") is None:  # nothing was ever created at the market under this row
+    vast_id = row.get("vast_id")
+    if vast_id is None:  # nothing was ever created at the market under this row
         mark(conn, row["uuid"], {"destroyed_at": clock.to_iso(now), "destroy_error": None})
         return True
     assert provider is not None, "a row with a vast instance is destroyed through the market"
     try:
-        remote = listed.get(row["vast_id"]) if listed is not None else provider.show_instance(row["vast_id"])
+        remote = listed.get(vast_id) if listed is not None else provider.show_instance(vast_id)
         if remote is not None and remote.label != row["label"]:
             return _destroy_failed(conn, row, actor, now, (
-                f"not destroyed: vast lists instance {row['vast_id']} under the label {remote.label!r}, not"
+                f"not destroyed: vast lists instance {vast_id} under the label {remote.label!r}, not"
                 f" {row['label']!r}; a destroy by id needs the row's label (check the instance at vast)"))
-        provider.destroy_instance(row["vast_id"])
+        provider.destroy_instance(vast_id)
     except ProviderError as exc:
         _destroy_failed(conn, row, actor, now, str(exc))
         if isinstance(exc, DeadlinePassed):
@@ -69,15 +71,11 @@ def destroy(conn: sqlite3.Connection, provider: Provider | None, row: dict[str, 
     return True
 
 
-def _destroy_failed(conn: sqlite3.Connection, row: dict[str, Any], actor: str, now: datetime, error: str) -> bool:
+def _destroy_failed(conn: sqlite3.Connection, row: InstanceRow, actor: str, now: datetime, error: str) -> bool:
     error = upstream.clip(error, 1000)
     record_action(conn, actor=actor, kind=Kind.DESTROY, ok=False, result=error, uuid=row["uuid"],
                   label=row["label"], vast_id=row["vast_id"], now=now)
-    with transaction(conn):
-        conn.execute(
-            "UPDATE instances SET destroy_attempts = destroy_attempts + 1, destroy_error = ? WHERE uuid = ?",
-            (error, row["uuid"]),
-        )
+    instances.count_destroy_failure(conn, row["uuid"], error)
     return False
 
 
@@ -96,7 +94,7 @@ def blocklist_machine(conn: sqlite3.Connection, config: Config, machine_id: int,
     blocklist.block(conn, machine_id, reason, until)
 
 
-def blocklist_if_failed(conn: sqlite3.Connection, config: Config, row: dict[str, Any]) -> bool:
+def blocklist_if_failed(conn: sqlite3.Connection, config: Config, row: InstanceRow) -> bool:
     """After a kill: blocklist the row's machine when it failed the gate or died before its first proof.
 
     Idempotent. Offer searches also derive these entries from recent kills, so
@@ -120,7 +118,7 @@ def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *
 
 def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, config: Config,
          actor: str = "operator", force: bool = False, reason: str = "",
-         now: datetime) -> dict[str, Any]:
+         now: datetime) -> InstanceRow:
     """Stop a live machine at vast (it keeps its disk and bills storage), then mark it stopped.
 
     The guard refuses a stop that would leave nothing running while work is queued
@@ -138,7 +136,7 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
 
 
 def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, *,
-          actor: str = "operator", now: datetime) -> dict[str, Any]:
+          actor: str = "operator", now: datetime) -> InstanceRow:
     """Resume a stopped machine: vast start, then state launching with `resumed_at` set.
 
     vast accepts a start even when the machine's GPU was taken (it then sits
@@ -155,14 +153,14 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
                                 updates={"resumed_at": clock.to_iso(now)}, now=now)
 
 
-def _check_move(row: dict[str, Any], to_state: State, verb: str, action: str) -> None:
+def _check_move(row: InstanceRow, to_state: State, verb: str, action: str) -> None:
     if to_state not in lifecycle.ALLOWED[State(row["state"])]:
         raise Refused(f"instance {row['label']} is {row['state']}: it cannot be {verb}")
     if row["vast_id"] is None:
         raise Refused(without_vast_id(row, action))
 
 
-def without_vast_id(row: dict[str, Any], verb: str, label_prefix: str | None = None) -> str:
+def without_vast_id(row: InstanceRow, verb: str, label_prefix: str | None = None) -> str:
     """Why a row without a confirmed vast id cannot be stopped or started at vast, and what would confirm one.
 
     A machine's `register --vast-id` is only a claim (claimed_vast_id): vast is asked about an instance only
@@ -188,7 +186,7 @@ def without_vast_id(row: dict[str, Any], verb: str, label_prefix: str | None = N
 
 
 def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, price: float, *,
-          actor: str = "operator", reason: str = "", now: datetime) -> dict[str, Any]:
+          actor: str = "operator", reason: str = "", now: datetime) -> InstanceRow:
     """Change an interruptible machine's bid at vast (the guard first: within max_dph and max_hourly_spend),
     then record it; an outbid machine's wait starts again from now (the new bid is given its chance)."""
     row = lifecycle.resolve(conn, label_or_uuid)
@@ -213,7 +211,7 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
     return lifecycle.get(conn, row["uuid"])
 
 
-def _call(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], kind: Kind, actor: str,
+def _call(conn: sqlite3.Connection, provider: Provider, row: InstanceRow, kind: Kind, actor: str,
           now: datetime) -> None:
     """A stop or start at vast, its intent committed first: a start spends money again, so a crash (or a full
     disk) at any point leaves a row that says the call may have been made, and no call goes out unrecorded."""
@@ -221,8 +219,10 @@ def _call(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], kin
     intent = begin_action(conn, actor=actor, kind=kind, uuid=row["uuid"], label=row["label"], now=now,
                           what=f"{kind} of instance {row['vast_id']} sent; if this stays pending, vast may have"
                                f" {'resumed' if kind is Kind.START else 'stopped'} it: reconcile's listing shows which")
+    vast_id = row["vast_id"]
+    assert vast_id is not None, "_check_move refused a row without a vast id"
     try:
-        method(row["vast_id"])
+        method(vast_id)
     except ProviderError as exc:
         finish_action(conn, intent, ok=False, result=str(exc), vast_id=row["vast_id"])
         raise
@@ -235,14 +235,14 @@ def _call(conn: sqlite3.Connection, provider: Provider, row: dict[str, Any], kin
 KILL_REASON_MAX = 500  # one line in the event log and the fleet table; a longer story goes in `notify`
 
 
-def needs_provider_to_kill(row: dict[str, Any]) -> bool:
+def needs_provider_to_kill(row: InstanceRow) -> bool:
     """Whether killing this row has to talk to the market (it has, or may have, a vast instance)."""
     return row["vast_id"] is not None or row["state"] == State.LAUNCHING
 
 
 def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, reason: str, *,
                   make_provider: Callable[[Config], Provider], force: bool = False,
-                  now: datetime) -> tuple[dict[str, Any], str | None]:
+                  now: datetime) -> tuple[InstanceRow, str | None]:
     """An operator's kill, from the CLI or the dashboard alike: the reason checked, the market asked for only
     when the machine has (or may have) a vast instance, then kill() through the guard."""
     reason = reason.strip()
@@ -258,7 +258,7 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
          config: Config, actor: str = "operator", code: KillCode | None = None, ttl_s: float | None = None,
          force: bool = False, kind: Kind = Kind.KILL,
-         now: datetime) -> tuple[dict[str, Any], str | None]:
+         now: datetime) -> tuple[InstanceRow, str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
 
     The guard sees it first (`kind` kill, or destroy for the agent's tool): a

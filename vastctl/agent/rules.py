@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from vastctl import guard
 from vastctl.agent.outbid import outbid_choice, outbid_since
@@ -82,7 +82,7 @@ from vastctl.agent.sizing import (
 from vastctl.agent.valuation import BOOT_HOURS, launch_price, launch_terms, next_offer, per_dollar, per_proof, rank_offers
 from vastctl.config import Config
 from vastctl.guard import Action, Kind
-from vastctl.observe import PENDING_STATES, Observation
+from vastctl.observe import PENDING_STATES, Machine, Observation
 from vastctl.providers.base import Offer
 from vastctl.state.lifecycle import State
 
@@ -188,7 +188,7 @@ def _retire_stopped(obs: Observation, budget: int) -> list[Action]:
             actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   reason=(f"stopped {stopped_h:.1f}h: its storage (${storage:.3f}/h) has billed"
                                           f" ${storage * stopped_h:.2f}, what a fresh boot costs"
-                                          f" ({BOOT_HOURS:g}h at ${float(machine['dph']):g}/h)")))
+                                          f" ({BOOT_HOURS:g}h at ${float(machine['dph'] or 0.0):g}/h)")))
     return actions
 
 
@@ -277,7 +277,7 @@ def _release_late_benchmarks(obs: Observation, config: Config, budget: int) -> l
             for machine in late_ones[:budget]]
 
 
-def _live_running(obs: Observation) -> list[dict[str, Any]]:
+def _live_running(obs: Observation) -> list[Machine]:
     return [m for m in obs.machines if m["state"] == State.RUNNING and m.get("vast_id") is not None
             and not vast_dead(m)]
 
@@ -320,7 +320,7 @@ def _release_while_queued(obs: Observation, config: Config, budget: int) -> list
     return actions
 
 
-def _replaced(machine: Mapping[str, Any], running: Sequence[Mapping[str, Any]], now: datetime, config: Config) -> bool:
+def _replaced(machine: Machine, running: Sequence[Machine], now: datetime, config: Config) -> bool:
     """A cheaper host came up after this machine, within agent.replace_after, at agent.replace_factor × less per
     proof: the replacement _replace() launched for it (a fleet that merely mixes hosts replaces nothing)."""
     age = in_state_for(machine, now)
@@ -328,7 +328,7 @@ def _replaced(machine: Mapping[str, Any], running: Sequence[Mapping[str, Any]], 
                and per_proof(machine) >= config.agent.replace_factor * per_proof(other) for other in running)
 
 
-def replacement_candidates(obs: Observation, config: Config) -> list[dict[str, Any]]:
+def replacement_candidates(obs: Observation, config: Config) -> list[Machine]:
     """Running machines old enough to be replaced by a cheaper host (agent.replace_after), dearest per proof first;
     none while any machine boots (one replacement at a time) or while demand is not known to have work."""
     if not obs.demand.known or obs.demand.work <= 0 or any(on_its_way(m, obs.now) for m in obs.machines):

@@ -24,12 +24,12 @@ running and on its way:
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from vastctl import clock
 from vastctl.agent.valuation import per_dollar
 from vastctl.config import Config
-from vastctl.observe import PENDING_STATES, Observation
+from vastctl.observe import PENDING_STATES, DemandSample, Machine, Observation, Work
 from vastctl.providers.base import Offer
 from vastctl.state.lifecycle import VAST_DEAD_CODES, State
 
@@ -37,7 +37,7 @@ ROUND_DOWN = 0.5  # a shortfall under this share of the smallest machine to hand
 LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
 
 
-def vast_dead(machine: Mapping[str, Any]) -> bool:
+def vast_dead(machine: Machine) -> bool:
     """Not proving whatever the file says: vast lists it dead or not at all, or stopped under a running row
     (an interruptible machine outbid: reconcile waits for it, capacity does not count it)."""
     return (bool(machine.get("vast_missing")) or machine.get("vast_status") in VAST_DEAD_CODES
@@ -54,21 +54,22 @@ def horizon_hours(config: Config) -> float:
     return max(60.0, min(config.agent.plan_horizon, config.agent.max_wait or config.agent.plan_horizon)) / 3600
 
 
-def needed(sample: Mapping[str, Any], config: Config) -> float:
+def needed(sample: Work, config: Config) -> float:
     """Proofs/hour that drain what is queued and in flight within agent.plan_horizon while keeping up with the
     arrivals: the look-ahead spread over demand.lookahead_window, else (a source silent on it) the rate the
     source says was proved lately."""
     backlog = (sample.get("queued") or 0) + (sample.get("in_flight") or 0)
     window = config.demand.lookahead_window
-    if sample.get("lookahead") is not None and window > 0:
-        arrivals = sample["lookahead"] / (window / 3600)
+    lookahead = sample.get("lookahead")
+    if lookahead is not None and window > 0:
+        arrivals = lookahead / (window / 3600)
     else:
         arrivals = float(sample.get("proofs_per_hour") or 0.0)
     needed: float = backlog / horizon_hours(config) + arrivals
     return needed
 
 
-def sized_to(obs: Observation) -> Mapping[str, Any] | None:
+def sized_to(obs: Observation) -> Work | None:
     """The demand sample the fleet is sized to: the current one while demand is known, else the newest good one
     (observation.last_known_demand: the fleet holds, neither shrinking on no evidence nor buying the whole ceiling
     on none); None if no sample was ever good. Its in_flight is at least the calls the proof router holds
@@ -79,7 +80,8 @@ def sized_to(obs: Observation) -> Mapping[str, Any] | None:
         if not demand.held or last is None:
             return last
         # the router's held calls are work measured here: the fleet holds to the last sample, or to them
-        return {**last, "in_flight": max(last.get("in_flight") or 0, demand.held)}
+        held: DemandSample = {**last, "in_flight": max(last.get("in_flight") or 0, demand.held)}
+        return held
     return {"queued": demand.queued, "in_flight": max(demand.in_flight or 0, demand.held) if demand.held else demand.in_flight,
             "lookahead": demand.lookahead, "proofs_per_hour": demand.proofs_per_hour}
 
@@ -140,14 +142,14 @@ def work_reason(obs: Observation) -> str:
     return f"work for the fleet ({', '.join(counts)})"
 
 
-def late(machine: Mapping[str, Any], now: datetime) -> bool:
+def late(machine: Machine, now: datetime) -> bool:
     """Benchmarking for longer than LATE_BENCH_S: a healthy benchmark takes minutes, so this one is likely stuck
     (reconcile kills it at timeouts.params_done). It is not counted as capacity on its way, so the fleet launches
     around it instead of waiting for its timeout; if it does come up, it counts again."""
     return machine["state"] == State.PARAMS_DONE and in_state_for(machine, now) > LATE_BENCH_S
 
 
-def on_its_way(machine: Mapping[str, Any], now: datetime) -> bool:
+def on_its_way(machine: Machine, now: datetime) -> bool:
     """Booting (or resuming) and expected to come up: not late, not dead at vast."""
     return machine["state"] in PENDING_STATES and not late(machine, now) and not vast_dead(machine)
 
@@ -166,13 +168,13 @@ def shortfall(obs: Observation, config: Config) -> float:
     return wanted_capacity(obs, config) - counted_capacity(obs)
 
 
-def resumable(obs: Observation) -> list[dict[str, Any]]:
+def resumable(obs: Observation) -> list[Machine]:
     stopped = [m for m in obs.machines if m["state"] == State.STOPPED and not m.get("resumes")
                and m.get("vast_id") is not None and not m.get("vast_missing")]
     return sorted(stopped, key=per_dollar, reverse=True)
 
 
-def in_state_for(machine: Mapping[str, Any], now: datetime) -> float:
+def in_state_for(machine: Machine, now: datetime) -> float:
     """Seconds the machine has been in its state (0 when the file does not say)."""
     at = clock.from_iso(machine.get("state_since"))
     return max(0.0, (now - at).total_seconds()) if at is not None else 0.0
@@ -198,8 +200,9 @@ def rounded_down(obs: Observation, config: Config, ranked: Sequence[tuple[Offer,
     rates = [rate for _, rate in ranked] + [m["expected_rate"] for m in resumable(obs) if m["expected_rate"] > 0]
     if missing <= 0 or have <= 0 or not rates:
         return None
-    sample = sized_to(obs) or {}
-    if ((sample.get("queued") or 0) + (sample.get("in_flight") or 0)) / have > ROUND_DOWN * horizon_hours(config):
+    sample = sized_to(obs)
+    backlog = 0 if sample is None else (sample.get("queued") or 0) + (sample.get("in_flight") or 0)
+    if backlog / have > ROUND_DOWN * horizon_hours(config):
         return None  # proofs already wait: the shortfall is rented
     smallest = min(rates)
     return smallest if missing < ROUND_DOWN * smallest else None

@@ -35,6 +35,7 @@ from vastctl.observe import Observation, observe, stored_json
 from vastctl.state import locks
 from vastctl.state.db import inserted_id, transaction
 from vastctl.state.lifecycle import KillCode
+from vastctl.state.rows import AgentStepRow, typed
 
 if TYPE_CHECKING:
     from vastctl.agent import llm, tools
@@ -162,12 +163,12 @@ def _step(conn: sqlite3.Connection, provider: Provider, config: Config, clock: c
 # --- waking up ---------------------------------------------------------------------------------------
 
 
-def _last_ran(conn: sqlite3.Connection) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute("SELECT * FROM agent_steps WHERE outcome = 'ok' ORDER BY id DESC LIMIT 1").fetchone()
-    return row
+def _last_ran(conn: sqlite3.Connection) -> AgentStepRow | None:
+    row = conn.execute("SELECT * FROM agent_steps WHERE outcome = 'ok' ORDER BY id DESC LIMIT 1").fetchone()
+    return None if row is None else typed(row, AgentStepRow)
 
 
-def wake_reason(obs: Observation, last: sqlite3.Row | None, config: Config) -> str | None:
+def wake_reason(obs: Observation, last: AgentStepRow | None, config: Config) -> str | None:
     """Why a step should run now, or None: the agent's own actions (events with source agent) never wake it."""
     if last is None:
         return "no step has run yet"

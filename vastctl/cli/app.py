@@ -8,7 +8,7 @@ import sqlite3
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Annotated, Any, ClassVar, Optional, cast
+from typing import Annotated, Any, ClassVar, Mapping, Optional, Sequence, cast
 
 import typer
 
@@ -132,7 +132,7 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=indent, default=str) + "\n")
 
 
-def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+def print_table(rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
     """The one table renderer: plain text, headers, no colour, control characters escaped."""
     from tabulate import tabulate
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -12,6 +12,7 @@ from vastctl.config import Config
 from vastctl.errors import Refused, Unavailable
 from vastctl.state import lifecycle
 from vastctl.state.lifecycle import State
+from vastctl.state.rows import InstanceRow
 
 
 @app.command("offers")
@@ -117,7 +118,7 @@ def start_cmd(ctx: typer.Context, instance: Annotated[str, typer.Argument(help="
     echo(f"{row['label']} {row['state']} (resumed)")
 
 
-def _check_rented(row: dict[str, Any], verb: str, config: Config) -> None:
+def _check_rented(row: InstanceRow, verb: str, config: Config) -> None:
     """A machine past launching without a confirmed vast id was registered by hand (perhaps claiming an id):
     there is nothing vastctl may act on at vast."""
     if row["vast_id"] is None and row["state"] not in (State.LAUNCHING, State.KILLED):

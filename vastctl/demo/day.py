@@ -46,7 +46,7 @@ from vastctl.demo.figures import detection_latencies, summary
 from vastctl.demo.setting import START, STEP_S, TARGET_EVERY_MINUTES, WARMUP_MINUTES, DemandCurve, DemoOptions, demo_config
 from vastctl.errors import VastctlError
 from vastctl.facts import demand
-from vastctl.state import db, settings, tokens
+from vastctl.state import db, instances, settings, tokens
 
 
 @dataclass
@@ -191,9 +191,8 @@ def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tup
     def minute(text: str) -> float:
         return (clocks.parse_iso(text) - START).total_seconds() / 60
 
-    launches = [minute(row[0]) for row in conn.execute("SELECT created_at FROM instances ORDER BY created_at")]
-    kills = [(minute(row[0]), row[1] or "none") for row in conn.execute(
-        "SELECT killed_at, kill_code FROM instances WHERE killed_at IS NOT NULL ORDER BY killed_at")]
+    launches = [minute(created_at) for created_at in instances.creation_times(conn)]
+    kills = [(minute(killed_at), code or "none") for killed_at, code in instances.kills(conn)]
     return launches, kills
 
 
@@ -204,9 +203,8 @@ def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at
     Kills by reconcile and agent-step happen at `now`; a machine's own report (a failed
     benchmark) kills it a little earlier, and those seconds are counted as billed too.
     """
-    for row in conn.execute("SELECT vast_id, killed_at FROM instances WHERE killed_at IS NOT NULL"
-                            " AND vast_id IS NOT NULL"):
-        if row["vast_id"] in billed_at_kill or row["vast_id"] not in billed:
+    for vast_id, killed_at in instances.kill_times(conn):
+        if killed_at is None or vast_id in billed_at_kill or vast_id not in billed:
             continue
-        before = (now - clocks.parse_iso(row["killed_at"])).total_seconds() / 3600
-        billed_at_kill[row["vast_id"]] = billed[row["vast_id"]] - max(0.0, before)
+        before = (now - clocks.parse_iso(killed_at)).total_seconds() / 3600
+        billed_at_kill[vast_id] = billed[vast_id] - max(0.0, before)

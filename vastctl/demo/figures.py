@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from vastctl import clock as clocks
 from vastctl.config import Config
 from vastctl.demo.setting import START, DemandCurve, DemoOptions
+from vastctl.state import instances
 
 if TYPE_CHECKING:  # the simulator is imported where it is used
     from vastctl.providers.sim import SimProvider, SimTotals
@@ -30,8 +31,7 @@ def percentile(values: list[float], fraction: float) -> float | None:
 
 def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> tuple[list[float], int]:
     """Seconds from each machine's death (the market's died_at) to our kill of it; and deaths not yet killed."""
-    killed = {row["vast_id"]: clocks.from_iso(row["killed_at"]) for row in conn.execute(
-        "SELECT vast_id, killed_at FROM instances WHERE vast_id IS NOT NULL")}
+    killed = {vast_id: clocks.from_iso(killed_at) for vast_id, killed_at in instances.kill_times(conn)}
     latencies, undetected = [], 0
     for record in records:
         died = record["died_at"]
@@ -149,9 +149,8 @@ def summary(conn: sqlite3.Connection, config: Config, options: DemoOptions, tota
             billed_at_kill: dict[int, float], errors: dict[str, int], latencies: list[float], undetected: int,
             asked: list[float], waits: dict[str, Any]) -> dict[str, Any]:
     kills: dict[str, int] = {}
-    for row in conn.execute("SELECT kill_code, count(*) AS n FROM instances WHERE state = 'killed'"
-                            " GROUP BY kill_code ORDER BY kill_code"):
-        kills[row["kill_code"] or "none"] = row["n"]
+    for code, n in instances.kill_counts(conn).items():
+        kills[code or "none"] = n
     billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
     leaked = sum(max(0.0, billed[vast_id] - at_kill) for vast_id, at_kill in billed_at_kill.items())
     least = least_costs(market, config, curve, options.minutes)
@@ -166,7 +165,7 @@ def summary(conn: sqlite3.Connection, config: Config, options: DemoOptions, tota
 
     def ratio(to: float) -> float | None:
         return round(per_1000 / (to / arrived * 1000), 3) if per_1000 and arrived > 0 and to > 0 else None
-    launched = conn.execute("SELECT count(*) FROM instances").fetchone()[0]
+    launched = instances.count(conn)
     steps = conn.execute("SELECT count(*) FROM agent_steps WHERE outcome = 'ok'").fetchone()[0]
 
     def r(value: float | None, digits: int = 4) -> float | None:

@@ -43,6 +43,7 @@ from vastctl import clock
 from vastctl.facts import tunnel
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
+from vastctl.state.rows import RouteStatusRow, typed
 
 STALE_AFTER_S = 30.0  # a route_status older than this is a router that stopped: no word on held calls
 ANSWERED = ("completed", "failed")  # results that carry a proof wait
@@ -133,16 +134,24 @@ def set_aside(conn: sqlite3.Connection, uuid: str, why: str, *, now: datetime) -
     return True
 
 
-def candidates(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+class Candidate(tunnel.TunnelRow):
+    """A machine the router may send to: where its tunnel stands, its bench rate, whether it joined."""
+
+    bench_rate: float | None
+    joined: bool  # the manager's check reached its daemon (derived, not a column)
+
+
+def candidates(conn: sqlite3.Connection) -> list[Candidate]:
     """Running machines with a tunnel the router may send to: not set aside, with their bench rate; `joined`
     says whether the manager's check reached the daemon (the router probes the others itself)."""
     rows = [dict(row) for row in conn.execute(
-        "SELECT uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since, bench_rate"
+        f"SELECT {tunnel.TUNNEL_COLUMNS}, bench_rate"
         " FROM instances WHERE state = ? AND tunnel_port IS NOT NULL AND destroyed_at IS NULL"
         " AND route_failing_since IS NULL ORDER BY tunnel_port", (State.RUNNING,))]
     for row in rows:
         row["joined"] = bool(tunnel.joined(row))
-    return rows
+    # the selected columns, and joined added: a Candidate's keys
+    return [typed(row, Candidate) for row in rows]
 
 
 def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: datetime) -> bool:
@@ -172,9 +181,10 @@ def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: 
 
 
 def held(conn: sqlite3.Connection, *, now: datetime) -> Held:
-    row = conn.execute("SELECT * FROM route_status WHERE id = 1").fetchone()
-    if row is None:
+    found = conn.execute("SELECT * FROM route_status WHERE id = 1").fetchone()
+    if found is None:
         return Held(fresh=False)
+    row = typed(found, RouteStatusRow)
     updated = clock.from_iso(row["updated_at"])
     if updated is None or abs((now - updated).total_seconds()) > STALE_AFTER_S:
         return Held(fresh=False, updated_at=row["updated_at"])

@@ -33,6 +33,7 @@ from vastctl import clock, upstream, validate
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.state.db import inserted_id, transaction
+from vastctl.state.rows import DemandSampleRow, typed
 from vastctl.validate import Invalid
 
 COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
@@ -231,10 +232,11 @@ def refresh(conn: sqlite3.Connection, config: Config, *, now: datetime, runner: 
 
 def current(conn: sqlite3.Connection, config: Config, *, now: datetime) -> Demand:
     """The demand as the newest sample tells it (no command is run)."""
-    row = conn.execute("SELECT * FROM demand_samples ORDER BY id DESC LIMIT 1").fetchone()
-    if row is None:
+    found = conn.execute("SELECT * FROM demand_samples ORDER BY id DESC LIMIT 1").fetchone()
+    if found is None:
         return Demand(queued=None, proofs_per_hour=None, at=None, age_s=None, source=None, known=False,
                       error="no demand sample yet: set demand.command, or run `vastctl demand report --queued N`")
+    row = typed(found, DemandSampleRow)
     at = clock.parse_iso(row["at"])
     age = max(0.0, (now - at).total_seconds())
     if not row["ok"]:

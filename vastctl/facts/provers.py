@@ -16,12 +16,13 @@ import sqlite3
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from vastctl import atomicfile, clock, upstream
 from vastctl.config import Config
 from vastctl.errors import Unavailable
 from vastctl.facts import tunnel
+from vastctl.state.rows import typed
 
 UPSTREAM = "vastctl_cuzk"
 RELOAD_TIMEOUT_S = 60
@@ -30,7 +31,7 @@ NO_SERVER = "127.0.0.1:9"  # nginx refuses an empty upstream block: with no mach
 
 @dataclass
 class Refresh:
-    provers: list[dict[str, Any]]
+    provers: list[Endpoint]
     upstream_file: str | None
     changed: bool = False
     reloaded: bool = False
@@ -41,16 +42,25 @@ class Refresh:
                 "reloaded": self.reloaded}
 
 
-def endpoints(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+class Endpoint(TypedDict):
+    """A joined machine as `vastctl provers` lists it and the nginx upstream names it."""
+
+    label: str
+    uuid: str
+    endpoint: str  # host:port of its tunnel's end on this host
+    joined_at: str | None  # display ISO
+
+
+def endpoints(conn: sqlite3.Connection) -> list[Endpoint]:
     """The joined machines, by port: label, uuid, endpoint (on this host) and since when joined."""
-    rows = [dict(row) for row in conn.execute(
-        "SELECT uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since FROM instances"
+    rows = [typed(row, tunnel.TunnelRow) for row in conn.execute(
+        f"SELECT {tunnel.TUNNEL_COLUMNS} FROM instances"
         " WHERE state = 'running' AND tunnel_port IS NOT NULL AND destroyed_at IS NULL ORDER BY tunnel_port")]
     return [{"label": row["label"], "uuid": row["uuid"], "endpoint": f"127.0.0.1:{row['tunnel_port']}",
              "joined_at": clock.display_iso(row["joined_at"])} for row in tunnel.joined_rows(rows)]
 
 
-def upstream_text(provers: list[dict[str, Any]]) -> str:
+def upstream_text(provers: list[Endpoint]) -> str:
     lines = ["# written by `vastctl provers`: the joined machines (their tunnels' ends); edits are overwritten",
              f"upstream {UPSTREAM} {{"]
     for prover in provers:

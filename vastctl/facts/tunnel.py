@@ -29,13 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from vastctl import atomicfile, clock
 from vastctl.config import Config
 from vastctl.errors import BadInput, Unavailable
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
+from vastctl.state.rows import typed
 
 KEY_TYPE = "ed25519"
 PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|ssh-rsa)"
@@ -246,10 +247,25 @@ class Check:
     up: bool
 
 
-def checked_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+class TunnelRow(TypedDict):
+    """The columns of a machine's row that say where its tunnel stands (a SELECT of them, not the whole row)."""
+
+    uuid: str
+    label: str
+    state: str
+    state_since: str
+    tunnel_port: int
+    joined_at: str | None
+    tunnel_down_since: str | None
+
+
+TUNNEL_COLUMNS = "uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since"
+
+
+def checked_rows(conn: sqlite3.Connection) -> list[TunnelRow]:
     """The machines whose tunnel the manager checks: running (they joined before reporting it), with a port."""
-    return [dict(row) for row in conn.execute(
-        "SELECT uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since FROM instances"
+    return [typed(row, TunnelRow) for row in conn.execute(
+        f"SELECT {TUNNEL_COLUMNS} FROM instances"
         " WHERE state = ? AND tunnel_port IS NOT NULL AND destroyed_at IS NULL ORDER BY tunnel_port",
         (State.RUNNING,))]
 
@@ -288,7 +304,7 @@ def check(conn: sqlite3.Connection, config: Config, *, now: datetime,
     return results
 
 
-def down_since(row: dict[str, Any]) -> str | None:
+def down_since(row: Mapping[str, Any]) -> str | None:
     """Since when a running machine with a tunnel has not been reachable through it (ISO text), or None.
 
     One that has not joined since it last reported running counts from then: it joins before reporting it
@@ -301,17 +317,17 @@ def down_since(row: dict[str, Any]) -> str | None:
     return row.get("tunnel_down_since")
 
 
-def joined_this_run(row: dict[str, Any]) -> bool:
+def joined_this_run(row: Mapping[str, Any]) -> bool:
     """joined_at is from the machine's current spell in `running` (ISO texts compare as times)."""
     return row.get("joined_at") is not None and row["joined_at"] >= (row.get("state_since") or "")
 
 
-def joined(row: dict[str, Any]) -> bool | None:
+def joined(row: Mapping[str, Any]) -> bool | None:
     """Joined now (True), not (False), or no tunnel to speak of (None)."""
     if row.get("tunnel_port") is None:
         return None
     return row.get("state") == State.RUNNING and joined_this_run(row) and row.get("tunnel_down_since") is None
 
 
-def joined_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def joined_rows(rows: Iterable[TunnelRow]) -> list[TunnelRow]:
     return [row for row in rows if joined(row)]

@@ -57,6 +57,7 @@ from vastctl.state.lifecycle import (
     KillCode,
     State,
 )
+from vastctl.state.rows import InstanceRow
 
 ACTOR = "reconcile"
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
@@ -85,6 +86,13 @@ class ListingDistrusted(Unavailable):
 
 
 
+class SnapshotRow(InstanceRow, total=False):
+    """A row as a pass plans from it (run._snapshot): a row missing from the last k good listings carries the
+    first of them."""
+
+    vast_missing_since: str | None  # the k-th newest good listing's time (None: fewer good listings than that)
+
+
 @dataclass
 class Matched:
     """Which listing entry each row is, and what was learned by matching."""
@@ -103,7 +111,7 @@ def stored_code(value: str | None) -> KillCode | None:
         return None
 
 
-def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance], label_prefix: str = "") -> Matched:
+def match(rows: Sequence[SnapshotRow], listing: Sequence[RemoteInstance], label_prefix: str = "") -> Matched:
     """Pair rows with listing entries: by the vast_id the manager recorded, else by label.
 
     A row without a vast_id yet (a launch that crashed before recording it, or
@@ -143,7 +151,7 @@ def match(rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance], 
     return Matched(by_uuid=by_uuid, recovered=recovered, unclaimed=unclaimed)
 
 
-def launched(row: Mapping[str, Any]) -> bool:
+def launched(row: SnapshotRow) -> bool:
     """Whether the manager rented this machine (launch records the offer) rather than adopting it."""
     return row.get("offer_id") is not None
 
@@ -168,7 +176,7 @@ def missing_after(row: Mapping[str, Any], matched: Matched) -> int:
     return int(row.get("vast_missing") or 0)
 
 
-def check_trust(rows: Sequence[Mapping[str, Any]], matched: Matched, config: Config) -> None:
+def check_trust(rows: Sequence[SnapshotRow], matched: Matched, config: Config) -> None:
     """Raise ListingDistrusted when more than max_vanish_fraction of the live fleet vanished at once.
 
     "At once" counts rows that were seen in the previous good listing and are
@@ -187,9 +195,9 @@ def check_trust(rows: Sequence[Mapping[str, Any]], matched: Matched, config: Con
 
 
 def plan(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[SnapshotRow],
     listing: Sequence[RemoteInstance],
-    settings: Mapping[str, Any],
+    settings: Mapping[str, float],
     config: Config,
     now: datetime,
     *,
@@ -237,7 +245,7 @@ def start_failure(status_msg: str | None) -> str | None:
     return next((meaning for start, meaning in START_FAILURES if text.startswith(start.casefold())), None)
 
 
-def _verdict(row: Mapping[str, Any], entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, Any],
+def _verdict(row: SnapshotRow, entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, float],
              config: Config, now: datetime) -> tuple[KillCode, str] | None:
     """The kill code and reason for one live row, or None when it may live."""
     state = State(row["state"])
@@ -268,10 +276,11 @@ def _verdict(row: Mapping[str, Any], entry: RemoteInstance | None, matched: Matc
                     f"resumed {clock.human_age(resumed, now)} ago but vast still has it {status or 'unscheduled'}"
                     f" (limit {clock.human_duration(deadline)}): its GPU is likely taken"
                 )
-    if state is State.BENCH_DONE and row.get("bench_rate") is not None:
+    bench_rate = row.get("bench_rate")
+    if state is State.BENCH_DONE and bench_rate is not None:
         gate = float(settings["min_bench_rate"])
-        if float(row["bench_rate"]) < gate:
-            return KillCode.BENCH_FAILED, f"bench rate {row['bench_rate']:g} below gate {gate:g} (still bench_done)"
+        if float(bench_rate) < gate:
+            return KillCode.BENCH_FAILED, f"bench rate {bench_rate:g} below gate {gate:g} (still bench_done)"
     since = clock.from_iso(row["state_since"])
     if since is None:  # every row has entered its state at some moment; a row without one is not judged
         return None
@@ -304,12 +313,12 @@ def _verdict(row: Mapping[str, Any], entry: RemoteInstance | None, matched: Matc
     return None
 
 
-def dead_since(row: Mapping[str, Any]) -> datetime | None:
+def dead_since(row: SnapshotRow) -> datetime | None:
     """When the listings first showed the (dead) status the row holds: vast_status_since, else the last sighting."""
     return clock.from_iso(row.get("vast_status_since") or row.get("vast_seen_at"))
 
 
-def missing_since(row: Mapping[str, Any]) -> datetime | None:
+def missing_since(row: SnapshotRow) -> datetime | None:
     """The first good listing the row was missing from (run.py reads it from the listing history), else the
     last sighting; None before any listing missed it (this one is the first)."""
     if not row.get("vast_missing"):
@@ -317,7 +326,7 @@ def missing_since(row: Mapping[str, Any]) -> datetime | None:
     return clock.from_iso(row.get("vast_missing_since") or row.get("vast_seen_at"))
 
 
-def confirmed(row: Mapping[str, Any], since: datetime | None, config: Config, now: datetime) -> bool:
+def confirmed(row: SnapshotRow, since: datetime | None, config: Config, now: datetime) -> bool:
     """vast's word about a machine has held for reconcile.confirm_after of real time, and the machine has not
     heartbeated within that span (module docstring)."""
     span = config.reconcile.confirm_after
@@ -333,7 +342,7 @@ def outbid(entry: RemoteInstance) -> bool:
     return entry.raw.get("is_bid") is True and "stopped" in (entry.actual_status, entry.cur_state)
 
 
-def _destroy_row(row: Mapping[str, Any], vast_id: int | None, now: datetime) -> Action:
+def _destroy_row(row: SnapshotRow, vast_id: int | None, now: datetime) -> Action:
     killed = clock.from_iso(row.get("killed_at") or row.get("state_since"))
     attempts = int(row.get("destroy_attempts") or 0)
     reason = f"killed {clock.human_age(killed, now)} ago ({row.get('kill_code') or 'no code'}), not yet destroyed"

@@ -22,7 +22,7 @@ from vastctl.guard import Action, Kind
 from vastctl.observe import observe
 from vastctl.providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
 from vastctl.reconcile.decide import ACTOR
-from vastctl.state import blocklist
+from vastctl.state import blocklist, instances
 from vastctl.state.audit import record_action
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import KillCode, State, kill, record_event
@@ -132,8 +132,8 @@ def _skip(conn: sqlite3.Connection, action: Action, why: str, now: datetime) -> 
 def _apply_kill(conn: sqlite3.Connection, action: Action, config: Config, now: datetime) -> str:
     assert action.uuid is not None and action.code is not None, "plan() kills rows, with a code"
     try:
-        row = dict(conn.execute("SELECT * FROM instances WHERE uuid = ?", (action.uuid,)).fetchone() or {})
-        if not row:
+        row = instances.find(conn, action.uuid)
+        if row is None:
             return "skipped: the row is gone"
         if action.expect and (row["state"], row["state_since"], row["last_heartbeat_at"]) != action.expect:
             if row["state"] == State.KILLED:
@@ -141,11 +141,12 @@ def _apply_kill(conn: sqlite3.Connection, action: Action, config: Config, now: d
             return f"skipped: it moved on since the plan (now {row['state']})"
         killed = kill(conn, action.uuid, action.reason, source=ACTOR, code=action.code, now=now)
     except (Refused, UnknownInstance):  # lost the race: someone else moved it first
-        row = dict(conn.execute("SELECT state, kill_reason FROM instances WHERE uuid = ?", (action.uuid,)).fetchone()
-                   or {"state": "gone", "kill_reason": None})
-        if row["state"] == State.KILLED:
-            return f"already killed by {_killer(conn, action.uuid)}: {row['kill_reason']}"
-        return f"skipped: now {row['state']}"
+        now_row = instances.find(conn, action.uuid)
+        if now_row is None:
+            return "skipped: now gone"
+        if now_row["state"] == State.KILLED:
+            return f"already killed by {_killer(conn, action.uuid)}: {now_row['kill_reason']}"
+        return f"skipped: now {now_row['state']}"
     # a machine that failed the gate or died early is not rented again for a while (blocklist.py decides)
     if blocklist.block_row(conn, killed, config.vast.blocklist_ttl):
         return "killed; machine blocklisted"
@@ -160,10 +161,9 @@ def _killer(conn: sqlite3.Connection, uuid: str) -> str:
 
 def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Action, now: datetime,
                        errors: list[str], listed: Mapping[int, RemoteInstance] | None) -> str:
-    row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (action.uuid,)).fetchone()
+    row = instances.find(conn, action.uuid) if action.uuid is not None else None
     if row is None:
         return "skipped: the row is gone"
-    row = dict(row)
     if row["state"] != State.KILLED:  # never destroy a machine whose row is alive
         return f"skipped: not killed (now {row['state']})"
     if row["destroyed_at"]:
@@ -177,8 +177,8 @@ def _apply_destroy_row(conn: sqlite3.Connection, provider: Provider, action: Act
             return (f"marked destroyed; its claimed vast instance {row['claimed_vast_id']} was never listed under"
                     f" its label, so it was not touched")
         return "destroyed (nothing was created at vast)"
-    error = conn.execute("SELECT destroy_error, destroy_attempts FROM instances WHERE uuid = ?",
-                         (action.uuid,)).fetchone()
+    error = instances.find(conn, row["uuid"])
+    assert error is not None, "a row is never deleted"
     text = f"destroy failed (attempt {error['destroy_attempts']}): {error['destroy_error']}; retried next pass"
     errors.append(f"{action.label} (vast {row['vast_id']}): {text}")
     return text

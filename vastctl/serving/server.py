@@ -67,7 +67,7 @@ from vastctl.machine import onstart
 from vastctl.machine.reports import LocalReports
 from vastctl.serving import webhooks, wsgi
 from vastctl.serving.wsgi import HTTPError
-from vastctl.state import db, lifecycle, signin, tokens
+from vastctl.state import db, instances, lifecycle, signin, tokens
 from vastctl.transport import DeadlineServer
 from vastctl.upstream import cut
 from vastctl.views import fleet
@@ -225,7 +225,7 @@ class App:
 
     def _uuids_after(self, rowid: int) -> Iterable[tuple[int, str]]:
         """Rows are never deleted, so rows past the highest rowid seen are the machines new since then."""
-        return self.connection().execute("SELECT rowid, uuid FROM instances WHERE rowid > ? ORDER BY rowid", (rowid,))
+        return instances.uuids_after(self.connection(), rowid)
 
     def check_retired(self, uuid: str, report: str) -> None:
         """409 for every request of a killed or destroyed machine: its token no longer speaks for anything.
@@ -233,8 +233,7 @@ class App:
         The one answer it still gets is a repeat of the bench report that killed
         it, so a retried report still says "below the gate" (exit 5).
         """
-        row = self.connection().execute(
-            "SELECT label, state, kill_reason, kill_code, destroyed_at FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+        row = instances.find(self.connection(), uuid)
         if row is None or (row["state"] != lifecycle.State.KILLED and not row["destroyed_at"]):
             return
         if report == "bench-report" and row["kill_code"] == "bench_failed":

@@ -59,7 +59,7 @@ from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput, VastctlError
 from vastctl.serving import wsgi
-from vastctl.state import db, tokens
+from vastctl.state import db, instances, tokens
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import record_event
 
@@ -415,13 +415,7 @@ def confirm_delay(config: Config) -> float:
 
 def needs_confirmation(conn: sqlite3.Connection) -> bool:
     """A live machine the last listing showed dead or missing: the next listing decides whether it is killed."""
-    from vastctl.state.lifecycle import VAST_DEAD_CODES  # the statuses the rules kill for once two listings agree
-
-    dead = sorted(VAST_DEAD_CODES)
-    marks = ", ".join("?" for _ in dead)
-    return conn.execute(
-        "SELECT 1 FROM instances WHERE state NOT IN ('killed', 'stopped') AND destroyed_at IS NULL"
-        f" AND (vast_status IN ({marks}) OR vast_missing > 0) LIMIT 1", dead).fetchone() is not None
+    return instances.awaiting_confirmation(conn)
 
 
 def _log_wake(result: WakeResult) -> None:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
-from typing import Any
 
 from vastctl import clock
 from vastctl.state.db import transaction
+from vastctl.state.rows import InstanceRow, typed
 
 # kills that say nothing about the hardware: our own decisions, or the GPU being taken while stopped
 NOT_THE_MACHINE = frozenset({"operator", "agent", "orphan", "scheduling_timeout"})
 
 
-def reason_for(row: dict[str, Any]) -> str | None:
+def reason_for(row: InstanceRow) -> str | None:
     """Why this killed row's machine should not be rented again, or None. Pure."""
     code = row.get("kill_code")
     if row.get("state") != "killed" or row.get("machine_id") is None or code is None:
@@ -51,16 +51,17 @@ def block(conn: sqlite3.Connection, machine_id: int, reason: str, until: datetim
         )
 
 
-def block_row(conn: sqlite3.Connection, row: dict[str, Any], ttl_s: float) -> bool:
+def block_row(conn: sqlite3.Connection, row: InstanceRow, ttl_s: float) -> bool:
     """Blocklist a killed row's machine if it failed (see reason_for); True when it qualifies.
 
     Call it after a kill (reconcile, bench gate); it is idempotent.
     """
     reason = reason_for(row)
     killed_at = clock.from_iso(row.get("killed_at"))
-    if reason is None or killed_at is None:
+    machine_id = row["machine_id"]
+    if reason is None or killed_at is None or machine_id is None:  # reason_for has none without a machine_id
         return False
-    block(conn, row["machine_id"], f"{row['label']}: {reason}", killed_at + timedelta(seconds=ttl_s))
+    block(conn, machine_id, f"{row['label']}: {reason}", killed_at + timedelta(seconds=ttl_s))
     return True
 
 
@@ -70,7 +71,7 @@ def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime) -> int:
     rows = conn.execute(
         "SELECT * FROM instances WHERE state = 'killed' AND machine_id IS NOT NULL AND killed_at > ?", (since,)
     ).fetchall()
-    return sum(block_row(conn, dict(row), ttl_s) for row in rows)
+    return sum(block_row(conn, typed(row, InstanceRow), ttl_s) for row in rows)
 
 
 def blocked(conn: sqlite3.Connection, now: datetime) -> dict[int, dict[str, str]]:

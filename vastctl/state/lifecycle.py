@@ -23,6 +23,7 @@ from typing import Any, Mapping, NoReturn
 from vastctl import clock, upstream, validate
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
 from vastctl.state.db import inserted_id, transaction
+from vastctl.state.rows import InstanceRow, typed
 from vastctl.validate import Invalid, NotFound
 
 try:
@@ -88,14 +89,14 @@ def allowed_sources(to_state: State) -> list[str]:
     return sorted(str(src) for src, targets in ALLOWED.items() if to_state in targets)
 
 
-def get(conn: sqlite3.Connection, uuid: str) -> dict[str, Any]:
+def get(conn: sqlite3.Connection, uuid: str) -> InstanceRow:
     row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
     if row is None:
         raise NotFound("uuid", "(see `vastctl fleet --all`)", lead=f"no instance with uuid {uuid!r}: check ")
-    return dict(row)
+    return typed(row, InstanceRow)
 
 
-def resolve(conn: sqlite3.Connection, label_or_uuid: str) -> dict[str, Any]:
+def resolve(conn: sqlite3.Connection, label_or_uuid: str) -> InstanceRow:
     """The row named by a label or a uuid (operators type labels)."""
     row = conn.execute(
         "SELECT * FROM instances WHERE label = ? OR uuid = ? ORDER BY label = ? DESC LIMIT 1",
@@ -103,7 +104,7 @@ def resolve(conn: sqlite3.Connection, label_or_uuid: str) -> dict[str, Any]:
     ).fetchone()
     if row is None:
         raise UnknownInstance(f"no instance labelled or with uuid {label_or_uuid!r}: see `vastctl fleet --all`")
-    return dict(row)
+    return typed(row, InstanceRow)
 
 
 def record_event(
@@ -144,7 +145,7 @@ def transition(
     updates: dict[str, Any] | None = None,
     forced: bool = False,
     now: datetime,
-) -> dict[str, Any]:
+) -> InstanceRow:
     """Move one instance to `to_state` and record the event, atomically; `forced`: the move passed the guard
     by an operator's force (the event's data says so, and a kill's row: kill_forced).
 
@@ -168,7 +169,7 @@ def transition_in_tx(
     code: str | None = None,
     updates: dict[str, Any] | None = None,
     forced: bool = False,
-) -> dict[str, Any]:
+) -> InstanceRow:
     if source not in SOURCES:
         raise ValueError(f"unknown event source {source!r}")
     before = get(conn, uuid)
@@ -204,7 +205,7 @@ def create(
     source: str,
     now: datetime,
     fields: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> InstanceRow:
     """Insert a new row with its first event (a launch, or adoption of an unknown machine)."""
     with transaction(conn):
         return _create_in_tx(conn, uuid=uuid, label=label, state=State(state), reason=reason, source=source,
@@ -221,7 +222,7 @@ def _create_in_tx(
     source: str,
     now: datetime,
     fields: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> InstanceRow:
     taken = conn.execute("SELECT uuid FROM instances WHERE label = ? AND uuid != ?", (label, uuid)).fetchone()
     if taken:
         raise BadInput(f"label {label!r} already belongs to instance {taken['uuid']}: choose another label")
@@ -249,7 +250,7 @@ def register(
     num_gpus: int | None = None,
     label_prefix: str = "",
     now: datetime,
-) -> dict[str, Any]:
+) -> InstanceRow:
     """The boot script started.
 
     Unknown uuid: the row is created (a machine launched by hand is adopted).
@@ -310,12 +311,12 @@ def prefix_note(label: str | None, prefix: str) -> str | None:
             " so vastctl will not stop, start or destroy anything at vast for it; `vastctl kill` retires only the row")
 
 
-def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> dict[str, Any]:
+def params_done(conn: sqlite3.Connection, uuid: str, *, now: datetime) -> InstanceRow:
     """Proving parameters are fetched; the benchmark starts."""
     return _report_once(conn, uuid, S.PARAMS_DONE, "proving parameters fetched", now=now)
 
 
-def _report_once(conn: sqlite3.Connection, uuid: str, state: State, reason: str, *, now: datetime) -> dict[str, Any]:
+def _report_once(conn: sqlite3.Connection, uuid: str, state: State, reason: str, *, now: datetime) -> InstanceRow:
     """A machine's report of reaching `state`: the transition, or the row unchanged when it is there already (a
     boot script retries a report whose answer it lost)."""
     with transaction(conn):
@@ -375,7 +376,7 @@ def validate_stages(stages: Any) -> dict[str, float]:
     return {name: checked[name] for name in BOOT_STAGES if name in checked}
 
 
-def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, Any] | None = None) -> InstanceRow:
     """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages)."""
     checked = None if stages is None else validate_stages(dict(stages))
     row = _report_once(conn, uuid, S.RUNNING, "proving", now=now)
@@ -394,7 +395,7 @@ def kill(
     code: KillCode,
     forced: bool = False,
     now: datetime,
-) -> dict[str, Any]:
+) -> InstanceRow:
     """Mark killed (terminal). Destroying the machine at the provider is the caller's next step."""
     return transition(conn, uuid, S.KILLED, reason, source, code=code, forced=forced, now=now)
 

@@ -18,6 +18,7 @@ from vastctl import clock, validate
 from vastctl.errors import BenchFailed, Refused
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import S, get, record_event, transition_in_tx, update_fields
+from vastctl.state.rows import InstanceRow
 from vastctl.validate import Invalid
 
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
@@ -93,7 +94,7 @@ def _record_implausible(conn: sqlite3.Connection, row: Mapping[str, Any], reason
 
 def bench_report(
     conn: sqlite3.Connection, uuid: str, rate: Any, *, gate: float, now: datetime
-) -> dict[str, Any]:
+) -> InstanceRow:
     """The benchmark gate: at or above `gate` → bench_done; below → killed, and BenchFailed is raised.
 
     A rate above the machine's rate_ceiling() is recorded as that ceiling, with an `implausible_rate`
@@ -132,7 +133,7 @@ def validate_proofs(proofs_done: Any) -> int:
 
 def heartbeat(
     conn: sqlite3.Connection, uuid: str, *, proofs_done: int | None = None, now: datetime
-) -> dict[str, Any]:
+) -> InstanceRow:
     """Keep the machine's liveness and proof counters fresh. Not a transition, so no event.
 
     proofs_per_hour is an exponentially weighted rate over the counter's
@@ -202,7 +203,7 @@ def _work_waited(conn: sqlite3.Connection, now: datetime) -> bool:
     return int(newest["queued"]) >= float(fleet_rate) * BUSY_WINDOW_S / 3600
 
 
-def _smoothed_rate(row: dict[str, Any], proofs_done: int, now: datetime, *,
+def _smoothed_rate(row: Mapping[str, Any], proofs_done: int, now: datetime, *,
                    busy: bool = True) -> tuple[float | None, str | None]:
     """The rate after this heartbeat, and why it was bounded when the counter rose implausibly fast.
 

@@ -74,7 +74,7 @@ def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
     return stages if isinstance(stages, dict) else None
 
 
-def display(facts: dict[str, Any]) -> dict[str, Any]:
+def display(facts: Mapping[str, Any]) -> dict[str, Any]:
     """A machine's facts formatted for display (a copy): proofs/hour to RATE_DIGITS, times as display ISO."""
     view = dict(facts)
     if view.get("proofs_per_hour") is not None:
@@ -234,7 +234,7 @@ def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 5
     return [event_view(row) for row in rows]
 
 
-def machine_path(conn: sqlite3.Connection, row: dict[str, Any]) -> list[dict[str, Any]]:
+def machine_path(conn: sqlite3.Connection, row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One machine's whole path for `events --label`: its events and the calls made to vast for it (launch,
     stop, start, destroy: the `actions` table), in the order they happened, then where it stands now."""
     steps = [{**e, "what": "event"} for e in events(conn, uuid=row["uuid"], limit=MAX_EVENT_ID)]
