@@ -153,3 +153,29 @@ def test_fleet_shows_the_routed_rate_and_where_each_expected_rate_came_from(read
     assert "routed/h" in table and "60.0*" in table and "capacity 140/" in table
     with sqlite3.connect(os.environ["VASTCTL_DB"]) as raw:
         assert raw.execute("SELECT count(*) FROM proof_calls").fetchone()[0] == 60  # reading changed nothing
+
+
+@pytest.mark.slow  # the router finds libc for malloc_trim (ldconfig)
+def test_the_router_breaks_a_tie_by_the_rate_it_saw_not_the_benchmark(conn, tmp_path):
+    """Two joined provers with as many free slots: the one whose calls the router saw go faster is first, though
+    its benchmark said less; a machine with too few calls seen keeps its benchmark's rate."""
+    from vastctl.route import server as route_server
+    from vastctl.route.dispatch import CLASS_PROOF
+
+    fast, slow, new = (machine(conn, name, bench=bench) for name, bench in (("fast", 50.0), ("slow", 90.0), ("new", 70.0)))
+    at = clock.to_iso(NOW - timedelta(hours=1))
+    conn.execute("UPDATE instances SET tunnel_port = 40000 + rowid, joined_at = ?", (at,))
+    conn.commit()
+    deliveries.record_calls(conn, kept_full(fast, prover_s=150.0) + kept_full(slow, prover_s=600.0, batches=6)
+                            + one_at_a_time(new, calls=3))
+    router = route_server.Router(CONFIG, clock=clock.VirtualClock(NOW), probe=lambda port, timeout: False)
+    router.refresh(conn)
+    seen = deliveries.routed_rates(conn, now=NOW, slots=SLOTS)
+    assert seen[fast].rate > 70.0 > seen[slow].rate  # fast proved faster than new's benchmark, slow slower
+    order = []
+    for _ in range(3):  # each takes one slot of the first in the tie order; all keep SLOTS - 1 free after
+        ticket = router.dispatcher.admit(klass=CLASS_PROOF, size=1)
+        order.append(router.dispatcher.acquire(ticket, timeout=0).spec.label)
+    # fast by what it proved, then new by its benchmark (3 calls are not enough to overrule it), then slow:
+    # its benchmark said 90/h, but the router saw it prove less
+    assert order == ["fast", "new", "slow"]

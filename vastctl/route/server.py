@@ -324,8 +324,9 @@ class Router:
             with futures.ThreadPoolExecutor(max_workers=min(16, len(unjoined))) as pool:
                 ups = pool.map(lambda row: self.probe(row["tunnel_port"], timeout), unjoined)
                 reached = {row["uuid"] for row, up in zip(unjoined, ups) if up}
+        routed = deliveries.routed_rates(conn, now=self.clock.now(), slots=slots)
         specs = [ProverSpec(uuid=row["uuid"], label=row["label"], endpoint=f"127.0.0.1:{row['tunnel_port']}",
-                            slots=slots, rate=float(row["bench_rate"] or 0.0))
+                            slots=slots, rate=measured_rate(row, routed.get(row["uuid"])))
                  for row in rows if row["joined"] or row["uuid"] in reached]
         before = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"]}
         left = self.dispatcher.update(specs)
@@ -422,6 +423,14 @@ def _timings(answer: bytes) -> dict[str, Any]:
 
 def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
+
+
+def measured_rate(row: deliveries.Candidate, routed: deliveries.Routed | None) -> float:
+    """What breaks a tie between provers with as many free slots: the rate the router saw the machine prove
+    (its calls over the last hour, once there are enough of them), else the rate its benchmark measured."""
+    if routed is not None and routed.enough:
+        return routed.rate
+    return float(row["bench_rate"] or 0.0)
 
 
 class _Handler(grpc.GenericRpcHandler):
