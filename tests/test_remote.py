@@ -61,7 +61,7 @@ def test_each_report_sends_the_contract_request(remote):
          {"label": "vastctl-a", "vast_id": 7, "gpu_name": "RTX 4090", "num_gpus": 1}, {"state": "registered"}),
         (lambda r: r.register("u1", label="vastctl-a"), "register", {"label": "vastctl-a"}, {"state": "registered"}),
         (lambda r: r.params_done("u1"), "params-done", {}, {"state": "params_done"}),
-        (lambda r: r.bench_report("u1", "68.5"), "bench-report", {"rate": 68.5}, {"state": "bench_done", "passed": True}),
+        (lambda r: r.bench_report("u1", 68.5), "bench-report", {"rate": 68.5}, {"state": "bench_done", "passed": True}),
         (lambda r: r.running("u1"), "running", {}, {"state": "running"}),
         (lambda r: r.heartbeat("u1", 12), "heartbeat", {"proofs_done": 12}, {"state": "running"}),
         (lambda r: r.heartbeat("u1"), "heartbeat", {}, {"state": "running"}),
@@ -182,11 +182,23 @@ def test_jitter_spreads_the_waits(clock):
 
 
 @responses.activate
+@pytest.mark.parametrize("args", [
+    ("bench-report", "--rate", "fast"), ("bench-report", "--rate", "nan"), ("bench-report", "--rate", "-1"),
+    ("bench-report", "--rate", "1e999"), ("heartbeat", "--proofs-done", "-3"),
+    ("heartbeat", "--proofs-done", str(2**63)),
+])
+def test_a_bad_rate_or_count_is_exit_2_at_the_command_line_without_a_request(cli, monkeypatch, args):
+    """A command line is where a remote report's rate and count enter (state/rates.py): checked there, once,
+    so RemoteReports takes them typed and a bad one never reaches the manager."""
+    monkeypatch.setenv("VASTCTL_SERVER", SERVER)
+    monkeypatch.setenv("VASTCTL_TOKEN", TOKEN)
+    result = cli(args[0], "--uuid", "u1", *args[1:])
+    assert result.code == 2 and result.err.startswith(f"error: {args[1]} must be") and result.err.count("\n") == 1
+    assert len(responses.calls) == 0
+
+
+@responses.activate
 @pytest.mark.parametrize("call", [
-    lambda r: r.bench_report("u1", "fast"),
-    lambda r: r.bench_report("u1", "nan"),
-    lambda r: r.bench_report("u1", -1),
-    lambda r: r.heartbeat("u1", -3),
     lambda r: r.running(""),
     lambda r: r.running("bad\nuuid"),
     lambda r: r.register("u1", label="x" * 300),

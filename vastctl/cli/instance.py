@@ -1,7 +1,8 @@
 """Commands a rented machine's boot script runs: register, params-done, bench-report, running, heartbeat.
 
 On the manager host they write the state file; with VASTCTL_SERVER set they
-report over HTTP instead (and never open or create a file).
+report over HTTP instead (and never open or create a file). A command line is where a report's rate and count
+enter: they are checked here, once, before either is chosen (rates.validate_rate, validate_proofs).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from vastctl import upstream
 from vastctl.cli.app import app, env_flag, globals_of, say
 from vastctl.machine.reports import LocalReports
 from vastctl.providers.reports_sink import Reports
+from vastctl.state import rates
 
 UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="This machine's uuid ($VASTCTL_UUID).")]
 
@@ -82,7 +84,8 @@ def bench_report_cmd(
         raise typer.BadParameter("--reason goes with --failed (a measured rate needs no reason)", param_hint="--reason")
     if rate is None:
         raise typer.BadParameter("give the measured --rate, or --failed when none could be measured", param_hint="--rate")
-    typer.echo(reports_for(ctx).bench_report(uuid, rate)["state"])
+    checked = rates.validate_rate(rate)  # before anything is opened or sent
+    typer.echo(reports_for(ctx).bench_report(uuid, checked)["state"])
 
 
 @app.command("running")
@@ -120,10 +123,11 @@ def _stages(text: str) -> dict[str, str]:
 def heartbeat_cmd(
     ctx: typer.Context,
     uuid: UuidOpt,
-    proofs_done: Annotated[Optional[int], typer.Option("--proofs-done", min=0, help="Cumulative proofs finished.")] = None,
+    proofs_done: Annotated[Optional[int], typer.Option("--proofs-done", help="Cumulative proofs finished.")] = None,
 ) -> None:
     """Say this machine is alive, with its cumulative proof count (not a state change).
 
     Example: vastctl heartbeat --uuid "$VASTCTL_UUID" --proofs-done 117
     """
-    typer.echo(reports_for(ctx).heartbeat(uuid, proofs_done)["state"])
+    checked = None if proofs_done is None else rates.validate_proofs(proofs_done)  # before anything is opened or sent
+    typer.echo(reports_for(ctx).heartbeat(uuid, checked)["state"])

@@ -4,8 +4,9 @@ Boot scripts report while the manager may be restarting, so an unreachable
 manager, a 5xx or a 429 is retried with capped, jittered exponential backoff
 for VASTCTL_RETRY_FOR (default 5m): a report made during a restart lands when
 the manager is back. Retrying is safe because every report is idempotent on
-the manager (the same report twice makes one event). Inputs are validated
-here first, so a bad value is exit 2 without a request. Answers map onto the
+the manager (the same report twice makes one event). Text values are validated
+here first, so a bad value is exit 2 without a request; a rate and a count arrive checked by the command line
+(rates.py says where each value is checked). Answers map onto the
 contract's exit codes through the typed errors; the token travels only in the
 Authorization header and never appears in a message, nor does a user or
 password in VASTCTL_SERVER (such a URL is refused: requests would send them as
@@ -35,7 +36,7 @@ from vastctl.clock import Clock
 from vastctl.config import parse_duration
 from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
 from vastctl.machine.reports import FIELD_FLAGS
-from vastctl.state import lifecycle, rates
+from vastctl.state import lifecycle
 
 if TYPE_CHECKING:
     import requests
@@ -104,9 +105,9 @@ class RemoteReports:
         validate.text(uuid, "uuid")
         return self._report(uuid, "params-done", {})
 
-    def bench_report(self, uuid: str, rate: float | str) -> dict[str, Any]:
+    def bench_report(self, uuid: str, rate: float) -> dict[str, Any]:
         validate.text(uuid, "uuid")
-        answer = self._report(uuid, "bench-report", {"rate": rates.validate_rate(rate)})
+        answer = self._report(uuid, "bench-report", {"rate": rate})
         if answer.get("passed") is False:
             reason = answer.get("reason")
             error = BenchFailed(reason if isinstance(reason, str) else
@@ -133,7 +134,7 @@ class RemoteReports:
 
     def heartbeat(self, uuid: str, proofs_done: int | None = None) -> dict[str, Any]:
         validate.text(uuid, "uuid")
-        body = {} if proofs_done is None else {"proofs_done": rates.validate_proofs(proofs_done)}
+        body = {} if proofs_done is None else {"proofs_done": proofs_done}
         return self._report(uuid, "heartbeat", body)
 
     def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]:

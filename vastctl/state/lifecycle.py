@@ -9,7 +9,7 @@ wins and exactly one event exists.
 The instance reports (register, params_done, bench_report, running, heartbeat)
 are idempotent: a report delivered twice (a retry after a lost answer) changes
 nothing the second time and writes no second event. The two that carry a rate, bench_report and heartbeat,
-and the plausibility bounds their figures pass, are rates.py's.
+are rates.py's; the bounds their figures are stored within, plausible.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Mapping, NoReturn
 
 from vastctl import clock, upstream, validate
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
+from vastctl.state import plausible
 from vastctl.state.db import inserted_id, transaction
 from vastctl.validate import Invalid, NotFound
 
@@ -289,6 +290,7 @@ def register(
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
         if row["offer_id"] is not None:  # launched by us: the offer said what it is, the machine cannot re-say it
             details = {k: v for k, v in details.items() if k not in ("gpu_name", "num_gpus") or row[k] is None}
+        details = plausible.within(dict(row), details)  # fewer GPUs re-said: its stored rates, within the new ceiling
         if state is S.REGISTERED:  # a repeated report: refresh the details, no event
             if details:
                 update_fields(conn, uuid, details)
