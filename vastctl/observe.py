@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import sqlite3
 import statistics
 from collections import defaultdict
@@ -41,6 +40,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock as clock_module
+from vastctl import validate
 from vastctl.config import Config
 from vastctl.facts import cost as cost_module
 from vastctl.facts import deliveries, tunnel
@@ -303,11 +303,8 @@ def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
 
 
 def _price(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
+    number = validate.real(value, text=True)
+    return number if number is not None and number > 0 else None
 
 
 def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
@@ -316,9 +313,9 @@ def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
 
 
 def _stopped_price(dph: float | None, entry: Mapping[str, Any] | None) -> float:
-    storage = None if entry is None else entry.get("storage_dph")
-    if storage is not None and float(storage) >= 0 and math.isfinite(float(storage)):
-        return float(storage) if dph is None else min(float(storage), dph)
+    storage = None if entry is None else validate.real(entry.get("storage_dph"), text=True)
+    if storage is not None and storage >= 0:
+        return storage if dph is None else min(storage, dph)
     return dph or 0.0
 
 

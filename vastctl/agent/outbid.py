@@ -7,11 +7,10 @@ fresh machine (BOOT_HOURS of boot) costs less than the capacity an unbounded wai
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Any, Mapping
 
-from vastctl import clock
+from vastctl import clock, validate
 from vastctl.agent.valuation import BOOT_HOURS
 from vastctl.config import Config
 from vastctl.state.lifecycle import State
@@ -39,9 +38,9 @@ def outbid_choice(machine: Mapping[str, Any], now: datetime, max_dph: float,
     paused = max(0.0, (now - since).total_seconds()) if since is not None else 0.0
     bid = float(machine.get("bid") or 0.0)
     cap = float(max_dph)
-    ask = machine.get("ask_dph")
-    if isinstance(ask, (int, float)) and math.isfinite(ask) and ask > 0:
-        cap = min(cap, float(ask))
+    ask = validate.real(machine.get("ask_dph"))
+    if ask is not None and ask > 0:
+        cap = min(cap, ask)
     waited = f"outbid for {paused / 60:.0f}m at ${bid:g}/h"
     if paused < config.agent.outbid_wait:
         return "wait", None, f"{waited}: waited for (agent.outbid_wait {config.agent.outbid_wait / 60:g}m; disk kept)"

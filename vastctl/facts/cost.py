@@ -35,7 +35,6 @@ Everything is computed at an injected `now` (the one-clock rule).
 from __future__ import annotations
 
 import bisect
-import math
 import re
 import sqlite3
 import threading
@@ -44,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
-from vastctl import clock
+from vastctl import clock, validate
 from vastctl.errors import BadInput
 from vastctl.facts import appended, deliveries
 from vastctl.state.lifecycle import State
@@ -99,11 +98,8 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
 
 def _price(value: Any) -> float | None:
     """A price the file holds, if it is one (a finite number ≥ 0)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
+    number = validate.real(value, text=True)
+    return number if number is not None and number >= 0 else None
 
 
 def _storage_prices(conn: sqlite3.Connection) -> dict[int, float]:
