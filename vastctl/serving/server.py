@@ -179,6 +179,7 @@ class App:
         wsgi.allow(method, "POST")
         self.check_machine(environ, uuid)
         self.check_retired(uuid, report)
+        validate.text(uuid, "uuid")  # the HTTP boundary checks what enters here (the body: _fields), once
         if report == "log":
             name, text = _log_fields(wsgi.read_json(environ, MAX_BODY))
             return 200, LocalReports(self.connection(), self.config, now=self.clock.now()).log_push(uuid, name, text)
@@ -277,7 +278,9 @@ def _report_route(path: str) -> tuple[str, str]:
 
 
 def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Check the body's fields against the report's schema; null means absent."""
+    """Check the body's fields against the report's schema; null means absent. This is where a report's values
+    enter over HTTP, and the one place they are checked there (with the rules the command line uses:
+    validate.py's, lifecycle.validate_stages); LocalReports and the lifecycle take them as checked."""
     schema = _FIELDS[report]
     for key in body:
         if key not in schema:

@@ -238,6 +238,25 @@ def _create_in_tx(
 
 
 # --- the reports a rented machine's boot script makes -------------------------------------------
+#
+# Their values are checked once, where they enter: a command line (cli/instance.py, with the validate_* functions
+# here and in rates.py) or an HTTP body (serving/server.py's _fields, with the same rules; the uuid in the path
+# there). The reports below take them as checked and check nothing again.
+
+
+def validate_register(uuid: Any, *, label: Any = None, vast_id: Any = None, gpu_name: Any = None,
+                      num_gpus: Any = None) -> None:
+    """A register report's values: the uuid, label and GPU model one line of printable text, the vast id and the
+    GPU count whole numbers the file can store (a count of at least 1)."""
+    validate.text(uuid, "uuid")
+    if label is not None:
+        validate.text(label, "label")
+    if gpu_name is not None:
+        validate.text(gpu_name, "gpu_name")
+    if vast_id is not None:
+        validate.whole(vast_id, "vast_id")
+    if num_gpus is not None:
+        validate.whole(num_gpus, "num_gpus", minimum=1)
 
 
 def register(
@@ -263,17 +282,9 @@ def register(
     it would let one machine point reconcile's destroy at another. Likewise
     the GPU model and count a launch recorded from the offer stand: the
     machine's own report fills them in only where the manager knows nothing.
-    An adopted label without `label_prefix` is said in the adoption event (prefix_note).
+    An adopted label without `label_prefix` is said in the adoption event (prefix_note). The values are ones
+    validate_register() passed.
     """
-    validate.text(uuid, "uuid")
-    if label is not None:
-        validate.text(label, "label")
-    if gpu_name is not None:
-        validate.text(gpu_name, "gpu_name")
-    if vast_id is not None:
-        validate.whole(vast_id, "vast_id")
-    if num_gpus is not None:
-        validate.whole(num_gpus, "num_gpus", minimum=1)
     details = {k: v for k, v in {"claimed_vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items()
                if v is not None}
     with transaction(conn):
@@ -331,17 +342,19 @@ BENCH_FAILED_STATES = (S.REGISTERED, S.PARAMS_DONE)  # where a boot can fail bef
 REASON_CHARS = 500  # a machine's reason: one line in the event log and the fleet table, like a kill --reason
 
 
-def bench_failed(conn: sqlite3.Connection, uuid: str, reason: Any = None, *, now: datetime) -> NoReturn:
+def validate_reason(reason: Any) -> str:
+    """A failed boot's reason: one printable line of at most REASON_CHARS characters."""
+    return validate.text(reason, "reason", max_len=REASON_CHARS)
+
+
+def bench_failed(conn: sqlite3.Connection, uuid: str, reason: str | None = None, *, now: datetime) -> NoReturn:
     """The boot could not measure a rate (the parameter fetch failed, the daemon never answered, no proof
     completed): killed at once, as a below-gate bench is, so the host is blocklisted and the machine
     destroyed within minutes rather than at a timeout. BenchFailed is raised with the row in `.row`.
 
-    The reason comes from the machine: it is refused unless it is one printable line, and masked and
-    clipped before it is stored. A repeat after the kill answers as the first report did.
+    The reason comes from the machine: one printable line (validate_reason passed it where it entered), masked
+    and clipped before it is stored. A repeat after the kill answers as the first report did.
     """
-    validate.text(uuid, "uuid")
-    if reason is not None:
-        validate.text(reason, "reason", max_len=REASON_CHARS)
     text = upstream.clip(reason or "the machine gave no reason", REASON_CHARS - len("bench failed: "))
     with transaction(conn):
         row = get(conn, uuid)
@@ -378,12 +391,12 @@ def validate_stages(stages: Any) -> dict[str, float]:
 
 
 def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages)."""
-    checked = None if stages is None else validate_stages(dict(stages))
+    """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages), as
+    validate_stages() returned it."""
     row = _report_once(conn, uuid, S.RUNNING, "proving", now=now)
-    if checked:
+    if stages:
         with transaction(conn):
-            update_fields(conn, uuid, {"boot_stages": json.dumps(checked)})
+            update_fields(conn, uuid, {"boot_stages": json.dumps(dict(stages))})
     return row
 
 
