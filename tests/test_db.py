@@ -282,7 +282,8 @@ def test_sqlite_utils_reads_the_file_with_plain_column_names(conn, db_path, cli)
 def test_upgrade_bounds_old_rows_rates_once(db_path):
     """Rows written before rates were bounded as they were stored get their bounds from the migration, once,
     so a reader counts a stored rate as it is: a bench rate within 200/h per GPU (8 counted at most, an unknown
-    count as one), a measured rate within twice the bench rate and the ceiling, nothing below 0, text no rate."""
+    count, or one below 1, as one), a measured rate within twice the bench rate and the ceiling, nothing below 0,
+    text no rate."""
     number = migration_number("a machine's stored rates within its bounds")
     raw = file_at(db_path, number - 1)
     rows = {  # uuid: (num_gpus, bench_rate, proofs_per_hour, proofs_done) → bench_rate, proofs_per_hour after
@@ -295,6 +296,7 @@ def test_upgrade_bounds_old_rows_rates_once(db_path):
         "no bench": ((1, None, 1e6, 5), (None, 200.0)),
         "text": ((1, "fast", "slow", 5), (None, None)),
         "honest": ((1, 70.0, 80.0, 5), (70.0, 80.0)),
+        "no gpus": ((-2, 500.0, 900.0, 5), (200.0, 200.0)),  # a count below 1 is unknown: one GPU's ceiling
     }
     for uuid, ((gpus, bench, measured, done), _after) in rows.items():
         raw.execute("INSERT INTO instances (uuid, label, state, num_gpus, bench_rate, proofs_per_hour, proofs_done,"
@@ -307,6 +309,7 @@ def test_upgrade_bounds_old_rows_rates_once(db_path):
     assert found == {uuid: after for uuid, (_before, after) in rows.items()}
     assert conn.execute("SELECT proofs_done, proofs_total FROM instances WHERE uuid = 'negative'").fetchone()[:] == (
         0, 0)
+    assert conn.execute("SELECT num_gpus FROM instances WHERE uuid = 'no gpus'").fetchone()[0] is None
     assert [r[0] for r in conn.execute("SELECT id FROM migrations ORDER BY id")][-1] == number
     conn.execute("UPDATE instances SET bench_rate = 1e308 WHERE uuid = 'honest'")  # once: opening again bounds nothing
     conn.close()

@@ -86,6 +86,12 @@ def as_integer(value: Any) -> int | None:
     return value
 
 
+def gpu_count(value: Any) -> int | None:
+    """A machine's GPU count: a whole number of at least 1 the file can hold, else None (unknown)."""
+    count = as_integer(value)
+    return count if count is not None and count >= 1 else None
+
+
 def out_of_range_id(raw: Any) -> bool:
     """An entry whose id is an integer past what the state file holds: dropped from the listing, with a note."""
     if not isinstance(raw, dict):
@@ -114,7 +120,7 @@ def parse_instance(raw: Any, what: str) -> RemoteInstance:
         id=raw["id"], label=_text(raw.get("label")), actual_status=_text(raw.get("actual_status")),
         intended_status=_text(raw.get("intended_status")), cur_state=_text(raw.get("cur_state")),
         status_msg=_text(raw.get("status_msg")), machine_id=as_integer(raw.get("machine_id")),
-        gpu_name=_text(raw.get("gpu_name")), num_gpus=as_integer(raw.get("num_gpus")),
+        gpu_name=_text(raw.get("gpu_name")), num_gpus=gpu_count(raw.get("num_gpus")),
         dph_total=validate.price(raw.get("dph_total")), storage_dph=_storage_price(raw),
         start_date=validate.real(raw.get("start_date")), raw=raw,
     )
@@ -144,7 +150,7 @@ def parse_offer(raw: Any) -> Offer | None:
     ram_mb = validate.real(raw.get("cpu_ram"))
     return Offer(
         id=offer_id, machine_id=as_integer(raw.get("machine_id")), gpu_name=_text(raw.get("gpu_name")) or "?",
-        num_gpus=as_integer(raw.get("num_gpus")) or 1, dph_total=dph,
+        num_gpus=gpu_count(raw.get("num_gpus")) or 1, dph_total=dph,
         cpu_ram_gb=None if ram_mb is None else ram_mb / 1000, inet_down_mbps=validate.real(raw.get("inet_down")),
         reliability=validate.real(raw.get("reliability")), raw=raw,
     )

@@ -23,9 +23,9 @@ HEARTBEAT_RATE_FACTOR = 2.0  # a rate measured from heartbeats counts for at mos
 
 def rate_ceiling(row: Mapping[str, Any]) -> float:
     """The most proofs/hour a machine of this many GPUs can plausibly prove (MAX_RATE_PER_GPU each); a count
-    the manager does not know counts as one GPU."""
-    gpus = row.get("num_gpus")
-    gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1 else 1
+    the manager does not know counts as one GPU. A stored count is at least 1 (checked where it entered: a
+    report, or vast's offer or listing, vast_mapping.gpu_count)."""
+    gpus: int = row.get("num_gpus") or 1
     return MAX_RATE_PER_GPU * min(gpus, MAX_GPUS_COUNTED)
 
 
