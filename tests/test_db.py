@@ -284,7 +284,7 @@ def test_upgrade_bounds_old_rows_rates_once(db_path):
     so a reader counts a stored rate as it is: a bench rate within 200/h per GPU (8 counted at most, an unknown
     count, or one below 1, as one), a measured rate within twice the bench rate and the ceiling, nothing below 0,
     text no rate."""
-    number = migration_number("a machine's stored rates within its bounds")
+    number = migration_number("a machine's stored rates within their bounds")
     raw = file_at(db_path, number - 1)
     rows = {  # uuid: (num_gpus, bench_rate, proofs_per_hour, proofs_done) → bench_rate, proofs_per_hour after
         "liar": ((1, 1e308, 1e19, 5), (200.0, 200.0)),
@@ -315,3 +315,28 @@ def test_upgrade_bounds_old_rows_rates_once(db_path):
     conn.close()
     conn = db.connect(db_path, now=SYSTEM.now())
     assert conn.execute("SELECT bench_rate FROM instances WHERE uuid = 'honest'").fetchone()[0] == 1e308
+
+
+def test_upgrade_forgets_old_rows_prices_that_are_no_price_once(db_path):
+    """A price the file held before prices were checked where they enter (a negative, a zero, an infinite one,
+    text) is none after the upgrade, as one never listed: readers count a stored price as it is."""
+    raw = file_at(db_path, migration_number("a machine's stored rates within their bounds") - 1)
+    prices = {"good": (0.4, 0.05, 0.5), "negative": (-20.0, -1.0, -3.0), "zero": (0.0, 0.0, 0.0),
+              "infinite": (float("inf"), float("inf"), float("-inf")), "text": ("cheap", "free", "x"),
+              "tiny": (1e-320, 1e-320, 1e-320)}
+    kept = {"good": (0.4, 0.05, 0.5), "negative": (None, None, None), "zero": (None, 0.0, None),
+            "infinite": (None, None, None), "text": (None, None, None), "tiny": (None, 1e-320, None)}
+    for number, (uuid, (dph, storage, ask)) in enumerate(prices.items(), start=1):
+        raw.execute("INSERT INTO instances (uuid, label, state, vast_id, dph, storage_dph, ask_dph, created_at,"
+                    " state_since) VALUES (?, ?, 'running', ?, ?, ?, ?, 't', 't')",
+                    (uuid, f"vastctl-{uuid}", number, dph, storage, ask))
+        raw.execute("INSERT INTO vast_cache (vast_id, label, dph, storage_dph, first_seen_at, seen_at)"
+                    " VALUES (?, ?, ?, ?, 't', 't')", (number, f"vastctl-{uuid}", dph, storage))
+    raw.close()
+    conn = db.connect(db_path, now=SYSTEM.now())
+    rows = {r["uuid"]: (r["dph"], r["storage_dph"], r["ask_dph"])
+            for r in conn.execute("SELECT uuid, dph, storage_dph, ask_dph FROM instances")}
+    assert rows == kept
+    listed = {r["label"][len("vastctl-"):]: (r["dph"], r["storage_dph"])
+              for r in conn.execute("SELECT label, dph, storage_dph FROM vast_cache")}
+    assert listed == {uuid: (dph, storage) for uuid, (dph, storage, _ask) in kept.items()}

@@ -40,7 +40,6 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping
 
 from vastctl import clock as clock_module
-from vastctl import validate
 from vastctl.config import Config
 from vastctl.facts import cost as cost_module
 from vastctl.facts import deliveries, tunnel
@@ -298,13 +297,13 @@ def pending_capacity(machines: Iterable[Mapping[str, Any]]) -> float:
 #   - an instance listed with our label prefix and no row (an orphan, until reconcile destroys it).
 # Where the file and the listing both know a machine, the one that heard of it last decides (a stop or
 # kill since the listing, or vast's status since our last change). A stopped machine bills its disk
-# price as the listing gives it; without one it counts at its full price, never at nothing. A price that
-# is not a finite number above zero is no price: the row's is used when the listing's is missing.
+# price as the listing gives it; without one it counts at its full price, never at nothing. The row's price
+# is used when the listing has none. A stored price is one (validate.price where it entered: an offer, a listing,
+# a bid through the guard; migration 23 for rows from before), so it is read as it is.
 
 
 def _price(value: Any) -> float | None:
-    number = validate.real(value, text=True)
-    return number if number is not None and number > 0 else None
+    return None if value is None else float(value)
 
 
 def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
@@ -313,8 +312,8 @@ def _listing(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
 
 
 def _stopped_price(dph: float | None, entry: Mapping[str, Any] | None) -> float:
-    storage = None if entry is None else validate.real(entry.get("storage_dph"), text=True)
-    if storage is not None and storage >= 0:
+    storage = None if entry is None else _price(entry.get("storage_dph"))
+    if storage is not None:
         return storage if dph is None else min(storage, dph)
     return dph or 0.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Mapping
 
-from vastctl import clock, validate
+from vastctl import clock
 from vastctl.agent.valuation import BOOT_HOURS
 from vastctl.config import Config
 from vastctl.state.lifecycle import State
@@ -38,9 +38,9 @@ def outbid_choice(machine: Mapping[str, Any], now: datetime, max_dph: float,
     paused = max(0.0, (now - since).total_seconds()) if since is not None else 0.0
     bid = float(machine.get("bid") or 0.0)
     cap = float(max_dph)
-    ask = validate.real(machine.get("ask_dph"))
-    if ask is not None and ask > 0:
-        cap = min(cap, ask)
+    ask = machine.get("ask_dph")  # an offer's price, checked where it entered (validate.price)
+    if ask is not None:
+        cap = min(cap, float(ask))
     waited = f"outbid for {paused / 60:.0f}m at ${bid:g}/h"
     if paused < config.agent.outbid_wait:
         return "wait", None, f"{waited}: waited for (agent.outbid_wait {config.agent.outbid_wait / 60:g}m; disk kept)"

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
-from vastctl import clock, validate
+from vastctl import clock
 from vastctl.errors import BadInput
 from vastctl.facts import appended, deliveries
 from vastctl.state.lifecycle import State
@@ -97,9 +97,9 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
 
 
 def _price(value: Any) -> float | None:
-    """A price the file holds, if it is one (a finite number ≥ 0)."""
-    number = validate.real(value, text=True)
-    return number if number is not None and number >= 0 else None
+    """A price the file holds, None when it holds none: checked where it entered (an offer, a listing, a bid),
+    and old rows by migration 23, so it is read as it is."""
+    return None if value is None else float(value)
 
 
 def _storage_prices(conn: sqlite3.Connection) -> dict[int, float]:

@@ -9,7 +9,7 @@ A rate is bounded once, when it is written: rates.py bounds each report, and a w
 bench rate, an adopted machine re-saying its GPU count) bounds the stored rates again with it (within). So a
 stored `bench_rate` is within rate_ceiling() of its row and a stored `proofs_per_hour` within
 measured_rate_bound(): readers (observe.py, the views) count them as they are. Rows written before the bounds
-were bounded once by a migration (state/migrations.py, "a machine's stored rates within its bounds").
+were bounded once by a migration (state/migrations.py: "a machine's stored rates within their bounds…").
 """
 
 from __future__ import annotations
