@@ -197,6 +197,8 @@ def test_jitter_spreads_the_waits(clock):
     (("register", "--uuid", "u1", "--num-gpus", "0"), "--num-gpus"),
     (("running", "--uuid", "u1", "--stages", "fetch=-1"), "stages.fetch must be"),
     (("register", "--uuid", "u1", "--label", "vastctl-a", "--gpu", "RTX\n4090"), "--gpu must be"),
+    (("log-push", "--uuid", "u1", "--name", "../etc/passwd", "--file", "/nonexistent"), "--name must be"),
+    (("log-push", "--uuid", "u1\x1b", "--name", "bench", "--file", "/nonexistent"), "--uuid must be"),
 ])
 def test_bad_input_is_exit_2_at_the_command_line_without_a_request(cli, monkeypatch, args, flag):
     """A command line is where a remote report's values enter (state/lifecycle.py says where each is checked):

@@ -125,10 +125,6 @@ class RemoteReports:
         return self._report(uuid, "heartbeat", body)
 
     def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]:
-        from vastctl.facts import machine_logs
-
-        validate.text(uuid, "uuid")
-        machine_logs.check_name(name)
         return self._report(uuid, "log", {"name": name, "text": text})
 
     # --- HTTP ----------------------------------------------------------------------------------

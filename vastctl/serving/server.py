@@ -307,14 +307,17 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _log_fields(body: dict[str, Any]) -> tuple[Any, str]:
-    """The log push's body: "name" (one of machine_logs.NAMES) and "text" (any text; made safe when kept)."""
+def _log_fields(body: dict[str, Any]) -> tuple[str, str]:
+    """The log push's body: "name" (one of machine_logs.NAMES, checked here) and "text" (any text; made safe when
+    kept)."""
+    from vastctl.facts import machine_logs
+
     unknown = [key for key in body if key not in ("name", "text")]
     if unknown:
         raise BadInput(f'unknown field {json.dumps(cut(unknown[0], 60))} for log (allowed: "name", "text")')
     if not isinstance(body.get("text"), str):
         raise validate.Invalid("text", f"must be text (the log's tail), got {validate.ascii_shown(body.get('text'))}")
-    return body.get("name"), body["text"]
+    return machine_logs.check_name(body.get("name")), body["text"]
 
 
 def in_api_terms(exc: Exception) -> str:
