@@ -179,7 +179,7 @@ class App:
         wsgi.allow(method, "POST")
         self.check_machine(environ, uuid)
         self.check_retired(uuid, report)
-        validate.text(uuid, "uuid")  # the HTTP boundary checks what enters here (the body: _fields), once
+        validate.text(uuid, "uuid")  # the path uuid, checked once where it enters, as _fields checks the body
         if report == "log":
             name, text = _log_fields(wsgi.read_json(environ, MAX_BODY))
             return 200, LocalReports(self.connection(), self.config, now=self.clock.now()).log_push(uuid, name, text)

@@ -239,9 +239,12 @@ def _create_in_tx(
 
 # --- the reports a rented machine's boot script makes -------------------------------------------
 #
-# Their values are checked once, where they enter: a command line (cli/instance.py, with the validate_* functions
-# here and in rates.py) or an HTTP body (serving/server.py's _fields, with the same rules; the uuid in the path
-# there). The reports below take them as checked and check nothing again.
+# Each value is checked once, where it enters, and there are two such places because a value arrives in two forms:
+# a command line's text (cli/instance.py, with the validate_* functions here and in rates.py: before it chooses the
+# state file or the manager, so a bad value is exit 2 with nothing opened and no request sent) and an HTTP body's
+# JSON (serving/server.py's _fields and the uuid in the path, with the same rules: the manager trusts no client, so
+# a machine's own check does not count there). Past them (LocalReports, RemoteReports, the reports below, rates.py)
+# a value is typed and checked nowhere again; the one bound applied after is plausibility, as a rate is stored.
 
 
 def validate_register(uuid: Any, *, label: Any = None, vast_id: Any = None, gpu_name: Any = None,

@@ -37,14 +37,8 @@ IMPLAUSIBLE = "implausible_rate"  # the event kind of a claim bounded because it
 IMPLAUSIBLE_EVENT_EVERY_S = 60 * 60  # a machine that keeps over-claiming is recorded once an hour, not every beat
 
 
-# --- the two values a machine reports, each checked once where it enters -------------------------------------
-#
-# A report's values enter at two boundaries, each the one place where its form becomes a typed value: a command
-# line's text (cli/instance.py, with the two functions below, before it chooses the state file or the manager, so
-# a bad value is exit 2 without a request) and an HTTP body's JSON (serving/server.py's _fields, with the same
-# validate.py rules, because the manager trusts no client: a machine's own check does not count there). Past them
-# (LocalReports, RemoteReports, bench_report, heartbeat) a rate is a float and a count an int, checked nowhere
-# again; the sole bound applied after is plausibility (plausible.py), once, as the value is stored.
+# --- a report's rate and count: their rules, applied once where each enters (lifecycle.py, "the reports", says
+# where and why); bench_report and heartbeat take them typed and check nothing again.
 
 
 def validate_rate(rate: Any) -> float:
