@@ -20,7 +20,7 @@ from stand_in_market import Market, stand_in
 
 from vastctl.state import lifecycle, rates
 from vastctl.state.lifecycle import State
-from vastctl.state.rates import MAX_RATE_PER_GPU
+from vastctl.state.plausible import MAX_RATE_PER_GPU
 from vastctl.validate import MAX_INT
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
@@ -229,13 +229,50 @@ def test_the_ceiling_counts_each_gpu_up_to_eight(conn):
     assert rates.bench_report(conn, "u9", 1e9, gate=40, now=T0)["bench_rate"] == 8 * MAX_RATE_PER_GPU
 
 
-def test_rows_written_before_the_bounds_are_bounded_when_read(conn, config):
+def test_rows_written_before_the_bounds_are_bounded_by_the_migration_and_counted_so(conn, config):
+    """The read path bounds nothing: a row from before the bounds is bounded once, by the migration (test_db
+    builds such a file; here its statements run on the row), and then counts as it is stored."""
     from vastctl.observe import observe
+    from vastctl.state import db, migrations
 
     running_machine(conn, bench=70)
     conn.execute("UPDATE instances SET bench_rate = 1e308, proofs_per_hour = 1e19")
+    (sql,) = [sql for name, sql in migrations.MIGRATIONS if name.startswith("a machine's stored rates within")]
+    for statement in db._statements(sql):
+        conn.execute(statement)
+    assert (lifecycle.get(conn, "u1")["bench_rate"], lifecycle.get(conn, "u1")["proofs_per_hour"]) == (
+        MAX_RATE_PER_GPU, MAX_RATE_PER_GPU)
     obs = observe(conn, config, now=T0)
     assert obs.capacity == MAX_RATE_PER_GPU
+
+
+def test_a_first_measured_rate_is_stored_within_its_bound(conn):
+    """With no bench to start from, the first rate is the window's own: a burst within BURST_PROOFS of the bound
+    is not called a lie, and is still stored no higher than the bound (nothing bounds it when it is read)."""
+    lifecycle.create(conn, uuid="u1", label="vastctl-u1", state=State.RUNNING, reason="test", source="operator",
+                     now=T0, fields={"num_gpus": 1})
+    beat(conn, 0, 0)
+    row = beat(conn, int(MAX_RATE_PER_GPU * 600 / 3600) + 5, 600)  # 38 in 10 min: 228/h taken alone
+    assert row["proofs_per_hour"] == MAX_RATE_PER_GPU and implausible(conn) == 0
+
+
+def test_a_lower_bench_after_a_restart_lowers_the_stored_measured_rate(conn):
+    running_machine(conn, bench=100)
+    conn.execute("UPDATE instances SET proofs_per_hour = 190")  # measured before the restart, within 2 × 100
+    lifecycle.register(conn, "u1", now=T0)  # the container restarted
+    lifecycle.params_done(conn, "u1", now=T0)
+    row = rates.bench_report(conn, "u1", 50, gate=40, now=T0)
+    assert (row["bench_rate"], row["proofs_per_hour"]) == (50, 100)
+
+
+def test_an_adopted_machine_re_saying_fewer_gpus_lowers_its_stored_rates(conn):
+    lifecycle.register(conn, "u1", label="vastctl-u1", num_gpus=4, now=T0)
+    lifecycle.params_done(conn, "u1", now=T0)
+    rates.bench_report(conn, "u1", 700, gate=40, now=T0)
+    lifecycle.running(conn, "u1", now=T0)
+    conn.execute("UPDATE instances SET proofs_per_hour = 750")
+    row = lifecycle.register(conn, "u1", num_gpus=1, now=T0)  # restarted, and now says it has one GPU
+    assert (row["num_gpus"], row["bench_rate"], row["proofs_per_hour"]) == (1, MAX_RATE_PER_GPU, MAX_RATE_PER_GPU)
 
 
 def test_the_observation_flags_the_liar_and_counts_it_at_its_models_rate(conn, config):

@@ -105,9 +105,14 @@ def test_register_without_label_for_a_new_machine(ready, cli, db_path):
     assert sqlite3.connect(db_path).execute("SELECT count(*) FROM instances").fetchone()[0] == 0
 
 
-def test_negative_proofs_is_a_usage_error(ready, cli):
+@pytest.mark.parametrize("count", ["-3", str(2**63)])
+def test_a_bad_proof_count_is_exit_2_and_changes_nothing(ready, cli, db_path, count):
     cli("register", "--uuid", "u1", "--label", "a")
-    assert cli("heartbeat", "--uuid", "u1", "--proofs-done", "-3").code == 2
+    result = cli("heartbeat", "--uuid", "u1", "--proofs-done", count)
+    assert result.code == 2
+    assert result.err.startswith("error: --proofs-done must be a whole number from 0 to") and result.err.count("\n") == 1
+    row = sqlite3.connect(db_path).execute("SELECT last_heartbeat_at, proofs_done FROM instances").fetchone()
+    assert row == (None, 0)
 
 
 def test_commands_need_an_initialised_file(cli, db_path):

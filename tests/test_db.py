@@ -77,6 +77,24 @@ def tables(conn):
     }
 
 
+def migration_number(name_start):
+    """The number of the migration whose name begins so (its position, 1-based): a test of one migration's data
+    builds the file as the one before it left it, whatever is appended after."""
+    return next(n for n, (name, _sql) in enumerate(migrations.MIGRATIONS, start=1) if name.startswith(name_start))
+
+
+def file_at(db_path, version):
+    """A raw connection to a new state file at schema `version` (its migrations applied and recorded by hand)."""
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for number, (name, sql) in enumerate(migrations.MIGRATIONS[:version], start=1):
+        for statement in db._statements(sql):
+            raw.execute(statement)
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
+    raw.execute(f"PRAGMA user_version = {version}")
+    return raw
+
+
 def test_fresh_file_has_the_pinned_schema(conn):
     assert tables(conn) == set(PINNED)
     for table, expected in PINNED.items():
@@ -167,7 +185,7 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
 def test_upgrade_reads_old_events_fields_from_their_text_once(db_path):
     """Events written before they carried fields get them from their reason, once, in the migration: a setting's
     key and values, a kill or stop forced past the guard, and the killed row's kill_forced."""
-    before = len(migrations.MIGRATIONS) - 1
+    before = migration_number("an event's structured fields") - 1
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
     for number, (name, sql) in enumerate(migrations.MIGRATIONS[:before], start=1):
@@ -287,3 +305,66 @@ def test_sqlite_utils_reads_the_file_with_plain_column_names(conn, db_path, cli)
     assert (row["label"], row["state"], row["gpu_name"]) == ("vastctl-a", "registered", "RTX 4090")
     assert row["created_at"].endswith("Z")
     assert [e["to_state"] for e in database["events"].rows] == ["registered"]
+
+
+def test_upgrade_bounds_old_rows_rates_once(db_path):
+    """Rows written before rates were bounded as they were stored get their bounds from the migration, once,
+    so a reader counts a stored rate as it is: a bench rate within 200/h per GPU (8 counted at most, an unknown
+    count, or one below 1, as one), a measured rate within twice the bench rate and the ceiling, nothing below 0,
+    text no rate."""
+    number = migration_number("a machine's stored rates within their bounds")
+    raw = file_at(db_path, number - 1)
+    rows = {  # uuid: (num_gpus, bench_rate, proofs_per_hour, proofs_done) → bench_rate, proofs_per_hour after
+        "liar": ((1, 1e308, 1e19, 5), (200.0, 200.0)),
+        "infinite": ((2, float("inf"), float("-inf"), 5), (400.0, 0.0)),
+        "eight": ((10**6, 5000.0, 9000.0, 5), (1600.0, 1600.0)),
+        "unknown": ((None, 300.0, None, 5), (200.0, None)),
+        "fast": ((1, 70.0, 500.0, 5), (70.0, 140.0)),
+        "negative": ((1, -5.0, 20.0, -3), (0.0, 0.0)),
+        "no bench": ((1, None, 1e6, 5), (None, 200.0)),
+        "text": ((1, "fast", "slow", 5), (None, None)),
+        "honest": ((1, 70.0, 80.0, 5), (70.0, 80.0)),
+        "no gpus": ((-2, 500.0, 900.0, 5), (200.0, 200.0)),  # a count below 1 is unknown: one GPU's ceiling
+    }
+    for uuid, ((gpus, bench, measured, done), _after) in rows.items():
+        raw.execute("INSERT INTO instances (uuid, label, state, num_gpus, bench_rate, proofs_per_hour, proofs_done,"
+                    " proofs_total, created_at, state_since) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, 't', 't')",
+                    (uuid, f"vastctl-{uuid}", gpus, bench, measured, done, done))
+    raw.close()
+    conn = db.connect(db_path, now=SYSTEM.now())
+    found = {r["uuid"]: (r["bench_rate"], r["proofs_per_hour"])
+             for r in conn.execute("SELECT uuid, bench_rate, proofs_per_hour FROM instances")}
+    assert found == {uuid: after for uuid, (_before, after) in rows.items()}
+    assert conn.execute("SELECT proofs_done, proofs_total FROM instances WHERE uuid = 'negative'").fetchone()[:] == (
+        0, 0)
+    assert conn.execute("SELECT num_gpus FROM instances WHERE uuid = 'no gpus'").fetchone()[0] is None
+    assert [r[0] for r in conn.execute("SELECT id FROM migrations ORDER BY id")][-1] == number
+    conn.execute("UPDATE instances SET bench_rate = 1e308 WHERE uuid = 'honest'")  # once: opening again bounds nothing
+    conn.close()
+    conn = db.connect(db_path, now=SYSTEM.now())
+    assert conn.execute("SELECT bench_rate FROM instances WHERE uuid = 'honest'").fetchone()[0] == 1e308
+
+
+def test_upgrade_forgets_old_rows_prices_that_are_no_price_once(db_path):
+    """A price the file held before prices were checked where they enter (a negative, a zero, an infinite one,
+    text) is none after the upgrade, as one never listed: readers count a stored price as it is."""
+    raw = file_at(db_path, migration_number("a machine's stored rates within their bounds") - 1)
+    prices = {"good": (0.4, 0.05, 0.5), "negative": (-20.0, -1.0, -3.0), "zero": (0.0, 0.0, 0.0),
+              "infinite": (float("inf"), float("inf"), float("-inf")), "text": ("cheap", "free", "x"),
+              "tiny": (1e-320, 1e-320, 1e-320)}
+    kept = {"good": (0.4, 0.05, 0.5), "negative": (None, None, None), "zero": (None, 0.0, None),
+            "infinite": (None, None, None), "text": (None, None, None), "tiny": (None, 1e-320, None)}
+    for number, (uuid, (dph, storage, ask)) in enumerate(prices.items(), start=1):
+        raw.execute("INSERT INTO instances (uuid, label, state, vast_id, dph, storage_dph, ask_dph, created_at,"
+                    " state_since) VALUES (?, ?, 'running', ?, ?, ?, ?, 't', 't')",
+                    (uuid, f"vastctl-{uuid}", number, dph, storage, ask))
+        raw.execute("INSERT INTO vast_cache (vast_id, label, dph, storage_dph, first_seen_at, seen_at)"
+                    " VALUES (?, ?, ?, ?, 't', 't')", (number, f"vastctl-{uuid}", dph, storage))
+    raw.close()
+    conn = db.connect(db_path, now=SYSTEM.now())
+    rows = {r["uuid"]: (r["dph"], r["storage_dph"], r["ask_dph"])
+            for r in conn.execute("SELECT uuid, dph, storage_dph, ask_dph FROM instances")}
+    assert rows == kept
+    listed = {r["label"][len("vastctl-"):]: (r["dph"], r["storage_dph"])
+              for r in conn.execute("SELECT label, dph, storage_dph FROM vast_cache")}
+    assert listed == {uuid: (dph, storage) for uuid, (dph, storage, _ask) in kept.items()}

@@ -158,12 +158,11 @@ def test_bench_below_the_gate_kills_with_rate_and_gate_in_the_reason(conn):
 
 
 @pytest.mark.parametrize("rate", [True, "abc", -1, float("nan"), float("inf"), "-inf", None])
-def test_bad_rates_are_bad_input_and_change_nothing(conn, rate):
-    make(conn, State.PARAMS_DONE)
+def test_bad_rates_are_bad_input_by_the_one_rate_check(rate):
+    """bench_report takes a rate this passed; that nothing changes for a bad one is tested where it enters (a
+    command line: test_cli_instance; an HTTP body: test_server)."""
     with pytest.raises(BadInput):
-        rates.bench_report(conn, "u1", rate, gate=10, now=T0)
-    assert lifecycle.get(conn, "u1")["state"] == "params_done"
-    assert len(events(conn)) == 1
+        rates.validate_rate(rate)
 
 
 @pytest.mark.parametrize("rate,state", [(50.0, "bench_done"), (5.0, "killed")])
@@ -223,10 +222,11 @@ def test_heartbeat_of_a_killed_row_is_refused(conn):
     assert lifecycle.get(conn, "u1")["last_heartbeat_at"] is None
 
 
-def test_heartbeat_rejects_a_negative_count(conn):
-    make(conn, State.RUNNING)
+def test_heartbeat_rejects_a_negative_count():
+    """By the one count check, where it enters (heartbeat takes a count this passed; a command line's and an HTTP
+    body's refusals, nothing changed, are tested in test_cli_instance and test_server)."""
     with pytest.raises(BadInput):
-        rates.heartbeat(conn, "u1", proofs_done=-1, now=T0)
+        rates.validate_proofs(-1)
 
 
 def test_resolve_by_label_or_uuid(conn):
@@ -280,8 +280,10 @@ def test_proofs_done_must_fit_the_file(value):
     ("vast_id", 2**63, "--vast-id"), ("num_gpus", 0, "--num-gpus"),
 ])
 def test_register_checks_every_field_before_writing(conn, field, value, flag):
+    """By the one check of register's values (lifecycle.register takes them checked; the command line's and an
+    HTTP body's refusals are tested in test_cli_instance and test_server)."""
     with pytest.raises(BadInput) as caught:
-        lifecycle.register(conn, "u1", **{"label": "vastctl-a", field: value}, now=T0)
+        lifecycle.validate_register("u1", **{"label": "vastctl-a", field: value})
     assert said(caught.value).startswith(f"{flag} must be")
     assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
     assert events(conn) == []

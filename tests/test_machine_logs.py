@@ -60,11 +60,11 @@ def test_a_push_replaces_the_machines_tail_and_logs_shows_them_in_order(conn):
 
 
 def test_a_push_for_no_machine_or_no_such_log_changes_nothing(conn):
-    uuid = machine(conn)
+    machine(conn)
     with pytest.raises(UnknownInstance):
         machine_logs.push(conn, "u-nobody", "bench", "x", now=NOW)
-    with pytest.raises(BadInput) as caught:
-        machine_logs.push(conn, uuid, "../etc/passwd", "x", now=NOW)
+    with pytest.raises(BadInput) as caught:  # the one name check, where it enters (push takes the name checked)
+        machine_logs.check_name("../etc/passwd")
     assert said(caught.value).startswith("--name must be one of onstart, fetch, cuzk, bench")
     assert conn.execute("SELECT count(*) FROM machine_logs").fetchone()[0] == 0
 

@@ -19,7 +19,7 @@ from vastctl import clock, guard, reconcile
 from vastctl import config as config_module
 from vastctl.observe import observe
 from vastctl.providers.base import RemoteInstance
-from vastctl.state import db, lifecycle
+from vastctl.state import db, lifecycle, migrations
 from vastctl.state.lifecycle import State
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
@@ -122,8 +122,12 @@ def test_a_listed_price_that_is_no_price_falls_back_to_the_row(conn):
     put(conn, "vastctl-r", State.RUNNING, vast_id=409, dph=0.4, at=NOW - timedelta(hours=2))
     listed(conn, vast(409, "vastctl-r", dph=None))
     assert spend(conn) == pytest.approx(0.4)
-    conn.execute("UPDATE instances SET dph = -20")  # a row written before prices were checked lowers nothing
-    conn.execute("UPDATE vast_cache SET dph = NULL")
+    conn.execute("UPDATE instances SET dph = -20")  # a row written before prices were checked lowers nothing:
+    conn.execute("UPDATE vast_cache SET dph = NULL")  # its price is none once the migration has run (test_db)
+    (sql,) = [sql for name, sql in migrations.MIGRATIONS if name.startswith("a machine's stored rates within")]
+    for statement in db._statements(sql):
+        conn.execute(statement)
+    assert conn.execute("SELECT dph FROM instances").fetchone()[0] is None
     assert spend(conn) == 0.0
 
 

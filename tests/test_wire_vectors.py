@@ -27,7 +27,7 @@ from vastctl.facts.demand import Sample, parse_output
 from vastctl.machine.remote import RemoteReports
 from vastctl.serving import webhooks
 from vastctl.serving.server import App
-from vastctl.state import tokens
+from vastctl.state import lifecycle, rates, tokens
 
 # --- the webhook signature ---------------------------------------------------------------------------------
 
@@ -138,8 +138,11 @@ def reports(answer: dict) -> tuple[RemoteReports, Capture]:
     ("register", ("u-1",), {"label": "vastctl-a", "vast_id": 5001, "gpu_name": "RTX 4090", "num_gpus": 1},
      {"state": "registered"}, "register", b'{"label": "vastctl-a", "vast_id": 5001, "gpu_name": "RTX 4090", "num_gpus": 1}'),
     ("params_done", ("u-1",), {}, {"state": "params_done"}, "params-done", b"{}"),
-    ("bench_report", ("u-1", "42.5"), {}, {"state": "bench_done", "passed": True}, "bench-report", b'{"rate": 42.5}'),
-    ("running", ("u-1",), {"stages": {"fetch": 412, "daemon": 35}}, {"state": "running"}, "running",
+    # values as the command line hands them on, checked where they enter (rates.validate_rate, validate_stages)
+    ("bench_report", ("u-1", rates.validate_rate("42.5")), {}, {"state": "bench_done", "passed": True},
+     "bench-report", b'{"rate": 42.5}'),
+    ("running", ("u-1",), {"stages": lifecycle.validate_stages({"fetch": 412, "daemon": 35})}, {"state": "running"},
+     "running",
      b'{"stages": {"fetch": 412.0, "daemon": 35.0}}'),  # seconds to 0.1, written as numbers with a point
     ("heartbeat", ("u-1", 17), {}, {"state": "running"}, "heartbeat", b'{"proofs_done": 17}'),
     ("heartbeat", ("u-1",), {}, {"state": "running"}, "heartbeat", b"{}"),

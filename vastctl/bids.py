@@ -10,12 +10,11 @@ fleet, so part of it can never be paused.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Mapping
 
+from vastctl import validate
 from vastctl.config import Config
 from vastctl.providers.base import Offer
-from vastctl.validate import MIN_DPH
 
 RENTALS = ("on-demand", "interruptible", "mixed")
 
@@ -24,8 +23,8 @@ def bid_for_offer(offer: Offer, max_dph: float, margin: float = 0.1) -> float | 
     """The bid for an interruptible rental of `offer`: its min_bid plus `margin`, never above max_dph (nor the
     offer's on-demand price). None when the offer names no usable min_bid (vast's numbers are hostile: a
     missing, non-finite, zero or negative one) or the floor itself is past max_dph."""
-    floor = offer.raw.get("min_bid") if isinstance(offer.raw, Mapping) else None
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < MIN_DPH:
+    floor = validate.price(offer.raw.get("min_bid")) if isinstance(offer.raw, Mapping) else None
+    if floor is None:
         return None
     ceiling_dph = min(float(max_dph), float(offer.dph_total))
     if floor > ceiling_dph:

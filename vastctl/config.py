@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ def parse_duration(value: Any, key: str = "duration") -> float:
         if not match:
             raise BadInput(f"{key}: expected a duration like 90s, 30m or 2h, got {value!r}")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if not math.isfinite(seconds) or seconds < 0:
+    if validate.real(seconds) is None or seconds < 0:
         raise BadInput(f"{key}: a duration must be a finite number of seconds ≥ 0, got {value!r}")
     return seconds
 
@@ -551,8 +550,8 @@ def _convert(f: dataclasses.Field[Any], value: Any, name: str, prefix: str) -> A
         range_of(name, "int").check(value, name, "int", value)
         return value
     if isinstance(default, float):
-        number = validate.number(value)
-        if number is None or not math.isfinite(number):
+        number = validate.real(value)
+        if number is None:
             raise range_of(name, "float").refusal(name, "float", value)
         return range_of(name, "float").check(number, name, "float", value)
     if isinstance(default, str):

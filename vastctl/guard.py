@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from vastctl import clock
+from vastctl import clock, validate
 from vastctl.config import Config
 from vastctl.observe import PENDING_STATES, Machine
 from vastctl.state.audit import record_action
@@ -248,7 +248,7 @@ def spend_verdict(obs: "Observation", per_hour: float, what: str, *, before: flo
 
 def _check_dph(dph: float, what: str, obs: "Observation") -> Verdict:
     most = float(obs.settings["max_dph"])
-    if not (math.isfinite(dph) and dph >= MIN_DPH):  # NaN passes every comparison; a negative or tiny one lowers the spend
+    if validate.price(dph) is None:  # NaN passes every comparison; a negative or tiny one lowers the spend
         return _refuse("max_dph", f"{what} is priced ${dph:g}/h, which is not a price: vastctl rents only at a finite"
                        f" price of at least ${MIN_DPH:g}/h (check the offer at vast)")
     if dph > most + 1e-9:

@@ -8,13 +8,13 @@ in how capacity is counted changes it everywhere at once.
   pending_capacity  the same for machines on their way (launching .. bench_done)
   expected rate     measured proofs/hour, else the machine's bench rate, else the
                     median bench rate seen for its GPU model, else fleet.default_rate;
-                    every figure a machine reported is bounded first (rates.rate_ceiling,
-                    measured_rate_bound), and a machine with an `implausible_rate` event counts
+                    every figure a machine reported was bounded when it was stored (plausible.py:
+                    rate_ceiling, measured_rate_bound), and a machine with an `implausible_rate` event counts
                     for no more than its model's rate among the machines that never over-claimed.
                     Those are claims: where the proof router saw the machine complete
                     deliveries.ROUTED_MIN_PROOFS calls in the last hour, its figures win: the
                     rate is held within [routed rate, routed rate max] (deliveries.routed_rates;
-                    one figure when the router kept it full), within rates.rate_ceiling.
+                    one figure when the router kept it full), within plausible.rate_ceiling.
                     `rate_source` says which figure it is: router, heartbeats, bench, gpu_model,
                     default. The model's rate (model_rates) stays the bench rates' median: it
                     predicts a machine not yet rented, and every machine benched the same way
@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import sqlite3
 import statistics
 from collections import defaultdict
@@ -48,7 +47,8 @@ from vastctl.facts import demand as demand_module
 from vastctl.facts.demand import Demand
 from vastctl.state import instances, settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
-from vastctl.state.rates import IMPLAUSIBLE, bounded, measured_rate_bound, rate_ceiling
+from vastctl.state.plausible import rate_ceiling
+from vastctl.state.rates import IMPLAUSIBLE
 from vastctl.state.rows import EventFacts, InstanceRow, VastCacheRow, selected
 
 __all__ = ["Demand", "Observation", "observe"]
@@ -277,8 +277,8 @@ def _machine_brief(machine: Machine) -> dict[str, Any]:
 
 
 def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tuple[dict[str, float], dict[int, float]]:
-    """What machines of ours benchmarked, over every machine that ever reported a rate, each bounded by its
-    ceiling, without the machines in `implausible` (their word does not set what a model or a host proves):
+    """What machines of ours benchmarked, over every machine that ever reported a rate (each stored within its
+    ceiling), without the machines in `implausible` (their word does not set what a model or a host proves):
 
     - GPU model → the median rate of its machines;
     - vast machine_id → the newest rate a machine of ours reported on that host: hosts of one model differ (a
@@ -289,22 +289,15 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
     liars = set(implausible)
     by_model: dict[str, list[float]] = defaultdict(list)
     by_host: dict[int, float] = {}
-    for uuid, gpu_name, machine_id, num_gpus, bench_rate in instances.benches(conn):
+    for uuid, gpu_name, machine_id, _num_gpus, bench_rate in instances.benches(conn):
         if uuid in liars:
             continue
-        rate = _bounded_bench(bench_rate, num_gpus)
+        rate = float(bench_rate)
         if gpu_name is not None:
             by_model[gpu_name].append(rate)
         if machine_id is not None:
             by_host[machine_id] = rate
     return {name: statistics.median(values) for name, values in by_model.items()}, by_host
-
-
-@functools.lru_cache(maxsize=4096, typed=True)
-def _bounded_bench(bench_rate: float, num_gpus: int | None) -> float:
-    """A bench rate as bench_rates counts it; the same few pairs come back on every call (every machine ever)."""
-    rate: float = bounded(bench_rate, rate_ceiling({"num_gpus": num_gpus}))
-    return rate
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
@@ -345,10 +338,9 @@ def rate_and_source(row: Mapping[str, Any], rates: Mapping[str, float], default_
 def _claimed_rate(row: Mapping[str, Any], rates: Mapping[str, float], default_rate: float, *,
                   implausible: bool) -> tuple[float, str]:
     model = rate_of_model(row.get("gpu_name"), rates, default_rate)
-    for value, bound, source in ((row.get("proofs_per_hour"), measured_rate_bound(row), "heartbeats"),
-                                 (row.get("bench_rate"), rate_ceiling(row), "bench")):
-        if value is not None:
-            rate = bounded(value, bound)
+    for value, source in ((row.get("proofs_per_hour"), "heartbeats"), (row.get("bench_rate"), "bench")):
+        if value is not None:  # stored within its bound
+            rate = float(value)
             return (min(rate, model), source if rate <= model else "gpu_model") if implausible else (rate, source)
     return model, "gpu_model" if row.get("gpu_name") in rates else "default"
 
@@ -373,19 +365,13 @@ def pending_capacity(machines: Iterable[Machine]) -> float:
 #   - an instance listed with our label prefix and no row (an orphan, until reconcile destroys it).
 # Where the file and the listing both know a machine, the one that heard of it last decides (a stop or
 # kill since the listing, or vast's status since our last change). A stopped machine bills its disk
-# price as the listing gives it; without one it counts at its full price, never at nothing. A price that
-# is not a finite number above zero is no price: the row's is used when the listing's is missing.
+# price as the listing gives it; without one it counts at its full price, never at nothing. The row's price
+# is used when the listing has none. A stored price is one (validate.price where it entered: an offer, a listing,
+# a bid through the guard; migration 23 for rows from before), so it is read as it is.
 
 
-def _price(value: float | str | None) -> float | None:
-    """The price as a number, or None (a REAL column edited by hand may hold text)."""
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
+def _price(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _listing(conn: sqlite3.Connection) -> dict[int, VastCacheRow]:
@@ -394,9 +380,9 @@ def _listing(conn: sqlite3.Connection) -> dict[int, VastCacheRow]:
 
 
 def _stopped_price(dph: float | None, entry: VastCacheRow | None) -> float:
-    storage = None if entry is None else entry.get("storage_dph")
-    if storage is not None and float(storage) >= 0 and math.isfinite(float(storage)):
-        return float(storage) if dph is None else min(float(storage), dph)
+    storage = None if entry is None else _price(entry.get("storage_dph"))
+    if storage is not None:
+        return storage if dph is None else min(storage, dph)
     return dph or 0.0
 
 

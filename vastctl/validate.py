@@ -77,10 +77,26 @@ def number(value: Any, *, text: bool = False) -> float | None:
         return math.inf
 
 
+def real(value: Any, *, text: bool = False) -> float | None:
+    """The finite float `value` holds (as number() reads it), else None: for a figure that is dropped rather than
+    refused when it is no number (vast's JSON may carry NaN, Infinity or 1e400; a wait with nothing to prove it is
+    endless). The module's one test of finiteness: every other module asks here (tests/test_one_check.py)."""
+    got = number(value, text=text)
+    return got if got is not None and math.isfinite(got) else None
+
+
+def price(value: Any) -> float | None:
+    """A $/h from outside (a listing, an offer, a bid's floor): finite and at least MIN_DPH, else None. A NaN
+    compares false against every limit, and a negative price or one of 1e-320 lowers (or adds nothing to) the
+    spend the guard adds up, so none of them is a price."""
+    got = real(value)
+    return got if got is not None and got >= MIN_DPH else None
+
+
 def finite(value: Any, field: str, *, what: str = "", text: bool = False) -> float:
     """A finite number ≥ 0 (`what` says its unit after the rule: ` (proofs per hour)`)."""
-    got = number(value, text=text)
-    if got is None or not math.isfinite(got) or got < 0:
+    got = real(value, text=text)
+    if got is None or got < 0:
         raise Invalid(field, f"must be a finite number ≥ 0{what}, got {shown(value)}")
     return got
 

@@ -7,7 +7,6 @@ fresh machine (BOOT_HOURS of boot) costs less than the capacity an unbounded wai
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Any, Mapping
 
@@ -39,8 +38,8 @@ def outbid_choice(machine: Mapping[str, Any], now: datetime, max_dph: float,
     paused = max(0.0, (now - since).total_seconds()) if since is not None else 0.0
     bid = float(machine.get("bid") or 0.0)
     cap = float(max_dph)
-    ask = machine.get("ask_dph")
-    if isinstance(ask, (int, float)) and math.isfinite(ask) and ask > 0:
+    ask = machine.get("ask_dph")  # an offer's price, checked where it entered (validate.price)
+    if ask is not None:
         cap = min(cap, float(ask))
     waited = f"outbid for {paused / 60:.0f}m at ${bid:g}/h"
     if paused < config.agent.outbid_wait:

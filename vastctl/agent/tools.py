@@ -9,7 +9,6 @@ anything is guarded or run; the model reads the refusal as the call's error resu
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -58,8 +57,8 @@ class Param:
             if not shortest <= len(value.strip()) <= len(value) <= (longest or len(value)):
                 raise Invalid(field, f"must be {shortest}–{longest} characters")
             return value
-        number = validate.number(value)
-        if number is None or not math.isfinite(number):  # a JSON integer of 400 digits
+        number = validate.real(value)
+        if number is None:  # a JSON integer of 400 digits
             raise Invalid(field, f"must be a finite {self.type}, got {json.dumps(value)[:60]}")
         if self.above is not None and not number > self.above:
             raise Invalid(field, f"must be above {self.above:g}, got {value}")

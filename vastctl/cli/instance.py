@@ -1,7 +1,9 @@
 """Commands a rented machine's boot script runs: register, params-done, bench-report, running, heartbeat.
 
 On the manager host they write the state file; with VASTCTL_SERVER set they
-report over HTTP instead (and never open or create a file).
+report over HTTP instead (and never open or create a file). A command line is where a report's values enter:
+each is checked here, once, before either is chosen (lifecycle's and rates' validate_* functions), so a bad one
+is exit 2 with nothing opened and no request sent; the reports past this take them as checked.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from vastctl import upstream
+from vastctl import upstream, validate
 from vastctl.cli.app import app, env_flag, globals_of, say
 from vastctl.machine.reports import LocalReports
 from vastctl.providers.reports_sink import Reports
+from vastctl.state import lifecycle, rates
 
 UuidOpt = Annotated[str, typer.Option("--uuid", envvar="VASTCTL_UUID", help="This machine's uuid ($VASTCTL_UUID).")]
 
@@ -38,14 +41,15 @@ def register_cmd(
     ctx: typer.Context,
     uuid: UuidOpt,
     label: Annotated[Optional[str], typer.Option("--label", envvar="VASTCTL_LABEL", help="Human label ($VASTCTL_LABEL).")] = None,
-    vast_id: Annotated[Optional[int], typer.Option("--vast-id", min=0, help="vast.ai instance id.")] = None,
+    vast_id: Annotated[Optional[int], typer.Option("--vast-id", help="vast.ai instance id.")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU model, e.g. 'RTX 4090'.")] = None,
-    num_gpus: Annotated[Optional[int], typer.Option("--num-gpus", min=1, help="GPUs on this machine.")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option("--num-gpus", help="GPUs on this machine.")] = None,
 ) -> None:
     """The boot script started (an unknown uuid is adopted; a live one records a restart).
 
     Example: vastctl register --uuid "$VASTCTL_UUID" --label "$VASTCTL_LABEL" --gpu "RTX 4090"
     """
+    lifecycle.validate_register(uuid, label=label, vast_id=vast_id, gpu_name=gpu, num_gpus=num_gpus)
     result = reports_for(ctx).register(uuid, label=label, vast_id=vast_id, gpu_name=gpu, num_gpus=num_gpus)
     typer.echo(result["state"])
     if isinstance(result.get("note"), str):  # e.g. the label lacks our prefix
@@ -58,7 +62,7 @@ def params_done_cmd(ctx: typer.Context, uuid: UuidOpt) -> None:
 
     Example: vastctl params-done --uuid "$VASTCTL_UUID"
     """
-    typer.echo(reports_for(ctx).params_done(uuid)["state"])
+    typer.echo(reports_for(ctx).params_done(validate.text(uuid, "uuid"))["state"])
 
 
 @app.command("bench-report")
@@ -74,15 +78,17 @@ def bench_report_cmd(
     Example: vastctl bench-report --uuid "$VASTCTL_UUID" --rate 68.2
     Example: vastctl bench-report --uuid "$VASTCTL_UUID" --failed --reason "parameter fetch failed: …"
     """
+    validate.text(uuid, "uuid")
     if failed:
         if rate is not None:
             raise typer.BadParameter("give --rate or --failed, not both", param_hint="--failed")
-        reports_for(ctx).bench_failed(uuid, reason)
+        reports_for(ctx).bench_failed(uuid, None if reason is None else lifecycle.validate_reason(reason))
     if reason is not None:
         raise typer.BadParameter("--reason goes with --failed (a measured rate needs no reason)", param_hint="--reason")
     if rate is None:
         raise typer.BadParameter("give the measured --rate, or --failed when none could be measured", param_hint="--rate")
-    typer.echo(reports_for(ctx).bench_report(uuid, rate)["state"])
+    checked = rates.validate_rate(rate)  # before anything is opened or sent
+    typer.echo(reports_for(ctx).bench_report(uuid, checked)["state"])
 
 
 @app.command("running")
@@ -97,8 +103,7 @@ def running_cmd(
 
     Example: vastctl running --uuid "$VASTCTL_UUID" --stages fetch=412,daemon=35,warmup=95,bench=310,join=3
     """
-    from vastctl.state import lifecycle
-
+    validate.text(uuid, "uuid")
     checked = None if stages is None else lifecycle.validate_stages(_stages(stages))  # before anything is opened
     typer.echo(reports_for(ctx).running(uuid, checked)["state"])
 
@@ -120,10 +125,12 @@ def _stages(text: str) -> dict[str, str]:
 def heartbeat_cmd(
     ctx: typer.Context,
     uuid: UuidOpt,
-    proofs_done: Annotated[Optional[int], typer.Option("--proofs-done", min=0, help="Cumulative proofs finished.")] = None,
+    proofs_done: Annotated[Optional[int], typer.Option("--proofs-done", help="Cumulative proofs finished.")] = None,
 ) -> None:
     """Say this machine is alive, with its cumulative proof count (not a state change).
 
     Example: vastctl heartbeat --uuid "$VASTCTL_UUID" --proofs-done 117
     """
-    typer.echo(reports_for(ctx).heartbeat(uuid, proofs_done)["state"])
+    validate.text(uuid, "uuid")
+    checked = None if proofs_done is None else rates.validate_proofs(proofs_done)  # before anything is opened or sent
+    typer.echo(reports_for(ctx).heartbeat(uuid, checked)["state"])

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from vastctl import validate
 from vastctl.cli.app import JsonOpt, app, echo, globals_of, print_json
 from vastctl.cli.instance import UuidOpt, reports_for
 from vastctl.errors import BadInput
@@ -27,6 +28,7 @@ def log_push_cmd(
     """
     from vastctl.facts import machine_logs
 
+    validate.text(uuid, "uuid")  # where the push's values enter: checked once, before the file or the manager
     machine_logs.check_name(name)
     try:
         with open(file, "rb") as handle:

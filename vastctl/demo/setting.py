@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from vastctl import clock as clocks
+from vastctl import validate
 from vastctl.config import Config
 from vastctl.errors import BadInput
 
@@ -49,7 +50,8 @@ class DemoOptions:
     rental: str | None = None  # launch.rental for the day (None: the config's, on-demand)
 
     def check(self) -> None:
-        if not (isinstance(self.hours, (int, float)) and math.isfinite(self.hours) and 0 < self.hours <= MAX_HOURS):
+        hours = validate.real(self.hours)
+        if hours is None or not 0 < hours <= MAX_HOURS:
             raise BadInput(f"--hours must be more than 0 and at most {MAX_HOURS}, got {self.hours!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise BadInput(f"--seed must be a whole number ≥ 0, got {self.seed!r}")

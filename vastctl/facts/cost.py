@@ -35,7 +35,6 @@ Everything is computed at an injected `now` (the one-clock rule).
 from __future__ import annotations
 
 import bisect
-import math
 import re
 import sqlite3
 import threading
@@ -98,12 +97,9 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
 
 
 def _price(value: Any) -> float | None:
-    """A price the file holds, if it is one (a finite number ≥ 0)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
+    """A price the file holds, None when it holds none: checked where it entered (an offer, a listing, a bid),
+    and old rows by migration 23, so it is read as it is."""
+    return None if value is None else float(value)
 
 
 def _storage_prices(conn: sqlite3.Connection) -> dict[int, float]:

@@ -110,8 +110,8 @@ def tail_of_file(data: bytes) -> str:
 def push(conn: sqlite3.Connection, uuid: str, name: str, text: Any, *, now: datetime,
          secrets: Iterable[str] = ()) -> dict[str, Any]:
     """Keep the tail a machine pushed (a killed machine may still push: its logs say why it failed), `secrets`
-    (what the manager handed it: `handed()`) masked with the rest."""
-    check_name(name)
+    (what the manager handed it: `handed()`) masked with the rest. `name` is one check_name() passed where it
+    entered (the command line, the HTTP body)."""
     safe, was_cut = made_safe(text, secrets)
     with transaction(conn):
         row = lifecycle.get(conn, uuid)

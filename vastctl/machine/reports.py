@@ -4,7 +4,7 @@
 simulator, `vastctl serve`); a remote implementation speaks HTTP to `serve`.
 Each method returns `{"state": …}` (bench_report adds `passed`) or raises the
 typed error whose exit code the contract names (bench_failed always raises
-BenchFailed: the machine is killed).
+BenchFailed: the machine is killed). A rate and a count arrive checked (rates.py says where).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class LocalReports:
     def params_done(self, uuid: str) -> dict[str, Any]:
         return {"state": lifecycle.params_done(self.conn, uuid, now=self.now)["state"]}
 
-    def bench_report(self, uuid: str, rate: float | str) -> dict[str, Any]:
+    def bench_report(self, uuid: str, rate: float) -> dict[str, Any]:
         gate = settings.get(self.conn, self.config, "min_bench_rate")
         row = rates.bench_report(self.conn, uuid, rate, gate=gate, now=self.now)
         return {"state": row["state"], "passed": True}

@@ -18,7 +18,7 @@ class Reports(Protocol):
 
     def params_done(self, uuid: str) -> dict[str, Any]: ...
 
-    def bench_report(self, uuid: str, rate: float | str) -> dict[str, Any]: ...  # text: validated by the implementation
+    def bench_report(self, uuid: str, rate: float) -> dict[str, Any]: ...  # checked where it entered (state/rates.py)
 
     def bench_failed(self, uuid: str, reason: str | None) -> dict[str, Any]: ...
 

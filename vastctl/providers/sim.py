@@ -22,13 +22,13 @@ give the same market to the digit. A market keeps the seed it was built with.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Iterator
 
+from vastctl import validate
 from vastctl.clock import Clock
 from vastctl.errors import BadInput
 from vastctl.providers import sim_market as model
@@ -131,7 +131,7 @@ class SimProvider:
                 raise OfferGone(f"offer {request.offer_id} is no longer available (HTTP 404 no_such_ask)")
             if request.price is not None:
                 floor = model.min_bid(self.seed, host, now, float(request.disk_gb))
-                if not math.isfinite(request.price) or request.price < floor:  # cancel_unavail: nothing rented
+                if validate.real(request.price) is None or request.price < floor:  # cancel_unavail: nothing rented
                     raise ProviderRejected(f"vast {path}: the bid ${request.price:g}/h is under the offer's min_bid"
                                            f" ${floor:g}/h: it cannot start now (HTTP 400 bid_too_low)")
             if self._transient and draw >= 0.5:  # the error came before the rental took effect
@@ -198,12 +198,12 @@ class SimProvider:
             if machine.bid is None:
                 raise ProviderRejected(f"vast change-bid of instance {vast_id}: not an interruptible instance"
                                        " (HTTP 400 invalid_args)")
-            if (isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price)
-                    or not 0.001 <= price <= 32.0):
+            number = validate.real(price)
+            if number is None or not 0.001 <= number <= 32.0:
                 raise ProviderRejected(f"vast change-bid of instance {vast_id}: price {price!r} is not 0.001-32"
                                        " (HTTP 400 invalid_args)")
             self.engine.accrue(machine, now)
-            machine.bid = round(float(price), 4)
+            machine.bid = round(number, 4)
             machine.gpu_dph = max(0.0, machine.bid - machine.storage_dph)
             if machine.paused_at is not None and machine.resume_at is not None and machine.bid >= (
                     machine.outbid_price or 0.0):

@@ -8,14 +8,12 @@ and any other such number is read as missing; a price that is not a finite $/h o
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping
 
-from vastctl import upstream
+from vastctl import upstream, validate
 from vastctl.errors import BadInput
 from vastctl.providers.base import CreateRequest, Offer, OfferQuery, ProviderError, RemoteInstance
 from vastctl.providers.vast_http import HugeInteger
-from vastctl.validate import MIN_DPH
 
 MAX_INTEGER = 2**63 - 1  # SQLite's INTEGER: a number from vast past it cannot be stored, compared or acted on
 MIN_INTEGER = -(2**63)
@@ -52,10 +50,10 @@ BID_RANGE = (0.001, 32.0)  # $/h vast accepts as a bid (change-bid's documented 
 def bid_price(price: Any) -> float:
     """A bid as vast accepts it: a finite $/h within BID_RANGE, to 4 decimals; BadInput otherwise."""
     low, high = BID_RANGE
-    if (isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price)
-            or not low <= price <= high):
+    number = validate.real(price)
+    if number is None or not low <= number <= high:
         raise BadInput(f"a bid must be a number of $/h from {low:g} to {high:g}, got {price!r}")
-    return round(float(price), 4)
+    return round(number, 4)
 
 
 def create_body(request: CreateRequest) -> dict[str, Any]:
@@ -72,29 +70,11 @@ def create_body(request: CreateRequest) -> dict[str, Any]:
     }
 
 
-def _number(value: Any) -> float | None:
-    """A finite JSON number, else None: vast's JSON may carry NaN, Infinity or 1e400, and none of them is a figure."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer past float range
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _price(value: Any) -> float | None:
-    """A $/h vast quotes: finite and at least MIN_DPH, else None. A NaN compares false against every limit, and
-    a negative price or one of 1e-320 lowers (or adds nothing to) the spend the guard adds up, so none is a price."""
-    number = _number(value)
-    return number if number is not None and number >= MIN_DPH else None
-
-
 def _storage_price(raw: Mapping[str, Any]) -> float | None:
     """$/h the allocated disk bills (all a stopped instance costs): `storage_total_cost`, else dph_total − dph_base."""
-    storage = _number(raw.get("storage_total_cost"))
+    storage = validate.real(raw.get("storage_total_cost"))
     if storage is None:
-        total, base = _price(raw.get("dph_total")), _number(raw.get("dph_base"))
+        total, base = validate.price(raw.get("dph_total")), validate.real(raw.get("dph_base"))
         storage = None if total is None or base is None or base < 0 else total - base
     return storage if storage is not None and storage >= 0 else None
 
@@ -104,6 +84,12 @@ def as_integer(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_INTEGER <= value <= MAX_INTEGER:
         return None
     return value
+
+
+def gpu_count(value: Any) -> int | None:
+    """A machine's GPU count: a whole number of at least 1 the file can hold, else None (unknown)."""
+    count = as_integer(value)
+    return count if count is not None and count >= 1 else None
 
 
 def out_of_range_id(raw: Any) -> bool:
@@ -134,16 +120,16 @@ def parse_instance(raw: Any, what: str) -> RemoteInstance:
         id=raw["id"], label=_text(raw.get("label")), actual_status=_text(raw.get("actual_status")),
         intended_status=_text(raw.get("intended_status")), cur_state=_text(raw.get("cur_state")),
         status_msg=_text(raw.get("status_msg")), machine_id=as_integer(raw.get("machine_id")),
-        gpu_name=_text(raw.get("gpu_name")), num_gpus=as_integer(raw.get("num_gpus")),
-        dph_total=_price(raw.get("dph_total")), storage_dph=_storage_price(raw),
-        start_date=_number(raw.get("start_date")), raw=raw,
+        gpu_name=_text(raw.get("gpu_name")), num_gpus=gpu_count(raw.get("num_gpus")),
+        dph_total=validate.price(raw.get("dph_total")), storage_dph=_storage_price(raw),
+        start_date=validate.real(raw.get("start_date")), raw=raw,
     )
 
 
 def refuse_unpriced(rows: list[Any], offer_id: int) -> None:
     """The offer asked for by id is listed but without a real price: say so, rather than "not available"."""
     for raw in rows:
-        if isinstance(raw, dict) and as_integer(raw.get("id")) == offer_id and _price(raw.get("dph_total")) is None:
+        if isinstance(raw, dict) and as_integer(raw.get("id")) == offer_id and validate.price(raw.get("dph_total")) is None:
             shown = upstream.clip(repr(raw.get("dph_total")), 40)
             raise ProviderError(f"vast offer {offer_id}: its price dph_total {shown} is not a finite $/h above 0;"
                                 " not renting it")
@@ -158,13 +144,13 @@ def parse_offer(raw: Any) -> Offer | None:
     """One offer, or None for a row too incomplete to rent from or without a real price (skipped)."""
     if not isinstance(raw, dict):
         return None
-    offer_id, dph = as_integer(raw.get("id")), _price(raw.get("dph_total"))
+    offer_id, dph = as_integer(raw.get("id")), validate.price(raw.get("dph_total"))
     if offer_id is None or dph is None:
         return None
-    ram_mb = _number(raw.get("cpu_ram"))
+    ram_mb = validate.real(raw.get("cpu_ram"))
     return Offer(
         id=offer_id, machine_id=as_integer(raw.get("machine_id")), gpu_name=_text(raw.get("gpu_name")) or "?",
-        num_gpus=as_integer(raw.get("num_gpus")) or 1, dph_total=dph,
-        cpu_ram_gb=None if ram_mb is None else ram_mb / 1000, inet_down_mbps=_number(raw.get("inet_down")),
-        reliability=_number(raw.get("reliability")), raw=raw,
+        num_gpus=gpu_count(raw.get("num_gpus")) or 1, dph_total=dph,
+        cpu_ram_gb=None if ram_mb is None else ram_mb / 1000, inet_down_mbps=validate.real(raw.get("inet_down")),
+        reliability=validate.real(raw.get("reliability")), raw=raw,
     )

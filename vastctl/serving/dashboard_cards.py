@@ -17,7 +17,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from vastctl import clock
+from vastctl import clock, validate
 from vastctl.serving.dashboard_html import brief, esc, num
 
 
@@ -60,7 +60,7 @@ def _waiting(data: dict[str, Any]) -> str:
             backlog = float(demand.get("queued") or 0) + float(demand.get("in_flight") or 0)
             capacity = float(s["capacity_proofs_per_hour"] or 0.0)
             wait = 0.0 if backlog == 0 else backlog / capacity * 3600 if capacity > 0 else math.inf
-        now_text = ("work queued and nothing running to prove it" if math.isinf(wait)
+        now_text = ("work queued and nothing running to prove it" if validate.real(wait) is None  # endless
                     else f'a proof arriving now waits ~{esc(clock.human_duration(wait))}')
         status = "bad" if wait > waits["max_wait_s"] else "warn" if wait > waits["max_wait_s"] / 2 else "ok"
     if share is not None and status == "ok":

@@ -179,6 +179,7 @@ class App:
         wsgi.allow(method, "POST")
         self.check_machine(environ, uuid)
         self.check_retired(uuid, report)
+        validate.text(uuid, "uuid")  # the path uuid, checked once where it enters, as _fields checks the body
         if report == "log":
             name, text = _log_fields(wsgi.read_json(environ, MAX_BODY))
             return 200, LocalReports(self.connection(), self.config, now=self.clock.now()).log_push(uuid, name, text)
@@ -276,7 +277,9 @@ def _report_route(path: str) -> tuple[str, str]:
 
 
 def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Check the body's fields against the report's schema; null means absent."""
+    """Check the body's fields against the report's schema; null means absent. This is where a report's values
+    enter over HTTP, and the one place they are checked there (with the rules the command line uses:
+    validate.py's, lifecycle.validate_stages); LocalReports and the lifecycle take them as checked."""
     schema = _FIELDS[report]
     for key in body:
         if key not in schema:
@@ -303,14 +306,17 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _log_fields(body: dict[str, Any]) -> tuple[Any, str]:
-    """The log push's body: "name" (one of machine_logs.NAMES) and "text" (any text; made safe when kept)."""
+def _log_fields(body: dict[str, Any]) -> tuple[str, str]:
+    """The log push's body: "name" (one of machine_logs.NAMES, checked here) and "text" (any text; made safe when
+    kept)."""
+    from vastctl.facts import machine_logs
+
     unknown = [key for key in body if key not in ("name", "text")]
     if unknown:
         raise BadInput(f'unknown field {json.dumps(cut(unknown[0], 60))} for log (allowed: "name", "text")')
     if not isinstance(body.get("text"), str):
         raise validate.Invalid("text", f"must be text (the log's tail), got {validate.ascii_shown(body.get('text'))}")
-    return body.get("name"), body["text"]
+    return machine_logs.check_name(body.get("name")), body["text"]
 
 
 def in_api_terms(exc: Exception) -> str:

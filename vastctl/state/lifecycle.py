@@ -9,7 +9,7 @@ wins and exactly one event exists.
 The instance reports (register, params_done, bench_report, running, heartbeat)
 are idempotent: a report delivered twice (a retry after a lost answer) changes
 nothing the second time and writes no second event. The two that carry a rate, bench_report and heartbeat,
-and the plausibility bounds their figures pass, are rates.py's.
+are rates.py's; the bounds their figures are stored within, plausible.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Mapping, NoReturn
 
 from vastctl import clock, upstream, validate
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
+from vastctl.state import plausible
 from vastctl.state.db import inserted_id, transaction
 from vastctl.state.rows import InstanceRow, typed
 from vastctl.validate import Invalid, NotFound
@@ -238,6 +239,28 @@ def _create_in_tx(
 
 
 # --- the reports a rented machine's boot script makes -------------------------------------------
+#
+# Each value is checked once, where it enters, and there are two such places because a value arrives in two forms:
+# a command line's text (cli/instance.py, with the validate_* functions here and in rates.py: before it chooses the
+# state file or the manager, so a bad value is exit 2 with nothing opened and no request sent) and an HTTP body's
+# JSON (serving/server.py's _fields and the uuid in the path, with the same rules: the manager trusts no client, so
+# a machine's own check does not count there). Past them (LocalReports, RemoteReports, the reports below, rates.py)
+# a value is typed and checked nowhere again; the one bound applied after is plausibility, as a rate is stored.
+
+
+def validate_register(uuid: Any, *, label: Any = None, vast_id: Any = None, gpu_name: Any = None,
+                      num_gpus: Any = None) -> None:
+    """A register report's values: the uuid, label and GPU model one line of printable text, the vast id and the
+    GPU count whole numbers the file can store (a count of at least 1)."""
+    validate.text(uuid, "uuid")
+    if label is not None:
+        validate.text(label, "label")
+    if gpu_name is not None:
+        validate.text(gpu_name, "gpu_name")
+    if vast_id is not None:
+        validate.whole(vast_id, "vast_id")
+    if num_gpus is not None:
+        validate.whole(num_gpus, "num_gpus", minimum=1)
 
 
 def register(
@@ -263,17 +286,9 @@ def register(
     it would let one machine point reconcile's destroy at another. Likewise
     the GPU model and count a launch recorded from the offer stand: the
     machine's own report fills them in only where the manager knows nothing.
-    An adopted label without `label_prefix` is said in the adoption event (prefix_note).
+    An adopted label without `label_prefix` is said in the adoption event (prefix_note). The values are ones
+    validate_register() passed.
     """
-    validate.text(uuid, "uuid")
-    if label is not None:
-        validate.text(label, "label")
-    if gpu_name is not None:
-        validate.text(gpu_name, "gpu_name")
-    if vast_id is not None:
-        validate.whole(vast_id, "vast_id")
-    if num_gpus is not None:
-        validate.whole(num_gpus, "num_gpus", minimum=1)
     details = {k: v for k, v in {"claimed_vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items()
                if v is not None}
     with transaction(conn):
@@ -290,6 +305,7 @@ def register(
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
         if row["offer_id"] is not None:  # launched by us: the offer said what it is, the machine cannot re-say it
             details = {k: v for k, v in details.items() if k not in ("gpu_name", "num_gpus") or row[k] is None}
+        details = plausible.within(dict(row), details)  # fewer GPUs re-said: its stored rates, within the new ceiling
         if state is S.REGISTERED:  # a repeated report: refresh the details, no event
             if details:
                 update_fields(conn, uuid, details)
@@ -330,17 +346,19 @@ BENCH_FAILED_STATES = (S.REGISTERED, S.PARAMS_DONE)  # where a boot can fail bef
 REASON_CHARS = 500  # a machine's reason: one line in the event log and the fleet table, like a kill --reason
 
 
-def bench_failed(conn: sqlite3.Connection, uuid: str, reason: Any = None, *, now: datetime) -> NoReturn:
+def validate_reason(reason: Any) -> str:
+    """A failed boot's reason: one printable line of at most REASON_CHARS characters."""
+    return validate.text(reason, "reason", max_len=REASON_CHARS)
+
+
+def bench_failed(conn: sqlite3.Connection, uuid: str, reason: str | None = None, *, now: datetime) -> NoReturn:
     """The boot could not measure a rate (the parameter fetch failed, the daemon never answered, no proof
     completed): killed at once, as a below-gate bench is, so the host is blocklisted and the machine
     destroyed within minutes rather than at a timeout. BenchFailed is raised with the row in `.row`.
 
-    The reason comes from the machine: it is refused unless it is one printable line, and masked and
-    clipped before it is stored. A repeat after the kill answers as the first report did.
+    The reason comes from the machine: one printable line (validate_reason passed it where it entered), masked
+    and clipped before it is stored. A repeat after the kill answers as the first report did.
     """
-    validate.text(uuid, "uuid")
-    if reason is not None:
-        validate.text(reason, "reason", max_len=REASON_CHARS)
     text = upstream.clip(reason or "the machine gave no reason", REASON_CHARS - len("bench failed: "))
     with transaction(conn):
         row = get(conn, uuid)
@@ -377,12 +395,12 @@ def validate_stages(stages: Any) -> dict[str, float]:
 
 
 def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, Any] | None = None) -> InstanceRow:
-    """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages)."""
-    checked = None if stages is None else validate_stages(dict(stages))
+    """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages), as
+    validate_stages() returned it."""
     row = _report_once(conn, uuid, S.RUNNING, "proving", now=now)
-    if checked:
+    if stages:
         with transaction(conn):
-            update_fields(conn, uuid, {"boot_stages": json.dumps(checked)})
+            update_fields(conn, uuid, {"boot_stages": json.dumps(dict(stages))})
     return row
 
 

@@ -455,4 +455,38 @@ MIGRATIONS: list[tuple[str, str]] = [
         UPDATE instances SET kill_forced = 1 WHERE state = 'killed' AND kill_reason LIKE '%(forced)'
         """,
     ),
+    (
+        "a machine's stored rates within their bounds and its prices real, once: what the file holds is counted as it"
+        " is, never checked on read",
+        # the bounds as plausible.py had them when this was written, spelled out because a shipped migration never
+        # changes: a bench rate from 0 to 200/h per GPU (1 to 8 GPUs counted; an unknown count is one), a measured
+        # rate from 0 to twice the bench rate and never past that ceiling; a value that is no number (text, which
+        # the readers could not count) is no rate; −∞ is 0 and +∞ the bound. The counters are never negative, and
+        # a GPU count below 1 (a listing's, copied before counts were checked) is not known. A price that is not
+        # one (validate.price: a finite $/h of at least 0.001; a disk's at least 0) is none: the readers fall back
+        # as they do for a price never listed. SQLite cannot hold a NaN; ±∞ is past ±1e308.
+        """
+        UPDATE instances SET dph = NULL WHERE typeof(dph) NOT IN ('integer', 'real', 'null') OR dph < 0.001 OR dph > 1e308;
+        UPDATE instances SET ask_dph = NULL
+            WHERE typeof(ask_dph) NOT IN ('integer', 'real', 'null') OR ask_dph < 0.001 OR ask_dph > 1e308;
+        UPDATE vast_cache SET dph = NULL WHERE typeof(dph) NOT IN ('integer', 'real', 'null') OR dph < 0.001 OR dph > 1e308;
+        UPDATE vast_cache SET storage_dph = NULL
+            WHERE typeof(storage_dph) NOT IN ('integer', 'real', 'null') OR storage_dph < 0 OR storage_dph > 1e308;
+        UPDATE instances SET storage_dph = NULL
+            WHERE typeof(storage_dph) NOT IN ('integer', 'real', 'null') OR storage_dph < 0 OR storage_dph > 1e308;
+        UPDATE instances SET num_gpus = NULL WHERE typeof(num_gpus) != 'integer' OR num_gpus < 1;
+        UPDATE vast_cache SET num_gpus = NULL WHERE typeof(num_gpus) != 'integer' OR num_gpus < 1;
+        UPDATE instances SET bench_rate = CASE
+                WHEN typeof(bench_rate) NOT IN ('integer', 'real') THEN NULL
+                ELSE min(max(bench_rate, 0.0), 200.0 * min(coalesce(num_gpus, 1), 8)) END
+            WHERE bench_rate IS NOT NULL;
+        UPDATE instances SET proofs_per_hour = CASE
+                WHEN typeof(proofs_per_hour) NOT IN ('integer', 'real') THEN NULL
+                ELSE min(max(proofs_per_hour, 0.0), coalesce(bench_rate * 2.0, 1e308),
+                         200.0 * min(coalesce(num_gpus, 1), 8)) END
+            WHERE proofs_per_hour IS NOT NULL;
+        UPDATE instances SET proofs_done = max(proofs_done, 0), proofs_total = max(proofs_total, 0)
+            WHERE proofs_done < 0 OR proofs_total < 0
+        """,
+    ),
 ]

@@ -1,10 +1,11 @@
-"""What a machine's rate counts for: the benchmark gate, the heartbeat's counters, and the plausibility bounds.
+"""What a machine's rate counts for: the benchmark gate, the heartbeat's counters, and their bounds.
 
-What a machine says it proves is a claim. Before anything counts it (capacity, the ranking, the cost per proof)
-it is bounded by what is physically plausible: a bench rate by rate_ceiling(), a rate measured from heartbeats
-by measured_rate_bound(), a counter's rise by what the machine could have proved since its last heartbeat; a
-claim bounded is kept in an `implausible_rate` event. The reports themselves (bench_report, heartbeat) are
-idempotent like every instance report, and move the row through lifecycle.py's transitions.
+What a machine says it proves is a claim. Before it is stored it is bounded by what is physically plausible
+(plausible.py): a bench rate by rate_ceiling(), a rate measured from heartbeats by measured_rate_bound(), a
+counter's rise by what the machine could have proved since its last heartbeat; a claim bounded is kept in an
+`implausible_rate` event. What is stored is what counts: nothing bounds it again when it is read. The reports
+themselves (bench_report, heartbeat) are idempotent like every instance report, and move the row through
+lifecycle.py's transitions.
 """
 
 from __future__ import annotations
@@ -12,28 +13,33 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import datetime
-from typing import Any, Mapping, overload
+from typing import Any, Mapping
 
 from vastctl import clock, validate
 from vastctl.errors import BenchFailed, Refused
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import S, get, record_event, transition_in_tx, update_fields
+from vastctl.state.plausible import (
+    HEARTBEAT_RATE_FACTOR,
+    MAX_RATE_PER_GPU,
+    measured_rate_bound,
+    rate_ceiling,
+    within,
+)
 from vastctl.state.rows import InstanceRow
 from vastctl.validate import Invalid
 
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
 RATE_MIN_WINDOW_S = 10 * 60  # with no benchmark to start from, a first rate needs at least this much counting
-# What a machine says it proves is a claim, bounded by what is physically plausible before anything counts it.
-# cuzk's fastest published figures are ~100 proofs/h per GPU (RTX 5090, H100; the best host measured is
-# CPU-bound at ~24 s/proof, 150/h; docs/workload.md): a bench rate counts for at most twice that per GPU.
-MAX_RATE_PER_GPU = 200.0
-MAX_GPUS_COUNTED = 8  # GPUs a machine's ceiling counts at most (an adopted machine's count is its own claim)
-HEARTBEAT_RATE_FACTOR = 2.0  # a rate measured from heartbeats counts for at most this many times its bench rate
 BUSY_WINDOW_S = 10 * 60  # work for this long at the fleet's rate keeps every machine busy between two heartbeats
 WORK_SAMPLE_AGE_S = 5 * 60  # a demand sample older than this says nothing of whether work waited at a heartbeat
 BURST_PROOFS = 10  # proofs one heartbeat may add beyond its plausible share (a -j 5 batch landing at once)
 IMPLAUSIBLE = "implausible_rate"  # the event kind of a claim bounded because it was not plausible
 IMPLAUSIBLE_EVENT_EVERY_S = 60 * 60  # a machine that keeps over-claiming is recorded once an hour, not every beat
+
+
+# --- a report's rate and count: their rules, applied once where each enters (lifecycle.py, "the reports", says
+# where and why); bench_report and heartbeat take them typed and check nothing again.
 
 
 def validate_rate(rate: Any) -> float:
@@ -43,41 +49,9 @@ def validate_rate(rate: Any) -> float:
     return validate.finite(rate, "rate", what=" (proofs per hour)", text=True)
 
 
-def rate_ceiling(row: Mapping[str, Any]) -> float:
-    """The most proofs/hour a machine of this many GPUs can plausibly prove (MAX_RATE_PER_GPU each)."""
-    gpus = row.get("num_gpus")
-    gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1 else 1
-    return MAX_RATE_PER_GPU * min(gpus, MAX_GPUS_COUNTED)
-
-
-def measured_rate_bound(row: Mapping[str, Any]) -> float:
-    """The most a rate measured from the machine's heartbeats counts for: its own bench rate times
-    HEARTBEAT_RATE_FACTOR, and never above its ceiling."""
-    ceiling = rate_ceiling(row)
-    bench = row.get("bench_rate")
-    if bench is None:
-        return ceiling
-    return min(ceiling, max(0.0, float(bench)) * HEARTBEAT_RATE_FACTOR)
-
-
-@overload
-def bounded(value: None, bound: float) -> None: ...
-
-
-@overload
-def bounded(value: float | int | str, bound: float) -> float: ...
-
-
-@overload
-def bounded(value: Any, bound: float) -> float | None: ...
-
-
-def bounded(value: Any, bound: float) -> float | None:
-    """A stored rate as it may be counted: within [0, bound]; None stays None. For rows written before the bounds."""
-    if value is None:
-        return None
-    number = float(value)
-    return min(max(number, 0.0), bound) if math.isfinite(number) else bound
+def validate_proofs(proofs_done: Any) -> int:
+    """A heartbeat's count is a whole number the file can store (the prover's cumulative count)."""
+    return validate.whole(proofs_done, "proofs_done", what=" (the cumulative count)")
 
 
 def _record_implausible(conn: sqlite3.Connection, row: Mapping[str, Any], reason: str, *, now: datetime,
@@ -93,18 +67,18 @@ def _record_implausible(conn: sqlite3.Connection, row: Mapping[str, Any], reason
 
 
 def bench_report(
-    conn: sqlite3.Connection, uuid: str, rate: Any, *, gate: float, now: datetime
+    conn: sqlite3.Connection, uuid: str, claimed: float, *, gate: float, now: datetime
 ) -> InstanceRow:
     """The benchmark gate: at or above `gate` → bench_done; below → killed, and BenchFailed is raised.
 
-    A rate above the machine's rate_ceiling() is recorded as that ceiling, with an `implausible_rate`
-    event keeping the claim: no figure a machine makes up reaches capacity or the ranking.
-    BenchFailed carries the row in `.row`; the kill is committed before it is raised.
+    `claimed` is a rate validate_rate() passed. One above the machine's rate_ceiling() is stored as that
+    ceiling, with an `implausible_rate` event keeping the claim: no figure a machine makes up reaches capacity
+    or the ranking. BenchFailed carries the row in `.row`; the kill is committed before it is raised.
     """
-    claimed = validate_rate(rate)
     with transaction(conn):
         row = get(conn, uuid)
         rate = min(claimed, rate_ceiling(row))
+        updates = within(row, {"bench_rate": rate})  # a restarted machine's measured rate, under its new bench
         repeated = row["bench_rate"] == rate and (
             row["state"] == S.BENCH_DONE or (row["state"] == S.KILLED and row["kill_code"] == "bench_failed")
         )
@@ -112,10 +86,10 @@ def bench_report(
             result = row
         elif rate >= gate:
             result = transition_in_tx(conn, uuid, S.BENCH_DONE, f"bench rate {rate:g} meets gate {gate:g}",
-                                       "instance", updates={"bench_rate": rate}, now=now)
+                                       "instance", updates=updates, now=now)
         else:
             result = transition_in_tx(conn, uuid, S.KILLED, f"bench rate {rate:g} below gate {gate:g}", "instance",
-                                       code="bench_failed", updates={"bench_rate": rate}, now=now)
+                                       code="bench_failed", updates=updates, now=now)
         if claimed > rate and not repeated:
             _record_implausible(conn, row, now=now, throttle=False, reason=(
                 f"bench rate {claimed:g} proofs/h is not plausible for {row.get('num_gpus') or 1} GPU(s): counted as"
@@ -125,10 +99,6 @@ def bench_report(
     error = BenchFailed(f"instance {result['label']}: {result['kill_reason']}; it is being killed, do not prove")
     error.row = result
     raise error
-
-
-def validate_proofs(proofs_done: Any) -> int:
-    return validate.whole(proofs_done, "proofs_done", what=" (the cumulative count)")
 
 
 def heartbeat(
@@ -143,10 +113,9 @@ def heartbeat(
     restarted) starts a new baseline, keeps the rate, and is recorded as a
     `counter_reset` event. proofs_done is the daemon's raw counter as last
     reported; proofs_total (what cost counts) adds up every run's proofs,
-    each heartbeat crediting no more than counted_increment() allows.
+    each heartbeat crediting no more than counted_increment() allows. `proofs_done` is a count
+    validate_proofs() passed.
     """
-    if proofs_done is not None:
-        validate_proofs(proofs_done)
     with transaction(conn):
         row = get(conn, uuid)
         if row["state"] == S.KILLED:
@@ -158,7 +127,7 @@ def heartbeat(
                                                                      busy=_work_waited(conn, now))
             reset = proofs_done < (row["proofs_done"] or 0)
             credited, over = counted_increment(row, proofs_done, now)
-            updates["proofs_total"] = max(0, int(row.get("proofs_total") or 0)) + credited
+            updates["proofs_total"] = row["proofs_total"] + credited
             if implausible or over:
                 _record_implausible(conn, row, implausible or over or "", now=now, throttle=True)
             if reset:
@@ -213,7 +182,7 @@ def _smoothed_rate(row: Mapping[str, Any], proofs_done: int, now: datetime, *,
     """
     last = clock.from_iso(row["last_heartbeat_at"])
     bound = measured_rate_bound(row)
-    previous_rate = bounded(row["proofs_per_hour"], bound)
+    previous_rate: float | None = row["proofs_per_hour"]  # stored within its bound
     if last is None or row["state"] != S.RUNNING:
         return previous_rate, None
     elapsed = (now - last).total_seconds()
@@ -226,11 +195,11 @@ def _smoothed_rate(row: Mapping[str, Any], proofs_done: int, now: datetime, *,
         why = (f"proof counter rose by {increment} in {clock.human_duration(elapsed)}: not plausible for a machine"
                f" bounded at {bound:g} proofs/h ({_bound_source(row)}); counted at that rate")
         sample = bound
-    start = previous_rate if previous_rate is not None else bounded(row["bench_rate"], bound)
+    start: float | None = previous_rate if previous_rate is not None else row["bench_rate"]
     if start is not None and sample < start and not busy:
         return start, why  # fewer proofs with no work waiting: idle, not slow (a count is not a capacity)
     if start is None:  # nothing measured before: a rate only from a window long enough to mean something
-        return (sample if elapsed >= RATE_MIN_WINDOW_S else None), why
+        return (min(sample, bound) if elapsed >= RATE_MIN_WINDOW_S else None), why
     weight = 1 - math.exp(-elapsed / RATE_TIME_CONSTANT_S)
     return min(start + weight * (sample - start), bound), why
 

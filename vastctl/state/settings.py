@@ -7,7 +7,6 @@ change at its next step.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from datetime import datetime
 from typing import Any
@@ -42,11 +41,9 @@ def parse_value(key: str, text: Any) -> float | int:
     _check_key(key)
     kind = "int" if KEYS[key] is int else "float"
     allowed = range_of(f"fleet.{key}", kind)
-    value = validate.number(text, text=True)
-    if value is None:
-        value = math.nan
+    value = validate.real(text, text=True)
     try:
-        if not math.isfinite(value) or (kind == "int" and not value.is_integer()):
+        if value is None or (kind == "int" and not value.is_integer()):
             raise allowed.refusal(key, kind, text, value)
         allowed.check(value, key, kind, text)
     except Invalid as exc:

@@ -16,7 +16,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from vastctl import clock
+from vastctl import clock, validate
 from vastctl.config import Config
 from vastctl.facts import appended, deliveries
 from vastctl.observe import Observation, expected_rate, observe
@@ -99,8 +99,8 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
         wait_now = wait_h * 3600
     return {"max_wait_s": config.agent.max_wait, "proofs": round(done, 1),
             "within_share": round(within / done, 4) if done > 0 else None,
-            "wait_now_s": None if wait_now is None or math.isinf(wait_now) else round(wait_now, 1),
-            "stuck_now": wait_now is not None and math.isinf(wait_now)}
+            "wait_now_s": None if wait_now is None or validate.real(wait_now) is None else round(wait_now, 1),
+            "stuck_now": wait_now is not None and validate.real(wait_now) is None}  # endless: nothing proves
 
 
 # --- agent steps ------------------------------------------------------------------------------------
