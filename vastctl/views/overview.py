@@ -9,12 +9,13 @@ hand) is shown as text rather than failing the page.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import sqlite3
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable
 
 from vastctl import clock
 from vastctl.config import Config
@@ -155,45 +156,24 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     cursor.row_factory = None  # plain tuples: thousands of rows and events per page
     machines = {row[0]: row for row in cursor.execute(
         "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
-    amounts: dict[str, tuple[float, float]] = {}  # uuid → (its rate, its price), for the machines events move
-    rates = _RATES.get(conn).matching(model_rates, config.fleet.default_rate)
-
-    def amount(uuid: str) -> tuple[float, float]:
-        found = amounts.get(uuid)
-        if found is None:
-            values = machines[uuid]
-            rate = rates.get(values)
-            if rate is None:
-                row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), values))
-                rate = rates[values] = expected_rate(row, model_rates, config.fleet.default_rate)
-            found = amounts[uuid] = (rate, float(values[5] or 0.0))
-        return found
-
-    # the three replayed series, then the queue's, the failed listings' times and the span's moments
-    series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
-    values = {"capacity": capacity, "spend": spend, "target": target}
-    for at_text, at, kind, uuid, before, after, data in reversed(_MOVES.get(conn).read(conn)):
-        if at is None or at_text < since:  # newest first, those of the day (ISO text sorts as time)
-            continue
-        if kind == "transition" and uuid is not None and uuid in machines:
-            running = (after == "running") - (before == "running")
-            billing = (after in BILLING_STATES) - (before in BILLING_STATES)
-            if running or billing:
-                rate, price = amount(uuid)
-                if running:
-                    series["capacity"].append((at, values["capacity"]))
-                    values["capacity"] = max(0.0, values["capacity"] - running * rate)
-                if billing:
-                    series["spend"].append((at, values["spend"]))
-                    values["spend"] = max(0.0, values["spend"] - billing * price)
-        elif kind == "setting" and (setting := _setting_change(data))["key"] == "target_proofs_per_hour":
-            old = setting["old"]
-            if isinstance(old, (int, float)):
-                series["target"].append((at, values["target"]))
-                values["target"] = old
-    for name in values:
-        series[name].append((start, values[name]))
-        series[name] = _thin(series[name][::-1], start)
+    moves = _MOVES.get(conn)
+    with moves.lock:
+        moves.read_on(conn)
+        events, ordered = moves.events, moves.ordered
+        # the events of the day: the suffix from the first at `since` when times never go back in id order
+        lo = bisect.bisect_left(events, since, key=lambda move: move[0]) if ordered else 0
+        basis = (len(events), capacity, spend, target, tuple(sorted(model_rates.items())), config.fleet.default_rate,
+                 None if ordered else since)
+        replay = moves.replay
+        if replay is None or replay.events is not events or replay.basis != basis or replay.lo > lo \
+                or replay.machines != machines:
+            rates = _RATES.get(conn).matching(model_rates, config.fleet.default_rate)
+            replay = moves.replay = _Replay(events, lo, since, machines, basis, _amounts(
+                machines, rates, model_rates, config.fleet.default_rate), (capacity, spend, target))
+        values, kept = replay.at(lo)
+    series: dict[str, Any] = {}
+    for index, name in enumerate(("capacity", "spend", "target")):
+        series[name] = _thin([(start, values[index]), *reversed(kept[index])], start)
     series["queue"] = _thin(_queue_history(conn, since), start)
     series["reconcile_failures"] = [
         at for at in (_moment(row[0]) for row in conn.execute(
@@ -212,30 +192,95 @@ _Move = tuple[str, "datetime | None", str, "str | None", "str | None", "str | No
 class _Moves:
     """The events the history replays (settings, and moves into or out of running, stopped or killed: the only ones
     that change capacity or spend), in id order, their times parsed: kept per state file and read on from the
-    last event seen (facts/appended.py), as the page asks at every refresh."""
+    last event seen (facts/appended.py), as the page asks at every refresh; and the last replay of them."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # serve's worker threads share it (--threads)
         self.tail = appended.Tail()
         self.events: list[_Move] = []
+        self.ordered = True  # no event's time is before an earlier id's (the day's events are then a suffix)
+        self.replay: _Replay | None = None
 
-    def read(self, conn: sqlite3.Connection) -> list[_Move]:
-        """The events so far (a list only ever appended to, or replaced: safe to read while another thread adds)."""
-        with self.lock:
-            self._read_on(conn)
-            return self.events
-
-    def _read_on(self, conn: sqlite3.Connection) -> None:
+    def read_on(self, conn: sqlite3.Connection) -> None:
+        """Read the events appended since the last read (under self.lock)."""
         span = self.tail.span(conn)
         if span is not None:
             after, upto = span
             if after == 0:
-                self.events = []
+                self.events, self.ordered = [], True
+            known = len(self.events)
             self.events.extend((at, _moment(at), kind, uuid, before, to, data) for at, kind, uuid, before, to, data
                                in conn.execute(
                 "SELECT at, kind, uuid, from_state, to_state, data FROM events WHERE id > ? AND id <= ? AND"
                 " (kind = 'setting' OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running',"
                 " 'stopped', 'killed') OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id", (after, upto)))
+            times = [move[0] for move in self.events[max(0, known - 1):]]
+            self.ordered = self.ordered and all(a <= b for a, b in zip(times, times[1:]))
+
+
+class _Replay:
+    """The three series replayed backwards from their values now through events[lo:] (newest first), each step
+    remembered with the index of the event that made it: a later page whose day starts at a later event takes
+    the steps of the events it still holds and the values they leave, the same as replaying those alone."""
+
+    def __init__(self, events: list[_Move], lo: int, since: str, machines: dict[str, tuple[Any, ...]],
+                 basis: tuple[Any, ...], amount: Callable[[str], tuple[float, float]],
+                 now_values: tuple[float, float, float]):
+        self.events, self.lo, self.basis, self.machines = events, lo, basis, machines
+        self.now_values = now_values
+        self.steps: tuple[list[tuple[datetime, float]], ...] = ([], [], [])  # per series, newest first
+        self.step_of: tuple[list[int], ...] = ([], [], [])  # −(index of the event) of each step: ascending
+        self.after: list[tuple[float, float, float]] = []  # the values once events[i:] are replayed, i ≥ lo
+        capacity, spend, target = now_values
+        for index in range(len(events) - 1, lo - 1, -1):
+            at_text, at, kind, uuid, before, after, data = events[index]
+            if at is not None and at_text >= since:  # those of the day (ISO text sorts as time)
+                if kind == "transition" and uuid is not None and uuid in machines:
+                    running = (after == "running") - (before == "running")
+                    billing = (after in BILLING_STATES) - (before in BILLING_STATES)
+                    if running or billing:
+                        rate, price = amount(uuid)
+                        if running:
+                            self._step(0, at, capacity, index)
+                            capacity = max(0.0, capacity - running * rate)
+                        if billing:
+                            self._step(1, at, spend, index)
+                            spend = max(0.0, spend - billing * price)
+                elif kind == "setting" and (setting := _setting_change(data))["key"] == "target_proofs_per_hour":
+                    old = setting["old"]
+                    if isinstance(old, (int, float)):
+                        self._step(2, at, target, index)
+                        target = old
+            self.after.append((capacity, spend, target))
+        self.after.reverse()
+
+    def _step(self, series: int, at: datetime, value: float, index: int) -> None:
+        self.steps[series].append((at, value))
+        self.step_of[series].append(-index)
+
+    def at(self, lo: int) -> tuple[tuple[float, float, float], list[list[tuple[datetime, float]]]]:
+        """(the values at the day's start, each series' steps newest first) replaying events[lo:] only."""
+        values = self.after[lo - self.lo] if lo < len(self.events) else self.now_values
+        return values, [steps[:bisect.bisect_right(of, -lo)] for steps, of in zip(self.steps, self.step_of)]
+
+
+def _amounts(machines: dict[str, tuple[Any, ...]], rates: dict[tuple[Any, ...], float], model_rates: dict[str, float],
+             default_rate: float) -> Callable[[str], tuple[float, float]]:
+    """uuid → (its rate, its price) as the history counts them, worked out for the machines events move."""
+    amounts: dict[str, tuple[float, float]] = {}
+
+    def amount(uuid: str) -> tuple[float, float]:
+        found = amounts.get(uuid)
+        if found is None:
+            values = machines[uuid]
+            rate = rates.get(values)
+            if rate is None:
+                row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), values))
+                rate = rates[values] = expected_rate(row, model_rates, default_rate)
+            found = amounts[uuid] = (rate, float(values[5] or 0.0))
+        return found
+
+    return amount
 
 
 _MOVES = appended.PerFile(_Moves)
