@@ -482,11 +482,20 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     router = deliveries.held(conn, now=now)
     routed = deliveries.routed_rates(conn, now=now, slots=config.launch.bench_concurrency)
     machines = []
+    kept = _KEPT.matching(rows, rates, config.fleet.default_rate)
     for row in rows:
-        view = machine_facts(row)
+        values = tuple(row.values())
+        facts = kept.facts.get(values)
+        if facts is None:
+            facts = kept.facts[values] = machine_facts(row)
+        view = dict(facts)
         measured = routed.get(row["uuid"])
-        view["expected_rate"], view["rate_source"] = rate_and_source(
-            row, rates, config.fleet.default_rate, implausible=row["uuid"] in flagged, routed=measured)
+        implausible = row["uuid"] in flagged
+        found = kept.rates.get((values, implausible, measured))
+        if found is None:
+            found = kept.rates[(values, implausible, measured)] = rate_and_source(
+                row, rates, config.fleet.default_rate, implausible=implausible, routed=measured)
+        view["expected_rate"], view["rate_source"] = found
         view.update(measured.facts() if measured is not None else
                     {"routed_rate": None, "routed_rate_max": None, "routed_proofs": 0})
         view["machine_id"] = row.get("machine_id")
@@ -516,6 +525,28 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         min_machines=config.agent.min_machines,
         rows=rows,
     )
+
+
+class _Kept:
+    """Each row's facts and rate by the row's whole content (and what the rate is computed against): a page, its
+    refresh and a scrape observe a thousand rows that mostly did not change since the last one."""
+
+    KEPT = 20_000
+
+    def __init__(self) -> None:
+        self.basis: tuple[Any, ...] | None = None
+        self.facts: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.rates: dict[tuple[Any, ...], tuple[float, str]] = {}
+
+    def matching(self, rows: list[dict[str, Any]], rates: Mapping[str, float], default_rate: float) -> "_Kept":
+        """Itself, emptied when the columns, the model rates or the default rate changed (or it grew too big)."""
+        basis = (tuple(rows[0]) if rows else None, tuple(sorted(rates.items())), default_rate)
+        if basis != self.basis or len(self.facts) + len(self.rates) > self.KEPT:
+            self.basis, self.facts, self.rates = basis, {}, {}
+        return self
+
+
+_KEPT = _Kept()
 
 
 def with_held(demand: Demand, router: deliveries.Held) -> Demand:

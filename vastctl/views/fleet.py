@@ -50,17 +50,21 @@ def _kept_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None) -
     """instance_view(row, observed), kept by the row's whole content and the observation's rate figures: the page
     and its 5 s refresh list a thousand rows that mostly did not change since the last request. A copy each time
     (callers may add to it)."""
-    rates = tuple((observed or {}).get(name) for name in RATE_FIELDS)
+    seen = observed or _NOTHING
+    rates = (seen.get("expected_rate"), seen.get("rate_source"), seen.get("routed_rate"), seen.get("routed_rate_max"),
+             seen.get("routed_proofs"))  # RATE_FIELDS
     key = (tuple(row), tuple(row.values()), rates)
     view = _VIEWS.get(key)
     if view is None:
         if len(_VIEWS) > VIEWS_KEPT:
             _VIEWS.clear()
         view = _VIEWS[key] = instance_view(row, observed)
-    return {**view, "boot_stages": dict(view["boot_stages"]) if view["boot_stages"] else view["boot_stages"]}
+    stages = view["boot_stages"]
+    return {**view, "boot_stages": dict(stages)} if stages else dict(view)
 
 
 VIEWS_KEPT = 20_000
+_NOTHING: Mapping[str, Any] = {}
 _VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
