@@ -195,6 +195,7 @@ def plan(
     *,
     first_seen: Mapping[int, str] | None = None,
     history: Mapping[int, Mapping[str, Any]] | None = None,
+    matched: Matched | None = None,
 ) -> list[Action]:
     """What one pass should do, from snapshots only.
 
@@ -202,10 +203,12 @@ def plan(
     (vast_missing / vast_status are the previous listing's). listing: one good
     listing. first_seen: vast_id → ISO time the cache first saw it (orphan
     grace; unknown ids count as first seen now). history: vast_id → destroyed
-    row, for listed instances whose row is already destroyed.
+    row, for listed instances whose row is already destroyed. matched: match(rows, listing), when the caller
+    already paired them (the pass does, for the strays' context).
     Raises ListingDistrusted instead of planning kills from a broken listing.
     """
-    matched = match(rows, listing, config.vast.label_prefix)
+    if matched is None:
+        matched = match(rows, listing, config.vast.label_prefix)
     check_trust(rows, matched, config)
     first_seen = first_seen or {}
     history = history or {}
