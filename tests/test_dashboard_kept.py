@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from vastctl import clock
+from vastctl import clock, observe
 from vastctl.config import from_mapping
 from vastctl.facts import cost
 from vastctl.serving import dashboard, dashboard_page, dashboard_tables, metrics
@@ -47,6 +47,8 @@ def shown(conn, config, now):
     clock.display_iso.cache_clear()
     clock.from_iso.cache_clear()
     dashboard_tables._ROWS.clear()
+    overview._STRETCHES.clear()
+    observe._KEPT.matching([], {}, 0.0)  # a basis no observation has: emptied
     assert read() == warm
     return warm
 

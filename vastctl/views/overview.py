@@ -80,28 +80,55 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
     samples counts the proofs done in it (that rate × its length) as within when that wait is at most max_wait.
     `within_share` is None while no proof was done; `wait_now_s` is the newest good sample's wait (None when it
     gives no rate, or when nothing is being done: `stuck_now`). Samples without a rate are not judged."""
-    rows = conn.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
-                        " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
-    times = [_moment(row["at"]) for row in rows] + [now]
+    cursor = conn.cursor()
+    cursor.row_factory = None  # (at, ok, queued, in_flight, proofs_per_hour): a day of samples per page
+    rows = cursor.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
+                          " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
+    times = [_moment(row[0]) for row in rows] + [now]
     done = within = 0.0
     wait_now = None
-    for row, start, end in zip(rows, times, times[1:]):
-        if not row["ok"] or start is None or end is None:
+    if len(_STRETCHES) > STRETCHES_KEPT:
+        _STRETCHES.clear()
+    for index, (row, start, end) in enumerate(zip(rows, times, times[1:])):
+        if index + 1 < len(rows):  # a stretch between two samples: the same at every page while both are kept
+            key = (row, rows[index + 1][0], config.agent.max_wait)
+            stretch = _STRETCHES.get(key)
+            if stretch is None:
+                stretch = _STRETCHES[key] = _stretch(row, start, end, config.agent.max_wait)
+        else:
+            stretch = _stretch(row, start, end, config.agent.max_wait)
+        if stretch is None:
             continue
-        if row["proofs_per_hour"] is None:  # a source that reports only its queue: no rate to judge the wait by
+        if not stretch:  # a source that reports only its queue: no rate to judge the wait by
             wait_now = None
             continue
-        rate = float(row["proofs_per_hour"])
-        backlog = float(row["queued"] or 0) + float(row["in_flight"] or 0)
-        wait_h = backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
-        proofs = rate * max(0.0, (end - start).total_seconds()) / 3600
+        proofs, counted, wait_now = stretch
         done += proofs
-        within += proofs if wait_h * 3600 <= config.agent.max_wait else 0.0
-        wait_now = wait_h * 3600
+        within += counted
     return {"max_wait_s": config.agent.max_wait, "proofs": round(done, 1),
             "within_share": round(within / done, 4) if done > 0 else None,
             "wait_now_s": None if wait_now is None or math.isinf(wait_now) else round(wait_now, 1),
             "stuck_now": wait_now is not None and math.isinf(wait_now)}
+
+
+def _stretch(row: tuple[Any, ...], start: datetime | None, end: datetime | None,
+             max_wait: float) -> tuple[float, ...] | None:
+    """One stretch of proof_waits: (proofs done in it, those within max_wait, the wait in seconds); () for a sample
+    without a rate, None for one not judged (failed, or a time that does not parse)."""
+    _, ok, queued, in_flight, per_hour = row
+    if not ok or start is None or end is None:
+        return None
+    if per_hour is None:
+        return ()
+    rate = float(per_hour)
+    backlog = float(queued or 0) + float(in_flight or 0)
+    wait_h = backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
+    proofs = rate * max(0.0, (end - start).total_seconds()) / 3600
+    return proofs, proofs if wait_h * 3600 <= max_wait else 0.0, wait_h * 3600
+
+
+STRETCHES_KEPT = 20_000
+_STRETCHES: dict[tuple[Any, ...], tuple[float, ...] | None] = {}  # (sample, the next one's time, max_wait) → stretch
 
 
 # --- agent steps ------------------------------------------------------------------------------------
@@ -311,8 +338,14 @@ def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[d
     """At most one step per CHART_STEP: the first time in each, with the value the step ends on."""
     kept: list[tuple[datetime, float]] = []
     last_slot = None
+    low = high = start  # the last slot's span [low, high): a point inside it needs no division
     for moment, value in points:
-        slot = (moment - start) // CHART_STEP
+        if low <= moment < high:
+            slot = last_slot
+        else:
+            slot = (moment - start) // CHART_STEP
+            low = start + slot * CHART_STEP
+            high = low + CHART_STEP
         if slot == last_slot:
             kept[-1] = (kept[-1][0], value)
         else:
