@@ -217,11 +217,17 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
     One read of the rows for both (the simulated loop observes twice a minute, over every machine ever).
     """
     liars = set(implausible)
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    rows = cursor.execute(
+            "SELECT uuid, gpu_name, machine_id, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
+            " ORDER BY created_at").fetchall()
+    kept = _BENCH_RATES[0]  # one read: another thread may replace it meanwhile
+    if kept is not None and kept[0] == (rows, liars):  # the same rows as the last call: the same medians
+        return dict(kept[1]), dict(kept[2])
     by_model: dict[str, list[float]] = defaultdict(list)
     by_host: dict[int, float] = {}
-    for uuid, gpu_name, machine_id, num_gpus, bench_rate in conn.execute(
-            "SELECT uuid, gpu_name, machine_id, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
-            " ORDER BY created_at"):
+    for uuid, gpu_name, machine_id, num_gpus, bench_rate in rows:
         if uuid in liars:
             continue
         rate = _bounded_bench(bench_rate, num_gpus)
@@ -229,7 +235,13 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
             by_model[gpu_name].append(rate)
         if machine_id is not None:
             by_host[machine_id] = rate
-    return {name: statistics.median(values) for name, values in by_model.items()}, by_host
+    medians = {name: statistics.median(values) for name, values in by_model.items()}
+    _BENCH_RATES[0] = ((rows, liars), dict(medians), dict(by_host))
+    return medians, by_host
+
+
+# the rows bench_rates last read (and the machines it left out), and what it made of them
+_BENCH_RATES: list[Any] = [None]
 
 
 @functools.lru_cache(maxsize=4096, typed=True)

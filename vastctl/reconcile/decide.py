@@ -234,6 +234,9 @@ def plan(
     return actions
 
 
+_STATES = {str(state): state for state in State}
+
+
 def start_failure(status_msg: str | None) -> str | None:
     """What a status_msg that begins as a START_FAILURES entry means; None for any other text."""
     text = (status_msg or "").strip().casefold()
@@ -243,7 +246,7 @@ def start_failure(status_msg: str | None) -> str | None:
 def _verdict(row: Mapping[str, Any], entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, Any],
              config: Config, now: datetime) -> tuple[KillCode, str] | None:
     """The kill code and reason for one live row, or None when it may live."""
-    state = State(row["state"])
+    state = _STATES.get(row["state"]) or State(row["state"])  # the enum's own lookup costs a call per row
     if entry is None:
         missing = missing_after(row, matched)
         needed = max(1, config.reconcile.disappear_confirmations)
