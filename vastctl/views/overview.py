@@ -21,7 +21,7 @@ from vastctl import clock
 from vastctl.config import Config
 from vastctl.facts import appended, deliveries
 from vastctl.observe import Observation, expected_rate, observe
-from vastctl.state import settings
+from vastctl.state import fleet_rows, settings
 from vastctl.state.lifecycle import LIVE_STATES, State
 from vastctl.views import fleet
 
@@ -60,17 +60,14 @@ def route_results(conn: sqlite3.Connection, now: datetime) -> dict[str, int]:
 
 
 def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
-    rows = conn.execute("SELECT coalesce(kill_code, 'unknown') AS code, count(*) AS n FROM instances"
-                        " WHERE state = 'killed' GROUP BY 1 ORDER BY 1")
-    return {row["code"]: row["n"] for row in rows}
+    return fleet_rows.kills_by_code(conn)
 
 
 def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
     """Killed machines vast has not confirmed destroyed: how many, and how long the oldest has waited."""
-    row = conn.execute("SELECT count(*) AS n, min(killed_at) AS oldest FROM instances"
-                       " WHERE state = 'killed' AND destroyed_at IS NULL").fetchone()
-    oldest = _moment(row["oldest"])
-    return {"count": row["n"], "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
+    count, oldest_text = fleet_rows.pending_destroys(conn)
+    oldest = _moment(oldest_text)
+    return {"count": count, "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
 
 
 def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[str, Any]:
@@ -179,10 +176,7 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     """
     start = now - HISTORY
     since = clock.to_iso(start)
-    cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples: thousands of rows and events per page
-    machines = {row[0]: row for row in cursor.execute(
-        "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
+    machines = fleet_rows.amounts(conn)
     moves = _MOVES.get(conn)
     with moves.lock:
         moves.read_on(conn)
@@ -302,7 +296,7 @@ def _amounts(machines: dict[str, tuple[Any, ...]], rates: dict[tuple[Any, ...], 
             values = machines[uuid]
             rate = rates.get(values)
             if rate is None:
-                row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), values))
+                row = dict(zip(fleet_rows.AMOUNT_COLUMNS, values))
                 rate = rates[values] = expected_rate(row, model_rates, default_rate)
             found = amounts[uuid] = (rate, float(values[5] or 0.0))
         return found
