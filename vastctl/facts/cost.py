@@ -607,10 +607,14 @@ def _sum(entries: list[_Entry], now: datetime, since: datetime | None) -> _Sums:
     now_us = _micros(now)
     since_h = 0.0 if since is None else max(0.0, (now - since).total_seconds()) / 3600
     for uuid, compiled, proofs_done, dying in entries:
-        window = _window(compiled, now, since, now_us, since_h)
-        if window is None:
-            continue
-        sums, run_w, billed_w, run_all, billed_all = window
+        whole = compiled.whole
+        if whole is not None and now >= compiled.settled and (since is None or since <= compiled.first):
+            sums, run_w, billed_w, run_all, billed_all = whole  # billing over, all of it in the window
+        else:
+            window = _window(compiled, now, since, now_us, since_h)
+            if window is None:
+                continue
+            sums, run_w, billed_w, run_all, billed_all = window
         cost0 += sums[0]
         cost1 += sums[1]
         cost2 += sums[2]
