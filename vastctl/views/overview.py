@@ -180,7 +180,7 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     moves = _MOVES.get(conn)
     with moves.lock:
         moves.read_on(conn)
-        events, ordered = moves.events, moves.ordered
+        events, ordered, earliest_event = moves.events, moves.ordered, moves.earliest
         # the events of the day: the suffix from the first at `since` when times never go back in id order
         lo = bisect.bisect_left(events, since, key=lambda move: move[0]) if ordered else 0
         basis = (len(events), capacity, spend, target, tuple(sorted(model_rates.items())), config.fleet.default_rate,
@@ -200,8 +200,8 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
         at for at in (_moment(row[0]) for row in conn.execute(
             "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
     series["start"], series["end"] = start, now
-    first = [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
-             for table in ("events", "demand_samples", "vast_listings")]
+    first = [_moment(earliest_event)] + [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
+                                         for table in ("demand_samples", "vast_listings")]  # their `at` indexes
     series["first"] = min((at for at in first if at is not None), default=None)  # a fleet younger than the day
     return series
 
@@ -220,6 +220,7 @@ class _Moves:
         self.tail = appended.Tail()
         self.events: list[_Move] = []
         self.ordered = True  # no event's time is before an earlier id's (the day's events are then a suffix)
+        self.earliest: str | None = None  # the least `at` of every event read, of any kind (min(at) of the table)
         self.replay: _Replay | None = None
 
     def read_on(self, conn: sqlite3.Connection) -> None:
@@ -228,8 +229,12 @@ class _Moves:
         if span is not None:
             after, upto = span
             if after == 0:
-                self.events, self.ordered = [], True
+                self.events, self.ordered, self.earliest = [], True, None
             known = len(self.events)
+            (least,) = conn.execute("SELECT min(at) FROM events WHERE id > ? AND id <= ?", (after, upto)).fetchone()
+            if least is not None:  # the two compared as SQLite compares them (min() over the table would)
+                self.earliest = least if self.earliest is None else conn.execute(
+                    "SELECT min(?, ?)", (self.earliest, least)).fetchone()[0]
             self.events.extend((at, _moment(at), kind, uuid, before, to, data) for at, kind, uuid, before, to, data
                                in conn.execute(
                 "SELECT at, kind, uuid, from_state, to_state, data FROM events WHERE id > ? AND id <= ? AND"
