@@ -24,6 +24,7 @@ time) stays meaningful when other work shares the cores; wall times do not.
 Rerun:
     python bench/dashboard_bench.py
     python bench/dashboard_bench.py --machines 1000 --rounds 15 --before 5d4e028
+    python bench/dashboard_bench.py --machines 1000 --rounds 9 --before 5d4e028 --repeat 3
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=1, help="run the trees one after the other this many times")
     parser.add_argument("--before", metavar="REV", help="also run git revision REV's vastctl, side by side")
     parser.add_argument("--serve-db", type=Path, help=argparse.SUPPRESS)  # the child of run_tree()
     parser.add_argument("--build-at", help=argparse.SUPPRESS)  # the child builds the file first, as of this moment
@@ -198,14 +200,22 @@ def main() -> None:
         return
     at = clock.to_iso(clock.SYSTEM.now())  # both trees' files hold the same day up to the same moment
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {}
-        if args.before:
-            runs[f"before ({args.before})"] = run_tree(tree_of(args.before, Path(tmp)), args.machines, at,
-                                                       args.rounds, Path(tmp) / "before.db")
-        runs["after" if args.before else "this tree"] = run_tree(ROOT, args.machines, at, args.rounds,
-                                                                 Path(tmp) / "after.db")
+        trees = [(f"before ({args.before})", tree_of(args.before, Path(tmp)))] if args.before else []
+        trees.append(("after" if args.before else "this tree", ROOT))
+        pairs: dict[str, list[dict]] = {name: [] for name, _ in trees}
+        for repeat in range(args.repeat):  # the trees one after the other, `repeat` times: a moving load hits both
+            for index, (name, tree) in enumerate(trees):
+                path = Path(tmp) / f"bench-{repeat}-{index}.db"  # a fresh file each run
+                pairs[name].append(run_tree(tree, args.machines, at, args.rounds, path))
+        runs = {name: {request: {key: statistics.median(run[request][key] for run in found) for key in found[0][request]}
+                       for request in found[0]} for name, found in pairs.items()}  # the median of the runs' medians
     flags = f" --before {args.before}" if args.before else ""
+    flags += f" --repeat {args.repeat}" if args.repeat > 1 else ""
     print(f"python bench/dashboard_bench.py --machines {args.machines} --rounds {args.rounds}{flags}")
+    if args.repeat > 1:
+        for name, found in pairs.items():
+            print(f"{name}, each run's median CPU ms: " + "; ".join(
+                f"{request} " + " ".join(f"{run[request]['cpu'] * 1000:.0f}" for run in found) for request in found[0]))
     print(f"Python {sys.version.split()[0]}; {args.machines:,} live machines, {args.machines:,} killed today;"
           f" median of {args.rounds} requests each, a heartbeat written before each")
     names = list(runs)
