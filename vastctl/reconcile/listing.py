@@ -66,21 +66,10 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
               e.num_gpus, e.dph_total, e.storage_dph, at, at) for e in listing],
         )
         conn.execute("DELETE FROM vast_cache WHERE seen_at != ?", (at,))
-        conn.executemany(
-            "UPDATE instances SET vast_id = ? WHERE uuid = ? AND vast_id IS NULL",
-            [(vast_id, uuid) for uuid, vast_id in matched.recovered.items()],
-        )
+        fleet_rows.record_recovered_ids(conn, matched.recovered)
         for uuid, vast_id in matched.recovered.items():  # the launch a crash left pending in the audit
             settle_pending_launches(conn, uuid, vast_id, by="reconcile")
-        conn.executemany(
-            "UPDATE instances SET vast_status = ?1, vast_status_msg = ?2, vast_seen_at = ?3, vast_missing = 0,"
-            " outbid_since = CASE WHEN ?4 IS NOT NULL THEN COALESCE(outbid_since, ?4)"
-            " WHEN last_heartbeat_at > outbid_since THEN NULL ELSE outbid_since END,"  # kept until it proves again
-            " machine_id = COALESCE(machine_id, ?5), gpu_name = COALESCE(gpu_name, ?6),"
-            " num_gpus = COALESCE(num_gpus, ?7), dph = COALESCE(dph, ?8) WHERE uuid = ?9",
-            seen,
-        )
-        conn.executemany("UPDATE instances SET vast_missing = ? WHERE uuid = ?", missing)
+        fleet_rows.record_sightings(conn, seen, missing)
 
 
 

@@ -1,12 +1,13 @@
-"""The reads of `instances` the views and reconcile's listing make: the fleet's rows as `fleet` lists them, the
-kill and destroy counts the dashboard and /metrics show, what the history replays, and the destroyed rows a
-listing still shows. One place for their SQL, so a renamed column is found here.
+"""The SQL against `instances` of the views and reconcile's listing: the fleet's rows as `fleet` lists them, the
+kill and destroy counts the dashboard and /metrics show, what the history replays, the destroyed rows a listing
+still shows, and each row's view of vast a good listing records. One place for it, so a renamed column is found
+here.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
@@ -61,6 +62,29 @@ def newest_destroyed(conn: sqlite3.Connection, vast_ids: Iterable[int]) -> dict[
                 f" ({', '.join('?' for _ in chunk)}) ORDER BY destroyed_at, rowid", chunk):
             found[row[2]] = dict(zip(GONE_COLUMNS, row))  # the newest last: it stays
     return found
+
+
+def record_recovered_ids(conn: sqlite3.Connection, recovered: Mapping[str, int]) -> None:
+    """uuid → the vast id a listing found by label for a launch that crashed before recording it (in the caller's
+    transaction; a row that has an id keeps it)."""
+    conn.executemany("UPDATE instances SET vast_id = ? WHERE uuid = ? AND vast_id IS NULL",
+                     [(vast_id, uuid) for uuid, vast_id in recovered.items()])
+
+
+def record_sightings(conn: sqlite3.Connection, seen: Sequence[tuple[Any, ...]],
+                     missing: Sequence[tuple[int, str]]) -> None:
+    """Each row's view of vast from one good listing, in the caller's transaction. `seen`: (status, status message,
+    listing time, outbid since or None, machine id, GPU name, GPUs, $/h, uuid) of each row the listing shows;
+    `missing`: (listings missed in a row, uuid) of the others whose count changed."""
+    conn.executemany(
+        "UPDATE instances SET vast_status = ?1, vast_status_msg = ?2, vast_seen_at = ?3, vast_missing = 0,"
+        " outbid_since = CASE WHEN ?4 IS NOT NULL THEN COALESCE(outbid_since, ?4)"
+        " WHEN last_heartbeat_at > outbid_since THEN NULL ELSE outbid_since END,"  # kept until it proves again
+        " machine_id = COALESCE(machine_id, ?5), gpu_name = COALESCE(gpu_name, ?6),"
+        " num_gpus = COALESCE(num_gpus, ?7), dph = COALESCE(dph, ?8) WHERE uuid = ?9",
+        seen,
+    )
+    conn.executemany("UPDATE instances SET vast_missing = ? WHERE uuid = ?", missing)
 
 
 def _dicts(conn: sqlite3.Connection, sql: str) -> list[dict[str, Any]]:
