@@ -11,9 +11,11 @@ Before every timed request another connection writes one machine's heartbeat,
 as a live fleet does many times a second: no request finds the file unchanged
 since the last one (a cache that only helps an idle file would not show here).
 
-`--before REV` runs the same requests, on the same file, with the vastctl of
+`--before REV` runs the same requests, on the same day's file, with the vastctl of
 git revision REV (extracted to a temp directory) and then with this tree, each
-in its own process: before and after side by side in one run.
+in its own process: before and after side by side in one run. Each tree builds
+the file itself (a revision opens only a schema it knows), the same rows as of
+the same moment.
 
 Target: each request in at most 100 ms of the server's CPU (median), at 1,000
 machines with a day of history. The CPU column (the serving process's CPU
@@ -22,6 +24,7 @@ time) stays meaningful when other work shares the cores; wall times do not.
 Rerun:
     python bench/dashboard_bench.py
     python bench/dashboard_bench.py --machines 1000 --rounds 15 --before 5d4e028
+    python bench/dashboard_bench.py --machines 1000 --rounds 9 --before 5d4e028 --repeat 3
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import argparse
 import io
 import json
 import os
-import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -172,14 +174,13 @@ def tree_of(rev: str, into: Path) -> Path:
     return into
 
 
-def run_tree(tree: Path, db_path: Path, rounds: int, copy: Path) -> dict:
-    """serve_requests() in a child process importing vastctl from `tree`, on a copy of the file."""
-    shutil.copyfile(db_path, copy)
-    for suffix in ("-wal", "-shm"):
-        Path(str(copy) + suffix).unlink(missing_ok=True)
+def run_tree(tree: Path, machines: int, at: str, rounds: int, path: Path) -> dict:
+    """serve_requests() in a child process importing vastctl from `tree`, on a file that tree builds at `path` (a
+    revision reads only a schema it knows: each tree builds the same day, as of the same moment, in its own)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--serve-db", str(copy),
-                          "--rounds", str(rounds)], check=True, capture_output=True, text=True, env=env, cwd=tree)
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--serve-db", str(path), "--build-at", at,
+                          "--machines", str(machines), "--rounds", str(rounds)],
+                         check=True, capture_output=True, text=True, env=env, cwd=tree)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -187,22 +188,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=1, help="run the trees one after the other this many times")
     parser.add_argument("--before", metavar="REV", help="also run git revision REV's vastctl, side by side")
     parser.add_argument("--serve-db", type=Path, help=argparse.SUPPRESS)  # the child of run_tree()
+    parser.add_argument("--build-at", help=argparse.SUPPRESS)  # the child builds the file first, as of this moment
     args = parser.parse_args()
     if args.serve_db:
+        if args.build_at:
+            build(args.serve_db, args.machines, clock.parse_iso(args.build_at))
         print(json.dumps(serve_requests(args.serve_db, args.rounds)))
         return
+    at = clock.to_iso(clock.SYSTEM.now())  # both trees' files hold the same day up to the same moment
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench.db"
-        build(path, args.machines, clock.SYSTEM.now())
-        runs = {}
-        if args.before:
-            runs[f"before ({args.before})"] = run_tree(tree_of(args.before, Path(tmp)), path, args.rounds,
-                                                       Path(tmp) / "before.db")
-        runs["after" if args.before else "this tree"] = run_tree(ROOT, path, args.rounds, Path(tmp) / "after.db")
+        trees = [(f"before ({args.before})", tree_of(args.before, Path(tmp)))] if args.before else []
+        trees.append(("after" if args.before else "this tree", ROOT))
+        pairs: dict[str, list[dict]] = {name: [] for name, _ in trees}
+        for repeat in range(args.repeat):  # the trees one after the other, `repeat` times: a moving load hits both
+            for index, (name, tree) in enumerate(trees):
+                path = Path(tmp) / f"bench-{repeat}-{index}.db"  # a fresh file each run
+                pairs[name].append(run_tree(tree, args.machines, at, args.rounds, path))
+        runs = {name: {request: {key: statistics.median(run[request][key] for run in found) for key in found[0][request]}
+                       for request in found[0]} for name, found in pairs.items()}  # the median of the runs' medians
     flags = f" --before {args.before}" if args.before else ""
+    flags += f" --repeat {args.repeat}" if args.repeat > 1 else ""
     print(f"python bench/dashboard_bench.py --machines {args.machines} --rounds {args.rounds}{flags}")
+    if args.repeat > 1:
+        for name, found in pairs.items():
+            print(f"{name}, each run's median CPU ms: " + "; ".join(
+                f"{request} " + " ".join(f"{run[request]['cpu'] * 1000:.0f}" for run in found) for request in found[0]))
     print(f"Python {sys.version.split()[0]}; {args.machines:,} live machines, {args.machines:,} killed today;"
           f" median of {args.rounds} requests each, a heartbeat written before each")
     names = list(runs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from vastctl import clock
+from vastctl import clock, observe
 from vastctl.config import from_mapping
 from vastctl.facts import cost
 from vastctl.serving import dashboard, dashboard_page, dashboard_tables, metrics
@@ -47,6 +47,9 @@ def shown(conn, config, now):
     clock.display_iso.cache_clear()
     clock.from_iso.cache_clear()
     dashboard_tables._ROWS.clear()
+    overview._STRETCHES.clear()
+    observe._KEPT.matching([], {}, 0.0)  # a basis no observation has: emptied
+    observe._BENCH_RATES[0] = None
     assert read() == warm
     return warm
 
@@ -109,3 +112,28 @@ def test_serves_threads_share_what_is_kept_and_each_reads_the_file_as_it_is(conn
     assert failures == []
     assert cost.account(conn, now=now) == cost.afresh(conn, now=now)
     assert cost.account(conn, now=now)["machines"] == 12
+
+
+def test_the_day_moving_past_events_and_samples_shows_what_a_cold_process_shows(conn, config):
+    """The history's replay is kept and reused while the day's start moves through the same events, and the proof
+    waits' stretches while their samples stay: each page as the day moves on equals a cold one, and the events
+    that left the day no longer move the lines."""
+    config = from_mapping({"server": {"admin_token": "a" * 32}})
+    a = launch(conn, "vastctl-aaaa", at=T0)  # the events in time order, as a live file writes them
+    run_to(conn, a, T0 + timedelta(minutes=10))
+    settings.set_value(conn, config, "target_proofs_per_hour", "80", now=T0 + timedelta(hours=1))
+    b = launch(conn, "vastctl-bbbb", at=T0 + timedelta(hours=2), dph=0.3)
+    run_to(conn, b, T0 + timedelta(hours=2, minutes=10))
+    lifecycle.update_fields(conn, a, {"proofs_per_hour": 30.0})
+    lifecycle.update_fields(conn, b, {"proofs_per_hour": 20.0})
+    for minutes in range(0, 30 * 60, 30):  # a demand sample every half hour
+        conn.execute("INSERT INTO demand_samples (at, queued, proofs_per_hour, source, ok) VALUES (?, ?, 50, 'report', 1)",
+                     (clock.to_iso(T0 + timedelta(minutes=minutes)), minutes % 7))
+    conn.commit()
+    pages = [shown(conn, config, T0 + timedelta(hours=hours)) for hours in (23, 24.1, 24.3, 26.2, 27)]
+    assert len({page[0] for page in pages}) == len(pages)  # the day moved: every page differs
+    history = dashboard.page_data(conn, config, T0 + timedelta(hours=27))["history"]
+    start = T0 + timedelta(hours=3)
+    assert history["start"] == start
+    assert all(at >= start for at, _ in history["capacity"] + history["target"] + history["spend"])
+    assert history["capacity"][0][1] == 50.0 and history["target"][0][1] == 80.0  # both running, the new target

@@ -287,9 +287,13 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
     One read of the rows for both (the simulated loop observes twice a minute, over every machine ever).
     """
     liars = set(implausible)
+    rows = instances.benches(conn)
+    kept = _BENCH_RATES[0]  # one read: another thread may replace it meanwhile
+    if kept is not None and kept[0] == (rows, liars):  # the same rows as the last call: the same medians
+        return dict(kept[1]), dict(kept[2])
     by_model: dict[str, list[float]] = defaultdict(list)
     by_host: dict[int, float] = {}
-    for uuid, gpu_name, machine_id, _num_gpus, bench_rate in instances.benches(conn):
+    for uuid, gpu_name, machine_id, _num_gpus, bench_rate in rows:
         if uuid in liars:
             continue
         rate = float(bench_rate)
@@ -297,7 +301,13 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
             by_model[gpu_name].append(rate)
         if machine_id is not None:
             by_host[machine_id] = rate
-    return {name: statistics.median(values) for name, values in by_model.items()}, by_host
+    medians = {name: statistics.median(values) for name, values in by_model.items()}
+    _BENCH_RATES[0] = ((rows, liars), dict(medians), dict(by_host))
+    return medians, by_host
+
+
+# the rows bench_rates last read (and the machines it left out), and what it made of them
+_BENCH_RATES: list[Any] = [None]
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
@@ -537,12 +547,21 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     router = deliveries.held(conn, now=now)
     routed = deliveries.routed_rates(conn, now=now, slots=config.launch.bench_concurrency)
     machines: list[Machine] = []
+    kept = _KEPT.matching(rows, rates, config.fleet.default_rate)
     for row in rows:
+        values = tuple(row.values())
+        facts = kept.facts.get(values)
+        if facts is None:
+            facts = kept.facts[values] = machine_facts(row)
         measured = routed.get(row["uuid"])
-        rate, source = rate_and_source(row, rates, config.fleet.default_rate, implausible=row["uuid"] in flagged,
-                                       routed=measured)
+        implausible = row["uuid"] in flagged
+        found = kept.rates.get((values, implausible, measured))
+        if found is None:
+            found = kept.rates[(values, implausible, measured)] = rate_and_source(
+                row, rates, config.fleet.default_rate, implausible=implausible, routed=measured)
+        rate, source = found
         view: Machine = {
-            **machine_facts(row), "expected_rate": rate, "rate_source": source,
+            **facts, "expected_rate": rate, "rate_source": source,
             # unrounded, as the observation carries them per machine (displays round)
             "routed_rate": measured.rate if measured is not None else None,
             "routed_rate_max": measured.rate_max if measured is not None else None,
@@ -573,6 +592,28 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
         min_machines=config.agent.min_machines,
         rows=rows,
     )
+
+
+class _Kept:
+    """Each row's facts and rate by the row's whole content (and what the rate is computed against): a page, its
+    refresh and a scrape observe a thousand rows that mostly did not change since the last one."""
+
+    KEPT = 20_000
+
+    def __init__(self) -> None:
+        self.basis: tuple[Any, ...] | None = None
+        self.facts: dict[tuple[Any, ...], MachineFacts] = {}
+        self.rates: dict[tuple[Any, ...], tuple[float, str]] = {}
+
+    def matching(self, rows: list[InstanceRow], rates: Mapping[str, float], default_rate: float) -> "_Kept":
+        """Itself, emptied when the columns, the model rates or the default rate changed (or it grew too big)."""
+        basis = (tuple(rows[0]) if rows else None, tuple(sorted(rates.items())), default_rate)
+        if basis != self.basis or len(self.facts) + len(self.rates) > self.KEPT:
+            self.basis, self.facts, self.rates = basis, {}, {}
+        return self
+
+
+_KEPT = _Kept()
 
 
 def with_held(demand: Demand, router: deliveries.Held) -> Demand:

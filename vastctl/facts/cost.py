@@ -402,7 +402,8 @@ class _Compiled:
     """One machine's pieces up to _FAR with what any window needs precomputed: the closed pieces' ends and
     suffix sums (cost and hours per part, running hours, billed hours), and its open piece."""
 
-    __slots__ = ("pieces", "closed", "ends", "suffix", "open", "settled", "plain", "first", "whole")
+    __slots__ = ("pieces", "closed", "ends", "suffix", "open", "settled", "plain", "first", "whole", "open_us",
+                 "open_part", "before_open")
 
     def __init__(self, machine_pieces: list[Piece]):
         self.pieces = machine_pieces
@@ -424,6 +425,11 @@ class _Compiled:
             suffix.append(tuple(sums))
         self.suffix = suffix[::-1]
         self.first = machine_pieces[0].start if machine_pieces else _FAR
+        # the open piece's start in whole microseconds (a window's hours from integers, as timedelta's own are) and
+        # part; the closed pieces' sums in a window by its start (the same at every moment after the last closed)
+        self.open_us = _micros(self.open.start) if self.open is not None else 0
+        self.open_part = _PART_INDEX[self.open.part] if self.open is not None else 0
+        self.before_open: dict[datetime | None, list[float] | None] = {}
         # a machine whose billing is over: its whole life's figures, the same at every later moment
         self.whole = None
         if self.open is None and self.plain and machine_pieces:
@@ -594,11 +600,17 @@ def _sum(entries: list[_Entry], now: datetime, since: datetime | None) -> _Sums:
     out = _Sums()
     numbers = out.numbers
     cost0 = cost1 = cost2 = hours0 = hours1 = hours2 = proofs = never = dead = 0.0
+    now_us = _micros(now)
+    since_h = 0.0 if since is None else max(0.0, (now - since).total_seconds()) / 3600
     for uuid, compiled, proofs_done, dying in entries:
-        window = _window(compiled, now, since)
-        if window is None:
-            continue
-        sums, run_w, billed_w, run_all, billed_all = window
+        whole = compiled.whole
+        if whole is not None and now >= compiled.settled and (since is None or since <= compiled.first):
+            sums, run_w, billed_w, run_all, billed_all = whole  # billing over, all of it in the window
+        else:
+            window = _window(compiled, now, since, now_us, since_h)
+            if window is None:
+                continue
+            sums, run_w, billed_w, run_all, billed_all = window
         cost0 += sums[0]
         cost1 += sums[1]
         cost2 += sums[2]
@@ -627,10 +639,11 @@ def _cut(piece: Piece, now: datetime) -> Piece:
     return piece if piece.end <= now else Piece(piece.uuid, piece.start, now, piece.part, piece.dph, piece.running)
 
 
-def _window(compiled: _Compiled, now: datetime, since: datetime | None
-            ) -> tuple[list[float], float, float, float, float] | None:
+def _window(compiled: _Compiled, now: datetime, since: datetime | None, now_us: int | None = None,
+            since_h: float | None = None) -> tuple[list[float], float, float, float, float] | None:
     """One machine over [since, now]: (cost and hours per part, running and billed hours in the window), and its
-    running and billed hours over its life up to now; None when no piece of it falls in the window."""
+    running and billed hours over its life up to now; None when no piece of it falls in the window. `now_us`,
+    `since_h`: now in whole microseconds and max(0, now - since) in hours, when the caller worked them out."""
     opened = compiled.open
     if compiled.whole is not None and now >= compiled.settled:  # billing over: all of it, part of it or none
         if since is None or since <= compiled.first:
@@ -644,28 +657,25 @@ def _window(compiled: _Compiled, now: datetime, since: datetime | None
     run_all, billed_all = suffix[0][6], suffix[0][7]
     open_h = 0.0
     if opened is not None:
-        open_h = max(0.0, (now - opened.start).total_seconds()) / 3600
+        # (now - opened.start).total_seconds() is these microseconds over 10**6, rounded once the same way
+        open_h = max(0.0, ((_micros(now) if now_us is None else now_us) - compiled.open_us) / 1_000_000) / 3600
         billed_all += open_h
         run_all += open_h if opened.running else 0.0
-    index = 0 if since is None else bisect.bisect_right(compiled.ends, since)
-    sums: list[float] | None = None
-    if index < len(compiled.closed):
-        piece = compiled.closed[index]
-        if since is not None and piece.start < since:  # the piece the window starts in counts from since
-            sums = list(suffix[index + 1])
-            part = _PART_INDEX[piece.part]
-            hours = max(0.0, (piece.end - since).total_seconds()) / 3600
-            sums[part] += hours * piece.dph
-            sums[3 + part] += hours
-            sums[6] += hours if piece.running else 0.0
-            sums[7] += hours
-        else:
-            sums = list(suffix[index])
+    closed = compiled.before_open.get(since, _UNKNOWN)  # one read: serve's threads share the compiled machine
+    if closed is _UNKNOWN:
+        closed = _closed_sums(compiled, since)
+        if len(compiled.before_open) >= _SINCES_KEPT:
+            compiled.before_open.clear()
+        compiled.before_open[since] = closed
+    sums = None if closed is None else list(closed)
     if opened is not None and (since is None or now > since):
         if sums is None:
             sums = [0.0] * 8
-        hours = open_h if since is None or opened.start >= since else max(0.0, (now - since).total_seconds()) / 3600
-        part = _PART_INDEX[opened.part]
+        if since is None or opened.start >= since:
+            hours = open_h
+        else:
+            hours = max(0.0, (now - since).total_seconds()) / 3600 if since_h is None else since_h
+        part = compiled.open_part
         sums[part] += hours * opened.dph
         sums[3 + part] += hours
         sums[6] += hours if opened.running else 0.0
@@ -673,6 +683,37 @@ def _window(compiled: _Compiled, now: datetime, since: datetime | None
     if sums is None:
         return None
     return sums, sums[6], sums[7], run_all, billed_all
+
+
+_UNKNOWN: Any = object()
+_SINCES_KEPT = 8  # window starts whose closed sums a machine keeps (the whole life, today, the moving day's last)
+
+
+def _closed_sums(compiled: _Compiled, since: datetime | None) -> list[float] | None:
+    """The machine's closed pieces summed over [since, their end] (None: none of them reaches into the window)."""
+    index = 0 if since is None else bisect.bisect_right(compiled.ends, since)
+    if index >= len(compiled.closed):
+        return None
+    piece = compiled.closed[index]
+    if since is None or piece.start >= since:
+        return list(compiled.suffix[index])
+    sums = list(compiled.suffix[index + 1])  # the piece the window starts in counts from since
+    part = _PART_INDEX[piece.part]
+    hours = max(0.0, (piece.end - since).total_seconds()) / 3600
+    sums[part] += hours * piece.dph
+    sums[3 + part] += hours
+    sums[6] += hours if piece.running else 0.0
+    sums[7] += hours
+    return sums
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(moment: datetime) -> int:
+    """A moment as whole microseconds since the epoch (exact: a difference of two is timedelta's own count)."""
+    return (moment - _EPOCH) // _MICROSECOND
 
 
 def _window_by_piece(compiled: _Compiled, now: datetime, since: datetime | None

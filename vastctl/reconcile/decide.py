@@ -203,6 +203,7 @@ def plan(
     *,
     first_seen: Mapping[int, str] | None = None,
     history: Mapping[int, Mapping[str, Any]] | None = None,
+    matched: Matched | None = None,
 ) -> list[Action]:
     """What one pass should do, from snapshots only.
 
@@ -210,10 +211,12 @@ def plan(
     (vast_missing / vast_status are the previous listing's). listing: one good
     listing. first_seen: vast_id → ISO time the cache first saw it (orphan
     grace; unknown ids count as first seen now). history: vast_id → destroyed
-    row, for listed instances whose row is already destroyed.
+    row, for listed instances whose row is already destroyed. matched: match(rows, listing), when the caller
+    already paired them (the pass does, for the strays' context).
     Raises ListingDistrusted instead of planning kills from a broken listing.
     """
-    matched = match(rows, listing, config.vast.label_prefix)
+    if matched is None:
+        matched = match(rows, listing, config.vast.label_prefix)
     check_trust(rows, matched, config)
     first_seen = first_seen or {}
     history = history or {}
@@ -239,6 +242,9 @@ def plan(
     return actions
 
 
+_STATES = {str(state): state for state in State}
+
+
 def start_failure(status_msg: str | None) -> str | None:
     """What a status_msg that begins as a START_FAILURES entry means; None for any other text."""
     text = (status_msg or "").strip().casefold()
@@ -248,7 +254,7 @@ def start_failure(status_msg: str | None) -> str | None:
 def _verdict(row: SnapshotRow, entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, float],
              config: Config, now: datetime) -> tuple[KillCode, str] | None:
     """The kill code and reason for one live row, or None when it may live."""
-    state = State(row["state"])
+    state = _STATES.get(row["state"]) or State(row["state"])  # the enum's own lookup costs a call per row
     if entry is None:
         missing = missing_after(row, matched)
         needed = max(1, config.reconcile.disappear_confirmations)

@@ -13,6 +13,7 @@ from vastctl import clock, upstream
 from vastctl.config import Config
 from vastctl.providers.base import RemoteInstance
 from vastctl.reconcile.decide import Matched, missing_after, outbid
+from vastctl.state import fleet_rows
 from vastctl.state.audit import settle_pending_launches
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State
@@ -65,39 +66,25 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
               e.num_gpus, e.dph_total, e.storage_dph, at, at) for e in listing],
         )
         conn.execute("DELETE FROM vast_cache WHERE seen_at != ?", (at,))
-        conn.executemany(
-            "UPDATE instances SET vast_id = ? WHERE uuid = ? AND vast_id IS NULL",
-            [(vast_id, uuid) for uuid, vast_id in matched.recovered.items()],
-        )
+        fleet_rows.record_recovered_ids(conn, matched.recovered)
         for uuid, vast_id in matched.recovered.items():  # the launch a crash left pending in the audit
             settle_pending_launches(conn, uuid, vast_id, by="reconcile")
-        conn.executemany(
-            "UPDATE instances SET vast_status = ?1, vast_status_msg = ?2, vast_seen_at = ?3, vast_missing = 0,"
-            " outbid_since = CASE WHEN ?4 IS NOT NULL THEN COALESCE(outbid_since, ?4)"
-            " WHEN last_heartbeat_at > outbid_since THEN NULL ELSE outbid_since END,"  # kept until it proves again
-            " machine_id = COALESCE(machine_id, ?5), gpu_name = COALESCE(gpu_name, ?6),"
-            " num_gpus = COALESCE(num_gpus, ?7), dph = COALESCE(dph, ?8) WHERE uuid = ?9",
-            seen,
-        )
-        conn.executemany("UPDATE instances SET vast_missing = ? WHERE uuid = ?", missing)
+        fleet_rows.record_sightings(conn, seen, missing)
 
 
 
 def strays_context(conn: sqlite3.Connection, config: Config,
                     unclaimed: Sequence[RemoteInstance]) -> tuple[dict[int, str], dict[int, dict[str, Any]]]:
-    """first_seen and history for the (normally few) listed instances no unfinished row claims."""
-    first_seen, history = {}, {}
+    """first_seen and history for the (normally few) listed instances no unfinished row claims: a few reads for
+    them all (a fleet's listing may hold hundreds of other people's instances)."""
     prefix = config.vast.label_prefix
-    for entry in unclaimed:
-        if prefix and entry.label and entry.label.startswith(prefix):
-            cached = conn.execute("SELECT first_seen_at FROM vast_cache WHERE vast_id = ?", (entry.id,)).fetchone()
-            if cached:
-                first_seen[entry.id] = cached["first_seen_at"]
-        gone = conn.execute(
-            "SELECT uuid, label, vast_id, kill_code, destroyed_at FROM instances"
-            " WHERE vast_id = ? AND destroyed_at IS NOT NULL ORDER BY destroyed_at DESC LIMIT 1", (entry.id,),
-        ).fetchone()
-        if gone:
-            history[entry.id] = dict(gone)
-    return first_seen, history
+    ours = sorted({entry.id for entry in unclaimed if prefix and entry.label and entry.label.startswith(prefix)})
+    first_seen: dict[int, str] = {}
+    for start in range(0, len(ours), _IDS_PER_READ):
+        chunk = ours[start:start + _IDS_PER_READ]
+        first_seen.update(conn.execute(f"SELECT vast_id, first_seen_at FROM vast_cache WHERE vast_id IN"
+                                       f" ({', '.join('?' for _ in chunk)})", chunk).fetchall())
+    return first_seen, fleet_rows.newest_destroyed(conn, (entry.id for entry in unclaimed))
 
+
+_IDS_PER_READ = 500  # below SQLite's bound on a statement's parameters

@@ -129,7 +129,7 @@ def run_pass(conn: sqlite3.Connection, provider: Provider, config: Config, *, cl
             first_seen, history = listing_cache.strays_context(conn, config, matched.unclaimed)
             try:
                 actions = plan(rows, listing, settings.effective(conn, config), config, now,
-                               first_seen=first_seen, history=history)
+                               first_seen=first_seen, history=history, matched=matched)
             except ListingDistrusted as exc:
                 changes.listing_failed(str(exc), now)
                 raise

@@ -107,13 +107,19 @@ def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[t
     for value in steps:
         shapes.append(f'<line class="grid" x1="0" x2="{width}" y1="{y(value)}" y2="{y(value)}"/>'
                       f'<text class="axis y" x="-4" y="{y(value) + 4}" text-anchor="end">{num(value, digits)}</text>')
+    x_text: dict[datetime, str] = {}  # each moment and value placed and worded once for the panel
+    y_text: dict[float, str] = {}
     for name, points in lines:
         points = [(moment, value) for moment, value in points if moment <= end]
         if not points:
             continue
         coords, last = [], None  # each point placed once: a step to it holds the last height, then rises to its own
         for moment, value in points:
-            at, height_ = x(moment), y(value)
+            at, height_ = x_text.get(moment), y_text.get(value)
+            if at is None:
+                at = x_text[moment] = str(x(moment))
+            if height_ is None:
+                height_ = y_text[value] = str(y(value))
             if last is not None:
                 coords.append(f"{at},{last}")
             coords.append(f"{at},{height_}")

@@ -9,6 +9,7 @@ UTC. Below 600 px the page is one column and tables become stacked cards (each c
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime, timezone
 from html import escape
@@ -36,7 +37,14 @@ def num(value: Any, digits: int = 1) -> str:
 
 
 def age(iso: str | None, now: datetime) -> str:
-    return "-" if not iso else clock.human_age(clock.from_iso(iso), now)
+    """clock.human_age of a stored time, each whole second's words kept (a page words two ages a machine)."""
+    if not iso:
+        return "-"
+    moment = clock.from_iso(iso)
+    return "?" if moment is None else _worded(max(0, int((now - moment).total_seconds())))
+
+
+_worded = functools.lru_cache(maxsize=100_000)(clock.human_duration)  # whole seconds → their words
 
 
 def when(iso: str | None, now: datetime) -> str:
@@ -53,12 +61,14 @@ def when(iso: str | None, now: datetime) -> str:
     return f'<time datetime="{esc(clock.display_iso(iso))}" title="{esc(clock.display_iso(iso))}">{short}</time>'
 
 
-def table(ident: str, title: str, head: Iterable[str], rows: list[str], *, after: str = "") -> str:
+def table(ident: str, title: str, head: Iterable[str], rows: list[str], *, after: str = "", named: bool = False) -> str:
+    """`named`: the rows' cells already carry their column's name (a kept row is not split again at each page)."""
     head = list(head)
     th = "".join(f"<th>{esc(h, '')}</th>" for h in head)
     heading = f"<h2>{esc(title)}</h2>" if title else ""
+    body = "".join(rows if named else _named(rows, head))
     return (f'<section id="{ident}">{heading}<div class="scroll"><table class="stack">'
-            f'<thead><tr>{th}</tr></thead><tbody>{"".join(_named(rows, head))}</tbody></table></div>{after}</section>')
+            f'<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>{after}</section>')
 
 
 def _named(rows: list[str], head: list[str]) -> Iterable[str]:

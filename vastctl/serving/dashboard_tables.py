@@ -56,14 +56,14 @@ def fleet(instances: list[dict[str, Any]], now: datetime, *, refusals: dict[str,
     for i in instances:
         refusal = (refusals or {}).get(i["label"])
         since, beat = age(i["state_since"], now), age(i["last_heartbeat_at"], now)
-        key = (*(i.get(name) for name in _ROW_FIELDS), repr(i.get("boot_stages")), refusal, since, beat)
+        key = (*map(i.get, _ROW_FIELDS), repr(i.get("boot_stages")), refusal, since, beat)
         row = _ROWS.get(key)
         if row is None:
             row = _ROWS[key] = _fleet_row(i, refusal, since, beat)
         rows.append(row)
     if not rows:
         rows.append(f'<tr><td colspan="{len(head)}" class="empty">no machines</td></tr>')
-    return table("fleet", "Fleet", head, rows)
+    return table("fleet", "Fleet", head, rows, named=True)  # _fleet_row names its cells
 
 
 # A machine's row is the same text while what it shows is the same (its ages as shown included): kept, so a

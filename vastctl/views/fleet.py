@@ -13,7 +13,8 @@ from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.facts import appended, deliveries
-from vastctl.observe import Observation, disagreement, event_facts, machine_facts, observe, table_rows
+from vastctl.observe import Observation, disagreement, event_facts, machine_facts, observe
+from vastctl.state import fleet_rows
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
 
@@ -21,7 +22,7 @@ TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at
                "last_contact_at")
 RATE_DIGITS = 1  # proofs/hour are shown to one decimal, in the table, the summary and --json alike
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
-SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
+SHOWN_WITHOUT_ALL = fleet_rows.SHOWN_WITHOUT_ALL
 ORPHAN_WARN_FRACTION = 0.5  # the dashboard warns once the fleet's newest contact is half of launch.orphan_after old
 
 
@@ -50,17 +51,21 @@ def _kept_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None) -
     """instance_view(row, observed), kept by the row's whole content and the observation's rate figures: the page
     and its 5 s refresh list a thousand rows that mostly did not change since the last request. A copy each time
     (callers may add to it)."""
-    rates = tuple((observed or {}).get(name) for name in RATE_FIELDS)
+    seen = observed or _NOTHING
+    rates = (seen.get("expected_rate"), seen.get("rate_source"), seen.get("routed_rate"), seen.get("routed_rate_max"),
+             seen.get("routed_proofs"))  # RATE_FIELDS
     key = (tuple(row), tuple(row.values()), rates)
     view = _VIEWS.get(key)
     if view is None:
         if len(_VIEWS) > VIEWS_KEPT:
             _VIEWS.clear()
         view = _VIEWS[key] = instance_view(row, observed)
-    return {**view, "boot_stages": dict(view["boot_stages"]) if view["boot_stages"] else view["boot_stages"]}
+    stages = view["boot_stages"]
+    return {**view, "boot_stages": dict(stages)} if stages else dict(view)
 
 
 VIEWS_KEPT = 20_000
+_NOTHING: Mapping[str, Any] = {}
 _VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -136,10 +141,9 @@ def shown_rows(conn: sqlite3.Connection, obs: "Observation | None", *, include_k
     (every row not yet destroyed) that SHOWN_WITHOUT_ALL keeps, and the few destroyed rows it keeps too, so the
     page and /metrics read the wide rows once per request."""
     if include_killed or obs is None:
-        where = "" if include_killed else f" WHERE {SHOWN_WITHOUT_ALL}"
-        return table_rows(conn, f"SELECT * FROM instances{where} ORDER BY created_at, label")
+        return fleet_rows.listed(conn, include_killed=include_killed)
     rows = [dict(row) for row in obs.rows if row["state"] != State.KILLED or row.get("vast_id") is not None]
-    destroyed = table_rows(conn, "SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND state != 'killed'")
+    destroyed = fleet_rows.destroyed_not_killed(conn)
     if destroyed:
         rows = sorted(rows + destroyed, key=lambda row: (row["created_at"], row["label"]))
     return rows

@@ -9,18 +9,19 @@ hand) is shown as text rather than failing the page.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import sqlite3
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable
 
 from vastctl import clock, validate
 from vastctl.config import Config
 from vastctl.facts import appended, deliveries
 from vastctl.observe import Observation, expected_rate, observe
-from vastctl.state import settings
+from vastctl.state import fleet_rows, settings
 from vastctl.state.lifecycle import LIVE_STATES, State
 from vastctl.views import fleet
 
@@ -59,17 +60,14 @@ def route_results(conn: sqlite3.Connection, now: datetime) -> dict[str, int]:
 
 
 def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
-    rows = conn.execute("SELECT coalesce(kill_code, 'unknown') AS code, count(*) AS n FROM instances"
-                        " WHERE state = 'killed' GROUP BY 1 ORDER BY 1")
-    return {row["code"]: row["n"] for row in rows}
+    return fleet_rows.kills_by_code(conn)
 
 
 def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
     """Killed machines vast has not confirmed destroyed: how many, and how long the oldest has waited."""
-    row = conn.execute("SELECT count(*) AS n, min(killed_at) AS oldest FROM instances"
-                       " WHERE state = 'killed' AND destroyed_at IS NULL").fetchone()
-    oldest = _moment(row["oldest"])
-    return {"count": row["n"], "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
+    count, oldest_text = fleet_rows.pending_destroys(conn)
+    oldest = _moment(oldest_text)
+    return {"count": count, "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
 
 
 def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[str, Any]:
@@ -79,28 +77,55 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
     samples counts the proofs done in it (that rate × its length) as within when that wait is at most max_wait.
     `within_share` is None while no proof was done; `wait_now_s` is the newest good sample's wait (None when it
     gives no rate, or when nothing is being done: `stuck_now`). Samples without a rate are not judged."""
-    rows = conn.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
-                        " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
-    times = [_moment(row["at"]) for row in rows] + [now]
+    cursor = conn.cursor()
+    cursor.row_factory = None  # (at, ok, queued, in_flight, proofs_per_hour): a day of samples per page
+    rows = cursor.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
+                          " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
+    times = [_moment(row[0]) for row in rows] + [now]
     done = within = 0.0
     wait_now = None
-    for row, start, end in zip(rows, times, times[1:]):
-        if not row["ok"] or start is None or end is None:
+    if len(_STRETCHES) > STRETCHES_KEPT:
+        _STRETCHES.clear()
+    for index, (row, start, end) in enumerate(zip(rows, times, times[1:])):
+        if index + 1 < len(rows):  # a stretch between two samples: the same at every page while both are kept
+            key = (row, rows[index + 1][0], config.agent.max_wait)
+            stretch = _STRETCHES.get(key)
+            if stretch is None:
+                stretch = _STRETCHES[key] = _stretch(row, start, end, config.agent.max_wait)
+        else:
+            stretch = _stretch(row, start, end, config.agent.max_wait)
+        if stretch is None:
             continue
-        if row["proofs_per_hour"] is None:  # a source that reports only its queue: no rate to judge the wait by
+        if not stretch:  # a source that reports only its queue: no rate to judge the wait by
             wait_now = None
             continue
-        rate = float(row["proofs_per_hour"])
-        backlog = float(row["queued"] or 0) + float(row["in_flight"] or 0)
-        wait_h = backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
-        proofs = rate * max(0.0, (end - start).total_seconds()) / 3600
+        proofs, counted, wait_now = stretch
         done += proofs
-        within += proofs if wait_h * 3600 <= config.agent.max_wait else 0.0
-        wait_now = wait_h * 3600
+        within += counted
     return {"max_wait_s": config.agent.max_wait, "proofs": round(done, 1),
             "within_share": round(within / done, 4) if done > 0 else None,
             "wait_now_s": None if wait_now is None or validate.real(wait_now) is None else round(wait_now, 1),
             "stuck_now": wait_now is not None and validate.real(wait_now) is None}  # endless: nothing proves
+
+
+def _stretch(row: tuple[Any, ...], start: datetime | None, end: datetime | None,
+             max_wait: float) -> tuple[float, ...] | None:
+    """One stretch of proof_waits: (proofs done in it, those within max_wait, the wait in seconds); () for a sample
+    without a rate, None for one not judged (failed, or a time that does not parse)."""
+    _, ok, queued, in_flight, per_hour = row
+    if not ok or start is None or end is None:
+        return None
+    if per_hour is None:
+        return ()
+    rate = float(per_hour)
+    backlog = float(queued or 0) + float(in_flight or 0)
+    wait_h = backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
+    proofs = rate * max(0.0, (end - start).total_seconds()) / 3600
+    return proofs, proofs if wait_h * 3600 <= max_wait else 0.0, wait_h * 3600
+
+
+STRETCHES_KEPT = 20_000
+_STRETCHES: dict[tuple[Any, ...], tuple[float, ...] | None] = {}  # (sample, the next one's time, max_wait) → stretch
 
 
 # --- agent steps ------------------------------------------------------------------------------------
@@ -151,56 +176,32 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     """
     start = now - HISTORY
     since = clock.to_iso(start)
-    cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples: thousands of rows and events per page
-    machines = {row[0]: row for row in cursor.execute(
-        "SELECT uuid, state, gpu_name, proofs_per_hour, bench_rate, dph FROM instances")}
-    amounts: dict[str, tuple[float, float]] = {}  # uuid → (its rate, its price), for the machines events move
-    rates = _RATES.get(conn).matching(model_rates, config.fleet.default_rate)
-
-    def amount(uuid: str) -> tuple[float, float]:
-        found = amounts.get(uuid)
-        if found is None:
-            values = machines[uuid]
-            rate = rates.get(values)
-            if rate is None:
-                row = dict(zip(("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph"), values))
-                rate = rates[values] = expected_rate(row, model_rates, config.fleet.default_rate)
-            found = amounts[uuid] = (rate, float(values[5] or 0.0))
-        return found
-
-    # the three replayed series, then the queue's, the failed listings' times and the span's moments
-    series: dict[str, Any] = {"capacity": [], "spend": [], "target": []}
-    values = {"capacity": capacity, "spend": spend, "target": target}
-    for at_text, at, kind, uuid, before, after, data in reversed(_MOVES.get(conn).read(conn)):
-        if at is None or at_text < since:  # newest first, those of the day (ISO text sorts as time)
-            continue
-        if kind == "transition" and uuid is not None and uuid in machines:
-            running = (after == "running") - (before == "running")
-            billing = (after in BILLING_STATES) - (before in BILLING_STATES)
-            if running or billing:
-                rate, price = amount(uuid)
-                if running:
-                    series["capacity"].append((at, values["capacity"]))
-                    values["capacity"] = max(0.0, values["capacity"] - running * rate)
-                if billing:
-                    series["spend"].append((at, values["spend"]))
-                    values["spend"] = max(0.0, values["spend"] - billing * price)
-        elif kind == "setting" and (setting := _setting_change(data))["key"] == "target_proofs_per_hour":
-            old = setting["old"]
-            if isinstance(old, (int, float)):
-                series["target"].append((at, values["target"]))
-                values["target"] = old
-    for name in values:
-        series[name].append((start, values[name]))
-        series[name] = _thin(series[name][::-1], start)
+    machines = fleet_rows.amounts(conn)
+    moves = _MOVES.get(conn)
+    with moves.lock:
+        moves.read_on(conn)
+        events, ordered, earliest_event = moves.events, moves.ordered, moves.earliest
+        # the events of the day: the suffix from the first at `since` when times never go back in id order
+        lo = bisect.bisect_left(events, since, key=lambda move: move[0]) if ordered else 0
+        basis = (len(events), capacity, spend, target, tuple(sorted(model_rates.items())), config.fleet.default_rate,
+                 None if ordered else since)
+        replay = moves.replay
+        if replay is None or replay.events is not events or replay.basis != basis or replay.lo > lo \
+                or replay.machines != machines:
+            rates = _RATES.get(conn).matching(model_rates, config.fleet.default_rate)
+            replay = moves.replay = _Replay(events, lo, since, machines, basis, _amounts(
+                machines, rates, model_rates, config.fleet.default_rate), (capacity, spend, target))
+        values, kept = replay.at(lo)
+    series: dict[str, Any] = {}
+    for index, name in enumerate(("capacity", "spend", "target")):
+        series[name] = _thin([(start, values[index]), *reversed(kept[index])], start)
     series["queue"] = _thin(_queue_history(conn, since), start)
     series["reconcile_failures"] = [
         at for at in (_moment(row[0]) for row in conn.execute(
             "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
     series["start"], series["end"] = start, now
-    first = [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
-             for table in ("events", "demand_samples", "vast_listings")]
+    first = [_moment(earliest_event)] + [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
+                                         for table in ("demand_samples", "vast_listings")]  # their `at` indexes
     series["first"] = min((at for at in first if at is not None), default=None)  # a fleet younger than the day
     return series
 
@@ -212,30 +213,100 @@ _Move = tuple[str, "datetime | None", str, "str | None", "str | None", "str | No
 class _Moves:
     """The events the history replays (settings, and moves into or out of running, stopped or killed: the only ones
     that change capacity or spend), in id order, their times parsed: kept per state file and read on from the
-    last event seen (facts/appended.py), as the page asks at every refresh."""
+    last event seen (facts/appended.py), as the page asks at every refresh; and the last replay of them."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # serve's worker threads share it (--threads)
         self.tail = appended.Tail()
         self.events: list[_Move] = []
+        self.ordered = True  # no event's time is before an earlier id's (the day's events are then a suffix)
+        self.earliest: str | None = None  # the least `at` of every event read, of any kind (min(at) of the table)
+        self.replay: _Replay | None = None
 
-    def read(self, conn: sqlite3.Connection) -> list[_Move]:
-        """The events so far (a list only ever appended to, or replaced: safe to read while another thread adds)."""
-        with self.lock:
-            self._read_on(conn)
-            return self.events
-
-    def _read_on(self, conn: sqlite3.Connection) -> None:
+    def read_on(self, conn: sqlite3.Connection) -> None:
+        """Read the events appended since the last read (under self.lock)."""
         span = self.tail.span(conn)
         if span is not None:
             after, upto = span
             if after == 0:
-                self.events = []
+                self.events, self.ordered, self.earliest = [], True, None
+            known = len(self.events)
+            (least,) = conn.execute("SELECT min(at) FROM events WHERE id > ? AND id <= ?", (after, upto)).fetchone()
+            if least is not None:  # the two compared as SQLite compares them (min() over the table would)
+                self.earliest = least if self.earliest is None else conn.execute(
+                    "SELECT min(?, ?)", (self.earliest, least)).fetchone()[0]
             self.events.extend((at, _moment(at), kind, uuid, before, to, data) for at, kind, uuid, before, to, data
                                in conn.execute(
                 "SELECT at, kind, uuid, from_state, to_state, data FROM events WHERE id > ? AND id <= ? AND"
                 " (kind = 'setting' OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running',"
                 " 'stopped', 'killed') OR to_state IN ('running', 'stopped', 'killed')))) ORDER BY id", (after, upto)))
+            times = [move[0] for move in self.events[max(0, known - 1):]]
+            self.ordered = self.ordered and all(a <= b for a, b in zip(times, times[1:]))
+
+
+class _Replay:
+    """The three series replayed backwards from their values now through events[lo:] (newest first), each step
+    remembered with the index of the event that made it: a later page whose day starts at a later event takes
+    the steps of the events it still holds and the values they leave, the same as replaying those alone."""
+
+    def __init__(self, events: list[_Move], lo: int, since: str, machines: dict[str, tuple[Any, ...]],
+                 basis: tuple[Any, ...], amount: Callable[[str], tuple[float, float]],
+                 now_values: tuple[float, float, float]):
+        self.events, self.lo, self.basis, self.machines = events, lo, basis, machines
+        self.now_values = now_values
+        self.steps: tuple[list[tuple[datetime, float]], ...] = ([], [], [])  # per series, newest first
+        self.step_of: tuple[list[int], ...] = ([], [], [])  # −(index of the event) of each step: ascending
+        self.after: list[tuple[float, float, float]] = []  # the values once events[i:] are replayed, i ≥ lo
+        capacity, spend, target = now_values
+        for index in range(len(events) - 1, lo - 1, -1):
+            at_text, at, kind, uuid, before, after, data = events[index]
+            if at is not None and at_text >= since:  # those of the day (ISO text sorts as time)
+                if kind == "transition" and uuid is not None and uuid in machines:
+                    running = (after == "running") - (before == "running")
+                    billing = (after in BILLING_STATES) - (before in BILLING_STATES)
+                    if running or billing:
+                        rate, price = amount(uuid)
+                        if running:
+                            self._step(0, at, capacity, index)
+                            capacity = max(0.0, capacity - running * rate)
+                        if billing:
+                            self._step(1, at, spend, index)
+                            spend = max(0.0, spend - billing * price)
+                elif kind == "setting" and (setting := _setting_change(data))["key"] == "target_proofs_per_hour":
+                    old = setting["old"]
+                    if isinstance(old, (int, float)):
+                        self._step(2, at, target, index)
+                        target = old
+            self.after.append((capacity, spend, target))
+        self.after.reverse()
+
+    def _step(self, series: int, at: datetime, value: float, index: int) -> None:
+        self.steps[series].append((at, value))
+        self.step_of[series].append(-index)
+
+    def at(self, lo: int) -> tuple[tuple[float, float, float], list[list[tuple[datetime, float]]]]:
+        """(the values at the day's start, each series' steps newest first) replaying events[lo:] only."""
+        values = self.after[lo - self.lo] if lo < len(self.events) else self.now_values
+        return values, [steps[:bisect.bisect_right(of, -lo)] for steps, of in zip(self.steps, self.step_of)]
+
+
+def _amounts(machines: dict[str, tuple[Any, ...]], rates: dict[tuple[Any, ...], float], model_rates: dict[str, float],
+             default_rate: float) -> Callable[[str], tuple[float, float]]:
+    """uuid → (its rate, its price) as the history counts them, worked out for the machines events move."""
+    amounts: dict[str, tuple[float, float]] = {}
+
+    def amount(uuid: str) -> tuple[float, float]:
+        found = amounts.get(uuid)
+        if found is None:
+            values = machines[uuid]
+            rate = rates.get(values)
+            if rate is None:
+                row = dict(zip(fleet_rows.AMOUNT_COLUMNS, values))
+                rate = rates[values] = expected_rate(row, model_rates, default_rate)
+            found = amounts[uuid] = (rate, float(values[5] or 0.0))
+        return found
+
+    return amount
 
 
 _MOVES = appended.PerFile(_Moves)
@@ -266,8 +337,14 @@ def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[d
     """At most one step per CHART_STEP: the first time in each, with the value the step ends on."""
     kept: list[tuple[datetime, float]] = []
     last_slot = None
+    low = high = start  # the last slot's span [low, high): a point inside it needs no division
     for moment, value in points:
-        slot = (moment - start) // CHART_STEP
+        if low <= moment < high:
+            slot = last_slot
+        else:
+            slot = (moment - start) // CHART_STEP
+            low = start + slot * CHART_STEP
+            high = low + CHART_STEP
         if slot == last_slot:
             kept[-1] = (kept[-1][0], value)
         else:
