@@ -13,11 +13,13 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,6 +88,12 @@ class Machine:
         (self.create,) = vast.creates
         self.uuid, self.label = self.row["uuid"], self.row["label"]
         home.mkdir(parents=True)
+        # The sandbox is reached through a short link: a Unix socket's path must fit in 107 bytes, and the one
+        # the daemon binds on its defaults (…/root/run/curio/cuzk.sock) would not under a long tmp_path.
+        self._link_dir = Path(tempfile.mkdtemp(prefix="vm-"))
+        self.home = self._link_dir / "m"
+        self.home.symlink_to(home, target_is_directory=True)
+        home = self.home
         self.zk = home / "data" / "zk"
         self.log = home / "onstart.log"
         self.grpc, self.status = free_port(), free_port()
@@ -135,6 +143,7 @@ class Machine:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=10)
+        shutil.rmtree(self._link_dir, ignore_errors=True)  # the link only: the sandbox stays in tmp_path
 
     def current(self) -> dict:
         return self.manager.rows()[self.uuid]
