@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
-import vastctl
+import package_source
 
-PACKAGE = Path(vastctl.__file__).parent
 HOMES = ("state/", "facts/")  # where SQL against instances belongs
-# Modules whose instances SQL is still to move into state/: none. An entry here must say why it waits;
-# test_the_allow_list_is_not_stale fails once its module asks state/ instead.
-NOT_YET: set[str] = set()
 # SQL's keywords are upper case in this code base: prose ("a row from instances") is not SQL
 SQL = re.compile(r"\b(FROM|INTO|UPDATE|JOIN|TABLE)\s+instances\b")
 
@@ -32,31 +27,28 @@ def _texts(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def sql_naming_instances(source: str) -> list[int]:
-    """The lines of the string literals in `source` that hold SQL naming the instances table."""
-    return sorted({line for line, text in _texts(ast.parse(source)) if SQL.search(text)})
+def sql_naming_instances(source: str | ast.Module) -> list[int]:
+    """The lines of the string literals in `source` (its text, or its parsed tree) that hold SQL naming the
+    instances table."""
+    tree = ast.parse(source) if isinstance(source, str) else source
+    return sorted({line for line, text in _texts(tree) if SQL.search(text)})
 
 
 def _offenders() -> dict[str, list[int]]:
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        name = path.relative_to(PACKAGE).as_posix()
-        if name.startswith(HOMES):
+    for module in package_source.modules():
+        if module.name.startswith(HOMES):
             continue
-        lines = sql_naming_instances(path.read_text())
+        lines = sql_naming_instances(module.tree)
         if lines:
-            found[name] = lines
+            found[module.name] = lines
     return found
 
 
 def test_sql_against_instances_only_in_state_and_facts():
-    offenders = {name: lines for name, lines in _offenders().items() if name not in NOT_YET}
+    offenders = _offenders()
     assert offenders == {}, ("SQL against `instances` outside vastctl/state/ and vastctl/facts/ (module: lines);"
                              " add a function to vastctl/state/instances.py and call it")
-
-
-def test_the_allow_list_is_not_stale():
-    assert set(NOT_YET) <= set(_offenders()), "a module in NOT_YET has no instances SQL left: remove its entry"
 
 
 def test_the_scan_sees_sql_however_the_literal_is_written():
