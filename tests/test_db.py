@@ -116,13 +116,7 @@ def test_a_new_file_holds_what_a_file_upgraded_migration_by_migration_holds(tmp_
     """A new file is written from the schema the migrations lead to (db._create_fresh), not migration by
     migration: the two are the same schema, rows, sequence and version, and the migrations table names each."""
     fresh = db.connect(tmp_path / "fresh.db", create=True, now=SYSTEM.now())
-    raw = sqlite3.connect(tmp_path / "stepped.db", isolation_level=None)
-    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for statement in db._statements(migrations.MIGRATIONS[0][1]):
-        raw.execute(statement)
-    raw.execute("INSERT INTO migrations VALUES (1, ?, '2026-01-01T00:00:00Z')", (db.FIRST_MIGRATION,))
-    raw.execute("PRAGMA user_version = 1")
-    raw.close()
+    file_at(tmp_path / "stepped.db", 1).close()
     stepped = db.connect(tmp_path / "stepped.db", now=SYSTEM.now())  # migrations 2… one at a time
     assert schema_of(fresh) == schema_of(stepped) and len(schema_of(fresh)) > 40
     for (table,) in fresh.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'migrations'"):
@@ -185,14 +179,7 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
 def test_upgrade_reads_old_events_fields_from_their_text_once(db_path):
     """Events written before they carried fields get them from their reason, once, in the migration: a setting's
     key and values, a kill or stop forced past the guard, and the killed row's kill_forced."""
-    before = migration_number("an event's structured fields") - 1
-    raw = sqlite3.connect(db_path, isolation_level=None)
-    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for number, (name, sql) in enumerate(migrations.MIGRATIONS[:before], start=1):
-        for statement in db._statements(sql):
-            raw.execute(statement)
-        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
-    raw.execute(f"PRAGMA user_version = {before}")
+    raw = file_at(db_path, migration_number("an event's structured fields") - 1)
     for uuid, reason in (("forced", "operator: GPU errors (forced)"), ("plain", "operator: done")):
         raw.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, kill_reason)"
                     " VALUES (?, ?, 'killed', 't', 't', ?)", (uuid, f"vastctl-{uuid}", reason))
