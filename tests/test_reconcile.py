@@ -446,3 +446,47 @@ def test_a_machine_the_proof_router_set_aside_is_killed_with_its_own_code_and_bl
     assert kill.reason == f"the proof router set it aside 30s ago: {why}"
     killed = {**failing, "state": "killed", "kill_code": "route_failing", "killed_at": ago(seconds=1)}
     assert blocklist.reason_for(killed) == f"failed the proof router's calls ({why})"
+
+
+# --- tunnel_down: a running machine the manager cannot reach through its tunnel -----------------------------
+
+
+def tunneled(label: str, **fields) -> dict:
+    """A running machine with a tunnel that joined in this spell in `running` (state_since 1h ago)."""
+    return row(label, **{"tunnel_port": 20001, "joined_at": ago(minutes=50), "tunnel_down_since": None, **fields})
+
+
+def test_a_joined_machine_unreachable_past_the_timeout_is_killed_tunnel_down():
+    down = tunneled("vastctl-1", tunnel_down_since=ago(minutes=11))
+    (kill,) = [a for a in plan([down], [seen(down)], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert (kill.label, kill.code) == ("vastctl-1", KillCode.TUNNEL_DOWN)
+    assert kill.reason == "unreachable through its tunnel (127.0.0.1:20001) for 11m (limit 10m)"
+
+
+def test_a_machine_that_never_joined_this_run_counts_from_running():
+    never = tunneled("vastctl-1", joined_at=None)
+    earlier = tunneled("vastctl-2", joined_at=ago(hours=2))  # joined before this spell in running: not now
+    actions = plan([never, earlier], [seen(never), seen(earlier)], SETTINGS, cfg(), NOW)
+    assert kills(actions) == {("vastctl-1", KillCode.TUNNEL_DOWN), ("vastctl-2", KillCode.TUNNEL_DOWN)}
+    assert {a.reason for a in actions if a.kind == "kill"} == {
+        "never reached through its tunnel (127.0.0.1:20001) for 1h (limit 10m)"}
+
+
+def test_a_tunnel_down_within_the_timeout_or_no_tunnel_at_all_is_left_alone():
+    rows = [tunneled("vastctl-1", tunnel_down_since=ago(minutes=9)),  # within the default 10m
+            tunneled("vastctl-2"),  # joined, up
+            row("vastctl-3", tunnel_port=None, tunnel_down_since=ago(hours=1), joined_at=None),  # no tunnel
+            tunneled("vastctl-4", state="stopped", tunnel_down_since=ago(hours=1))]  # not running
+    assert kills(plan(rows, [seen(r) for r in rows], SETTINGS, cfg(), NOW)) == set()
+
+
+def test_the_tunnel_timeout_comes_from_the_config():
+    down = tunneled("vastctl-1", tunnel_down_since=ago(minutes=11))
+    assert kills(plan([down], [seen(down)], SETTINGS, cfg(tunnel={"down_timeout": "30m"}), NOW)) == set()
+    assert kills(plan([down], [seen(down)], SETTINGS, cfg(tunnel={"down_timeout": "5m"}), NOW)) == {
+        ("vastctl-1", KillCode.TUNNEL_DOWN)}
+
+
+def test_a_missed_heartbeat_wins_over_a_down_tunnel():
+    both = tunneled("vastctl-1", tunnel_down_since=ago(minutes=30), last_heartbeat_at=ago(minutes=30))
+    assert kills(plan([both], [seen(both)], SETTINGS, cfg(), NOW)) == {("vastctl-1", KillCode.HEARTBEAT_TIMEOUT)}
