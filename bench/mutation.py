@@ -69,7 +69,7 @@ def report(patterns: list[str]) -> int:
     if not by_module:
         print("no results: run `python bench/mutation.py` first", file=sys.stderr)
         return 1
-    print(f"| module | mutants | killed | survived | no tests | score |\n|---|---|---|---|---|---|")
+    print("| module | mutants | killed | survived | no tests | score |\n|---|---|---|---|---|---|")
     total: Counter[str] = Counter()
     for module, counts in by_module.items():
         total.update(counts)

@@ -490,3 +490,31 @@ def test_the_tunnel_timeout_comes_from_the_config():
 def test_a_missed_heartbeat_wins_over_a_down_tunnel():
     both = tunneled("vastctl-1", tunnel_down_since=ago(minutes=30), last_heartbeat_at=ago(minutes=30))
     assert kills(plan([both], [seen(both)], SETTINGS, cfg(), NOW)) == {("vastctl-1", KillCode.HEARTBEAT_TIMEOUT)}
+
+
+# --- the destroy of a killed row: its reason and its fields, exactly ---------------------------------------
+
+
+def test_a_killed_rows_destroy_names_its_age_code_and_the_last_error():
+    r = row("vastctl-1", state="killed", kill_code="operator", killed_at=ago(minutes=5), destroy_attempts=2,
+            destroy_error="HTTP 500", state_since=ago(hours=3))
+    (destroy,) = plan([r], [seen(r)], SETTINGS, cfg(), NOW)
+    assert (destroy.kind, destroy.actor, destroy.label, destroy.uuid, destroy.vast_id, destroy.code) == (
+        "destroy", "reconcile", "vastctl-1", "u-vastctl-1", 101, KillCode.OPERATOR)
+    assert destroy.reason == "killed 5m ago (operator), not yet destroyed; attempt 3, last error: HTTP 500"
+
+
+def test_a_first_destroy_says_no_attempt_and_a_row_without_killed_at_counts_from_its_state():
+    first = row("vastctl-1", state="killed", kill_code=None, killed_at=None, state_since=ago(minutes=7))
+    again = row("vastctl-2", state="killed", kill_code="agent", killed_at=ago(minutes=2), destroy_attempts=1,
+                destroy_error=None)
+    reasons = {a.label: (a.reason, a.code) for a in plan([first, again], [seen(first), seen(again)], SETTINGS, cfg(), NOW)}
+    assert reasons == {"vastctl-1": ("killed 7m ago (no code), not yet destroyed", None),
+                       "vastctl-2": ("killed 2m ago (agent), not yet destroyed; attempt 2, last error: ?", KillCode.AGENT)}
+
+
+def test_stored_code_reads_a_known_code_and_leaves_out_the_rest():
+    from vastctl.reconcile.decide import stored_code
+
+    assert stored_code("tunnel_down") is KillCode.TUNNEL_DOWN and stored_code(None) is None
+    assert stored_code("typed by hand") is None and stored_code("") is None

@@ -195,3 +195,82 @@ def test_a_budget_under_one_reserve_still_reads_one_call_at_a_time_and_closing_r
     with pytest.raises(dispatch.Closed):
         d.enter()
     assert d.snapshot()["held"] == 0
+
+
+# --- what the router shows, and the joined set as update() leaves it -------------------------------------
+
+
+def test_the_snapshot_counts_held_unread_kept_and_in_flight_and_lists_provers_by_label():
+    clock = VirtualClock(START)
+    d = Dispatcher(max_held=10, max_bytes=1000, fail_threshold=3, clock=clock)
+    assert d.snapshot() == {"held": 0, "held_bytes": 0, "unread": 0, "oldest_held_s": None, "kept_bytes": 0,
+                            "in_flight": 0, "provers": []}
+    d.update([spec("b", slots=2, rate=10), spec("a", slots=1, rate=20)])
+    sent, prover = take(d, size=7)  # b: the most free slots
+    d.release(sent, prover, "dropped")
+    again = d.acquire(sent, timeout=0)  # a: b dropped it
+    d.admit(klass=CLASS_PROOF, size=5)  # placed nowhere yet: held
+    clock.advance(30)
+    d.enter()  # arrived, not read
+    clock.advance(12)
+    assert d.snapshot() == {
+        "held": 2, "held_bytes": 5, "unread": 1, "oldest_held_s": 42.0, "kept_bytes": 12, "in_flight": 1,
+        "provers": [
+            {"uuid": "u-a", "label": "a", "endpoint": spec("a").endpoint, "slots": 1, "busy": 1, "streak": 0,
+             "set_aside": None, "gone": False},
+            {"uuid": "u-b", "label": "b", "endpoint": spec("b").endpoint, "slots": 2, "busy": 0, "streak": 1,
+             "set_aside": None, "gone": False}]}
+    assert again.spec.label == "a"
+
+
+def test_the_oldest_call_may_be_one_not_read_yet():
+    clock = VirtualClock(START)
+    d = Dispatcher(max_held=10, max_bytes=1000, fail_threshold=3, clock=clock)
+    d.enter()
+    clock.advance(5)
+    d.admit(klass=CLASS_PROOF, size=1)
+    clock.advance(1)
+    assert d.snapshot()["oldest_held_s"] == 6.0
+
+
+def test_update_returns_who_left_keeps_a_busy_one_until_its_calls_are_back_and_takes_new_slots():
+    d = make()
+    d.update([spec("a", slots=2), spec("b", slots=1)])
+    ticket, prover = take(d)
+    assert prover.spec.label == "a"  # the most free slots
+    assert d.update([spec("a", slots=1)]) == ["u-b"]  # b, idle, is forgotten at once
+    assert [p["label"] for p in d.snapshot()["provers"]] == ["a"]
+    assert d.update([]) == ["u-a"] and d.update([]) == []  # a busy one leaves once
+    assert [(p["label"], p["gone"], p["busy"]) for p in d.snapshot()["provers"]] == [("a", True, 1)]
+    d.update([spec("a", slots=3)])  # back while its call is out: the call still counts, the new slots too
+    assert [(p["slots"], p["busy"], p["gone"]) for p in d.snapshot()["provers"]] == [(3, 1, False)]
+    d.update([spec("a", slots=2, rate=99)])  # still joined: its spec changes in place
+    assert [(p["slots"], p["busy"]) for p in d.snapshot()["provers"]] == [(2, 1)]
+    assert take(d)[1].spec.rate == 99
+
+
+def test_a_prover_set_aside_or_full_takes_nothing_and_the_free_count_says_so():
+    d = make(fail_threshold=1)
+    d.update([spec("a", slots=3)])
+    (first, prover), (second, _) = take(d), take(d)
+    assert prover.free == 1
+    assert d.release(first, prover, "failed") == ("1 calls in a row dropped or failed, the last failed"
+                                                  " (route.fail_threshold 1)")
+    assert prover.free == 0 and take(d)[1] is None
+    assert d.release(second, prover, "failed") is None  # already set aside: said once
+    assert d.snapshot()["provers"][0]["streak"] == 2
+
+
+def test_a_call_admitted_after_it_was_read_keeps_its_place_and_arrival():
+    clock = VirtualClock(START)
+    d = Dispatcher(max_held=10, max_bytes=1000, fail_threshold=3, clock=clock, read_reserve=100)
+    early = d.enter()
+    clock.advance(3)
+    late = d.admit(klass=CLASS_PROOF, size=1)  # admitted straight away, after `early` arrived
+    assert d.wait_to_read(early, timeout=0)
+    assert d.snapshot()["kept_bytes"] == 101
+    ticket = d.admit(klass=CLASS_PROOF, size=10, read=early)  # its reserve given back in the same step
+    assert (ticket.seq, ticket.arrived) == (early.seq, early.arrived) and ticket.seq < late.seq
+    assert d.snapshot()["kept_bytes"] == 11 and early.reserved == 0
+    d.update([spec("a", slots=1)])
+    assert d.acquire(late, timeout=0) is None and d.acquire(ticket, timeout=0).spec.label == "a"

@@ -111,3 +111,58 @@ def test_library_messages_speak_no_flags():
         with pytest.raises(Invalid) as caught:
             check()
         assert "--" not in str(caught.value)
+
+
+# --- how a refused value and a range are worded, exactly --------------------------------------------------
+
+
+def test_a_refused_value_is_shown_as_its_repr_cut_at_the_limit():
+    assert validate.shown("abc") == "'abc'" and validate.shown(2.5) == "2.5" and validate.shown(None) == "None"
+    assert validate.shown("x" * 100) == "'" + "x" * 58 + "…"  # 60 characters, the last one the ellipsis
+    assert validate.shown("x" * 58) == "'" + "x" * 58 + "'"  # exactly 60: whole
+    assert validate.shown("abcdef", limit=4) == "'ab…"
+    assert validate.shown(10**5000) == "a number of thousands of digits"  # past Python's digits for repr()
+
+
+def test_ascii_shown_escapes_every_character_past_ascii():
+    assert validate.ascii_shown("a\ud800b") == "'a\\ud800b'"
+    assert validate.ascii_shown("é×") == "'\\xe9\\xd7'"
+    assert validate.ascii_shown("plain") == "'plain'"
+
+
+def test_a_lone_surrogate_is_named_with_the_value_escaped():
+    with pytest.raises(Invalid) as caught:
+        validate.text("a\ud800", "label", utf8=True)
+    assert str(caught.value) == "label must be Unicode text, got a lone surrogate in 'a\\ud800'"
+    assert validate.text("é", "label", utf8=True) == "é"  # past ASCII but encodable: taken
+
+
+@pytest.mark.parametrize("value, kind, text", [
+    (Range(1, 100), "int", "a whole number from 1 to 100"),
+    (Range(0, 1000, above=True), "float", "a number above 0 and at most 1000"),
+    (Range(0, 3600, above=True), "duration", "a duration above 0s and at most 1h"),
+    (Range(60, 2 * 86400), "duration", "a duration from 1m to 2d"),
+    (Range(90, 5400), "duration", "a duration from 90s to 90m"),  # whole minutes, not 1.5h
+    (Range(1.5, 86400 + 3600), "duration", "a duration from 1.5s to 25h"),
+    (Range(0.5, 2.5), "float", "a number from 0.5 to 2.5"),
+    (Range(0, 1e20), "float", "a number from 0 to 1e+20"),
+    (Range(-3, 3.0), "float", "a number from -3 to 3"),
+])
+def test_a_range_describes_itself_in_its_kinds_words(value, kind, text):
+    assert value.describe(kind) == text
+
+
+def test_a_range_refusal_shows_the_value_given_and_says_why_only_at_the_excluded_end():
+    allowed = Range(0, 10, above=True, why="0 would stop everything")
+    assert str(allowed.refusal("x", "int", "11", 11.0)) == "x must be a whole number above 0 and at most 10, got '11'"
+    assert str(allowed.refusal("x", "int", 0, 0.0)).endswith("got 0: 0 would stop everything")
+    assert str(Range(0, 10).refusal("x", "int", -1, -1.0)) == "x must be a whole number from 0 to 10, got -1"
+    with pytest.raises(Invalid) as caught:
+        Range(0, 10, why="never said").check(11, "x", "int", 11)
+    assert str(caught.value) == "x must be a whole number from 0 to 10, got 11"
+
+
+def test_a_range_takes_its_ends_unless_the_low_one_is_excluded():
+    assert Range(0, 10).allows(0) and Range(0, 10).allows(10) and not Range(0, 10).allows(10.0001)
+    assert not Range(0, 10, above=True).allows(0) and Range(0, 10, above=True).allows(1e-9)
+    assert not Range(0, 10).allows(-1e-9)
