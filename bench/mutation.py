@@ -3,6 +3,7 @@
     pip install -e '.[test,mutation]'
     python bench/mutation.py            # a fresh run (mutants/ removed first), then the score per module
     python bench/mutation.py --report   # the score of the last run, nothing run
+    python bench/mutation.py --survivors  # again only the mutants that survived the last run (after new tests)
     python bench/mutation.py 'vastctl.bids.*'   # only the mutants whose names match (mutmut's own patterns)
 
 The modules and the tests run against them are [tool.mutmut] in pyproject.toml; what was measured and why each
@@ -91,6 +92,13 @@ def row(module: str, counts: Counter[str]) -> str:
     return f"| {module} | {sum(counts.values())} | {killed} | {survived} | {untested} | {score}{extra} |"
 
 
+def mutmut_command() -> str:
+    mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or shutil.which("mutmut")
+    if mutmut is None:
+        sys.exit("error: mutmut is not installed: pip install -e '.[test,mutation]'")
+    return mutmut
+
+
 def mutmut_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -104,18 +112,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("patterns", nargs="*", help="only the mutants whose names match these (default: all)")
     parser.add_argument("--report", action="store_true", help="print the last run's score, run nothing")
+    parser.add_argument("--survivors", action="store_true", help="rerun only the last run's surviving mutants")
     args = parser.parse_args()
     patterns = args.patterns or PATTERNS
+    if args.survivors:
+        results(patterns)
+        names = [name.split(" ")[0] for name in results.survivors]  # type: ignore[attr-defined]
+        if not names:
+            return report(patterns)
+        subprocess.run([mutmut_command(), "run", "--max-children", "1", *names], cwd=ROOT, check=False)
+        return report(patterns)
     if not args.report:
-        mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or shutil.which("mutmut")
-        if mutmut is None:
-            print("error: mutmut is not installed: pip install -e '.[mutation]'", file=sys.stderr)
-            return 2
+        mutmut = mutmut_command()
         if not args.patterns:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # a whole run starts from nothing
         command = [mutmut, "run", "--max-children", "1", *patterns]
         print("$", " ".join(command[1:]), flush=True)
-        subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, check=False)
+        subprocess.run(command, cwd=ROOT, check=False)
     return report(patterns)
 
 
