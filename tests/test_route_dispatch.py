@@ -274,3 +274,35 @@ def test_a_call_admitted_after_it_was_read_keeps_its_place_and_arrival():
     assert d.snapshot()["kept_bytes"] == 11 and early.reserved == 0
     d.update([spec("a", slots=1)])
     assert d.acquire(late, timeout=0) is None and d.acquire(ticket, timeout=0).spec.label == "a"
+
+
+def test_a_reserve_that_fills_the_budget_exactly_is_read():
+    d = make(max_bytes=1000, read_reserve=500)
+    first, second, third = d.enter(), d.enter(), d.enter()
+    assert d.wait_to_read(first, timeout=0) and d.wait_to_read(second, timeout=0)  # 500 + 500 = 1000: fits
+    assert not d.wait_to_read(third, timeout=0) and d.snapshot()["kept_bytes"] == 1000
+
+
+class ReadsClock(VirtualClock):
+    """A clock that runs a step on its n-th reading: something happening while a call waits, in one thread."""
+
+    def __init__(self, at: int, step):
+        super().__init__(START)
+        self.reads, self.at, self.step = 0, at, step
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        if self.reads == self.at:
+            self.step()
+        return super().monotonic()
+
+
+def test_a_call_waiting_to_be_read_is_read_once_room_is_given_back_within_its_timeout():
+    d = make(max_bytes=1000, read_reserve=600)
+    first, second = d.enter(), d.enter()
+    assert d.wait_to_read(first, timeout=0)
+    # second's first look finds no room; as its deadline is read the first call gives its room back: it is read
+    # on its next look (after a wait of at most 0.02 s), well inside its timeout
+    d.clock = ReadsClock(at=2, step=lambda: d.leave(first))
+    assert d.wait_to_read(second, timeout=0.02)
+    assert d.snapshot()["kept_bytes"] == 600 and d.snapshot()["unread"] == 0
