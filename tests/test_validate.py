@@ -166,3 +166,27 @@ def test_a_range_takes_its_ends_unless_the_low_one_is_excluded():
     assert Range(0, 10).allows(0) and Range(0, 10).allows(10) and not Range(0, 10).allows(10.0001)
     assert not Range(0, 10, above=True).allows(0) and Range(0, 10, above=True).allows(1e-9)
     assert not Range(0, 10).allows(-1e-9)
+
+
+@pytest.mark.parametrize("value, kw, refusal", [
+    (5, {}, "label must be text, got int"),
+    (None, {"utf8": True}, "label must be text, got NoneType"),
+    ("", {}, "label must be 1 to 256 printable characters, got an empty value"),
+    ("a" * 257, {}, "label must be 1 to 256 printable characters, got 257 characters"),
+    ("abcdef", {"max_len": 5}, "label must be 1 to 5 printable characters, got 6 characters"),
+    ("ab\x07c", {}, "label must be 1 to 256 printable characters: \\x07 (character 3) is a control or bidi character"),
+    ("ab\u202ec", {}, "label must be 1 to 256 printable characters: \\u202e (character 3) is a control or bidi character"),
+    ("a\ud800", {}, "label must be 1 to 256 printable characters: \\ud800 (character 2) is a control or bidi character"),
+    (" vastctl-a", {}, "label must not begin or end with a space, got ' vastctl-a': give 'vastctl-a'"),
+    (" " + "x" * 70, {}, f"label must not begin or end with a space, got ' {'x' * 58}…': give '{'x' * 59}…'"),
+])
+def test_text_refuses_each_fault_in_its_own_words(value, kw, refusal):
+    with pytest.raises(Invalid) as caught:
+        validate.text(value, "label", **kw)
+    assert str(caught.value) == refusal
+
+
+def test_text_takes_a_value_up_to_its_limit_as_it_is():
+    assert validate.text("a" * 256, "label") == "a" * 256
+    assert validate.text("abcde", "label", max_len=5) == "abcde"
+    assert validate.text("vastctl-a b", "label", utf8=True) == "vastctl-a b"  # a space inside is a character
