@@ -306,3 +306,72 @@ def test_a_call_waiting_to_be_read_is_read_once_room_is_given_back_within_its_ti
     d.clock = ReadsClock(at=2, step=lambda: d.leave(first))
     assert d.wait_to_read(second, timeout=0.02)
     assert d.snapshot()["kept_bytes"] == 600 and d.snapshot()["unread"] == 0
+
+
+class TickingClock(VirtualClock):
+    """Each reading of the monotonic clock moves it on 10 ms: a deadline passes after a few looks."""
+
+    def monotonic(self) -> float:
+        self.advance(0.01)
+        return super().monotonic()
+
+
+def test_a_call_with_no_room_gives_up_at_its_deadline_and_keeps_its_place():
+    clock = TickingClock(START)
+    clock.advance(1000)  # a deadline is counted from now, not from the clock's start
+    d = Dispatcher(max_held=10, max_bytes=1000, fail_threshold=3, clock=clock, read_reserve=600)
+    first, second = d.enter(), d.enter()
+    assert d.wait_to_read(first, timeout=0)
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(d.wait_to_read(second, timeout=0.05)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=5)
+    gave_up = not waiter.is_alive()
+    d.close()  # wakes a waiter that never gave up
+    waiter.join(timeout=5)
+    assert gave_up and result == [False]
+    assert d.unread == [second]  # still first in line once room comes
+
+
+def test_a_call_refused_after_it_was_read_gives_its_reserve_back_once():
+    d = make(max_bytes=100, read_reserve=60)
+    call = d.enter()
+    assert d.wait_to_read(call, timeout=0) and d.snapshot()["kept_bytes"] == 60
+    with pytest.raises(dispatch.Full):
+        d.admit(klass=CLASS_PROOF, size=120, read=call)
+    d.leave(call)  # the server gives the call up as well: nothing more is given back
+    assert d.snapshot()["kept_bytes"] == 0 and call.reserved == 0
+
+
+def test_an_answer_the_daemon_chose_resets_the_streak_as_a_completed_one_does():
+    d = make(fail_threshold=2)
+    d.update([spec("a", slots=1)])
+    for outcome, streak in (("dropped", 1), ("error", 0), ("failed", 1), ("completed", 0), ("dropped", 1)):
+        ticket, prover = take(d)
+        d.release(ticket, prover, outcome)
+        d.finish(ticket)
+        assert d.snapshot()["provers"][0]["streak"] == streak, outcome
+    assert d.snapshot()["provers"][0]["set_aside"] is None
+
+
+@pytest.mark.xfail(strict=True, reason="a prover that rejoins while a call of its last spell is out is dropped"
+                                       " from the joined set when that call comes back (dispatch.release pops its uuid)")
+def test_a_prover_that_rejoins_while_its_call_is_out_stays_joined():
+    d = make()
+    d.update([spec("a", slots=2)])
+    ticket, prover = take(d)
+    d.update([])  # it leaves with the call out
+    d.update([spec("a", slots=2)])  # and is back before the call returns
+    d.release(ticket, prover, "completed")
+    d.finish(ticket)
+    assert [(p["label"], p["busy"]) for p in d.snapshot()["provers"]] == [("a", 0)]
+
+
+def test_the_oldest_held_age_is_counted_from_its_arrival_and_is_zero_at_once():
+    clock = VirtualClock(START)
+    d = Dispatcher(max_held=5, max_bytes=100, fail_threshold=3, clock=clock)
+    clock.advance(10)
+    d.admit(klass=CLASS_PROOF, size=1)
+    assert d.snapshot()["oldest_held_s"] == 0.0  # just arrived
+    clock.advance(5)
+    assert d.snapshot()["oldest_held_s"] == 5.0
