@@ -375,3 +375,62 @@ def test_the_oldest_held_age_is_counted_from_its_arrival_and_is_zero_at_once():
     assert d.snapshot()["oldest_held_s"] == 0.0  # just arrived
     clock.advance(5)
     assert d.snapshot()["oldest_held_s"] == 5.0
+
+
+def test_a_call_given_back_is_held_again_in_its_first_place_and_leaves_the_queue_once_placed():
+    d = make()
+    d.update([spec("a", slots=1)])
+    first, prover = take(d)
+    second = d.admit(klass=CLASS_PROOF, size=1)  # arrives while the first is out
+    d.release(first, prover, "dropped")  # the only prover: it takes it back
+    assert d.acquire(first, timeout=0) is prover  # ahead of the second, which came later
+    assert d.acquire(second, timeout=0) is None and d.snapshot()["held"] == 1
+    d.release(first, prover, "completed")
+    d.finish(first)
+    assert d.acquire(second, timeout=0) is prover and d.snapshot()["held"] == 0
+
+
+def test_a_call_no_prover_it_prefers_can_take_does_not_hold_back_the_next():
+    d = make()
+    d.update([spec("a", slots=1, rate=90), spec("b", slots=1, rate=10)])
+    dropped, a = take(d)
+    busy, b = take(d)
+    assert (a.spec.label, b.spec.label) == ("a", "b")
+    d.release(dropped, a, "dropped")
+    assert d.acquire(dropped, timeout=0) is None  # waits for b, the prover that did not drop it
+    later = d.admit(klass=CLASS_PROOF, size=1)
+    assert d.acquire(later, timeout=0) is a  # a is free and the first call will not take it
+
+
+def test_a_call_dropped_by_every_prover_not_set_aside_goes_back_to_one_of_them():
+    d = make(fail_threshold=2)
+    d.update([spec("a", slots=1, rate=90), spec("b", slots=1, rate=10)])
+    dropped, a = take(d)
+    for _ in range(2):
+        failing, b = take(d)
+        assert b.spec.label == "b"
+        d.release(failing, b, "failed")
+        d.finish(failing)
+    assert b.set_aside  # b is set aside
+    d.release(dropped, a, "dropped")  # a's first: it is not
+    assert d.acquire(dropped, timeout=0) is a  # b takes nothing: a, though it dropped it, is the one left
+
+
+def test_a_held_call_is_placed_when_a_prover_joins_within_its_timeout_and_gives_up_at_its_deadline():
+    d = make()
+    ticket = d.admit(klass=CLASS_PROOF, size=1)
+    # as its deadline is read the first time round, a prover joins: it is placed on its next look
+    d.clock = ReadsClock(at=2, step=lambda: d.update([spec("a")]))
+    assert d.acquire(ticket, timeout=0.02).spec.label == "a"
+    clock = TickingClock(START)
+    clock.advance(1000)
+    waiting = Dispatcher(max_held=10, max_bytes=1000, fail_threshold=3, clock=clock)
+    held = waiting.admit(klass=CLASS_PROOF, size=1)
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(waiting.acquire(held, timeout=0.05)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=5)
+    gave_up = not waiter.is_alive()
+    waiting.close()
+    waiter.join(timeout=5)
+    assert gave_up and result == [None] and waiting.held == [held]  # still held, in its place
