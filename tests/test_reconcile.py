@@ -518,3 +518,100 @@ def test_stored_code_reads_a_known_code_and_leaves_out_the_rest():
 
     assert stored_code("tunnel_down") is KillCode.TUNNEL_DOWN and stored_code(None) is None
     assert stored_code("typed by hand") is None and stored_code("") is None
+
+
+# --- the rules' edges: counts, boundaries and the words of each reason ------------------------------------
+
+
+def test_missing_after_counts_this_listing_only_for_a_row_vast_should_list():
+    from vastctl.reconcile.decide import missing_after
+
+    listed = row("vastctl-1", vast_missing=3)
+    gone = row("vastctl-2", vast_missing=None)
+    gone_again = row("vastctl-3", vast_missing=2)
+    fresh = row("vastctl-4", state="launching", vast_id=None, vast_seen_at=None, vast_missing=2)  # not yet listed
+    matched = match([listed, gone, gone_again, fresh], [seen(listed)])
+    assert [missing_after(r, matched) for r in (listed, gone, gone_again, fresh)] == [0, 1, 3, 2]
+
+
+def test_one_confirmation_kills_a_vanished_machine_at_its_first_miss():
+    rows = [row(f"vastctl-{n}", vast_seen_at=ago(minutes=3)) for n in range(4)]
+    one = cfg(reconcile={"disappear_confirmations": 1, "confirm_after": 0})
+    assert kills(plan(rows, [seen(r) for r in rows[1:]], SETTINGS, one, NOW)) == {("vastctl-0", "disappeared")}
+
+
+def test_a_vanished_machine_never_seen_says_so():
+    rows = [row("vastctl-0", vast_missing=1, vast_seen_at=None, vast_missing_since=ago(minutes=3),
+                last_heartbeat_at=ago(minutes=3))] + [
+        row(f"vastctl-{n}") for n in range(1, 4)]
+    (kill,) = [a for a in plan(rows, [seen(r) for r in rows[1:]], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert kill.reason == "disappeared from vast: instance 100 missing from 2 consecutive listings, never seen"
+
+
+def test_a_start_failure_counts_only_off_a_running_status_and_names_a_missing_one():
+    text = START_FAILURE_TEXTS[0]
+    r = row("vastctl-1")
+    assert plan([r], [seen(r, "running", status_msg=text)], SETTINGS, cfg(), NOW) == []
+    (kill,) = [a for a in plan([r], [seen(r, None, status_msg=text)], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert kill.code == KillCode.START_FAILED and kill.reason.startswith("vast reports a start failure (status none): ")
+    from vastctl.reconcile.decide import start_failure
+
+    assert start_failure(None) is None and start_failure("") is None and start_failure("   ") is None
+
+
+def test_a_dead_status_reason_quotes_vasts_text_bounded_or_nothing():
+    r = row("vastctl-1", vast_status="exited", vast_seen_at=ago(minutes=3))
+    (plain,) = [a for a in plan([r], [seen(r, "exited")], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert plain.reason == "vast status exited for 3m (2 listings)"
+    (quoted,) = [a for a in plan([r], [seen(r, "exited", status_msg="x" * 400)], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert quoted.reason == "vast status exited for 3m (2 listings): " + "x" * 159 + "…"
+
+
+def test_a_resumed_machine_is_stuck_only_past_five_minutes_whatever_it_intends_or_says():
+    def stuck(minutes, seconds=0, status="stopped", intended="running"):
+        r = row("vastctl-1", state="launching", resumed_at=ago(minutes=minutes, seconds=seconds),
+                state_since=ago(minutes=minutes, seconds=seconds), vast_status=status, last_heartbeat_at=None)
+        return [a for a in plan([r], [seen(r, status, intended_status=intended)], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert stuck(5) == [] and len(stuck(5, seconds=1)) == 1
+    assert [a.code for a in stuck(6, intended="")] == [KillCode.SCHEDULING_TIMEOUT]  # no intent said: running's
+    assert stuck(6, intended="stopped") == []  # vast was asked to stop it
+    (unsaid,) = stuck(6, status=None)
+    assert unsaid.reason == ("resumed 6m ago but vast still has it unscheduled (limit 5m): its GPU is likely taken")
+
+
+def test_only_a_row_still_in_bench_done_is_judged_by_the_gate():
+    running = row("vastctl-1", bench_rate=30.0)  # passed an older, lower gate and proves: not re-judged
+    assert plan([running], [seen(running)], SETTINGS, cfg(), NOW) == []
+
+
+def test_a_state_at_its_timeout_exactly_is_not_over_it():
+    at_limit = row("vastctl-1", state="params_done", state_since=ago(minutes=90))
+    assert plan([at_limit], [seen(at_limit)], SETTINGS, cfg(), NOW) == []
+
+
+def outbid_listing(r, **fields):
+    return seen(r, "stopped", raw={"is_bid": True}, **fields)
+
+
+def test_an_outbid_machine_is_waited_for_two_hours_after_its_last_heartbeat():
+    paused = row("vastctl-1", last_heartbeat_at=ago(minutes=30), vast_status="stopped")
+    assert plan([paused], [outbid_listing(paused)], SETTINGS, cfg(), NOW) == []
+    stamped = row("vastctl-2", last_heartbeat_at=ago(minutes=30), outbid_since=ago(minutes=25))  # listed running again
+    assert plan([stamped], [seen(stamped)], SETTINGS, cfg(), NOW) == []
+    long_gone = row("vastctl-3", last_heartbeat_at=ago(hours=2, seconds=1), vast_status="stopped")
+    assert kills(plan([long_gone], [outbid_listing(long_gone)], SETTINGS, cfg(), NOW)) == {
+        ("vastctl-3", KillCode.HEARTBEAT_TIMEOUT)}
+    silent = row("vastctl-4", last_heartbeat_at=None, vast_status="stopped", state_since=ago(minutes=20))
+    assert kills(plan([silent], [outbid_listing(silent)], SETTINGS, cfg(), NOW)) == {
+        ("vastctl-4", KillCode.HEARTBEAT_TIMEOUT)}  # never heartbeated: nothing to wait from
+
+
+def test_outbid_is_a_bidding_instance_vast_lists_stopped():
+    from vastctl.reconcile.decide import outbid
+
+    assert outbid(RemoteInstance(id=1, actual_status="stopped", raw={"is_bid": True}))
+    assert outbid(RemoteInstance(id=1, actual_status="running", cur_state="stopped", raw={"is_bid": True}))
+    assert not outbid(RemoteInstance(id=1, actual_status="running", cur_state="running", raw={"is_bid": True}))
+    assert not outbid(RemoteInstance(id=1, actual_status="stopped", raw={"is_bid": False}))
+    assert not outbid(RemoteInstance(id=1, actual_status="stopped", raw={"is_bid": "true"}))  # only vast's true
+    assert not outbid(RemoteInstance(id=1, actual_status="stopped"))
