@@ -615,3 +615,146 @@ def test_outbid_is_a_bidding_instance_vast_lists_stopped():
     assert not outbid(RemoteInstance(id=1, actual_status="stopped", raw={"is_bid": False}))
     assert not outbid(RemoteInstance(id=1, actual_status="stopped", raw={"is_bid": "true"}))  # only vast's true
     assert not outbid(RemoteInstance(id=1, actual_status="stopped"))
+
+
+# --- the pairing of rows and listing entries ----------------------------------------------------------------
+
+
+def test_a_row_is_paired_by_its_vast_id_whatever_the_label_vast_shows():
+    r = row("vastctl-1")
+    relabelled = RemoteInstance(id=101, label="renamed-by-hand", actual_status="running")
+    matched = match([r], [relabelled], "vastctl-")
+    assert matched.by_uuid == {"u-vastctl-1": relabelled} and matched.unclaimed == [] and matched.recovered == {}
+
+
+def test_an_instance_paired_by_id_is_not_paired_again_by_label():
+    by_id = row("vastctl-1", offer_id=7)
+    crashed = row("vastctl-1", vast_id=None, offer_id=7, state="launching", vast_seen_at=None)
+    crashed["uuid"] = "u-crashed"
+    listed = RemoteInstance(id=101, label="vastctl-1", actual_status="running")
+    matched = match([by_id, crashed], [listed], "vastctl-")
+    assert matched.by_uuid == {"u-vastctl-1": listed} and matched.recovered == {} and matched.unclaimed == []
+
+
+def test_a_row_without_an_id_takes_its_claimed_id_else_the_lowest_under_its_label():
+    claimed = row("vastctl-1", vast_id=None, offer_id=7, claimed_vast_id=105)
+    unclaimed = row("vastctl-2", vast_id=None, offer_id=7)
+    listing = [RemoteInstance(id=105, label="vastctl-1"), RemoteInstance(id=103, label="vastctl-1"),
+               RemoteInstance(id=209, label="vastctl-2"), RemoteInstance(id=207, label="vastctl-2")]
+    matched = match([claimed, unclaimed], listing, "vastctl-")
+    assert matched.recovered == {"u-vastctl-1": 105, "u-vastctl-2": 207}
+    assert matched.by_uuid == {"u-vastctl-1": listing[0], "u-vastctl-2": listing[3]}
+    assert [e.id for e in matched.unclaimed] == [103, 209]
+
+
+def test_an_adopted_row_is_paired_by_label_only_with_our_prefix_and_the_next_row_still_is():
+    stranger = row("train-1", vast_id=None, offer_id=None)  # adopted by register, a label we never act on
+    adopted = row("vastctl-9", vast_id=None, offer_id=None)
+    unlisted = row("vastctl-8", vast_id=None, offer_id=7, state="launching")  # its label is not listed
+    listing = [RemoteInstance(id=301, label="train-1"), RemoteInstance(id=309, label="vastctl-9")]
+    matched = match([stranger, unlisted, adopted], listing, "vastctl-")
+    assert matched.recovered == {"u-vastctl-9": 309} and [e.id for e in matched.unclaimed] == [301]
+    assert match([adopted], listing).recovered == {}  # no prefix: nothing is ours to adopt
+    # plan pairs with the configured prefix: the adopted machine's instance is no orphan
+    assert plan([adopted], listing[1:], SETTINGS, cfg(), NOW, first_seen={309: ago(hours=2)}) == []
+
+
+def test_whether_vast_should_list_a_row_decides_if_its_miss_counts():
+    from vastctl.reconcile.decide import missing_after
+
+    never_seen = row("vastctl-1", vast_seen_at=None)  # running with an id: vast should list it
+    seen_launch = row("vastctl-2", state="launching", vast_seen_at=ago(minutes=1))  # listed before: should be
+    no_id = row("vastctl-3", vast_id=None, vast_missing=2)  # nothing to look for: the count stays
+    matched = match([never_seen, seen_launch, no_id], [])
+    assert [missing_after(r, matched) for r in (never_seen, seen_launch, no_id)] == [1, 1, 2]
+
+
+def test_a_distrusted_listing_names_five_of_the_vanished_and_what_to_do():
+    rows = [row(f"vastctl-{n}") for n in range(12)]
+    with pytest.raises(ListingDistrusted) as caught:
+        plan(rows, [seen(r) for r in rows[6:]], SETTINGS, cfg(reconcile={"max_vanish_fraction": 0.25}), NOW)
+    assert str(caught.value) == (
+        "vast listing distrusted: 6 of 12 live machines vanished at once (vastctl-0, vastctl-1, vastctl-2,"
+        " vastctl-3, vastctl-4, …; max_vanish_fraction 0.25); nothing was killed. If they really are gone, kill"
+        " them with `vastctl kill LABEL --reason …`; otherwise retry later")
+    with pytest.raises(ListingDistrusted, match=r"\(vastctl-1, vastctl-2, vastctl-3, vastctl-4, vastctl-5; max"):
+        plan(rows[1:], [seen(r) for r in rows[6:]], SETTINGS, cfg(reconcile={"max_vanish_fraction": 0.25}), NOW)
+
+
+# --- the actions a pass plans, whole ------------------------------------------------------------------------
+
+
+def test_a_kill_and_its_destroy_carry_every_field_and_the_rows_state_as_their_precondition():
+    from vastctl.guard import Action, Kind
+
+    r = row("vastctl-1", last_heartbeat_at=ago(minutes=14))
+    reason = "no heartbeat for 14m (limit 10m)"
+    kill, destroy = plan([r], [seen(r)], SETTINGS, cfg(), NOW)
+    assert kill == Action(kind=Kind.KILL, actor="reconcile", label="vastctl-1", reason=reason, uuid="u-vastctl-1",
+                          vast_id=101, code=KillCode.HEARTBEAT_TIMEOUT)
+    assert kill.expect == ("running", r["state_since"], r["last_heartbeat_at"])
+    assert destroy == Action(kind=Kind.DESTROY, actor="reconcile", label="vastctl-1", reason=f"killed: {reason}",
+                             uuid="u-vastctl-1", vast_id=101, code=KillCode.HEARTBEAT_TIMEOUT)
+
+
+def test_a_killed_row_already_destroyed_needs_nothing_and_the_rows_after_it_are_still_judged():
+    done = row("vastctl-1", state="killed", kill_code="operator", killed_at=ago(hours=1), destroyed_at=ago(minutes=50))
+    dead = row("vastctl-2", last_heartbeat_at=ago(minutes=14))
+    actions = plan([done, dead], [seen(done), seen(dead)], SETTINGS, cfg(), NOW)
+    assert [(a.kind, a.label) for a in actions] == [("kill", "vastctl-2"), ("destroy", "vastctl-2")]
+    undestroyed = {**done, "destroyed_at": None}
+    actions = plan([undestroyed, dead], [seen(done), seen(dead)], SETTINGS, cfg(), NOW)
+    assert [(a.kind, a.label) for a in actions] == [("destroy", "vastctl-1"), ("kill", "vastctl-2"),
+                                                    ("destroy", "vastctl-2")]
+
+
+def test_a_heartbeat_at_the_moment_it_entered_running_counts_as_one():
+    r = row("vastctl-1", state_since=ago(minutes=15), last_heartbeat_at=ago(minutes=15))
+    assert [a.reason for a in plan([r], [seen(r)], SETTINGS, cfg(), NOW) if a.kind == "kill"] == [
+        "no heartbeat for 15m (limit 10m)"]
+
+
+def test_a_tunnel_down_for_exactly_its_timeout_is_not_over_it():
+    down = tunneled("vastctl-1", tunnel_down_since=ago(minutes=10))
+    assert kills(plan([down], [seen(down)], SETTINGS, cfg(), NOW)) == set()
+
+
+def test_the_router_setting_a_machine_aside_as_it_entered_running_counts_and_its_words_are_bounded():
+    at_start = row("vastctl-1", route_failing_since=ago(hours=1), route_failure=None)  # state_since 1h ago too
+    (kill,) = [a for a in plan([at_start], [seen(at_start)], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert kill.code == KillCode.ROUTE_FAILING and kill.reason == "the proof router set it aside 1h ago: no detail"
+    wordy = row("vastctl-2", route_failing_since=ago(seconds=30), route_failure="y" * 400)
+    (kill,) = [a for a in plan([wordy], [seen(wordy)], SETTINGS, cfg(), NOW) if a.kind == "kill"]
+    assert kill.reason == "the proof router set it aside 30s ago: " + "y" * 159 + "…"
+
+
+# --- listed instances no row claims ---------------------------------------------------------------------------
+
+
+def test_a_destroyed_instance_still_listed_is_destroyed_again_with_its_code_and_words():
+    from vastctl.guard import Action, Kind
+
+    listed = RemoteInstance(id=101, label="vastctl-1", actual_status=None)
+    gone = {101: {"uuid": "u1", "label": "vastctl-1", "vast_id": 101, "kill_code": "exited",
+                  "destroyed_at": ago(minutes=10)}}
+    (action,) = plan([], [listed], SETTINGS, cfg(), NOW, history=gone)
+    assert action == Action(kind=Kind.DESTROY, actor="reconcile", label="vastctl-1", vast_id=101, code=KillCode.EXITED,
+                            reason="destroyed 10m ago but vast still lists instance 101 (no status)")
+    gone[101]["destroyed_at"] = ago(minutes=5)  # exactly the grace: not yet
+    assert plan([], [listed], SETTINGS, cfg(), NOW, history=gone) == []
+
+
+def test_an_orphan_is_destroyed_whole_past_its_grace_not_at_it_and_after_any_other_entry():
+    from vastctl.guard import Action, Kind
+
+    lagging = RemoteInstance(id=101, label="vastctl-1", actual_status="running")  # destroyed a minute ago
+    stranger = RemoteInstance(id=200, label="train-job", actual_status="running")
+    orphan = RemoteInstance(id=555, label="vastctl-lost", actual_status="running")
+    history = {101: {"uuid": "u1", "label": "vastctl-1", "vast_id": 101, "kill_code": None,
+                     "destroyed_at": ago(minutes=1)}}
+    first_seen = {555: ago(minutes=21), 200: ago(days=3)}
+    actions = plan([], [lagging, stranger, orphan], SETTINGS, cfg(), NOW, first_seen=first_seen, history=history)
+    assert actions == [Action(kind=Kind.DESTROY, actor="reconcile", label="vastctl-lost", vast_id=555,
+                              code=KillCode.ORPHAN, reason="orphan: vast instance 555 carries our prefix but has no"
+                              " row and never registered; listed for 21m (grace 20m)")]
+    assert plan([], [orphan], SETTINGS, cfg(), NOW, first_seen={555: ago(minutes=20)}) == []  # at the grace
