@@ -278,3 +278,11 @@ def test_the_next_offer_is_the_cheapest_per_proof_unless_a_cheaper_one_per_hour_
     assert valuation.next_offer(ranked, 60.0, obs, CONFIG) == (slow, 60.0, True)  # covers it exactly
     assert valuation.next_offer(ranked, 70.0, obs, CONFIG) == (fast, 100.0, False)  # 60 does not cover 70
     assert valuation.next_offer([(fast, 100.0), (same, 60.0)], 50.0, obs, CONFIG) == (fast, 100.0, False)  # no cheaper
+
+
+def test_a_mixed_fleet_prices_the_next_launch_at_its_bid_while_the_share_allows():
+    mixed = config_module.from_mapping({"launch": {"rental": "mixed", "interruptible_share": 0.5}})
+    priced = Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={"min_bid": 0.2})
+    one_on_demand = observation([m("vastctl-a")], queued(5), max_dph=1.0)  # 1 of 2 would bid: allowed
+    assert valuation.launch_price(priced, one_on_demand, mixed) == 0.22
+    assert valuation.launch_price(priced, observation([], queued(5), max_dph=1.0), mixed) == 0.45  # the first: on demand

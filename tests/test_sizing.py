@@ -579,3 +579,26 @@ def test_cooled_down_once_the_work_ran_out_scale_down_after_ago():
         since = None if minutes is None else NOW - timedelta(minutes=minutes)
         obs.demand = dataclasses.replace(obs.demand, empty_since=since)
         assert sizing.cooled_down(obs, CONFIG) is cooled, minutes
+
+
+def test_a_one_second_outbid_wait_rebids_whatever_has_paused_a_second():
+    one_second = config_module.from_mapping({"agent": {"outbid_wait": "1s"}})
+    assert outbid.outbid_choice(paused_row(minutes=-30), NOW, 1.0, one_second)[0] == "wait"  # dated later: 0 s
+    assert outbid.outbid_choice(paused_row(vast_status="running"), NOW, 1.0, one_second)[0] == "wait"  # not paused
+    assert outbid.outbid_choice(paused_row(minutes=0), NOW, 1.0, one_second)[0] == "wait"
+    assert outbid.outbid_choice(paused_row(minutes=1), NOW, 1.0, one_second)[0] == "rebid"
+
+
+def test_arrivals_are_the_lookahead_spread_over_its_window_else_the_rate_said_else_none():
+    half_hour = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "demand": {"lookahead_window": "30m"}})
+    assert sizing.needed({"queued": 0, "lookahead": 12}, half_hour) == 24.0  # 12 within 30 min: 24/h
+    one_second = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "demand": {"lookahead_window": "1s"}})
+    assert sizing.needed({"queued": 0, "lookahead": 1, "proofs_per_hour": 5.0}, one_second) == 3600.0
+    assert sizing.needed({"queued": 0}, CONFIG) == 0.0  # no lookahead and no rate said: no arrivals counted
+
+
+@pytest.mark.parametrize("every, held", [(15, 60.0), (12, 60.0), (16, None)])
+def test_a_window_sampled_at_most_every_15_minutes_is_evidence_and_a_longer_gap_is_not(every, held):
+    # CONFIG: scale_down_after 30m, demand.stale_after 20m: a gap may be min(20m, 30m / 2) = 15m at most
+    history = [sample(30, minutes_ago=minutes) for minutes in range(3 * every, 0, -every)]
+    assert sizing.held_capacity(observation(fleet(1), history), CONFIG) == held  # 30 queued in 30m: 60/h
