@@ -286,3 +286,19 @@ def test_a_mixed_fleet_prices_the_next_launch_at_its_bid_while_the_share_allows(
     one_on_demand = observation([m("vastctl-a")], queued(5), max_dph=1.0)  # 1 of 2 would bid: allowed
     assert valuation.launch_price(priced, one_on_demand, mixed) == 0.22
     assert valuation.launch_price(priced, observation([], queued(5), max_dph=1.0), mixed) == 0.45  # the first: on demand
+
+
+def test_ranking_prices_a_bid_at_the_configured_margin_and_a_mixed_fleet_bids_by_its_share():
+    obs = observation([m("vastctl-a")], queued(5), max_dph=1.0)
+    bids_low = Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.5, raw={"min_bid": 0.1})
+    cheap = Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.13)
+    wide = config_module.from_mapping({"launch": {"rental": "interruptible", "bid_margin": 0.5}})
+    assert [offer.id for offer, _ in valuation.rank_offers([bids_low, cheap], obs, wide)] == [2, 1]  # 0.15 vs 0.13
+    mixed = config_module.from_mapping({"launch": {"rental": "mixed", "interruptible_share": 0.5}})
+    assert [offer.id for offer, _ in valuation.rank_offers([bids_low, cheap], obs, mixed)] == [1, 2]  # 0.11 vs 0.13
+
+
+def test_an_offer_of_under_a_proof_an_hour_still_ranks():
+    slow = config_module.from_mapping({"fleet": {"default_rate": 0.5, "gpus": []}})
+    odd = Offer(id=1, machine_id=10, gpu_name="GTX 1080", num_gpus=1, dph_total=0.1)
+    assert [(o.id, rate) for o, rate in valuation.rank_offers([odd], observation([], queued(5)), slow)] == [(1, 0.5)]

@@ -602,3 +602,61 @@ def test_a_window_sampled_at_most_every_15_minutes_is_evidence_and_a_longer_gap_
     # CONFIG: scale_down_after 30m, demand.stale_after 20m: a gap may be min(20m, 30m / 2) = 15m at most
     history = [sample(30, minutes_ago=minutes) for minutes in range(3 * every, 0, -every)]
     assert sizing.held_capacity(observation(fleet(1), history), CONFIG) == held  # 30 queued in 30m: 60/h
+
+
+ONE_OFFER = [(MARKET[0], 60.0)]
+
+
+def rounding(rate, queued, lookahead, in_flight=None, machines=()):
+    """rounded_down() for one running machine of `rate` and one sample (CONFIG: 30 min horizon, 1 h window)."""
+    obs = observation([m("vastctl-a", rate=rate), *machines], [sample(queued, lookahead, in_flight)])
+    return sizing.rounded_down(obs, CONFIG, ONE_OFFER)
+
+
+@pytest.mark.parametrize("rate, queued, lookahead, in_flight, smallest", [
+    (100.0, 10, 95, None, 60.0),  # 20 + 95 = 115 wanted: 15 missing, under half of 60: rounded down
+    (100.0, 10, 80, None, None),  # 100 wanted: nothing missing
+    (99.5, 10, 80, None, 60.0),  # half a proof an hour missing is still missing
+    (0.5, 0, 10, None, 60.0),  # a fleet of half a proof an hour keeps up with no backlog: rounded down too
+    (100.0, 10, 50, 20, None),  # 30 waiting over 100/h: more than a quarter hour of work waits, so it is rented
+    (100.0, 0, 60, 25, 60.0),  # 25 waiting: exactly a quarter hour, not more
+    (100.0, 25, 60, None, 60.0),  # the same queued instead of in flight
+])
+def test_a_shortfall_under_half_the_smallest_machine_is_rounded_down_while_the_fleet_keeps_up(
+        rate, queued, lookahead, in_flight, smallest):
+    assert rounding(rate, queued, lookahead, in_flight) == smallest
+
+
+def test_the_smallest_machine_to_hand_counts_stopped_ones_with_a_rate():
+    slow = {**stopped("vastctl-s", 0.1), "expected_rate": 0.5}  # a machine of half a proof an hour to resume
+    idle = {**stopped("vastctl-t", 0.1), "expected_rate": 0.0}  # no rate: not a machine to hand
+    assert rounding(100.0, 10, 95, machines=[slow]) is None  # 15 missing is not under half of 0.5
+    assert rounding(100.0, 10, 95, machines=[idle]) == 60.0
+
+
+def unknown_demand(last, held=0):
+    import dataclasses
+
+    obs = observation(fleet(1), [sample(0, ok=False)])
+    obs.last_known_demand = last
+    obs.demand = dataclasses.replace(obs.demand, held=held)
+    return obs
+
+
+def test_unknown_demand_is_sized_to_the_last_good_sample_and_at_least_the_calls_the_router_holds():
+    last = {"at": NOW - timedelta(minutes=10), "ok": True, "queued": 4, "in_flight": None, "lookahead": None,
+            "proofs_per_hour": None}
+    assert sizing.sized_to(unknown_demand(last)) is last  # nothing held: the sample as it was
+    assert sizing.sized_to(unknown_demand(last, held=3))["in_flight"] == 3
+    assert sizing.sized_to(unknown_demand({**last, "in_flight": 5}, held=3))["in_flight"] == 5
+    assert sizing.sized_to(unknown_demand(None, held=3)) is None
+
+
+def test_unknown_demand_says_what_its_last_good_sample_held():
+    last = {"at": NOW - timedelta(minutes=10), "ok": True, "queued": None, "in_flight": None, "lookahead": None}
+    assert sizing.work_reason(unknown_demand(last)) == (
+        "demand unknown (held to its newest good sample, 10m old: 0 queued, 0 in flight, 0 coming)")
+    full = {**last, "queued": 4, "in_flight": 6, "lookahead": 2}
+    assert sizing.work_reason(unknown_demand(full, held=1)) == (
+        "demand unknown (held to its newest good sample, 10m old: 4 queued, 6 in flight, 2 coming;"
+        " 1 calls held at the proof router)")
