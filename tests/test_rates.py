@@ -210,3 +210,39 @@ def test_an_idle_machine_keeps_its_rate_and_a_first_rate_needs_ten_minutes():
     assert rates._smoothed_rate(fresh, 110, T0 + timedelta(seconds=600)) == (60.0, None)
     benched = smoothing(proofs_per_hour=None)  # no rate yet: it starts from the bench rate
     assert rates._smoothed_rate(benched, 105, later, busy=False) == (70.0, None)
+
+
+def test_a_bench_rate_is_a_number_or_its_text_and_each_refusal_says_which_rule():
+    from vastctl.validate import Invalid
+
+    assert rates.validate_rate("50") == 50.0 and rates.validate_rate(42) == 42.0 and rates.validate_rate("1e3") == 1000.0
+    for value, refusal in [("many", "rate must be a number of proofs per hour, got 'many'"),
+                           (None, "rate must be a number of proofs per hour, got None"),
+                           (True, "rate must be a finite number ≥ 0 (proofs per hour), got True"),
+                           (-1, "rate must be a finite number ≥ 0 (proofs per hour), got -1"),
+                           ("-5", "rate must be a finite number ≥ 0 (proofs per hour), got '-5'"),
+                           ("inf", "rate must be a finite number ≥ 0 (proofs per hour), got 'inf'")]:
+        with pytest.raises(Invalid) as caught:
+            rates.validate_rate(value)
+        assert str(caught.value) == refusal
+
+
+def test_a_proof_counter_is_a_whole_number_named_as_the_cumulative_count():
+    from vastctl.validate import Invalid
+
+    assert rates.validate_proofs(7) == 7
+    with pytest.raises(Invalid) as caught:
+        rates.validate_proofs(-1)
+    assert str(caught.value) == ("proofs_done must be a whole number from 0 to 9223372036854775807 (the cumulative"
+                                 " count), got -1")
+
+
+def test_a_beat_a_second_after_the_last_still_moves_the_rate():
+    rate, why = rates._smoothed_rate(smoothing(), 100, T0 + timedelta(seconds=1))  # nothing proved in that second
+    assert why is None and 69.9 < rate < 70.0
+
+
+def test_a_counter_rising_by_exactly_what_the_bound_allows_is_plausible():
+    rate, why = rates._smoothed_rate(smoothing(), 100 + 150, T0 + timedelta(hours=1))  # 140/h × 1 h + 10
+    assert why is None
+    assert rates._smoothed_rate(smoothing(), 100 + 151, T0 + timedelta(hours=1))[1] is not None

@@ -190,3 +190,29 @@ def test_text_takes_a_value_up_to_its_limit_as_it_is():
     assert validate.text("a" * 256, "label") == "a" * 256
     assert validate.text("abcde", "label", max_len=5) == "abcde"
     assert validate.text("vastctl-a b", "label", utf8=True) == "vastctl-a b"  # a space inside is a character
+
+
+@pytest.mark.parametrize("value, kw, refusal", [
+    (2**63, {}, "n must be a whole number from 0 to 9223372036854775807, got a number too large"),
+    (-1, {}, "n must be a whole number from 0 to 9223372036854775807, got -1"),
+    (1.5, {"what": " (proofs)"}, "n must be a whole number from 0 to 9223372036854775807 (proofs), got 1.5"),
+    (True, {}, "n must be a whole number from 0 to 9223372036854775807, got True"),
+    (MAX_INT, {"maximum": 10}, "n must be a whole number from 0 to 10, got 9223372036854775807"),
+    (0, {"minimum": 1, "maximum": 10}, "n must be a whole number from 1 to 10, got 0"),
+    ("9" * 100, {}, f"n must be a whole number from 0 to 9223372036854775807, got '{'9' * 59}"),
+])
+def test_whole_refuses_in_words_that_show_the_value_cut_or_name_it_too_large(value, kw, refusal):
+    with pytest.raises(Invalid) as caught:
+        validate.whole(value, "n", **kw)
+    assert str(caught.value) == refusal
+
+
+def test_whole_takes_its_ends():
+    assert validate.whole(MAX_INT, "n") == MAX_INT and validate.whole(0, "n") == 0
+    assert validate.whole(10, "n", minimum=10, maximum=10) == 10
+
+
+def test_finite_shows_the_value_it_refuses():
+    with pytest.raises(Invalid) as caught:
+        validate.finite("x", "rate", what=" (proofs per hour)")
+    assert str(caught.value) == "rate must be a finite number ≥ 0 (proofs per hour), got 'x'"
