@@ -179,7 +179,7 @@ def test_a_range_takes_its_ends_unless_the_low_one_is_excluded():
     ("a\ud800", {}, "label must be 1 to 256 printable characters: \\ud800 (character 2) is a control or bidi character"),
     (" vastctl-a", {}, "label must not begin or end with a space, got ' vastctl-a': give 'vastctl-a'"),
     (" " + "x" * 70, {}, f"label must not begin or end with a space, got ' {'x' * 58}…': give '{'x' * 59}…'"),
-])
+], ids=["int", "none", "empty", "too-long", "past-max-len", "control", "bidi", "surrogate", "space", "long-space"])
 def test_text_refuses_each_fault_in_its_own_words(value, kw, refusal):
     with pytest.raises(Invalid) as caught:
         validate.text(value, "label", **kw)
