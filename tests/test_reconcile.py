@@ -758,3 +758,30 @@ def test_an_orphan_is_destroyed_whole_past_its_grace_not_at_it_and_after_any_oth
                               code=KillCode.ORPHAN, reason="orphan: vast instance 555 carries our prefix but has no"
                               " row and never registered; listed for 21m (grace 20m)")]
     assert plan([], [orphan], SETTINGS, cfg(), NOW, first_seen={555: ago(minutes=20)}) == []  # at the grace
+
+
+def test_a_healthy_row_before_a_dead_one_does_not_hide_it():
+    healthy, dead = row("vastctl-1"), row("vastctl-2", last_heartbeat_at=ago(minutes=14))
+    assert kills(plan([healthy, dead], [seen(healthy), seen(dead)], SETTINGS, cfg(), NOW)) == {
+        ("vastctl-2", KillCode.HEARTBEAT_TIMEOUT)}
+
+
+def test_an_outbid_machine_silent_for_exactly_two_hours_is_timed_out():
+    paused = row("vastctl-1", last_heartbeat_at=ago(hours=2), vast_status="stopped")
+    assert kills(plan([paused], [outbid_listing(paused)], SETTINGS, cfg(), NOW)) == {
+        ("vastctl-1", KillCode.HEARTBEAT_TIMEOUT)}
+
+
+def test_a_destroy_error_quoted_into_the_reason_is_bounded():
+    r = row("vastctl-1", state="killed", kill_code="operator", killed_at=ago(minutes=5), destroy_attempts=1,
+            destroy_error="z" * 400)
+    (destroy,) = plan([r], [seen(r)], SETTINGS, cfg(), NOW)
+    assert destroy.reason == "killed 5m ago (operator), not yet destroyed; attempt 2, last error: " + "z" * 159 + "…"
+
+
+def test_a_row_vast_need_not_list_keeps_a_zero_count():
+    from vastctl.reconcile.decide import missing_after
+
+    fresh = row("vastctl-4", state="launching", vast_id=None, vast_seen_at=None, vast_missing=0)
+    assert missing_after(fresh, match([fresh], [])) == 0
+    assert missing_after({**fresh, "vast_missing": None}, match([fresh], [])) == 0

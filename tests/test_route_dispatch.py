@@ -434,3 +434,8 @@ def test_a_held_call_is_placed_when_a_prover_joins_within_its_timeout_and_gives_
     waiting.close()
     waiter.join(timeout=5)
     assert gave_up and result == [None] and waiting.held == [held]  # still held, in its place
+
+
+def test_a_call_that_fills_the_memory_budget_exactly_is_admitted():
+    d = make(max_bytes=100)
+    assert d.admit(klass=CLASS_PROOF, size=100).size == 100 and d.snapshot()["kept_bytes"] == 100

@@ -302,3 +302,8 @@ def test_an_offer_of_under_a_proof_an_hour_still_ranks():
     slow = config_module.from_mapping({"fleet": {"default_rate": 0.5, "gpus": []}})
     odd = Offer(id=1, machine_id=10, gpu_name="GTX 1080", num_gpus=1, dph_total=0.1)
     assert [(o.id, rate) for o, rate in valuation.rank_offers([odd], observation([], queued(5)), slow)] == [(1, 0.5)]
+
+
+def test_under_a_gib_of_ram_or_under_a_proof_an_hour_is_still_counted():
+    assert valuation.ram_rate(0.5) == pytest.approx(24.0 * 0.5 / 128) and valuation.ram_rate(1) == pytest.approx(0.1875)
+    assert valuation.per_proof({"expected_rate": 0.5, "dph": 0.3}) == pytest.approx(0.6)

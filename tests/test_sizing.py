@@ -660,3 +660,17 @@ def test_unknown_demand_says_what_its_last_good_sample_held():
     assert sizing.work_reason(unknown_demand(full, held=1)) == (
         "demand unknown (held to its newest good sample, 10m old: 4 queued, 6 in flight, 2 coming;"
         " 1 calls held at the proof router)")
+
+
+def test_known_demand_is_sized_to_as_the_source_said_and_one_proof_is_work():
+    import dataclasses
+
+    obs = observation(fleet(1), [sample(1)])
+    assert sizing.sized_to(obs) == {"queued": 1, "in_flight": None, "lookahead": 0, "proofs_per_hour": None}
+    assert sizing.has_work(obs)
+    obs.demand = dataclasses.replace(obs.demand, held=2)
+    assert sizing.sized_to(obs)["in_flight"] == 2  # the router's calls count in flight
+
+
+def test_a_long_outbid_pause_is_said_in_whole_minutes():
+    assert outbid.outbid_choice(paused_row(minutes=60), NOW, 1.0, OUTBID_WAIT)[2].startswith("outbid for 60m at $0.3/h")

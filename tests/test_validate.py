@@ -216,3 +216,8 @@ def test_finite_shows_the_value_it_refuses():
     with pytest.raises(Invalid) as caught:
         validate.finite("x", "rate", what=" (proofs per hour)")
     assert str(caught.value) == "rate must be a finite number ≥ 0 (proofs per hour), got 'x'"
+
+
+def test_a_range_end_of_1e16_is_said_in_exponent_form():
+    assert Range(0, 1e16).describe("float") == "a number from 0 to 1e+16"
+    assert Range(0, 1e15).describe("float") == "a number from 0 to 1000000000000000"
