@@ -47,8 +47,9 @@ def selected(name: str, patterns: list[str]) -> bool:
     return any(fnmatch(name, pattern) for pattern in patterns)
 
 
-def results(patterns: list[str]) -> dict[str, Counter[str]]:
-    """module → counts of killed / survived / no tests / not run, from the meta files of the last run."""
+def results(patterns: list[str]) -> tuple[dict[str, Counter[str]], list[str]]:
+    """module → counts of killed / survived / no tests / not run, from the meta files of the last run, and the
+    names of the mutants that survived or that no test reached."""
     by_module: dict[str, Counter[str]] = {}
     survivors: list[str] = []
     for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
@@ -61,12 +62,11 @@ def results(patterns: list[str]) -> dict[str, Counter[str]]:
             by_module.setdefault(module, Counter())[kind] += 1
             if kind in ("survived", "no tests"):
                 survivors.append(f"{name} ({kind})")
-    results.survivors = survivors  # type: ignore[attr-defined]
-    return by_module
+    return by_module, survivors
 
 
 def report(patterns: list[str]) -> int:
-    by_module = results(patterns)
+    by_module, survivors = results(patterns)
     if not by_module:
         print("no results: run `python bench/mutation.py` first", file=sys.stderr)
         return 1
@@ -77,7 +77,7 @@ def report(patterns: list[str]) -> int:
         print(row(module, counts))
     print(row("**all**", total))
     print("\nsurviving (see `mutmut show NAME`):")
-    for name in results.survivors:  # type: ignore[attr-defined]
+    for name in survivors:
         print(f"  {name}")
     print(f"\nrerun: python bench/mutation.py  (mutmut {mutmut_version()}, one worker, quick tests of"
           " [tool.mutmut] pytest_add_cli_args_test_selection)")
@@ -116,8 +116,7 @@ def main() -> int:
     args = parser.parse_args()
     patterns = args.patterns or PATTERNS
     if args.survivors:
-        results(patterns)
-        names = [name.split(" ")[0] for name in results.survivors]  # type: ignore[attr-defined]
+        names = [name.split(" ")[0] for name in results(patterns)[1]]
         if not names:
             return report(patterns)
         subprocess.run([mutmut_command(), "run", "--max-children", "1", *names], cwd=ROOT, check=False)
