@@ -439,3 +439,9 @@ def test_a_held_call_is_placed_when_a_prover_joins_within_its_timeout_and_gives_
 def test_a_call_that_fills_the_memory_budget_exactly_is_admitted():
     d = make(max_bytes=100)
     assert d.admit(klass=CLASS_PROOF, size=100).size == 100 and d.snapshot()["kept_bytes"] == 100
+
+
+def test_a_dispatcher_without_a_read_reserve_reads_a_call_for_nothing():
+    d = make()
+    call = d.enter()
+    assert d.wait_to_read(call, timeout=0) and call.reserved == 0 and d.snapshot()["kept_bytes"] == 0
