@@ -340,3 +340,47 @@ def test_demand_show_and_an_agent_step_hold_on_undecodable_output(ready, cli, tm
     assert result.code == 0, result.err
     step = json.loads(result.out)
     assert step["demand"]["known"] is False and why in step["demand"]["error"]
+
+
+# --- quick: the command's report read through an injected runner (no process) -------------------------------
+
+
+def printing(stdout: str, code: int = 0, stderr: str = ""):
+    """A stand-in for run_command: what the command would have printed, and the arguments it was given."""
+    calls = []
+
+    def runner(command, timeout_s, env):
+        calls.append((command, timeout_s, dict(env)))
+        return code, stdout, stderr
+    return runner, calls
+
+
+def test_the_commands_in_flight_and_lookahead_are_read_and_kept(conn):
+    runner, calls = printing('{"queued": 0, "in_flight": 7, "lookahead": 3, "proofs_per_hour": 12}\n')
+    current = demand.refresh(conn, cfg("curio-demand"), now=NOW, runner=runner)
+    assert (current.known, current.queued, current.in_flight, current.lookahead, current.proofs_per_hour) == (
+        True, 0, 7, 3, 12.0)
+    assert current.work == 10 and current.source == "command"
+    assert [(r["queued"], r["in_flight"], r["lookahead"], r["ok"]) for r in samples(conn)] == [(0, 7, 3, 1)]
+    assert calls == [("curio-demand", demand.COMMAND_TIMEOUT_S, {"VASTCTL_SECTOR_SIZE": "32GiB"})]
+
+
+def test_a_command_silent_on_in_flight_and_lookahead_reads_them_as_unknown(conn):
+    runner, _ = printing('{"queued": 4}')
+    current = demand.refresh(conn, cfg("curio-demand"), now=NOW, runner=runner)
+    assert (current.known, current.queued, current.in_flight, current.lookahead, current.work) == (True, 4, None, None, 4)
+
+
+def test_parse_output_reads_every_field_and_refuses_a_bad_optional_count():
+    assert demand.parse_output('{"queued": 2, "in_flight": 5, "lookahead": 9, "proofs_per_hour": 1.5}') == demand.Sample(
+        queued=2, in_flight=5, lookahead=9, proofs_per_hour=1.5)
+    for field in ("in_flight", "lookahead"):
+        with pytest.raises(BadInput, match=f"{field} must be a whole number"):
+            demand.parse_output(f'{{"queued": 2, "{field}": -1}}')
+
+
+def test_a_failed_command_is_unknown_with_its_exit_and_output(conn):
+    runner, _ = printing("", code=2, stderr="psql: connection refused\n")
+    current = demand.refresh(conn, cfg("curio-demand"), now=NOW, runner=runner)
+    assert not current.known and current.error == "demand.command exited 2: psql: connection refused"
+    assert [(r["ok"], r["queued"], r["in_flight"]) for r in samples(conn)] == [(0, None, None)]

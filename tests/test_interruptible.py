@@ -275,3 +275,44 @@ def test_a_mixed_fleet_over_a_simulated_day_bids_is_outbid_and_keeps_the_service
     kills = {row[0]: row[1] for row in conn.execute("SELECT vast_id, kill_code FROM instances WHERE state = 'killed'")}
     # a paused machine is waited for, rebid or released by the agent: never timed out as dead
     assert not {kills[v] for v in outbid if v in kills} - {"agent"}, kills
+
+
+# --- bid_for_offer as a function of the offer alone: every refusal and bound (quick) ----------------------
+
+
+def bid_offer(min_bid=0.2, dph=0.45, raw="auto") -> Offer:
+    return Offer(id=1, machine_id=1, gpu_name="RTX 4090", num_gpus=1, dph_total=dph,
+                 raw={"min_bid": min_bid} if raw == "auto" else raw)
+
+
+def test_the_bid_is_the_floor_plus_the_margin_rounded_to_four_places():
+    assert bids.bid_for_offer(bid_offer(0.2), 1.0) == 0.22
+    assert bids.bid_for_offer(bid_offer(0.2), 1.0, margin=0.5) == 0.3
+    assert bids.bid_for_offer(bid_offer(0.11111), 1.0) == 0.1222  # 0.122221
+    assert bids.bid_for_offer(bid_offer(1, dph=3.0), 2.0, margin=0) == 1.0  # an integer floor counts as its price
+
+
+def test_the_bid_never_passes_max_dph_nor_the_on_demand_price():
+    assert bids.bid_for_offer(bid_offer(0.28, dph=0.45), 0.3) == 0.3  # 0.308 past max_dph
+    assert bids.bid_for_offer(bid_offer(0.24, dph=0.25), 1.0) == 0.25  # 0.264 past the offer's own price
+    assert bids.bid_for_offer(bid_offer(0.3, dph=0.45), 0.3) == 0.3  # a floor at max_dph is still a bid
+    assert bids.bid_for_offer(bid_offer(0.31, dph=0.45), 0.3) is None  # the floor itself past max_dph
+    assert bids.bid_for_offer(bid_offer(0.5, dph=0.45), 1.0) is None  # past the on-demand price
+
+
+@pytest.mark.parametrize("raw", [{}, {"min_bid": None}, {"min_bid": True}, {"min_bid": "0.2"}, {"min_bid": float("nan")},
+                                 {"min_bid": float("inf")}, {"min_bid": 0}, {"min_bid": -0.2}, {"min_bid": 1e-320},
+                                 {"min_bid": bids.MIN_DPH / 2}, None, ["min_bid", 0.2]])
+def test_an_offer_naming_no_usable_min_bid_gets_no_bid(raw):
+    assert bids.bid_for_offer(bid_offer(raw=raw), 1.0) is None
+
+
+def test_a_floor_at_the_smallest_price_is_a_bid():
+    assert bids.bid_for_offer(bid_offer(bids.MIN_DPH), 1.0, margin=0) == bids.MIN_DPH
+
+
+def test_a_launch_bids_with_the_configured_margin():
+    config = from_mapping({"launch": {"rental": "interruptible", "bid_margin": 0.5}})
+    assert bids.launch_bid(config, bid_offer(0.2), 1.0, []) == 0.3
+    assert bids.launch_bid(from_mapping({"launch": {"rental": "on-demand", "bid_margin": 0.5}}), bid_offer(0.2), 1.0,
+                           []) is None

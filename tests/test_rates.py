@@ -100,3 +100,149 @@ def test_a_machine_given_too_little_work_keeps_its_rate_one_kept_busy_shows_its_
         row = beat(conn, minute // 2, minute * 60)  # 30/h
     assert (row["proofs_per_hour"] < 50) is falls
     assert row["proofs_total"] == 30
+
+
+# --- the rate cap and the counter's bound, as functions of a row (no state file) ------------------------------
+
+
+def at(seconds: float) -> str:
+    from vastctl import clock
+
+    return clock.to_iso(T0 + timedelta(seconds=seconds))
+
+
+@pytest.mark.parametrize("gpus, ceiling", [(None, 200.0), (0, 200.0), (-2, 200.0), (True, 200.0), ("4", 200.0),
+                                           (2.0, 200.0), (1, 200.0), (3, 600.0), (8, 1600.0), (9, 1600.0)])
+def test_the_ceiling_is_200_an_hour_per_gpu_counted_up_to_eight(gpus, ceiling):
+    assert rates.rate_ceiling({"num_gpus": gpus}) == ceiling == rates.measured_rate_bound({"num_gpus": gpus})
+
+
+@pytest.mark.parametrize("bench, gpus, bound", [(70.0, 1, 140.0), (99.5, 1, 199.0), (150.0, 1, 200.0),
+                                                (150.0, 2, 300.0), (-5.0, 1, 0.0), (0, 1, 0.0)])
+def test_a_measured_rate_counts_for_twice_its_bench_rate_never_past_the_ceiling(bench, gpus, bound):
+    assert rates.measured_rate_bound({"bench_rate": bench, "num_gpus": gpus}) == bound
+
+
+@pytest.mark.parametrize("value, result", [(None, None), (70, 70.0), ("50", 50.0), (-3, 0.0), (0, 0.0), (140, 140.0),
+                                           (141, 140.0), (1e308, 140.0), (float("inf"), 140.0), (float("nan"), 140.0)])
+def test_a_stored_rate_is_read_within_zero_and_its_bound(value, result):
+    assert rates.bounded(value, 140.0) == result
+
+
+def test_the_bound_says_where_it_comes_from():
+    assert rates._bound_source({"bench_rate": 70.0}) == "2 × its bench rate 70"
+    assert rates._bound_source({"bench_rate": 150.0}) == "200/h per GPU"  # 300 past the ceiling: the ceiling bounds
+    assert rates._bound_source({"bench_rate": None, "num_gpus": 2}) == "200/h per GPU"
+
+
+def counter(proofs_done=100, **fields):
+    return {"proofs_done": proofs_done, "last_heartbeat_at": at(0), "created_at": at(-7200), "bench_rate": 70.0,
+            "num_gpus": 1, **fields}
+
+
+def test_a_counter_adds_what_it_rose_by_up_to_the_bound_for_the_time_since_the_last_beat():
+    now = T0 + timedelta(hours=1)
+    assert rates.counted_increment(counter(), 150, now) == (50, None)
+    assert rates.counted_increment(counter(), 250, now) == (150, None)  # 140/h × 1h + 10: exactly the most
+    assert rates.counted_increment(counter(), 100, now) == (0, None)
+    assert rates.counted_increment(counter(proofs_done=None), 30, now) == (30, None)
+    assert rates.counted_increment(counter(), 1_000_100, now) == (150, (
+        "proof counter claimed 1000000 proofs in 1h: not plausible for a machine bounded at 140 proofs/h"
+        " (2 × its bench rate 70); 150 counted"))
+
+
+def test_a_lower_count_is_a_new_run_bounded_the_same_way():
+    now = T0 + timedelta(minutes=30)
+    assert rates.counted_increment(counter(), 5, now) == (5, None)
+    assert rates.counted_increment(counter(), 99, now) == (80, rates.counted_increment(counter(), 99, now)[1])
+    assert "claimed 99 proofs in 30m" in rates.counted_increment(counter(), 99, now)[1]
+
+
+def test_a_first_beat_counts_from_the_rental_and_one_with_no_time_adds_only_a_batch():
+    now = T0 + timedelta(minutes=1)
+    first = counter(proofs_done=0, last_heartbeat_at=None, created_at=at(0))
+    assert rates.counted_increment(first, 10**18, now)[0] == int(140 * 60 / 3600) + rates.BURST_PROOFS
+    timeless = counter(proofs_done=0, last_heartbeat_at=None, created_at=None)
+    assert rates.counted_increment(timeless, 10**18, now)[0] == rates.BURST_PROOFS
+    future = counter(proofs_done=0, last_heartbeat_at=at(120))  # a beat dated after now: no time has passed
+    assert rates.counted_increment(future, 10**18, now)[0] == rates.BURST_PROOFS
+
+
+def smoothing(**fields):
+    return {"state": State.RUNNING, "last_heartbeat_at": at(0), "proofs_done": 100, "proofs_per_hour": 70.0,
+            "bench_rate": 70.0, "num_gpus": 1, "label": "vastctl-u1", **fields}
+
+
+def test_the_rate_moves_toward_the_sample_by_the_time_it_covers():
+    import math
+
+    rate, why = rates._smoothed_rate(smoothing(), 125, T0 + timedelta(seconds=1800))  # 25 in 30 min: 50/h
+    assert why is None and rate == pytest.approx(70 + (1 - math.exp(-1)) * (50 - 70))
+    rate, _ = rates._smoothed_rate(smoothing(), 100 + 120, T0 + timedelta(hours=1))  # 120/h: below the bound
+    assert rate == pytest.approx(70 + (1 - math.exp(-2)) * (120 - 70))
+
+
+def test_nothing_to_measure_keeps_the_rate_as_bounded():
+    later = T0 + timedelta(seconds=600)
+    assert rates._smoothed_rate(smoothing(last_heartbeat_at=None), 200, later) == (70.0, None)
+    assert rates._smoothed_rate(smoothing(state=State.STOPPED), 200, later) == (70.0, None)
+    assert rates._smoothed_rate(smoothing(), 90, later) == (70.0, None)  # the counter fell
+    assert rates._smoothed_rate(smoothing(), 200, T0) == (70.0, None)  # no time passed
+    assert rates._smoothed_rate(smoothing(proofs_per_hour=1e19), 90, later) == (140.0, None)  # read within its bound
+
+
+def test_a_leaping_counter_counts_at_the_bound_and_says_why():
+    rate, why = rates._smoothed_rate(smoothing(), 10**18, T0 + timedelta(seconds=60))
+    assert 70 < rate < 140 and why == ("proof counter rose by 999999999999999900 in 1m: not plausible for a machine"
+                                       " bounded at 140 proofs/h (2 × its bench rate 70); counted at that rate")
+    honest = rates._smoothed_rate(smoothing(), 100 + 12, T0 + timedelta(seconds=60))  # 140/h × 1 min + 10 batch
+    assert honest[1] is None
+    # a batch landing just after a beat reads 720/h alone, plausible with the burst: the rate still stops at the bound
+    assert rates._smoothed_rate(smoothing(proofs_per_hour=139.0), 100 + 12, T0 + timedelta(seconds=60)) == (140.0, None)
+
+
+def test_an_idle_machine_keeps_its_rate_and_a_first_rate_needs_ten_minutes():
+    later = T0 + timedelta(seconds=1800)
+    assert rates._smoothed_rate(smoothing(), 105, later, busy=False) == (70.0, None)  # fewer, but no work waited
+    assert rates._smoothed_rate(smoothing(), 105, later, busy=True)[0] < 70.0
+    fresh = smoothing(proofs_per_hour=None, bench_rate=None)
+    assert rates._smoothed_rate(fresh, 105, T0 + timedelta(seconds=599)) == (None, None)
+    assert rates._smoothed_rate(fresh, 110, T0 + timedelta(seconds=600)) == (60.0, None)
+    benched = smoothing(proofs_per_hour=None)  # no rate yet: it starts from the bench rate
+    assert rates._smoothed_rate(benched, 105, later, busy=False) == (70.0, None)
+
+
+def test_a_bench_rate_is_a_number_or_its_text_and_each_refusal_says_which_rule():
+    from vastctl.validate import Invalid
+
+    assert rates.validate_rate("50") == 50.0 and rates.validate_rate(42) == 42.0 and rates.validate_rate("1e3") == 1000.0
+    for value, refusal in [("many", "rate must be a number of proofs per hour, got 'many'"),
+                           (None, "rate must be a number of proofs per hour, got None"),
+                           (True, "rate must be a finite number ≥ 0 (proofs per hour), got True"),
+                           (-1, "rate must be a finite number ≥ 0 (proofs per hour), got -1"),
+                           ("-5", "rate must be a finite number ≥ 0 (proofs per hour), got '-5'"),
+                           ("inf", "rate must be a finite number ≥ 0 (proofs per hour), got 'inf'")]:
+        with pytest.raises(Invalid) as caught:
+            rates.validate_rate(value)
+        assert str(caught.value) == refusal
+
+
+def test_a_proof_counter_is_a_whole_number_named_as_the_cumulative_count():
+    from vastctl.validate import Invalid
+
+    assert rates.validate_proofs(7) == 7
+    with pytest.raises(Invalid) as caught:
+        rates.validate_proofs(-1)
+    assert str(caught.value) == ("proofs_done must be a whole number from 0 to 9223372036854775807 (the cumulative"
+                                 " count), got -1")
+
+
+def test_a_beat_a_second_after_the_last_still_moves_the_rate():
+    rate, why = rates._smoothed_rate(smoothing(), 100, T0 + timedelta(seconds=1))  # nothing proved in that second
+    assert why is None and 69.9 < rate < 70.0
+
+
+def test_a_counter_rising_by_exactly_what_the_bound_allows_is_plausible():
+    rate, why = rates._smoothed_rate(smoothing(), 100 + 150, T0 + timedelta(hours=1))  # 140/h × 1 h + 10
+    assert why is None
+    assert rates._smoothed_rate(smoothing(), 100 + 151, T0 + timedelta(hours=1))[1] is not None

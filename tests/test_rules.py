@@ -188,3 +188,122 @@ def test_the_reason_names_the_work_in_flight_and_coming():
 ])
 def test_needs_offers_counts_work_in_flight_and_coming(demand, wanted):
     assert rules.needs_offers(observation([m("vastctl-a")], demand), CONFIG) is wanted
+
+
+# --- valuation: what a machine or an offer is worth, as functions of the observation -----------------------
+
+
+INF = float("inf")
+
+
+def test_a_machines_proofs_per_dollar_and_dollars_per_proof():
+    assert valuation.per_dollar({"expected_rate": 60.0, "dph": 0.3}) == pytest.approx(200.0)
+    assert valuation.per_dollar({"expected_rate": 60.0, "dph": 0}) == INF == valuation.per_dollar({"expected_rate": 1})
+    assert valuation.per_dollar({"expected_rate": 60.0, "dph": -0.1}) == INF
+    assert valuation.per_proof({"expected_rate": 60.0, "dph": 0.3}) == pytest.approx(0.005)
+    assert valuation.per_proof({"expected_rate": 0, "dph": 0.3}) == INF == valuation.per_proof({"expected_rate": None})
+    assert valuation.per_proof({"expected_rate": -5.0, "dph": 0.3}) == INF
+    assert valuation.per_proof({"expected_rate": 60.0}) == 0.0
+
+
+@pytest.mark.parametrize("ram, rate", [(None, INF), (0, INF), (-8, INF), (64, 12.0), (128, 24.0), (192, 46.0),
+                                       (256, 68.0), (320, 76.0), (384, 84.0), (448, 89.5), (512, 95.0), (2048, 95.0)])
+def test_host_ram_bounds_the_rate_interpolated_between_the_measured_points(ram, rate):
+    assert valuation.ram_rate(ram) == pytest.approx(rate)
+
+
+def test_an_offer_proves_what_its_host_proved_else_its_models_rate_capped_by_its_ram():
+    obs = observation([], queued(5))
+    obs.host_rates = {70: 33.0}
+    config = config_module.from_mapping({"fleet": {"default_rate": 41.0}})
+
+    def rate(gpu, machine_id=None, ram=None):
+        return valuation.offer_rate(Offer(id=1, machine_id=machine_id, gpu_name=gpu, num_gpus=1, dph_total=0.4,
+                                          cpu_ram_gb=ram), obs, config)
+    assert rate("RTX 4090", machine_id=70, ram=1024) == 33.0  # the host's own benchmark, whatever its model
+    assert rate("RTX 4090", machine_id=80) == 60.0  # the model's benchmarks (observation.model_rates)
+    assert rate("RTX 4090") == 60.0  # no machine id: the model's
+    assert rate("RTX 5070 Ti") == 95.0  # never benchmarked: the published figure
+    assert rate("GTX 1080") == 41.0  # neither: fleet.default_rate
+    assert rate("RTX 5090", ram=256) == 68.0  # 100/h of GPU on a host whose RAM allows 68
+
+
+def test_a_launch_pays_its_bid_only_when_the_rental_bids():
+    obs = observation([], queued(5), max_dph=1.0)
+    priced = Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={"min_bid": 0.2})
+    unpriced = Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45)
+    bidding = config_module.from_mapping({"launch": {"rental": "interruptible", "bid_margin": 0.5}})
+    assert valuation.launch_price(priced, obs, bidding) == 0.3
+    assert valuation.launch_terms(priced, obs, bidding) == "a bid of $0.3/h ($0.45/h on demand)"
+    assert valuation.launch_price(unpriced, obs, bidding) == 0.45 and valuation.launch_terms(unpriced, obs, bidding) == "$0.45/h"
+    assert valuation.launch_price(priced, obs, CONFIG) == 0.45 and valuation.launch_terms(priced, obs, CONFIG) == "$0.45/h"
+    capped = observation([], queued(5), max_dph=0.25)  # the bid never passes max_dph
+    assert valuation.launch_price(priced, capped, bidding) == 0.25
+
+
+def test_ranking_leaves_out_disallowed_dear_and_rateless_offers_and_breaks_ties_by_price_then_id():
+    obs = observation([], queued(5), max_dph=0.6)
+    config = config_module.from_mapping({"fleet": {"gpus": ["RTX 4090", "RTX 5090", "GTX 1080"], "default_rate": 0}})
+    offers = [Offer(id=1, machine_id=None, gpu_name="RTX 4090", num_gpus=1, dph_total=0.3),
+              Offer(id=2, machine_id=None, gpu_name="RTX 4090", num_gpus=1, dph_total=0.3),  # no host id: not a twin
+              Offer(id=3, machine_id=30, gpu_name="RTX 4090", num_gpus=1, dph_total=0.61),  # past max_dph
+              Offer(id=4, machine_id=40, gpu_name="RTX 4090", num_gpus=1, dph_total=0.6),  # at max_dph: allowed
+              Offer(id=5, machine_id=50, gpu_name="RTX 3090", num_gpus=1, dph_total=0.1),  # not in fleet.gpus
+              Offer(id=6, machine_id=60, gpu_name="GTX 1080", num_gpus=1, dph_total=0.1),  # no rate at all
+              Offer(id=7, machine_id=70, gpu_name="RTX 5090", num_gpus=1, dph_total=0.5)]  # 0.005/proof, as 1 and 2
+    ranked = valuation.rank_offers(offers, obs, config)
+    assert [(offer.id, rate) for offer, rate in ranked] == [(1, 60.0), (2, 60.0), (7, 100.0), (4, 60.0)]
+    everything = config_module.from_mapping({"fleet": {"gpus": []}})  # no list: every model allowed
+    assert 5 in [offer.id for offer, _ in valuation.rank_offers(offers, obs, everything)]
+
+
+def test_ranking_counts_the_bid_a_launch_would_pay():
+    obs = observation([], queued(5), max_dph=1.0)
+    bids_low = Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.5, raw={"min_bid": 0.1})
+    cheap = Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.3)
+    bidding = config_module.from_mapping({"launch": {"rental": "interruptible"}})
+    assert [offer.id for offer, _ in valuation.rank_offers([bids_low, cheap], obs, bidding)] == [1, 2]  # 0.11 vs 0.3
+    assert [offer.id for offer, _ in valuation.rank_offers([bids_low, cheap], obs, CONFIG)] == [2, 1]
+
+
+def test_the_next_offer_is_the_cheapest_per_proof_unless_a_cheaper_one_per_hour_covers_the_rest():
+    obs = observation([], queued(5))
+    fast = Offer(id=1, machine_id=10, gpu_name="RTX 5090", num_gpus=1, dph_total=0.9)  # 0.009/proof
+    slow = Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.6)  # 0.01/proof
+    same = Offer(id=3, machine_id=30, gpu_name="RTX 4090", num_gpus=1, dph_total=0.9)
+    ranked = [(fast, 100.0), (slow, 60.0)]
+    assert valuation.next_offer(ranked, 100.0, obs, CONFIG) == (fast, 100.0, False)  # a whole machine missing
+    assert valuation.next_offer(ranked, 150.0, obs, CONFIG) == (fast, 100.0, False)
+    assert valuation.next_offer(ranked, 50.0, obs, CONFIG) == (slow, 60.0, True)  # 60 covers 50 for less an hour
+    assert valuation.next_offer(ranked, 60.0, obs, CONFIG) == (slow, 60.0, True)  # covers it exactly
+    assert valuation.next_offer(ranked, 70.0, obs, CONFIG) == (fast, 100.0, False)  # 60 does not cover 70
+    assert valuation.next_offer([(fast, 100.0), (same, 60.0)], 50.0, obs, CONFIG) == (fast, 100.0, False)  # no cheaper
+
+
+def test_a_mixed_fleet_prices_the_next_launch_at_its_bid_while_the_share_allows():
+    mixed = config_module.from_mapping({"launch": {"rental": "mixed", "interruptible_share": 0.5}})
+    priced = Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.45, raw={"min_bid": 0.2})
+    one_on_demand = observation([m("vastctl-a")], queued(5), max_dph=1.0)  # 1 of 2 would bid: allowed
+    assert valuation.launch_price(priced, one_on_demand, mixed) == 0.22
+    assert valuation.launch_price(priced, observation([], queued(5), max_dph=1.0), mixed) == 0.45  # the first: on demand
+
+
+def test_ranking_prices_a_bid_at_the_configured_margin_and_a_mixed_fleet_bids_by_its_share():
+    obs = observation([m("vastctl-a")], queued(5), max_dph=1.0)
+    bids_low = Offer(id=1, machine_id=10, gpu_name="RTX 4090", num_gpus=1, dph_total=0.5, raw={"min_bid": 0.1})
+    cheap = Offer(id=2, machine_id=20, gpu_name="RTX 4090", num_gpus=1, dph_total=0.13)
+    wide = config_module.from_mapping({"launch": {"rental": "interruptible", "bid_margin": 0.5}})
+    assert [offer.id for offer, _ in valuation.rank_offers([bids_low, cheap], obs, wide)] == [2, 1]  # 0.15 vs 0.13
+    mixed = config_module.from_mapping({"launch": {"rental": "mixed", "interruptible_share": 0.5}})
+    assert [offer.id for offer, _ in valuation.rank_offers([bids_low, cheap], obs, mixed)] == [1, 2]  # 0.11 vs 0.13
+
+
+def test_an_offer_of_under_a_proof_an_hour_still_ranks():
+    slow = config_module.from_mapping({"fleet": {"default_rate": 0.5, "gpus": []}})
+    odd = Offer(id=1, machine_id=10, gpu_name="GTX 1080", num_gpus=1, dph_total=0.1)
+    assert [(o.id, rate) for o, rate in valuation.rank_offers([odd], observation([], queued(5)), slow)] == [(1, 0.5)]
+
+
+def test_under_a_gib_of_ram_or_under_a_proof_an_hour_is_still_counted():
+    assert valuation.ram_rate(0.5) == pytest.approx(24.0 * 0.5 / 128) and valuation.ram_rate(1) == pytest.approx(0.1875)
+    assert valuation.per_proof({"expected_rate": 0.5, "dph": 0.3}) == pytest.approx(0.6)

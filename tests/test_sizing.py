@@ -450,3 +450,227 @@ def test_calls_the_proof_router_holds_launch_an_empty_fleet_at_once_and_hold_a_f
     unknown_held = dataclasses.replace(unknown, demand=dataclasses.replace(unknown.demand, held=30))
     assert sizing.wanted_capacity(unknown_held, CONFIG) == pytest.approx(30 / 0.5)
     assert "30 calls held at the proof router" in rules.plan(unknown_held, CONFIG, MARKET)[0].reason
+
+
+# --- outbid.py as functions of one machine: since when, and what it gets ---------------------------------------
+
+
+def paused_row(bid=0.3, minutes=12, ask=0.5, **fields):
+    return {"bid": bid, "state": "running", "vast_status": "stopped", "ask_dph": ask,
+            "outbid_since": (NOW - timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ"), **fields}
+
+
+OUTBID_WAIT = config_module.from_mapping({"agent": {"outbid_wait": "10m"}})
+
+
+def test_outbid_since_is_only_for_a_bidding_running_row_vast_stopped():
+    assert outbid.outbid_since(paused_row(minutes=12)) == NOW - timedelta(minutes=12)
+    seen = paused_row(outbid_since=None, vast_seen_at="2031-03-03T11:00:00Z")  # not stamped yet: since vast said so
+    assert outbid.outbid_since(seen) == datetime(2031, 3, 3, 11, 0, tzinfo=timezone.utc)
+    assert outbid.outbid_since(paused_row(outbid_since=None)) is None
+    assert outbid.outbid_since(paused_row(bid=None)) is None  # on demand
+    assert outbid.outbid_since(paused_row(state="stopped")) is None  # we stopped it
+    assert outbid.outbid_since(paused_row(vast_status="running")) is None  # running again
+
+
+def test_an_outbid_machine_waits_then_rebids_by_a_quarter_then_is_released_at_its_cap():
+    assert outbid.outbid_choice(paused_row(minutes=5), NOW, 1.0, OUTBID_WAIT) == (
+        "wait", None, "outbid for 5m at $0.3/h: waited for (agent.outbid_wait 10m; disk kept)")
+    assert outbid.outbid_choice(paused_row(minutes=10), NOW, 1.0, OUTBID_WAIT) == (
+        "rebid", 0.375, "outbid for 10m at $0.3/h: bid raised to $0.375/h (cap $0.5/h: max_dph and its on-demand price)")
+    assert outbid.outbid_choice(paused_row(bid=0.5, minutes=12), NOW, 1.0, OUTBID_WAIT) == (
+        "release", None, "outbid for 12m at $0.5/h, already bidding its cap $0.5/h: released (a fresh machine costs"
+                         " 0.5h of boot; waiting on costs the capacity)")
+
+
+def test_a_rebid_is_capped_by_max_dph_and_the_on_demand_price_and_rises_at_least_a_tenth_of_a_cent():
+    choice = outbid.outbid_choice
+    assert choice(paused_row(bid=0.45), NOW, 1.0, OUTBID_WAIT)[:2] == ("rebid", 0.5)  # 0.5625 past its ask
+    assert choice(paused_row(bid=0.45, ask=0.8), NOW, 0.46, OUTBID_WAIT)[:2] == ("rebid", 0.46)  # past max_dph
+    assert choice(paused_row(bid=0.002), NOW, 1.0, OUTBID_WAIT)[:2] == ("rebid", 0.003)  # 0.0025 < +0.001
+    assert choice(paused_row(bid=0.12345), NOW, 1.0, OUTBID_WAIT)[:2] == ("rebid", 0.1543)  # rounded to 4 places
+    for odd_ask in (None, 0, -1.0, float("nan"), float("inf"), "0.2"):  # the ask says nothing: max_dph caps
+        assert choice(paused_row(bid=0.8, ask=odd_ask), NOW, 0.9, OUTBID_WAIT)[:2] == ("rebid", 0.9), odd_ask
+    assert choice(paused_row(bid=0.8, ask=0.7), NOW, 0.9, OUTBID_WAIT)[0] == "release"  # over its ask already
+
+
+def test_a_machine_not_outbid_or_dated_later_counts_as_paused_for_no_time():
+    not_paused = paused_row(vast_status="running")
+    assert outbid.outbid_choice(not_paused, NOW, 1.0, OUTBID_WAIT)[:2] == ("wait", None)
+    later = paused_row(minutes=-30)  # a clock ahead of ours
+    assert outbid.outbid_choice(later, NOW, 1.0, OUTBID_WAIT)[2].startswith("outbid for 0m at $0.3/h: waited for")
+    unpriced = paused_row(bid=None)
+    assert outbid.outbid_choice(unpriced, NOW, 1.0, OUTBID_WAIT)[2].startswith("outbid for 0m at $0/h")
+
+
+# --- sizing's small rules, each as a function ------------------------------------------------------------------
+
+
+def test_what_one_sample_needs_drains_the_backlog_within_the_horizon_and_keeps_up_with_arrivals():
+    # CONFIG: plan_horizon 30m, lookahead_window 1h
+    assert sizing.needed({"queued": 30, "in_flight": 10, "lookahead": 12}, CONFIG) == 40 / 0.5 + 12
+    assert sizing.needed({"queued": 30, "lookahead": None, "proofs_per_hour": 20.0}, CONFIG) == 60 + 20
+    assert sizing.needed({"queued": None, "in_flight": None, "lookahead": 0, "proofs_per_hour": 20.0}, CONFIG) == 0
+    no_window = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "demand": {"lookahead_window": 0}})
+    assert sizing.needed({"queued": 0, "lookahead": 12, "proofs_per_hour": 5.0}, no_window) == 5.0
+
+
+def test_the_horizon_is_plan_horizon_never_past_max_wait_and_at_least_a_minute():
+    assert sizing.horizon_hours(CONFIG) == 0.5
+    assert sizing.horizon_hours(config_module.from_mapping({"agent": {"plan_horizon": "1h", "max_wait": "20m"}})) == (
+        pytest.approx(1 / 3))
+    assert sizing.horizon_hours(config_module.from_mapping({"agent": {"plan_horizon": "10s", "max_wait": "45m"}})) == (
+        pytest.approx(1 / 60))
+
+
+def test_the_ceiling_is_the_target_plus_headroom():
+    obs = observation([], [sample(0)], target_proofs_per_hour=200.0)
+    assert sizing.ceiling(obs, CONFIG) == pytest.approx(230.0)
+
+
+@pytest.mark.parametrize("fields, dead", [({}, False), ({"vast_missing": 1}, True), ({"vast_status": "exited"}, True),
+                                          ({"vast_status": "offline"}, True), ({"vast_status": "unknown"}, True),
+                                          ({"vast_status": "stopped"}, True),
+                                          ({"vast_status": "stopped", "state": "stopped"}, False),
+                                          ({"vast_status": "loading", "state": "params_done"}, False)])
+def test_vast_dead_is_listed_dead_missing_or_stopped_under_a_running_row(fields, dead):
+    assert sizing.vast_dead({**m("vastctl-a"), **fields}) is dead
+
+
+def test_a_benchmark_is_late_past_25_minutes_and_then_not_on_its_way():
+    booting = {**m("vastctl-a", state="params_done"), "state_since": (NOW - timedelta(minutes=25)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")}
+    assert not sizing.late(booting, NOW) and sizing.on_its_way(booting, NOW)
+    assert sizing.late(booting, NOW + timedelta(seconds=1)) and not sizing.on_its_way(booting, NOW + timedelta(seconds=1))
+    assert not sizing.late({**booting, "state": "launching"}, NOW + timedelta(hours=1))  # only a benchmark is late
+    assert not sizing.on_its_way({**booting, "vast_status": "exited"}, NOW)
+    assert not sizing.on_its_way(m("vastctl-b"), NOW)  # running: counted, not on its way
+
+
+def test_time_in_state_is_zero_when_the_row_does_not_say_or_is_ahead_of_the_clock():
+    assert sizing.in_state_for({"state_since": "2031-03-03T11:00:00Z"}, NOW) == 3600.0
+    assert sizing.in_state_for({"state_since": None}, NOW) == 0.0
+    assert sizing.in_state_for({"state_since": "2031-03-03T13:00:00Z"}, NOW) == 0.0
+
+
+def test_counted_capacity_leaves_out_the_dead_and_the_late():
+    late_boot = {**m("vastctl-c", state="params_done", rate=50.0),
+                 "state_since": (NOW - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    machines = [m("vastctl-a", rate=60.0), {**m("vastctl-b", rate=70.0), "vast_missing": 1},
+                {**m("vastctl-d", state="launching", rate=40.0), "state_since": NOW.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                late_boot, m("vastctl-e", state="stopped", rate=90.0)]
+    assert sizing.counted_capacity(observation(machines, [sample(0)])) == 100.0
+
+
+def test_resumable_machines_are_stopped_never_resumed_listed_and_best_per_dollar_first():
+    cheap, dear = stopped("vastctl-a", 0.3), stopped("vastctl-b", 0.6)
+    resumed = {**stopped("vastctl-c", 0.2), "resumes": 1}
+    unlisted = {**stopped("vastctl-d", 0.2), "vast_id": None}
+    missing = {**stopped("vastctl-e", 0.2), "vast_missing": 1}
+    obs = observation([dear, resumed, cheap, unlisted, missing, m("vastctl-f")], [sample(0)])
+    assert [x["label"] for x in sizing.resumable(obs)] == ["vastctl-a", "vastctl-b"]
+
+
+def test_cooled_down_once_the_work_ran_out_scale_down_after_ago():
+    import dataclasses
+
+    obs = observation([], [sample(0)])
+    for minutes, cooled in ((None, False), (29, False), (30, True), (90, True)):
+        since = None if minutes is None else NOW - timedelta(minutes=minutes)
+        obs.demand = dataclasses.replace(obs.demand, empty_since=since)
+        assert sizing.cooled_down(obs, CONFIG) is cooled, minutes
+
+
+def test_a_one_second_outbid_wait_rebids_whatever_has_paused_a_second():
+    one_second = config_module.from_mapping({"agent": {"outbid_wait": "1s"}})
+    assert outbid.outbid_choice(paused_row(minutes=-30), NOW, 1.0, one_second)[0] == "wait"  # dated later: 0 s
+    assert outbid.outbid_choice(paused_row(vast_status="running"), NOW, 1.0, one_second)[0] == "wait"  # not paused
+    assert outbid.outbid_choice(paused_row(minutes=0), NOW, 1.0, one_second)[0] == "wait"
+    assert outbid.outbid_choice(paused_row(minutes=1), NOW, 1.0, one_second)[0] == "rebid"
+
+
+def test_arrivals_are_the_lookahead_spread_over_its_window_else_the_rate_said_else_none():
+    half_hour = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "demand": {"lookahead_window": "30m"}})
+    assert sizing.needed({"queued": 0, "lookahead": 12}, half_hour) == 24.0  # 12 within 30 min: 24/h
+    one_second = config_module.from_mapping({"agent": {"plan_horizon": "30m"}, "demand": {"lookahead_window": "1s"}})
+    assert sizing.needed({"queued": 0, "lookahead": 1, "proofs_per_hour": 5.0}, one_second) == 3600.0
+    assert sizing.needed({"queued": 0}, CONFIG) == 0.0  # no lookahead and no rate said: no arrivals counted
+
+
+@pytest.mark.parametrize("every, held", [(15, 60.0), (12, 60.0), (16, None)])
+def test_a_window_sampled_at_most_every_15_minutes_is_evidence_and_a_longer_gap_is_not(every, held):
+    # CONFIG: scale_down_after 30m, demand.stale_after 20m: a gap may be min(20m, 30m / 2) = 15m at most
+    history = [sample(30, minutes_ago=minutes) for minutes in range(3 * every, 0, -every)]
+    assert sizing.held_capacity(observation(fleet(1), history), CONFIG) == held  # 30 queued in 30m: 60/h
+
+
+ONE_OFFER = [(MARKET[0], 60.0)]
+
+
+def rounding(rate, queued, lookahead, in_flight=None, machines=()):
+    """rounded_down() for one running machine of `rate` and one sample (CONFIG: 30 min horizon, 1 h window)."""
+    obs = observation([m("vastctl-a", rate=rate), *machines], [sample(queued, lookahead, in_flight)])
+    return sizing.rounded_down(obs, CONFIG, ONE_OFFER)
+
+
+@pytest.mark.parametrize("rate, queued, lookahead, in_flight, smallest", [
+    (100.0, 10, 95, None, 60.0),  # 20 + 95 = 115 wanted: 15 missing, under half of 60: rounded down
+    (100.0, 10, 80, None, None),  # 100 wanted: nothing missing
+    (99.5, 10, 80, None, 60.0),  # half a proof an hour missing is still missing
+    (0.5, 0, 10, None, 60.0),  # a fleet of half a proof an hour keeps up with no backlog: rounded down too
+    (100.0, 10, 50, 20, None),  # 30 waiting over 100/h: more than a quarter hour of work waits, so it is rented
+    (100.0, 0, 60, 25, 60.0),  # 25 waiting: exactly a quarter hour, not more
+    (100.0, 25, 60, None, 60.0),  # the same queued instead of in flight
+])
+def test_a_shortfall_under_half_the_smallest_machine_is_rounded_down_while_the_fleet_keeps_up(
+        rate, queued, lookahead, in_flight, smallest):
+    assert rounding(rate, queued, lookahead, in_flight) == smallest
+
+
+def test_the_smallest_machine_to_hand_counts_stopped_ones_with_a_rate():
+    slow = {**stopped("vastctl-s", 0.1), "expected_rate": 0.5}  # a machine of half a proof an hour to resume
+    idle = {**stopped("vastctl-t", 0.1), "expected_rate": 0.0}  # no rate: not a machine to hand
+    assert rounding(100.0, 10, 95, machines=[slow]) is None  # 15 missing is not under half of 0.5
+    assert rounding(100.0, 10, 95, machines=[idle]) == 60.0
+
+
+def unknown_demand(last, held=0):
+    import dataclasses
+
+    obs = observation(fleet(1), [sample(0, ok=False)])
+    obs.last_known_demand = last
+    obs.demand = dataclasses.replace(obs.demand, held=held)
+    return obs
+
+
+def test_unknown_demand_is_sized_to_the_last_good_sample_and_at_least_the_calls_the_router_holds():
+    last = {"at": NOW - timedelta(minutes=10), "ok": True, "queued": 4, "in_flight": None, "lookahead": None,
+            "proofs_per_hour": None}
+    assert sizing.sized_to(unknown_demand(last)) is last  # nothing held: the sample as it was
+    assert sizing.sized_to(unknown_demand(last, held=3))["in_flight"] == 3
+    assert sizing.sized_to(unknown_demand({**last, "in_flight": 5}, held=3))["in_flight"] == 5
+    assert sizing.sized_to(unknown_demand(None, held=3)) is None
+
+
+def test_unknown_demand_says_what_its_last_good_sample_held():
+    last = {"at": NOW - timedelta(minutes=10), "ok": True, "queued": None, "in_flight": None, "lookahead": None}
+    assert sizing.work_reason(unknown_demand(last)) == (
+        "demand unknown (held to its newest good sample, 10m old: 0 queued, 0 in flight, 0 coming)")
+    full = {**last, "queued": 4, "in_flight": 6, "lookahead": 2}
+    assert sizing.work_reason(unknown_demand(full, held=1)) == (
+        "demand unknown (held to its newest good sample, 10m old: 4 queued, 6 in flight, 2 coming;"
+        " 1 calls held at the proof router)")
+
+
+def test_known_demand_is_sized_to_as_the_source_said_and_one_proof_is_work():
+    import dataclasses
+
+    obs = observation(fleet(1), [sample(1)])
+    assert sizing.sized_to(obs) == {"queued": 1, "in_flight": None, "lookahead": 0, "proofs_per_hour": None}
+    assert sizing.has_work(obs)
+    obs.demand = dataclasses.replace(obs.demand, held=2)
+    assert sizing.sized_to(obs)["in_flight"] == 2  # the router's calls count in flight
+
+
+def test_a_long_outbid_pause_is_said_in_whole_minutes():
+    assert outbid.outbid_choice(paused_row(minutes=60), NOW, 1.0, OUTBID_WAIT)[2].startswith("outbid for 60m at $0.3/h")

@@ -281,3 +281,53 @@ def test_a_machine_back_in_running_joins_again_whatever_it_did_before():
     assert tunnel.down_since({**before, "joined_at": "2026-12-01T09:00:00Z"}) == since
     assert tunnel.joined({**before, "joined_at": "2026-12-01T10:00:05Z"}) is True
     assert tunnel.joined({**before, "tunnel_port": None, "joined_at": None}) is None
+
+
+# --- quick: the file's lines and the rules read from a row (no ssh-keygen, no sshd) ----------------------
+
+
+def test_a_killed_machines_line_is_pruned_at_once_and_a_stopped_ones_kept(conn, tmp_path):
+    config = make_config(tmp_path)
+    add_machine(conn, "a", 20000, "ssh-ed25519 AAAAa vastctl-a")
+    add_machine(conn, "b", 20001, "ssh-ed25519 AAAAb vastctl-b", state=State.STOPPED)
+    assert tunnel.write_authorized_keys(conn, config) is True
+    lifecycle.kill(conn, "uuid-a", "test", source="operator", code="operator", now=SYSTEM.now())
+    assert tunnel.write_authorized_keys(conn, config) is True  # changed: rewritten
+    assert Path(config.tunnel.authorized_keys).read_text().splitlines()[1:] == [
+        'restrict,port-forwarding,permitlisten="127.0.0.1:20001" ssh-ed25519 AAAAb vastctl-b']
+    assert tunnel.write_authorized_keys(conn, config) is False  # nothing changed since
+
+
+def test_a_config_switched_back_to_no_tunnel_still_prunes_the_killed(conn, tmp_path):
+    config = make_config(tmp_path)
+    add_machine(conn, "a", 20000, "ssh-ed25519 AAAAa")
+    tunnel.write_authorized_keys(conn, config)
+    lifecycle.kill(conn, "uuid-a", "test", source="operator", code="operator", now=SYSTEM.now())
+    no_join = config_module.from_mapping({"tunnel": {"authorized_keys": config.tunnel.authorized_keys, "keys_reader": "root"}})
+    assert tunnel.write_authorized_keys(conn, no_join) is True
+    assert Path(config.tunnel.authorized_keys).read_text().splitlines()[1:] == []
+
+
+RUN_SINCE = "2026-12-01T10:00:00.000000Z"
+
+
+def tunnel_row(**fields) -> dict:
+    return {"state": State.RUNNING, "state_since": RUN_SINCE, "tunnel_port": 20001, "joined_at": None,
+            "tunnel_down_since": None, **fields}
+
+
+def test_down_since_counts_a_machine_not_joined_this_run_from_running():
+    assert tunnel.down_since(tunnel_row()) == RUN_SINCE  # never joined
+    assert tunnel.down_since(tunnel_row(joined_at="2026-12-01T09:00:00.000000Z")) == RUN_SINCE  # joined a run before
+    joined_now = tunnel_row(joined_at="2026-12-01T10:05:00.000000Z")
+    assert tunnel.down_since(joined_now) is None and tunnel.joined(joined_now) is True
+    lost = tunnel_row(joined_at=RUN_SINCE, tunnel_down_since="2026-12-01T10:30:00.000000Z")  # joined at the start
+    assert tunnel.down_since(lost) == "2026-12-01T10:30:00.000000Z" and tunnel.joined(lost) is False
+
+
+def test_no_tunnel_or_not_running_is_never_down():
+    assert tunnel.down_since(tunnel_row(tunnel_port=None)) is None and tunnel.joined(tunnel_row(tunnel_port=None)) is None
+    stopped = tunnel_row(state=State.STOPPED, joined_at="2026-12-01T10:05:00.000000Z")
+    assert tunnel.down_since(stopped) is None and tunnel.joined(stopped) is False
+    rows = [tunnel_row(joined_at="2026-12-01T10:05:00.000000Z"), tunnel_row(), stopped]
+    assert tunnel.joined_rows(rows) == rows[:1]
