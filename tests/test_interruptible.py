@@ -11,7 +11,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 from serving import JsonHandler, on_a_thread
 
-from vastctl import bids, clock, guard
+from vastctl import bids, clock, guard, validate
 from vastctl.agent import sizing
 from vastctl.config import from_mapping
 from vastctl.demo import day, setting
@@ -302,13 +302,13 @@ def test_the_bid_never_passes_max_dph_nor_the_on_demand_price():
 
 @pytest.mark.parametrize("raw", [{}, {"min_bid": None}, {"min_bid": True}, {"min_bid": "0.2"}, {"min_bid": float("nan")},
                                  {"min_bid": float("inf")}, {"min_bid": 0}, {"min_bid": -0.2}, {"min_bid": 1e-320},
-                                 {"min_bid": bids.MIN_DPH / 2}, None, ["min_bid", 0.2]])
+                                 {"min_bid": validate.MIN_DPH / 2}, None, ["min_bid", 0.2]])
 def test_an_offer_naming_no_usable_min_bid_gets_no_bid(raw):
     assert bids.bid_for_offer(bid_offer(raw=raw), 1.0) is None
 
 
 def test_a_floor_at_the_smallest_price_is_a_bid():
-    assert bids.bid_for_offer(bid_offer(bids.MIN_DPH), 1.0, margin=0) == bids.MIN_DPH
+    assert bids.bid_for_offer(bid_offer(validate.MIN_DPH), 1.0, margin=0) == validate.MIN_DPH
 
 
 def test_a_launch_bids_with_the_configured_margin():

@@ -111,22 +111,17 @@ def at(seconds: float) -> str:
     return clock.to_iso(T0 + timedelta(seconds=seconds))
 
 
-@pytest.mark.parametrize("gpus, ceiling", [(None, 200.0), (0, 200.0), (-2, 200.0), (True, 200.0), ("4", 200.0),
-                                           (2.0, 200.0), (1, 200.0), (3, 600.0), (8, 1600.0), (9, 1600.0)])
+# A GPU count is 1 or more, or unknown (None), where it enters (vast_mapping.gpu_count, the reports' checks;
+# migration 23 for rows from before): the ceiling reads it as it is stored.
+@pytest.mark.parametrize("gpus, ceiling", [(None, 200.0), (1, 200.0), (3, 600.0), (8, 1600.0), (9, 1600.0)])
 def test_the_ceiling_is_200_an_hour_per_gpu_counted_up_to_eight(gpus, ceiling):
     assert rates.rate_ceiling({"num_gpus": gpus}) == ceiling == rates.measured_rate_bound({"num_gpus": gpus})
 
 
 @pytest.mark.parametrize("bench, gpus, bound", [(70.0, 1, 140.0), (99.5, 1, 199.0), (150.0, 1, 200.0),
-                                                (150.0, 2, 300.0), (-5.0, 1, 0.0), (0, 1, 0.0)])
+                                                (150.0, 2, 300.0), (0, 1, 0.0)])  # a stored bench rate is ≥ 0
 def test_a_measured_rate_counts_for_twice_its_bench_rate_never_past_the_ceiling(bench, gpus, bound):
     assert rates.measured_rate_bound({"bench_rate": bench, "num_gpus": gpus}) == bound
-
-
-@pytest.mark.parametrize("value, result", [(None, None), (70, 70.0), ("50", 50.0), (-3, 0.0), (0, 0.0), (140, 140.0),
-                                           (141, 140.0), (1e308, 140.0), (float("inf"), 140.0), (float("nan"), 140.0)])
-def test_a_stored_rate_is_read_within_zero_and_its_bound(value, result):
-    assert rates.bounded(value, 140.0) == result
 
 
 def test_the_bound_says_where_it_comes_from():
@@ -182,13 +177,12 @@ def test_the_rate_moves_toward_the_sample_by_the_time_it_covers():
     assert rate == pytest.approx(70 + (1 - math.exp(-2)) * (120 - 70))
 
 
-def test_nothing_to_measure_keeps_the_rate_as_bounded():
+def test_nothing_to_measure_keeps_the_rate():
     later = T0 + timedelta(seconds=600)
     assert rates._smoothed_rate(smoothing(last_heartbeat_at=None), 200, later) == (70.0, None)
     assert rates._smoothed_rate(smoothing(state=State.STOPPED), 200, later) == (70.0, None)
     assert rates._smoothed_rate(smoothing(), 90, later) == (70.0, None)  # the counter fell
     assert rates._smoothed_rate(smoothing(), 200, T0) == (70.0, None)  # no time passed
-    assert rates._smoothed_rate(smoothing(proofs_per_hour=1e19), 90, later) == (140.0, None)  # read within its bound
 
 
 def test_a_leaping_counter_counts_at_the_bound_and_says_why():
