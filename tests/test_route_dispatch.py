@@ -354,17 +354,17 @@ def test_an_answer_the_daemon_chose_resets_the_streak_as_a_completed_one_does():
     assert d.snapshot()["provers"][0]["set_aside"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="a prover that rejoins while a call of its last spell is out is dropped"
-                                       " from the joined set when that call comes back (dispatch.release pops its uuid)")
 def test_a_prover_that_rejoins_while_its_call_is_out_stays_joined():
     d = make()
     d.update([spec("a", slots=2)])
     ticket, prover = take(d)
     d.update([])  # it leaves with the call out
     d.update([spec("a", slots=2)])  # and is back before the call returns
+    assert [(p["label"], p["busy"], p["gone"]) for p in d.snapshot()["provers"]] == [("a", 1, False)]
     d.release(ticket, prover, "completed")
     d.finish(ticket)
-    assert [(p["label"], p["busy"]) for p in d.snapshot()["provers"]] == [("a", 0)]
+    assert [(p["label"], p["busy"], p["gone"]) for p in d.snapshot()["provers"]] == [("a", 0, False)]
+    assert take(d)[1].spec.label == "a" and take(d)[1].spec.label == "a"  # both its slots take calls again
 
 
 def test_the_oldest_held_age_is_counted_from_its_arrival_and_is_zero_at_once():

@@ -109,8 +109,10 @@ class Dispatcher:
                     del self.provers[uuid]
             for uuid, spec in wanted.items():
                 prover = self.provers.get(uuid)
-                if prover is None or prover.gone:
-                    self.provers[uuid] = Prover(spec=spec, busy=prover.busy if prover else 0)
+                if prover is None:
+                    self.provers[uuid] = Prover(spec=spec)
+                elif prover.gone:  # back while calls of its last spell are out: the same prover, their slots its
+                    prover.spec, prover.gone, prover.streak, prover.set_aside = spec, False, 0, None
                 else:
                     prover.spec = spec
             self._cond.notify_all()
@@ -224,8 +226,8 @@ class Dispatcher:
                                                 f" {outcome} (route.fail_threshold {self.fail_threshold})")
             elif outcome in ("completed", "error"):
                 prover.streak = 0
-            if prover.gone and not prover.busy:
-                self.provers.pop(prover.spec.uuid, None)
+            if prover.gone and not prover.busy and self.provers.get(prover.spec.uuid) is prover:
+                del self.provers[prover.spec.uuid]
             self._cond.notify_all()
             return newly
 
