@@ -87,17 +87,20 @@ class Machine:
         (self.row,) = json.loads(launched.stdout)["launched"]
         (self.create,) = vast.creates
         self.uuid, self.label = self.row["uuid"], self.row["label"]
+        self.make_sandbox(home)
+        self.grpc, self.status = free_port(), free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def make_sandbox(self, home: Path) -> None:
+        """The machine's disk at `home`, reached through a short link: a Unix socket's path must fit in 107
+        bytes, and the ones the daemon (…/root/run/curio/cuzk.sock) and ssh (…/data/zk/tunnel.ctl) make would
+        not under a long tmp_path."""
         home.mkdir(parents=True)
-        # The sandbox is reached through a short link: a Unix socket's path must fit in 107 bytes, and the one
-        # the daemon binds on its defaults (…/root/run/curio/cuzk.sock) would not under a long tmp_path.
         self._link_dir = Path(tempfile.mkdtemp(prefix="vm-"))
         self.home = self._link_dir / "m"
         self.home.symlink_to(home, target_is_directory=True)
-        home = self.home
-        self.zk = home / "data" / "zk"
-        self.log = home / "onstart.log"
-        self.grpc, self.status = free_port(), free_port()
-        self.proc: subprocess.Popen | None = None
+        self.zk = self.home / "data" / "zk"
+        self.log = self.home / "onstart.log"
 
     def script(self) -> str:
         """The script as vast runs it: the create's onstart, unpacked if it was packed to fit vast's limit, or

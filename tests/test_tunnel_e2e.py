@@ -35,9 +35,7 @@ class JoiningMachine(Machine):
         (self.row,) = json.loads(launched.stdout)["launched"]
         self.create = next(c for c in vast.creates if c["label"] == self.row["label"])
         self.uuid, self.label = self.row["uuid"], self.row["label"]
-        home.mkdir(parents=True)
-        self.zk = home / "data" / "zk"
-        self.log = home / "onstart.log"
+        self.make_sandbox(home)
         self.grpc, self.status = free_port(), free_port()
         self.proc = None
 
