@@ -1,6 +1,6 @@
-"""The repository cites only files it has: every `something.md` named in the package, the docs, the README,
-the benchmarks, the config example and the jobs is a file of the repository (beside the citing file, under
-docs/, or from the repository's root)."""
+"""The repository as a reader finds it: no module of the package over 600 lines, and only files it has cited:
+every `something.md` named in the package, the docs, the README, the benchmarks, the config example and the
+jobs is a file of the repository (beside the citing file, under docs/, or from the repository's root)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,10 @@ def test_every_cited_markdown_file_is_in_the_repository():
 
 def test_the_scan_finds_a_file_the_repository_does_not_have():
     assert missing_citations(ROOT / "vastctl" / "observe.py", "see domain.md §5 and docs/cost.md") == ["domain.md"]
+
+
+def test_no_module_of_the_package_is_over_600_lines():
+    """A module holds one concern: past 600 lines it is cut by concern (docs/architecture.md names the modules)."""
+    long = {str(path.relative_to(ROOT)): lines for path in sorted((ROOT / "vastctl").rglob("*.py"))
+            if (lines := len(path.read_text().splitlines())) > 600}
+    assert long == {}
