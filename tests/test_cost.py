@@ -17,7 +17,7 @@ from vastctl.cli.app import Globals
 from vastctl.clock import VirtualClock
 from vastctl.demo import day as demo_day
 from vastctl.demo import setting
-from vastctl.facts import cost, deliveries
+from vastctl.facts import cost, cost_kept, deliveries
 from vastctl.providers import sim_engine
 from vastctl.providers.base import RemoteInstance
 from vastctl.state import db, lifecycle
@@ -325,7 +325,7 @@ def afresh_everywhere(conn, now):
     windows = (None, now - timedelta(hours=24), cost.day_start(now), now - timedelta(minutes=90))
     kept = [cost.account(conn, now=now, since=since) for since in windows]
     assert kept == [cost.afresh(conn, now=now, since=since) for since in windows]
-    cost._BOOKS.kept.clear()
+    cost_kept._BOOKS.kept.clear()
     assert kept == [cost.account(conn, now=now, since=since) for since in windows]
     return kept[0]
 

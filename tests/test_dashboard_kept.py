@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 from vastctl import clock, observe
 from vastctl.config import from_mapping
-from vastctl.facts import cost
+from vastctl.facts import cost, cost_kept
 from vastctl.serving import dashboard, dashboard_page, dashboard_tables, metrics
 from vastctl.state import lifecycle, settings
 from vastctl.state.lifecycle import State
@@ -39,7 +39,7 @@ def shown(conn, config, now):
         return repr(data), page_html, metrics.render(conn, config, now)
 
     warm = read()
-    cost._BOOKS.kept.clear()
+    cost_kept._BOOKS.kept.clear()
     overview._MOVES.kept.clear()
     overview._RATES.kept.clear()
     fleet._REPORTS.kept.clear()

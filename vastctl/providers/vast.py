@@ -169,7 +169,7 @@ class VastProvider(VastHttp):
 
     def _check_bid(self, vast_id: int, request: CreateRequest) -> None:
         """The create answer does not echo the rental type, and a dropped bid yields an on-demand instance
-        (vast-api.md "Interruptible"): look at the instance. One listed as not a bid is destroyed and the
+        (docs/interface.md, "interruptible (bid) rentals"): look at the instance. One listed as not a bid is destroyed and the
         create refused, so nothing bills at a price that was not asked; one not listed yet is taken on trust."""
         remote = self.show_instance(vast_id)
         if remote is None or remote.raw.get("is_bid") is not False:

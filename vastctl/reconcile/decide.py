@@ -343,7 +343,7 @@ def confirmed(row: SnapshotRow, since: datetime | None, config: Config, now: dat
 
 
 def outbid(entry: RemoteInstance) -> bool:
-    """An interruptible instance vast has stopped while we asked it to run: outbid (vast-api.md "Interruptible").
+    """An interruptible instance vast has stopped while we asked it to run: outbid (docs/interface.md, "interruptible (bid) rentals").
     It stays listed, keeps its disk and bills storage; it resumes when its bid wins again."""
     return entry.raw.get("is_bid") is True and "stopped" in (entry.actual_status, entry.cur_state)
 

@@ -1,6 +1,6 @@
 """vast's notification webhooks: verify a delivery, record it once, and wake the safety net soon after.
 
-A delivery (vast-api.md "Notification webhooks") says that something
+A delivery (docs/http-api.md, "vast's webhook deliveries") says that something
 happened to one of the account's instances (offline, outbid, error detected,
 …) in human prose, with no instance id. It is a prompt to look, never the
 truth about an instance: what follows it is an ordinary reconcile pass, which
