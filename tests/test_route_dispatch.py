@@ -357,10 +357,12 @@ def test_an_answer_the_daemon_chose_resets_the_streak_as_a_completed_one_does():
 def test_a_prover_that_rejoins_while_its_call_is_out_stays_joined():
     d = make()
     d.update([spec("a", slots=2)])
+    dropped, prover = take(d)
+    d.release(dropped, prover, "dropped")  # one dropped call: a streak of 1
     ticket, prover = take(d)
     d.update([])  # it leaves with the call out
-    d.update([spec("a", slots=2)])  # and is back before the call returns
-    assert [(p["label"], p["busy"], p["gone"]) for p in d.snapshot()["provers"]] == [("a", 1, False)]
+    d.update([spec("a", slots=2)])  # and is back before the call returns: joined afresh, its streak forgotten
+    assert [(p["label"], p["busy"], p["gone"], p["streak"]) for p in d.snapshot()["provers"]] == [("a", 1, False, 0)]
     d.release(ticket, prover, "completed")
     d.finish(ticket)
     assert [(p["label"], p["busy"], p["gone"]) for p in d.snapshot()["provers"]] == [("a", 0, False)]
