@@ -60,7 +60,7 @@ class Piece:
         return self.hours * self.dph
 
 
-def _price(value: Any) -> float | None:
+def stored_price(value: float | None) -> float | None:
     """A price the file holds, None when it holds none: checked where it entered (an offer, a listing, a bid),
     and old rows by migration 23, so it is read as it is."""
     return None if value is None else float(value)
@@ -69,7 +69,7 @@ def _price(value: Any) -> float | None:
 def storage_prices(conn: sqlite3.Connection) -> dict[int, float]:
     """vast id → the disk price of the last good listing (for rows listed before the copy on the row existed)."""
     return {row["vast_id"]: price for row in conn.execute("SELECT vast_id, storage_dph FROM vast_cache")
-            if (price := _price(row["storage_dph"])) is not None}
+            if (price := stored_price(row["storage_dph"])) is not None}
 
 
 # (state file, uuid) → (what its pieces were computed from, its pieces up to FAR)
@@ -142,8 +142,8 @@ def machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], liste
         end_all = min(end_all, max(seen, created))  # gone from vast's listing: billing ended when it left
     if row["state"] == State.KILLED and row.get("vast_id") is None and not destroyed:
         return  # killed before anything was rented that the file knows of
-    dph = _price(row.get("dph")) or 0.0
-    storage = _price(row.get("storage_dph"))
+    dph = stored_price(row.get("dph")) or 0.0
+    storage = stored_price(row.get("storage_dph"))
     if storage is None and row.get("vast_id") is not None:
         storage = listed_storage.get(row["vast_id"])
     stopped_dph = dph if storage is None else min(storage, dph) if dph else storage

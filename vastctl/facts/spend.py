@@ -18,13 +18,10 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable
 
+from vastctl.facts.billing import stored_price
 from vastctl.state import instances
 from vastctl.state.lifecycle import State
 from vastctl.state.rows import InstanceRow, VastCacheRow, selected
-
-
-def _price(value: float | None) -> float | None:
-    return None if value is None else float(value)
 
 
 def _listing(conn: sqlite3.Connection) -> dict[int, VastCacheRow]:
@@ -33,7 +30,7 @@ def _listing(conn: sqlite3.Connection) -> dict[int, VastCacheRow]:
 
 
 def _stopped_price(dph: float | None, entry: VastCacheRow | None) -> float:
-    storage = None if entry is None else _price(entry.get("storage_dph"))
+    storage = None if entry is None else stored_price(entry.get("storage_dph"))
     if storage is not None:
         return storage if dph is None else min(storage, dph)
     return dph or 0.0
@@ -43,9 +40,9 @@ def _listed_price(entry: VastCacheRow, row: InstanceRow | None) -> float:
     """$/h for one instance as vast listed it."""
     if entry.get("cur_state") == "unloaded":  # released: the destroy took
         return 0.0
-    dph = _price(entry.get("dph"))
+    dph = stored_price(entry.get("dph"))
     if dph is None and row is not None:
-        dph = _price(row.get("dph"))
+        dph = stored_price(row.get("dph"))
     if "stopped" in (entry.get("actual_status"), entry.get("cur_state")):
         return _stopped_price(dph, entry)
     return dph or 0.0
@@ -55,7 +52,7 @@ def _file_price(row: InstanceRow, entry: VastCacheRow | None) -> float:
     """$/h for one row as the file has it."""
     if row.get("destroyed_at"):
         return 0.0
-    dph = _price(row.get("dph"))
+    dph = stored_price(row.get("dph"))
     if row["state"] in (State.KILLED, State.STOPPED) and row.get("vast_id") is None:
         return 0.0  # nothing rented that the file knows of (the listing finds one by label: billing())
     if row["state"] == State.KILLED:  # bills until vast confirms the destroy
