@@ -23,7 +23,7 @@ PINNED = {
         "destroy_error", "claimed_vast_id",
         "tunnel_port", "tunnel_public_key", "joined_at", "tunnel_down_since", "tunnel_checked_at", "storage_dph",
         "vast_status_since", "bid", "ask_dph", "outbid_since", "proofs_total", "route_failing_since", "route_failure",
-        "boot_stages", "kill_forced",
+        "boot_stages", "kill_forced", "revision",
     ],
     "machine_logs": ["uuid", "name", "at", "text", "cut"],
     "events": ["id", "at", "kind", "uuid", "label", "from_state", "to_state", "reason", "source", "code", "data"],
@@ -325,7 +325,7 @@ def test_upgrade_bounds_old_rows_rates_once(db_path):
     assert conn.execute("SELECT proofs_done, proofs_total FROM instances WHERE uuid = 'negative'").fetchone()[:] == (
         0, 0)
     assert conn.execute("SELECT num_gpus FROM instances WHERE uuid = 'no gpus'").fetchone()[0] is None
-    assert [r[0] for r in conn.execute("SELECT id FROM migrations ORDER BY id")][-1] == number
+    assert number in [r[0] for r in conn.execute("SELECT id FROM migrations ORDER BY id")]
     conn.execute("UPDATE instances SET bench_rate = 1e308 WHERE uuid = 'honest'")  # once: opening again bounds nothing
     conn.close()
     conn = db.connect(db_path, now=SYSTEM.now())

@@ -8,13 +8,10 @@ it is gone or differs (another file at the path, one restored from a backup), ev
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections import OrderedDict
-from typing import Generic, TypeVar
 
-FILES_KEPT = 8  # state files whose readings are kept (a process serves one; tests open many)
+from vastctl.state.per_file import PerFile, file_of
 
-T = TypeVar("T")
+__all__ = ["PerFile", "Tail", "file_of"]
 
 
 class Tail:
@@ -35,28 +32,3 @@ class Tail:
                 after = self.newest[0]
         self.newest = newest
         return after, newest[0] if newest is not None else 0
-
-
-class PerFile(Generic[T]):
-    """One kept reading per state file, the newest few files only."""
-
-    def __init__(self, make: type[T]):
-        self.make = make
-        self.kept: OrderedDict[str, T] = OrderedDict()
-        self.lock = threading.Lock()  # serve's worker threads share it (--threads)
-
-    def get(self, conn: sqlite3.Connection) -> T:
-        name = file_of(conn)
-        with self.lock:
-            found = self.kept.get(name)
-            if found is None:
-                found = self.kept[name] = self.make()
-                while len(self.kept) > FILES_KEPT:
-                    self.kept.popitem(last=False)
-            self.kept.move_to_end(name)
-            return found
-
-
-def file_of(conn: sqlite3.Connection) -> str:
-    """The connection's file (an in-memory database by its connection)."""
-    return conn.execute("PRAGMA database_list").fetchone()[2] or f":memory:{id(conn)}"

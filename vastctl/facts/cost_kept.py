@@ -16,6 +16,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from typing import Any
 
 from vastctl import clock
@@ -34,6 +35,7 @@ from vastctl.facts.billing import (
     machine_pieces,
     storage_prices,
 )
+from vastctl.state import kept_rows
 
 _CONNECTIONS_KEPT = 4  # connections per file whose rows are kept (serve has one per thread)
 
@@ -88,8 +90,9 @@ class _Book:
         self.tail = appended.Tail()
         self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
         self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
-        # uuid → (its row, listed disk price, transitions, router count as last read; its entry): unchanged, reused
-        self.entry_of: dict[str, tuple[tuple[Any, ...], float | None, int, Any, _Entry | None]] = {}
+        # uuid → (its row's columns, listed disk price, transitions, router count as last read; its entry; the whole
+        # row as kept_rows had it, the same object while the row is unchanged): unchanged, reused
+        self.entry_of: dict[str, tuple[tuple[Any, ...], float | None, int, Any, _Entry | None, tuple[Any, ...]]] = {}
         # the newest few connections' rows: (connection, what the file was at, its machines); a connection is
         # held only while it is among them (its id alone could be a later one's)
         self.snapshots: list[tuple[sqlite3.Connection, tuple[Any, ...], tuple[list[_Entry], list[_Entry]]]] = []
@@ -120,14 +123,14 @@ class _Book:
         """Every machine that billed, as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time
         fields); those still billing (or whose pieces cannot be summed), then those whose billing is over."""
         if conn.in_transaction:
-            return self._entries(conn)
+            return self._entries(conn, keep_rows=False)
         conn.execute("BEGIN")  # one snapshot of the file: its version, its transitions and its rows agree
-        try:
-            return self._entries(conn)
+        try:  # begun only to read: the rows it reads may be kept (kept_rows)
+            return self._entries(conn, keep_rows=True)
         finally:
             conn.execute("COMMIT")
 
-    def _entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
+    def _entries(self, conn: sqlite3.Connection, *, keep_rows: bool) -> tuple[list[_Entry], list[_Entry]]:
         key = (conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes)
         kept = next((snapshot for snapshot in self.snapshots if snapshot[0] is conn), None)
         if kept is not None and kept[1] == key:
@@ -135,17 +138,18 @@ class _Book:
         self.read_moves(conn)
         listed_storage = storage_prices(conn)
         delivered = deliveries.delivered(conn)
-        cursor = conn.cursor()
-        cursor.row_factory = None
+        rows = kept_rows.read(conn, keep=keep_rows)
+        columns, uuid_at = itemgetter(*(rows.position[name] for name in COLUMNS)), rows.position["uuid"]
         live: list[_Entry] = []
         closed: list[_Entry] = []
         billing = len(BILLING) + 1
-        for values in cursor.execute(f"SELECT {', '.join(COLUMNS)} FROM instances ORDER BY created_at, uuid"):
+        for row in rows.ordered(kept_rows.BY_CREATION_UUID):
+            last = self.entry_of.get(row[uuid_at])
+            values = last[0] if last is not None and last[5] is row else columns(row)  # an unchanged row: itself
             uuid = values[0]
             moves = self.moves.get(uuid, _NO_MOVES)
             listed = listed_storage.get(values[_VAST_ID])
             counted = delivered.get(uuid)
-            last = self.entry_of.get(uuid)
             if last is not None and last[0] == values and last[1] == listed and last[2] == len(moves) \
                     and last[3] == counted:  # the row, its disk price, its transitions and count as last read
                 if last[4] is not None:
@@ -154,9 +158,9 @@ class _Book:
             compile_key = (values[1:billing], listed, len(moves), moves[-1] if moves else None)
             found = self.compiled.get(uuid)
             if found is None or found[0] != compile_key:
-                row = dict(zip(COLUMNS, values))
+                fields = dict(zip(COLUMNS, values))
                 parsed = [(clock.parse_iso(at), to_state) for at, _, to_state in moves]
-                found = (compile_key, _Compiled(list(machine_pieces(row, parsed, listed_storage, FAR))))
+                found = (compile_key, _Compiled(list(machine_pieces(fields, parsed, listed_storage, FAR))))
                 self.compiled[uuid] = found
             proofs = max(0, int(values[_PROOFS] or 0))
             if counted:
@@ -164,7 +168,7 @@ class _Book:
             dying = values[_KILL_CODE] in DEATH_CODES
             compiled = found[1]
             entry = (uuid, compiled, proofs, values if dying else None) if compiled.pieces else None
-            self.entry_of[uuid] = (values, listed, len(moves), counted, entry)
+            self.entry_of[uuid] = (values, listed, len(moves), counted, entry, row)
             if entry is not None:  # a machine that never billed is in no window
                 (closed if compiled.whole is not None else live).append(entry)
         if closed != self.closed:  # a machine's billing ended, or a finished one's row or count changed

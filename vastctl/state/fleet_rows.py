@@ -7,7 +7,10 @@ here.
 from __future__ import annotations
 
 import sqlite3
+from operator import itemgetter
 from typing import Any, Iterable, Mapping, Sequence
+
+from vastctl.state import kept_rows
 
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
@@ -42,10 +45,11 @@ def pending_destroys(conn: sqlite3.Connection) -> tuple[int, str | None]:
 
 
 def amounts(conn: sqlite3.Connection) -> dict[str, tuple[Any, ...]]:
-    """uuid → its AMOUNT_COLUMNS as a tuple, for every row: what the history counts a machine's rate and price by."""
-    cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples: thousands of rows per page
-    return {row[0]: row for row in cursor.execute(f"SELECT {', '.join(AMOUNT_COLUMNS)} FROM instances")}
+    """uuid → its AMOUNT_COLUMNS as a tuple, for every row: what the history counts a machine's rate and price by
+    (from the rows kept between reads: thousands of rows per page)."""
+    rows = kept_rows.read(conn)
+    columns = itemgetter(*(rows.position[name] for name in AMOUNT_COLUMNS))
+    return {row[0]: row for row in map(columns, rows.by_id.values())}
 
 
 def newest_destroyed(conn: sqlite3.Connection, vast_ids: Iterable[int]) -> dict[int, dict[str, Any]]:

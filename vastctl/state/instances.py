@@ -9,8 +9,10 @@ in lifecycle.py, the one writer of a row's state.
 from __future__ import annotations
 
 import sqlite3
-from typing import Iterable, NamedTuple
+from operator import itemgetter
+from typing import Iterable, NamedTuple, cast
 
+from vastctl.state import kept_rows
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import VAST_DEAD_CODES, State
 from vastctl.state.rows import InstanceRow, selected, typed
@@ -20,8 +22,15 @@ NOT_DESTROYED = "SELECT * FROM instances WHERE destroyed_at IS NULL"  # every ro
 
 def undestroyed(conn: sqlite3.Connection, *, ordered: bool = False) -> list[InstanceRow]:
     """Every row not yet destroyed, as the file has it (killed ones too, while their destroy is pending): what
-    the observation and a reconcile pass start from. `ordered`: by creation then label, as `fleet` lists them."""
-    return selected(conn, InstanceRow, NOT_DESTROYED + (" ORDER BY created_at, label" if ordered else ""))
+    the observation and a reconcile pass start from. `ordered`: by creation then label, as `fleet` lists them,
+    from the rows kept between reads (kept_rows: serve observes at every request; reconcile, once a process,
+    reads only the rows not destroyed)."""
+    if not ordered:
+        return selected(conn, InstanceRow, NOT_DESTROYED)
+    rows = kept_rows.read(conn)
+    destroyed = rows.position["destroyed_at"]
+    return cast(list[InstanceRow], rows.dicts(values for values in rows.ordered(kept_rows.BY_CREATION_LABEL)
+                                              if values[destroyed] is None))
 
 
 def find(conn: sqlite3.Connection, uuid: str) -> InstanceRow | None:
@@ -54,10 +63,12 @@ class Bench(NamedTuple):
 
 def benches(conn: sqlite3.Connection) -> list[Bench]:
     """Every machine that ever reported a bench rate, oldest first: what a GPU model and a host are expected to
-    prove (observe.bench_rates). Every machine ever, so only the five columns it needs."""
-    return [Bench(*row) for row in conn.execute(
-        "SELECT uuid, gpu_name, machine_id, num_gpus, bench_rate FROM instances WHERE bench_rate IS NOT NULL"
-        " ORDER BY created_at")]
+    prove (observe.bench_rates). Every machine ever, from the rows kept between reads (kept_rows)."""
+    rows = kept_rows.read(conn)
+    columns = itemgetter(*(rows.position[name] for name in ("uuid", "gpu_name", "machine_id", "num_gpus",
+                                                           "bench_rate")))
+    rate = rows.position["bench_rate"]
+    return [Bench(*columns(values)) for values in rows.ordered(kept_rows.BY_CREATION) if values[rate] is not None]
 
 
 def rented_bids(conn: sqlite3.Connection) -> list[float | None]:

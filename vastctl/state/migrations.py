@@ -489,4 +489,22 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE proofs_done < 0 OR proofs_total < 0
         """,
     ),
+    (
+        "a revision per machine row, past the file's highest at every insert and update: a reader that kept the"
+        " rows reads only those changed since (state/kept_rows.py)",
+        # rows are never deleted; the trigger that sets a revision changes it, so WHEN keeps it from firing again
+        """
+        ALTER TABLE instances ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+        UPDATE instances SET revision = rowid;
+        CREATE INDEX instances_by_revision ON instances (revision);
+        CREATE TRIGGER instances_revision_insert AFTER INSERT ON instances
+        BEGIN
+            UPDATE instances SET revision = (SELECT max(revision) FROM instances) + 1 WHERE rowid = NEW.rowid;
+        END;
+        CREATE TRIGGER instances_revision_update AFTER UPDATE ON instances WHEN NEW.revision = OLD.revision
+        BEGIN
+            UPDATE instances SET revision = (SELECT max(revision) FROM instances) + 1 WHERE rowid = NEW.rowid;
+        END
+        """,
+    ),
 ]

@@ -62,6 +62,7 @@ class InstanceRow(TypedDict):
     route_failure: str | None
     boot_stages: str | None  # JSON: stage → seconds
     kill_forced: int
+    revision: int  # past the file's highest at each insert and update (kept_rows reads only the changed)
 
 
 class EventFacts(TypedDict):
