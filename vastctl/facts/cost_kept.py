@@ -45,7 +45,7 @@ class _Compiled:
     suffix sums (cost and hours per part, running hours, billed hours), and its open piece."""
 
     __slots__ = ("pieces", "closed", "ends", "suffix", "open", "settled", "plain", "first", "whole", "open_us",
-                 "open_part", "before_open")
+                 "open_part", "before_open", "settled_us", "billing")
 
     def __init__(self, machine_pieces: list[Piece]):
         self.pieces = machine_pieces
@@ -77,6 +77,9 @@ class _Compiled:
         if self.open is None and self.plain and machine_pieces:
             sums = list(self.suffix[0])
             self.whole = (sums, sums[6], sums[7], sums[6], sums[7])
+        # still billing along its open piece, after its closed ones: what _sum() reads of it for any window
+        self.settled_us = _micros(self.settled)
+        self.billing = (self.open.dph, self.open.running) if self.open is not None and self.plain else None
 
 
 _PART_INDEX = {part: index for index, part in enumerate(PARTS)}
@@ -246,10 +249,35 @@ def _sum(entries: list[_Entry], now: datetime, since: datetime | None) -> _Sums:
     cost0 = cost1 = cost2 = hours0 = hours1 = hours2 = proofs = never = dead = 0.0
     now_us = _micros(now)
     since_h = 0.0 if since is None else max(0.0, (now - since).total_seconds()) / 3600
+    since_us = None if since is None else _micros(since)
+    window_open = since is None or now > since
     for uuid, compiled, proofs_done, dying in entries:
         whole = compiled.whole
+        billing = compiled.billing
         if whole is not None and now >= compiled.settled and (since is None or since <= compiled.first):
             sums, run_w, billed_w, run_all, billed_all = whole  # billing over, all of it in the window
+        elif billing is not None and now_us >= compiled.settled_us and compiled.open_us < now_us:
+            # _window() for a machine billing along its open piece after its closed ones, the same sums inline
+            dph, running = billing
+            open_h = max(0.0, (now_us - compiled.open_us) / 1_000_000) / 3600
+            suffix = compiled.suffix[0]
+            run_all, billed_all = suffix[6] + (open_h if running else 0.0), suffix[7] + open_h
+            closed = compiled.before_open.get(since, _UNKNOWN)  # one read: serve's threads share the machine
+            if closed is _UNKNOWN:
+                closed = _closed_kept(compiled, since)
+            if window_open:
+                sums = [0.0] * 8 if closed is None else list(closed)
+                hours = open_h if since_us is None or compiled.open_us >= since_us else since_h
+                part = compiled.open_part
+                sums[part] += hours * dph
+                sums[3 + part] += hours
+                sums[6] += hours if running else 0.0
+                sums[7] += hours
+            elif closed is None:
+                continue
+            else:
+                sums = list(closed)
+            run_w, billed_w = sums[6], sums[7]
         else:
             window = _window(compiled, now, since, now_us, since_h)
             if window is None:
@@ -307,10 +335,7 @@ def _window(compiled: _Compiled, now: datetime, since: datetime | None, now_us: 
         run_all += open_h if opened.running else 0.0
     closed = compiled.before_open.get(since, _UNKNOWN)  # one read: serve's threads share the compiled machine
     if closed is _UNKNOWN:
-        closed = _closed_sums(compiled, since)
-        if len(compiled.before_open) >= _SINCES_KEPT:
-            compiled.before_open.clear()
-        compiled.before_open[since] = closed
+        closed = _closed_kept(compiled, since)
     sums = None if closed is None else list(closed)
     if opened is not None and (since is None or now > since):
         if sums is None:
@@ -331,6 +356,16 @@ def _window(compiled: _Compiled, now: datetime, since: datetime | None, now_us: 
 
 _UNKNOWN: Any = object()
 _SINCES_KEPT = 8  # window starts whose closed sums a machine keeps (the whole life, today, the moving day's last)
+
+
+def _closed_kept(compiled: _Compiled, since: datetime | None) -> list[float] | None:
+    """_closed_sums(), kept by the machine for the window's start (the same at every moment after its last closed
+    piece ended)."""
+    closed = _closed_sums(compiled, since)
+    if len(compiled.before_open) >= _SINCES_KEPT:
+        compiled.before_open.clear()
+    compiled.before_open[since] = closed
+    return closed
 
 
 def _closed_sums(compiled: _Compiled, since: datetime | None) -> list[float] | None:
