@@ -7,11 +7,10 @@ import shutil
 import sqlite3
 
 import pytest
+from test_db import file_at, migration_number
 
 from vastctl.clock import SYSTEM
 from vastctl.state import db, instances, kept_rows
-
-from test_db import file_at, migration_number
 
 
 def add(conn, uuid, created="2026-01-01T00:00:00Z", **fields):
@@ -21,10 +20,10 @@ def add(conn, uuid, created="2026-01-01T00:00:00Z", **fields):
 
 
 def as_file_has_them(conn):
-    """rowid → the row's values, as a SELECT * reads them now (what the kept rows must equal)."""
+    """uuid → the row's values, as a SELECT * reads them now (what the kept rows must equal)."""
     cursor = conn.cursor()
     cursor.row_factory = None
-    return {row[0]: row[1:] for row in cursor.execute("SELECT rowid, * FROM instances")}
+    return {row[0]: row for row in cursor.execute("SELECT * FROM instances")}
 
 
 @pytest.fixture
@@ -42,12 +41,13 @@ def test_each_insert_and_update_takes_a_revision_past_the_files_highest(pair):
     _path, reader, writer = pair
     add(writer, "a")
     add(writer, "b")
-    revisions = dict(writer.execute("SELECT uuid, revision FROM instances"))
+    revisions = dict(writer.execute("SELECT uuid, revision FROM instance_revisions"))
     assert revisions == {"a": 1, "b": 2}
     writer.execute("UPDATE instances SET proofs_total = 5 WHERE uuid = 'a'")
     writer.execute("UPDATE instances SET proofs_total = proofs_total WHERE uuid = 'b'")  # no value changed: still
-    revisions = dict(writer.execute("SELECT uuid, revision FROM instances"))
-    assert revisions == {"a": 3, "b": 4}
+    writer.execute("UPDATE instances SET vast_status = 'running', vast_seen_at = 'x' WHERE uuid = 'a'")  # 2 triggers
+    revisions = dict(writer.execute("SELECT uuid, revision FROM instance_revisions"))
+    assert revisions["b"] == 4 and revisions["a"] > 4
 
 
 def test_the_kept_rows_are_the_files_after_inserts_and_updates_read_from_another_connection(pair):
@@ -61,9 +61,9 @@ def test_the_kept_rows_are_the_files_after_inserts_and_updates_read_from_another
     second = kept_rows.read(reader)
     assert second.by_id == as_file_has_them(reader)
     # unchanged rows are the very tuples of the last reading; the reading before is left as it was
-    unchanged = [rowid for rowid in first.by_id if rowid != 3]
-    assert all(second.by_id[rowid] is first.by_id[rowid] for rowid in unchanged)
-    assert first.by_id[3] != second.by_id[3] and 6 not in first.by_id
+    unchanged = [uuid for uuid in first.by_id if uuid != "m2"]
+    assert all(second.by_id[uuid] is first.by_id[uuid] for uuid in unchanged)
+    assert first.by_id["m2"] != second.by_id["m2"] and "new" not in first.by_id
     by_created = [row[second.position["uuid"]] for row in second.ordered(kept_rows.BY_CREATION)]
     assert by_created == [u for (u,) in reader.execute("SELECT uuid FROM instances ORDER BY created_at, rowid")]
 
@@ -91,13 +91,13 @@ def test_a_write_rolled_back_is_read_by_its_connection_but_never_kept(pair):
         with db.transaction(reader):
             reader.execute("UPDATE instances SET proofs_total = 99 WHERE uuid = 'a'")
             inside = kept_rows.read(reader)
-            assert inside.by_id[1][inside.position["proofs_total"]] == 99  # its own write, uncommitted
+            assert inside.by_id["a"][inside.position["proofs_total"]] == 99  # its own write, uncommitted
             raise RuntimeError("rolled back")
     # the other connection commits the revision the rolled-back write had used, to the same row
     writer.execute("UPDATE instances SET proofs_total = 5 WHERE uuid = 'a'")
     after = kept_rows.read(reader)
     assert after.by_id == as_file_has_them(reader)
-    assert after.by_id[1][after.position["proofs_total"]] == 5
+    assert after.by_id["a"][after.position["proofs_total"]] == 5
 
 
 def test_a_connection_whose_snapshot_is_older_reads_its_own_snapshot(pair):
@@ -144,6 +144,15 @@ def test_another_file_at_the_path_or_a_restored_copy_is_read_whole(pair, tmp_pat
     fresh.close()
 
 
+def test_a_uuid_edited_by_hand_is_read_whole(pair):
+    _path, reader, writer = pair
+    add(writer, "a")
+    add(writer, "b")
+    kept_rows.read(reader)
+    writer.execute("UPDATE instances SET uuid = 'c' WHERE uuid = 'a'")
+    assert kept_rows.read(reader).by_id == as_file_has_them(reader)
+
+
 def test_a_migration_is_read_whole(pair):
     _path, reader, writer = pair
     add(writer, "a")
@@ -170,14 +179,15 @@ def test_the_readers_that_keep_rows_answer_as_their_queries_did(pair):
             " ORDER BY created_at, rowid")]
 
 
-def test_an_upgrade_gives_old_rows_their_rowid_as_revision_and_new_writes_the_next(db_path):
-    number = migration_number("a revision per machine row")
+def test_an_upgrade_gives_old_rows_a_revision_each_and_new_writes_the_next(db_path):
+    number = migration_number("a revision per machine")
     raw = file_at(db_path, number - 1)
     for uuid in ("a", "b", "c"):
         raw.execute("INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES (?, ?, 'running',"
                     " 't', 't')", (uuid, f"vastctl-{uuid}"))
     raw.close()
     conn = db.connect(db_path, now=SYSTEM.now())
-    assert dict(conn.execute("SELECT uuid, revision FROM instances")) == {"a": 1, "b": 2, "c": 3}
+    assert dict(conn.execute("SELECT uuid, revision FROM instance_revisions")) == {"a": 1, "b": 2, "c": 3}
     conn.execute("UPDATE instances SET proofs_total = 1 WHERE uuid = 'a'")
-    assert conn.execute("SELECT revision FROM instances WHERE uuid = 'a'").fetchone()[0] == 4
+    assert conn.execute("SELECT revision FROM instance_revisions WHERE uuid = 'a'").fetchone()[0] == 4
+    assert kept_rows.read(conn).by_id == as_file_has_them(conn)

@@ -1,12 +1,13 @@
 """Every `instances` row of a state file, kept between reads: serve's page, its refresh and /metrics each read
 every machine's row, and between two requests a heartbeat or two changed one or two of them.
 
-Each row carries a revision past the file's highest, set by a trigger at every insert and update (migration 24),
-and rows are never deleted. A reader that kept the rows up to revision R reads only `revision > R` (an index).
-Everything is read again when the kept rows may not be this file's as the connection sees it: another file at
-the path (another inode), another schema (a migration ran), or the row that had revision R gone, another
-machine's or at a lower revision (a file restored from a backup, or a connection whose read snapshot is older
-than what was kept: what it reads is then its own snapshot's, never newer rows).
+Each machine has a revision past the file's highest, set by a trigger at every insert and update of its row
+(`instance_revisions`, migration 24), and rows are never deleted. A reader that kept the rows up to revision R
+reads only the machines past R (an index). Everything is read again when the kept rows may not be this file's as
+the connection sees it: another file at the path (another inode), another schema (a migration ran), the machine
+that had revision R gone or at a lower one (a file restored from a backup, or a connection whose read snapshot
+is older than what was kept: what it reads is then its own snapshot's, never newer rows), or the file holding
+another number of rows than were kept (a uuid edited by hand).
 
 A connection inside a transaction it may have written in reads its own rows, uncommitted: they are returned but
 not kept (a rollback would leave kept rows the file never had, at revisions the next commit uses again).
@@ -22,37 +23,37 @@ from typing import Any, Iterable
 
 from vastctl.state.per_file import PerFile
 
-BY_CREATION = ("created_at",)  # ties by rowid: the order SQLite's ORDER BY created_at reads them in
+BY_CREATION = ("created_at",)  # ties in the order the rows were first read: SQLite's, by rowid
 BY_CREATION_LABEL = ("created_at", "label")
 BY_CREATION_UUID = ("created_at", "uuid")
 
 
 class Rows:
-    """One reading of the table: its columns and every row's values (plain tuples, SELECT * order) by rowid.
+    """One reading of the table: its columns and every row's values (plain tuples, SELECT * order) by uuid.
     A row that did not change since the last reading is the same tuple object in both."""
 
     __slots__ = ("names", "position", "by_id", "_orders", "_lock")
 
-    def __init__(self, names: tuple[str, ...], by_id: dict[int, tuple[Any, ...]],
-                 orders: dict[tuple[str, ...], list[int]] | None = None):
+    def __init__(self, names: tuple[str, ...], by_id: dict[str, tuple[Any, ...]],
+                 orders: dict[tuple[str, ...], list[str]] | None = None):
         self.names = names
         self.position = {name: index for index, name in enumerate(names)}
         self.by_id = by_id
-        self._orders: dict[tuple[str, ...], list[int]] = dict(orders or {})
+        self._orders: dict[tuple[str, ...], list[str]] = dict(orders or {})
         self._lock = threading.Lock()
 
     def ordered(self, by: tuple[str, ...]) -> list[tuple[Any, ...]]:
         """Every row's values ordered by the columns `by` (as SQLite orders them: NULL, numbers, text, blobs),
-        then by rowid; the order is worked out once per reading that changed a row's place."""
+        ties as first read; the order is worked out once per reading that changed a row's place."""
         with self._lock:
             order = self._orders.get(by)
             if order is None:
                 indexes = [self.position[name] for name in by]
                 by_id = self.by_id
                 order = self._orders[by] = sorted(
-                    by_id, key=lambda rowid: (*(_sortable(by_id[rowid][index]) for index in indexes), rowid))
+                    by_id, key=lambda uuid: tuple(_sortable(by_id[uuid][index]) for index in indexes))
         by_id = self.by_id
-        return [by_id[rowid] for rowid in order]
+        return [by_id[uuid] for uuid in order]
 
     def dicts(self, values: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
         """Rows' values as dicts of the columns (new ones: callers may change them)."""
@@ -60,17 +61,18 @@ class Rows:
         return [dict(zip(names, row)) for row in values]
 
     def changed(self, rows: list[tuple[Any, ...]]) -> "Rows":
-        """A new reading: this one with `rows` ((rowid, *values), each a row new or changed since) in it. Its
+        """A new reading: this one with `rows` ((revision, *values), each a row new or changed since) in it. Its
         orders are kept unless a row is new or a column an order reads changed."""
         by_id = dict(self.by_id)
         ordering = {name for by in self._orders for name in by}
+        uuid_at = self.position["uuid"]
         moved = False
         for row in rows:
-            rowid, values = row[0], row[1:]
-            before = by_id.get(rowid)
+            values = row[1:]
+            before = by_id.get(values[uuid_at])
             moved = moved or before is None or any(before[self.position[name]] != values[self.position[name]]
                                                    for name in ordering)
-            by_id[rowid] = values
+            by_id[values[uuid_at]] = values
         return Rows(self.names, by_id, None if moved else self._orders)
 
 
@@ -92,7 +94,7 @@ class _Kept:
         self.lock = threading.Lock()
         self.rows: Rows | None = None
         self.identity: tuple[Any, ...] | None = None  # (inode of the path, schema version) when it was read
-        self.newest: tuple[int, int, str] | None = None  # (revision, rowid, uuid) of the newest row read
+        self.newest: tuple[int, str] | None = None  # (revision, uuid) of the newest row read
 
 
 _FILES = PerFile(_Kept)
@@ -112,14 +114,16 @@ def read(conn: sqlite3.Connection, *, keep: bool | None = None) -> Rows:
         else:
             cursor = conn.cursor()
             cursor.row_factory = None
-            changed = cursor.execute("SELECT rowid, * FROM instances WHERE revision > ? ORDER BY revision",
-                                     (newest[0],)).fetchall()
+            changed = cursor.execute("SELECT r.revision, i.* FROM instance_revisions r JOIN instances i USING (uuid)"
+                                     " WHERE r.revision > ? ORDER BY r.revision", (newest[0],)).fetchall()
             if changed:
                 if tuple(column[0] for column in cursor.description[1:]) != rows.names:
                     rows, newest = _read_all(conn)
                 else:
                     rows = rows.changed(changed)
                     newest = _newest(changed, rows.position)
+                    if len(rows.by_id) != conn.execute("SELECT count(*) FROM instances").fetchone()[0]:
+                        rows, newest = _read_all(conn)
         if keep:
             kept.rows, kept.identity, kept.newest = rows, identity, newest
         return rows
@@ -136,26 +140,28 @@ def _identity(conn: sqlite3.Connection) -> tuple[Any, ...]:
     return inode, conn.execute("PRAGMA schema_version").fetchone()[0]
 
 
-def _still_there(conn: sqlite3.Connection, newest: tuple[int, int, str]) -> bool:
-    """Whether the newest row kept is in the file as this connection sees it, the same machine's, at its revision
-    or a later one: then every row at or below that revision is as kept, or changed to one above it."""
-    revision, rowid, uuid = newest
-    found = conn.execute("SELECT revision, uuid FROM instances WHERE rowid = ?", (rowid,)).fetchone()
-    return found is not None and found[1] == uuid and isinstance(found[0], int) and found[0] >= revision
+def _still_there(conn: sqlite3.Connection, newest: tuple[int, str]) -> bool:
+    """Whether the newest machine kept is in the file as this connection sees it at its revision or a later one:
+    then every row at or below that revision is as kept, or changed to one above it."""
+    revision, uuid = newest
+    found = conn.execute("SELECT revision FROM instance_revisions WHERE uuid = ?", (uuid,)).fetchone()
+    return found is not None and isinstance(found[0], int) and found[0] >= revision
 
 
-def _read_all(conn: sqlite3.Connection) -> tuple[Rows, tuple[int, int, str] | None]:
+def _read_all(conn: sqlite3.Connection) -> tuple[Rows, tuple[int, str] | None]:
     cursor = conn.cursor()
     cursor.row_factory = None
-    found = cursor.execute("SELECT rowid, * FROM instances").fetchall()
-    rows = Rows(tuple(column[0] for column in cursor.description[1:]), {row[0]: row[1:] for row in found})
-    return rows, _newest(found, rows.position)
+    found = cursor.execute("SELECT r.revision, i.* FROM instances i LEFT JOIN instance_revisions r USING (uuid)"
+                           " ORDER BY i.rowid").fetchall()
+    names = tuple(column[0] for column in cursor.description[1:])
+    uuid_at = names.index("uuid")
+    return Rows(names, {row[1 + uuid_at]: row[1:] for row in found}), _newest(found, {"uuid": uuid_at})
 
 
-def _newest(found: list[tuple[Any, ...]], position: dict[str, int]) -> tuple[int, int, str] | None:
-    """(revision, rowid, uuid) of the row with the highest revision among `found` ((rowid, *values) each)."""
-    revision, uuid = position["revision"] + 1, position["uuid"] + 1
-    best = max(found, key=lambda row: row[revision] if isinstance(row[revision], int) else -1, default=None)
-    if best is None or not isinstance(best[revision], int):
+def _newest(found: list[tuple[Any, ...]], position: dict[str, int]) -> tuple[int, str] | None:
+    """(revision, uuid) of the row with the highest revision among `found` ((revision, *values) each)."""
+    uuid = position["uuid"] + 1
+    best = max(found, key=lambda row: row[0] if isinstance(row[0], int) else -1, default=None)
+    if best is None or not isinstance(best[0], int):
         return None
-    return best[revision], best[0], best[uuid]
+    return best[0], best[uuid]

@@ -62,7 +62,14 @@ class InstanceRow(TypedDict):
     route_failure: str | None
     boot_stages: str | None  # JSON: stage → seconds
     kill_forced: int
-    revision: int  # past the file's highest at each insert and update (kept_rows reads only the changed)
+
+
+class InstanceRevisionRow(TypedDict):
+    """A machine's revision: past the file's highest at each insert and update of its row (a trigger sets it;
+    kept_rows reads only the machines changed since the revision it kept)."""
+
+    uuid: str
+    revision: int
 
 
 class EventFacts(TypedDict):
@@ -257,6 +264,7 @@ TABLES: dict[str, type] = {
     "agent_messages": AgentMessageRow, "agent_notes": AgentNoteRow, "demand_samples": DemandSampleRow,
     "agent_steps": AgentStepRow, "dashboard_sign_outs": SignOutRow, "webhook_deliveries": WebhookDeliveryRow,
     "machine_logs": MachineLogRow, "proof_calls": ProofCallRow, "route_status": RouteStatusRow,
+    "instance_revisions": InstanceRevisionRow,
 }
 
 Row = TypeVar("Row")
