@@ -121,7 +121,7 @@ def read(conn: sqlite3.Connection, *, keep: bool | None = None) -> Rows:
                     rows, newest = _read_all(conn)
                 else:
                     rows = rows.changed(changed)
-                    newest = _newest(changed, rows.position)
+                    newest = _newest(changed, rows.position["uuid"])
                     if len(rows.by_id) != conn.execute("SELECT count(*) FROM instances").fetchone()[0]:
                         rows, newest = _read_all(conn)
         if keep:
@@ -155,13 +155,13 @@ def _read_all(conn: sqlite3.Connection) -> tuple[Rows, tuple[int, str] | None]:
                            " ORDER BY i.rowid").fetchall()
     names = tuple(column[0] for column in cursor.description[1:])
     uuid_at = names.index("uuid")
-    return Rows(names, {row[1 + uuid_at]: row[1:] for row in found}), _newest(found, {"uuid": uuid_at})
+    return Rows(names, {row[1 + uuid_at]: row[1:] for row in found}), _newest(found, uuid_at)
 
 
-def _newest(found: list[tuple[Any, ...]], position: dict[str, int]) -> tuple[int, str] | None:
-    """(revision, uuid) of the row with the highest revision among `found` ((revision, *values) each)."""
-    uuid = position["uuid"] + 1
+def _newest(found: list[tuple[Any, ...]], uuid_at: int) -> tuple[int, str] | None:
+    """(revision, uuid) of the row with the highest revision among `found` ((revision, *values) each; the uuid
+    at `uuid_at` among the values)."""
     best = max(found, key=lambda row: row[0] if isinstance(row[0], int) else -1, default=None)
     if best is None or not isinstance(best[0], int):
         return None
-    return best[0], best[uuid]
+    return best[0], best[1 + uuid_at]
