@@ -634,6 +634,15 @@ def test_the_smallest_machine_to_hand_counts_stopped_ones_with_a_rate():
     assert rounding(100.0, 10, 95, machines=[idle]) == 60.0
 
 
+def test_with_no_demand_sample_ever_nothing_counts_as_waiting_so_a_small_fleet_rounds_down_too():
+    """No sample was ever good: the fleet is sized to the ceiling (target 20/h × 1.15 = 23/h) and nothing is
+    known to wait. One machine of 2/h is 21/h short, under half the smallest offer (60/h): rounded down. Counting
+    one proof as waiting would be half an hour of that fleet's work, past a quarter hour, and rent a machine."""
+    obs = observation([m("vastctl-a", rate=2.0)], [sample(0, ok=False)], target_proofs_per_hour=20.0)
+    assert sizing.sized_to(obs) is None
+    assert sizing.rounded_down(obs, CONFIG, ONE_OFFER) == 60.0
+
+
 def unknown_demand(last, held=0):
     import dataclasses
 
