@@ -10,7 +10,7 @@ has its own HPACK table); the client's windows are opened once and replenished e
 up to 4 MiB is parsed whole and its frames go out in one `sendall`. It holds nothing, resends nothing and
 chooses no prover: what the router's rules would add to it is not measured here.
 
-A probe, not a design: about one run in five ends with the client's UNAVAILABLE "ping timeout". The thread
+A probe, not a design: about one run in six ends with the client's UNAVAILABLE "ping timeout". The thread
 reading the client answers the pings of each read first, but waits for the daemon's window before it reads
 again; a forwarder built for use would answer control frames however long a stream waits.
 
