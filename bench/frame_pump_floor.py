@@ -10,9 +10,8 @@ has its own HPACK table); the client's windows are opened once and replenished e
 up to 4 MiB is parsed whole and its frames go out in one `sendall`. It holds nothing, resends nothing and
 chooses no prover: what the router's rules would add to it is not measured here.
 
-A probe, not a design: about one run in six ends with the client's UNAVAILABLE "ping timeout". The thread
-reading the client answers the pings of each read first, but waits for the daemon's window before it reads
-again; a forwarder built for use would answer control frames however long a stream waits.
+A probe, not a design: no reader waits for a window (frames queue per stream, drained as windows open), so
+pings are answered at once; a forwarder built for use would also bound what it queues.
 
 Needs `hpack` (not a vastctl dependency): `pip install hpack`.
 
@@ -31,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -96,29 +96,66 @@ class Frames:
 
 
 class Pump:
-    """One client connection and its own connection to the daemon, a thread each way."""
+    """One client connection and its own connection to the daemon, a thread reading each.
+
+    Every DATA frame from the client goes through its stream's queue, drained under the daemon's windows by
+    whichever thread holds the windows' lock (the client's reader after each read, the daemon's reader after a
+    window update), so frames keep their order and neither reader ever waits for a window: pings and settings
+    are answered at once. A frame still queued after a read is copied out of the read buffer. The client's
+    windows are topped up by what was sent on, every REPLENISH bytes."""
 
     def __init__(self, client: socket.socket, upstream: socket.socket, hpack: Any):
         self.client, self.upstream = client, upstream
         self.from_client_headers, self.to_upstream_headers = hpack.Decoder(), hpack.Encoder()
         self.from_upstream_headers, self.to_client_headers = hpack.Decoder(), hpack.Encoder()
-        self.windows = threading.Condition()
+        self.windows = threading.Lock()  # the daemon's windows and the queues; taken before the sockets' locks
         self.upstream_window, self.upstream_initial = 65535, 65535
         self.stream_windows: dict[int, int] = {}  # upstream stream → what the daemon lets it send
+        self.queued: dict[int, deque[tuple[Any, int, int]]] = {}  # upstream stream → (payload, end, client stream)
         self.upstream_of: dict[int, int] = {}
         self.client_of: dict[int, int] = {}
         self.next_stream = 1
         self.unacked: dict[int, int] = {}  # client stream → bytes sent on since its window was topped up
         self.unacked_total = 0
-        self.client_lock = threading.Lock()
-        self.upstream.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW))
-                              + window_update(0, LARGEST_WINDOW - 65535))
+        self.client_lock, self.upstream_lock = threading.Lock(), threading.Lock()
+        self.to_upstream(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW))
+                         + window_update(0, LARGEST_WINDOW - 65535))
         threading.Thread(target=self.client_to_upstream, daemon=True).start()
         threading.Thread(target=self.upstream_to_client, daemon=True).start()
 
     def to_client(self, data: bytes) -> None:
         with self.client_lock:
             self.client.sendall(data)
+
+    def to_upstream(self, data: bytes) -> None:
+        with self.upstream_lock:
+            self.upstream.sendall(data)
+
+    def drain(self) -> None:
+        """Send every queued frame the daemon's windows allow, in order (the caller holds self.windows)."""
+        out: list[Any] = []
+        for upstream, queue in self.queued.items():
+            while queue:
+                payload, end, stream = queue[0]
+                size = len(payload)
+                if min(self.upstream_window, self.stream_windows[upstream]) < size:
+                    break
+                queue.popleft()
+                self.upstream_window -= size
+                self.stream_windows[upstream] -= size
+                out += (header(size, DATA, end, upstream), payload)
+                self.unacked_total += size
+                if end:
+                    self.unacked.pop(stream, None)
+                else:
+                    self.unacked[stream] = self.unacked.get(stream, 0) + size
+        if out:
+            self.to_upstream(b"".join(out))
+        if self.unacked_total >= REPLENISH:
+            updates = [window_update(0, self.unacked_total)]
+            updates += [window_update(stream, size) for stream, size in self.unacked.items() if size]
+            self.unacked_total, self.unacked = 0, dict.fromkeys(self.unacked, 0)
+            self.to_client(b"".join(updates))
 
     def client_to_upstream(self) -> None:
         preface = b""
@@ -128,48 +165,34 @@ class Pump:
                        + window_update(0, LARGEST_WINDOW - 65535))
         frames = Frames(self.client)
         while (got := frames.read()) is not None:
-            out: list[Any] = []
-            # pings and settings answered first: a wait for the daemon's window below must not delay them
-            back = [frame(SETTINGS, ACK, 0, b"") if kind == SETTINGS else frame(PING, ACK, 0, payload)
-                    for kind, flags, _, payload in got if kind in (SETTINGS, PING) and not flags & ACK]
-            if back:
-                self.to_client(b"".join(back))
-                back = []
-            for kind, flags, stream, payload in got:
-                if kind == DATA:
-                    upstream, size = self.upstream_of[stream], len(payload)
-                    with self.windows:
-                        while min(self.upstream_window, self.stream_windows[upstream]) < size:
-                            if out:
-                                self.upstream.sendall(b"".join(out))
-                                out = []
-                            self.windows.wait()
-                        self.upstream_window -= size
-                        self.stream_windows[upstream] -= size
-                    out += (header(size, DATA, flags & END_STREAM, upstream), payload)
-                    self.unacked_total += size
-                    if flags & END_STREAM:
-                        self.unacked.pop(stream, None)
-                    else:
-                        self.unacked[stream] = self.unacked.get(stream, 0) + size
-                elif kind == HEADERS:
-                    upstream, self.next_stream = self.next_stream, self.next_stream + 2
-                    self.upstream_of[stream], self.client_of[upstream] = upstream, stream
-                    with self.windows:
-                        self.stream_windows[upstream] = self.upstream_initial
-                    block = payload[1:len(payload) - payload[0]] if flags & PADDED else payload
-                    block = block[5:] if flags & PRIORITY else block
-                    fields = self.from_client_headers.decode(block, raw=True)
-                    out.append(frame(HEADERS, flags & (END_STREAM | END_HEADERS), upstream,
-                                     self.to_upstream_headers.encode(fields)))
-                elif kind == RST_STREAM and stream in self.upstream_of:
-                    out.append(frame(RST_STREAM, 0, self.upstream_of[stream], payload))
-            if self.unacked_total >= REPLENISH:
-                back.append(window_update(0, self.unacked_total))
-                back += [window_update(stream, size) for stream, size in self.unacked.items() if size]
-                self.unacked_total, self.unacked = 0, dict.fromkeys(self.unacked, 0)
-            if out:
-                self.upstream.sendall(b"".join(out))
+            back: list[bytes] = []
+            with self.windows:
+                for kind, flags, stream, payload in got:
+                    if kind == DATA:
+                        upstream = self.upstream_of[stream]
+                        self.queued[upstream].append((payload, flags & END_STREAM, stream))
+                    elif kind == HEADERS:
+                        self.drain()  # what came before it goes first
+                        upstream, self.next_stream = self.next_stream, self.next_stream + 2
+                        self.upstream_of[stream], self.client_of[upstream] = upstream, stream
+                        self.stream_windows[upstream], self.queued[upstream] = self.upstream_initial, deque()
+                        block = payload[1:len(payload) - payload[0]] if flags & PADDED else payload
+                        block = block[5:] if flags & PRIORITY else block
+                        fields = self.from_client_headers.decode(block, raw=True)
+                        self.to_upstream(frame(HEADERS, flags & (END_STREAM | END_HEADERS), upstream,
+                                               self.to_upstream_headers.encode(fields)))
+                    elif kind == SETTINGS and not flags & ACK:
+                        back.append(frame(SETTINGS, ACK, 0, b""))
+                    elif kind == PING and not flags & ACK:
+                        back.append(frame(PING, ACK, 0, payload))
+                    elif kind == RST_STREAM and stream in self.upstream_of:
+                        self.queued[self.upstream_of[stream]].clear()
+                        self.to_upstream(frame(RST_STREAM, 0, self.upstream_of[stream], payload))
+                self.drain()
+                for queue in self.queued.values():  # the read buffer is reused: what waits is copied out of it
+                    for at, (payload, end, stream) in enumerate(queue):
+                        if isinstance(payload, memoryview):
+                            queue[at] = (bytes(payload), end, stream)
             if back:
                 self.to_client(b"".join(back))
 
@@ -178,6 +201,7 @@ class Pump:
         while (got := frames.read()) is not None:
             out: list[Any] = []
             back: list[bytes] = []
+            opened = False
             for kind, flags, stream, payload in got:
                 if kind == DATA:
                     out += (header(len(payload), DATA, flags & END_STREAM, self.client_of[stream]), payload)
@@ -195,8 +219,8 @@ class Pump:
                                 for upstream in self.stream_windows:
                                     self.stream_windows[upstream] += value - self.upstream_initial
                                 self.upstream_initial = value
-                        self.windows.notify_all()
                     back.append(frame(SETTINGS, ACK, 0, b""))
+                    opened = True
                 elif kind == WINDOW_UPDATE:
                     increment = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
                     with self.windows:
@@ -204,15 +228,18 @@ class Pump:
                             self.upstream_window += increment
                         elif stream in self.stream_windows:
                             self.stream_windows[stream] += increment
-                        self.windows.notify_all()
+                    opened = True
                 elif kind == PING and not flags & ACK:
                     back.append(frame(PING, ACK, 0, payload))
                 elif kind == RST_STREAM and stream in self.client_of:
                     out.append(frame(RST_STREAM, 0, self.client_of[stream], payload))
+            if back:
+                self.to_upstream(b"".join(back))
+            if opened:
+                with self.windows:
+                    self.drain()
             if out:
                 self.to_client(b"".join(out))
-            if back:
-                self.upstream.sendall(b"".join(back))
 
 
 def accept(listen: socket.socket, upstream_port: int, hpack: Any) -> None:
