@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import socket
-import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,13 +32,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-# the stand-in, its ports and the call as route_bench makes them; route_bench puts tests/ on the path
+# the stand-in and the interleaved 100 MB calls, as route_bench makes them
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import route_bench
-from curio_client import prove_request
-from route_bench import DAEMON, LARGE_BYTES, OPTIONS, STARTED, free_port, timed, wait
+from route_bench import large_calls_beside_direct, print_added, start_stand_in
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x8
@@ -260,42 +254,14 @@ def main() -> None:
     except ImportError:
         sys.exit("error: this bench needs hpack, which vastctl does not install: pip install hpack")
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        daemon_port, log = free_port(), work / "daemon.err"
-        (work / "release").touch()
-        daemon = subprocess.Popen([sys.executable, str(DAEMON), "--port", str(daemon_port), "--slots", "64",
-                                   "--prove-seconds", "0", "--proof-bytes", "1920",
-                                   "--release-file", str(work / "release")],
-                                  stdout=subprocess.DEVNULL, stderr=log.open("w"))
-        STARTED.append(daemon)
-        wait(lambda: "listening" in log.read_text(), "the stand-in listens", daemon, log)
+        _daemon, daemon_port = start_stand_in(Path(tmp))
         listen = socket.socket()
         listen.bind(("127.0.0.1", 0))
         listen.listen(16)
         threading.Thread(target=accept, args=(listen, daemon_port, hpack), daemon=True).start()
-        ports = {"direct": daemon_port, "frame pump": listen.getsockname()[1]}
-        calls = {name: grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS).unary_unary(
-                     "/cuzk.v1.ProvingEngine/Prove", request_serializer=None, response_deserializer=None)
-                 for name, port in ports.items()}
-        for call in calls.values():
-            timed(call, prove_request("frame-pump-small"))  # a small call first: both connections set up
-        request = prove_request("frame-pump", payload_bytes=LARGE_BYTES)
-        for call in calls.values():
-            timed(call, request)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(args.calls):
-            for name, call in calls.items():
-                times[name].append(timed(call, request))
-    median = {name: statistics.median(values) for name, values in times.items()}
-    print(f"100 MB calls, {args.calls} each way, interleaved:")
-    print("| path | median s | min s | max s |")
-    print("|---|---|---|---|")
-    for name, values in times.items():
-        print(f"| {name} | {median[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
-    added = median["frame pump"] / median["direct"] - 1
-    print(f"a Python HTTP/2 frame pump adds {added:+.1%}"
-          f" (the router's target for 100 MB calls: ≤ {route_bench.TARGET_LARGE_ADDED:.0%})")
-    print(f"rerun: python bench/frame_pump_floor.py --calls {args.calls}")
+        times = large_calls_beside_direct({"direct": daemon_port, "frame pump": listen.getsockname()[1]}, args.calls,
+                                          "frame-pump")
+    print_added(times, "frame pump", "a Python HTTP/2 frame pump", f"python bench/frame_pump_floor.py --calls {args.calls}")
 
 
 if __name__ == "__main__":

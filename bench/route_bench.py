@@ -104,9 +104,9 @@ def reset_peak(pid: int) -> bool:
         return False
 
 
-def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, str]) -> tuple[subprocess.Popen, subprocess.Popen, int, int]:
-    daemon_port, router_port = free_port(), free_port()
-    daemon_log = workdir / "daemon.err"
+def start_stand_in(workdir: Path) -> tuple[subprocess.Popen, int]:
+    """The stand-in daemon (64 slots, proving in 0 s) on a free loopback port, once it listens."""
+    daemon_port, daemon_log = free_port(), workdir / "daemon.err"
     (workdir / "release").touch()  # proofs finish at once until the burst takes the file away
     daemon = subprocess.Popen([sys.executable, str(DAEMON), "--port", str(daemon_port), "--slots", "64",
                                "--prove-seconds", "0", "--proof-bytes", "1920",
@@ -114,6 +114,42 @@ def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, s
                               stdout=subprocess.DEVNULL, stderr=daemon_log.open("w"))
     STARTED.append(daemon)
     wait(lambda: "listening" in daemon_log.read_text(), "the stand-in listens", daemon, daemon_log)
+    return daemon, daemon_port
+
+
+def large_calls_beside_direct(ports: dict[str, int], calls: int, request_id: str) -> dict[str, list[float]]:
+    """Seconds of each 100 MB call to each of `ports` (name → loopback port), `calls` each, interleaved call
+    by call, after one small and one 100 MB call each untimed (connections set up, first allocations made)."""
+    stubs = {name: grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS).unary_unary(
+                 "/cuzk.v1.ProvingEngine/Prove", request_serializer=None, response_deserializer=None)
+             for name, port in ports.items()}
+    request = prove_request(request_id, payload_bytes=LARGE_BYTES)
+    for stub in stubs.values():
+        timed(stub, prove_request(f"{request_id}-small"))
+        timed(stub, request)
+    times: dict[str, list[float]] = {name: [] for name in stubs}
+    for _ in range(calls):
+        for name, stub in stubs.items():
+            times[name].append(timed(stub, request))
+    return times
+
+
+def print_added(times: dict[str, list[float]], through: str, what: str, rerun: str) -> None:
+    """The table of large_calls_beside_direct's times and what `through` adds to `direct`, in words."""
+    median = {name: statistics.median(values) for name, values in times.items()}
+    print(f"100 MB calls, {len(times['direct'])} each way, interleaved:")
+    print("| path | median s | min s | max s |")
+    print("|---|---|---|---|")
+    for name, values in times.items():
+        print(f"| {name} | {median[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
+    added = median[through] / median["direct"] - 1
+    print(f"{what} adds {added:+.1%} (the router's target for 100 MB calls: ≤ {TARGET_LARGE_ADDED:.0%})")
+    print(f"rerun: {rerun}")
+
+
+def start(workdir: Path, max_held_mb: int, refresh: str, router_env: dict[str, str]) -> tuple[subprocess.Popen, subprocess.Popen, int, int]:
+    daemon, daemon_port = start_stand_in(workdir)
+    router_port = free_port()
     db_path = workdir / "manager.db"
     now = SYSTEM.now()
     conn = db.connect(db_path, create=True, now=now)
