@@ -234,12 +234,15 @@ class _Closing:
         self.conn.close()
 
 
-@pytest.fixture
-def make_site(tmp_path):
+@pytest.fixture(params=["as it arrives", "read whole"])
+def make_site(tmp_path, request):
+    """Each test twice: every Prove sent on by the front end as it arrives (route.cut_through_mb 0), and every
+    Prove under 129 MiB passed to grpcio, read whole, then sent (route.cut_through_mb 129)."""
     made: list[Site] = []
+    cut_through_mb = 0 if request.param == "as it arrives" else 129
 
     def make(*, via_ssh: bool = False, **route) -> Site:
-        site = Site(tmp_path, via_ssh=via_ssh, **route)
+        site = Site(tmp_path, via_ssh=via_ssh, **{"cut_through_mb": cut_through_mb, **route})
         made.append(site)
         return site
 

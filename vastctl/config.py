@@ -84,6 +84,7 @@ RANGES: dict[str, Range] = {
     "route.max_held": Range(1, 100_000),
     "route.max_held_mb": Range(1, 1_000_000),
     "route.max_retries": Range(0, 100),
+    "route.cut_through_mb": Range(0, 129),
     "route.fail_threshold": Range(1, 1000),
     "route.refresh": _POSITIVE_DURATION,
 }
@@ -238,6 +239,7 @@ class RouteSection:
     max_held: int = 200  # calls waiting for a free prover slot, at most; past it a new call is refused
     max_held_mb: int = 4096  # memory for requests (kept: 3x a call's size; being read: 416 MiB); past it calls wait unread
     max_retries: int = 3  # times a call a prover dropped is sent again to another prover
+    cut_through_mb: int = 1  # a Prove this big or bigger goes to its prover as it arrives (kept whole for a resend)
     fail_threshold: int = 3  # a prover that drops or fails this many calls in a row takes no more and is killed
     post_address: str = ""  # the operator's own daemon for WindowPoSt/WinningPoSt; empty: the fleet, ahead of all
     drain_timeout: float = field(default=5 * 60, metadata=DURATION)  # on SIGTERM, calls in flight get this long

@@ -129,10 +129,12 @@ class Dispatcher:
             self.unread.append(call)
             return call
 
-    def wait_to_read(self, call: Unread, *, timeout: float) -> bool:
+    def wait_to_read(self, call: Unread, *, timeout: float, reserve: int | None = None) -> bool:
         """Wait (at most `timeout` seconds) until this call's message may be read: it is the first unread call
-        and `read_reserve` fits beside the kept bytes (or nothing is kept, so a budget under one reserve still
-        reads one call at a time). True once its reserve counts; False on timeout (it keeps its place)."""
+        and its reserve (`reserve`, when its size is known before it is read, else `read_reserve`) fits beside
+        the kept bytes (or nothing is kept, so a budget under one reserve still reads one call at a time). True
+        once its reserve counts; False on timeout (it keeps its place)."""
+        needed = self.read_reserve if reserve is None else reserve
         with self._cond:
             deadline = self.clock.monotonic() + timeout
             while True:
@@ -140,9 +142,9 @@ class Dispatcher:
                     self._leave(call)
                     raise Closed()
                 if self.unread and self.unread[0] is call and (
-                        self.kept_bytes + self.read_reserve <= self.max_bytes or self.kept_bytes == 0):
+                        self.kept_bytes + needed <= self.max_bytes or self.kept_bytes == 0):
                     self.unread.pop(0)
-                    call.reserved = self.read_reserve
+                    call.reserved = needed
                     self.kept_bytes += call.reserved
                     self._cond.notify_all()
                     return True

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import sqlite3
 import threading
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -37,7 +38,8 @@ from vastctl import clock as clock_module
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.facts import deliveries, tunnel
-from vastctl.route import dispatch, memory, wire
+from vastctl.route import cut_through, dispatch, memory, wire
+from vastctl.route.buffers import Buffers
 from vastctl.route.dispatch import Dispatcher, Prover, ProverSpec
 from vastctl.state import db
 
@@ -66,6 +68,16 @@ CHANNEL_OPTIONS = [
 ]
 
 
+class CallContext(Protocol):
+    """What the router asks of a call: a grpcio ServicerContext, or front.py's for a call it sends as it arrives."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn: ...
+
+    def is_active(self) -> bool: ...
+
+    def time_remaining(self) -> float | None: ...
+
+
 class Router:
     def __init__(self, config: Config, *, clock: Clock = clock_module.SYSTEM,
                  probe: Callable[[int, float], bool] = tunnel.probe) -> None:
@@ -75,7 +87,9 @@ class Router:
         self.probe = probe
         self.dispatcher = Dispatcher(max_held=route.max_held, max_bytes=route.max_held_mb * 1024 * 1024,
                                      fail_threshold=route.fail_threshold, clock=clock, read_reserve=READ_RESERVE)
+        self.buffers = Buffers(max_bytes=route.max_held_mb * 1024 * 1024, clock=clock)  # for calls sent as they arrive
         self._channels: dict[str, grpc.Channel] = {}  # one per prover (uuid): closed when it leaves
+        self._arriving: dict[str, dict[int, socket.socket]] = {}  # prover → the connections of calls sent as they arrive
         self._lock = threading.Lock()
         self._records: queue.Queue[tuple[Any, ...]] = queue.Queue()  # ("call", row) or ("set_aside", uuid, why)
         self._stop = threading.Event()
@@ -100,9 +114,51 @@ class Router:
         finally:
             self.dispatcher.leave(unread)  # its place and reserve, if it never got as far as admit
 
-    def _read(self, requests: Iterator[bytes], context: grpc.ServicerContext, unread: dispatch.Unread,
+    def prove_arriving(self, incoming: cut_through.Incoming, header: wire.ProveHeader,
+                       context: CallContext) -> bytes:
+        """Prove for a call the front end (front.py) sends on as it arrives (`cuts`): decided on its size and
+        first fields before its message is read, held like any other, its message read once the router has
+        room for it, sent to the prover as it comes and kept whole for a resend."""
+        started = self.clock.monotonic()
+        size = incoming.length
+        base = {"request_id": header.request_id[:200], "kind": _kind(header), "size_bytes": size}
+        if size > wire.DAEMON_MAX_MESSAGE:
+            self._refuse_too_big(base, started, context)
+        try:
+            unread = self.dispatcher.enter()
+        except dispatch.Closed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "vastctl route is stopping: it takes no new calls")
+        try:
+            self._wait_to_read(context, unread, started, reserve=size)
+            incoming.open()
+            return self._route(incoming, size, header, context, unread, started)
+        finally:
+            self.dispatcher.leave(unread)
+
+    def cuts(self, header: wire.ProveHeader, size: int) -> bool:
+        """Whether a Prove goes through `prove_arriving`: big enough (route.cut_through_mb) to be worth it, and
+        not a PoSt bound for route.post_address (that goes whole, as it always has)."""
+        if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
+            return False
+        return size >= self.config.route.cut_through_mb * 1024 * 1024
+
+    def _read(self, requests: Iterator[bytes], context: CallContext, unread: dispatch.Unread,
               started: float) -> bytes:
         """The call's message, read once the router has room for it (dispatch.Dispatcher.wait_to_read)."""
+        self._wait_to_read(context, unread, started)
+        try:
+            request = next(requests, None)
+        except grpc.RpcError:  # the caller went away while its message came in
+            context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Prove carries one cuzk.v1.ProveRequest; none came")
+        assert request is not None  # abort raised
+        if len(request) >= TRIM_FROM:
+            memory.give_back()
+        return request
+
+    def _wait_to_read(self, context: CallContext, unread: dispatch.Unread, started: float,
+                      reserve: int | None = None) -> None:
         base = {"request_id": None, "kind": "unread", "size_bytes": 0}
         while True:
             remaining = self._remaining(context, started)
@@ -115,41 +171,42 @@ class Router:
                 self._record(base, "abandoned", started, attempt=0, detail="the caller went away while unread")
                 context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
             try:
-                if self.dispatcher.wait_to_read(unread, timeout=min(remaining, 1.0)):
-                    break
+                if self.dispatcher.wait_to_read(unread, timeout=min(remaining, 1.0), reserve=reserve):
+                    return
             except dispatch.Closed:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "vastctl route is stopping: it takes no new calls")
-        try:
-            request = next(requests, None)
-        except grpc.RpcError:  # the caller went away while its message came in
-            context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
-        if request is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Prove carries one cuzk.v1.ProveRequest; none came")
-        assert request is not None  # abort raised
-        if len(request) >= TRIM_FROM:
-            memory.give_back()
-        return request
 
-    def _prove(self, request: bytes, context: grpc.ServicerContext, unread: dispatch.Unread,
-               started: float) -> bytes:
+    def _refuse_too_big(self, base: dict[str, Any], started: float, context: CallContext) -> None:
+        self._record(base, "refused", started, attempt=0, detail="over 128 MiB")
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"vastctl route: a {base['size_bytes']}-byte request is over the 134217728 bytes (128 MiB) a"
+                      " cuzk daemon accepts; no prover was tried")
+
+    def _prove(self, request: bytes, context: CallContext, unread: dispatch.Unread, started: float) -> bytes:
         size = len(request)
         try:
             header = wire.prove_header(request)
         except wire.Malformed as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a cuzk.v1.ProveRequest ({exc})")
-        kind = wire.KIND_NAMES.get(header.proof_kind, str(header.proof_kind))
-        base = {"request_id": header.request_id[:200], "kind": kind, "size_bytes": size}
         if size > wire.DAEMON_MAX_MESSAGE:
-            self._record(base, "refused", started, attempt=0, detail="over 128 MiB")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"vastctl route: a {size}-byte request is over the 134217728 bytes (128 MiB) a cuzk"
-                          " daemon accepts; no prover was tried")
+            self._refuse_too_big({"request_id": header.request_id[:200], "kind": _kind(header), "size_bytes": size},
+                                 started, context)
+        return self._route(request, size, header, context, unread, started)
+
+    def _route(self, request: bytes | cut_through.Incoming, size: int, header: wire.ProveHeader,
+               context: CallContext, unread: dispatch.Unread, started: float) -> bytes:
+        """A read call, under 128 MiB: to route.post_address, or held until a prover takes it. A call sent on as
+        it arrives (an Incoming) keeps one copy of itself; one read whole, COPIES."""
+        base = {"request_id": header.request_id[:200], "kind": _kind(header), "size_bytes": size}
+        kept = size if isinstance(request, cut_through.Incoming) else size * COPIES
         if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
-            self.dispatcher.keep(unread, size * COPIES)  # not the read reserve for as long as the PoSt takes
+            assert isinstance(request, bytes)  # cuts() leaves these to grpcio
+            self.dispatcher.keep(unread, kept)  # not the read reserve for as long as the PoSt takes
             return self._to_post_address(request, context, base, started)
         klass = dispatch.CLASS_POST if header.proof_kind in wire.POST_KINDS else dispatch.CLASS_PROOF
+        kind = base["kind"]
         try:
-            ticket = self.dispatcher.admit(klass=klass, size=size * COPIES, read=unread)
+            ticket = self.dispatcher.admit(klass=klass, size=kept, read=unread)
         except dispatch.Full as exc:
             self._record(base, "refused", started, attempt=0, detail=str(exc))
             log.warning("refused %s call %s: %s", kind, base["request_id"], exc)
@@ -161,7 +218,7 @@ class Router:
         finally:
             self.dispatcher.finish(ticket)
 
-    def _place(self, request: bytes, context: grpc.ServicerContext, ticket: dispatch.Ticket,
+    def _place(self, request: bytes | cut_through.Incoming, context: CallContext, ticket: dispatch.Ticket,
                base: dict[str, Any], started: float) -> bytes:
         attempt = 0
         while True:
@@ -190,6 +247,8 @@ class Router:
                 context.abort(*answer)
             if outcome == "expired":
                 context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, answer)
+            if outcome == "abandoned":  # only a call sent on as it arrives: the caller went away meanwhile
+                context.abort(grpc.StatusCode.CANCELLED, answer)
             if attempt > self.config.route.max_retries:
                 log.error("gave up on %s call %s: dropped by %d provers, the last: %s", base["kind"],
                           base["request_id"], attempt, answer)
@@ -199,7 +258,7 @@ class Router:
             log.info("%s call %s dropped by %s (%s): sending it again", base["kind"], base["request_id"],
                      prover.spec.label, answer)
 
-    def _wait_for_slot(self, context: grpc.ServicerContext, ticket: dispatch.Ticket, base: dict[str, Any],
+    def _wait_for_slot(self, context: CallContext, ticket: dispatch.Ticket, base: dict[str, Any],
                        started: float, attempt: int) -> Prover:
         if attempt and self._only_droppers(ticket):  # back to a prover that just dropped it: give it a moment
             self._stop.wait(min(10.0, RESEND_PAUSE_S * attempt))
@@ -226,20 +285,26 @@ class Router:
         live = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"] and not p["set_aside"]}
         return bool(live) and live <= ticket.dropped_by
 
-    def _remaining(self, context: grpc.ServicerContext, started: float) -> float:
+    def _remaining(self, context: CallContext, started: float) -> float:
         """Seconds left of the call's deadline; a call without one (grpcio then says ~9e18 s) gets NO_DEADLINE_S
         from its arrival."""
         own = NO_DEADLINE_S - (self.clock.monotonic() - started)
         remaining = context.time_remaining()
         return own if remaining is None else min(remaining, own)
 
-    def _send(self, prover: Prover, request: bytes, timeout: float) -> tuple[str, Any]:
+    def _send(self, prover: Prover, request: bytes | cut_through.Incoming, timeout: float) -> tuple[str, Any]:
         """(outcome, what came back): completed (the response bytes), error ((code, details) the daemon
         chose), dropped/moved (why), expired (a message).
 
         A blocking call in the handler's own thread: a future would hand every answer across grpcio's channel
         thread (measured: +2-12 ms at p99 for a small call). A call is taken back from a prover that left by
         closing that prover's channel (refresh); Curio's own deadline bounds a call it gave up on."""
+        if isinstance(request, cut_through.Incoming):
+            outcome, answer = cut_through.send(prover.spec.endpoint, request, path=wire.PROVE, timeout=timeout,
+                                               clock=self.clock, track=lambda sock: self._track(prover, sock))
+            if outcome == "dropped" and prover.gone:
+                return "moved", f"{prover.spec.label} left the joined set while proving it"
+            return outcome, answer
         stub = self._channel(prover.spec.uuid, prover.spec.endpoint).unary_unary(wire.PROVE)
         try:
             return "completed", stub(request, timeout=timeout)
@@ -255,7 +320,7 @@ class Router:
         except ValueError:  # the channel was closed before the call went out: the prover left meanwhile
             return "moved", f"{prover.spec.label} left the joined set before the call went out"
 
-    def _to_post_address(self, request: bytes, context: grpc.ServicerContext, base: dict[str, Any],
+    def _to_post_address(self, request: bytes, context: CallContext, base: dict[str, Any],
                          started: float) -> bytes:
         assert self._post_channel is not None
         sent = self.clock.monotonic()
@@ -337,14 +402,35 @@ class Router:
             log.info("prover %s left the joined set: its calls are moved", uuid)
             with self._lock:
                 channel = self._channels.pop(uuid, None)
+                sockets = list(self._arriving.get(uuid, {}).values())
             if channel is not None:
                 channel.close()  # every call on it ends at once, and is sent to another prover
+            for sock in sockets:  # and so does every call sent on to it as it arrived
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _release(self, ticket: dispatch.Ticket, prover: Prover, outcome: str) -> None:
         why = self.dispatcher.release(ticket, prover, outcome)
         if why is not None:
             log.warning("prover %s set aside: %s", prover.spec.label, why)
             self._records.put(("set_aside", prover.spec.uuid, why))
+
+    def _track(self, prover: Prover, sock: socket.socket | None) -> None:
+        """The connection a call sent on as it arrives has open to `prover` (None: closed), so refresh can shut
+        it when the prover leaves; one call, one connection, one thread, so the thread names it."""
+        key = threading.get_ident()
+        with self._lock:
+            open_now = self._arriving.setdefault(prover.spec.uuid, {})
+            if sock is None:
+                open_now.pop(key, None)
+                if not open_now:
+                    del self._arriving[prover.spec.uuid]
+            else:
+                open_now[key] = sock
+            if sock is not None and prover.gone:
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _channel(self, uuid: str, endpoint: str) -> grpc.Channel:
         with self._lock:
@@ -374,6 +460,7 @@ class Router:
             while True:
                 stopping = self._stop.is_set()
                 self._flush(conn)
+                self.buffers.trim()
                 try:
                     self.refresh(conn)
                     deliveries.write_status(conn, self.dispatcher.snapshot(), now=self.clock.now())
@@ -419,6 +506,10 @@ def _timings(answer: bytes) -> dict[str, Any]:
     return {"status": result.status, "queue_wait_ms": result.queue_wait_ms, "srs_load_ms": result.srs_load_ms,
             "synthesis_ms": result.synthesis_ms, "gpu_compute_ms": result.gpu_compute_ms, "total_ms": result.total_ms,
             **({"detail": result.error_message[:500]} if result.error_message else {})}
+
+
+def _kind(header: wire.ProveHeader) -> str:
+    return wire.KIND_NAMES.get(header.proof_kind, str(header.proof_kind))
 
 
 def _ms(seconds: float) -> int:

@@ -162,3 +162,56 @@ def prove_header(request: bytes) -> ProveHeader:
             elif inner == 2 and inner_type == 0:
                 kind = inner_value
     return ProveHeader(request_id=request_id, proof_kind=kind)
+
+
+def prove_header_start(start: bytes | memoryview, length: int) -> ProveHeader | None:
+    """The request id and kind of a ProveRequest of `length` bytes from its first bytes `start`, when they are
+    there: serializers write fields in number order (Go's and protobuf's own do), so a request's id and kind
+    come before its proof bytes. None when they cannot be told from these bytes."""
+    data = memoryview(start)[:length]
+    at = 0
+    try:
+        while at < len(data):
+            key, at = _varint(data, at)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == 2:
+                size, at = _varint(data, at)
+                if number == 1:
+                    return _submit_start(data[at:at + size], complete=at + size <= len(data))
+                at += size
+            elif wire_type == 0:
+                _, at = _varint(data, at)
+            else:
+                return None
+    except Malformed:
+        return None
+    return None
+
+
+def _submit_start(data: memoryview, *, complete: bool) -> ProveHeader | None:
+    request_id, kind, seen = "", PROOF_KIND_UNSPECIFIED, set()
+    at = 0
+    try:
+        while at < len(data):
+            key, at = _varint(data, at)
+            number, wire_type = key >> 3, key & 7
+            if number > 2:  # past the two fields routed on: they are known (absent: their defaults)
+                return ProveHeader(request_id=request_id, proof_kind=kind)
+            if wire_type == 2:
+                size, at = _varint(data, at)
+                if at + size > len(data):
+                    return None
+                if number == 1:
+                    request_id = bytes(data[at:at + size]).decode("utf-8", "replace")
+                    seen.add(1)
+                at += size
+            elif wire_type == 0:
+                value, at = _varint(data, at)
+                if number == 2:
+                    kind = value
+                    seen.add(2)
+            else:
+                return None
+    except Malformed:
+        return ProveHeader(request_id=request_id, proof_kind=kind) if seen == {1, 2} else None
+    return ProveHeader(request_id=request_id, proof_kind=kind) if complete or seen == {1, 2} else None

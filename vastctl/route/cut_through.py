@@ -1,0 +1,320 @@
+"""A large Prove sent on to its prover while it still arrives from Curio, and kept whole for a resend.
+
+Read whole before it is sent (what grpcio's handlers are given), a 100 MB call crosses the router twice, one
+crossing after the other: +54-82% (bench/README.md, "Proof router"). Here its bytes go to the prover as they
+come, under the prover's HTTP/2 flow control, and are copied once into the call's own buffer, so a call the
+prover dropped can be sent again, from the start, to another prover.
+
+`Incoming` is the call's message as the front end (front.py) receives it; `send` is one attempt at one prover,
+over a connection of its own (one per call: a large call's upload takes far longer than a connection's set-up),
+which returns what came back as server.Router's other sends do.
+"""
+
+from __future__ import annotations
+
+import mmap
+import socket
+import threading
+from typing import Any, Callable
+
+import grpc
+import hpack
+
+from vastctl.clock import Clock
+from vastctl.route import h2
+from vastctl.route.buffers import Buffers
+
+BATCH = 4 << 20  # at most this much is sent in one sendmsg
+OUR_WINDOW = 1 << 24  # what a prover may send back before we read it (an answer is a few KB)
+ANSWER_READ = 64 * 1024  # a prover's connection brings an answer of a few KB and window updates
+MAX_ANSWER = 256 * 1024 * 1024  # Curio's own limit on an answer
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+DROPPED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)  # as server.DROPPED, CANCELLED too
+
+
+class Incoming:
+    """One Prove's message (without its 5-byte prefix) as it arrives. Until `open` it is not read: only what
+    the caller's first window let through is kept. `grant` opens the caller's stream window by n bytes."""
+
+    def __init__(self, length: int, grant: Callable[[int], None], buffers: Buffers,
+                 in_use: Callable[[], int]) -> None:
+        self.length = length
+        self.cond = threading.Condition()
+        self.received = 0
+        self.data: mmap.mmap | bytearray | None = None
+        self.prelude = bytearray()
+        self.gone: str | None = None  # why the caller's message will not come whole: the call is abandoned
+        self._grant = grant
+        self._buffers, self._in_use = buffers, in_use
+
+    def add(self, payloads: list[Any], end: bool) -> None:
+        """What one read of the caller's connection brought of this message (one wake-up of its sender)."""
+        with self.cond:
+            for payload in payloads:
+                size = len(payload)
+                if self.gone is not None:
+                    break
+                if self.received + size > self.length:
+                    self.gone = "the caller sent more than its one message"
+                elif self.data is None:
+                    self.prelude += payload
+                else:
+                    self.data[self.received:self.received + size] = payload
+                self.received += size
+            if end and self.gone is None and self.received < self.length:
+                self.gone = f"the caller ended its message after {self.received} of its {self.length} bytes"
+            self.cond.notify_all()
+
+    def open(self) -> None:
+        """The router has room for the message: keep it whole, and let the rest of it come."""
+        with self.cond:
+            if self.data is not None:
+                return
+            # a kept buffer, or anonymous memory zeroed by the kernel as it is first written (buffers.py):
+            # bytearray(n) would zero all of it first (measured: ~40 ms of a 100 MB call held before it is sent)
+            self.data = self._buffers.take(self.length, in_use=self._in_use()) if self.length else bytearray()
+            self.data[:len(self.prelude)] = self.prelude
+            self.prelude = bytearray()
+            wanted = self.length + h2.MESSAGE_PREFIX - h2.DEFAULT_WINDOW
+        if wanted > 0:
+            self._grant(wanted)
+
+    def cancel(self, why: str) -> None:
+        with self.cond:
+            if self.gone is None:
+                self.gone = why
+            self.cond.notify_all()
+
+    def release(self) -> None:
+        """The call is over: its bytes are given back now, not when a collector finds them."""
+        with self.cond:
+            data, self.data, self.prelude = self.data, None, bytearray()
+        if isinstance(data, mmap.mmap):
+            self._buffers.give(data, in_use=self._in_use())
+
+    @property
+    def complete(self) -> bool:
+        return self.data is not None and self.received == self.length
+
+
+class _Attempt:
+    """One HTTP/2 connection to a prover carrying this one call (stream 1); its reader runs in a thread."""
+
+    def __init__(self, sock: socket.socket, incoming: Incoming, authority: str) -> None:
+        self.sock, self.incoming, self.cond = sock, incoming, incoming.cond
+        self.send_lock = threading.Lock()
+        self.conn_window = self.stream_window = self.initial_window = h2.DEFAULT_WINDOW
+        self.max_frame = h2.DEFAULT_FRAME
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        self.trailers: list[tuple[bytes, bytes]] | None = None
+        self.answer = bytearray()
+        self.done = False  # the prover ended its answer
+        self.failed: str | None = None  # the connection or the stream ended before the answer did
+        self.authority = authority
+
+    def write(self, buffers: list[Any]) -> None:
+        with self.send_lock:
+            h2.send_buffers(self.sock, buffers)
+
+    def read_loop(self) -> None:
+        decoder = hpack.Decoder()
+        reader = h2.Reader(self.sock, read_size=ANSWER_READ)
+        block = b""
+        try:
+            while (frames := reader.read()) is not None:
+                back: list[bytes] = []
+                for kind, flags, stream, payload in frames:
+                    if kind == h2.SETTINGS and not flags & h2.ACK:
+                        values = h2.parse_settings(payload)
+                        # acknowledged before the upload may use them: a larger frame sent ahead of the ACK
+                        # is one the daemon still refuses (FRAME_SIZE_ERROR)
+                        self.write(back + [h2.frame(h2.SETTINGS, h2.ACK, 0)])
+                        back = []
+                        with self.cond:
+                            if h2.INITIAL_WINDOW_SIZE in values:
+                                self.stream_window += values[h2.INITIAL_WINDOW_SIZE] - self.initial_window
+                                self.initial_window = values[h2.INITIAL_WINDOW_SIZE]
+                            self.max_frame = min(values.get(h2.MAX_FRAME_SIZE, self.max_frame), BATCH)
+                            self.cond.notify_all()
+                    elif kind == h2.WINDOW_UPDATE:
+                        with self.cond:
+                            if stream == 0:
+                                self.conn_window += h2.u32(payload) & 0x7FFFFFFF
+                            elif stream == 1:
+                                self.stream_window += h2.u32(payload) & 0x7FFFFFFF
+                            self.cond.notify_all()
+                    elif kind == h2.PING and not flags & h2.ACK:
+                        back.append(h2.frame(h2.PING, h2.ACK, 0, payload))
+                    elif kind in (h2.HEADERS, h2.CONTINUATION) and stream == 1:
+                        block += h2.header_block(flags, payload) if kind == h2.HEADERS else payload
+                        if not flags & h2.END_HEADERS:
+                            continue
+                        fields = h2.decode(decoder, block)
+                        block = b""
+                        with self.cond:
+                            if self.headers is None:
+                                self.headers = fields
+                            else:
+                                self.trailers = fields
+                            if flags & h2.END_STREAM:
+                                self.done = True
+                            self.cond.notify_all()
+                    elif kind == h2.DATA and stream == 1:
+                        body = h2.data_payload(flags, payload)
+                        if len(self.answer) + len(body) > MAX_ANSWER + h2.MESSAGE_PREFIX:
+                            raise h2.ProtocolError("an answer over 256 MiB")
+                        self.answer += body
+                        if len(payload):
+                            back += [h2.window_update(0, len(payload)), h2.window_update(1, len(payload))]
+                        if flags & h2.END_STREAM:
+                            with self.cond:
+                                self.done = True
+                                self.cond.notify_all()
+                    elif kind == h2.RST_STREAM and stream == 1:
+                        self._fail(f"the daemon reset the call (HTTP/2 error {h2.u32(payload)})")
+                    elif kind == h2.GOAWAY and (h2.u32(payload) & 0x7FFFFFFF) < 1:
+                        self._fail("the daemon closed the connection before taking the call (GOAWAY)")
+                if back:
+                    self.write(back)
+        except (h2.ProtocolError, hpack.HPACKError, OSError) as exc:
+            self._fail(f"the daemon broke HTTP/2: {exc}"[:300])
+        self._fail("the connection closed before the daemon answered")
+
+    def _fail(self, why: str) -> None:
+        with self.cond:
+            if not self.done and self.failed is None:
+                self.failed = why
+            self.cond.notify_all()
+
+
+def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock: Clock,
+         track: Callable[[socket.socket | None], None]) -> tuple[str, Any]:
+    """(outcome, what came back), as server.Router._send: completed (the answer's message bytes), error ((code,
+    details) the daemon chose), dropped (why), expired (a message), abandoned (why: the caller went away, or its
+    message broke off). `track` is given the connection while it is open, so a prover that leaves the joined
+    set has its calls taken back (the connection shut, the call dropped)."""
+    host, _, port = endpoint.rpartition(":")
+    deadline = clock.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=max(0.1, min(timeout, 10.0)))
+    except OSError as exc:
+        return "dropped", f"could not connect: {exc}"[:300]
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    track(sock)
+    attempt = _Attempt(sock, incoming, endpoint)
+    try:
+        fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+                  (b":authority", endpoint.encode()), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+                  (b"grpc-timeout", h2.timeout_header(timeout)), (b"grpc-accept-encoding", b"identity"),
+                  (b"user-agent", b"vastctl-route")]
+        try:
+            attempt.write([h2.PREFACE, h2.settings(enable_push=0, initial_window_size=OUR_WINDOW),
+                           h2.window_update(0, h2.LARGEST_WINDOW - h2.DEFAULT_WINDOW),
+                           h2.frame(h2.HEADERS, h2.END_HEADERS, 1, hpack.Encoder().encode(fields))])
+        except OSError as exc:
+            return "dropped", f"the connection failed: {exc}"[:300]
+        threading.Thread(target=attempt.read_loop, name="route-prover-reader", daemon=True).start()
+        outcome = _upload(attempt, deadline, clock)
+        if outcome is None:
+            outcome = _await_answer(attempt, deadline, clock)
+        if outcome[0] in ("expired", "abandoned"):
+            try:
+                attempt.write([h2.rst_stream(1, h2.CANCEL)])
+            except OSError:
+                pass
+        return outcome
+    finally:
+        track(None)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+def _stopped(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any] | None:
+    """Why this attempt ends before its answer, if it does (inside attempt.cond)."""
+    if attempt.failed is not None:
+        return "dropped", attempt.failed
+    if attempt.incoming.gone is not None:
+        return "abandoned", attempt.incoming.gone
+    if clock.monotonic() >= deadline:
+        return "expired", "the call's deadline passed while the prover had it"
+    return None
+
+
+def _upload(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any] | None:
+    """Send the message as it arrives, under the prover's windows; None once it is all sent (or answered)."""
+    incoming, prefix = attempt.incoming, h2.message_prefix(attempt.incoming.length)
+    total = h2.MESSAGE_PREFIX + incoming.length
+    position = 0
+    while position < total:
+        with attempt.cond:
+            while True:
+                if attempt.done:
+                    return None  # answered before it had it all (a refusal): the answer decides
+                stopped = _stopped(attempt, deadline, clock)
+                if stopped is not None:
+                    return stopped
+                available = h2.MESSAGE_PREFIX + incoming.received - position
+                window = min(attempt.conn_window, attempt.stream_window)
+                if available > 0 and window > 0:
+                    break
+                attempt.cond.wait(timeout=max(0.0, min(1.0, deadline - clock.monotonic())))
+            size = min(available, window, BATCH)
+            attempt.conn_window -= size
+            attempt.stream_window -= size
+            assert incoming.data is not None  # opened before the router placed it
+            data = memoryview(incoming.data)
+            frames: list[Any] = []
+            end = position + size
+            while position < end:
+                length = min(end - position, attempt.max_frame)
+                last = position + length == total
+                frames.append(h2.header(length, h2.DATA, h2.END_STREAM if last else 0, 1))
+                if position < h2.MESSAGE_PREFIX:
+                    head = min(length, h2.MESSAGE_PREFIX - position)
+                    frames.append(prefix[position:position + head])
+                    frames.append(data[0:length - head])
+                else:
+                    frames.append(data[position - h2.MESSAGE_PREFIX:position - h2.MESSAGE_PREFIX + length])
+                position += length
+        try:  # outside the lock: the reader keeps taking window updates while this waits on the socket
+            attempt.write(frames)
+        except OSError as exc:
+            attempt._fail(f"the connection failed while the call was sent: {exc}"[:300])
+        finally:
+            del frames, data
+    return None
+
+
+def _await_answer(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any]:
+    with attempt.cond:
+        while not attempt.done:
+            stopped = _stopped(attempt, deadline, clock)
+            if stopped is not None:
+                return stopped
+            attempt.cond.wait(timeout=max(0.0, min(1.0, deadline - clock.monotonic())))
+    return _outcome(attempt)
+
+
+def _outcome(attempt: _Attempt) -> tuple[str, Any]:
+    """What the prover's answer says: its grpc-status decides, as a gRPC client would."""
+    head = dict(attempt.headers or [])
+    tail = dict(attempt.trailers or []) if attempt.trailers is not None else head  # trailers-only: in the head
+    status = tail.get(b"grpc-status")
+    if status is None or not status.isdigit():
+        return "dropped", f"the daemon answered HTTP {head.get(b':status', b'?').decode('ascii', 'replace')} without a gRPC status"
+    code = _CODES.get(int(status), grpc.StatusCode.UNKNOWN)
+    details = h2.read_status_message(tail.get(b"grpc-message", b""))
+    if code == grpc.StatusCode.OK:
+        answer = bytes(attempt.answer)
+        if len(answer) < h2.MESSAGE_PREFIX or answer[0] != 0:
+            return "error", (grpc.StatusCode.INTERNAL, "the prover's answer is not one uncompressed gRPC message")
+        return "completed", answer[h2.MESSAGE_PREFIX:]
+    if code in DROPPED_CODES:
+        return "dropped", f"{code.name} {details}"[:300]
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "expired", "the call's deadline passed while the prover had it"
+    return "error", (code, details)
