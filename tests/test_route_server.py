@@ -4,6 +4,7 @@ router's decisions on each kind of answer, and the rows it records."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 from datetime import datetime, timezone
 
@@ -13,6 +14,7 @@ from serving import query, wait_for
 
 from vastctl import clock
 from vastctl import config as config_module
+from vastctl.route import front as route_front
 from vastctl.route import server as route_server
 from vastctl.route import wire
 from vastctl.state import db
@@ -27,6 +29,8 @@ class Daemon:
 
     def __init__(self, answer=None, max_message=wire.DAEMON_MAX_MESSAGE):
         self.seen: list[str] = []
+        self.requests: list[bytes] = []  # each Prove's bytes as they came
+        self.cancelled: list[str] = []  # the calls whose caller (the router) went away while they were held
         self.answer = answer or (lambda request, context: completed(request))
         self.release = threading.Event()
         self.release.set()
@@ -34,7 +38,12 @@ class Daemon:
         def prove(data, context):
             request = wire.ProveRequest.FromString(data)
             self.seen.append(request.submit.request_id)
-            self.release.wait(30)
+            self.requests.append(data)
+            deadline = time.monotonic() + 30
+            while not self.release.wait(0.05) and time.monotonic() < deadline:
+                if not context.is_active():
+                    self.cancelled.append(request.submit.request_id)
+                    return b""
             answer = self.answer(request, context)
             return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
@@ -60,16 +69,24 @@ def completed(request, status=wire.STATUS_COMPLETED, error=""):
         error_message=error, queue_wait_ms=5, gpu_compute_ms=40, total_ms=50))
 
 
+@pytest.fixture(params=["as it arrives", "read whole"])
+def through(request):
+    """Every test twice: the client on the front end with every Prove sent on as it arrives (route.cut_through_mb
+    0), and the client on the router's grpcio server itself, every call read whole."""
+    return request.param
+
+
 @pytest.fixture
-def fleet(tmp_path, request):
+def fleet(tmp_path, request, through):
     """A state file, a router on it (refreshing every 0.1 s) and a client channel to it; `join(daemon)` adds a
     running machine whose tunnel end is that daemon, `leave(uuid)` kills its row. A test parametrizing `fleet` (indirect) adds
     to its route section."""
     path = tmp_path / "state.db"
     now = clock.SYSTEM.now()
     conn = db.connect(path, now=now, create=True)
-    config = config_module.from_mapping({"db": str(path), "launch": {"bench_concurrency": 2},
-                                         "route": {"refresh": "0.1s", "max_held": 5, **getattr(request, "param", {})}})
+    route = {"refresh": "0.1s", "max_held": 5, "cut_through_mb": 0 if through == "as it arrives" else 129,
+             **getattr(request, "param", {})}
+    config = config_module.from_mapping({"db": str(path), "launch": {"bench_concurrency": 2}, "route": route})
 
     class Fleet:
         router = route_server.Router(config, probe=lambda port, timeout: False)
@@ -101,12 +118,20 @@ def fleet(tmp_path, request):
     f.router.start_writer(path)
     f.server, port = route_server.make_server(f.router, "127.0.0.1:0")
     f.server.start()
+    f.front = None
+    if through == "as it arrives":
+        f.front = route_front.Front(f.router, route_front.bind("127.0.0.1:0"), port)
+        f.front.start()
+        port = f.front.listen.getsockname()[1]
     f.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 300 * MiB),
                                                                    ("grpc.max_receive_message_length", 300 * MiB)])
     f.call = f.channel.unary_unary(wire.PROVE)
     f.path = path
     yield f
     f.channel.close()
+    if f.front is not None:
+        f.front.stop()
+        f.front.close()
     f.server.stop(0)
     f.router.stop_writer()
     for daemon in f.daemons:
@@ -210,10 +235,13 @@ def test_a_held_call_past_its_deadline_expires_and_past_max_held_one_is_refused(
 
 
 @pytest.mark.parametrize("fleet", [{"max_held_mb": 6}], indirect=True)
-def test_a_burst_past_max_held_mb_waits_unread_in_order_and_every_call_completes(fleet, monkeypatch):
-    """A 1 MiB call is kept at 3 MiB; reading one needs a 3.25 MiB reserve here (3.25 x 128 MiB in production):
-    under 6 MiB one call is kept while the rest wait unread, none fails, and none is read before its turn."""
+def test_a_burst_past_max_held_mb_waits_unread_in_order_and_every_call_completes(fleet, monkeypatch, through):
+    """Read whole, a 1 MiB call is kept at 3 MiB and reading one needs a 3.25 MiB reserve here (3.25 x 128 MiB in
+    production): under 6 MiB one call is kept while the rest wait unread. Sent on as it arrives, a call is kept
+    at its size and read under that reserve: under 1.5 MiB, the same. None fails, none is read before its turn."""
     monkeypatch.setattr(fleet.router.dispatcher, "read_reserve", int(3.25 * MiB))
+    budget = 6 * MiB if through == "read whole" else int(1.5 * MiB)
+    monkeypatch.setattr(fleet.router.dispatcher, "max_bytes", budget)
     daemon = Daemon()
     daemon.release.clear()  # the prover holds its calls until released
     fleet.join(daemon, "vastctl-mem")
@@ -226,7 +254,7 @@ def test_a_burst_past_max_held_mb_waits_unread_in_order_and_every_call_completes
         wait_for(lambda n=n: fleet.router.dispatcher.snapshot()["held"] + len(daemon.seen) == n + 1, f"call {n} in")
     snapshot = fleet.router.dispatcher.snapshot()
     assert daemon.seen == ["burst-0"] and snapshot["unread"] == 4 and snapshot["held"] == 4
-    assert 3 * MiB < snapshot["kept_bytes"] <= 6 * MiB
+    assert (3 * MiB if through == "read whole" else MiB) < snapshot["kept_bytes"] <= budget
     assert _outcome(fleet.prove, "late", size=MiB, timeout=1.5) == "DEADLINE_EXCEEDED"  # its own deadline, unread
     daemon.release.set()
     for caller in callers:

@@ -198,7 +198,7 @@ def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock:
     try:
         sock = socket.create_connection((host, int(port)), timeout=max(0.1, min(timeout, 10.0)))
     except OSError as exc:
-        return "dropped", f"could not connect: {exc}"[:300]
+        return "dropped", f"UNAVAILABLE could not connect: {exc}"[:300]
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     track(sock)
@@ -213,7 +213,7 @@ def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock:
                            h2.window_update(0, h2.LARGEST_WINDOW - h2.DEFAULT_WINDOW),
                            h2.frame(h2.HEADERS, h2.END_HEADERS, 1, hpack.Encoder().encode(fields))])
         except OSError as exc:
-            return "dropped", f"the connection failed: {exc}"[:300]
+            return "dropped", f"UNAVAILABLE the connection failed: {exc}"[:300]
         threading.Thread(target=attempt.read_loop, name="route-prover-reader", daemon=True).start()
         outcome = _upload(attempt, deadline, clock)
         if outcome is None:
@@ -236,7 +236,7 @@ def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock:
 def _stopped(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any] | None:
     """Why this attempt ends before its answer, if it does (inside attempt.cond)."""
     if attempt.failed is not None:
-        return "dropped", attempt.failed
+        return "dropped", f"UNAVAILABLE {attempt.failed}"
     if attempt.incoming.gone is not None:
         return "abandoned", attempt.incoming.gone
     if clock.monotonic() >= deadline:

@@ -149,6 +149,7 @@ class _Connection:
         self.internal = _Internal(self)
         self.closed = False
         self.arriving: dict[int, tuple[list[Any], bool]] = {}
+        self.backlog: list[tuple[str, int, Any, int]] = []  # grpcio's frames waiting for the caller's window
 
     # --- writing to the caller -------------------------------------------------------------------------
 
@@ -160,6 +161,36 @@ class _Connection:
         with self.send_lock:
             block = self.encoder.encode(fields)
             h2.send_buffers(self.sock, [h2.frame(h2.HEADERS, flags | h2.END_HEADERS, stream, block)])
+
+    def relay(self, items: list[tuple[str, int, Any, int]]) -> None:
+        """Frames from grpcio to the caller, in the order they came: ("data", stream, bytes, flags), ("headers",
+        stream, fields, flags) or ("reset", stream, code, 0). DATA goes within the caller's connection window
+        (what does not fit is cut, and waits with everything after it until the caller opens the window,
+        `_window_update`); header blocks are encoded as they are sent, so the caller's HPACK table sees them in
+        its order."""
+        with self.send_lock:
+            with self.windows:
+                self.backlog.extend(items)
+                out: list[Any] = []
+                while self.backlog:
+                    kind, stream, value, flags = self.backlog[0]
+                    if kind == "data":
+                        size = min(len(value), max(0, self.send_window))
+                        if size < len(value):
+                            if size:
+                                out += [h2.header(size, h2.DATA, 0, stream), value[:size]]
+                                self.backlog[0] = (kind, stream, value[size:], flags)
+                                self.send_window -= size
+                            break
+                        self.send_window -= size
+                        out += [h2.header(size, h2.DATA, flags, stream), value]
+                    elif kind == "headers":
+                        out.append(h2.frame(h2.HEADERS, flags | h2.END_HEADERS, stream, self.encoder.encode(value)))
+                    else:
+                        out.append(h2.rst_stream(stream, value))
+                    self.backlog.pop(0)
+            if out:
+                h2.send_buffers(self.sock, out)
 
     def answer(self, stream: _Stream, message: bytes) -> None:
         """A Prove's answer: headers, its one message (under the caller's windows), then grpc-status 0."""
@@ -235,8 +266,11 @@ class _Connection:
                 elif kind == h2.RST_STREAM:
                     self._reset(stream, h2.u32(payload))
                 elif kind == h2.SETTINGS and not flags & h2.ACK:
-                    self._settings(h2.parse_settings(payload))
-                    back.append(h2.frame(h2.SETTINGS, h2.ACK, 0))
+                    values = h2.parse_settings(payload)
+                    # acknowledged before a frame may use them: the caller holds us to its old ones till then
+                    self.write(back + [h2.frame(h2.SETTINGS, h2.ACK, 0)])
+                    back = []
+                    self._settings(values)
                 elif kind == h2.PING and not flags & h2.ACK:
                     back.append(h2.frame(h2.PING, h2.ACK, 0, payload))
                 elif kind == h2.WINDOW_UPDATE:
@@ -366,7 +400,7 @@ class _Connection:
                 self.initial_window = values[h2.INITIAL_WINDOW_SIZE]
                 for stream in list(self.streams.values()):
                     stream.send_window += change
-            self.max_frame_out = values.get(h2.MAX_FRAME_SIZE, self.max_frame_out)
+            self.max_frame_out = min(values.get(h2.MAX_FRAME_SIZE, self.max_frame_out), FRAME_IN)
             self.windows.notify_all()
         if h2.INITIAL_WINDOW_SIZE in values:
             self.internal.caller_window(values[h2.INITIAL_WINDOW_SIZE])
@@ -378,6 +412,9 @@ class _Connection:
             elif stream_id in self.streams:
                 self.streams[stream_id].send_window += increment
             self.windows.notify_all()
+            waiting = bool(self.backlog)
+        if stream_id == 0 and waiting:
+            self.relay([])
         if stream_id and stream_id in self.streams and self.streams[stream_id].mode == "passed":
             self.internal.window_update(stream_id, increment)
 
@@ -542,21 +579,17 @@ class _Internal:
         connection = self.connection
         try:
             while (frames := reader.read()) is not None:
-                out: list[Any] = []
+                out: list[tuple[str, int, Any, int]] = []
                 back: list[bytes] = []
                 opened = False
                 for kind, flags, stream, payload in frames:
                     if kind == h2.DATA:
                         caller = self.callers.get(stream)
                         if caller is not None:
-                            body = h2.data_payload(flags, payload)
-                            out += [h2.header(len(body), h2.DATA, flags & h2.END_STREAM, caller), body]
-                            with connection.windows:
-                                connection.send_window -= len(body)
-                        if len(payload):
-                            back += [h2.window_update(0, len(payload))]
-                            if not flags & h2.END_STREAM:
-                                back.append(h2.window_update(stream, len(payload)))
+                            body = bytes(h2.data_payload(flags, payload))  # it may wait for the caller's window
+                            out.append(("data", caller, memoryview(body), flags & h2.END_STREAM))
+                        if len(payload):  # the stream's own window is the caller's, passed on (window_update)
+                            back.append(h2.window_update(0, len(payload)))
                         if flags & h2.END_STREAM:
                             with self.lock:
                                 self._forget(stream)
@@ -570,28 +603,26 @@ class _Internal:
                         fields = h2.decode(self.decoder, block)
                         caller = self.callers.get(block_stream)
                         if caller is not None:
-                            if out:  # in order: what came before these headers goes first
-                                connection.write(out)
-                                out = []
-                            connection.send_headers(caller, fields, block_flags & h2.END_STREAM)
+                            out.append(("headers", caller, fields, block_flags & h2.END_STREAM))
                         if block_flags & h2.END_STREAM:
                             with self.lock:
                                 self._forget(block_stream)
                     elif kind == h2.RST_STREAM:
                         caller = self.callers.get(stream)
                         if caller is not None:
-                            out.append(h2.rst_stream(caller, h2.u32(payload)))
+                            out.append(("reset", caller, h2.u32(payload), 0))
                         with self.lock:
                             self._forget(stream)
                     elif kind == h2.SETTINGS and not flags & h2.ACK:
                         values = h2.parse_settings(payload)
+                        self._write(back + [h2.frame(h2.SETTINGS, h2.ACK, 0)])  # before a frame may use them
+                        back = []
                         with self.lock:
                             if h2.INITIAL_WINDOW_SIZE in values:
                                 for ours in self.windows:
                                     self.windows[ours] += values[h2.INITIAL_WINDOW_SIZE] - self.initial
                                 self.initial = values[h2.INITIAL_WINDOW_SIZE]
-                            self.max_frame = values.get(h2.MAX_FRAME_SIZE, self.max_frame)
-                        back.append(h2.frame(h2.SETTINGS, h2.ACK, 0))
+                            self.max_frame = min(values.get(h2.MAX_FRAME_SIZE, self.max_frame), FRAME_IN)
                         opened = True
                     elif kind == h2.WINDOW_UPDATE:
                         increment = h2.u32(payload) & 0x7FFFFFFF
@@ -608,7 +639,7 @@ class _Internal:
                 if opened:
                     self.after_read()
                 if out:
-                    connection.write(out)
+                    connection.relay(out)
         except (h2.ProtocolError, hpack.HPACKError, OSError) as exc:
             log.error("the router's own gRPC server broke a passed-on call: %s", exc)
         with self.lock:  # grpcio went away: every call passed to it ends, as a reset

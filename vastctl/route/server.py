@@ -304,6 +304,8 @@ class Router:
                                                clock=self.clock, track=lambda sock: self._track(prover, sock))
             if outcome == "dropped" and prover.gone:
                 return "moved", f"{prover.spec.label} left the joined set while proving it"
+            if outcome == "dropped":  # as grpcio's drops read: the prover, then the status a client would see
+                return outcome, f"{prover.spec.label}: {answer}"[:300]
             return outcome, answer
         stub = self._channel(prover.spec.uuid, prover.spec.endpoint).unary_unary(wire.PROVE)
         try:
