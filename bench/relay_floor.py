@@ -20,18 +20,21 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 # the stand-in and the interleaved 100 MB calls, as route_bench makes them
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from route_bench import large_calls_beside_direct, print_added, start_stand_in
+from route_bench import large_calls_beside_direct, per_gb, print_added, start_stand_in
 
 BUFFER = 1 << 20
+PUMPS: list[int] = []  # the pump threads' ids, whose CPU clocks are read at the end
 
 
 def relay(listen: socket.socket, target_port: int) -> None:
     """Accept on `listen` and relay each connection's bytes both ways to 127.0.0.1:target_port, untouched."""
     def pump(source: socket.socket, sink: socket.socket) -> None:
+        PUMPS.append(threading.get_ident())
         buffer = bytearray(BUFFER)
         view = memoryview(buffer)
         try:
@@ -67,9 +70,12 @@ def main() -> None:
         listen.bind(("127.0.0.1", 0))
         listen.listen(16)
         relay(listen, daemon_port)
-        times = large_calls_beside_direct({"direct": daemon_port, "relay": listen.getsockname()[1]}, args.calls,
-                                          "relay-floor")
+        ports = {"direct": daemon_port, "relay": listen.getsockname()[1]}
+        times = large_calls_beside_direct(ports, args.calls, "relay-floor")
+        cpu = sum(time.clock_gettime(time.pthread_getcpuclockid(ident)) for ident in PUMPS)
     print_added(times, "relay", "a bare Python relay", f"python bench/relay_floor.py --calls {args.calls}")
+    print(f"relay CPU: {per_gb(cpu, args.calls + 1):.2f} s per GB relayed (both pumps, the untimed 100 MB call"
+          " counted too)")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,17 @@ def rss(pid: int, field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M).group(1)) * 1024  # type: ignore[union-attr]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used (its threads together)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_gb(cpu: float, calls: int) -> float:
+    """CPU seconds for each GB of request relayed (calls of LARGE_BYTES)."""
+    return cpu / (calls * LARGE_BYTES / 1e9)
+
+
 def reset_peak(pid: int) -> bool:
     """Start a new peak RSS (Linux: clear_refs 5); False when the kernel or our rights do not allow it."""
     try:
@@ -264,7 +275,9 @@ def main() -> None:
             large = prove_request("bench-large", payload_bytes=LARGE_BYTES)
             interleaved(direct, routed, large, 1)
             peak_reset = reset_peak(router.pid)
+            cpu_before = cpu_seconds(router.pid)
             d_large, r_large = interleaved(direct, routed, large, args.large)
+            router_cpu = cpu_seconds(router.pid) - cpu_before
             large_peak = rss(router.pid, "VmHWM")
             del large
             burst_seen = burst(routed, status, args.burst, Path(tmp) / "release", args.burst_hold, router.pid)
@@ -290,6 +303,8 @@ def main() -> None:
     print(f"| router | {rm:.3f} | {min(r_large):.3f} | {max(r_large):.3f} |")
     print(f"added: {(rm / dm - 1) * 100:+.1f}%  target ≤ {TARGET_LARGE_ADDED * 100:g}%:"
           f" {'met' if rm / dm - 1 <= TARGET_LARGE_ADDED else 'MISSED'}")
+    print(f"router CPU: {per_gb(router_cpu, args.large):.2f} s per GB relayed (bench/relay_floor.py prints a bare"
+          " relay's)")
     print()
     mb = 1024 * 1024
     budget = max(args.max_held_mb * mb, route_server.READ_RESERVE)

@@ -10,6 +10,7 @@ import threading
 import time
 
 import grpc
+import hpack
 import pytest
 from serving import query, wait_for
 from test_route_server import Daemon
@@ -38,11 +39,19 @@ class Site:
         self.router.start_writer(self.path)
         self.server, internal = route_server.make_server(self.router, "127.0.0.1:0")
         self.server.start()
-        self.front = route_front.Front(self.router, route_front.bind("127.0.0.1:0"), internal)
-        self.front.start()
-        self.port = self.front.listen.getsockname()[1]
+        self.internal = internal
+        self.listening = route_front.bind("127.0.0.1:0")  # held here as systemd holds it: fronts come and go
+        self.fronts: list[route_front.Front] = []
+        self.front = self.new_front()
+        self.port = self.listening.getsockname()[1]
         self.channel = self.new_channel()
         self.daemons: list[Daemon] = []
+
+    def new_front(self):
+        front = route_front.Front(self.router, self.listening.dup(), self.internal)
+        front.start()
+        self.fronts.append(front)
+        return front
 
     def new_channel(self):
         return grpc.insecure_channel(f"127.0.0.1:{self.port}", options=[
@@ -69,8 +78,10 @@ class Site:
 
     def stop(self):
         self.channel.close()
-        self.front.stop()
-        self.front.close()
+        for front in self.fronts:
+            front.stop()
+            front.close()
+        self.listening.close()
         self.server.stop(0)
         self.router.stop_writer()
         for daemon in self.daemons:
@@ -260,17 +271,17 @@ class TightCaller:
             if kind == h2.SETTINGS and not flags & h2.ACK:
                 self.sock.sendall(h2.frame(h2.SETTINGS, h2.ACK, 0))
             elif kind == h2.WINDOW_UPDATE and stream == 1:
-                self.window += h2.u32(payload)
+                self.window += int.from_bytes(payload[:4], 'big')
             elif kind == h2.DATA and stream == 1:
                 assert len(payload) <= min(self.allowed[0], self.allowed[1]), "DATA past the window the caller gave"
                 self.allowed[0] -= len(payload)
                 self.allowed[1] -= len(payload)
                 self.answer += bytes(payload)
             elif kind == h2.HEADERS and stream == 1:
-                self.head.update(h2.decode(self.decoder, h2.header_block(flags, payload)))
+                self.head.update((bytes(n), bytes(v)) for n, v in self.decoder.decode(h2.header_block(flags, payload), raw=True))
                 self.ended = self.ended or bool(flags & h2.END_STREAM)
             elif kind == h2.RST_STREAM and stream == 1:
-                raise AssertionError(f"the router reset the call: {h2.u32(payload)}")
+                raise AssertionError(f"the router reset the call: {int.from_bytes(payload[:4], 'big')}")
 
     def close(self):
         self.sock.close()
@@ -296,7 +307,8 @@ def test_an_answer_larger_than_the_callers_window_comes_back_within_it_and_whole
     assert daemon.seen == ["wordy-1"]
 
 
-def test_once_stopping_a_new_call_is_refused_unavailable_and_a_call_in_flight_finishes(site):
+def test_once_stopping_a_new_call_waits_for_the_next_front_end_on_the_same_socket_and_a_call_in_flight_finishes(
+        site):
     routed = site(cut_through_mb=1)
     daemon = routed.daemon("a")
     daemon.release.clear()
@@ -305,14 +317,56 @@ def test_once_stopping_a_new_call_is_refused_unavailable_and_a_call_in_flight_fi
     in_flight = prove.future(request_of("in-flight", 2 * MiB), timeout=30)
     wait_for(lambda: daemon.seen == ["in-flight"], "the call is on the prover")
     routed.front.stop()
-    for request in (request_of("late-big", 2 * MiB), request_of("late-small", 1024)):
-        with pytest.raises(grpc.RpcError) as raised:
-            prove(request, timeout=10)
-        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "vastctl route is stopping" in raised.value.details()
+    later = routed.new_channel()  # a new connection: it waits in the socket's backlog, no front end accepts it
+    late = [later.unary_unary(wire.PROVE).future(request_of(name, size), timeout=30)
+            for name, size in (("late-big", 2 * MiB), ("late-small", 1024))]
+    assert not any(call.done() for call in late)
+    routed.new_front()
     daemon.release.set()
     assert wire.ProveResponse.FromString(in_flight.result(timeout=30)).result.proof == b"proof:in-flight"
-    assert daemon.seen == ["in-flight"]
+    assert sorted(wire.ProveResponse.FromString(call.result(timeout=30)).result.proof for call in late) == [
+        b"proof:late-big", b"proof:late-small"]
+    later.close()
+
+
+def test_a_graceful_stop_refuses_new_streams_on_an_open_connection_and_names_the_last_stream_it_took(site):
+    """RFC 9113 §6.8 as gRPC servers do it: GOAWAY with 2^31-1 and a PING; a stream opened after it gets
+    REFUSED_STREAM (which a gRPC client sends again on a new connection); the PING's answer brings GOAWAY with
+    the last stream taken."""
+    routed = site()
+    with socket.create_connection(("127.0.0.1", routed.port), timeout=10) as raw:
+        raw.sendall(h2.PREFACE + h2.settings() + h2.frame(h2.SETTINGS, h2.ACK, 0))
+        encoder = hpack.Encoder()
+        fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", wire.GET_STATUS.encode()),
+                  (b":authority", b"router"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+        raw.sendall(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, encoder.encode(fields))
+                    + h2.frame(h2.DATA, h2.END_STREAM, 1, h2.message_prefix(0)))
+        reader = h2.Reader(raw, max_frame=1 << 20)
+        seen = read_until(reader, lambda f: f.kind == h2.HEADERS and f.stream == 1 and f.flags & h2.END_STREAM)
+        routed.front.stop()
+        seen = read_until(reader, lambda f: f.kind == h2.PING)
+        goaway = next(f for f in seen if f.kind == h2.GOAWAY)
+        assert int.from_bytes(goaway.payload[:4], "big") == h2.LAST_STREAM
+        ping = next(f for f in seen if f.kind == h2.PING)
+        raw.sendall(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 3, encoder.encode(fields)))
+        seen = read_until(reader, lambda f: f.kind == h2.RST_STREAM)
+        assert [(f.stream, f.payload) for f in seen if f.kind == h2.RST_STREAM] == [
+            (3, h2.REFUSED_STREAM.to_bytes(4, "big"))]
+        raw.sendall(h2.frame(h2.PING, h2.ACK, 0, ping.payload))
+        seen = read_until(reader, lambda f: f.kind == h2.GOAWAY)
+        last = [f for f in seen if f.kind == h2.GOAWAY][-1]
+        assert last.payload[:8] == (1).to_bytes(4, "big") + h2.NO_ERROR.to_bytes(4, "big")
+
+
+def read_until(reader, done):
+    """The frames read until one satisfies `done` (the socket's timeout bounds the wait)."""
+    seen = []
+    while True:
+        frames = reader.read()
+        assert frames is not None, f"the connection closed; frames so far: {seen}"
+        seen += [h2.Frame(f.kind, f.flags, f.stream, bytes(f.payload)) for f in frames]
+        if any(done(f) for f in frames):
+            return seen
 
 
 def test_bytes_that_are_not_http2_close_that_connection_only(site):

@@ -18,16 +18,16 @@ import threading
 from typing import Any, Callable
 
 import grpc
-import hpack
 
 from vastctl.clock import Clock
-from vastctl.route import h2
+from vastctl.route import h2, wire
+from vastctl.route import h2_connection as core
 from vastctl.route.buffers import Buffers
 
 BATCH = 4 << 20  # at most this much is sent in one sendmsg
-OUR_WINDOW = 1 << 24  # what a prover may send back before we read it (an answer is a few KB)
+OUR_WINDOW = wire.MAX_ANSWER + 64 * 1024  # all a prover may send back: one answer, never granted more
 ANSWER_READ = 64 * 1024  # a prover's connection brings an answer of a few KB and window updates
-MAX_ANSWER = 256 * 1024 * 1024  # Curio's own limit on an answer
+WRITE_STALL_S = 30.0  # a prover that takes none of our acknowledgements this long has its connection fail
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 DROPPED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)  # as server.DROPPED, CANCELLED too
 
@@ -98,87 +98,70 @@ class Incoming:
 
 
 class _Attempt:
-    """One HTTP/2 connection to a prover carrying this one call (stream 1); its reader runs in a thread."""
+    """One HTTP/2 connection to a prover carrying this one call; its reader runs in a thread. The prover is held
+    to RFC 9113 by the connection core and to gRPC's unary answer: one message of at most wire.MAX_ANSWER."""
 
-    def __init__(self, sock: socket.socket, incoming: Incoming, authority: str) -> None:
+    def __init__(self, sock: socket.socket, incoming: Incoming) -> None:
         self.sock, self.incoming, self.cond = sock, incoming, incoming.cond
+        self.core = core.Connection(server=False, window=OUR_WINDOW, connection_window=OUR_WINDOW, cond=incoming.cond)
+        self.stream = self.core.open_stream()
         self.send_lock = threading.Lock()
-        self.conn_window = self.stream_window = self.initial_window = h2.DEFAULT_WINDOW
-        self.max_frame = h2.DEFAULT_FRAME
         self.headers: list[tuple[bytes, bytes]] | None = None
         self.trailers: list[tuple[bytes, bytes]] | None = None
         self.answer = bytearray()
         self.done = False  # the prover ended its answer
+        self.sent_all = False  # the whole request went out
         self.failed: str | None = None  # the connection or the stream ended before the answer did
-        self.authority = authority
+        self.unprocessed = False  # the prover said it never took the call (GOAWAY below it, REFUSED_STREAM)
 
-    def write(self, buffers: list[Any]) -> None:
+    def write(self, buffers: list[Any], timeout: float | None = None) -> None:
         with self.send_lock:
-            h2.send_buffers(self.sock, buffers)
+            h2.send_buffers(self.sock, buffers, timeout=timeout, give_up=self._given_up)
+
+    def _given_up(self) -> bool:
+        return self.failed is not None or self.incoming.gone is not None
 
     def read_loop(self) -> None:
-        decoder = hpack.Decoder()
         reader = h2.Reader(self.sock, read_size=ANSWER_READ)
-        block = b""
         try:
             while (frames := reader.read()) is not None:
-                back: list[bytes] = []
-                for kind, flags, stream, payload in frames:
-                    if kind == h2.SETTINGS and not flags & h2.ACK:
-                        values = h2.parse_settings(payload)
-                        # acknowledged before the upload may use them: a larger frame sent ahead of the ACK
-                        # is one the daemon still refuses (FRAME_SIZE_ERROR)
-                        self.write(back + [h2.frame(h2.SETTINGS, h2.ACK, 0)])
-                        back = []
-                        with self.cond:
-                            if h2.INITIAL_WINDOW_SIZE in values:
-                                self.stream_window += values[h2.INITIAL_WINDOW_SIZE] - self.initial_window
-                                self.initial_window = values[h2.INITIAL_WINDOW_SIZE]
-                            self.max_frame = min(values.get(h2.MAX_FRAME_SIZE, self.max_frame), BATCH)
-                            self.cond.notify_all()
-                    elif kind == h2.WINDOW_UPDATE:
-                        with self.cond:
-                            if stream == 0:
-                                self.conn_window += h2.u32(payload) & 0x7FFFFFFF
-                            elif stream == 1:
-                                self.stream_window += h2.u32(payload) & 0x7FFFFFFF
-                            self.cond.notify_all()
-                    elif kind == h2.PING and not flags & h2.ACK:
-                        back.append(h2.frame(h2.PING, h2.ACK, 0, payload))
-                    elif kind in (h2.HEADERS, h2.CONTINUATION) and stream == 1:
-                        block += h2.header_block(flags, payload) if kind == h2.HEADERS else payload
-                        if not flags & h2.END_HEADERS:
-                            continue
-                        fields = h2.decode(decoder, block)
-                        block = b""
-                        with self.cond:
-                            if self.headers is None:
-                                self.headers = fields
-                            else:
-                                self.trailers = fields
-                            if flags & h2.END_STREAM:
-                                self.done = True
-                            self.cond.notify_all()
-                    elif kind == h2.DATA and stream == 1:
-                        body = h2.data_payload(flags, payload)
-                        if len(self.answer) + len(body) > MAX_ANSWER + h2.MESSAGE_PREFIX:
-                            raise h2.ProtocolError("an answer over 256 MiB")
-                        self.answer += body
-                        if len(payload):
-                            back += [h2.window_update(0, len(payload)), h2.window_update(1, len(payload))]
-                        if flags & h2.END_STREAM:
-                            with self.cond:
-                                self.done = True
-                                self.cond.notify_all()
-                    elif kind == h2.RST_STREAM and stream == 1:
-                        self._fail(f"the daemon reset the call (HTTP/2 error {h2.u32(payload)})")
-                    elif kind == h2.GOAWAY and (h2.u32(payload) & 0x7FFFFFFF) < 1:
-                        self._fail("the daemon closed the connection before taking the call (GOAWAY)")
-                if back:
-                    self.write(back)
-        except (h2.ProtocolError, hpack.HPACKError, OSError) as exc:
-            self._fail(f"the daemon broke HTTP/2: {exc}"[:300])
+                for frame in frames:
+                    self._take(self.core.receive(frame))
+                self.write(self.core.take_out(), timeout=WRITE_STALL_S)
+        except h2.ConnectionFault as fault:
+            self._fail(f"the daemon broke HTTP/2 (error {fault.code}): {fault}"[:300])
+        except OSError:
+            pass
         self._fail("the connection closed before the daemon answered")
+
+    def _take(self, event: Any) -> None:
+        if isinstance(event, core.Settings):
+            # acknowledged before the upload may use them: a larger frame sent ahead of the ACK is one the
+            # daemon still refuses (FRAME_SIZE_ERROR)
+            self.write(self.core.take_out(), timeout=WRITE_STALL_S)
+            self.core.apply_settings()
+        elif isinstance(event, core.Headers) and event.stream == self.stream:
+            with self.cond:
+                if self.headers is None:
+                    self.headers = event.fields
+                else:
+                    self.trailers = event.fields
+                self.done = self.done or event.end
+                self.cond.notify_all()
+        elif isinstance(event, core.Data) and event.stream == self.stream:
+            if len(self.answer) + len(event.payload) > wire.MAX_ANSWER + h2.MESSAGE_PREFIX:
+                raise h2.ConnectionFault(h2.CANCEL, f"an answer over {wire.MAX_ANSWER} bytes")
+            self.answer += event.payload
+            if event.end:
+                with self.cond:
+                    self.done = True
+                    self.cond.notify_all()
+        elif isinstance(event, core.Reset) and event.stream == self.stream:
+            self.unprocessed = event.code == h2.REFUSED_STREAM
+            self._fail(f"the daemon reset the call (HTTP/2 error {event.code})")
+        elif isinstance(event, core.GoAway) and self.core.unprocessed():
+            self.unprocessed = True
+            self._fail("the daemon closed the connection before taking the call (GOAWAY)")
 
     def _fail(self, why: str) -> None:
         with self.cond:
@@ -190,37 +173,38 @@ class _Attempt:
 def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock: Clock,
          track: Callable[[socket.socket | None], None]) -> tuple[str, Any]:
     """(outcome, what came back), as server.Router._send: completed (the answer's message bytes), error ((code,
-    details) the daemon chose), dropped (why), expired (a message), abandoned (why: the caller went away, or its
-    message broke off). `track` is given the connection while it is open, so a prover that leaves the joined
-    set has its calls taken back (the connection shut, the call dropped)."""
+    details) the daemon chose), dropped (why), unreached (why: nothing reached the prover, so nothing counts
+    against it as a dropped call), expired (a message), abandoned (why: the caller went away, or its message
+    broke off). Every wait, to send as to read, ends by the call's deadline. `track` is given the connection
+    while it is open, so a prover that leaves the joined set has its calls taken back (the connection shut)."""
     host, _, port = endpoint.rpartition(":")
     deadline = clock.monotonic() + timeout
     try:
         sock = socket.create_connection((host, int(port)), timeout=max(0.1, min(timeout, 10.0)))
     except OSError as exc:
-        return "dropped", f"UNAVAILABLE could not connect: {exc}"[:300]
+        return "unreached", f"UNAVAILABLE could not connect: {exc}"[:300]
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     track(sock)
-    attempt = _Attempt(sock, incoming, endpoint)
+    attempt = _Attempt(sock, incoming)
     try:
         fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
                   (b":authority", endpoint.encode()), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
                   (b"grpc-timeout", h2.timeout_header(timeout)), (b"grpc-accept-encoding", b"identity"),
                   (b"user-agent", b"vastctl-route")]
         try:
-            attempt.write([h2.PREFACE, h2.settings(enable_push=0, initial_window_size=OUR_WINDOW),
-                           h2.window_update(0, h2.LARGEST_WINDOW - h2.DEFAULT_WINDOW),
-                           h2.frame(h2.HEADERS, h2.END_HEADERS, 1, hpack.Encoder().encode(fields))])
+            attempt.write(attempt.core.preface() + [
+                h2.frame(h2.HEADERS, h2.END_HEADERS, attempt.stream, attempt.core.encoder.encode(fields))],
+                timeout=max(0.001, deadline - clock.monotonic()))
         except OSError as exc:
-            return "dropped", f"UNAVAILABLE the connection failed: {exc}"[:300]
+            return "unreached", f"UNAVAILABLE the connection failed before the call was sent: {exc}"[:300]
         threading.Thread(target=attempt.read_loop, name="route-prover-reader", daemon=True).start()
         outcome = _upload(attempt, deadline, clock)
         if outcome is None:
             outcome = _await_answer(attempt, deadline, clock)
         if outcome[0] in ("expired", "abandoned"):
             try:
-                attempt.write([h2.rst_stream(1, h2.CANCEL)])
+                attempt.write([attempt.core.reset(attempt.stream, h2.CANCEL)], timeout=0.1)
             except OSError:
                 pass
         return outcome
@@ -236,7 +220,7 @@ def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock:
 def _stopped(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any] | None:
     """Why this attempt ends before its answer, if it does (inside attempt.cond)."""
     if attempt.failed is not None:
-        return "dropped", f"UNAVAILABLE {attempt.failed}"
+        return ("unreached" if attempt.unprocessed else "dropped"), f"UNAVAILABLE {attempt.failed}"
     if attempt.incoming.gone is not None:
         return "abandoned", attempt.incoming.gone
     if clock.monotonic() >= deadline:
@@ -247,41 +231,53 @@ def _stopped(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any
 def _upload(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any] | None:
     """Send the message as it arrives, under the prover's windows; None once it is all sent (or answered)."""
     incoming, prefix = attempt.incoming, h2.message_prefix(attempt.incoming.length)
+    connection, stream = attempt.core, attempt.stream
     total = h2.MESSAGE_PREFIX + incoming.length
     position = 0
     while position < total:
+        frames: list[Any] = []
         with attempt.cond:
             while True:
                 if attempt.done:
-                    return None  # answered before it had it all (a refusal): the answer decides
+                    return None  # answered before it had it all: the answer decides (_outcome)
                 stopped = _stopped(attempt, deadline, clock)
                 if stopped is not None:
                     return stopped
                 available = h2.MESSAGE_PREFIX + incoming.received - position
-                window = min(attempt.conn_window, attempt.stream_window)
-                if available > 0 and window > 0:
-                    break
+                if available > 0:
+                    size = connection.take(stream, min(available, BATCH))
+                    if size < 0:
+                        attempt._fail("the daemon closed the stream while the call was sent")
+                        continue
+                    if size > 0:
+                        break
                 attempt.cond.wait(timeout=max(0.0, min(1.0, deadline - clock.monotonic())))
-            size = min(available, window, BATCH)
-            attempt.conn_window -= size
-            attempt.stream_window -= size
+            # one take per frame: the peer's frame size bounds each, its windows all of them
             assert incoming.data is not None  # opened before the router placed it
             data = memoryview(incoming.data)
-            frames: list[Any] = []
-            end = position + size
-            while position < end:
-                length = min(end - position, attempt.max_frame)
-                last = position + length == total
-                frames.append(h2.header(length, h2.DATA, h2.END_STREAM if last else 0, 1))
+            batch = 0
+            while True:
+                last = position + size == total
+                frames.append(h2.header(size, h2.DATA, h2.END_STREAM if last else 0, stream))
                 if position < h2.MESSAGE_PREFIX:
-                    head = min(length, h2.MESSAGE_PREFIX - position)
+                    head = min(size, h2.MESSAGE_PREFIX - position)
                     frames.append(prefix[position:position + head])
-                    frames.append(data[0:length - head])
+                    frames.append(data[0:size - head])
                 else:
-                    frames.append(data[position - h2.MESSAGE_PREFIX:position - h2.MESSAGE_PREFIX + length])
-                position += length
+                    frames.append(data[position - h2.MESSAGE_PREFIX:position - h2.MESSAGE_PREFIX + size])
+                position += size
+                batch += size
+                more = min(h2.MESSAGE_PREFIX + incoming.received - position, BATCH - batch)
+                if more <= 0:
+                    break
+                size = connection.take(stream, more)
+                if size <= 0:
+                    break
         try:  # outside the lock: the reader keeps taking window updates while this waits on the socket
-            attempt.write(frames)
+            attempt.write(frames, timeout=max(0.001, deadline - clock.monotonic()))
+            if position == total:
+                connection.sent_end(stream)
+                attempt.sent_all = True
         except OSError as exc:
             attempt._fail(f"the connection failed while the call was sent: {exc}"[:300])
         finally:
@@ -300,7 +296,8 @@ def _await_answer(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str
 
 
 def _outcome(attempt: _Attempt) -> tuple[str, Any]:
-    """What the prover's answer says: its grpc-status decides, as a gRPC client would."""
+    """What the prover's answer says: its grpc-status decides, as a gRPC client would; an OK answer must be one
+    message, to the whole request."""
     head = dict(attempt.headers or [])
     tail = dict(attempt.trailers or []) if attempt.trailers is not None else head  # trailers-only: in the head
     status = tail.get(b"grpc-status")
@@ -309,10 +306,12 @@ def _outcome(attempt: _Attempt) -> tuple[str, Any]:
     code = _CODES.get(int(status), grpc.StatusCode.UNKNOWN)
     details = h2.read_status_message(tail.get(b"grpc-message", b""))
     if code == grpc.StatusCode.OK:
-        answer = bytes(attempt.answer)
-        if len(answer) < h2.MESSAGE_PREFIX or answer[0] != 0:
-            return "error", (grpc.StatusCode.INTERNAL, "the prover's answer is not one uncompressed gRPC message")
-        return "completed", answer[h2.MESSAGE_PREFIX:]
+        if not attempt.sent_all:
+            return "dropped", "the prover answered OK before the whole request reached it: not a proof of it"
+        try:
+            return "completed", h2.one_message(bytes(attempt.answer))
+        except ValueError as exc:
+            return "dropped", f"the prover's answer is not one gRPC message: {exc}"
     if code in DROPPED_CODES:
         return "dropped", f"{code.name} {details}"[:300]
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -1,86 +1,97 @@
-"""The streams a caller's connection passes to the router's own grpcio server (front.py decides which): one
-connection there per caller's connection, frames relayed both ways."""
+"""The streams a caller's connection passes to the router's own grpcio server (caller.py decides which): one
+connection there per caller's connection, frames relayed both ways, both sides held to RFC 9113 by
+h2_connection.Connection."""
 
 from __future__ import annotations
 
 import logging
 import socket
 import threading
-from typing import TYPE_CHECKING, Any
-
-import hpack
+from typing import Any, Protocol
 
 from vastctl.route import h2
-
-if TYPE_CHECKING:
-    from vastctl.route.front import _Connection as Connection
+from vastctl.route import h2_connection as core
 
 log = logging.getLogger("vastctl.route")
 
-FRAME_OUT = 1 << 20  # the largest DATA frame sent on to grpcio, whatever it allows
 TOP_UP = 16384  # a passed-on stream's window is topped up once grpcio took this much of it
 ANSWER_READ = 1 << 20  # grpcio's connection brings answers: Prove's few KB, GetStatus's
+ANSWER_FRAME = 1 << 20  # the largest frame grpcio may send us
+
+
+class Caller(Protocol):
+    """What the link needs of the caller's connection."""
+
+    @property
+    def initial_window(self) -> int: ...
+
+    def relay(self, items: list[tuple[str, int, Any, int]]) -> None: ...
+
+    def grant(self, stream: int, size: int) -> None: ...
 
 
 class GrpcioLink:
     """The streams passed to the router's grpcio server: one connection there for this caller's connection,
     frames sent on as they come (each header block decoded and encoded again, each connection having its own
     HPACK tables), DATA queued per stream under grpcio's windows and drained as they open, so neither side's
-    reader ever waits for a window. Answers come back in grpcio's reader thread."""
+    reader ever waits for a window. Answers come back in grpcio's reader thread. Lock order: `lock`, then
+    `send_lock`, then the core's cond."""
 
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
+    def __init__(self, caller: Caller, port: int) -> None:
+        self.caller, self.port = caller, port
         self.sock: socket.socket | None = None
-        self.lock = threading.Lock()  # grpcio's windows, the queues and the stream maps; taken before send_lock
+        self.core: core.Connection | None = None
+        self.lock = threading.Lock()  # the queues and the stream maps
         self.send_lock = threading.Lock()
-        self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
-        self.conn_window = self.initial = h2.DEFAULT_WINDOW
-        self.max_frame = h2.DEFAULT_FRAME  # grpcio's: a caller's larger DATA frames are cut to it
-        self.windows: dict[int, int] = {}  # our stream id → what grpcio lets us send on it
         self.queued: dict[int, list[tuple[Any, bool]]] = {}
         self.ours: dict[int, int] = {}  # caller's stream → ours
         self.callers: dict[int, int] = {}  # ours → the caller's
         self.taken: dict[int, int] = {}  # caller's stream → bytes grpcio took since its window was topped up
-        self.next_stream = 1
 
-    def _connect(self) -> socket.socket:
-        if self.sock is None:
-            sock = socket.create_connection(("127.0.0.1", self.connection.front.internal_port))
+    def _connect(self) -> core.Connection:
+        if self.core is None:
+            sock = socket.create_connection(("127.0.0.1", self.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock = sock
-            self._write([h2.PREFACE, h2.settings(enable_push=0, initial_window_size=self.connection.initial_window),
-                         h2.window_update(0, h2.LARGEST_WINDOW - h2.DEFAULT_WINDOW)])
-            threading.Thread(target=self._read_loop, args=(sock,), name="route-grpcio-reader", daemon=True).start()
-        return self.sock
+            connection = core.Connection(server=False, max_frame=ANSWER_FRAME, window=self.caller.initial_window,
+                                         connection_window=h2.LARGEST_WINDOW)
+            self.sock, self.core = sock, connection
+            self._write(connection.preface())
+            threading.Thread(target=self._read_loop, args=(sock, connection), name="route-grpcio-reader",
+                             daemon=True).start()
+        return self.core
 
     def _write(self, buffers: list[Any]) -> None:
-        assert self.sock is not None
-        with self.send_lock:
-            h2.send_buffers(self.sock, buffers)
+        if self.sock is not None and buffers:
+            with self.send_lock:
+                h2.send_buffers(self.sock, buffers)
 
     def open(self, caller: int, fields: list[tuple[bytes, bytes]], end: bool) -> None:
         with self.lock:
-            self._connect()
-            ours, self.next_stream = self.next_stream, self.next_stream + 2
-            self.ours[caller], self.callers[ours] = ours, caller
-            self.windows[ours], self.queued[ours] = self.initial, []
+            connection = self._connect()
             with self.send_lock:
-                block = self.encoder.encode(fields)
+                ours = connection.open_stream()
+                self.ours[caller], self.callers[ours] = ours, caller
+                self.queued[ours] = []
+                block = connection.encoder.encode(fields)
                 assert self.sock is not None
                 h2.send_buffers(self.sock, [h2.frame(h2.HEADERS, h2.END_HEADERS | (h2.END_STREAM if end else 0),
                                                      ours, block)])
+                if end:
+                    connection.sent_end(ours)
 
     def headers(self, caller: int, fields: list[tuple[bytes, bytes]], end: bool) -> None:
         with self.lock:
             ours = self.ours.get(caller)
-            if ours is None:
+            if ours is None or self.core is None:
                 return
             self._drain()
             with self.send_lock:
-                block = self.encoder.encode(fields)
+                block = self.core.encoder.encode(fields)
                 assert self.sock is not None
                 h2.send_buffers(self.sock, [h2.frame(h2.HEADERS, h2.END_HEADERS | (h2.END_STREAM if end else 0),
                                                      ours, block)])
+                if end:
+                    self.core.sent_end(ours)
 
     def data(self, caller: int, payload: Any, end: bool) -> None:
         with self.lock:
@@ -101,143 +112,143 @@ class GrpcioLink:
 
     def _drain(self) -> None:
         """Send every queued frame grpcio's windows allow, in order (inside self.lock)."""
+        if self.core is None:
+            return
         out: list[Any] = []
-        ups: list[bytes] = []
-        for ours, queue in self.queued.items():
-            caller = self.callers[ours]
-            while queue:
-                payload, end = queue[0]
-                size, room = len(payload), min(self.conn_window, self.windows[ours], self.max_frame)
-                if size > room:
-                    if room <= 0:
+        ups: list[tuple[int, int]] = []
+        with self.core.cond:
+            for ours, queue in self.queued.items():
+                caller = self.callers[ours]
+                while queue:
+                    payload, end = queue[0]
+                    size = self.core.take(ours, len(payload)) if len(payload) else \
+                        (0 if self.core.is_open(ours) else -1)
+                    if size < 0:
+                        queue.clear()  # grpcio ended the stream: what the caller still sends is dropped
                         break
-                    queue[0] = (payload[room:], end)  # what fits now goes; the rest waits
-                    payload, end, size = payload[:room], False, room
-                else:
-                    queue.pop(0)
-                self.conn_window -= size
-                self.windows[ours] -= size
-                out += [h2.header(size, h2.DATA, h2.END_STREAM if end else 0, ours), payload]
-                if not end:
-                    taken = self.taken[caller] = self.taken.get(caller, 0) + size
-                    if taken >= TOP_UP:
-                        ups.append(h2.window_update(caller, taken))
-                        self.taken[caller] = 0
-                else:
-                    self.taken.pop(caller, None)
+                    if len(payload) and size == 0:
+                        break
+                    if size < len(payload):
+                        queue[0] = (payload[size:], end)  # what fits now goes; the rest waits
+                        payload, end = payload[:size], False
+                    else:
+                        queue.pop(0)
+                    out += [h2.header(size, h2.DATA, h2.END_STREAM if end else 0, ours), payload]
+                    if end:
+                        self.core.sent_end(ours)
+                        self.taken.pop(caller, None)
+                    elif size:
+                        taken = self.taken[caller] = self.taken.get(caller, 0) + size
+                        if taken >= TOP_UP:
+                            ups.append((caller, taken))
+                            self.taken[caller] = 0
         if out:
             self._write(out)
-        if ups:
-            self.connection.write(ups)
+        for caller, size in ups:
+            self.caller.grant(caller, size)
 
     def reset(self, caller: int, code: int) -> None:
         with self.lock:
             ours = self.ours.pop(caller, None)
-            if ours is None:
+            if ours is None or self.core is None:
                 return
+            self.callers.pop(ours, None)
             self.queued.pop(ours, None)
-            self._write([h2.rst_stream(ours, code)])
+            self.taken.pop(caller, None)
+            self._write([self.core.reset(ours, code)])
 
     def window_update(self, caller: int, increment: int) -> None:
         """The caller let us send more of a passed-on stream's answer: so may grpcio."""
         with self.lock:
             ours = self.ours.get(caller)
-            if ours is not None and self.sock is not None:
-                self._write([h2.window_update(ours, increment)])
+            if ours is not None and self.core is not None:
+                self._write([self.core.grant(ours, increment)])
 
     def caller_window(self, value: int) -> None:
         """The caller's initial window for answers, passed on (grpcio sends answers within it)."""
         with self.lock:
-            if self.sock is not None:
+            if self.core is not None:
+                self.core.set_initial_window(value)
                 self._write([h2.settings(initial_window_size=value)])
 
     def _forget(self, ours: int) -> None:
         caller = self.callers.pop(ours, None)
         self.queued.pop(ours, None)
-        self.windows.pop(ours, None)
         if caller is not None:
             self.ours.pop(caller, None)
             self.taken.pop(caller, None)
-            self.connection.streams.pop(caller, None)
 
-    def _read_loop(self, sock: socket.socket) -> None:
-        reader = h2.Reader(sock, read_size=ANSWER_READ)
-        block, block_stream, block_flags = b"", 0, 0
-        connection = self.connection
+    def _read_loop(self, sock: socket.socket, connection: core.Connection) -> None:
+        reader = h2.Reader(sock, max_frame=ANSWER_FRAME, read_size=ANSWER_READ)
         try:
             while (frames := reader.read()) is not None:
                 out: list[tuple[str, int, Any, int]] = []
-                back: list[bytes] = []
+                received = 0
                 opened = False
-                for kind, flags, stream, payload in frames:
-                    if kind == h2.DATA:
-                        caller = self.callers.get(stream)
-                        if caller is not None:
-                            body = bytes(h2.data_payload(flags, payload))  # it may wait for the caller's window
-                            out.append(("data", caller, memoryview(body), flags & h2.END_STREAM))
-                        if len(payload):  # the stream's own window is the caller's, passed on (window_update)
-                            back.append(h2.window_update(0, len(payload)))
-                        if flags & h2.END_STREAM:
+                for frame in frames:
+                    event = connection.receive(frame)
+                    if isinstance(event, core.Data):
+                        received += event.flow
+                        caller = self.callers.get(event.stream)
+                        if caller is not None:  # copied: it may wait for the caller's window
+                            out.append(("data", caller, memoryview(bytes(event.payload)), h2.END_STREAM if event.end
+                                        else 0))
+                        if event.end:
                             with self.lock:
-                                self._forget(stream)
-                    elif kind in (h2.HEADERS, h2.CONTINUATION):
-                        if kind == h2.HEADERS:
-                            block, block_stream, block_flags = h2.header_block(flags, payload), stream, flags
-                        else:
-                            block += payload
-                        if not flags & h2.END_HEADERS:
-                            continue
-                        fields = h2.decode(self.decoder, block)
-                        caller = self.callers.get(block_stream)
+                                self._forget(event.stream)
+                    elif isinstance(event, core.Headers):
+                        caller = self.callers.get(event.stream)
                         if caller is not None:
-                            out.append(("headers", caller, fields, block_flags & h2.END_STREAM))
-                        if block_flags & h2.END_STREAM:
+                            out.append(("headers", caller, event.fields, h2.END_STREAM if event.end else 0))
+                        if event.end:
                             with self.lock:
-                                self._forget(block_stream)
-                    elif kind == h2.RST_STREAM:
-                        caller = self.callers.get(stream)
+                                self._forget(event.stream)
+                    elif isinstance(event, core.Reset):
+                        caller = self.callers.get(event.stream)
                         if caller is not None:
-                            out.append(("reset", caller, h2.u32(payload), 0))
+                            out.append(("reset", caller, event.code, 0))
                         with self.lock:
-                            self._forget(stream)
-                    elif kind == h2.SETTINGS and not flags & h2.ACK:
-                        values = h2.parse_settings(payload)
-                        self._write(back + [h2.frame(h2.SETTINGS, h2.ACK, 0)])  # before a frame may use them
-                        back = []
-                        with self.lock:
-                            if h2.INITIAL_WINDOW_SIZE in values:
-                                for ours in self.windows:
-                                    self.windows[ours] += values[h2.INITIAL_WINDOW_SIZE] - self.initial
-                                self.initial = values[h2.INITIAL_WINDOW_SIZE]
-                            self.max_frame = min(values.get(h2.MAX_FRAME_SIZE, self.max_frame), FRAME_OUT)
+                            self._forget(event.stream)
+                    elif isinstance(event, core.Settings):
+                        self._write(connection.take_out())
+                        connection.apply_settings()
                         opened = True
-                    elif kind == h2.WINDOW_UPDATE:
-                        increment = h2.u32(payload) & 0x7FFFFFFF
-                        with self.lock:
-                            if stream == 0:
-                                self.conn_window += increment
-                            elif stream in self.windows:
-                                self.windows[stream] += increment
+                    elif isinstance(event, core.WindowOpened):
                         opened = True
-                    elif kind == h2.PING and not flags & h2.ACK:
-                        back.append(h2.frame(h2.PING, h2.ACK, 0, payload))
-                if back:
-                    self._write(back)
+                    elif isinstance(event, core.GoAway):
+                        out += [("reset", caller, h2.REFUSED_STREAM, 0) for caller in self._unprocessed(connection)]
+                back = connection.take_out()
+                if received:
+                    back.append(connection.grant(0, received))  # each stream's window is the caller's
+                self._write(back)
                 if opened:
                     self.after_read()
                 if out:
-                    connection.relay(out)
-        except (h2.ProtocolError, hpack.HPACKError, OSError) as exc:
+                    self.caller.relay(out)
+        except (h2.ConnectionFault, OSError) as exc:
             log.error("the router's own gRPC server broke a passed-on call: %s", exc)
         with self.lock:  # grpcio went away: every call passed to it ends, as a reset
             callers = list(self.callers.values())
             for ours in list(self.callers):
                 self._forget(ours)
-        for caller in callers:
+        if callers:
             try:
-                connection.write([h2.rst_stream(caller, h2.INTERNAL_ERROR)])
+                self.caller.relay([("reset", caller, h2.INTERNAL_ERROR, 0) for caller in callers])
             except OSError:
                 pass
+
+    def _unprocessed(self, connection: core.Connection) -> list[int]:
+        """grpcio's GOAWAY named streams it never took: the caller is told REFUSED_STREAM (gRPC clients send
+        those again by themselves)."""
+        with self.lock:
+            callers = []
+            for ours in connection.unprocessed():
+                caller = self.callers.get(ours)
+                if caller is not None:
+                    callers.append(caller)
+                    self._forget(ours)
+                    connection.reset(ours, h2.NO_ERROR)  # closed here; grpcio forgot it already
+            return callers
 
     def close(self) -> None:
         with self.lock:

@@ -8,9 +8,10 @@ copied before the next read reuses it.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 from urllib.parse import quote, unquote
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -18,12 +19,18 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # SETTINGS
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, REFUSED_STREAM, CANCEL = 0x0, 0x1, 0x2, 0x3, 0x7, 0x8
+MAX_HEADER_LIST_SIZE = 6
+# error codes (RFC 9113 §7)
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x5, 0x6, 0x7, 0x8
+COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME = 16384
+LARGEST_FRAME = (1 << 24) - 1
 LARGEST_WINDOW = (1 << 31) - 1
+LAST_STREAM = (1 << 31) - 1
 READ = 4 << 20  # one recv_into reads at most this much
+SMALL_READ = 64 * 1024  # what an idle connection's read buffer shrinks back to
 
 
 class Frame(NamedTuple):
@@ -33,8 +40,12 @@ class Frame(NamedTuple):
     payload: Any  # memoryview for DATA (valid until the next read), bytes otherwise
 
 
-class ProtocolError(Exception):
-    """The peer broke HTTP/2: the connection is closed."""
+class ConnectionFault(Exception):
+    """The peer broke HTTP/2: the connection ends with GOAWAY carrying `code` (RFC 9113 §5.4.1)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 def header(length: int, kind: int, flags: int, stream: int) -> bytes:
@@ -48,14 +59,8 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
 def settings(**values: int) -> bytes:
     ids = {"header_table_size": HEADER_TABLE_SIZE, "enable_push": ENABLE_PUSH,
            "max_concurrent_streams": MAX_CONCURRENT_STREAMS, "initial_window_size": INITIAL_WINDOW_SIZE,
-           "max_frame_size": MAX_FRAME_SIZE}
+           "max_frame_size": MAX_FRAME_SIZE, "max_header_list_size": MAX_HEADER_LIST_SIZE}
     return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", ids[name], value) for name, value in values.items()))
-
-
-def parse_settings(payload: bytes) -> dict[int, int]:
-    if len(payload) % 6:
-        raise ProtocolError("a SETTINGS frame whose length is not a multiple of 6")
-    return dict(struct.unpack(">HI", payload[at:at + 6]) for at in range(0, len(payload), 6))
 
 
 def window_update(stream: int, increment: int) -> bytes:
@@ -70,66 +75,83 @@ def goaway(last_stream: int, code: int = NO_ERROR) -> bytes:
     return frame(GOAWAY, 0, 0, struct.pack(">II", last_stream, code))
 
 
-def u32(payload: bytes) -> int:
-    if len(payload) < 4:
-        raise ProtocolError("a frame too short for its fields")
-    return int(struct.unpack(">I", payload[:4])[0])
-
-
-def decode(decoder: Any, block: bytes) -> list[tuple[bytes, bytes]]:
-    """A header block's fields, as bytes (hpack.Decoder keeps the connection's table)."""
-    return [(bytes(name), bytes(value)) for name, value in decoder.decode(block, raw=True)]
-
-
 def header_block(flags: int, payload: bytes) -> bytes:
     """A HEADERS frame's block without its padding and priority fields."""
     if flags & PADDED:
         if not payload or payload[0] >= len(payload):
-            raise ProtocolError("HEADERS padding longer than the frame")
+            raise ConnectionFault(PROTOCOL_ERROR, "HEADERS padding longer than the frame")
         payload = payload[1:len(payload) - payload[0]]
-    return payload[5:] if flags & PRIORITY_FLAG else payload
+    if flags & PRIORITY_FLAG:
+        if len(payload) < 5:
+            raise ConnectionFault(FRAME_SIZE_ERROR, "HEADERS too short for its priority fields")
+        return payload[5:]
+    return payload
 
 
 def data_payload(flags: int, payload: memoryview) -> memoryview:
     """A DATA frame's bytes without its padding."""
     if flags & PADDED:
         if not len(payload) or payload[0] >= len(payload):
-            raise ProtocolError("DATA padding longer than the frame")
+            raise ConnectionFault(PROTOCOL_ERROR, "DATA padding longer than the frame")
         return payload[1:len(payload) - payload[0]]
     return payload
 
 
 class Reader:
-    """The complete frames of each `recv_into` on one socket; a frame cut by the read waits for the next."""
+    """The complete frames of each `recv_into` on one socket; a frame cut by the read waits for the next.
+
+    Its buffer grows while reads fill it (up to `read_size` a read, for a large call's throughput) and shrinks
+    back to SMALL_READ when the connection goes quiet, so an idle connection costs little whatever it once
+    sent. A frame over `max_frame` (what we advertised) is a FRAME_SIZE_ERROR before its bytes are read."""
 
     def __init__(self, sock: socket.socket, *, max_frame: int = DEFAULT_FRAME, read_size: int = READ):
-        """`read_size`: what one recv_into may take (a connection that brings only answers needs little)."""
         self.sock, self.max_frame, self.read_size = sock, max_frame, read_size
-        self.buffer = bytearray(2 * read_size + 9 + max_frame)
+        self.chunk = min(SMALL_READ, read_size)
+        self.buffer = bytearray(self.chunk)
         self.start = self.end = 0
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+
+    def _make_room(self) -> None:
+        left = self.end - self.start
+        if left == 0:
+            self.start = self.end = 0
+            if len(self.buffer) > SMALL_READ and not self._poll.poll(0):  # quiet now: give the memory back
+                self.chunk = min(SMALL_READ, self.read_size)
+                self.buffer = bytearray(self.chunk)
+                return
+        if len(self.buffer) - self.end >= self.chunk:
+            return
+        need = left + self.chunk
+        if len(self.buffer) >= need:
+            self.buffer[:left] = self.buffer[self.start:self.end]
+        else:  # a new buffer: DATA views into the old one stay valid until they are dropped
+            grown = bytearray(need)
+            grown[:left] = self.buffer[self.start:self.end]
+            self.buffer = grown
+        self.start, self.end = 0, left
 
     def read(self) -> list[Frame] | None:
-        """The next frames, or None at the end of the connection (or its reset)."""
-        if self.start == self.end:
-            self.start = self.end = 0
-        elif self.end > len(self.buffer) - self.read_size:  # keep room for a whole read after the partial frame
-            left = self.end - self.start
-            self.buffer[:left] = self.buffer[self.start:self.end]
-            self.start, self.end = 0, left
+        """The next frames, or None at the end of the connection (or its reset, or a socket timeout)."""
+        self._make_room()
         try:
-            count = self.sock.recv_into(memoryview(self.buffer)[self.end:self.end + self.read_size])
+            count = self.sock.recv_into(memoryview(self.buffer)[self.end:self.end + self.chunk])
         except OSError:
             return None
         if not count:
             return None
+        if count == self.chunk and self.chunk < self.read_size:
+            self.chunk = min(self.read_size, self.chunk * 2)
         self.end += count
         frames, buffer, view = [], self.buffer, memoryview(self.buffer)
         while self.end - self.start >= 9:
             at = self.start
             length = (buffer[at] << 16) | (buffer[at + 1] << 8) | buffer[at + 2]
             if length > self.max_frame:
-                raise ProtocolError(f"a {length}-byte frame, over the {self.max_frame} bytes allowed")
+                raise ConnectionFault(FRAME_SIZE_ERROR, f"a {length}-byte frame, over the {self.max_frame} bytes allowed")
             if self.end - at < 9 + length:
+                if 9 + length > self.chunk:  # a frame larger than one read: read enough for all of it
+                    self.chunk = min(max(self.chunk, 9 + length), max(self.read_size, 9 + self.max_frame))
                 break
             kind, flags = buffer[at + 3], buffer[at + 4]
             stream = int.from_bytes(buffer[at + 5:at + 9], "big") & 0x7FFFFFFF
@@ -139,11 +161,29 @@ class Reader:
         return frames
 
 
-def send_buffers(sock: socket.socket, buffers: list[Any]) -> None:
-    """Send every buffer, in order, without joining them into one copy first."""
+def send_buffers(sock: socket.socket, buffers: list[Any], timeout: float | None = None,
+                 give_up: Callable[[], bool] | None = None) -> None:
+    """Send every buffer, in order, without joining them into one copy first. `timeout`: the seconds the peer
+    may go without taking a byte (TimeoutError past them), so a peer that stops reading holds no one for ever;
+    `give_up` is asked each second meanwhile (TimeoutError when it says so)."""
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    poll = None
     while views:
-        sent = sock.sendmsg(views[:512])
+        if timeout is None:
+            sent = sock.sendmsg(views[:512])
+        else:
+            try:
+                sent = sock.sendmsg(views[:512], [], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if poll is None:
+                    poll = select.poll()
+                    poll.register(sock, select.POLLOUT)
+                waited = 0.0
+                while not poll.poll(int(min(1.0, timeout - waited) * 1000)):
+                    waited += 1.0
+                    if waited >= timeout or (give_up is not None and give_up()):
+                        raise TimeoutError(f"the peer took nothing for {waited:g}s") from None
+                continue
         while sent:
             if sent >= len(views[0]):
                 sent -= len(views[0])
@@ -157,6 +197,19 @@ def send_buffers(sock: socket.socket, buffers: list[Any]) -> None:
 
 MESSAGE_PREFIX = 5  # compressed flag (1 byte), length (4 bytes, big-endian)
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def one_message(body: bytes) -> bytes:
+    """The one uncompressed message of a unary answer's DATA (the 5-byte prefix taken off); ValueError for
+    anything else: no message, a compressed one, a prefix whose length is not what came, two messages."""
+    if len(body) < MESSAGE_PREFIX:
+        raise ValueError(f"{len(body)} bytes, not a gRPC message")
+    if body[0] != 0:
+        raise ValueError("a compressed message (the router asks for identity)")
+    length = int.from_bytes(body[1:5], "big")
+    if length != len(body) - MESSAGE_PREFIX:
+        raise ValueError(f"a message whose prefix says {length} bytes where {len(body) - MESSAGE_PREFIX} came")
+    return body[MESSAGE_PREFIX:]
 
 
 def message_prefix(length: int) -> bytes:

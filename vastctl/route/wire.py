@@ -23,6 +23,9 @@ PROVE = f"/{SERVICE}/Prove"
 GET_STATUS = f"/{SERVICE}/GetStatus"
 DAEMON_MAX_MESSAGE = 128 * 1024 * 1024  # cuzk's tonic server takes at most this much in one call
 CURIO_MAX_MESSAGE = 256 * 1024 * 1024  # what Curio's client may send and receive
+# the largest answer taken from a prover: a proof is KBs (a PoRep C2 proof ~19 KB, a PoSt 192 bytes per partition),
+# so a prover's larger answer is an error for that call, never passed on
+MAX_ANSWER = 4 * 1024 * 1024
 
 # ProofKind
 PROOF_KIND_UNSPECIFIED, POREP_SEAL_COMMIT, SNAP_DEALS_UPDATE, WINDOW_POST_PARTITION, WINNING_POST = range(5)
