@@ -221,6 +221,8 @@ class CallerConnection:
                 pass
         except OSError:
             pass
+        except Exception as exc:  # noqa: BLE001 - this connection ends; the router and the others go on
+            log.error("a caller's connection failed in the router: %r", exc)
         finally:
             self.close()
 

@@ -47,6 +47,7 @@ class GrpcioLink:
         self.ours: dict[int, int] = {}  # caller's stream → ours
         self.callers: dict[int, int] = {}  # ours → the caller's
         self.taken: dict[int, int] = {}  # caller's stream → bytes grpcio took since its window was topped up
+        self.closed = False
 
     def _connect(self) -> core.Connection:
         if self.core is None:
@@ -61,19 +62,23 @@ class GrpcioLink:
         return self.core
 
     def _write(self, buffers: list[Any]) -> None:
-        if self.sock is not None and buffers:
+        if buffers:
             with self.send_lock:
-                h2.send_buffers(self.sock, buffers)
+                if self.sock is not None:  # None once closed (under send_lock too)
+                    h2.send_buffers(self.sock, buffers)
 
     def open(self, caller: int, fields: list[tuple[bytes, bytes]], end: bool) -> None:
         with self.lock:
+            if self.closed:
+                return
             connection = self._connect()
             with self.send_lock:
+                if self.sock is None:
+                    return  # closed: the caller's connection is ending
                 ours = connection.open_stream()
                 self.ours[caller], self.callers[ours] = ours, caller
                 self.queued[ours] = []
                 block = connection.encoder.encode(fields)
-                assert self.sock is not None
                 h2.send_buffers(self.sock, [h2.frame(h2.HEADERS, h2.END_HEADERS | (h2.END_STREAM if end else 0),
                                                      ours, block)])
                 if end:
@@ -86,8 +91,9 @@ class GrpcioLink:
                 return
             self._drain()
             with self.send_lock:
+                if self.sock is None:
+                    return
                 block = self.core.encoder.encode(fields)
-                assert self.sock is not None
                 h2.send_buffers(self.sock, [h2.frame(h2.HEADERS, h2.END_HEADERS | (h2.END_STREAM if end else 0),
                                                      ours, block)])
                 if end:
@@ -226,7 +232,10 @@ class GrpcioLink:
                 if out:
                     self.caller.relay(out)
         except (h2.ConnectionFault, OSError) as exc:
-            log.error("the router's own gRPC server broke a passed-on call: %s", exc)
+            if self.sock is not None:  # not closed by us
+                log.error("the router's own gRPC server broke a passed-on call: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the calls passed on end, as below; the router goes on
+            log.error("relaying grpcio's answers failed: %r", exc)
         with self.lock:  # grpcio went away: every call passed to it ends, as a reset
             callers = list(self.callers.values())
             for ours in list(self.callers):
@@ -251,8 +260,8 @@ class GrpcioLink:
             return callers
 
     def close(self) -> None:
-        with self.lock:
-            sock, self.sock = self.sock, None
+        with self.lock, self.send_lock:
+            sock, self.sock, self.closed = self.sock, None, True
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)

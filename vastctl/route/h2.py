@@ -8,6 +8,7 @@ copied before the next read reuses it.
 
 from __future__ import annotations
 
+import mmap
 import select
 import socket
 import struct
@@ -102,12 +103,13 @@ class Reader:
 
     Its buffer grows while reads fill it (up to `read_size` a read, for a large call's throughput) and shrinks
     back to SMALL_READ when the connection goes quiet, so an idle connection costs little whatever it once
-    sent. A frame over `max_frame` (what we advertised) is a FRAME_SIZE_ERROR before its bytes are read."""
+    sent; a grown buffer is mapped memory of its own, given back to the system when dropped (the allocator
+    would keep it). A frame over `max_frame` (what we advertised) is a FRAME_SIZE_ERROR before it is read."""
 
     def __init__(self, sock: socket.socket, *, max_frame: int = DEFAULT_FRAME, read_size: int = READ):
         self.sock, self.max_frame, self.read_size = sock, max_frame, read_size
         self.chunk = min(SMALL_READ, read_size)
-        self.buffer = bytearray(self.chunk)
+        self.buffer: bytearray | mmap.mmap = bytearray(self.chunk)
         self.start = self.end = 0
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
@@ -118,7 +120,7 @@ class Reader:
             self.start = self.end = 0
             if len(self.buffer) > SMALL_READ and not self._poll.poll(0):  # quiet now: give the memory back
                 self.chunk = min(SMALL_READ, self.read_size)
-                self.buffer = bytearray(self.chunk)
+                self.buffer = _buffer(self.chunk)
                 return
         if len(self.buffer) - self.end >= self.chunk:
             return
@@ -126,7 +128,7 @@ class Reader:
         if len(self.buffer) >= need:
             self.buffer[:left] = self.buffer[self.start:self.end]
         else:  # a new buffer: DATA views into the old one stay valid until they are dropped
-            grown = bytearray(need)
+            grown = _buffer(need)
             grown[:left] = self.buffer[self.start:self.end]
             self.buffer = grown
         self.start, self.end = 0, left
@@ -156,9 +158,15 @@ class Reader:
             kind, flags = buffer[at + 3], buffer[at + 4]
             stream = int.from_bytes(buffer[at + 5:at + 9], "big") & 0x7FFFFFFF
             payload = view[at + 9:at + 9 + length]
-            frames.append(Frame(kind, flags, stream, payload if kind == DATA else bytes(payload)))
+            # DATA is read in place; a frame of a type HTTP/2 does not define is ignored (§5.5), so not copied
+            frames.append(Frame(kind, flags, stream, payload if kind == DATA or kind > CONTINUATION
+                                else bytes(payload)))
             self.start = at + 9 + length
         return frames
+
+
+def _buffer(size: int) -> bytearray | mmap.mmap:
+    return bytearray(size) if size <= SMALL_READ else mmap.mmap(-1, size)
 
 
 def send_buffers(sock: socket.socket, buffers: list[Any], timeout: float | None = None,

@@ -1,0 +1,918 @@
+"""The router's front end against RFC 9113 and a hostile caller, over a real socket: `vastctl route` in its own
+process on a config file (so /proc/<pid>/status's VmRSS is the router's alone), spoken to in raw HTTP/2 frames
+built here (header blocks by `hpack`), its verdict read back from the wire: a GOAWAY and its code (a connection
+error), an RST_STREAM and its code (a stream error), or a PING answered after the frames under test (accepted).
+
+Each test names the RFC 9113 section whose MUST it checks, or the break from a hostile caller it repeats. The
+helpers here (RouterProcess, Peer, good_status) are shared with tests/test_route_h2_oracle.py and
+tests/test_route_frame_fuzz.py.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import sqlite3
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hpack
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow  # a router process on loopback
+
+MiB = 1 << 20
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+# SETTINGS identifiers (RFC 9113 §6.5.2)
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = (
+    1, 2, 3, 4, 5, 6)
+# error codes (RFC 9113 §7)
+(NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, STREAM_CLOSED, FRAME_SIZE_ERROR,
+ REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, CONNECT_ERROR, ENHANCE_YOUR_CALM) = range(12)
+CODE_NAMES = {0: "NO_ERROR", 1: "PROTOCOL_ERROR", 2: "INTERNAL_ERROR", 3: "FLOW_CONTROL_ERROR", 4: "SETTINGS_TIMEOUT",
+              5: "STREAM_CLOSED", 6: "FRAME_SIZE_ERROR", 7: "REFUSED_STREAM", 8: "CANCEL", 9: "COMPRESSION_ERROR",
+              10: "CONNECT_ERROR", 11: "ENHANCE_YOUR_CALM", 12: "INADEQUATE_SECURITY", 13: "HTTP_1_1_REQUIRED"}
+DEFAULT_WINDOW = 65535
+DEFAULT_FRAME = 16384
+LARGEST_WINDOW = (1 << 31) - 1
+SERVICE = "/cuzk.v1.ProvingEngine"
+GET_STATUS = f"{SERVICE}/GetStatus"
+PROVE = f"{SERVICE}/Prove"
+
+
+# --- frames ---------------------------------------------------------------------------------------------------
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
+
+
+def settings(*pairs: tuple[int, int]) -> bytes:
+    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", key, value) for key, value in pairs))
+
+
+def ping(opaque: bytes = b"\0" * 8, flags: int = 0) -> bytes:
+    return frame(PING, flags, 0, opaque)
+
+
+def window_update(stream: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream, struct.pack(">I", increment))
+
+
+def request_fields(path: str = GET_STATUS, *extra: tuple[str, str]) -> list[tuple[str, str]]:
+    """A gRPC request's header fields, as Curio's client sends them."""
+    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "127.0.0.1"),
+            ("content-type", "application/grpc"), ("te", "trailers"), *extra]
+
+
+def grpc_message(message: bytes) -> bytes:
+    return b"\0" + struct.pack(">I", len(message)) + message
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def prove_start(request_id: str, size: int, kind: int = 1) -> tuple[bytes, int]:
+    """The first bytes of a cuzk ProveRequest of about `size` bytes (its proof bytes left out) and the length of
+    the whole gRPC message they start, prefix included: ProveRequest{submit: SubmitProofRequest{request_id,
+    proof_kind, vanilla_proof}}, encoded by hand."""
+    head = _field(1, request_id.encode()) + _varint(2 << 3) + _varint(kind)
+    proof_len = size
+    inner_len = len(head) + len(_varint(10 << 3 | 2)) + len(_varint(proof_len)) + proof_len
+    start = (_varint(1 << 3 | 2) + _varint(inner_len) + head + _varint(10 << 3 | 2) + _varint(proof_len))
+    length = len(_varint(1 << 3 | 2)) + len(_varint(inner_len)) + inner_len
+    return b"\0" + struct.pack(">I", length) + start, 5 + length
+
+
+def prove_message(request_id: str, size: int, kind: int = 1) -> bytes:
+    """A whole ProveRequest gRPC message (prefix included) with `size` proof bytes."""
+    start, total = prove_start(request_id, size, kind)
+    return start + bytes(total - len(start))
+
+
+# --- a raw HTTP/2 caller --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    """What the router made of the frames under test: `accepted` (the PING sent after them was answered and
+    nothing reset), `stream` (an RST_STREAM other than NO_ERROR/CANCEL came first: `code`, on `stream`),
+    `connection` (a GOAWAY: `code`, `last_stream`), `closed` (the connection ended without a GOAWAY) or
+    `silent` (nothing of the above before the deadline)."""
+    kind: str
+    code: int | None = None
+    stream: int | None = None
+    last_stream: int | None = None
+    resets: dict[int, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        name = CODE_NAMES.get(self.code, str(self.code)) if self.code is not None else ""
+        where = f" on stream {self.stream}" if self.stream is not None else ""
+        last = f" (last stream {self.last_stream})" if self.last_stream is not None else ""
+        return f"{self.kind} {name}{where}{last}".strip()
+
+
+class Closed(Exception):
+    """The router closed the connection (or reset it)."""
+
+
+class Peer:
+    """One HTTP/2 connection to the router, driven frame by frame. `handshake` sends the preface and our
+    SETTINGS, reads the router's SETTINGS (`server_settings`) and window updates, acknowledges them and waits on a
+    PING round trip, so everything after it is read by the router under its own advertised settings."""
+
+    def __init__(self, port: int, *, client_settings: tuple[tuple[int, int], ...] = (), handshake: bool = True,
+                 timeout: float = 10.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = bytearray()
+        self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
+        self.server_settings: dict[int, int] = {}
+        self.settings_seen = 0
+        self.connection_credit = DEFAULT_WINDOW  # what the router let us send on the connection, all told
+        self.stream_credit: dict[int, int] = {}  # what it let us send on each stream beyond its initial window
+        self.frames: list[tuple[int, int, int, bytes]] = []  # every frame the router sent
+        self.goaway: tuple[int, int] | None = None  # (last stream, code) of the latest GOAWAY
+        self.goaways: list[tuple[int, int]] = []
+        self.resets: dict[int, int] = {}
+        self.errors: list[tuple[str, int, int]] = []  # ("connection" or "stream", code, stream) in the order sent
+        self.ended: dict[int, list[tuple[bytes, bytes]]] = {}  # streams the router ended: their last header block
+        self.fields: dict[int, list[tuple[bytes, bytes]]] = {}
+        self.closed = False
+        self.pings = 0
+        if handshake:
+            self.handshake(client_settings)
+
+    # sending
+    def send(self, *frames: bytes) -> bool:
+        """False when the router has closed the connection already."""
+        try:
+            self.sock.sendall(b"".join(frames))
+            return True
+        except OSError:
+            self.closed = True
+            return False
+
+    def headers(self, stream: int, fields: list[tuple[str, str]] | None = None, flags: int = END_HEADERS) -> bytes:
+        return frame(HEADERS, flags, stream, self.encoder.encode(fields or request_fields()))
+
+    # reading
+    def _recv(self, deadline: float) -> bool:
+        """One read into the buffer; False at the deadline; raises Closed at the end of the connection."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self.sock.settimeout(min(left, 5.0))
+        try:
+            chunk = self.sock.recv(1 << 20)
+        except socket.timeout:
+            return False
+        except OSError as exc:
+            self.closed = True
+            raise Closed() from exc
+        if not chunk:
+            self.closed = True
+            raise Closed()
+        self.buffer += chunk
+        return True
+
+    def next_frame(self, deadline: float) -> tuple[int, int, int, bytes] | None:
+        """The router's next frame (acknowledging its SETTINGS and PINGs), None at the deadline."""
+        while True:
+            if len(self.buffer) >= 9:
+                length = int.from_bytes(self.buffer[:3], "big")
+                if len(self.buffer) >= 9 + length:
+                    kind, flags = self.buffer[3], self.buffer[4]
+                    stream = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
+                    payload = bytes(self.buffer[9:9 + length])
+                    del self.buffer[:9 + length]
+                    self._take(kind, flags, stream, payload)
+                    return kind, flags, stream, payload
+            if not self._recv(deadline):
+                return None
+
+    def _take(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        self.frames.append((kind, flags, stream, payload))
+        if kind == SETTINGS and not flags & ACK:
+            self.settings_seen += 1
+            for at in range(0, len(payload) - len(payload) % 6, 6):
+                key, value = struct.unpack(">HI", payload[at:at + 6])
+                self.server_settings[key] = value
+            self.send(frame(SETTINGS, ACK, 0))
+        elif kind == PING and not flags & ACK:
+            self.send(ping(payload, ACK))
+        elif kind == WINDOW_UPDATE and len(payload) == 4:
+            increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+            if stream == 0:
+                self.connection_credit += increment
+            else:
+                self.stream_credit[stream] = self.stream_credit.get(stream, 0) + increment
+        elif kind == GOAWAY and len(payload) >= 8:
+            last, code = struct.unpack(">II", payload[:8])
+            self.goaway = (last & 0x7FFFFFFF, code)
+            self.goaways.append(self.goaway)
+            self.errors.append(("connection", code, 0))
+        elif kind == RST_STREAM and len(payload) == 4:
+            code = int.from_bytes(payload, "big")
+            self.resets.setdefault(stream, code)
+            if code not in (NO_ERROR, CANCEL):
+                self.errors.append(("stream", code, stream))
+        elif kind in (HEADERS, CONTINUATION):
+            block = payload
+            if kind == HEADERS:
+                if flags & PADDED and payload:
+                    block = payload[1:len(payload) - payload[0]]
+                if flags & PRIORITY_FLAG:
+                    block = block[5:]
+            self._block = (getattr(self, "_block", b"") if kind == CONTINUATION else b"") + block
+            if flags & END_HEADERS:
+                try:
+                    decoded = [(bytes(n), bytes(v)) for n, v in self.decoder.decode(self._block, raw=True)]
+                except hpack.HPACKError:
+                    decoded = []
+                self.fields.setdefault(stream, []).extend(decoded)
+                self._block = b""
+            if flags & END_STREAM:
+                self._ending = stream
+        if kind in (DATA, HEADERS) and flags & END_STREAM:
+            self.ended[stream] = self.fields.get(stream, [])
+        if kind == CONTINUATION and flags & END_HEADERS and getattr(self, "_ending", None) == stream:
+            self.ended[stream] = self.fields.get(stream, [])
+            self._ending = None
+
+    def handshake(self, client_settings: tuple[tuple[int, int], ...] = ()) -> None:
+        self.send(PREFACE + settings(*client_settings))
+        deadline = time.monotonic() + 10
+        while not self.settings_seen:
+            if self.next_frame(deadline) is None:
+                raise AssertionError("the router sent no SETTINGS within 10 s of the preface")
+        assert self.barrier(deadline - time.monotonic()), "the router did not answer a PING after its SETTINGS"
+
+    def barrier(self, timeout: float = 10.0) -> bool:
+        """Send a PING and read until its answer: True once the router answered it (it has read every frame sent
+        before), False when it closed the connection or stayed silent."""
+        self.pings += 1
+        token = struct.pack(">Q", 0x5EED0000 + self.pings)
+        if not self.send(ping(token)):
+            return False
+        deadline = time.monotonic() + timeout
+        try:
+            while (got := self.next_frame(deadline)) is not None:
+                kind, flags, _, payload = got
+                if kind == PING and flags & ACK and payload == token:
+                    return True
+        except Closed:
+            return False
+        return False
+
+    def verdict(self, timeout: float = 5.0, token: bytes | None = None) -> Verdict:
+        """The router's answer to what was sent: read to a PING's answer, a GOAWAY, the end, or the deadline.
+        `token`: the PING was sent already, with these 8 bytes."""
+        answered = False
+        if not self.closed:
+            if token is None:
+                self.pings += 1
+                token = struct.pack(">Q", 0x5EED0000 + self.pings)
+                self.send(ping(token))
+            deadline = time.monotonic() + timeout
+            try:
+                while self.goaway is None and (got := self.next_frame(deadline)) is not None:
+                    kind, flags, _, payload = got
+                    if kind == PING and flags & ACK and payload == token:
+                        answered = True
+                        break
+            except Closed:
+                pass
+        if self.goaway is not None:
+            return Verdict("connection", self.goaway[1], last_stream=self.goaway[0], resets=dict(self.resets))
+        errors = {stream: code for stream, code in self.resets.items() if code not in (NO_ERROR, CANCEL)}
+        if errors:
+            stream = min(errors)
+            return Verdict("stream", errors[stream], stream=stream, resets=dict(self.resets))
+        if answered:
+            return Verdict("accepted", resets=dict(self.resets))
+        return Verdict("closed" if self.closed else "silent", resets=dict(self.resets))
+
+    def call(self, stream: int, path: str = GET_STATUS, message: bytes = b"", timeout: float = 10.0) -> bytes | None:
+        """One unary call on this connection: its grpc-status, None when it got none before the deadline."""
+        self.send(self.headers(stream, request_fields(path)), frame(DATA, END_STREAM, stream, grpc_message(message)))
+        deadline = time.monotonic() + timeout
+        try:
+            while stream not in self.ended and stream not in self.resets:
+                if self.next_frame(deadline) is None:
+                    return None
+        except Closed:
+            return None
+        return dict(self.ended.get(stream, [])).get(b"grpc-status")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def good_status(port: int, timeout: float = 10.0) -> float:
+    """A GetStatus on a fresh connection: its time in seconds; AssertionError unless it comes back OK."""
+    started = time.monotonic()
+    peer = Peer(port, timeout=timeout)
+    try:
+        status = peer.call(1, timeout=timeout)
+    finally:
+        peer.close()
+    assert status == b"0", f"a good GetStatus on a fresh connection got grpc-status {status!r}"
+    return time.monotonic() - started
+
+
+# --- the router in its own process ----------------------------------------------------------------------------
+
+
+class RouterProcess:
+    """`python -m vastctl route --listen 127.0.0.1:0` on a state file and a config file of its own; `nofile`: its
+    RLIMIT_NOFILE (ulimit -n)."""
+
+    def __init__(self, home: Path, *, nofile: int | None = None, **route):
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.db_path = home / "state.db"
+        from vastctl.clock import SYSTEM
+        from vastctl.state import db
+        db.connect(self.db_path, create=True, now=SYSTEM.now()).close()
+        raw = {"launch": {"bench_concurrency": 2, "join": "none"},
+               "route": {"listen": "127.0.0.1:0", "refresh": 0.2, "drain_timeout": 2, **route}}
+        config_path = home / "config.yaml"
+        config_path.write_text(yaml.safe_dump(raw))
+        env = {**os.environ, "HOME": str(home), "VASTCTL_DB": str(self.db_path), "VASTCTL_CONFIG": str(config_path)}
+        self.log_path = home / "route.log"
+
+        def limit():
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "vastctl", "route", "--listen", "127.0.0.1:0"], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self.log_path.open("w"), preexec_fn=limit)
+        deadline = time.monotonic() + 60
+        self.port = 0
+        while not self.port:
+            for line in self.log().splitlines():
+                if "routing on 127.0.0.1:" in line:
+                    self.port = int(line.split("routing on 127.0.0.1:")[1].split()[0])
+            if self.port:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the router did not start:\n{self.log()}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss(self) -> int:
+        """The router's resident memory now, in bytes (VmRSS)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tracebacks(self, since: int = 0) -> list[str]:
+        """Each traceback in the router's log (from character `since` on), with what follows it."""
+        text = self.log()
+        found, at = [], text.find("Traceback", since)
+        while at >= 0:
+            found.append(text[at:at + 2000])
+            at = text.find("Traceback", at + 1)
+        return found
+
+    def status(self) -> dict:
+        """The router's route_status row (rewritten every route.refresh): held, in_flight, provers..."""
+        with sqlite3.connect(self.db_path) as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM route_status WHERE id = 1").fetchone()
+        return dict(row) if row else {}
+
+    def wait(self, condition, what: str, timeout: float = 15.0):
+        """condition()'s first true value, polled every 20 ms; AssertionError naming `what` at the deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            assert self.alive(), self.log()
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what} ({timeout}s)\n{self.log()[-2000:]}")
+
+    def join(self, port: int, name: str = "vastctl-a") -> None:
+        """A running machine whose tunnel ends at `port`, joined; returns once the router sends to it."""
+        from vastctl import clock
+        at = clock.to_iso(clock.SYSTEM.now())
+        with sqlite3.connect(self.db_path) as conn:
+            conn.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, tunnel_port, joined_at,"
+                         " bench_rate) VALUES (?, ?, 'running', ?, ?, ?, ?, 60.0)", (f"u-{name}", name, at, at, port, at))
+        self.wait(lambda: self.status().get("provers"), f"the router takes the prover on port {port}", timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def shared_router(tmp_path_factory):
+    """One router for the tests that each break only their own connection; max_held_mb 1 and cut_through_mb 1:
+    a large Prove has no room and waits unread, its stream window never opened."""
+    router = RouterProcess(tmp_path_factory.mktemp("shared-router"), max_held_mb=1, cut_through_mb=1)
+    yield router
+    router.stop()
+
+
+@pytest.fixture
+def router(shared_router):
+    """The shared router, checked after each test: still serving, no traceback in its log meanwhile."""
+    since = len(shared_router.log())
+    yield shared_router
+    assert shared_router.alive(), shared_router.log()
+    good_status(shared_router.port)
+    assert not shared_router.tracebacks(since), shared_router.tracebacks(since)[0]
+
+
+@pytest.fixture
+def own_router(tmp_path):
+    """A router of the test's own (its memory measured alone, or its limits set): `own_router(**route)`."""
+    made: list[RouterProcess] = []
+
+    def make(nofile: int | None = None, **route) -> RouterProcess:
+        made.append(RouterProcess(tmp_path / f"router-{len(made)}", nofile=nofile, **route))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.stop()
+
+
+@pytest.fixture
+def peer(router):
+    made: list[Peer] = []
+
+    def make(**kwargs) -> Peer:
+        made.append(Peer(router.port, **kwargs))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+class StandInProver:
+    """A gRPC server speaking cuzk.v1.ProvingEngine on loopback: each Prove answered at once, completed."""
+
+    def __init__(self):
+        import grpc
+
+        def prove(data, context):
+            proof = _field(3, b"proof")
+            return _field(1, _field(1, b"job") + _varint(2 << 3) + _varint(1) + proof)  # ProveResponse{result}
+
+        handler = grpc.method_handlers_generic_handler("cuzk.v1.ProvingEngine", {
+            "Prove": grpc.unary_unary_rpc_method_handler(prove),
+            "GetStatus": grpc.unary_unary_rpc_method_handler(lambda data, context: b"")})
+        self.server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[handler])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(0)
+
+
+def expect(verdict: Verdict, kind: str, *codes: int, what: str) -> None:
+    names = "/".join(CODE_NAMES[c] for c in codes)
+    assert verdict.kind == kind and (not codes or verdict.code in codes), (
+        f"{what}: expected {kind} {names}, the router's verdict: {verdict}")
+
+
+# --- RFC 9113's MUST checks, one connection each ----------------------------------------------------------------
+
+
+def test_its_settings_advertise_max_concurrent_streams_and_max_header_list_size(peer):
+    """§5.1.2, §6.5.2, §10.5.1: the limits a caller is held to are told to it, so a good caller never passes them."""
+    caller = peer()
+    advertised = caller.server_settings
+    assert MAX_CONCURRENT_STREAMS in advertised and MAX_HEADER_LIST_SIZE in advertised, (
+        f"the router's SETTINGS: {advertised}")
+    assert 1 <= advertised[MAX_CONCURRENT_STREAMS] <= 10_000
+    assert 1024 <= advertised[MAX_HEADER_LIST_SIZE] <= 16 * MiB
+
+
+def test_a_ping_inside_a_header_block_is_a_connection_error_protocol_error(peer):
+    """§4.3, §6.10: a header block is contiguous: any other frame inside it is a PROTOCOL_ERROR connection error."""
+    caller = peer()
+    caller.send(caller.headers(1, flags=0), ping(b"inblock!"))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, what="a PING between HEADERS and its CONTINUATION")
+
+
+def test_a_window_update_of_0_on_the_connection_is_a_connection_error_protocol_error(peer):
+    """§6.9: an increment of 0 on stream 0 MUST be a connection error of type PROTOCOL_ERROR."""
+    caller = peer()
+    caller.send(window_update(0, 0))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, what="WINDOW_UPDATE 0 on the connection")
+
+
+def test_a_window_update_of_0_on_a_stream_is_a_stream_error_protocol_error_and_the_connection_serves_on(peer):
+    """§6.9: an increment of 0 on a stream MUST be a stream error of type PROTOCOL_ERROR: that stream is reset,
+    the connection's other calls go on."""
+    caller = peer()
+    caller.send(caller.headers(1), window_update(1, 0))
+    verdict = caller.verdict()
+    expect(verdict, "stream", PROTOCOL_ERROR, what="WINDOW_UPDATE 0 on an open stream")
+    assert verdict.stream == 1
+    assert caller.call(3) == b"0", "the connection no longer serves after a stream error"
+
+
+def test_an_initial_window_size_of_2_31_is_a_connection_error_flow_control_error(peer):
+    """§6.5.2: SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1 MUST be a connection error of type FLOW_CONTROL_ERROR."""
+    caller = peer()
+    caller.send(settings((INITIAL_WINDOW_SIZE, 1 << 31)))
+    expect(caller.verdict(), "connection", FLOW_CONTROL_ERROR, what="SETTINGS_INITIAL_WINDOW_SIZE 2^31")
+
+
+@pytest.mark.parametrize("value", [0, 100, DEFAULT_FRAME - 1, 1 << 24])
+def test_a_max_frame_size_outside_2_14_to_2_24_minus_1_is_a_connection_error_protocol_error(peer, value):
+    """§6.5.2: SETTINGS_MAX_FRAME_SIZE outside [2^14, 2^24-1] MUST be a connection error of type PROTOCOL_ERROR."""
+    caller = peer()
+    caller.send(settings((MAX_FRAME_SIZE, value)))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, what=f"SETTINGS_MAX_FRAME_SIZE {value}")
+
+
+@pytest.mark.parametrize("value", [DEFAULT_FRAME, (1 << 24) - 1])
+def test_a_max_frame_size_at_either_end_of_its_range_is_accepted_and_calls_go_on(peer, value):
+    caller = peer()
+    caller.send(settings((MAX_FRAME_SIZE, value)))
+    expect(caller.verdict(), "accepted", what=f"SETTINGS_MAX_FRAME_SIZE {value}")
+    assert caller.call(1) == b"0"
+
+
+def test_data_on_stream_0_is_a_connection_error_protocol_error(peer):
+    """§6.1: DATA whose stream identifier is 0 MUST be a connection error of type PROTOCOL_ERROR."""
+    caller = peer()
+    caller.send(frame(DATA, 0, 0, b"\0\0\0\0\0"))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, what="DATA on stream 0")
+
+
+def test_headers_on_an_even_stream_id_is_a_connection_error_protocol_error(peer):
+    """§5.1.1: a client's streams are odd; an unexpected stream identifier MUST be a PROTOCOL_ERROR connection
+    error."""
+    caller = peer()
+    caller.send(caller.headers(2, flags=END_HEADERS | END_STREAM))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, what="HEADERS on stream 2")
+
+
+def test_headers_on_a_lower_never_used_stream_id_is_a_connection_error_protocol_error(peer):
+    """§5.1.1: a new stream's identifier MUST be greater than every one the caller opened: stream 3 after 5 (3,
+    never used, is closed by 5) is a PROTOCOL_ERROR connection error."""
+    caller = peer()
+    assert caller.call(5) == b"0"
+    caller.send(caller.headers(3), frame(DATA, END_STREAM, 3, grpc_message(b"")))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, what="HEADERS on stream 3 after stream 5")
+
+
+def test_headers_on_a_reused_closed_stream_id_is_a_connection_error(peer):
+    """§5.1.1 (an identifier not greater than every opened one: PROTOCOL_ERROR) and §5.1 (a frame on a stream
+    closed by END_STREAM: STREAM_CLOSED): stream 1 again, after calls on 1 and 3 completed, is either."""
+    caller = peer()
+    assert caller.call(1) == b"0" and caller.call(3) == b"0"
+    caller.send(caller.headers(1), frame(DATA, END_STREAM, 1, grpc_message(b"")))
+    expect(caller.verdict(), "connection", PROTOCOL_ERROR, STREAM_CLOSED, what="HEADERS on stream 1 reused")
+
+
+def test_a_3_byte_ping_is_a_connection_error_frame_size_error(peer):
+    """§6.7: a PING whose length is not 8 MUST be a connection error of type FRAME_SIZE_ERROR."""
+    caller = peer()
+    caller.send(frame(PING, 0, 0, b"abc"))
+    expect(caller.verdict(), "connection", FRAME_SIZE_ERROR, what="a 3-byte PING")
+
+
+def test_an_hpack_error_is_a_connection_error_compression_error(peer):
+    """§4.3: a field block that cannot be decoded MUST be a connection error of type COMPRESSION_ERROR (index 0,
+    then an index past both tables)."""
+    caller = peer()
+    caller.send(frame(HEADERS, END_HEADERS, 1, b"\x80"))
+    expect(caller.verdict(), "connection", COMPRESSION_ERROR, what="HPACK index 0")
+    caller = peer()
+    caller.send(frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"))
+    expect(caller.verdict(), "connection", COMPRESSION_ERROR, what="an HPACK index past both tables")
+
+
+def _send_data(caller: Peer, stream: int, body: bytes, *, end: bool = False) -> None:
+    size = DEFAULT_FRAME  # always allowed (§4.2), whatever MAX_FRAME_SIZE the router gives
+    chunks = [body[at:at + size] for at in range(0, len(body), size)] or [b""]
+    caller.send(*(frame(DATA, END_STREAM if end and n == len(chunks) - 1 else 0, stream, chunk)
+                  for n, chunk in enumerate(chunks)))
+
+
+def test_data_past_a_streams_window_is_a_flow_control_error(router, peer):
+    """§6.9.1, §5.2: DATA past the window the router gave a stream is a FLOW_CONTROL_ERROR (stream or connection
+    error), never buffered. The break: one connection took the router's RSS 49 -> 264 MiB past its windows. A small
+    Prove is held first (no prover), so the router (route.max_held_mb 1) has no room for a 64 MiB one, which waits
+    unread, its window not opened; its caller sends 64 KiB past that window. Every WINDOW_UPDATE the router sent
+    for the stream counts as credit: the bytes sent pass the credit by 64 KiB each round, in at most 4 rounds."""
+    caller = peer()
+    held = prove_message("held-first", 20_000)
+    caller.send(caller.headers(1, request_fields(PROVE, ("grpc-timeout", "30S"))), frame(DATA, END_STREAM, 1, held))
+    router.wait(lambda: (router.status().get("held") or 0) >= 1, "the first call held")
+    window = caller.server_settings.get(INITIAL_WINDOW_SIZE, DEFAULT_WINDOW)
+    start, _ = prove_start("past-the-window", 64 * MiB)
+    caller.send(caller.headers(3, request_fields(PROVE, ("grpc-timeout", "30S"))))
+    sent = 0
+    for _ in range(4):
+        more = window + caller.stream_credit.get(3, 0) - sent + 64 * 1024
+        assert sent + more <= 8 * MiB, f"the router opened the unread call's window by {caller.stream_credit[3]}"
+        _send_data(caller, 3, (start + bytes(more))[:more] if sent == 0 else bytes(more))
+        sent += more
+        verdict = caller.verdict()
+        if verdict.kind != "accepted" or sent > window + caller.stream_credit.get(3, 0):
+            break
+    assert verdict.kind in ("stream", "connection") and verdict.code == FLOW_CONTROL_ERROR, (
+        f"{sent} bytes on a stream given {window} + {caller.stream_credit.get(3, 0)}: expected a FLOW_CONTROL_ERROR,"
+        f" the router's verdict: {verdict}")
+    assert verdict.kind == "connection" or verdict.stream == 3
+
+
+def test_data_past_the_connection_window_is_a_connection_error_flow_control_error(peer):
+    """§6.9.1: DATA past the connection's window is a FLOW_CONTROL_ERROR connection error. Streams each filled
+    within their own window (Proves with no room, waiting unread) together pass the connection's. Where the
+    connection window is larger than every stream window the router allows put together, or the router opened it
+    again as the bytes came, the streams' windows are what bound the connection: nothing to pass."""
+    caller = peer()
+    window = caller.server_settings.get(INITIAL_WINDOW_SIZE, DEFAULT_WINDOW)
+    credit = caller.connection_credit
+    streams = caller.server_settings.get(MAX_CONCURRENT_STREAMS, 100)
+    needed = -(-(credit + 1) // window)
+    if needed > min(streams, 200):
+        pytest.skip(f"the connection window ({credit} bytes) is more than {min(streams, 200)} streams of {window}")
+    sent, stream = 0, 1
+    for n in range(needed):
+        stream = 2 * n + 1
+        size = min(window, credit + 1 - sent)
+        start, _ = prove_start(f"connection-window-{n}", 64 * MiB)
+        caller.send(caller.headers(stream, request_fields(PROVE, ("grpc-timeout", "30S"))))
+        _send_data(caller, stream, (start + bytes(size))[:size])
+        sent += size
+    verdict = caller.verdict()
+    if verdict.kind == "accepted" and sent <= caller.connection_credit:
+        pytest.skip(f"the router opened the connection window again as the bytes came ({caller.connection_credit})")
+    expect(verdict, "connection", FLOW_CONTROL_ERROR, what=f"{sent} bytes on a connection given {credit}")
+
+
+def test_streams_past_max_concurrent_streams_are_refused_and_the_first_ones_go_on(peer):
+    """§5.1.2: a HEADERS that passes the advertised SETTINGS_MAX_CONCURRENT_STREAMS MUST be a stream error of
+    type PROTOCOL_ERROR or REFUSED_STREAM (a gRPC client retries REFUSED_STREAM by itself). With none advertised,
+    1,000 are opened: the break was 3,000 concurrent streams on one connection slowing every caller."""
+    caller = peer()
+    limit = caller.server_settings.get(MAX_CONCURRENT_STREAMS, 1000)
+    assert limit <= 10_000, f"MAX_CONCURRENT_STREAMS {limit}"
+    opened = [2 * n + 1 for n in range(limit + 1)]
+    caller.send(*(caller.headers(stream) for stream in opened))  # each left open: no END_STREAM
+    verdict = caller.verdict(timeout=15)
+    expect(verdict, "stream", REFUSED_STREAM, PROTOCOL_ERROR, what=f"{limit + 1} streams open at once")
+    assert verdict.stream == opened[-1], f"the stream refused was {verdict.stream}, not the one past the limit"
+    assert [s for s, c in verdict.resets.items() if s != opened[-1] and c not in (NO_ERROR, CANCEL)] == []
+
+
+def test_a_connection_error_sends_goaway_with_the_last_stream_it_processed(peer):
+    """§6.8, §5.4.1: the GOAWAY of a connection error carries the highest stream the router acted on (3, whose
+    call it answered; not 0, which would tell the caller streams 1 and 3 were never processed and may be sent
+    again)."""
+    caller = peer()
+    assert caller.call(1) == b"0" and caller.call(3) == b"0"
+    caller.send(frame(CONTINUATION, END_HEADERS, 5, b""))  # §6.10: a CONTINUATION with no HEADERS before it
+    verdict = caller.verdict()
+    expect(verdict, "connection", PROTOCOL_ERROR, what="a CONTINUATION with no HEADERS before it")
+    assert verdict.last_stream == 3, f"GOAWAY's last stream is {verdict.last_stream}, the last processed 3"
+
+
+def test_a_graceful_stop_sends_goaway_no_error_to_a_connected_caller(own_router):
+    """§6.8: on SIGTERM the router tells each caller with GOAWAY NO_ERROR to open a new connection for its next
+    call, instead of closing under it: one GOAWAY, or first one with 2^31-1 and then one with the last stream
+    it took (the RFC's graceful shutdown); the last stream it names is not below the call it answered."""
+    router = own_router()
+    caller = Peer(router.port)
+    try:
+        assert caller.call(1) == b"0"
+        router.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        try:
+            while caller.next_frame(deadline) is not None:
+                pass
+        except Closed:
+            pass
+        assert caller.goaways, "the connection ended without a GOAWAY" if caller.closed else "no GOAWAY in 15 s"
+        assert all(code == NO_ERROR for _, code in caller.goaways), f"GOAWAYs (last stream, code) {caller.goaways}"
+        lasts = [last for last, _ in caller.goaways]
+        assert lasts == sorted(lasts, reverse=True) and lasts[-1] >= 1, f"GOAWAYs (last stream, code) {caller.goaways}"
+    finally:
+        caller.close()
+
+
+# --- a hostile caller: the router's resources stay bounded, it keeps serving ------------------------------------
+
+
+class Sampler:
+    """The router's peak RSS, sampled every 20 ms on a thread while an attack runs."""
+
+    def __init__(self, router: RouterProcess):
+        self.router, self.peak, self.done = router, router.rss(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.wait(0.02):
+            try:
+                self.peak = max(self.peak, self.router.rss())
+            except (OSError, AssertionError):
+                return
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def _flood(port: int, cap: int, stop: threading.Event) -> list[tuple[str, int]]:
+    """Connections that each send HEADERS then CONTINUATION frames without END_HEADERS until the router closes
+    them (or `cap` bytes): (how each ended, bytes sent) per connection."""
+    fragment = hpack.Encoder().encode([("x-flood", "a" * 1000)])
+    payload = (fragment * (DEFAULT_FRAME // len(fragment) + 1))[:DEFAULT_FRAME]
+    chunk = frame(CONTINUATION, 0, 1, payload) * 64  # 1 MiB
+    ends = []
+    while not stop.is_set() and len(ends) < 50:
+        caller = Peer(port)
+        caller.sock.settimeout(5)
+        sent, how = 0, "not closed"
+        try:
+            caller.sock.sendall(frame(HEADERS, 0, 1, caller.encoder.encode(request_fields())))
+            while sent < cap:
+                caller.sock.sendall(chunk)
+                sent += len(chunk)
+        except socket.timeout:
+            how = "stalled"  # the router neither read on nor closed
+        except OSError:
+            how = "closed"
+            try:  # its GOAWAY, when the reset that followed it left it readable
+                while caller.goaway is None and caller.next_frame(time.monotonic() + 1) is not None:
+                    pass
+            except Closed:
+                pass
+            if caller.goaway is not None:
+                how = f"closed with GOAWAY {CODE_NAMES.get(caller.goaway[1], caller.goaway[1])}"
+        finally:
+            caller.close()
+        ends.append((how, sent))
+        if not how.startswith("closed"):
+            break
+    return ends
+
+
+def test_a_continuation_flood_is_closed_soon_memory_stays_flat_and_other_callers_stay_fast(own_router):
+    """The break: HEADERS then endless CONTINUATION frames grew a header block without limit (four connections: RSS
+    854 MiB, a good GetStatus 3.7 ms -> 1 s). Four connections flood at once, each reconnecting when closed: each
+    is closed with a GOAWAY and an error code before 24 MiB past the advertised MAX_HEADER_LIST_SIZE, the RSS grows by
+    a few MiB at most, and ten GetStatus calls on other connections meanwhile stay fast."""
+    router = own_router()
+    limit = Peer(router.port).server_settings.get(MAX_HEADER_LIST_SIZE, 1 * MiB)
+    cap = limit + 24 * MiB
+    good_status(router.port)
+    baseline = router.rss()
+    sampler = Sampler(router)
+    stop = threading.Event()
+    latencies = []
+    with futures.ThreadPoolExecutor(4) as pool:
+        floods = [pool.submit(_flood, router.port, cap, stop) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while len(latencies) < 10 and time.monotonic() < deadline:  # the floods go on meanwhile
+            latencies.append(good_status(router.port, timeout=10))
+        stop.set()
+        ends = [end for f in floods for end in f.result()]
+    peak = sampler.stop()
+    assert all(how.startswith("closed with GOAWAY") and not how.endswith("NO_ERROR") for how, _ in ends), (
+        f"flood connections (how each ended, bytes sent): {ends}")
+    assert peak - baseline <= 10 * MiB, f"RSS {baseline / MiB:.0f} -> {peak / MiB:.0f} MiB under the flood"
+    assert latencies and statistics.median(latencies) <= 0.25, f"GetStatus under the flood: {latencies}"
+    assert not router.tracebacks(), router.tracebacks()[0]
+
+
+def test_idle_connections_past_the_file_limit_do_not_end_the_accept_loop(own_router):
+    """The break: ~1,000 idle connections used up the file descriptors, accept() failed with EMFILE and the accept
+    loop ended: the router answered nothing ever again. Here the router runs with ulimit -n 256 and 1,000
+    connections are opened (none sends a byte); once they close, a new call is answered."""
+    router = own_router(nofile=256)
+    good_status(router.port)
+    import selectors
+    selector = selectors.DefaultSelector()
+    idle = []
+    try:
+        for _ in range(1000):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", router.port))
+            selector.register(sock, selectors.EVENT_WRITE)
+            idle.append(sock)
+        connected: set[socket.socket] = set()
+        fds = [len(os.listdir(f"/proc/{router.proc.pid}/fd"))]
+        deadline = time.monotonic() + 20
+        # until the router holds all it will: at its file limit, or the number it holds unchanged for 1 s
+        while time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=0.05):
+                connected.add(key.fileobj)
+                selector.unregister(key.fileobj)
+            fds.append(len(os.listdir(f"/proc/{router.proc.pid}/fd")))
+            if len(connected) > 256 and (fds[-1] >= 256 - 8 or len(set(fds[-20:])) == 1 and len(fds) > 20):
+                break
+        assert len(connected) > 256, f"only {len(connected)} of the 1,000 connections were taken"
+    finally:
+        selector.close()
+        for sock in idle:
+            sock.close()
+    assert router.alive(), router.log()
+    good_status(router.port, timeout=30)
+    assert not router.tracebacks(), router.tracebacks()[0]
+
+
+def test_sixty_connections_that_each_send_a_24_mib_burst_keep_no_mib_sized_buffers(own_router):
+    """The break: 60 connections that each sent one 24 MiB burst kept 9 MiB read buffers each (RSS 604 MiB with no
+    call). The burst is 16 KiB frames of an unknown type (§5.5: ignored and discarded); once each connection's PING
+    after it is answered, the router's RSS is within 1 MiB a connection of what it was before they opened."""
+    router = own_router()
+    good_status(router.port)
+    before = router.rss()
+    callers = [Peer(router.port) for _ in range(60)]
+    burst = frame(0xFA, 0, 0, bytes(DEFAULT_FRAME)) * (24 * MiB // (DEFAULT_FRAME + 9))
+    try:
+        with futures.ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda caller: caller.send(burst), callers))
+            list(pool.map(lambda caller: caller.barrier(30), callers))
+        after = router.rss()
+        assert after - before <= 60 * MiB, (
+            f"RSS {before / MiB:.0f} -> {after / MiB:.0f} MiB with 60 connections idle after their bursts")
+        good_status(router.port)
+    finally:
+        for caller in callers:
+            caller.close()
+    assert not router.tracebacks(), router.tracebacks()[0]
+
+
+def test_max_frame_size_0_is_refused_and_never_answered_with_endless_empty_data(own_router):
+    """The break: SETTINGS_MAX_FRAME_SIZE=0 made the answer loop send empty DATA frames forever (733,407 in 6 s).
+    A caller sends it, then a Prove served by a prover: the SETTINGS is a PROTOCOL_ERROR connection error (§6.5.2),
+    and no empty DATA frame comes back."""
+    router = own_router(cut_through_mb=0)
+    prover = StandInProver()
+    try:
+        router.join(prover.port)
+        caller = Peer(router.port, handshake=False)
+        caller.send(PREFACE + settings((MAX_FRAME_SIZE, 0)), caller.headers(1, request_fields(PROVE)))
+        message = prove_message("frame-size-0", 4096)
+        caller.send(frame(DATA, END_STREAM, 1, message))
+        deadline = time.monotonic() + 5
+        empty = 0
+        try:
+            while caller.goaway is None and (got := caller.next_frame(deadline)) is not None:
+                kind, flags, _, payload = got
+                empty += kind == DATA and not payload and not flags & END_STREAM
+        except Closed:
+            pass
+        caller.close()
+        assert empty <= 1, f"{empty} empty DATA frames in 5 s"
+        assert caller.goaway is not None and caller.goaway[1] == PROTOCOL_ERROR, (
+            f"SETTINGS_MAX_FRAME_SIZE 0: GOAWAY {caller.goaway}, connection closed: {caller.closed}")
+    finally:
+        prover.stop()
+    good_status(router.port)
