@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -26,10 +27,12 @@ import pytest
 import yaml
 from curio_client import SCHEDULES, CurioClient, Task, prove_request
 from fakes.cuzk_daemon import proof_for
+from route_processes import RouteHost, proof_of
 from serving import free_port, free_port_block, query, run_vastctl, stop_process, wait_for
 from tunnel_parts import Sshd
 
 from vastctl import config as config_module
+from vastctl.cli.route import DRAIN_MARGIN_S
 from vastctl.clock import SYSTEM
 from vastctl.facts import deliveries, tunnel
 from vastctl.route import wire
@@ -357,7 +360,7 @@ def test_no_proof_is_lost_as_the_fleet_empties_fills_and_a_daemon_dies_mid_call(
 @pytest.mark.slow
 def test_a_proof_failed_inside_grpc_ok_is_passed_back_once_counted_against_its_machine_then_it_is_set_aside(
         make_site):
-    site = make_site().start_router()
+    site = make_site(ejection_base=1).start_router()
     failing = site.daemon("f", "--fail-every", "1", prove_seconds=0.05)
     good = site.daemon("g", prove_seconds=0.05)
     f = site.join("f", failing, checked=True, rate=90.0)  # the better rate: it takes the calls while both are free
@@ -381,16 +384,25 @@ def test_a_proof_failed_inside_grpc_ok_is_passed_back_once_counted_against_its_m
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "proof kind" in message
         assert failing.received() == ["porep-1000-1", "-", "porep-1000-2"] and good.received() == []
 
-        # fail_threshold (3) failed proofs in a row: f takes no new call, its row says why, one event
+        # fail_threshold (3) failed proofs in a row: f is ejected (route.ejection_base), not reported
         for n in (3, 4, 5):
+            assert curio.call(prove_request(f"porep-1000-{n}"))[2].status == wire.STATUS_FAILED
+        wait_for(lambda: f"prover {f.label} ejected for 1s" in site.log(), "f ejected")
+        wait_for(lambda: f"prover {f.label} taken back" in site.log(), "f taken back after its ejection")
+        assert query(site.db_path, "SELECT route_failing_since FROM instances WHERE uuid = ?", f.uuid) == [
+            {"route_failing_since": None}]
+        # taken back, it fails three more in a row: ejected again with no good answer between, it is reported:
+        # it takes no new call, its row says why, one event (reconcile kills it)
+        for n in (6, 7, 8):
             assert curio.call(prove_request(f"porep-1000-{n}"))[2].status == wire.STATUS_FAILED
         wait_for(lambda: query(site.db_path, "SELECT route_failing_since FROM instances WHERE uuid = ?",
                                f.uuid)[0]["route_failing_since"], "f is set aside in the state file")
         events = query(site.db_path, "SELECT * FROM events WHERE kind = ?", deliveries.SET_ASIDE)
-        assert [e["uuid"] for e in events] == [f.uuid] and "3 calls in a row" in events[0]["reason"]
-        code, _, result = curio.call(prove_request("porep-1000-6"))
+        assert [e["uuid"] for e in events] == [f.uuid] and "ejected 2 times" in events[0]["reason"]
+        assert "3 calls in a row" in events[0]["reason"]
+        code, _, result = curio.call(prove_request("porep-1000-9"))
         assert code == grpc.StatusCode.OK and result.status == wire.STATUS_COMPLETED
-        assert good.received() == ["porep-1000-6"] and "porep-1000-6" not in failing.received()
+        assert good.received() == ["porep-1000-9"] and "porep-1000-9" not in failing.received()
         assert f"prover {f.label} set aside" in site.log()
         assert g.uuid not in {e["uuid"] for e in events}
     finally:
@@ -424,45 +436,60 @@ def test_a_call_over_128_mib_is_refused_at_once_and_a_120_mb_call_passes(make_si
 
 
 @pytest.mark.slow
-def test_sigterm_takes_no_new_call_lets_the_calls_in_flight_finish_and_logs_the_held_calls_it_refused(
-        make_site, tmp_path):
-    release = tmp_path / "release"  # a's proofs finish only once the router has refused what it held
-    site = make_site(drain_timeout=0.5).start_router()
-    daemon = site.one_prover("--release-file", str(release), prove_seconds=0)
-    curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
+@pytest.mark.parametrize("cut_through_mb", [0, 129], ids=["as it arrives", "read whole"])
+def test_sigterm_takes_no_new_call_answers_what_comes_back_within_drain_timeout_then_refuses_what_is_held_and_exits(
+        tmp_path, cut_through_mb):
+    """route.drain_timeout is what it says. The router's listening socket is held as systemd holds
+    vastctl-route.socket's, so what Curio sends after the stop waits in its backlog for the next router."""
+    host = RouteHost(tmp_path, drain_timeout=2, cut_through_mb=cut_through_mb)
+    daemon = host.daemon("a")  # its 2 slots; every proof waits until the test releases it
+    daemon.hold.clear()
+    first = host.start_router()
+    host.wait_provers(1)
+    curio = CurioClient(host.address, max_pending=16, prove_timeout=PROVE_TIMEOUT_S, scale=SCALE)
     try:
-        # SnapDeals: Curio tries 3 times without waiting, so what a stop costs it shows at once
-        proving = [curio.submit(f"snap-1000-{n}", kind="snap") for n in (1, 2)]
-        wait_for(lambda: len(daemon.received()) == SLOTS, "two calls are on a (its slots)")
-        held = [curio.submit(f"snap-1000-{n}", kind="snap") for n in (3, 4)]
-        wait_for(lambda: site.status()["held"] == 2, "two calls held")
-        site.router.send_signal(signal.SIGTERM)
-        wait_for(lambda: "stopping: taking no new calls" in site.log(), "the router says it stops")
-        code, message, _ = curio.call(prove_request("snap-1000-5", kind=wire.SNAP_DEALS_UPDATE), timeout=10)
-        # no new call: grpc's server, stopping, cancels a new stream on Curio's open connection (a new
-        # connection finds the port closed: UNAVAILABLE); either way no prover sees it
-        assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), (code, message)
-        wait_for(lambda: "stopping: refusing 2 held call(s)" in site.log(), "the held calls are refused")
-        assert site.router.poll() is None  # still waiting on the two calls in flight
-        release.touch()
-        assert site.router.wait(timeout=30) == 0
-        wait_for(lambda: all_done(proving + held), "every task ends")
-        for task in proving:  # in flight at SIGTERM: finished, Curio saw nothing
-            assert task.outcome == "completed" and task.failures == [] and task.proof == proof_for(task.request_id)
-        for task in held:  # held past route.drain_timeout: refused, and Curio counts each a failure
-            assert task.failures and task.failures[0][0] == "UNAVAILABLE" and task.outcome == "deleted", task
-            assert "vastctl route stopped while this call was held" in task.failures[0][1]
-        log = site.log()
-        assert "stopping: taking no new calls; 2 held, 2 on provers (route.drain_timeout 0.5s)" in log, log
-        assert "stopping: refusing 2 held call(s)" in log, log
-        assert all(f"refused held snap call snap-1000-{n}" in log for n in (3, 4)), log
+        tasks = {n: curio.submit(f"porep-1000-{n}") for n in (1, 2)}
+        wait_for(lambda: daemon.in_progress == SLOTS, "two calls on a (its slots)")
+        for n in (3, 4):  # one after the other: 3 is held first, so it takes the first slot to come free
+            tasks[n] = curio.submit(f"porep-1000-{n}")
+            wait_for(lambda: host.status()["held"] == n - 2, f"{n - 2} call(s) held")
+        first.terminate()
+        signalled = time.monotonic()
+        wait_for(lambda: "stopping: taking no new calls; 2 held, 2 on provers (route.drain_timeout 2s)" in first.log(),
+                 "the router stops (GOAWAY sent)")
+        daemon.release("porep-1000-2")  # answered during the drain: Curio gets it; 3 takes the slot, 4 stays held
+        wait_for(lambda: tasks[4].failures, "at route.drain_timeout the held call is refused")
+        # Curio's client saw GOAWAY before that refusal: its next calls (4's retry, a new one) open a new
+        # connection, which waits in the socket's backlog while this router finishes
+        tasks[5] = curio.submit("porep-1000-5")
+        assert first.wait(timeout=30) == 0
+        took = time.monotonic() - signalled
+        assert 2 <= took < 2 + DRAIN_MARGIN_S + 3, took  # calls 1 and 3 never came back: cut after the margin
+        log = first.log()
+        assert "stopping: route.drain_timeout passed; refusing 1 held call(s)" in log, log
+        assert "refused held porep call porep-1000-4" in log and "stopping: cut 2 call(s) still unanswered" in log, log
         assert re.search(r"^stopped$", log, re.M), log
-        assert sorted(daemon.received()) == ["snap-1000-1", "snap-1000-2"]  # nothing after SIGTERM reached it
-        calls = {(c["request_id"], c["result"]) for c in site.calls()}
-        assert {("snap-1000-1", "completed"), ("snap-1000-2", "completed"), ("snap-1000-3", "refused"),
-                ("snap-1000-4", "refused")} <= calls, calls
+        assert sorted(daemon.received) == [f"porep-1000-{n}" for n in (1, 2, 3)]  # nothing sent after the stop
+        assert tasks[2].outcome == "completed" and tasks[2].proof == proof_of("porep-1000-2")
+        assert not tasks[5].done.is_set() and tasks[5].attempts == 1  # waiting, not failed
+
+        wait_for(lambda: daemon.in_progress == 0, "the cut calls are cancelled on a")
+        daemon.hold.set()
+        host.start_router()  # systemd starts the next router on the same socket
+        wait_for(lambda: all(task.done.is_set() for task in tasks.values()), "every task ends", timeout=60)
     finally:
         curio.close()
+        host.close()
+    for n, task in tasks.items():
+        assert task.outcome == "completed" and task.proof == proof_of(task.request_id), task
+    assert [tasks[n].failures for n in (2, 5)] == [[], []]  # answered in the drain; sent after the stop
+    assert tasks[4].failures == [("UNAVAILABLE", "vastctl route stopped while this call was held")]
+    for n in (1, 3):  # on the prover past route.drain_timeout: cut, one failed try for Curio, then proved
+        assert len(tasks[n].failures) == 1 and tasks[n].failures[0][0] != "OK", tasks[n]
+    calls = host.calls()
+    assert collections.Counter(c["request_id"] for c in calls if c["result"] == "completed") == collections.Counter(
+        f"porep-1000-{n}" for n in range(1, 6))  # every proof recorded completed reached its caller, once
+    assert [c["request_id"] for c in calls if c["result"] == "refused"] == ["porep-1000-4"]
 
 
 # --- found while benchmarking -----------------------------------------------------------------------------------
@@ -514,7 +541,7 @@ def test_a_held_call_is_refused_past_max_held_expires_at_its_deadline_and_is_dro
 @pytest.mark.slow
 def test_post_goes_ahead_of_every_held_porep_call(make_site, tmp_path):
     release = tmp_path / "release"  # a's two proofs finish only once this exists: the test frees the slots
-    site = make_site().start_router()
+    site = make_site(unverified_to_fleet=["winning_post"]).start_router()  # WinningPoSt to the fleet, by choice
     daemon = site.one_prover("--release-file", str(release), prove_seconds=0)
     curio = CurioClient(site.address, max_pending=16, prove_timeout=PROVE_TIMEOUT_S)
     try:
@@ -538,23 +565,30 @@ def test_post_goes_ahead_of_every_held_porep_call(make_site, tmp_path):
 
 
 @pytest.mark.slow
-def test_post_goes_to_the_operators_own_daemon_when_post_address_is_set(make_site, tmp_path):
+@pytest.mark.parametrize("key", ["own_daemon", "post_address"])  # post_address: own_daemon's deprecated name
+def test_snapdeals_and_post_go_to_the_operators_own_daemon_when_it_is_set(make_site, tmp_path, key):
     own = StandIn(tmp_path, "own", prove_seconds=0.05)
     try:
-        site = make_site(post_address=f"127.0.0.1:{own.port}").start_router()
+        site = make_site(**{key: f"127.0.0.1:{own.port}"}).start_router()
         fleet = site.one_prover(prove_seconds=0.05)
         curio = CurioClient(site.address, prove_timeout=PROVE_TIMEOUT_S)
         try:
             tasks = [curio.submit("wdpost-1000-1", kind="window_post"), curio.submit("winning-1000-1", kind="winning_post"),
-                     curio.submit("porep-1000-1")]
+                     curio.submit("snap-1000-1", kind="snap"), curio.submit("porep-1000-1")]
             wait_for(lambda: all_done(tasks), "every call answered")
             assert_never_failed(tasks)
         finally:
             curio.close()
-        assert sorted(own.received()) == ["wdpost-1000-1", "winning-1000-1"] and fleet.received() == ["porep-1000-1"]
-        wait_for(lambda: sorted((c["request_id"], c["label"]) for c in site.calls()) ==
-                 [("porep-1000-1", "vastctl-a"), ("wdpost-1000-1", "post_address"), ("winning-1000-1", "post_address")],
+        assert sorted(own.received()) == ["snap-1000-1", "wdpost-1000-1", "winning-1000-1"]
+        assert fleet.received() == ["porep-1000-1"]
+        wait_for(lambda: sorted((c["request_id"], c["label"], c["uuid"]) for c in site.calls()) ==
+                 [("porep-1000-1", "vastctl-a", site.machines[0].uuid), ("snap-1000-1", "own_daemon", None),
+                  ("wdpost-1000-1", "own_daemon", None), ("winning-1000-1", "own_daemon", None)],
                  "proof_calls names where each went")
+        log = site.log()
+        said = f"SnapDeals, WindowPoSt and WinningPoSt to your own daemon 127.0.0.1:{own.port} (route.own_daemon)"
+        assert said in log, log
+        assert ("route.post_address is deprecated" in log) == (key == "post_address"), log
     finally:
         own.stop()
 

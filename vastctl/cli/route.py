@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -17,9 +17,10 @@ from vastctl.errors import BadInput, Unavailable
 if TYPE_CHECKING:  # route.server imports grpc, loaded only when `vastctl route` runs
     import grpc
 
-    from vastctl.clock import Clock
     from vastctl.route.front import Front
     from vastctl.route.server import Router
+
+DRAIN_MARGIN_S = 1.0  # past route.drain_timeout: for the refusals of held calls to reach their callers
 
 
 @app.command("route")
@@ -32,8 +33,11 @@ def route_cmd(
 
     A call no prover can take now waits here (bounded by its deadline and route.max_held) instead of
     failing; each goes to the prover with the most free slots; a call a prover dropped is sent to another,
-    one it answered never is. Every call is recorded in the state file. SIGTERM: no new calls, calls in
-    flight get route.drain_timeout.
+    one it answered never is. Every call is recorded in the state file. It listens on the socket systemd
+    passes it (jobs/vastctl-route.socket: calls wait through a restart) or binds the address itself. SIGTERM:
+    GOAWAY to every caller (new calls go to a new connection, the next router's), the calls taken finish
+    within route.drain_timeout, then what is still held is refused and the router exits. SIGHUP (systemctl
+    reload): a new router starts on the same socket first, then this one stops as on SIGTERM.
 
     Example: vastctl route --listen 127.0.0.1:9820
     """
@@ -49,17 +53,24 @@ def route_cmd(
     conn = g.connect()  # the state file must exist and be ours before a call is taken
     conn.close()
     from vastctl.route import front as route_front
+    from vastctl.route import handover as route_handover
+    from vastctl.route import listener as route_listener
+    from vastctl.route import routing as route_routing
     from vastctl.route import server as route_server
     _log_to_stderr()
-    router = route_server.Router(config, clock=g.clock)
-    router.start_writer(config.db_path)
-    try:
-        listening = route_front.bind(address)
-    except (OSError, ValueError):
-        router.stop_writer()
+    try:  # systemd's socket when it passed one (it outlives this process), else route.listen bound here
+        listening, inherited = route_listener.take(address)
+    except OSError:
         raise Unavailable(f"cannot listen on {address}: the address is in use (another router or a cuzk daemon?)"
                           " or not this host's; set route.listen or --listen") from None
-    port = listening.getsockname()[1]
+    if inherited:
+        host, port = route_listener.name(listening)
+        differs = f"; route.listen {address} is not used" if address != f"{host}:{port}" else ""
+        say(f"listening on the socket systemd passed (fd 3, vastctl-route.socket): {host}:{port}{differs}")
+    else:
+        port = listening.getsockname()[1]
+    router = route_server.Router(config, clock=g.clock)
+    router.start_writer(config.db_path)
     try:  # grpcio serves what the front end passes on (vastctl/route/front.py), on a loopback port of its own
         server, internal_port = route_server.make_server(router, "127.0.0.1:0")
     except (OSError, RuntimeError):
@@ -67,39 +78,75 @@ def route_cmd(
         router.stop_writer()
         raise Unavailable("cannot listen on a loopback port for the router's own gRPC server") from None
     front = route_front.Front(router, listening, internal_port)
-    stopping = threading.Event()
+    stopping, handing_over = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    def hand_over(*_: object) -> None:
+        handing_over.set()
+        stopping.set()
+
+    signal.signal(signal.SIGHUP, hand_over)
     server.start()
     front.start()
-    say(f"routing on {host}:{port} (state file {config.db_path}; post_address"
-        f" {config.route.post_address or 'none: PoSt goes to the fleet, ahead of other calls'}; stop with SIGTERM)")
-    stopping.wait()
-    _drain(router, server, front, config.route.drain_timeout, g.clock)
+    say(f"routing on {host}:{port} (state file {config.db_path}; {route_routing.words(config.route)};"
+        " stop with SIGTERM, hand over to a new router with SIGHUP)")
+    route_handover.serving()
+    while True:
+        stopping.wait()
+        if not handing_over.is_set():
+            break
+        handing_over.clear()
+        try:  # the next router serves before this one stops taking calls: no gap for Curio's connects
+            successor = route_handover.start_successor(listening)
+        except (route_handover.HandoverFailed, OSError) as exc:
+            say(f"could not hand over: {exc}; still routing")
+            stopping.clear()
+            continue
+        say(f"handed over to the next router (pid {successor}); finishing the calls taken here")
+        break
+    answered = _drain(router, server, front, config.route.drain_timeout)
     router.stop_writer()
     say("stopped")
+    if not answered:
+        _end_process()
 
 
-def _drain(router: Router, server: grpc.Server, front: Front, timeout: float, clock: Clock) -> None:
-    """No new call; what is held or on a prover gets `timeout` to finish; what is still held then is refused."""
+def _drain(router: Router, server: grpc.Server, front: Front, timeout: float) -> bool:
+    """Stop as a gRPC server does, losing no answer; True when every call taken was answered.
+
+    1. No new connection is taken (a socket systemd passed stays open there: the next router takes what waits
+       in its backlog) and every connection gets GOAWAY, so its caller opens new calls on a new connection.
+    2. Until `timeout` (route.drain_timeout) the calls taken finish: held ones are placed as slots come free,
+       and every answer reaches its caller, those passed back through the router's grpcio server included.
+    3. Then what is still held is refused (UNAVAILABLE), and DRAIN_MARGIN_S more lets those refusals and any
+       answer on its way reach their callers; a call still on a prover after that is cut.
+    4. Only then are the connections and the grpcio server closed, so none closes under an answer."""
     state = router.dispatcher.snapshot()
+    front.stop()
     say(f"stopping: taking no new calls; {state['held']} held, {state['in_flight']} on provers"
         f" (route.drain_timeout {timeout:g}s)")
-    front.stop()
-    done = server.stop(grace=timeout + 5)
-    deadline = clock.monotonic() + timeout
-    while clock.monotonic() < deadline:
+    answered = front.wait(timeout)
+    if not answered:
         state = router.dispatcher.snapshot()
-        if not state["held"] and not state["in_flight"]:
-            break
-        clock.sleep(0.2)
-    state = router.dispatcher.snapshot()
-    if state["held"]:
-        say(f"stopping: refusing {state['held']} held call(s) (UNAVAILABLE: Curio retries them)")
+        say(f"stopping: route.drain_timeout passed; refusing {state['held']} held call(s) (UNAVAILABLE: a failed"
+            f" try of a Curio task); {state['in_flight']} on provers get {DRAIN_MARGIN_S:g}s more")
     router.dispatcher.close()
-    front.wait(timeout=10)
-    done.wait(timeout=10)
-    front.close()
+    if not answered:
+        answered = front.wait(DRAIN_MARGIN_S)
+        if not answered:
+            say(f"stopping: cut {front.busy()} call(s) still unanswered")
+    front.close()  # before grpcio's server: a call cut ends with its caller's connection, whichever path it took
+    server.stop(0)
+    return answered
+
+
+def _end_process() -> NoReturn:
+    """Exit at once, as route.drain_timeout promises: a call cut while on a prover still waits for it in one of
+    grpcio's worker threads, which the interpreter's exit would wait for (up to the call's own deadline).
+    What the router recorded is written by then (Router.stop_writer)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _log_to_stderr() -> None:

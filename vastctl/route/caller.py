@@ -264,6 +264,8 @@ class CallerConnection:
                     if self.backlog:
                         self.relay([])
                 elif isinstance(event, core.Pong) and event.payload == DRAIN_PING and self.draining:
+                    # every stream the caller opened before it read our first GOAWAY is in: name the last
+                    self.core.refusing = True
                     self.core.out.append(h2.goaway(self.core.processed, h2.NO_ERROR))
                     self.final_goaway = True
             for stream_id, (payloads, end) in self.arriving.items():
@@ -395,11 +397,11 @@ class CallerConnection:
 
     def drain(self) -> None:
         """A graceful stop (RFC 9113 §6.8, as gRPC servers do it): GOAWAY with the largest stream id and a
-        PING; new streams are refused (REFUSED_STREAM: the client sends them again on a new connection, to the
-        next router), and once the PING is answered GOAWAY names the last stream taken. The calls taken finish."""
+        PING. Streams the caller opened before it read that GOAWAY are still taken (a gRPC client sends a call
+        again by itself only when it is small, so a large Prove refused would be a failed task); once the PING
+        is answered, GOAWAY names the last stream taken and a later one gets REFUSED_STREAM. The calls taken
+        finish; the caller opens its next ones on a new connection, which the next router accepts."""
         self.draining = True
-        with self.core.cond:
-            self.core.refusing = True
         try:
             self.write([h2.goaway(h2.LAST_STREAM, h2.NO_ERROR), h2.frame(h2.PING, 0, 0, DRAIN_PING)])
         except OSError:
