@@ -50,7 +50,7 @@ PINNED = {
     # the proof router's (facts/deliveries.py)
     "proof_calls": ["id", "at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
                     "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail"],
-    "route_status": ["id", "updated_at", "held", "held_bytes", "oldest_held_s", "in_flight", "provers"],
+    "route_status": ["id", "updated_at", "held", "held_bytes", "oldest_held_s", "in_flight", "provers", "routing"],
     # the simulated market's (providers/sim_store.py; sim_meta.schema_version counts their changes too)
     "sim_meta": ["id", "schema_version", "seed", "started_at", "advanced_to", "calls", "next_vast_id", "version",
                  "busy_by", "busy_until"],

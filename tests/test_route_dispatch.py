@@ -1,4 +1,5 @@
-"""route.dispatch: slots, the held order, where a call goes, and when a prover is set aside (no gRPC, no clock)."""
+"""route.dispatch: slots, the held order, where a call goes, and when a prover is ejected (no gRPC, virtual time;
+tests/test_dispatch_outliers.py has the health rules in full)."""
 
 from __future__ import annotations
 
@@ -82,11 +83,13 @@ def test_the_only_prover_takes_back_a_call_it_dropped():
     d.update([spec("a", slots=1)])
     ticket, prover = take(d)
     d.release(ticket, prover, "dropped")
+    assert d.acquire(ticket, timeout=0) is None  # not at once: the prover gets a moment (RESEND_PAUSE_S × drops)
+    d.clock.advance(dispatch.RESEND_PAUSE_S)
     assert d.acquire(ticket, timeout=0).spec.label == "a"
 
 
 @pytest.mark.parametrize("outcome", ["dropped", "failed"])
-def test_a_prover_is_set_aside_after_fail_threshold_in_a_row(outcome):
+def test_a_prover_is_ejected_after_fail_threshold_in_a_row(outcome):
     d = make(fail_threshold=3)
     d.update([spec("a", slots=1)])
     whys = []
@@ -98,11 +101,13 @@ def test_a_prover_is_set_aside_after_fail_threshold_in_a_row(outcome):
     assert d.release(ticket, prover, "completed") is None  # a success breaks the run
     d.finish(ticket)
     for _ in range(3):
+        d.clock.advance(dispatch.SETTLE_S + 0.5)  # each a cause of its own, not one daemon going down
         ticket, prover = take(d)
         whys.append(d.release(ticket, prover, outcome))
         d.finish(ticket)
     assert whys[:4] == [None, None, None, None]
-    assert whys[4] == f"3 calls in a row dropped or failed, the last {outcome} (route.fail_threshold 3)"
+    assert whys[4] == dispatch.Change(kind="ejected", seconds=30.0, why=(
+        f"3 calls in a row dropped, failed or held to their deadline, the last {outcome} (route.fail_threshold 3)"))
     assert take(d)[1] is None  # it takes no new call
 
 
@@ -111,8 +116,13 @@ def test_what_is_not_the_provers_fault_never_sets_it_aside(outcome):
     d = make(fail_threshold=1)
     d.update([spec("a", slots=1)])
     ticket, prover = take(d)
-    assert d.release(ticket, prover, outcome) is None
-    assert take(d)[1] is not None
+    assert d.release(ticket, prover, outcome) is None  # expired: sent with less than a proof's time left
+    waiting, placed = take(d)
+    if outcome in ("expired", "abandoned"):  # the daemon proves on for a caller gone: its slot, for a proof's time
+        assert placed is None
+        d.clock.advance(prover.spec.proof_s)
+        placed = d.acquire(waiting, timeout=0)
+    assert placed is prover and prover.streak == 0
 
 
 def test_admission_is_bounded_by_calls_and_bytes_and_bytes_count_until_finished():
@@ -216,10 +226,10 @@ def test_the_snapshot_counts_held_unread_kept_and_in_flight_and_lists_provers_by
     assert d.snapshot() == {
         "held": 2, "held_bytes": 5, "unread": 1, "oldest_held_s": 42.0, "kept_bytes": 12, "in_flight": 1,
         "provers": [
-            {"uuid": "u-a", "label": "a", "endpoint": spec("a").endpoint, "slots": 1, "busy": 1, "streak": 0,
-             "set_aside": None, "gone": False},
-            {"uuid": "u-b", "label": "b", "endpoint": spec("b").endpoint, "slots": 2, "busy": 0, "streak": 1,
-             "set_aside": None, "gone": False}]}
+            {"uuid": "u-a", "label": "a", "endpoint": spec("a").endpoint, "slots": 1, "busy": 1, "lingering": 0,
+             "streak": 0, "unreached": 0, "ejections": 0, "set_aside": None, "back_in_s": None, "gone": False},
+            {"uuid": "u-b", "label": "b", "endpoint": spec("b").endpoint, "slots": 2, "busy": 0, "lingering": 0,
+             "streak": 1, "unreached": 0, "ejections": 0, "set_aside": None, "back_in_s": None, "gone": False}]}
     assert again.spec.label == "a"
 
 
@@ -254,10 +264,10 @@ def test_a_prover_set_aside_or_full_takes_nothing_and_the_free_count_says_so():
     d.update([spec("a", slots=3)])
     (first, prover), (second, _) = take(d), take(d)
     assert prover.free == 1
-    assert d.release(first, prover, "failed") == ("1 calls in a row dropped or failed, the last failed"
-                                                  " (route.fail_threshold 1)")
+    assert d.release(first, prover, "failed").why == ("1 calls in a row dropped, failed or held to their deadline,"
+                                                      " the last failed (route.fail_threshold 1)")
     assert prover.free == 0 and take(d)[1] is None
-    assert d.release(second, prover, "failed") is None  # already set aside: said once
+    assert d.release(second, prover, "failed") is None  # already ejected: said once
     assert d.snapshot()["provers"][0]["streak"] == 2
 
 
@@ -384,7 +394,8 @@ def test_a_call_given_back_is_held_again_in_its_first_place_and_leaves_the_queue
     d.update([spec("a", slots=1)])
     first, prover = take(d)
     second = d.admit(klass=CLASS_PROOF, size=1)  # arrives while the first is out
-    d.release(first, prover, "dropped")  # the only prover: it takes it back
+    d.release(first, prover, "dropped")  # the only prover: it takes it back, after a moment
+    d.clock.advance(dispatch.RESEND_PAUSE_S)
     assert d.acquire(first, timeout=0) is prover  # ahead of the second, which came later
     assert d.acquire(second, timeout=0) is None and d.snapshot()["held"] == 1
     d.release(first, prover, "completed")
@@ -413,8 +424,9 @@ def test_a_call_dropped_by_every_prover_not_set_aside_goes_back_to_one_of_them()
         assert b.spec.label == "b"
         d.release(failing, b, "failed")
         d.finish(failing)
-    assert b.set_aside  # b is set aside
+    assert b.set_aside  # b is ejected
     d.release(dropped, a, "dropped")  # a's first: it is not
+    d.clock.advance(dispatch.RESEND_PAUSE_S)
     assert d.acquire(dropped, timeout=0) is a  # b takes nothing: a, though it dropped it, is the one left
 
 

@@ -172,10 +172,16 @@ def test_a_status_the_daemon_chose_is_passed_back_as_it_came_and_never_resent(fl
 
 def test_a_call_a_prover_dropped_is_sent_to_another_with_the_same_request_and_answered_once(fleet):
     gone = Daemon()
+    gone.release.clear()  # it takes the call and dies before answering
     fleet.join(gone, "vastctl-gone", rate=90)  # the best rate: the first call goes to it
-    gone.stop()  # its tunnel end refuses: UNAVAILABLE before any answer
     fleet.join(Daemon(), "vastctl-alive", rate=10)
-    result = fleet.prove("sector-3")
+    answer = []
+    caller = threading.Thread(target=lambda: answer.append(fleet.prove("sector-3")))
+    caller.start()
+    wait_for(lambda: gone.seen == ["sector-3"], "the call on the prover about to die")
+    gone.stop()  # UNAVAILABLE after the call was sent, before any answer (a refused connect: test_route_health)
+    caller.join(20)
+    result = answer[0]
     assert (result.status, result.proof) == (wire.STATUS_COMPLETED, b"proof:sector-3")
     assert fleet.daemons[1].seen == ["sector-3"]
     rows = recorded(fleet, 2)
@@ -219,6 +225,8 @@ def test_a_held_call_past_its_deadline_expires_and_past_max_held_one_is_refused(
     with pytest.raises(grpc.RpcError) as raised:
         fleet.prove("sector-6", timeout=1.5)
     assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # the caller's deadline passes a moment before the router lets the call go: till then it takes a place
+    wait_for(lambda: fleet.router.dispatcher.snapshot()["held"] == 0, "the expired call let go")
     holders = [threading.Thread(target=lambda i=i: _swallow(fleet.prove, f"held-{i}", timeout=8)) for i in range(5)]
     for holder in holders:
         holder.start()
@@ -304,20 +312,28 @@ def test_get_status_sums_the_provers_and_shows_the_held_calls_and_other_methods_
     assert "serves Prove and GetStatus" in raised.value.details()
 
 
-def test_a_prover_that_keeps_failing_proofs_is_set_aside_with_an_event(fleet):
+@pytest.mark.parametrize("fleet", [{"ejection_base": "0.3s"}], indirect=True)
+def test_a_prover_that_keeps_failing_proofs_after_it_was_taken_back_is_set_aside_with_an_event(fleet):
     bad = Daemon(lambda request, context: completed(request, wire.STATUS_FAILED, "gpu fault"))
     fleet.join(bad, "vastctl-faulty")
     for n in range(3):
+        assert fleet.prove(f"f-{n}").status == wire.STATUS_FAILED
+    # ejected for 0.3 s: the next call is held until it is back (the only prover), then sent to it
+    assert fleet.prove("f-3").status == wire.STATUS_FAILED
+    assert query(fleet.path, "SELECT route_failing_since FROM instances") == [{"route_failing_since": None}]
+    for n in (4, 5):  # three in a row again since it was taken back: ejected again, and reported
         assert fleet.prove(f"f-{n}").status == wire.STATUS_FAILED
     wait_for(lambda: query(fleet.path, "SELECT route_failing_since IS NOT NULL AS aside FROM instances")
              == [{"aside": 1}], "the prover set aside")
     (event,) = query(fleet.path, "SELECT kind, source, reason FROM events WHERE kind = 'route_set_aside'")
     assert event["source"] == "route"
-    assert event["reason"] == ("the router sends it no more calls: 3 calls in a row dropped or failed, the last"
-                               " failed (route.fail_threshold 3)")
+    assert event["reason"] == ("the router sends it no more calls: ejected 2 times for failed answers with none"
+                               " good between, the last: 3 calls in a row dropped, failed or held to their"
+                               " deadline, the last failed (gpu fault) (route.fail_threshold 3)")
     with pytest.raises(grpc.RpcError) as raised:  # no prover left: held until its deadline, not sent to it
-        fleet.prove("f-3", timeout=1.5)
-    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and bad.seen == ["f-0", "f-1", "f-2"]
+        fleet.prove("f-6", timeout=1.5)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert bad.seen == [f"f-{n}" for n in range(6)]
 
 
 def test_post_goes_to_post_address_when_set(tmp_path):
@@ -337,7 +353,7 @@ def test_post_goes_to_post_address_when_set(tmp_path):
                                                                                   timeout=10))
         assert answer.result.status == wire.STATUS_COMPLETED and own.seen == ["wdpost-1"]
         wait_for(lambda: query(path, "SELECT label, kind, result FROM proof_calls")
-                 == [{"label": "post_address", "kind": "window_post", "result": "completed"}], "the PoSt call recorded")
+                 == [{"label": "own_daemon", "kind": "window_post", "result": "completed"}], "the PoSt call recorded")
     finally:
         server.stop(0)
         router.stop_writer()

@@ -86,6 +86,8 @@ RANGES: dict[str, Range] = {
     "route.max_retries": Range(0, 100),
     "route.cut_through_mb": Range(0, 129),
     "route.fail_threshold": Range(1, 1000),
+    "route.ejection_base": _POSITIVE_DURATION,
+    "route.max_ejected_percent": Range(0, 100),
     "route.refresh": _POSITIVE_DURATION,
 }
 DEFAULT_RANGES = {"int": Range(0, MAX_INT), "float": Range(0, 1e15), "duration": Range(0, 365 * DAY_S)}
@@ -240,8 +242,14 @@ class RouteSection:
     max_held_mb: int = 4096  # memory for requests (kept: 3x a call's size; being read: 416 MiB); past it calls wait unread
     max_retries: int = 3  # times a call a prover dropped is sent again to another prover
     cut_through_mb: int = 1  # a Prove this big or bigger goes to its prover as it arrives (kept whole for a resend)
-    fail_threshold: int = 3  # a prover that drops or fails this many calls in a row takes no more and is killed
-    post_address: str = ""  # the operator's own daemon for WindowPoSt/WinningPoSt; empty: the fleet, ahead of all
+    # a prover failing this many calls in a row (dropped, failed, held to their deadline; or connects) is ejected
+    fail_threshold: int = 3
+    # an ejection lasts this × the times it was ejected since its last good answer; then the prover is back
+    ejection_base: float = field(default=30.0, metadata=DURATION)
+    max_ejected_percent: int = 10  # at most this share of the joined provers is ejected at once (at least one)
+    own_daemon: str = ""  # your own cuzk daemon (host:port): SnapDeals, WinningPoSt and WindowPoSt go there, unheld
+    unverified_to_fleet: list[str] = field(default_factory=list)  # kinds Curio does not verify sent to the fleet anyway
+    post_address: str = ""  # deprecated: own_daemon's old name (it took WindowPoSt and WinningPoSt only)
     drain_timeout: float = field(default=5 * 60, metadata=DURATION)  # on SIGTERM, calls in flight get this long
     refresh: float = field(default=2.0, metadata=DURATION)  # how often the joined provers are read from the state file
 
@@ -259,6 +267,7 @@ _CHOICES = {
     ("launch", "join"): ("none", "ssh", "command"),
     ("launch", "sector_size"): ("32GiB", "64GiB"),
     ("launch", "rental"): ("on-demand", "interruptible", "mixed"),
+    ("route", "unverified_to_fleet"): ("snap", "winning_post"),  # a list: each item one of these
 }
 
 
@@ -445,12 +454,25 @@ def from_mapping(raw: Mapping[str, Any]) -> Config:
             raise BadInput(f"config key 'launch.{key}' must be an http:// or https:// URL{' ending in /' if key == 'params_mirror' else ''}"
                            f" (machines fetch {'<it><CID>' if key == 'params_mirror' else 'it'}), got {value!r}")
     _check_label_prefix(config.vast.label_prefix)
+    _check_route(config.route)
     _check_cuzk_memory(config.launch.env.get("VASTCTL_CUZK_MEMORY"))
     for key in ("interruptible_share", "bid_margin"):
         value = getattr(config.launch, key)
         if not 0 <= value <= 1:
             raise BadInput(f"config key 'launch.{key}' must be from 0 to 1, got {value:g}")
     return config
+
+
+def _check_route(route: RouteSection) -> None:
+    """route.post_address is route.own_daemon's old name: taken as it, refused when the two name different daemons."""
+    own, old = route.own_daemon.strip(), route.post_address.strip()
+    if own and old and own != old:
+        raise BadInput(f"config keys 'route.own_daemon' ({own}) and 'route.post_address' ({old}, its old name)"
+                       " name different daemons: keep route.own_daemon and remove route.post_address")
+    route.own_daemon = own or old
+    if route.own_daemon and not re.fullmatch(r"\S+:[0-9]{1,5}", route.own_daemon):
+        raise BadInput(f"config key 'route.{'own_daemon' if own else 'post_address'}' must be your own cuzk daemon's"
+                       f" host:port (e.g. 10.0.0.5:9820), got {validate.shown(route.own_daemon)}")
 
 
 CUZK_SIZE_RE = re.compile(r" *(?:[1-9][0-9]{0,6} *(?:GiB|MiB|GB|MB)|[1-9][0-9]{0,15}) *")  # the boot script's check
@@ -567,6 +589,8 @@ def _convert(f: dataclasses.Field[Any], value: Any, name: str, prefix: str) -> A
     if isinstance(default, list):
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise BadInput(f"config key {name!r} must be a list of strings, got {value!r}")
+        if choices and not set(value) <= set(choices):
+            raise BadInput(f"config key {name!r} may list only {', '.join(choices)}, got {validate.shown(value)}")
         return value
     if isinstance(default, dict):
         if not isinstance(value, dict):

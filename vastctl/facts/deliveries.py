@@ -7,9 +7,11 @@ recorded is what vastctl believes over what a machine says in its heartbeats:
                 held before this attempt, its time on the prover and the daemon's own timings. Results:
                 completed, failed (a proof the daemon answered FAILED inside gRPC OK), error (another status
                 the daemon chose), dropped (the prover failed before answering: the call was sent elsewhere),
-                refused (too big, or the router full), expired (its deadline passed), abandoned (Curio gave up)
+                refused (too big, or the router full), expired (its deadline passed), abandoned (Curio gave up).
+                A prover not reached (its connect refused) was sent nothing: no row, no attempt
   route_status  one row the router rewrites every route.refresh: the calls held, their bytes, the oldest's
-                age, the calls on provers. Older than STALE_AFTER_S it says nothing (the router is not running)
+                age, the calls on provers, where it sends each proof kind (routing). Older than STALE_AFTER_S it
+                says nothing (the router is not running)
 
 A call's proof wait is its last attempt's held_ms + prover_ms: from its arrival at the router to its answer.
 
@@ -34,6 +36,7 @@ half of `slots` proofs over the window; an attempt begun before the window count
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -48,7 +51,7 @@ from vastctl.state.rows import RouteStatusRow, typed
 STALE_AFTER_S = 30.0  # a route_status older than this is a router that stopped: no word on held calls
 ANSWERED = ("completed", "failed")  # results that carry a proof wait
 RESULTS = ("completed", "failed", "error", "dropped", "refused", "expired", "abandoned")
-SET_ASIDE = "route_set_aside"  # event kind: the router stopped sending a machine calls
+SET_ASIDE = "route_set_aside"  # event kind: the router reports a machine that kept failing after it was taken back
 CLAIM_DISAGREES = "claim_disagrees"  # event kind: a machine claims more proofs than the router saw it deliver
 CLAIM_SLACK = 0.1  # a claim may pass the delivered count by its benchmark's proofs and this share, plus one
 CLAIM_EVENT_EVERY_S = 3600.0  # at most one such event per machine in this long
@@ -69,12 +72,13 @@ class Held:
     in_flight: int = 0
     provers: int = 0
     updated_at: str | None = None
+    routing: dict[str, str] | None = None  # proof kind name → own_daemon, fleet or refused, as the router decided
 
     def view(self) -> dict[str, Any]:
         return {"router_running": self.fresh, "held": self.held, "held_bytes": self.held_bytes,
                 "oldest_held_s": None if self.oldest_held_s is None else round(self.oldest_held_s, 1),
                 "in_flight": self.in_flight, "provers": self.provers,
-                "updated_at": clock.display_iso(self.updated_at)}
+                "updated_at": clock.display_iso(self.updated_at), "routing": self.routing}
 
 
 @dataclass(frozen=True)
@@ -110,19 +114,26 @@ def record_calls(conn: sqlite3.Connection, calls: Iterable[Mapping[str, Any]]) -
     return len(rows)
 
 
-def write_status(conn: sqlite3.Connection, snapshot: Mapping[str, Any], *, now: datetime) -> None:
+def write_status(conn: sqlite3.Connection, snapshot: Mapping[str, Any], *, now: datetime,
+                 routing: Mapping[str, str] | None = None) -> None:
+    """The router's status row; `routing`: where it sends each proof kind (kind name → own_daemon, fleet or
+    refused)."""
     with transaction(conn):
         conn.execute(
-            "INSERT INTO route_status (id, updated_at, held, held_bytes, oldest_held_s, in_flight, provers)"
-            " VALUES (1, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET updated_at = excluded.updated_at,"
+            "INSERT INTO route_status (id, updated_at, held, held_bytes, oldest_held_s, in_flight, provers, routing)"
+            " VALUES (1, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET updated_at = excluded.updated_at,"
             " held = excluded.held, held_bytes = excluded.held_bytes, oldest_held_s = excluded.oldest_held_s,"
-            " in_flight = excluded.in_flight, provers = excluded.provers",
+            " in_flight = excluded.in_flight, provers = excluded.provers, routing = excluded.routing",
             (clock.to_iso(now), snapshot["held"], snapshot["held_bytes"], snapshot["oldest_held_s"],
-             snapshot["in_flight"], len(snapshot["provers"])))
+             snapshot["in_flight"], len(snapshot["provers"]),
+             None if routing is None else json.dumps(dict(routing), sort_keys=True)))
 
 
 def set_aside(conn: sqlite3.Connection, uuid: str, why: str, *, now: datetime) -> bool:
-    """Mark a running machine as failing its calls (reconcile kills it, code route_failing); one event, once."""
+    """Mark a running machine the router reports: ejected for failed answers, taken back, and ejected again with
+    no good answer between (route/dispatch.py). Reconcile kills it (code route_failing); one event, once. An
+    ejection alone (the router takes the machine back by itself) and connects that failed (reconcile's tunnel
+    check judges those) never come here."""
     with transaction(conn):
         row = conn.execute("SELECT label, state, route_failing_since FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None or row["state"] != State.RUNNING or row["route_failing_since"] is not None:
@@ -190,7 +201,21 @@ def held(conn: sqlite3.Connection, *, now: datetime) -> Held:
         return Held(fresh=False, updated_at=row["updated_at"])
     return Held(fresh=True, held=int(row["held"] or 0), held_bytes=int(row["held_bytes"] or 0),
                 oldest_held_s=row["oldest_held_s"], in_flight=int(row["in_flight"] or 0),
-                provers=int(row["provers"] or 0), updated_at=row["updated_at"])
+                provers=int(row["provers"] or 0), updated_at=row["updated_at"], routing=_routing(row["routing"]))
+
+
+ROUTES = ("own_daemon", "fleet", "refused")  # where the router sends a proof kind (route/routing.py's Way)
+
+
+def _routing(text: str | None) -> dict[str, str] | None:
+    """route_status.routing as written, or None when absent or not the router's shape."""
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not all(isinstance(k, str) and v in ROUTES for k, v in found.items()):
+        return None
+    return {str(k): str(v) for k, v in found.items()}
 
 
 def proof_wait(conn: sqlite3.Connection, *, since: datetime, until: datetime, max_wait_s: float) -> dict[str, Any]:

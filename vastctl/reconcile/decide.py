@@ -12,8 +12,10 @@ what this decides. Rules, in the order `plan()` applies them to one live row (fi
   heartbeat_timeout   running without a heartbeat for longer than timeouts.heartbeat
   tunnel_down         running with a tunnel (launch.join ssh) the manager could not reach the daemon through
                       for longer than tunnel.down_timeout (never joined: counted from `running`)
-  route_failing       running, and the proof router set it aside: it dropped or failed route.fail_threshold
-                      calls in a row (route_failing_since, route_failure; vastctl/facts/deliveries.py)
+  route_failing       running, and the proof router reported it: ejected for route.fail_threshold calls in a
+                      row dropped, failed or held to their deadline, taken back, and ejected again with no good
+                      answer between (route_failing_since, route_failure; vastctl/route/dispatch.py). An
+                      ejection alone or refused connects (a daemon restarting) never set it
 
 Confirmed: vast's word alone (missing, a dead status) kills only once it has held for
 reconcile.confirm_after of real time (default a minute: what cron's two listings span) and the

@@ -41,11 +41,18 @@ class Incoming:
         self.length = length
         self.cond = threading.Condition()
         self.received = 0
-        self.data: mmap.mmap | bytearray | None = None
+        self.data: mmap.mmap | bytearray | bytes | None = None
         self.prelude = bytearray()
         self.gone: str | None = None  # why the caller's message will not come whole: the call is abandoned
         self._grant = grant
         self._buffers, self._in_use = buffers, in_use
+
+    @classmethod
+    def whole(cls, message: bytes, buffers: Buffers) -> Incoming:
+        """A message read whole already (a small call grpcio read): sent from its bytes as they are."""
+        incoming = cls(len(message), grant=lambda _: None, buffers=buffers, in_use=lambda: 0)
+        incoming.data, incoming.received = message, len(message)
+        return incoming
 
     def add(self, payloads: list[Any], end: bool) -> None:
         """What one read of the caller's connection brought of this message (one wake-up of its sender)."""
@@ -59,6 +66,7 @@ class Incoming:
                 elif self.data is None:
                     self.prelude += payload
                 else:
+                    assert not isinstance(self.data, bytes)  # a message read whole has nothing more to add
                     self.data[self.received:self.received + size] = payload
                 self.received += size
             if end and self.gone is None and self.received < self.length:
@@ -113,6 +121,7 @@ class _Attempt:
         self.sent_all = False  # the whole request went out
         self.failed: str | None = None  # the connection or the stream ended before the answer did
         self.unprocessed = False  # the prover said it never took the call (GOAWAY below it, REFUSED_STREAM)
+        self.heard = False  # a frame came from the prover: an HTTP/2 peer was there (not a tunnel's dead end)
 
     def write(self, buffers: list[Any], timeout: float | None = None) -> None:
         with self.send_lock:
@@ -125,6 +134,7 @@ class _Attempt:
         reader = h2.Reader(self.sock, read_size=ANSWER_READ)
         try:
             while (frames := reader.read()) is not None:
+                self.heard = True
                 for frame in frames:
                     self._take(self.core.receive(frame))
                 self.write(self.core.take_out(), timeout=WRITE_STALL_S)
@@ -220,7 +230,10 @@ def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock:
 def _stopped(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any] | None:
     """Why this attempt ends before its answer, if it does (inside attempt.cond)."""
     if attempt.failed is not None:
-        return ("unreached" if attempt.unprocessed else "dropped"), f"UNAVAILABLE {attempt.failed}"
+        # closed before a frame came back: no daemon had the call (sshd accepts on a tunnel whose far end is
+        # gone, then closes); or the daemon said it never took it
+        unreached = attempt.unprocessed or not attempt.heard
+        return ("unreached" if unreached else "dropped"), f"UNAVAILABLE {attempt.failed}"
     if attempt.incoming.gone is not None:
         return "abandoned", attempt.incoming.gone
     if clock.monotonic() >= deadline:

@@ -7,13 +7,19 @@ replacement machine takes 15-90 minutes. So the router holds what it cannot plac
   Prove      read only once route.max_held_mb has room for it (till then it waits unread, its sender
              paused by HTTP/2 flow control), then held until a prover has a free slot (dispatch.py), bounded
              by the call's own deadline and route.max_held; sent with its bytes untouched; a call the prover
-             dropped before answering (UNAVAILABLE: refused, reset, the tunnel gone; or the machine left the
-             joined set while it held the call) is sent again to another prover, at most route.max_retries
-             times. Whatever the prover
+             dropped before answering (UNAVAILABLE: reset, the tunnel gone; or the machine left the joined
+             set while it held the call) is sent again to another prover, at most route.max_retries times; a
+             prover not reached (a refused connect) was sent nothing: the call waits for it or goes elsewhere,
+             no attempt spent (dispatch.py has each prover's health). Whatever the prover
              answered (gRPC OK, a proof FAILED inside it, or a status the daemon chose) goes back as it came
-             and is never sent again. Over the daemon's 128 MiB it is refused at once. PoSt goes to
-             route.post_address when set, else ahead of every held call.
-  GetStatus  the joined provers' answers summed, plus the router's held calls as queue "router-held".
+             and is never sent again. Over the daemon's 128 MiB it is refused at once. By its kind
+             (routing.py): SnapDeals and WinningPoSt, which Curio does not verify, go to route.own_daemon (or
+             the fleet where route.unverified_to_fleet says so, else are refused); WindowPoSt goes to
+             route.own_daemon when set, else ahead of every held call. A prover's answer over wire.MAX_ANSWER
+             is an error for that prover, never passed on.
+  GetStatus  the joined provers' answers, each parsed alone (one that does not parse or carries absurd
+             counts is left out and logged), summed and clamped (status.py), plus the router's held calls as
+             queue "router-held".
   the rest   UNIMPLEMENTED with a message (Curio calls only Prove and GetStatus).
 
 Every attempt is recorded (facts/deliveries.py) by one writer thread, which also reads the joined provers
@@ -38,15 +44,15 @@ from vastctl import clock as clock_module
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.facts import deliveries, tunnel
-from vastctl.route import cut_through, dispatch, memory, wire
+from vastctl.route import cut_through, dispatch, health, memory, routing, status, wire
 from vastctl.route.buffers import Buffers
 from vastctl.route.dispatch import Dispatcher, Prover, ProverSpec
+from vastctl.route.routing import Way
 from vastctl.state import db
 
 log = logging.getLogger("vastctl.route")
 
 ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK too): returned as it came
-DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE})  # the prover failed before answering: safe to send elsewhere
 # route.max_held_mb counts a kept call (held or on a prover) at COPIES x its size: its bytes, gRPC's copy while it
 # is sent (2x measured) and a margin for the allocator. Reading a message peaks at 3.0x its size (gRPC's buffer,
 # grpcio's bytearray, the bytes made of it; measured), so a call is read only while READ_RESERVE, enough for the
@@ -57,15 +63,17 @@ TRIM_FROM = 8 * 1024 * 1024  # a message at least this big was read: give the fr
 STATUS_TIMEOUT_S = 2.0  # one prover's GetStatus (Curio gives the whole call 5 s)
 NO_DEADLINE_S = 24 * 3600.0  # a call with no deadline (grpcurl, a test call) is held and proved at most this long
 PROBE_TIMEOUT_S = 1.0  # the router's own check of a machine reconcile has not joined yet
-RESEND_PAUSE_S = 1.0  # a call sent back to the prover that dropped it waits this × attempts first
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
-    ("grpc.max_receive_message_length", wire.CURIO_MAX_MESSAGE),
+    # a prover's answer is a proof of KBs: a longer one is refused from its length prefix, before it is read
+    # (RESOURCE_EXHAUSTED, an error for that prover), never passed on
+    ("grpc.max_receive_message_length", wire.MAX_ANSWER),
     ("grpc.enable_retries", 0),  # the router decides what is sent again, never the channel
     ("grpc.keepalive_time_ms", 60_000),  # a tunnel that went silent is found within minutes, not at the deadline
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+OWN_DAEMON_LABEL = "own_daemon"  # proof_calls.label of a call sent to route.own_daemon (uuid empty)
 
 
 class CallContext(Protocol):
@@ -86,7 +94,8 @@ class Router:
         self.clock = clock
         self.probe = probe
         self.dispatcher = Dispatcher(max_held=route.max_held, max_bytes=route.max_held_mb * 1024 * 1024,
-                                     fail_threshold=route.fail_threshold, clock=clock, read_reserve=READ_RESERVE)
+                                     fail_threshold=route.fail_threshold, clock=clock, read_reserve=READ_RESERVE,
+                                     ejection_base=route.ejection_base, max_ejected_percent=route.max_ejected_percent)
         self.buffers = Buffers(max_bytes=route.max_held_mb * 1024 * 1024, clock=clock)  # for calls sent as they arrive
         self._channels: dict[str, grpc.Channel] = {}  # one per prover (uuid): closed when it leaves
         self._arriving: dict[str, dict[int, socket.socket]] = {}  # prover → the connections of calls sent as they arrive
@@ -94,8 +103,12 @@ class Router:
         self._records: queue.Queue[tuple[Any, ...]] = queue.Queue()  # ("call", row) or ("set_aside", uuid, why)
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
-        self._post_channel = (grpc.insecure_channel(route.post_address, options=CHANNEL_OPTIONS)
-                              if route.post_address else None)
+        # where each kind goes (routing.py): said at start-up, written to route_status (the dashboard), never silent
+        self.ways = routing.routing(route)
+        self._own_channel = (grpc.insecure_channel(route.own_daemon, options=CHANNEL_OPTIONS)
+                             if route.own_daemon else None)
+        self.statuses = status.Statuses(self._channel, clock=clock, timeout=STATUS_TIMEOUT_S)
+        log.log(logging.WARNING if routing.risky(route) else logging.INFO, "routing: %s", routing.words(route))
 
     # --- the calls ----------------------------------------------------------------------------------------
 
@@ -137,8 +150,9 @@ class Router:
 
     def cuts(self, header: wire.ProveHeader, size: int) -> bool:
         """Whether a Prove goes through `prove_arriving`: big enough (route.cut_through_mb) to be worth it, and
-        not a PoSt bound for route.post_address (that goes whole, as it always has)."""
-        if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
+        not a call bound for route.own_daemon (that goes whole, unheld, as PoSt to route.post_address always has).
+        A call refused for its kind (Way.REFUSED) is refused by `_route` either way, before any prover is tried."""
+        if self.ways.get(header.proof_kind) is Way.OWN_DAEMON:
             return False
         return size >= self.config.route.cut_through_mb * 1024 * 1024
 
@@ -195,14 +209,18 @@ class Router:
 
     def _route(self, request: bytes | cut_through.Incoming, size: int, header: wire.ProveHeader,
                context: CallContext, unread: dispatch.Unread, started: float) -> bytes:
-        """A read call, under 128 MiB: to route.post_address, or held until a prover takes it. A call sent on as
-        it arrives (an Incoming) keeps one copy of itself; one read whole, COPIES."""
+        """A read call, under 128 MiB, where its kind goes (routing.py): refused, to route.own_daemon, or held
+        until a prover takes it. A call sent on as it arrives (an Incoming) keeps one copy of itself; one read
+        whole, COPIES."""
         base = {"request_id": header.request_id[:200], "kind": _kind(header), "size_bytes": size}
         kept = size if isinstance(request, cut_through.Incoming) else size * COPIES
-        if header.proof_kind in wire.POST_KINDS and self._post_channel is not None:
+        way = self.ways.get(header.proof_kind, Way.FLEET)
+        if way is Way.REFUSED:
+            self._refuse_unverified(header, base, started, context)
+        if way is Way.OWN_DAEMON:
             assert isinstance(request, bytes)  # cuts() leaves these to grpcio
-            self.dispatcher.keep(unread, kept)  # not the read reserve for as long as the PoSt takes
-            return self._to_post_address(request, context, base, started)
+            self.dispatcher.keep(unread, kept)  # not the read reserve for as long as the own daemon takes
+            return self._to_own_daemon(request, context, base, started)
         klass = dispatch.CLASS_POST if header.proof_kind in wire.POST_KINDS else dispatch.CLASS_PROOF
         kind = base["kind"]
         try:
@@ -220,29 +238,37 @@ class Router:
 
     def _place(self, request: bytes | cut_through.Incoming, context: CallContext, ticket: dispatch.Ticket,
                base: dict[str, Any], started: float) -> bytes:
-        attempt = 0
+        """Hold the call until a prover takes it, send it, and answer with what came back. A prover not reached
+        was sent nothing: that is no attempt, no row, and no drop against route.max_retries; the call is held
+        again while the prover is tried again later (dispatch.py)."""
+        attempt = 0  # times sent
         while True:
             prover = self._wait_for_slot(context, ticket, base, started, attempt)
-            attempt += 1
             sent = self.clock.monotonic()
             outcome: str = "dropped"
             answer: Any = "the router failed while sending it"
             try:
                 outcome, answer = self._send(prover, request, self._remaining(context, started))
             finally:  # the slot comes back whatever happened, so a fault here never shrinks the fleet
-                record = {**base, "uuid": prover.spec.uuid, "label": prover.spec.label, "attempt": attempt,
-                          "held_ms": _ms(sent - started), "prover_ms": _ms(self.clock.monotonic() - sent)}
+                timings: dict[str, Any] = {}
                 if outcome == "completed":
                     timings = _timings(answer)
                     outcome = "completed" if timings.pop("status") == wire.STATUS_COMPLETED else "failed"
-                    record.update(timings)
-                self._release(ticket, prover, outcome)
-                detail = f"{answer[0].name}: {answer[1]}" if outcome == "error" else answer
-                self._queue_record({**record, "result": "dropped" if outcome == "moved" else outcome,
-                                    **({"detail": str(detail)[:500]} if outcome not in ANSWERED else {})})
+                detail = (f"{answer[0].name}: {answer[1]}" if outcome == "error"
+                          else timings.get("detail", "") if outcome in ANSWERED else answer)
+                self._release(ticket, prover, outcome, str(detail)[:200])
+                if outcome != "unreached":
+                    attempt += 1
+                    self._queue_record({**base, **timings, "uuid": prover.spec.uuid, "label": prover.spec.label,
+                                        "attempt": attempt, "held_ms": _ms(sent - started),
+                                        "prover_ms": _ms(self.clock.monotonic() - sent),
+                                        "result": "dropped" if outcome == "moved" else outcome,
+                                        **({"detail": str(detail)[:500]} if outcome not in ANSWERED else {})})
             if outcome in ANSWERED:
                 proved: bytes = answer  # the prover's answer as it came (grpc types it Any)
                 return proved
+            if outcome == "unreached":
+                continue
             if outcome == "error":
                 context.abort(*answer)
             if outcome == "expired":
@@ -260,8 +286,6 @@ class Router:
 
     def _wait_for_slot(self, context: CallContext, ticket: dispatch.Ticket, base: dict[str, Any],
                        started: float, attempt: int) -> Prover:
-        if attempt and self._only_droppers(ticket):  # back to a prover that just dropped it: give it a moment
-            self._stop.wait(min(10.0, RESEND_PAUSE_S * attempt))
         while True:
             remaining = self._remaining(context, started)
             if remaining <= 0:
@@ -281,10 +305,6 @@ class Router:
             if prover is not None:
                 return prover
 
-    def _only_droppers(self, ticket: dispatch.Ticket) -> bool:
-        live = {p["uuid"] for p in self.dispatcher.snapshot()["provers"] if not p["gone"] and not p["set_aside"]}
-        return bool(live) and live <= ticket.dropped_by
-
     def _remaining(self, context: CallContext, started: float) -> float:
         """Seconds left of the call's deadline; a call without one (grpcio then says ~9e18 s) gets NO_DEADLINE_S
         from its arrival."""
@@ -294,89 +314,63 @@ class Router:
 
     def _send(self, prover: Prover, request: bytes | cut_through.Incoming, timeout: float) -> tuple[str, Any]:
         """(outcome, what came back): completed (the response bytes), error ((code, details) the daemon
-        chose), dropped/moved (why), expired (a message).
+        chose), dropped/moved/unreached (why), expired (a message).
 
-        A blocking call in the handler's own thread: a future would hand every answer across grpcio's channel
-        thread (measured: +2-12 ms at p99 for a small call). A call is taken back from a prover that left by
-        closing that prover's channel (refresh); Curio's own deadline bounds a call it gave up on."""
-        if isinstance(request, cut_through.Incoming):
-            outcome, answer = cut_through.send(prover.spec.endpoint, request, path=wire.PROVE, timeout=timeout,
-                                               clock=self.clock, track=lambda sock: self._track(prover, sock))
-            if outcome == "dropped" and prover.gone:
-                return "moved", f"{prover.spec.label} left the joined set while proving it"
-            if outcome == "dropped":  # as grpcio's drops read: the prover, then the status a client would see
-                return outcome, f"{prover.spec.label}: {answer}"[:300]
-            return outcome, answer
-        stub = self._channel(prover.spec.uuid, prover.spec.endpoint).unary_unary(wire.PROVE)
+        Every Prove, small or large, goes to a prover over the router's own HTTP/2 client (cut_through.py),
+        which holds the prover to one answer of at most wire.MAX_ANSWER, to the whole request, within the call's
+        deadline; a blocking call in the handler's own thread. A call is taken back from a prover that left by
+        shutting its connection (refresh)."""
+        label = prover.spec.label
+        message = request if isinstance(request, cut_through.Incoming) else \
+            cut_through.Incoming.whole(request, self.buffers)
+        deadline = self.clock.monotonic() + timeout
+        outcome, answer = cut_through.send(prover.spec.endpoint, message, path=wire.PROVE, timeout=timeout,
+                                           clock=self.clock, track=lambda sock: self._track(prover, sock))
+        return health.of_cut_through(label, prover.gone, outcome, answer,
+                                     at_deadline=self.clock.monotonic() >= deadline - health.DEADLINE_SLACK_S)
+
+    def _to_own_daemon(self, request: bytes, context: CallContext, base: dict[str, Any],
+                       started: float) -> bytes:
+        """To route.own_daemon, once, unheld: its answer or status goes back as it came (UNAVAILABLE, the daemon
+        not reached, names it), recorded under the label `own_daemon`."""
+        assert self._own_channel is not None
+        sent = self.clock.monotonic()
+        where = {"label": OWN_DAEMON_LABEL, "attempt": 1, "held_ms": _ms(sent - started)}
         try:
-            return "completed", stub(request, timeout=timeout)
+            answer = self._own_channel.unary_unary(wire.PROVE)(request, timeout=self._remaining(context, started))
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
-            if prover.gone:
-                return "moved", f"{prover.spec.label} left the joined set while proving it"
-            if code in DROPPED or code == grpc.StatusCode.CANCELLED:  # CANCELLED: not by us, not by Curio
-                return "dropped", f"{prover.spec.label}: {code.name} {details}"[:300]
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return "expired", f"the call's deadline passed while {prover.spec.label} proved it"
-            return "error", (code, details)
-        except ValueError:  # the channel was closed before the call went out: the prover left meanwhile
-            return "moved", f"{prover.spec.label} left the joined set before the call went out"
-
-    def _to_post_address(self, request: bytes, context: CallContext, base: dict[str, Any],
-                         started: float) -> bytes:
-        assert self._post_channel is not None
-        sent = self.clock.monotonic()
-        try:
-            answer = self._post_channel.unary_unary(wire.PROVE)(request, timeout=self._remaining(context, started))
-        except grpc.RpcError as exc:
-            self._queue_record({**base, "label": "post_address", "result": "error", "held_ms": 0, "attempt": 1,
-                                "prover_ms": _ms(self.clock.monotonic() - sent),
-                                "detail": f"{exc.code().name}: {exc.details()}"[:500]})
-            context.abort(exc.code(), exc.details() or "")
+            self._queue_record({**base, **where, "result": "error", "prover_ms": _ms(self.clock.monotonic() - sent),
+                                "detail": f"{code.name}: {details}"[:500]})
+            if code == grpc.StatusCode.UNAVAILABLE:
+                details = f"vastctl route: your own daemon {self.config.route.own_daemon} (route.own_daemon): {details}"
+            context.abort(code, details[:1000])
         timings = _timings(answer)
         result = "completed" if timings.pop("status") == wire.STATUS_COMPLETED else "failed"
-        self._queue_record({**base, **timings, "label": "post_address", "result": result, "held_ms": _ms(sent - started),
-                            "prover_ms": _ms(self.clock.monotonic() - sent), "attempt": 1})
+        self._queue_record({**base, **timings, **where, "result": result,
+                            "prover_ms": _ms(self.clock.monotonic() - sent)})
         proved: bytes = answer  # the daemon's answer as it came (grpc types it Any)
         return proved
 
+    def _refuse_unverified(self, header: wire.ProveHeader, base: dict[str, Any], started: float,
+                           context: CallContext) -> NoReturn:
+        """A kind Curio does not verify, with no own daemon and not sent to the fleet by choice: refused, recorded
+        and logged, each in one line naming the two settings."""
+        name = wire.KIND_NAMES[header.proof_kind]
+        self._record(base, "refused", started, attempt=0,
+                     detail=f"unverified kind: route.own_daemon not set, route.unverified_to_fleet does not list {name}")
+        log.warning("refused %s call %s: Curio does not verify it and route.own_daemon is not set", name,
+                    base["request_id"])
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, routing.refusal(header.proof_kind))
+
     def get_status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        snapshot = self.dispatcher.snapshot()
-        live = [p for p in snapshot["provers"] if not p["gone"]]
-        summed = wire.GetStatusResponse()
-        queues: dict[str, list[int]] = {}
-        srs: dict[str, Any] = {}
+        """The joined provers' answers, each judged alone, summed and clamped (status.py): one prover's answer
+        that does not parse or carries absurd counts is left out, never fails GetStatus for every caller."""
+        return self.statuses.answer(self.dispatcher.snapshot())
 
-        def ask(prover: dict[str, Any]) -> Any:
-            try:
-                data = self._channel(prover["uuid"], prover["endpoint"]).unary_unary(wire.GET_STATUS)(
-                    b"", timeout=STATUS_TIMEOUT_S)
-            except (grpc.RpcError, ValueError):  # ValueError: its channel closed, the prover left meanwhile
-                return None
-            return wire.GetStatusResponse.FromString(data)
-
-        answers = list(futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(live)))).map(ask, live)) if live else []
-        for answer in answers:
-            if answer is None:
-                continue
-            summed.gpus.extend(answer.gpus)
-            for entry in answer.loaded_srs:
-                srs.setdefault(entry.circuit_id, entry)
-            for entry in answer.queues:
-                counts = queues.setdefault(entry.proof_kind, [0, 0])
-                counts[0] += entry.pending
-                counts[1] += entry.in_progress
-            summed.total_proofs_completed += answer.total_proofs_completed
-            summed.total_proofs_failed += answer.total_proofs_failed
-            summed.pinned_memory_bytes += answer.pinned_memory_bytes
-            summed.pinned_memory_limit_bytes += answer.pinned_memory_limit_bytes
-            summed.uptime_seconds = max(summed.uptime_seconds, answer.uptime_seconds)
-        summed.loaded_srs.extend(srs.values())
-        for kind, (pending, in_progress) in sorted(queues.items()):
-            summed.queues.add(proof_kind=kind, pending=pending, in_progress=in_progress)
-        summed.queues.add(proof_kind="router-held", pending=snapshot["held"], in_progress=0)
-        status: bytes = summed.SerializeToString()  # protobuf's message types are Any here
-        return status
+    def _status_of(self, prover: dict[str, Any]) -> Any | None:
+        """One prover's GetStatusResponse, judged alone (status.Statuses.of), or None."""
+        return self.statuses.of(prover)
 
     # --- the provers --------------------------------------------------------------------------------------
 
@@ -412,12 +406,30 @@ class Router:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+        for label in self.dispatcher.taken_back():
+            log.info("prover %s taken back: its ejection ended", label)
+        self._watch_lingering()
 
-    def _release(self, ticket: dispatch.Ticket, prover: Prover, outcome: str) -> None:
-        why = self.dispatcher.release(ticket, prover, outcome)
-        if why is not None:
-            log.warning("prover %s set aside: %s", prover.spec.label, why)
-            self._records.put(("set_aside", prover.spec.uuid, why))
+    def _watch_lingering(self) -> None:
+        """Ask the daemons holding slots for calls given up (cuzk proves on for a caller gone) what work they
+        have: a slot comes free once its daemon shows fewer calls than slots so held (dispatch.py)."""
+        uuids = set(self.dispatcher.lingering_provers())
+        provers = [p for p in self.dispatcher.snapshot()["provers"] if p["uuid"] in uuids]
+        if not provers:
+            return
+        with futures.ThreadPoolExecutor(max_workers=min(16, len(provers)), thread_name_prefix="route-work") as pool:
+            answers = list(pool.map(self._status_of, provers))
+        for prover, answer in zip(provers, answers):  # None: not reached or not believed; a proof's time frees
+            if answer is not None and self.dispatcher.observe_work(prover["uuid"], health.work(answer)):
+                log.info("prover %s: slots of calls given up free again", prover["label"])
+
+    def _release(self, ticket: dispatch.Ticket, prover: Prover, outcome: str, detail: str) -> None:
+        """Give the slot back; say what it did to the prover's health, and record a prover to kill (once)."""
+        change = self.dispatcher.release(ticket, prover, outcome, detail)
+        if change is not None:
+            health.tell(prover.spec.label, change)
+            if change.report is not None:
+                self._records.put(("set_aside", prover.spec.uuid, change.report))
 
     def _track(self, prover: Prover, sock: socket.socket | None) -> None:
         """The connection a call sent on as it arrives has open to `prover` (None: closed), so refresh can shut
@@ -465,7 +477,8 @@ class Router:
                 self.buffers.trim()
                 try:
                     self.refresh(conn)
-                    deliveries.write_status(conn, self.dispatcher.snapshot(), now=self.clock.now())
+                    deliveries.write_status(conn, self.dispatcher.snapshot(), now=self.clock.now(),
+                                            routing=routing.named(self.ways))
                 except Exception as exc:  # noqa: BLE001 - a locked or damaged file must not stop the calls
                     log.error("could not read or write the state file: %s", exc)
                 if stopping:

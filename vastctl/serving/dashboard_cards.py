@@ -158,7 +158,28 @@ def _router(router: dict[str, Any] | None) -> str:
              f'proof wait p50 <span id="proof-wait">{esc(clock.human_duration(wait["p50_s"]))}</span>'
              f' · p95 {esc(clock.human_duration(wait["p95_s"]))} · p99 {esc(clock.human_duration(wait["p99_s"]))}'
              f' ({esc(wait["calls"])} calls)')
-    return _card("glance-router", "Proof router", status, f'<p>{held}</p><p class="note">{waits}</p>')
+    unverified, risky = _unverified(router.get("routing")) if router["router_running"] else ("", False)
+    if risky and status == "ok":
+        status = "warn"
+    return _card("glance-router", "Proof router", status, f'<p>{held}</p><p class="note">{waits}</p>{unverified}')
+
+
+UNVERIFIED_WORDS = {"snap": "SnapDeals", "winning_post": "WinningPoSt"}  # the kinds Curio does not verify
+WAY_WORDS = {"own_daemon": "your own daemon", "fleet": "the rented fleet, unverified",
+             "refused": "refused (route.own_daemon not set)"}
+
+
+def _unverified(routing: dict[str, str] | None) -> tuple[str, bool]:
+    """Where the running router sends the proofs Curio does not verify (route_status.routing), and whether that
+    is anything but the operator's own daemon (refused, or the fleet by route.unverified_to_fleet)."""
+    if not routing:
+        return "", False
+    shown = [(words, routing[kind]) for kind, words in UNVERIFIED_WORDS.items() if kind in routing]
+    if not shown:
+        return "", False
+    text = " · ".join(f"{esc(words)} → {esc(WAY_WORDS.get(way, way))}" for words, way in shown)
+    return (f'<p class="note" id="unverified-routing">unverified by Curio: {text}</p>',
+            any(way != "own_daemon" for _, way in shown))
 
 
 def summary(s: dict[str, Any], now: datetime) -> str:

@@ -513,4 +513,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         END
         """,
     ),
+    (
+        "where the router sends each proof kind (own_daemon, fleet, refused) as JSON by kind name: the dashboard shows"
+        " where the proofs Curio does not verify go, as the running router decided",
+        "ALTER TABLE route_status ADD COLUMN routing TEXT",
+    ),
 ]

@@ -254,6 +254,7 @@ class RouteStatusRow(TypedDict):
     oldest_held_s: float | None
     in_flight: int
     provers: int
+    routing: str | None  # JSON: proof kind name → own_daemon, fleet or refused (route/routing.py)
 
 
 # table name → its row type: what tests/test_rows.py holds against the migrated schema (the simulator's
