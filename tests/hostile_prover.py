@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 import hpack
 from hpack import NeverIndexedHeaderTuple
+from raw_h2 import varint
 
 from vastctl.route import wire
 
@@ -64,15 +65,6 @@ def window_update(stream: int, increment: int) -> bytes:
 def prefix(length: int) -> bytes:
     """gRPC's 5-byte message prefix: not compressed, `length` bytes follow."""
     return b"\x00" + struct.pack(">I", length)
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def proof_answer(request_id: str, proof: bytes) -> bytes:

@@ -25,7 +25,7 @@ import yaml
 from serving import query, wait_for
 
 from vastctl import clock
-from vastctl.route import wire
+from vastctl.route import handover, wire
 from vastctl.state import db
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,20 +34,10 @@ PROTO = ROOT / "vastctl" / "route" / "proving.proto"
 DEBIAN_GOCODE = "/usr/share/gocode"  # golang-google-grpc-dev and golang-goprotobuf-dev's sources
 SLOTS = 2  # launch.bench_concurrency: what the router lets each prover hold
 
-# Started as systemd starts a socket-activated service: the socket (at fd N in the wrapper) moved to fd 3,
-# LISTEN_FDS=1 and LISTEN_PID naming the process, which then becomes `vastctl route` (exec keeps the pid).
-ACTIVATE = ("import os, sys\n"
-            "fd = int(sys.argv[1])\n"
-            "if fd != 3:\n"
-            "    os.dup2(fd, 3)\n"
-            "    os.close(fd)\n"
-            "os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()))\n"
-            "os.execv(sys.argv[2], sys.argv[2:])\n")
-
-
 def socket_activated(fd: int, command: list[str]) -> list[str]:
-    """`command` started as systemd starts a socket-activated service, given the socket at `fd` (pass_fds)."""
-    return [sys.executable, "-c", ACTIVATE, str(fd), *command]
+    """`command` started as systemd starts a socket-activated service, given the socket at `fd` (pass_fds): the
+    same first step a router's handover gives its successor."""
+    return [sys.executable, "-c", handover.ACTIVATE, str(fd), *command]
 
 
 def proof_of(request_id: str, size: int = 1920) -> bytes:

@@ -23,7 +23,7 @@ import hpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_route_conformance import (
+from raw_h2 import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -42,6 +42,7 @@ from test_route_conformance import (
     good_status,
     grpc_message,
     request_fields,
+    varint,
 )
 
 pytestmark = pytest.mark.slow  # a router process on loopback
@@ -208,23 +209,14 @@ def test_one_message_of_an_answer_is_the_message_or_a_value_error(body):
     assert body[0] == 0 and int.from_bytes(body[1:5], "big") == len(body) - 5 and bytes(message) == body[5:]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _key(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
+    return varint(number << 3 | wire_type)
 
 
 # protobuf-shaped bytes: fields of the answer messages with extreme values, nested, cut or unknown
-scalar = st.builds(lambda n, v: _key(n, 0) + _varint(v), st.integers(1, 20),
+scalar = st.builds(lambda n, v: _key(n, 0) + varint(v), st.integers(1, 20),
                    st.sampled_from([0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1]))
-nested = st.builds(lambda n, body: _key(n, 2) + _varint(len(body)) + body, st.integers(1, 4),
+nested = st.builds(lambda n, body: _key(n, 2) + varint(len(body)) + body, st.integers(1, 4),
                    st.lists(scalar, max_size=4).map(b"".join))
 proto_bytes = st.one_of(st.lists(st.one_of(scalar, nested), max_size=8).map(b"".join), st.binary(max_size=64))
 

@@ -48,7 +48,7 @@ from h2.exceptions import DenialOfServiceError, ProtocolError, TooManyStreamsErr
 from h2.settings import Settings
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_route_conformance import (
+from raw_h2 import (
     CANCEL,
     CODE_NAMES,
     COMPRESSION_ERROR,

@@ -305,5 +305,6 @@ def test_vastctl_route_says_at_start_up_where_unverified_kinds_go(tmp_path):
         stop_process(router)
     assert said == [f"routing on {address} (state file {path}; SnapDeals and WinningPoSt refused (FAILED_PRECONDITION):"
                     " Curio does not verify them, route.own_daemon is not set and route.unverified_to_fleet does not"
-                    " list them; PoRep and WindowPoSt to the rented fleet; stop with SIGTERM)"]
+                    " list them; PoRep and WindowPoSt to the rented fleet; stop with SIGTERM, hand over to a new router"
+                    " with SIGHUP)"]
     assert "WARNING routing: SnapDeals and WinningPoSt refused" in log.read_text()

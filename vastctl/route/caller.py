@@ -266,8 +266,8 @@ class CallerConnection:
                 elif isinstance(event, core.Pong) and event.payload == DRAIN_PING and self.draining:
                     # every stream the caller opened before it read our first GOAWAY is in: name the last
                     self.core.refusing = True
-                    self.core.out.append(h2.goaway(self.core.processed, h2.NO_ERROR))
-                    self.final_goaway = True
+                    self.write(self.core.take_out() + [h2.goaway(self.core.processed, h2.NO_ERROR)])
+                    self.final_goaway = True  # only once it is sent: a call ending now may close the connection
             for stream_id, (payloads, end) in self.arriving.items():
                 arriving = self.streams.get(stream_id)
                 if arriving is not None and arriving.incoming is not None:

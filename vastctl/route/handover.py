@@ -23,7 +23,7 @@ READY_FD = "VASTCTL_ROUTE_READY_FD"  # the pipe the successor writes one byte to
 READY_TIMEOUT_S = 60.0
 # the successor's first step: the socket to fd 3, LISTEN_* set to name it, then `vastctl` itself (exec keeps
 # the pid LISTEN_PID names)
-_ACTIVATE = ("import os, sys\n"
+ACTIVATE = ("import os, sys\n"
              "fd = int(sys.argv[1])\n"
              "if fd != 3:\n"
              "    os.dup2(fd, 3)\n"
@@ -45,7 +45,7 @@ def start_successor(listening: socket.socket, argv: list[str] | None = None,
     fd = os.dup(listening.fileno())
     try:
         env = {**os.environ, READY_FD: str(write_end)}
-        successor = subprocess.Popen([sys.executable, "-c", _ACTIVATE, str(fd), *command], env=env,
+        successor = subprocess.Popen([sys.executable, "-c", ACTIVATE, str(fd), *command], env=env,
                                      pass_fds=(fd, write_end), stdin=subprocess.DEVNULL)
     finally:
         os.close(fd)
