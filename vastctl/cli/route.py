@@ -104,11 +104,10 @@ def route_cmd(
             continue
         say(f"handed over to the next router (pid {successor}); finishing the calls taken here")
         break
-    answered = _drain(router, server, front, config.route.drain_timeout)
+    _drain(router, server, front, config.route.drain_timeout)
     router.stop_writer()
     say("stopped")
-    if not answered:
-        _end_process()
+    _end_process()
 
 
 def _drain(router: Router, server: grpc.Server, front: Front, timeout: float) -> bool:
@@ -141,9 +140,9 @@ def _drain(router: Router, server: grpc.Server, front: Front, timeout: float) ->
 
 
 def _end_process() -> NoReturn:
-    """Exit at once, as route.drain_timeout promises: a call cut while on a prover still waits for it in one of
-    grpcio's worker threads, which the interpreter's exit would wait for (up to the call's own deadline).
-    What the router recorded is written by then (Router.stop_writer)."""
+    """Exit at once, as route.drain_timeout promises: a call cut while on a prover, or one whose caller went
+    away, may still wait for its prover in one of grpcio's worker threads, which the interpreter's exit would
+    wait for (up to the call's own deadline). What the router recorded is written by then (stop_writer)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
