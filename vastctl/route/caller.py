@@ -38,6 +38,7 @@ MAX_STREAMS = 256  # calls open at once on one connection (gRPC clients queue th
 WRITE_STALL_S = 30.0  # a caller that takes none of our bytes this long has its connection closed
 WINDOW_STALL_S = 120.0  # a caller that opens no window for an answer this long has that call reset
 PREFACE_S = 10.0  # a connection that does not start HTTP/2 within this is closed
+READ_SMALL = 256 * 1024  # what one read may take while no large call arrives on the connection (h2.READ while one does)
 DRAIN_PING = b"vastctl\x00"  # the PING of a graceful stop: its answer says the first GOAWAY was read
 
 
@@ -104,6 +105,7 @@ class CallerConnection:
         self.internal = GrpcioLink(self, site.internal_port)
         self.arriving: dict[int, tuple[list[Any], bool]] = {}
         self.backlog: list[tuple[str, int, Any, int]] = []  # grpcio's frames waiting for the caller's windows
+        self.arriving_calls = 0  # large calls served here whose message may still be arriving
         self.draining = False
         self.final_goaway = False  # a graceful stop named the last stream taken
         self.last_active = clock.monotonic()
@@ -238,13 +240,12 @@ class CallerConnection:
                 raise h2.ConnectionFault(h2.PROTOCOL_ERROR, "not an HTTP/2 (gRPC) connection")
         self.sock.settimeout(None)
         self.write(self.core.preface())
-        reader = h2.Reader(self.sock, max_frame=FRAME_IN)
+        reader = h2.Reader(self.sock, max_frame=FRAME_IN, read_size=READ_SMALL)
         while (frames := reader.read()) is not None:
             self.last_active = self.clock.monotonic()
             received = 0
             self.arriving = {}  # this read's bytes of each call served here, added at once
-            for frame in frames:
-                event = self.core.receive(frame)
+            for event in self.core.receive_all(frames):
                 if isinstance(event, core.Data):
                     received += event.flow
                     self._data(event.stream, event.payload, event.end)
@@ -253,7 +254,7 @@ class CallerConnection:
                 elif isinstance(event, core.Reset):
                     self._reset(event.stream)
                 elif isinstance(event, core.Settings):
-                    self.write(self.core.take_out())  # acknowledged before a frame may use them
+                    self.write(self.core.take_out())  # acknowledged before a frame may use them (never empty)
                     self.core.apply_settings()
                     if h2.INITIAL_WINDOW_SIZE in event.values:
                         self.internal.caller_window(event.values[h2.INITIAL_WINDOW_SIZE])
@@ -273,6 +274,9 @@ class CallerConnection:
                 if arriving is not None and arriving.incoming is not None:
                     arriving.incoming.add(payloads, end)
             self.arriving = {}
+            # large reads only while a large call arrives (its memory was reserved): whatever else a peer sends,
+            # its connection reads at most READ_SMALL at a time
+            reader.read_size = h2.READ if self.arriving_calls else READ_SMALL
             self.internal.after_read()
             out = self.core.take_out()
             if received:
@@ -339,6 +343,7 @@ class CallerConnection:
         stream.prelude = bytearray()
         timeout = h2.grpc_timeout(dict(stream.fields).get(b"grpc-timeout"))
         call = threading.Thread(target=self._serve, args=(stream, header, timeout), name="route-call", daemon=True)
+        self.arriving_calls += 1
         self.site.call_started(call)
         call.start()
 
@@ -364,6 +369,7 @@ class CallerConnection:
             self._shut()  # the caller stopped taking bytes: its connection ends (what the router did is recorded)
         finally:
             incoming.release()
+            self.arriving_calls -= 1
             self._finished(stream.id)
             self.site.call_ended(threading.current_thread())
 

@@ -109,8 +109,9 @@ class _Attempt:
     """One HTTP/2 connection to a prover carrying this one call; its reader runs in a thread. The prover is held
     to RFC 9113 by the connection core and to gRPC's unary answer: one message of at most wire.MAX_ANSWER."""
 
-    def __init__(self, sock: socket.socket, incoming: Incoming) -> None:
+    def __init__(self, sock: socket.socket, incoming: Incoming, deadline: float, clock: Clock) -> None:
         self.sock, self.incoming, self.cond = sock, incoming, incoming.cond
+        self.deadline, self.clock = deadline, clock
         self.core = core.Connection(server=False, window=OUR_WINDOW, connection_window=OUR_WINDOW, cond=incoming.cond)
         self.stream = self.core.open_stream()
         self.send_lock = threading.Lock()
@@ -128,16 +129,18 @@ class _Attempt:
             h2.send_buffers(self.sock, buffers, timeout=timeout, give_up=self._given_up)
 
     def _given_up(self) -> bool:
-        return self.failed is not None or self.incoming.gone is not None
+        return self.failed is not None or self.incoming.gone is not None or self.clock.monotonic() >= self.deadline
 
     def read_loop(self) -> None:
         reader = h2.Reader(self.sock, read_size=ANSWER_READ)
         try:
             while (frames := reader.read()) is not None:
                 self.heard = True
-                for frame in frames:
-                    self._take(self.core.receive(frame))
-                self.write(self.core.take_out(), timeout=WRITE_STALL_S)
+                for event in self.core.receive_all(frames):
+                    self._take(event)
+                out = self.core.take_out()
+                if out:  # not for nothing: the upload may hold send_lock, writing
+                    self.write(out, timeout=WRITE_STALL_S)
         except h2.ConnectionFault as fault:
             self._fail(f"the daemon broke HTTP/2 (error {fault.code}): {fault}"[:300])
         except OSError:
@@ -148,7 +151,9 @@ class _Attempt:
         if isinstance(event, core.Settings):
             # acknowledged before the upload may use them: a larger frame sent ahead of the ACK is one the
             # daemon still refuses (FRAME_SIZE_ERROR)
-            self.write(self.core.take_out(), timeout=WRITE_STALL_S)
+            out = self.core.take_out()
+            if out:
+                self.write(out, timeout=WRITE_STALL_S)
             self.core.apply_settings()
         elif isinstance(event, core.Headers) and event.stream == self.stream:
             with self.cond:
@@ -195,8 +200,9 @@ def send(endpoint: str, incoming: Incoming, *, path: str, timeout: float, clock:
         return "unreached", f"UNAVAILABLE could not connect: {exc}"[:300]
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    h2.bound_sends(sock)
     track(sock)
-    attempt = _Attempt(sock, incoming)
+    attempt = _Attempt(sock, incoming, deadline, clock)
     try:
         fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
                   (b":authority", endpoint.encode()), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
@@ -258,34 +264,27 @@ def _upload(attempt: _Attempt, deadline: float, clock: Clock) -> tuple[str, Any]
                     return stopped
                 available = h2.MESSAGE_PREFIX + incoming.received - position
                 if available > 0:
-                    size = connection.take(stream, min(available, BATCH))
+                    size = connection.take(stream, min(available, BATCH), frames=True)
                     if size < 0:
                         attempt._fail("the daemon closed the stream while the call was sent")
                         continue
                     if size > 0:
                         break
                 attempt.cond.wait(timeout=max(0.0, min(1.0, deadline - clock.monotonic())))
-            # one take per frame: the peer's frame size bounds each, its windows all of them
             assert incoming.data is not None  # opened before the router placed it
             data = memoryview(incoming.data)
-            batch = 0
-            while True:
-                last = position + size == total
-                frames.append(h2.header(size, h2.DATA, h2.END_STREAM if last else 0, stream))
+            end = position + size
+            while position < end:  # cut into the peer's frame size
+                length = min(end - position, connection.max_frame_out)
+                last = position + length == total
+                frames.append(h2.header(length, h2.DATA, h2.END_STREAM if last else 0, stream))
                 if position < h2.MESSAGE_PREFIX:
-                    head = min(size, h2.MESSAGE_PREFIX - position)
+                    head = min(length, h2.MESSAGE_PREFIX - position)
                     frames.append(prefix[position:position + head])
-                    frames.append(data[0:size - head])
+                    frames.append(data[0:length - head])
                 else:
-                    frames.append(data[position - h2.MESSAGE_PREFIX:position - h2.MESSAGE_PREFIX + size])
-                position += size
-                batch += size
-                more = min(h2.MESSAGE_PREFIX + incoming.received - position, BATCH - batch)
-                if more <= 0:
-                    break
-                size = connection.take(stream, more)
-                if size <= 0:
-                    break
+                    frames.append(data[position - h2.MESSAGE_PREFIX:position - h2.MESSAGE_PREFIX + length])
+                position += length
         try:  # outside the lock: the reader keeps taking window updates while this waits on the socket
             attempt.write(frames, timeout=max(0.001, deadline - clock.monotonic()))
             if position == total:

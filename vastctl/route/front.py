@@ -20,6 +20,7 @@ import socket
 import threading
 
 from vastctl.clock import SYSTEM, Clock
+from vastctl.route import h2
 from vastctl.route.caller import CallerConnection
 from vastctl.route.server import Router
 
@@ -88,6 +89,7 @@ class Front:
 
     def _admit(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        h2.bound_sends(sock)  # a caller that stops reading is let go (caller.WRITE_STALL_S)
         with self.lock:
             evicted = None
             if len(self.connections) >= self.max_connections:

@@ -32,6 +32,7 @@ LARGEST_WINDOW = (1 << 31) - 1
 LAST_STREAM = (1 << 31) - 1
 READ = 4 << 20  # one recv_into reads at most this much
 SMALL_READ = 64 * 1024  # what an idle connection's read buffer shrinks back to
+QUIET_MS = 5000  # ...once nothing came for this long (a burst of large calls comes sooner: a new buffer costs page faults)
 
 
 class Frame(NamedTuple):
@@ -115,10 +116,11 @@ class Reader:
         self._poll.register(sock, select.POLLIN)
 
     def _make_room(self) -> None:
+        self.chunk = min(self.chunk, max(self.read_size, SMALL_READ))  # read_size may have been lowered
         left = self.end - self.start
         if left == 0:
             self.start = self.end = 0
-            if len(self.buffer) > SMALL_READ and not self._poll.poll(0):  # quiet now: give the memory back
+            if len(self.buffer) > SMALL_READ and not self._poll.poll(QUIET_MS):  # quiet: give the memory back
                 self.chunk = min(SMALL_READ, self.read_size)
                 self.buffer = _buffer(self.chunk)
                 return
@@ -142,8 +144,8 @@ class Reader:
             return None
         if not count:
             return None
-        if count == self.chunk and self.chunk < self.read_size:
-            self.chunk = min(self.read_size, self.chunk * 2)
+        if count == self.chunk and self.chunk < self.read_size:  # a bulk transfer: read as much as it can
+            self.chunk = self.read_size
         self.end += count
         frames, buffer, view = [], self.buffer, memoryview(self.buffer)
         while self.end - self.start >= 9:
@@ -169,29 +171,32 @@ def _buffer(size: int) -> bytearray | mmap.mmap:
     return bytearray(size) if size <= SMALL_READ else mmap.mmap(-1, size)
 
 
+SEND_TICK_S = 1  # a send blocked this long in the kernel comes back to ask whether to go on
+
+
+def bound_sends(sock: socket.socket) -> None:
+    """Make a blocked send on `sock` return after SEND_TICK_S (SO_SNDTIMEO), so send_buffers can give up on a
+    peer that stopped reading; the socket stays blocking, so a send that goes through costs one system call."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TICK_S, 0))
+
+
 def send_buffers(sock: socket.socket, buffers: list[Any], timeout: float | None = None,
                  give_up: Callable[[], bool] | None = None) -> None:
-    """Send every buffer, in order, without joining them into one copy first. `timeout`: the seconds the peer
-    may go without taking a byte (TimeoutError past them), so a peer that stops reading holds no one for ever;
-    `give_up` is asked each second meanwhile (TimeoutError when it says so)."""
+    """Send every buffer, in order, without joining them into one copy first. `timeout` (on a socket given
+    bound_sends): the seconds the peer may go without taking a byte (TimeoutError past them), so a peer that
+    stops reading holds no one for ever; `give_up` is asked each SEND_TICK_S meanwhile (TimeoutError when it
+    says so)."""
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    poll = None
+    waited = 0.0
     while views:
-        if timeout is None:
+        try:
             sent = sock.sendmsg(views[:512])
-        else:
-            try:
-                sent = sock.sendmsg(views[:512], [], socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                if poll is None:
-                    poll = select.poll()
-                    poll.register(sock, select.POLLOUT)
-                waited = 0.0
-                while not poll.poll(int(min(1.0, timeout - waited) * 1000)):
-                    waited += 1.0
-                    if waited >= timeout or (give_up is not None and give_up()):
-                        raise TimeoutError(f"the peer took nothing for {waited:g}s") from None
-                continue
+        except BlockingIOError:  # SO_SNDTIMEO passed with no byte taken
+            waited += SEND_TICK_S
+            if timeout is not None and waited >= timeout or give_up is not None and give_up():
+                raise TimeoutError(f"the peer took nothing for {waited:g}s") from None
+            continue
+        waited = 0.0
         while sent:
             if sent >= len(views[0]):
                 sent -= len(views[0])
