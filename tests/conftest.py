@@ -118,6 +118,14 @@ def isolated(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(scope="session")
+def go_client(tmp_path_factory):
+    """Curio's own client in grpc-go, built once a session from Debian's packages (tests/route_processes.py)."""
+    from route_processes import go_client_binary
+
+    return go_client_binary(tmp_path_factory)
+
+
 @pytest.fixture
 def db_path(tmp_path) -> Path:
     return tmp_path / "vastctl.db"

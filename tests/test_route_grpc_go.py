@@ -14,17 +14,12 @@ import subprocess
 
 import pytest
 from curio_client import prove_request
-from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, go_client_binary, proof_of
+from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, proof_of
 from serving import wait_for
 
 from vastctl.route import wire
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
-
-
-@pytest.fixture(scope="session")
-def go_client(tmp_path_factory):
-    return go_client_binary(tmp_path_factory)
 
 
 @pytest.fixture

@@ -13,15 +13,10 @@ import re
 import signal
 
 import pytest
-from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, go_client_binary
+from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof
 from serving import wait_for
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
-
-
-@pytest.fixture(scope="session")
-def go_client(tmp_path_factory):
-    return go_client_binary(tmp_path_factory)
 
 
 @pytest.fixture

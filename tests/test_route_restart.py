@@ -16,17 +16,12 @@ import subprocess
 import sys
 
 import pytest
-from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, go_client_binary, socket_activated
+from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, socket_activated
 from serving import wait_for
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
 
 LOAD_CALLS = 20  # calls the load makes between two restarts (each worker one after another)
-
-
-@pytest.fixture(scope="session")
-def go_client(tmp_path_factory):
-    return go_client_binary(tmp_path_factory)
 
 
 @pytest.fixture

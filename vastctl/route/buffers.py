@@ -1,7 +1,7 @@
 """The memory a large Prove is kept in while the router has it, used again by the next one.
 
-Fresh memory costs a page fault on each 4 KiB the first time it is written: for a 100 MB call about 36 ms of
-faults where the copy itself takes 10 (measured), a third of what the router added to such a call. Curio's
+Fresh memory costs a page fault on each 4 KiB the first time it is written, several times what the copy itself
+costs (bench/README.md, "Fifth step"). Curio's
 large calls come one after another at much the same size (a PoRep's C1 output), so a buffer given back is kept
 for the next call that fits it. What is kept is bounded: kept buffers and the calls the router holds together
 stay within route.max_held_mb, and a buffer no call used for IDLE_S seconds goes back to the system, so the

@@ -1,13 +1,14 @@
-"""A large Prove sent on to its prover while it still arrives from Curio, and kept whole for a resend.
+"""A Prove sent to its prover over the router's own HTTP/2 client: a large one while it still arrives from
+Curio, and kept whole for a resend.
 
-Read whole before it is sent (what grpcio's handlers are given), a 100 MB call crosses the router twice, one
-crossing after the other: +54-82% (bench/README.md, "Proof router"). Here its bytes go to the prover as they
-come, under the prover's HTTP/2 flow control, and are copied once into the call's own buffer, so a call the
-prover dropped can be sent again, from the start, to another prover.
+Read whole before it is sent, a large call would cross the router twice, one crossing after the other
+(bench/README.md, "Proof router"). Here its bytes go to the prover as they come, under the prover's HTTP/2 flow
+control, and are copied once into the call's own buffer, so a call the prover dropped can be sent again, from
+the start, to another prover. A small call, read whole by grpcio, goes the same way from its bytes.
 
-`Incoming` is the call's message as the front end (front.py) receives it; `send` is one attempt at one prover,
-over a connection of its own (one per call: a large call's upload takes far longer than a connection's set-up),
-which returns what came back as server.Router's other sends do.
+`Incoming` is the call's message as the front end (caller.py) receives it; `send` is one attempt at one prover,
+over a connection of its own (one per call, so each answer is judged alone: one message, to the whole
+request), which returns what came back as an outcome server.Router reads (health.py).
 """
 
 from __future__ import annotations
