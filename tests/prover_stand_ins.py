@@ -19,6 +19,7 @@ from serving import query, wait_for
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.route import front as route_front
+from vastctl.route import listener as route_listener
 from vastctl.route import server as route_server
 from vastctl.route import wire
 from vastctl.state import db
@@ -100,7 +101,7 @@ class RouterOnFile:
         self.server.start()
         self.front = None
         if through == "as it arrives":
-            self.front = route_front.Front(self.router, route_front.bind("127.0.0.1:0"), port)
+            self.front = route_front.Front(self.router, route_listener.bind("127.0.0.1:0"), port)
             self.front.start()
             port = self.front.listen.getsockname()[1]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 300 * MiB),

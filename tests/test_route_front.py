@@ -19,6 +19,7 @@ from vastctl import clock
 from vastctl import config as config_module
 from vastctl.route import front as route_front
 from vastctl.route import h2, wire
+from vastctl.route import listener as route_listener
 from vastctl.route import server as route_server
 from vastctl.state import db
 
@@ -40,7 +41,7 @@ class Site:
         self.server, internal = route_server.make_server(self.router, "127.0.0.1:0")
         self.server.start()
         self.internal = internal
-        self.listening = route_front.bind("127.0.0.1:0")  # held here as systemd holds it: fronts come and go
+        self.listening = route_listener.bind("127.0.0.1:0")  # held here as systemd holds it: fronts come and go
         self.fronts: list[route_front.Front] = []
         self.front = self.new_front()
         self.port = self.listening.getsockname()[1]

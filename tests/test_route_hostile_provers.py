@@ -19,6 +19,7 @@ from serving import query, wait_for
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.route import front as route_front
+from vastctl.route import listener as route_listener
 from vastctl.route import server as route_server
 from vastctl.route import wire
 from vastctl.state import db
@@ -43,7 +44,7 @@ class Site:
         self.router.start_writer(self.path)
         self.server, internal = route_server.make_server(self.router, "127.0.0.1:0")
         self.server.start()
-        self.front = route_front.Front(self.router, route_front.bind("127.0.0.1:0"), internal)
+        self.front = route_front.Front(self.router, route_listener.bind("127.0.0.1:0"), internal)
         self.front.start()
         self.port = self.front.listen.getsockname()[1]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=[

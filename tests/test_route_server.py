@@ -15,6 +15,7 @@ from serving import query, wait_for
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.route import front as route_front
+from vastctl.route import listener as route_listener
 from vastctl.route import server as route_server
 from vastctl.route import wire
 from vastctl.state import db
@@ -120,7 +121,7 @@ def fleet(tmp_path, request, through):
     f.server.start()
     f.front = None
     if through == "as it arrives":
-        f.front = route_front.Front(f.router, route_front.bind("127.0.0.1:0"), port)
+        f.front = route_front.Front(f.router, route_listener.bind("127.0.0.1:0"), port)
         f.front.start()
         port = f.front.listen.getsockname()[1]
     f.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 300 * MiB),

@@ -25,6 +25,7 @@ from vastctl import config as config_module
 from vastctl.errors import BadInput
 from vastctl.facts import deliveries
 from vastctl.route import front as route_front
+from vastctl.route import listener as route_listener
 from vastctl.route import routing, wire
 from vastctl.route import server as route_server
 from vastctl.serving import dashboard_cards
@@ -95,7 +96,7 @@ def make_router(tmp_path, request):
         r.server.start()
         r.front = None
         if request.param == "as it arrives":
-            r.front = route_front.Front(r.router, route_front.bind("127.0.0.1:0"), port)
+            r.front = route_front.Front(r.router, route_listener.bind("127.0.0.1:0"), port)
             r.front.start()
             port = r.front.listen.getsockname()[1]
         r.address = f"127.0.0.1:{port}"

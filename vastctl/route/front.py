@@ -181,17 +181,3 @@ class Front:
             except OSError:
                 pass
 
-
-def bind(address: str) -> socket.socket:
-    """A listening socket on host:port (port 0 picks one); OSError when it cannot be had."""
-    host, _, port = address.rpartition(":")
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), int(port)))
-        sock.listen(4096)
-    except OSError:
-        sock.close()
-        raise
-    return sock
