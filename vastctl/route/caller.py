@@ -100,7 +100,7 @@ class CallerConnection:
         self.core = core.Connection(server=True, max_frame=FRAME_IN, window=h2.DEFAULT_WINDOW,
                                     connection_window=h2.LARGEST_WINDOW, max_streams=MAX_STREAMS)
         self.send_lock = threading.Lock()
-        self.lock = threading.Lock()  # self.streams
+        self.lock = threading.Lock()  # self.streams, self.arriving_calls
         self.streams: dict[int, _Stream] = {}
         self.internal = GrpcioLink(self, site.internal_port)
         self.arriving: dict[int, tuple[list[Any], bool]] = {}
@@ -343,7 +343,8 @@ class CallerConnection:
         stream.prelude = bytearray()
         timeout = h2.grpc_timeout(dict(stream.fields).get(b"grpc-timeout"))
         call = threading.Thread(target=self._serve, args=(stream, header, timeout), name="route-call", daemon=True)
-        self.arriving_calls += 1
+        with self.lock:
+            self.arriving_calls += 1
         self.site.call_started(call)
         call.start()
 
@@ -369,7 +370,8 @@ class CallerConnection:
             self._shut()  # the caller stopped taking bytes: its connection ends (what the router did is recorded)
         finally:
             incoming.release()
-            self.arriving_calls -= 1
+            with self.lock:
+                self.arriving_calls -= 1
             self._finished(stream.id)
             self.site.call_ended(threading.current_thread())
 
