@@ -6,6 +6,7 @@ is answered). tests/test_route_conformance.py, test_route_h2_oracle.py and test_
 from __future__ import annotations
 
 import os
+import re
 import resource
 import socket
 import sqlite3
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import hpack
 import yaml
+from serving import wait_for
 
 MiB = 1 << 20
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -363,17 +365,9 @@ class RouterProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "vastctl", "route", "--listen", "127.0.0.1:0"], env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self.log_path.open("w"), preexec_fn=limit)
-        deadline = time.monotonic() + 60
-        self.port = 0
-        while not self.port:
-            for line in self.log().splitlines():
-                if "routing on 127.0.0.1:" in line:
-                    self.port = int(line.split("routing on 127.0.0.1:")[1].split()[0])
-            if self.port:
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the router did not start:\n{self.log()}")
-            time.sleep(0.05)
+        found = wait_for(lambda: re.search(r"routing on 127\.0\.0\.1:(\d+)", self.log()), "the router to start",
+                         timeout=60, proc=self.proc, log=self.log_path)
+        self.port = int(found.group(1))
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -405,15 +399,8 @@ class RouterProcess:
         return dict(row) if row else {}
 
     def wait(self, condition, what: str, timeout: float = 15.0):
-        """condition()'s first true value, polled every 20 ms; AssertionError naming `what` at the deadline."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = condition()
-            if value:
-                return value
-            assert self.alive(), self.log()
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what} ({timeout}s)\n{self.log()[-2000:]}")
+        """condition()'s first true value (tests/serving.py's wait_for, failing at once if the router exited)."""
+        return wait_for(condition, what, timeout=timeout, proc=self.proc, log=self.log_path)
 
     def join(self, port: int, name: str = "vastctl-a") -> None:
         """A running machine whose tunnel ends at `port`, joined; returns once the router sends to it."""
