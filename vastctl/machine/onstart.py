@@ -76,8 +76,8 @@ except Exception: print("000")' "$u" "$f.part"; fi; }
 # the dead-man switch: no answer at all (any status is one) for VASTCTL_ORPHAN_AFTER_S, or a 409: destroy itself
 t=$(date +%s) o=${VASTCTL_ORPHAN_AFTER_S:-14400}
 until c=$(get 2>/dev/null); [ "$c" = 200 ]; do
-  case "$c" in 000|'') ;; 409) break ;; *) t=$(date +%s) ;; esac
-  [ "$o" -gt 0 ] 2>/dev/null && [ $(($(date +%s) - t)) -ge "$o" ] && break; sleep "${VASTCTL_LOADER_RETRY_S:-10}"
+  case "$c" in 409) break ;; 000|'') [ "$o" -gt 0 ] 2>/dev/null && [ $(($(date +%s) - t)) -ge "$o" ] && break ;;
+  *) t=$(date +%s) ;; esac; sleep "${VASTCTL_LOADER_RETRY_S:-10}"  # an answer just heard is never an orphan's
 done
 if [ "$c" != 200 ]; then
   d="${VASTCTL_VAST_URL:-https://console.vast.ai}/api/v0/instances/${CONTAINER_ID:-}/"
