@@ -1,8 +1,8 @@
 """What forwarding a 100 MB Prove frame by frame costs in Python: a minimal HTTP/2 frame pump beside a direct call.
 
-`vastctl route` is store-and-forward (grpcio hands a handler whole messages): +54–82% on a 100 MB call against
-a ≤ 10% target (bench/README.md, "Proof router"). bench/relay_floor.py measures the bytes alone through a Python
-relay. This measures the next floor up: a pump that speaks HTTP/2 to both sides, as a cut-through router would,
+`vastctl route` is store-and-forward (grpcio hands a handler whole messages): far over a ≤ 10% target on a
+100 MB call (bench/README.md, "Proof router", has the figures). bench/relay_floor.py measures the bytes alone
+through a Python relay. This measures the next floor up: a pump that speaks HTTP/2 to both sides, as a cut-through router would,
 with one prover behind it. Each client connection gets its own connection to the stand-in daemon
 (tests/fakes/cuzk_daemon.py); every DATA frame is sent on as it arrives, under the stand-in's flow-control
 windows, with its stream id rewritten; header blocks are decoded and encoded again with `hpack` (each connection
@@ -32,61 +32,34 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+# the router's own frame code: its constants, frame builders and the reader that parses each recv_into whole
+from vastctl.route.h2 import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    LARGEST_WINDOW,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    Reader,
+    frame,
+    header,
+    header_block,
+    settings,
+    window_update,
+)
+
 # the stand-in and the interleaved 100 MB calls, as route_bench makes them
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from route_bench import large_calls_beside_direct, print_added, start_stand_in
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x8
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-INITIAL_WINDOW_SIZE = 0x4
-LARGEST_WINDOW = (1 << 31) - 1
 OUR_STREAM_WINDOW = (1 << 24) - 1
 REPLENISH = 4 << 20  # the client's windows are topped up once this much was sent on
-READ = 4 << 20
-
-
-def header(length: int, kind: int, flags: int, stream: int) -> bytes:
-    return struct.pack(">I", length)[1:] + bytes((kind, flags)) + struct.pack(">I", stream)
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return header(len(payload), kind, flags, stream) + payload
-
-
-def window_update(stream: int, increment: int) -> bytes:
-    return frame(WINDOW_UPDATE, 0, stream, struct.pack(">I", increment))
-
-
-class Frames:
-    """The complete frames of what one `recv_into` added to a socket's buffer: (kind, flags, stream, payload)."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock, self.buffer, self.start, self.end = sock, bytearray(2 * READ), 0, 0
-
-    def read(self) -> list[tuple[int, int, int, Any]] | None:
-        if self.start == self.end:
-            self.start = self.end = 0
-        elif self.end > len(self.buffer) - READ:  # keep room for a whole read after the partial frame
-            left = self.end - self.start
-            self.buffer[:left] = self.buffer[self.start:self.end]
-            self.start, self.end = 0, left
-        count = self.sock.recv_into(memoryview(self.buffer)[self.end:self.end + READ])
-        if not count:
-            return None
-        self.end += count
-        frames, buffer, view = [], self.buffer, memoryview(self.buffer)
-        while self.end - self.start >= 9:
-            at = self.start
-            length = (buffer[at] << 16) | (buffer[at + 1] << 8) | buffer[at + 2]
-            if self.end - at < 9 + length:
-                break
-            kind, flags = buffer[at + 3], buffer[at + 4]
-            stream = int.from_bytes(buffer[at + 5:at + 9], "big") & 0x7FFFFFFF
-            payload = view[at + 9:at + 9 + length]  # sent on before the next read overwrites it
-            frames.append((kind, flags, stream, payload if kind == DATA else bytes(payload)))
-            self.start = at + 9 + length
-        return frames
 
 
 class Pump:
@@ -112,7 +85,7 @@ class Pump:
         self.unacked: dict[int, int] = {}  # client stream → bytes sent on since its window was topped up
         self.unacked_total = 0
         self.client_lock, self.upstream_lock = threading.Lock(), threading.Lock()
-        self.to_upstream(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW))
+        self.to_upstream(PREFACE + settings(initial_window_size=OUR_STREAM_WINDOW)
                          + window_update(0, LARGEST_WINDOW - 65535))
         threading.Thread(target=self.client_to_upstream, daemon=True).start()
         threading.Thread(target=self.upstream_to_client, daemon=True).start()
@@ -155,9 +128,8 @@ class Pump:
         preface = b""
         while len(preface) < len(PREFACE):
             preface += self.client.recv(len(PREFACE) - len(preface))
-        self.to_client(frame(SETTINGS, 0, 0, struct.pack(">HI", INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW))
-                       + window_update(0, LARGEST_WINDOW - 65535))
-        frames = Frames(self.client)
+        self.to_client(settings(initial_window_size=OUR_STREAM_WINDOW) + window_update(0, LARGEST_WINDOW - 65535))
+        frames = Reader(self.client)
         while (got := frames.read()) is not None:
             back: list[bytes] = []
             with self.windows:
@@ -170,9 +142,7 @@ class Pump:
                         upstream, self.next_stream = self.next_stream, self.next_stream + 2
                         self.upstream_of[stream], self.client_of[upstream] = upstream, stream
                         self.stream_windows[upstream], self.queued[upstream] = self.upstream_initial, deque()
-                        block = payload[1:len(payload) - payload[0]] if flags & PADDED else payload
-                        block = block[5:] if flags & PRIORITY else block
-                        fields = self.from_client_headers.decode(block, raw=True)
+                        fields = self.from_client_headers.decode(header_block(flags, payload), raw=True)
                         self.to_upstream(frame(HEADERS, flags & (END_STREAM | END_HEADERS), upstream,
                                                self.to_upstream_headers.encode(fields)))
                     elif kind == SETTINGS and not flags & ACK:
@@ -191,7 +161,7 @@ class Pump:
                 self.to_client(b"".join(back))
 
     def upstream_to_client(self) -> None:
-        frames = Frames(self.upstream)
+        frames = Reader(self.upstream)
         while (got := frames.read()) is not None:
             out: list[Any] = []
             back: list[bytes] = []
@@ -206,22 +176,11 @@ class Pump:
                     out.append(frame(HEADERS, flags & (END_STREAM | END_HEADERS), self.client_of[stream],
                                      self.to_client_headers.encode(fields)))
                 elif kind == SETTINGS and not flags & ACK:
-                    with self.windows:
-                        for at in range(0, len(payload), 6):
-                            key, value = struct.unpack(">HI", payload[at:at + 6])
-                            if key == INITIAL_WINDOW_SIZE:
-                                for upstream in self.stream_windows:
-                                    self.stream_windows[upstream] += value - self.upstream_initial
-                                self.upstream_initial = value
+                    self.settled(payload)
                     back.append(frame(SETTINGS, ACK, 0, b""))
                     opened = True
                 elif kind == WINDOW_UPDATE:
-                    increment = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
-                    with self.windows:
-                        if stream == 0:
-                            self.upstream_window += increment
-                        elif stream in self.stream_windows:
-                            self.stream_windows[stream] += increment
+                    self.window_opened(stream, payload)
                     opened = True
                 elif kind == PING and not flags & ACK:
                     back.append(frame(PING, ACK, 0, payload))
@@ -234,6 +193,25 @@ class Pump:
                     self.drain()
             if out:
                 self.to_client(b"".join(out))
+
+    def settled(self, payload: bytes) -> None:
+        """The daemon's SETTINGS: a new initial window moves every stream's window by the difference."""
+        with self.windows:
+            for at in range(0, len(payload), 6):
+                key, value = struct.unpack(">HI", payload[at:at + 6])
+                if key == INITIAL_WINDOW_SIZE:
+                    for upstream in self.stream_windows:
+                        self.stream_windows[upstream] += value - self.upstream_initial
+                    self.upstream_initial = value
+
+    def window_opened(self, stream: int, payload: bytes) -> None:
+        """The daemon's WINDOW_UPDATE, for the connection (stream 0) or one stream."""
+        increment = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
+        with self.windows:
+            if stream == 0:
+                self.upstream_window += increment
+            elif stream in self.stream_windows:
+                self.stream_windows[stream] += increment
 
 
 def accept(listen: socket.socket, upstream_port: int, hpack: Any) -> None:

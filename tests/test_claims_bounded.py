@@ -237,7 +237,7 @@ def test_rows_written_before_the_bounds_are_bounded_by_the_migration_and_counted
 
     running_machine(conn, bench=70)
     conn.execute("UPDATE instances SET bench_rate = 1e308, proofs_per_hour = 1e19")
-    (sql,) = [sql for name, sql in migrations.MIGRATIONS if name.startswith("a machine's stored rates within")]
+    (sql,) = [m.sql for m in migrations.MIGRATIONS if m.name.startswith("a machine's stored rates within")]
     for statement in db._statements(sql):
         conn.execute(statement)
     assert (lifecycle.get(conn, "u1")["bench_rate"], lifecycle.get(conn, "u1")["proofs_per_hour"]) == (

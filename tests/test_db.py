@@ -79,19 +79,19 @@ def tables(conn):
 
 
 def migration_number(name_start):
-    """The number of the migration whose name begins so (its position, 1-based): a test of one migration's data
-    builds the file as the one before it left it, whatever is appended after."""
-    return next(n for n, (name, _sql) in enumerate(migrations.MIGRATIONS, start=1) if name.startswith(name_start))
+    """The number of the migration whose name begins so: a test of one migration's data builds the file as the one
+    before it left it, whatever is appended after."""
+    return next(m.number for m in migrations.MIGRATIONS if m.name.startswith(name_start))
 
 
 def file_at(db_path, version):
     """A raw connection to a new state file at schema `version` (its migrations applied and recorded by hand)."""
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for number, (name, sql) in enumerate(migrations.MIGRATIONS[:version], start=1):
-        for statement in db._statements(sql):
+    for migration in migrations.MIGRATIONS[:version]:
+        for statement in db._statements(migration.sql):
             raw.execute(statement)
-        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (migration.number, migration.name))
     raw.execute(f"PRAGMA user_version = {version}")
     return raw
 
@@ -123,7 +123,7 @@ def test_a_new_file_holds_what_a_file_upgraded_migration_by_migration_holds(tmp_
     for (table,) in fresh.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'migrations'"):
         assert fresh.execute(f'SELECT * FROM "{table}"').fetchall() == stepped.execute(f'SELECT * FROM "{table}"').fetchall()
     assert [tuple(r) for r in fresh.execute("SELECT id, name FROM migrations ORDER BY id")] == [
-        (number, name) for number, (name, _) in enumerate(migrations.MIGRATIONS, start=1)]
+        (migration.number, migration.name) for migration in migrations.MIGRATIONS]
     assert fresh.execute("PRAGMA user_version").fetchone()[0] == stepped.execute("PRAGMA user_version").fetchone()[0]
     # the triggers are made and fire in a new file: a vast status change stamps when it changed
     fresh.execute("INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES ('u', 'l', 'running', 't', 't')")
@@ -134,7 +134,7 @@ def test_a_new_file_holds_what_a_file_upgraded_migration_by_migration_holds(tmp_
 def test_upgrade_of_a_version_1_file_keeps_its_data(db_path):
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for statement in db._statements(migrations.MIGRATIONS[0][1]):
+    for statement in db._statements(migrations.MIGRATIONS[0].sql):
         raw.execute(statement)
     raw.execute("INSERT INTO migrations VALUES (1, ?, '2026-01-01T00:00:00Z')", (db.FIRST_MIGRATION,))
     raw.execute("PRAGMA user_version = 1")
@@ -160,10 +160,10 @@ def test_upgrade_turns_an_adopted_rows_vast_id_into_a_claim(db_path):
     did not launch that id was never verified, so the upgrade keeps it only as a claim."""
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for number, (name, sql) in enumerate(migrations.MIGRATIONS[:2], start=1):
-        for statement in db._statements(sql):
+    for migration in migrations.MIGRATIONS[:2]:
+        for statement in db._statements(migration.sql):
             raw.execute(statement)
-        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (number, name))
+        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (migration.number, migration.name))
     raw.execute("PRAGMA user_version = 2")
     for uuid, offer_id, vast_id, destroyed in (("adopted", None, 100, None), ("launched", 7, 101, None),
                                                ("gone", None, 102, "2026-01-02T00:00:00Z")):
@@ -202,8 +202,8 @@ def test_upgrade_reads_old_events_fields_from_their_text_once(db_path):
 def test_a_migration_whose_trigger_body_holds_semicolons_applies_whole(db_path, monkeypatch):
     """A migration is cut into statements where SQLite says one is complete, not at every `;`: a trigger's
     body, a string and a comment may all hold one."""
-    trigger = (
-        "a trigger whose body is two statements",
+    trigger = migrations.Migration(
+        len(migrations.MIGRATIONS) + 1, "a trigger whose body is two statements",
         """
         CREATE TABLE setting_notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL);
         CREATE TRIGGER settings_noted AFTER INSERT ON settings
@@ -226,7 +226,8 @@ def test_a_migration_whose_trigger_body_holds_semicolons_applies_whole(db_path, 
 
 
 def test_a_failing_statement_undoes_its_whole_migration(db_path, monkeypatch):
-    broken = ("a migration that fails half way", "CREATE TABLE half (id INTEGER); INSERT INTO nowhere VALUES (1)")
+    broken = migrations.Migration(len(migrations.MIGRATIONS) + 1, "a migration that fails half way",
+                                  "CREATE TABLE half (id INTEGER); INSERT INTO nowhere VALUES (1)")
     monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, broken])
     monkeypatch.setattr(db, "SCHEMA_VERSION", len(migrations.MIGRATIONS))
     with pytest.raises(sqlite3.OperationalError, match="nowhere"):
@@ -237,12 +238,12 @@ def test_a_failing_statement_undoes_its_whole_migration(db_path, monkeypatch):
 
 def test_a_file_whose_simulator_made_its_tables_before_the_migration_keeps_its_market(db_path, monkeypatch):
     """The simulator once created its tables itself (CREATE TABLE IF NOT EXISTS); the migration leaves them."""
-    number = next(i for i, (_name, sql) in enumerate(migrations.MIGRATIONS) if "TABLE IF NOT EXISTS sim_instances" in sql)
+    number = next(m.number - 1 for m in migrations.MIGRATIONS if "TABLE IF NOT EXISTS sim_instances" in m.sql)
     with monkeypatch.context() as before:
         before.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:number])
         before.setattr(db, "SCHEMA_VERSION", number)
         old = db.connect(db_path, create=True, now=SYSTEM.now())
-    for statement in db._statements(migrations.MIGRATIONS[number][1]):
+    for statement in db._statements(migrations.MIGRATIONS[number].sql):
         old.execute(statement)
     old.execute("INSERT INTO sim_meta (id, schema_version, seed, started_at, advanced_to, calls, next_vast_id, version)"
                 " VALUES (1, 2, 7, 't', 't', 3, 7000002, 4)")

@@ -180,10 +180,10 @@ def test_samples_kept_before_the_new_columns_read_as_queued_only(db_path):
 
     from vastctl.state import db, migrations
 
-    number = next(i for i, (name, _) in enumerate(migrations.MIGRATIONS, 1) if name == "demand samples: in flight and look-ahead")
+    number = next(m.number for m in migrations.MIGRATIONS if m.name == "demand samples: in flight and look-ahead")
     raw = sqlite3.connect(db_path, isolation_level=None)
     raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for version, (name, sql) in enumerate(migrations.MIGRATIONS[: number - 1], 1):
+    for version, name, sql in ((m.number, m.name, m.sql) for m in migrations.MIGRATIONS[: number - 1]):
         for statement in db._statements(sql):
             raw.execute(statement)
         raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-11-30T00:00:00.000000Z')", (version, name))

@@ -10,7 +10,7 @@ from vastctl import clock, validate
 from vastctl.cli import said
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
 from vastctl.state import lifecycle, rates
-from vastctl.state.lifecycle import ALLOWED, State
+from vastctl.state.lifecycle import ALLOWED, KillCode, State
 
 T0 = clock.from_iso("2026-11-30T00:00:00Z")
 
@@ -26,12 +26,20 @@ def events(conn):
 ALL_MOVES = [(a, b) for a in State for b in State]
 
 
+def move(conn, to_state, now):
+    """A move to `to_state` as the package makes it: a kill through kill(), with its code; any other through
+    transition()."""
+    if to_state is State.KILLED:
+        return lifecycle.kill(conn, "u1", "why", source="operator", code=KillCode.OPERATOR, now=now)
+    return lifecycle.transition(conn, "u1", to_state, "why", "operator", now=now)
+
+
 @pytest.mark.parametrize("from_state,to_state", ALL_MOVES, ids=[f"{a}->{b}" for a, b in ALL_MOVES])
 def test_every_move_is_allowed_or_refused_per_table(conn, from_state, to_state):
     make(conn, from_state)
     before = events(conn)
     if to_state in ALLOWED[from_state]:
-        row = lifecycle.transition(conn, "u1", to_state, "why", "operator", now=T0 + timedelta(minutes=1))
+        row = move(conn, to_state, T0 + timedelta(minutes=1))
         assert row["state"] == to_state
         after = events(conn)
         assert len(after) == len(before) + 1
@@ -40,7 +48,7 @@ def test_every_move_is_allowed_or_refused_per_table(conn, from_state, to_state):
         assert row["state_since"] == clock.to_iso(T0 + timedelta(minutes=1))
     else:
         with pytest.raises(Refused, match=f"is {from_state}; it cannot go to {to_state}"):
-            lifecycle.transition(conn, "u1", to_state, "why", "operator", now=T0)
+            move(conn, to_state, T0)
         assert events(conn) == before
         assert lifecycle.get(conn, "u1")["state"] == from_state
 
@@ -52,13 +60,32 @@ def test_killed_is_terminal_and_every_live_state_can_be_killed():
 
 def test_transition_of_unknown_uuid_is_bad_input(conn):
     with pytest.raises(UnknownInstance):
-        lifecycle.transition(conn, "nope", State.KILLED, "x", "operator", now=T0)
+        lifecycle.kill(conn, "nope", "x", source="operator", code=KillCode.OPERATOR, now=T0)
+    with pytest.raises(UnknownInstance):
+        lifecycle.transition(conn, "nope", State.RUNNING, "x", "operator", now=T0)
     assert events(conn) == []
+
+
+@pytest.mark.parametrize("from_state", sorted(lifecycle.LIVE_STATES))
+def test_transition_never_kills_a_kill_goes_through_kill_with_its_code(conn, from_state):
+    make(conn, from_state)
+    before = events(conn)
+    with pytest.raises(ValueError, match=r"killed through lifecycle.kill\(\)"):
+        lifecycle.transition(conn, "u1", State.KILLED, "why", "operator", now=T0)
+    assert lifecycle.get(conn, "u1")["state"] == from_state and events(conn) == before
+
+
+def test_a_kill_code_no_killcode_names_is_refused_and_nothing_changes(conn):
+    make(conn, State.RUNNING)
+    before = events(conn)
+    with pytest.raises(ValueError, match="not_a_code"):
+        lifecycle.kill(conn, "u1", "why", source="operator", code="not_a_code", now=T0)
+    assert lifecycle.get(conn, "u1")["state"] == "running" and events(conn) == before
 
 
 def test_kill_records_reason_code_and_time(conn):
     make(conn, State.RUNNING)
-    row = lifecycle.kill(conn, "u1", "no heartbeat for 12m", source="reconcile", code="heartbeat_timeout", now=T0)
+    row = lifecycle.kill(conn, "u1", "no heartbeat for 12m", source="reconcile", code=KillCode.HEARTBEAT_TIMEOUT, now=T0)
     assert (row["state"], row["kill_reason"], row["kill_code"]) == ("killed", "no heartbeat for 12m", "heartbeat_timeout")
     assert row["killed_at"] == clock.to_iso(T0)
     assert events(conn)[-1]["code"] == "heartbeat_timeout" and events(conn)[-1]["source"] == "reconcile"
@@ -66,9 +93,9 @@ def test_kill_records_reason_code_and_time(conn):
 
 def test_second_kill_is_refused_and_makes_no_event(conn):
     make(conn, State.RUNNING)
-    lifecycle.kill(conn, "u1", "first", source="instance", code="bench_failed", now=T0)
+    lifecycle.kill(conn, "u1", "first", source="instance", code=KillCode.BENCH_FAILED, now=T0)
     with pytest.raises(Refused):
-        lifecycle.kill(conn, "u1", "second", source="reconcile", code="exited", now=T0)
+        lifecycle.kill(conn, "u1", "second", source="reconcile", code=KillCode.EXITED, now=T0)
     assert [e["reason"] for e in events(conn) if e["to_state"] == "killed"] == ["first"]
     assert lifecycle.get(conn, "u1")["kill_reason"] == "first"
 

@@ -11,7 +11,7 @@ from vastctl import config as config_module
 from vastctl.facts import demand
 from vastctl.observe import disagreement, observe
 from vastctl.state import lifecycle, settings
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 from vastctl.views import fleet
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -26,6 +26,8 @@ def put(conn, label, state, gpu="RTX 4090", dph=0.5, **fields):
     if state in path:
         for step in path[: path.index(state) + 1]:
             lifecycle.transition(conn, uuid, step, "t", "instance", now=NOW - timedelta(minutes=30))
+    elif state == State.KILLED:
+        lifecycle.kill(conn, uuid, "t", source="operator", code=KillCode.OPERATOR, now=NOW - timedelta(minutes=30))
     elif state != State.LAUNCHING:
         lifecycle.transition(conn, uuid, state, "t", "operator", now=NOW - timedelta(minutes=30))
     return uuid

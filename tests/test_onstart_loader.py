@@ -16,6 +16,7 @@ from serving import Manager
 from vastctl.clock import SYSTEM
 from vastctl.machine import onstart
 from vastctl.state import lifecycle
+from vastctl.state.lifecycle import KillCode
 
 UUID = "0b7d0c36-5d2e-4a8e-9d55-6f1c2b9e4a10"
 
@@ -57,7 +58,7 @@ def add_machine(manager, uuid: str, label: str, *, killed: bool = False) -> None
     now = SYSTEM.now()
     lifecycle.create(conn, uuid=uuid, label=label, state="launching", reason="launch", source="operator", now=now)
     if killed:
-        lifecycle.transition(conn, uuid, "killed", "operator kill", "operator", now=now)
+        lifecycle.kill(conn, uuid, "operator kill", source="operator", code=KillCode.OPERATOR, now=now)
     conn.close()
 
 

@@ -80,9 +80,6 @@ class FakeMarket:
         self.calls.append(("start", vast_id))
         self._maybe_fail("start")
 
-    def set_label(self, vast_id, label):
-        self.calls.append(("label", vast_id, label))
-
     def creates(self):
         return [c[1] for c in self.calls if c[0] == "create"]
 
@@ -454,15 +451,6 @@ def test_launch_on_the_wire(conn, cfg, monkeypatch):
     assert sent["label"] == row["label"] and sent["env"]["VASTCTL_UUID"] == row["uuid"]
     assert sent["env"]["VASTCTL_SERVER"] == "https://manager.example:8443" and sent["disk"] == 150.0
     assert "k-123" not in url
-
-
-def test_blocklist_machine_and_if_failed(conn, cfg):
-    operations.blocklist_machine(conn, cfg, 555, "operator: flaky NIC", now=NOW)
-    assert blocklist.blocked(conn, NOW)[555]["reason"] == "operator: flaky NIC"
-    row = killed_row(conn, cfg, 100, "bench_failed")
-    assert operations.blocklist_if_failed(conn, cfg, row)
-    assert not operations.blocklist_if_failed(conn, cfg, killed_row(conn, cfg, 101, "agent"))
-    assert set(blocklist.blocked(conn, NOW)) == {555, 100}
 
 
 def test_a_machine_killed_while_its_create_was_in_flight_is_destroyed_once_vast_answers(conn, cfg):

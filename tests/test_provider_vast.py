@@ -341,14 +341,12 @@ def test_show_instance_without_the_key_is_an_error(vast, mocked):
         vast.show_instance(42)
 
 
-def test_stop_start_label_requests(vast, mocked):
+def test_stop_start_requests(vast, mocked):
     url = f"{BASE}/api/v0/instances/9/"
     mocked.put(url, json={"success": True})
     vast.stop_instance(9)
     vast.start_instance(9)
-    vast.set_label(9, "vastctl-x")
-    assert [body_of(call) for call in mocked.calls] == [{"state": "stopped"}, {"state": "running"},
-                                                        {"label": "vastctl-x"}]
+    assert [body_of(call) for call in mocked.calls] == [{"state": "stopped"}, {"state": "running"}]
     for call in mocked.calls:
         assert call.request.method == "PUT" and urlparse(call.request.url).path == "/api/v0/instances/9/"
         assert_clean(call)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vastctl.state import lifecycle, rates
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 from vastctl.views import fleet
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -78,7 +78,7 @@ def test_summary_capacity_uses_the_table_rounding(conn, config):
 def test_fleet_lists_killed_machines_only_while_they_may_bill(conn, config):
     for uuid in ("rented", "never", "gone"):
         running_machine(conn, uuid)
-        lifecycle.kill(conn, uuid, "test", source="operator", code="operator", now=T0)
+        lifecycle.kill(conn, uuid, "test", source="operator", code=KillCode.OPERATOR, now=T0)
     conn.execute("UPDATE instances SET vast_id = 9001 WHERE uuid IN ('rented', 'gone')")
     conn.execute("UPDATE instances SET destroyed_at = '2026-11-30T12:05:00Z' WHERE uuid = 'gone'")
     shown = [i["uuid"] for i in fleet.fleet_view(conn, config, now=T0)["instances"]]

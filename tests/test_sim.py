@@ -451,7 +451,7 @@ def test_no_call_is_made_past_the_deadline_and_the_market_is_left_as_it_was(tmp_
                  lambda: market.sim.create_instance(CreateRequest(offer_id=offer.id, image="img", disk_gb=150,
                                                                   label="vastctl-e", onstart="", env={})),
                  lambda: market.sim.destroy_instance(vast_id), lambda: market.sim.stop_instance(vast_id),
-                 lambda: market.sim.start_instance(vast_id), lambda: market.sim.set_label(vast_id, "x"),
+                 lambda: market.sim.start_instance(vast_id),
                  lambda: market.sim.change_bid(vast_id, 1.0)):
         with pytest.raises(DeadlinePassed, match="not called: the deadline had passed"):
             call()

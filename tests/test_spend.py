@@ -20,7 +20,7 @@ from vastctl import config as config_module
 from vastctl.observe import observe
 from vastctl.providers.base import RemoteInstance
 from vastctl.state import db, lifecycle, migrations
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 CFG = config_module.from_mapping({"fleet": {"max_hourly_spend": 0.8, "max_dph": 1.0, "max_instances": 10}})
@@ -36,9 +36,10 @@ def put(conn, label, state, *, vast_id, dph, at=NOW - timedelta(hours=1)):
     if state in path:
         for step in path[: path.index(state) + 1]:
             lifecycle.transition(conn, uuid, step, "t", "instance", now=at)
+    elif state == State.KILLED:
+        lifecycle.kill(conn, uuid, "t", source="operator", code=KillCode.OPERATOR, now=at)
     elif state != State.LAUNCHING:
-        lifecycle.transition(conn, uuid, state, "t", "operator", code="operator" if state == State.KILLED else None,
-                             now=at)
+        lifecycle.transition(conn, uuid, state, "t", "operator", now=at)
     return uuid
 
 
@@ -124,7 +125,7 @@ def test_a_listed_price_that_is_no_price_falls_back_to_the_row(conn):
     assert spend(conn) == pytest.approx(0.4)
     conn.execute("UPDATE instances SET dph = -20")  # a row written before prices were checked lowers nothing:
     conn.execute("UPDATE vast_cache SET dph = NULL")  # its price is none once the migration has run (test_db)
-    (sql,) = [sql for name, sql in migrations.MIGRATIONS if name.startswith("a machine's stored rates within")]
+    (sql,) = [m.sql for m in migrations.MIGRATIONS if m.name.startswith("a machine's stored rates within")]
     for statement in db._statements(sql):
         conn.execute(statement)
     assert conn.execute("SELECT dph FROM instances").fetchone()[0] is None

@@ -53,7 +53,6 @@ class Rentable:
 class Bound:
     cost: float  # $
     proofs: float  # proofs the bound does (every one that arrived)
-    hosts_used: int  # hosts with any share held
     hosts_priced: int  # hosts in the final program (the others proved unable to lower it)
 
 
@@ -73,7 +72,7 @@ def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s:
         arrived.append(arrived[-1] + (arrivals[minute] if minute < len(arrivals) else 0.0))
     total = arrived[-1]
     if total <= 0:
-        return Bound(cost=0.0, proofs=0.0, hosts_used=0, hosts_priced=0)
+        return Bound(cost=0.0, proofs=0.0, hosts_priced=0)
     # proofs that may be done by the end of block t (arrived) and that must be (due)
     may = [arrived[min(horizon, (t + 1) * BLOCK_MIN)] for t in range(blocks)]
     due = [arrived[max(0, min(horizon, (t + 1) * BLOCK_MIN - wait))] for t in range(blocks)]
@@ -88,14 +87,14 @@ def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s:
             break
         chosen.append(host)
     while True:
-        cost, used, worth = _solve(chosen, cohorts, blocks, may, due)
+        cost, worth = _solve(chosen, cohorts, blocks, may, due)
         best = [max(worth[t:]) for t in range(blocks)]  # the most a proof's capacity is worth from block t on
         inside = {h.key for h in chosen}
         missing = [host for host in ranked if host.key not in inside and any(
             price < host.rate * best[k * COHORT_BLOCKS + 1] - 1e-9
             for k, price in cohorts[host.key] if k * COHORT_BLOCKS + 1 < blocks)]
         if not missing:
-            return Bound(cost=cost, proofs=total, hosts_used=used, hosts_priced=len(chosen))
+            return Bound(cost=cost, proofs=total, hosts_priced=len(chosen))
         chosen.extend(by_key[host.key] for host in missing)
 
 
@@ -112,8 +111,8 @@ def _cohorts(host: Rentable, blocks: int) -> list[tuple[int, float]]:
 
 
 def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[tuple[int, float]]], blocks: int,
-           may: Sequence[float], due: Sequence[float]) -> tuple[float, int, list[float]]:
-    """Build and solve the program over `hosts`: its cost, the hosts it holds, each block's price of capacity."""
+           may: Sequence[float], due: Sequence[float]) -> tuple[float, list[float]]:
+    """Build and solve the program over `hosts`: its cost and each block's price of capacity."""
     import numpy as np
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
@@ -136,8 +135,7 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[tuple[int, float]]
         row += 1
 
     capacity_terms: list[list[tuple[int, float]]] = [[(t, 1.0)] for t in range(blocks)]  # S_t − Σ rate·y ≤ 0
-    owner: list[int] = []  # host index of each held-share variable pair
-    for index, host in enumerate(hosts):
+    for host in hosts:
         held_at: list[list[int]] = [[] for _ in range(blocks)]
         for hour, price in cohorts[host.key]:
             first = hour * COHORT_BLOCKS + 1
@@ -145,7 +143,6 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[tuple[int, float]]
             for t in range(first, blocks):
                 y, z = len(cost), len(cost) + 1
                 cost += [price * hours, host.storage_dph * hours]
-                owner += [index, index]
                 capacity_terms[t].append((y, -host.rate * hours))
                 held_at[t] += [y, z]
                 if previous is not None and t > (hour + 1) * COHORT_BLOCKS:  # its hour over: the share only falls
@@ -165,8 +162,5 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[tuple[int, float]]
     result = linprog(np.array(cost), A_ub=matrix, b_ub=np.array(upper), bounds=(0, None), method="highs")
     if result.status != 0:
         raise ArithmeticError(f"the lower bound's program has no solution: {result.message}")
-    held = np.zeros(len(hosts))
-    if owner:
-        np.add.at(held, np.array(owner), result.x[blocks:])
     worth = [max(0.0, -float(result.ineqlin.marginals[r])) for r in capacity_rows]
-    return float(result.fun), int((held > 1e-9).sum()), worth
+    return float(result.fun), worth

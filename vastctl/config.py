@@ -14,9 +14,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
-from vastctl import validate
+from vastctl import config_file, validate
 from vastctl.errors import BadInput
 from vastctl.validate import DAY_S, MAX_INT, Invalid, Range
 
@@ -330,7 +330,7 @@ def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Confi
     if explicit and not config_path.is_file():
         raise BadInput(f"config file {config_path} not found: fix VASTCTL_CONFIG or --config")
     if config_path.is_file():
-        raw = _read_yaml(config_path)
+        raw = config_file.read_yaml(config_path)
     try:
         config = from_mapping(raw)
     except BadInput as exc:  # the key's file, so an operator with several configs knows which to fix
@@ -360,78 +360,6 @@ def admin_token_beside(config: Config) -> None:
     except (OSError, UnicodeDecodeError):  # none there (the usual case), or not ours to read
         return
     config.server.admin_token = token
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml  # only when there is a file to read
-
-    try:
-        data = _load_strict(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"config file {path} cannot be read: {exc}") from exc
-    except _Refused as exc:
-        raise BadInput(f"config file {path} {exc}") from exc
-    except RecursionError as exc:
-        raise BadInput(f"config file {path} is nested too deeply to be a vastctl config") from exc
-    except yaml.YAMLError as exc:
-        raise BadInput(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
-    except ValueError as exc:  # PyYAML building a value Python refuses, e.g. an integer of 5,000 digits
-        raise BadInput(f"config file {path} holds a value no setting can take ({validate.shown(str(exc))}):"
-                       " fix the number") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise BadInput(f"config file {path}: the top level must be a mapping of keys")
-    return data
-
-
-class _Refused(Exception):
-    """Valid YAML that a config may not use (an alias, a key given twice); the text says where."""
-
-
-def _load_strict(text: str) -> Any:
-    """yaml.safe_load without aliases (a few hundred bytes of them expand to gigabytes) and without duplicate keys
-    (YAML keeps the last one silently, so a second `max_dph` would quietly win)."""
-    import yaml
-
-    class NoAliasLoader(yaml.SafeLoader):
-        def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-            if self.check_event(yaml.AliasEvent):
-                # types-PyYAML leaves Parser.peek_event unannotated (unused-ignore: the non-strict run allows the call)
-                event = self.peek_event()  # type: ignore[no-untyped-call, unused-ignore]
-                raise _Refused(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not allowed:"
-                               " write the value out")
-            return super().compose_node(parent, index)
-
-    loader = NoAliasLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _refuse_duplicate_keys(node, "")
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _refuse_duplicate_keys(node: Any, prefix: str) -> None:
-    import yaml
-
-    if isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, f"{prefix.rstrip('.')}[{index}].")
-    if not isinstance(node, yaml.MappingNode):
-        return
-    first_line: dict[str, int] = {}
-    for key_node, value_node in node.value:
-        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-        name = f"{prefix}{key}"
-        line = key_node.start_mark.line + 1
-        if key in first_line:
-            raise _Refused(f"line {line}: key {name!r} appears twice (first on line {first_line[key]}): keep one")
-        if key is not None:
-            first_line[key] = line
-        _refuse_duplicate_keys(value_node, f"{name}.")
 
 
 def from_mapping(raw: Mapping[str, Any]) -> Config:
@@ -562,8 +490,14 @@ def _convert(f: dataclasses.Field[Any], value: Any, name: str, prefix: str) -> A
         return range_of(name, "duration").check(seconds, name, "duration", value)
     if f.metadata.get("prices"):
         return _prices(value, name)
+    if isinstance(default, (bool, int, float)):
+        return _number(default, value, name)
     section = prefix.rstrip(".") or "root"
-    choices = _CHOICES.get((section, f.name))
+    return _text(default, value, name, _CHOICES.get((section, f.name)))
+
+
+def _number(default: bool | int | float, value: Any, name: str) -> bool | int | float:
+    """A flag or a number, of its default's type (a bool is no int here) and within its key's range."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise BadInput(f"config key {name!r} must be true or false, got {value!r}")
@@ -573,11 +507,14 @@ def _convert(f: dataclasses.Field[Any], value: Any, name: str, prefix: str) -> A
             raise range_of(name, "int").refusal(name, "int", value)
         range_of(name, "int").check(value, name, "int", value)
         return value
-    if isinstance(default, float):
-        number = validate.real(value)
-        if number is None:
-            raise range_of(name, "float").refusal(name, "float", value)
-        return range_of(name, "float").check(number, name, "float", value)
+    number = validate.real(value)
+    if number is None:
+        raise range_of(name, "float").refusal(name, "float", value)
+    return range_of(name, "float").check(number, name, "float", value)
+
+
+def _text(default: Any, value: Any, name: str, choices: Sequence[str] | None) -> Any:
+    """A string, a list of strings or a mapping of strings, of its default's type, among its key's choices."""
     if isinstance(default, str):
         if value is None:
             return ""

@@ -1,4 +1,4 @@
-"""Typed errors, each carrying its exit code (README: "Exit codes"), which scripts rely on.
+"""Typed errors, each carrying its exit code (docs/operations.md, "Exit codes"), which scripts rely on.
 
 Library code raises these; only the CLI turns them into one `error: …` line
 and an exit status, so every failure reaches the operator the same way.

@@ -37,7 +37,7 @@ from vastctl.state import blocklist, instances, lifecycle, locks, settings, toke
 from vastctl.state.audit import begin_action, finish_action, settle
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import KillCode, State
-from vastctl.state.rows import InstanceRow
+from vastctl.state.rows import InstanceChanges, InstanceRow, JSONValue
 from vastctl.validate import Invalid
 
 DEFAULT_MIN_RELIABILITY = 0.95  # vast's reliability score; below it machines drop out too often
@@ -275,16 +275,16 @@ def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, of
         try:
             tunnel.write_authorized_keys(conn, config)
         except Unavailable as exc:  # nothing rented yet: the row ends here, and so does the launch
-            lifecycle.kill(conn, uuid, f"not rented: {exc}", source=actor, code=KillCode.START_FAILED, now=now)
-            mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
+            _not_rented(conn, uuid, f"not rented: {exc}", actor, now)
             raise
     env = {**onstart.boot_env(config.launch), **config.launch.env, **join_env, "VASTCTL_UUID": uuid,
            "VASTCTL_LABEL": label, "VASTCTL_TOKEN": tokens.machine_token(secret, uuid),
            "VASTCTL_SERVER": config.server.url}
     request = CreateRequest(offer_id=offer.id, image=config.launch.image, disk_gb=config.launch.disk_gb,
                             label=label, onstart=script, env=env, price=bid)
-    audit = {"offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label, "price": bid,
-             "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
+    audit: dict[str, JSONValue] = {
+        "offer_id": offer.id, "image": request.image, "disk_gb": request.disk_gb, "label": label, "price": bid,
+        "onstart_chars": len(script), "env": {k: (v if k in PUBLIC_ENV else "***") for k, v in env.items()}}
     try:
         intent = begin_action(conn, actor=actor, kind=Kind.LAUNCH, uuid=uuid, label=label, request=audit, now=now,
                               what=f"create on offer {offer.id} sent; if this stays pending, vast may have rented"
@@ -346,7 +346,7 @@ def _masked(exc: Exception, env: Mapping[str, str]) -> str:
     return upstream.mask(text)
 
 
-def _join(conn: sqlite3.Connection, config: Config, label: str) -> tuple[dict[str, str], dict[str, Any]]:
+def _join(conn: sqlite3.Connection, config: Config, label: str) -> tuple[dict[str, str], InstanceChanges]:
     """(env for the boot script's join step, row fields) for launch.join.
 
     ssh: a port and a fresh key pair; the private half goes into the env only (the audit masks it, and

@@ -37,7 +37,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Mapping, TypedDict
+from typing import Any, Callable, Iterable, Mapping, TypedDict, cast
 
 from vastctl import clock as clock_module
 from vastctl.config import Config
@@ -226,7 +226,7 @@ def machine_facts(row: Mapping[str, Any]) -> MachineFacts:
     `row`: an InstanceRow, or one a view extended (`last_contact_at`); a Mapping, as views/fleet.py passes its
     own rows too."""
     missing = int(row.get("vast_missing") or 0)
-    joined = tunnel.joined(row)
+    joined = tunnel.joined(cast("tunnel.TunnelFields", row))  # a Mapping: views/fleet.py passes rows it extended
     return {
         "uuid": row["uuid"], "label": row["label"], "state": row["state"], "vast_id": row.get("vast_id"),
         # vast says nothing about it now: do not show the last status it had as if current
@@ -369,15 +369,6 @@ def pending_capacity(machines: Iterable[Machine]) -> float:
 def machine_rows(conn: sqlite3.Connection) -> list[InstanceRow]:
     """Every row not yet destroyed, as the file has it, by creation then label."""
     return instances.undestroyed(conn, ordered=True)
-
-
-def table_rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    """A query's rows as dicts (through plain tuples: half the time of sqlite3.Row for a thousand wide rows)."""
-    cursor = conn.cursor()
-    cursor.row_factory = None
-    cursor.execute(sql, args)
-    names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row)) for row in cursor]
 
 
 def _resumes(conn: sqlite3.Connection) -> dict[str, int]:

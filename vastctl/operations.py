@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from datetime import datetime
+from typing import Callable, Mapping
 
 from vastctl import clock, guard, upstream, validate
 from vastctl.config import Config
@@ -29,7 +29,7 @@ from vastctl.state import blocklist, instances, lifecycle
 from vastctl.state.audit import begin_action, finish_action, record_action
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import KillCode, State
-from vastctl.state.rows import InstanceRow
+from vastctl.state.rows import InstanceChanges, InstanceRow
 
 
 def destroy(conn: sqlite3.Connection, provider: Provider | None, row: InstanceRow, *, actor: str,
@@ -79,28 +79,9 @@ def _destroy_failed(conn: sqlite3.Connection, row: InstanceRow, actor: str, now:
     return False
 
 
-def mark(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
+def mark(conn: sqlite3.Connection, uuid: str, changes: InstanceChanges) -> None:
     with transaction(conn):
-        lifecycle.update_fields(conn, uuid, columns)
-
-
-# --- blocklist --------------------------------------------------------------------------------------
-
-
-def blocklist_machine(conn: sqlite3.Connection, config: Config, machine_id: int, reason: str, *,
-                      now: datetime) -> None:
-    """Keep a machine out of offers for `vast.blocklist_ttl` (an operator's or the agent's call)."""
-    until = now + timedelta(seconds=config.vast.blocklist_ttl)
-    blocklist.block(conn, machine_id, reason, until)
-
-
-def blocklist_if_failed(conn: sqlite3.Connection, config: Config, row: InstanceRow) -> bool:
-    """After a kill: blocklist the row's machine when it failed the gate or died before its first proof.
-
-    Idempotent. Offer searches also derive these entries from recent kills, so
-    a kill that skipped this call still keeps its machine out.
-    """
-    return blocklist.block_row(conn, row, config.vast.blocklist_ttl)
+        lifecycle.update_fields(conn, uuid, changes)
 
 
 def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *,
@@ -207,7 +188,10 @@ def rebid(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
         raise
     finish_action(conn, intent, ok=True, result="accepted", vast_id=row["vast_id"])
     paused = row.get("outbid_since") is not None
-    mark(conn, row["uuid"], {"bid": price, "dph": price, **({"outbid_since": clock.to_iso(now)} if paused else {})})
+    changes = InstanceChanges(bid=price, dph=price)
+    if paused:
+        changes["outbid_since"] = clock.to_iso(now)
+    mark(conn, row["uuid"], changes)
     return lifecycle.get(conn, row["uuid"])
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from vastctl import upstream
 from vastctl.errors import BadInput, UnknownInstance
@@ -50,7 +49,7 @@ class NotFound(Invalid, UnknownInstance):
     """A well-formed value that names no row (exit 2, HTTP 404): the field still says which value to check."""
 
 
-def shown(value: Any, limit: int = 60) -> str:
+def shown(value: object, limit: int = 60) -> str:
     """A refused value for a message: its repr, cut short (a 400-digit number is not worth repeating)."""
     try:
         text = repr(value)
@@ -59,7 +58,7 @@ def shown(value: Any, limit: int = 60) -> str:
     return upstream.cut(text, limit)
 
 
-def number(value: Any, *, text: bool = False) -> float | None:
+def number(value: object, *, text: bool = False) -> float | None:
     """The float a JSON or YAML number holds (an int past a float's range is infinite), None for anything else
     (a bool, None, a list); with `text`, a string float() reads too (`"50"`, `"1e3"`, from a command line)."""
     if isinstance(value, bool):
@@ -77,7 +76,7 @@ def number(value: Any, *, text: bool = False) -> float | None:
         return math.inf
 
 
-def real(value: Any, *, text: bool = False) -> float | None:
+def real(value: object, *, text: bool = False) -> float | None:
     """The finite float `value` holds (as number() reads it), else None: for a figure that is dropped rather than
     refused when it is no number (vast's JSON may carry NaN, Infinity or 1e400; a wait with nothing to prove it is
     endless). The module's one test of finiteness: every other module asks here (tests/test_one_check.py)."""
@@ -85,7 +84,7 @@ def real(value: Any, *, text: bool = False) -> float | None:
     return got if got is not None and math.isfinite(got) else None
 
 
-def price(value: Any) -> float | None:
+def price(value: object) -> float | None:
     """A $/h from outside (a listing, an offer, a bid's floor): finite and at least MIN_DPH, else None. A NaN
     compares false against every limit, and a negative price or one of 1e-320 lowers (or adds nothing to) the
     spend the guard adds up, so none of them is a price."""
@@ -93,7 +92,7 @@ def price(value: Any) -> float | None:
     return got if got is not None and got >= MIN_DPH else None
 
 
-def finite(value: Any, field: str, *, what: str = "", text: bool = False) -> float:
+def finite(value: object, field: str, *, what: str = "", text: bool = False) -> float:
     """A finite number ≥ 0 (`what` says its unit after the rule: ` (proofs per hour)`)."""
     got = real(value, text=text)
     if got is None or got < 0:
@@ -101,7 +100,7 @@ def finite(value: Any, field: str, *, what: str = "", text: bool = False) -> flo
     return got
 
 
-def whole(value: Any, field: str, *, minimum: int = 0, maximum: int = MAX_INT, what: str = "") -> int:
+def whole(value: object, field: str, *, minimum: int = 0, maximum: int = MAX_INT, what: str = "") -> int:
     """A whole number (not a bool, not a float) from `minimum` to `maximum`, both included."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         got = "a number too large" if isinstance(value, int) and value > MAX_INT else repr(value)[:60]
@@ -109,7 +108,7 @@ def whole(value: Any, field: str, *, minimum: int = 0, maximum: int = MAX_INT, w
     return value
 
 
-def text(value: Any, field: str, *, max_len: int = TEXT_CHARS, utf8: bool = False) -> str:
+def text(value: object, field: str, *, max_len: int = TEXT_CHARS, utf8: bool = False) -> str:
     """A uuid, label or GPU name (or a one-line reason): 1 to `max_len` characters, none of them control or bidi,
     no space at either end. The one rule for the command line, the HTTP server and the agent's tools.
 
@@ -133,7 +132,7 @@ def text(value: Any, field: str, *, max_len: int = TEXT_CHARS, utf8: bool = Fals
     return value
 
 
-def ascii_shown(value: Any) -> str:
+def ascii_shown(value: object) -> str:
     """shown(), every character past ASCII escaped (for a value that may hold a lone surrogate)."""
     return shown(value).encode("ascii", "backslashreplace").decode("ascii")
 
@@ -170,12 +169,12 @@ class Range:
             return f"{noun} above {said(self.low)} and at most {said(self.high)}"
         return f"{noun} from {said(self.low)} to {said(self.high)}"
 
-    def refusal(self, field: str, kind: str, got: Any, value: float | None = None) -> Invalid:
+    def refusal(self, field: str, kind: str, got: object, value: float | None = None) -> Invalid:
         """The refusal of `got` (its number `value`); `why` is said when the value is the excluded end itself."""
         why = f": {self.why}" if self.why and value == self.low else ""
         return Invalid(field, f"must be {self.describe(kind)}, got {shown(got)}{why}")
 
-    def check(self, value: float, field: str, kind: str, got: Any) -> float:
+    def check(self, value: float, field: str, kind: str, got: object) -> float:
         if not self.allows(value):
             raise self.refusal(field, kind, got, value)
         return value

@@ -18,7 +18,6 @@ from typing import Any
 from vastctl import clock
 
 DEFAULT_LIMIT = 20
-MAX_LIMIT = 1000
 
 
 def _parsed(text: Any, empty: Any) -> Any:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, cast
 
 from vastctl.agent import memory, tools
 from vastctl.clock import Clock
@@ -116,12 +116,16 @@ class ToolOutcome:
     action: dict[str, Any] | None = None  # the action's view when one was applied or refused
 
 
+StopReason = Literal["end_turn", "max_rounds", "deadline", "refusal", "max_tokens", "error"]
+"""How a step ended (the step's record and `agent-step --json` carry it)."""
+
+
 @dataclass
 class LlmResult:
     tokens: dict[str, int]  # {"input", "output", "cache_read", "cache_write"}
     cost: float
     rounds: int
-    stop_reason: str  # end_turn | max_rounds | deadline | refusal | max_tokens | error
+    stop_reason: StopReason
     error: str | None = None
     transcript: list[dict[str, Any]] = field(default_factory=list)
 
@@ -208,7 +212,7 @@ class _Step:
     def record(self, role: str, content: Any) -> None:
         memory.record_message(self.conn, step_id=self.step_id, role=role, content=content, now=self.clock.now())
 
-    def loop(self, client: anthropic.Anthropic, anthropic: ModuleType) -> tuple[str, str | None]:
+    def loop(self, client: anthropic.Anthropic, anthropic: ModuleType) -> tuple[StopReason, str | None]:
         stop_reason, error = self.rounds_until_done(client, anthropic)
         if self.rounds == 0 and stop_reason in ("max_rounds", "deadline"):  # nothing answered: not a step that ran
             why = (f"agent.deadline ({self.config.agent.deadline:g}s) left no room for a request"
@@ -217,12 +221,12 @@ class _Step:
             return self.failed(f"the model was not asked: {why}; the next step retries")
         return stop_reason, error
 
-    def failed(self, text: str) -> tuple[str, str]:
+    def failed(self, text: str) -> tuple[StopReason, str]:
         self.record("error", {"round": self.rounds + 1, "error": text})
         self.transcript.append({"round": self.rounds + 1, "error": text})
         return "error", text
 
-    def rounds_until_done(self, client: anthropic.Anthropic, anthropic: ModuleType) -> tuple[str, str | None]:
+    def rounds_until_done(self, client: anthropic.Anthropic, anthropic: ModuleType) -> tuple[StopReason, str | None]:
         budget = self.config.agent.max_context_tokens - prefix_tokens()
         while True:
             if self.rounds >= self.config.agent.max_rounds:
@@ -274,15 +278,9 @@ class _Step:
                 continue
             if reply.stop_reason == "pause_turn":
                 continue
-            if reply.stop_reason in ("end_turn", "stop_sequence", "tool_use"):  # tool_use without a call: nothing to do
-                return "end_turn", None
-            if reply.stop_reason in ("refusal", "max_tokens"):
-                return reply.stop_reason, None
-            if reply.stop_reason == "model_context_window_exceeded":
-                return "max_tokens", None
-            return "error", f"the model stopped with an unknown stop_reason {reply.stop_reason!r}"
+            return _ended(reply.stop_reason)
 
-    def not_asked(self, text: str) -> tuple[str, str]:
+    def not_asked(self, text: str) -> tuple[StopReason, str]:
         """End a step that could not send its first request: an error (the step did not run), recorded."""
         self.record("error", {"round": 1, "error": text})
         self.transcript.append({"round": 1, "error": text})
@@ -328,6 +326,17 @@ class _Step:
         memory.add_note(self.conn, step_id=self.step_id, text=text.strip(), now=self.clock.now())
         return ToolOutcome(True, "noted: shown to you in the following steps",
                            action={"kind": "note", "text": text.strip()})
+
+
+def _ended(stop_reason: str | None) -> tuple[StopReason, str | None]:
+    """How a step ends on a reply that asks for nothing more (neither a tool call to answer nor a pause)."""
+    if stop_reason in ("end_turn", "stop_sequence", "tool_use"):  # tool_use without a call: nothing to do
+        return "end_turn", None
+    if stop_reason == "refusal":
+        return "refusal", None
+    if stop_reason in ("max_tokens", "model_context_window_exceeded"):
+        return "max_tokens", None
+    return "error", f"the model stopped with an unknown stop_reason {stop_reason!r}"
 
 
 def _fit_rounds(messages: list[dict[str, Any]], budget_tokens: int) -> bool:

@@ -30,6 +30,7 @@ from vastctl.agent import rules
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, Unavailable, VastctlError
 from vastctl.facts import demand as demand_module
+from vastctl.facts.demand import DemandView
 from vastctl.guard import Action, Kind
 from vastctl.observe import Observation, observe, stored_json
 from vastctl.state import locks
@@ -66,7 +67,7 @@ class StepResult:
     errors: list[str] = field(default_factory=list)
     tokens: dict[str, int] = field(default_factory=lambda: dict(ZERO_TOKENS))
     cost: float = 0.0
-    demand: dict[str, Any] | None = None
+    demand: DemandView | None = None
     hold: str | None = None  # the rules' reason for doing nothing (rules.hold_reason)
 
     @property

@@ -17,6 +17,7 @@ from vastctl.bids import bid_for_offer, wants_bid
 from vastctl.config import Config
 from vastctl.observe import Observation, rate_of_model
 from vastctl.providers.base import Offer
+from vastctl.providers.host_ram import rate_allowed
 
 BOOT_HOURS = 0.5  # a fresh machine bills ~30 min (image, parameters, benchmark) before its first proof
 # proofs/hour host RAM allows (GiB → proofs/h, 32 GiB PoRep with cuzk; docs/workload.md), interpolated between
@@ -35,13 +36,7 @@ def ram_rate(ram_gb: float | None) -> float:
     """Proofs/hour a host with this much RAM allows (inf when the offer does not say)."""
     if not ram_gb or ram_gb <= 0:
         return float("inf")
-    points = RAM_RATES
-    if ram_gb <= points[0][0]:
-        return points[0][1] * ram_gb / points[0][0]
-    for (low, low_rate), (high, high_rate) in zip(points, points[1:]):
-        if ram_gb <= high:
-            return low_rate + (high_rate - low_rate) * (ram_gb - low) / (high - low)
-    return points[-1][1]
+    return rate_allowed(RAM_RATES, ram_gb)
 
 
 def offer_rate(offer: Offer, obs: Observation, config: Config) -> float:

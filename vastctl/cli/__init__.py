@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
 @functools.cache
 def _command() -> click.Command:
     """The click command typer builds from the app, built once a process: calling the Typer app rebuilds it
-    from every command's signature each time (~70 ms), which a process that runs many commands pays each time."""
+    from every command's signature each time (its cost: bench/README.md, "Test suite"), which a process that
+    runs many commands pays each time."""
     return typer.main.get_command(app)
 
 

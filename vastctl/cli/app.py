@@ -127,7 +127,8 @@ def globals_of(ctx: typer.Context) -> Globals:
 
 
 def print_json(value: Any) -> None:
-    """Indented for a terminal; one compact line for a pipe (the C encoder: 5x faster on a big fleet)."""
+    """Indented for a terminal; one compact line for a pipe (the C encoder, faster on a big fleet:
+    bench/README.md, "Start-up")."""
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(value, indent=indent, default=str) + "\n")
 
@@ -147,7 +148,7 @@ def echo(text: str) -> None:
     sys.stdout.write(printable(text) + "\n")
 
 
-def action_line(action: dict[str, Any], at: str) -> str:
+def action_line(action: Mapping[str, object], at: str) -> str:
     """One log line per action (reconcile, agent-step): time, kind, label, vast id, result, reason, code.
 
     Made for cron's mail and `>> file.log`: grep-able, one action per line, no table to realign.
@@ -158,7 +159,7 @@ def action_line(action: dict[str, Any], at: str) -> str:
     return f"{at} {action['kind']} {action.get('label') or '-'}{vast} {action.get('result')}: {reason}{code}"
 
 
-def print_action_lines(actions: list[dict[str, Any]], now: datetime) -> None:
+def print_action_lines(actions: Sequence[Mapping[str, object]], now: datetime) -> None:
     """The actions of a pass or a step, one escaped line each (action_line), stamped with the time they ran."""
     at = clock.display_moment(now)
     for action in actions:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Optional
+from typing import Annotated, Mapping, Optional
 
 import typer
 
@@ -145,16 +145,16 @@ def events_cmd(
     print_table(rows, ["id", "at", "label", "change", "source", "reason"])
 
 
-def _reason(step: dict[str, Any]) -> str:
-    reason: str = step["reason"] or ""
+def _reason(step: Mapping[str, object]) -> str:
+    reason = str(step["reason"] or "")
     return reason + (f" [{step['code']}]" if step["code"] else "")
 
 
-def _change(step: dict[str, Any]) -> str:
-    what: str = step["what"]
+def _change(step: Mapping[str, object]) -> str:
+    what = str(step["what"])
     if what != "event":
         return what
-    return f"{step['from_state'] or '∅'} → {step['to_state']}" if step["to_state"] else step["kind"]
+    return f"{step['from_state'] or '∅'} → {step['to_state']}" if step["to_state"] else str(step["kind"])
 
 
 @app.command("kill")

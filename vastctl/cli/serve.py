@@ -69,7 +69,7 @@ def serve_cmd(
     signal.signal(signal.SIGTERM, _interrupt)
     # Hand the GIL over after 1 ms instead of 5: each request is a few short steps between the
     # event loop, a worker and SQLite, and waiting out the default interval at each hand-off
-    # measured a third slower.
+    # was slower (bench/README.md, "serve: heartbeats per second").
     sys.setswitchinterval(0.001)
     say(f"serving on {', '.join(server.listen_urls(srv))} (state file {g.config.db_path}; stop with Ctrl-C or SIGTERM)")
     try:

@@ -13,11 +13,12 @@ import heapq
 import math
 import sqlite3
 from datetime import timedelta
-from typing import Any
+from typing import TypedDict
 
 from vastctl import clock as clocks
 from vastctl.demo.setting import START, STEP_S
 from vastctl.facts import deliveries
+from vastctl.facts.deliveries import CallRecord
 from vastctl.providers.sim_engine import Share
 
 
@@ -53,7 +54,7 @@ class RoutedCalls:
         self._arrived = [0.0]  # proofs arrived by the start of each minute (and the end of the last)
         self._done = 0.0  # the market's proofs so far, in fractions
         self._remainder: dict[int, float] = {}  # vast id → the fraction of a proof not yet a call
-        self._pending: list[tuple[float, int, dict[str, Any]]] = []  # (end s, order, row) not yet written
+        self._pending: list[tuple[float, int, CallRecord]] = []  # (end s, order, row) not yet written
         self._queued = 0
 
     def arrive(self, proofs: float) -> None:
@@ -105,12 +106,12 @@ class RoutedCalls:
         low, high = self._arrived[index - 1], self._arrived[index]
         return (index - 1 + (min(1.0, (number - low) / (high - low)) if high > low else 1.0)) * STEP_S
 
-    def _queue(self, end: float, row: dict[str, Any]) -> None:
+    def _queue(self, end: float, row: CallRecord) -> None:
         self._queued += 1  # ties in the order queued
         heapq.heappush(self._pending, (end, self._queued, row))
 
     def _write(self, until: float) -> None:
-        rows = []
+        rows: list[CallRecord] = []
         while self._pending and self._pending[0][0] <= until:
             end, _order, row = heapq.heappop(self._pending)
             moment = START + timedelta(seconds=end)
@@ -123,7 +124,18 @@ def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
 
 
-def proof_waits(conn: sqlite3.Connection, calls: RoutedCalls, max_wait_s: float) -> dict[str, Any]:
+class DayWaits(TypedDict):
+    """The day's proof waits (proof_waits): the calls judged, the share within max_wait, the answered calls'
+    percentiles (s; None without any)."""
+
+    judged: int
+    within: float | None
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+def proof_waits(conn: sqlite3.Connection, calls: RoutedCalls, max_wait_s: float) -> DayWaits:
     """The day's proof waits as production measures them (deliveries.proof_wait over the day's calls: held +
     proving time of each answered call, `fleet --json`'s and /metrics' figures), with the proofs still held
     past max_wait at the end counted as late in the share within it (the percentiles are the answered calls')."""

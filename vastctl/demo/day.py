@@ -65,7 +65,7 @@ class Sample:
 @dataclass
 class DemoResult:
     options: DemoOptions
-    figures: dict[str, Any]
+    figures: dict[str, Any]  # summary()'s DaySummary, and what the command adds (cli/demo.py: the accounting)
     samples: list[Sample] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)  # seconds from each death to its kill
     launches: list[float] = field(default_factory=list)  # minutes of the run at which vastctl launched a machine
@@ -182,7 +182,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     launches, kills = _launches_and_kills(conn)
     waits = wait_minutes(conn, calls)
     conn.close()
-    return DemoResult(options=options, figures=figures, samples=samples, latencies=latencies, launches=launches,
+    return DemoResult(options=options, figures=dict(figures), samples=samples, latencies=latencies, launches=launches,
                       kills=kills, waits=waits)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from vastctl import clock as clocks
 from vastctl.config import Config
@@ -18,7 +18,10 @@ from vastctl.demo.setting import START, DemandCurve, DemoOptions
 from vastctl.state import instances
 
 if TYPE_CHECKING:  # the simulator is imported where it is used
+    from vastctl.bound import Bound
+    from vastctl.demo.calls import DayWaits
     from vastctl.providers.sim import SimProvider, SimTotals
+    from vastctl.providers.sim_store import InstanceRecord
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -29,7 +32,7 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def detection_latencies(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> tuple[list[float], int]:
+def detection_latencies(conn: sqlite3.Connection, records: list[InstanceRecord]) -> tuple[list[float], int]:
     """Seconds from each machine's death (the market's died_at) to our kill of it; and deaths not yet killed."""
     killed = {vast_id: clocks.from_iso(killed_at) for vast_id, killed_at in instances.kill_times(conn)}
     latencies, undetected = [], 0
@@ -96,7 +99,7 @@ def lower_bound_cost(market: SimProvider, config: Config, curve: DemandCurve, mi
     return cost
 
 
-def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes: int) -> dict[str, Any]:
+def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes: int) -> dict[LowerBound, Bound]:
     """The day's true lower bounds (vastctl.bound's program: every freedom the market gives), in $:
 
       honest         the hosts the fleet may rent (its models, RAM, bandwidth, reliability, price cap, a host
@@ -144,10 +147,62 @@ def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes
     }
 
 
+LowerBound = Literal["honest", "any_host", "interruptible"]  # least_costs' three lower bounds
+
+
+class DaySummary(TypedDict):
+    """The day's figures, as `demo --json` prints them (docs/interface.md), in this order."""
+
+    hours: float
+    seed: int
+    policy: str
+    failures: str
+    fleet: str
+    proofs_within_max_wait: float | None
+    max_wait_s: float
+    proof_wait_p50_s: float | None
+    proof_wait_p95_s: float | None
+    proof_wait_p99_s: float | None
+    proofs_judged_for_wait: int
+    target_attainment: float | None
+    attainment_minutes: int
+    capacity_measured_as: str
+    cost: float | None
+    proofs: int
+    proofs_arrived: int
+    queued_at_end: int
+    cost_per_1000_proofs: float | None
+    lower_bound_cost_per_1000_proofs: float | None
+    lower_bound_any_host_cost_per_1000_proofs: float | None
+    lower_bound_whole_machines_cost_per_1000_proofs: float | None
+    lower_bound_target_sized_cost_per_1000_proofs: float | None
+    cost_ratio_to_lower_bound: float | None
+    lower_bound_interruptible_cost_per_1000_proofs: float | None
+    cost_ratio_to_any_host_bound: float | None
+    cost_ratio_to_interruptible_bound: float | None
+    lower_bound_minute_by_minute_cost_per_1000_proofs: float | None
+    rental: str
+    machines_interruptible: int
+    outbids: int
+    rebids: int
+    kills_by_reason: dict[str, int]
+    billed_instance_hours: float | None
+    leaked_instance_hours: float | None
+    leaked_fraction: float | None
+    detection_latency_p50_s: float | None
+    detection_latency_p95_s: float | None
+    deaths: int
+    deaths_undetected_at_end: int
+    faults: dict[str, int]
+    machines_launched: int
+    agent_steps: int
+    failed_passes: dict[str, int]
+
+
 def summary(conn: sqlite3.Connection, config: Config, options: DemoOptions, totals: SimTotals, market: SimProvider,
             curve: DemandCurve, *, arrived: float, done: float, backlog: float, counted: int, met: int,
             billed_at_kill: dict[int, float], errors: dict[str, int], latencies: list[float], undetected: int,
-            asked: list[float], waits: dict[str, Any]) -> dict[str, Any]:
+            asked: list[float], waits: DayWaits) -> DaySummary:
     kills: dict[str, int] = {}
     for code, n in instances.kill_counts(conn).items():
         kills[code or "none"] = n

@@ -27,17 +27,40 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Callable, Hashable, Iterable, Literal, TypedDict, cast
 
 from vastctl import clock
 from vastctl.facts import appended
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 
-PARTS = ("rented", "stopped_storage", "after_kill")
+Part = Literal["rented", "stopped_storage", "after_kill"]
+PARTS: tuple[Part, ...] = ("rented", "stopped_storage", "after_kill")
 
 
 # kills of a machine that stopped working on its own: from its last heartbeat to the kill it was dead, undetected
-DEATH_CODES = ("exited", "offline", "disappeared", "heartbeat_timeout")
+DEATH_CODES = (KillCode.EXITED, KillCode.OFFLINE, KillCode.DISAPPEARED, KillCode.HEARTBEAT_TIMEOUT)
+
+
+class BillingRow(TypedDict):
+    """What the account reads of a machine's row (COLUMNS): the billing, the count, the grouping, the dead time.
+    An InstanceRow is one (the same columns, the same types)."""
+
+    uuid: str
+    created_at: str
+    destroyed_at: str | None
+    vast_seen_at: str | None
+    kill_code: str | None
+    state: str
+    vast_id: int | None
+    dph: float | None
+    storage_dph: float | None
+    vast_status: str | None
+    vast_status_since: str | None
+    label: str
+    gpu_name: str | None
+    proofs_total: int
+    last_heartbeat_at: str | None
+    killed_at: str | None
 
 
 @dataclass(frozen=True)
@@ -47,7 +70,7 @@ class Piece:
     uuid: str
     start: datetime
     end: datetime
-    part: str  # one of PARTS
+    part: Part
     dph: float
     running: bool  # the machine was in state running (its proofs are shared out over these)
 
@@ -73,12 +96,12 @@ def storage_prices(conn: sqlite3.Connection) -> dict[int, float]:
 
 
 # (state file, uuid) → (what its pieces were computed from, its pieces up to FAR)
-_OPEN: dict[tuple[str, str], tuple[tuple[Any, ...], list[Piece]]] = {}
+_OPEN: dict[tuple[str, str], tuple[tuple[Hashable, ...], list[Piece]]] = {}
 
 
 def pieces(conn: sqlite3.Connection, *, now: datetime,
-           skip: Callable[[dict[str, Any], float | None], bool] | None = None,
-           ) -> tuple[list[Piece], dict[str, dict[str, Any]]]:
+           skip: Callable[[BillingRow, float | None], bool] | None = None,
+           ) -> tuple[list[Piece], dict[str, BillingRow]]:
     """Every machine's billing, piece by piece up to `now`; and the rows by uuid. `skip(row, listed disk price)`
     leaves out machines the caller has already (their rows are still returned).
 
@@ -86,11 +109,11 @@ def pieces(conn: sqlite3.Connection, *, now: datetime,
     fields of its row that bill (BILLING), its disk's listed price and its transitions, not with a heartbeat.
     """
     name = appended.file_of(conn)
-    rows = {row[0]: dict(zip(COLUMNS, row)) for row in conn.execute(
+    rows = {row[0]: billing_row(row) for row in conn.execute(
         f"SELECT {', '.join(COLUMNS)} FROM instances ORDER BY created_at, uuid")}
     listed_storage = storage_prices(conn)
     skipped = {uuid for uuid, row in rows.items()
-               if skip is not None and skip(row, listed_storage.get(row["vast_id"]))}
+               if skip is not None and skip(row, _listed(listed_storage, row))}
     raw: dict[str, list[tuple[str, str]]] = {}
     for uuid, at, to_state in conn.execute(
             "SELECT uuid, at, to_state FROM events WHERE kind = 'transition' AND uuid IS NOT NULL"
@@ -102,7 +125,7 @@ def pieces(conn: sqlite3.Connection, *, now: datetime,
         if uuid in skipped:
             continue
         moves = raw.get(uuid, [])
-        key = (*(row.get(field) for field in BILLING), listed_storage.get(row["vast_id"]), len(moves),
+        key = (*(row.get(field) for field in BILLING), _listed(listed_storage, row), len(moves),
                moves[-1] if moves else None)
         found = _OPEN.get((name, uuid))
         if found is None or found[0] != key:
@@ -118,12 +141,18 @@ def pieces(conn: sqlite3.Connection, *, now: datetime,
 
 
 # the fields of a machine's row its billing is computed from (a heartbeat changes none of them)
-BILLING = ("created_at", "destroyed_at", "vast_seen_at", "kill_code", "state", "vast_id", "dph", "storage_dph",
+BILLING: tuple[Literal["created_at", "destroyed_at", "vast_seen_at", "kill_code", "state", "vast_id", "dph",
+                      "storage_dph", "vast_status", "vast_status_since"], ...] = ("created_at", "destroyed_at", "vast_seen_at", "kill_code", "state", "vast_id", "dph", "storage_dph",
             "vast_status", "vast_status_since")
 
 
 # what the account reads of a row (uuid first): the billing, the count, the grouping, the dead time
 COLUMNS = ("uuid", *BILLING, "label", "gpu_name", "proofs_total", "last_heartbeat_at", "killed_at")
+
+
+def billing_row(values: Iterable[object]) -> BillingRow:
+    """A row's COLUMNS, in that order (a SELECT of them, or the values kept of one), as its BillingRow."""
+    return cast(BillingRow, dict(zip(COLUMNS, values)))
 
 
 FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # pieces are computed up to here, then cut at the moment asked
@@ -132,29 +161,29 @@ FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # pieces are computed up to her
 NEVER = datetime(1, 1, 1, tzinfo=timezone.utc)
 
 
-def machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
+def machine_pieces(row: BillingRow, moves: list[tuple[datetime, str]], listed_storage: dict[int, float],
                     now: datetime) -> Iterable[Piece]:
     created = clock.parse_iso(row["created_at"])
     destroyed = clock.from_iso(row.get("destroyed_at"))
     end_all = min(now, destroyed) if destroyed else now
     seen = clock.from_iso(row.get("vast_seen_at"))
-    if row.get("kill_code") == "disappeared" and seen is not None:
+    if row.get("kill_code") == KillCode.DISAPPEARED and seen is not None:
         end_all = min(end_all, max(seen, created))  # gone from vast's listing: billing ended when it left
     if row["state"] == State.KILLED and row.get("vast_id") is None and not destroyed:
         return  # killed before anything was rented that the file knows of
     dph = stored_price(row.get("dph")) or 0.0
     storage = stored_price(row.get("storage_dph"))
-    if storage is None and row.get("vast_id") is not None:
-        storage = listed_storage.get(row["vast_id"])
+    if storage is None:
+        storage = _listed(listed_storage, row)
     stopped_dph = dph if storage is None else min(storage, dph) if dph else storage
     timeline = [(created, moves[0][1] if moves else row["state"])]
     timeline += [(at, state) for at, state in moves[1:]]
     # a container that never started or a resume that never got its GPU billed the disk alone since its last start
     stuck_from = len(timeline)
-    if row.get("kill_code") in ("start_failed", "scheduling_timeout"):
+    if row.get("kill_code") in (KillCode.START_FAILED, KillCode.SCHEDULING_TIMEOUT):
         stuck_from = max((i for i, (_, state) in enumerate(timeline) if state == State.STOPPED), default=-1)
     # a host gone offline bills nothing: a machine killed for it and last listed offline billed nothing after
-    offline_after_kill = row.get("kill_code") == "offline" and row.get("vast_status") == "offline"
+    offline_after_kill = row.get("kill_code") == KillCode.OFFLINE and row.get("vast_status") == "offline"
     for index, (start, state) in enumerate(timeline):
         end = timeline[index + 1][0] if index + 1 < len(timeline) else end_all
         start, end = max(start, created), min(end, end_all)
@@ -162,7 +191,8 @@ def machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], liste
             continue
         if state == State.KILLED:  # a machine killed while stopped holds no GPU: it bills its disk to the end
             before = timeline[index - 1][1] if index > 0 else None
-            part, price = "after_kill", stopped_dph if before == State.STOPPED else dph
+            part: Part = "after_kill"
+            price = stopped_dph if before == State.STOPPED else dph
         elif state == State.STOPPED:
             part, price = "stopped_storage", stopped_dph
         else:
@@ -181,6 +211,12 @@ def machine_pieces(row: dict[str, Any], moves: list[tuple[datetime, str]], liste
         yield Piece(uuid=row["uuid"], start=start, end=end, part=part, dph=price, running=state == State.RUNNING)
 
 
+def _listed(listed_storage: dict[int, float], row: BillingRow) -> float | None:
+    """The disk price the last good listing gave the row's instance (None: none, or no vast id)."""
+    vast_id = row.get("vast_id")
+    return None if vast_id is None else listed_storage.get(vast_id)
+
+
 def clip(piece: Piece, since: datetime | None) -> Piece | None:
     if since is None or piece.start >= since:
         return piece
@@ -189,7 +225,7 @@ def clip(piece: Piece, since: datetime | None) -> Piece | None:
     return Piece(piece.uuid, since, piece.end, piece.part, piece.dph, piece.running)
 
 
-def dead_cost(piece: Piece, row: dict[str, Any]) -> float:
+def dead_cost(piece: Piece, row: BillingRow) -> float:
     """What a rented piece billed between a dead machine's last heartbeat and its kill (dead, not yet detected)."""
     if piece.part != "rented" or row.get("kill_code") not in DEATH_CODES:
         return 0.0
@@ -200,10 +236,36 @@ def dead_cost(piece: Piece, row: dict[str, Any]) -> float:
     return max(0.0, overlap) / 3600 * piece.dph
 
 
+class PartFigures(TypedDict):
+    """A figure per part (PARTS, in that order)."""
+
+    rented: float
+    stopped_storage: float
+    after_kill: float
+
+
+class TallyView(TypedDict):
+    """What a tally shows (`cost --json`, overall and per group): $ per part, hours per part, proofs, waste."""
+
+    cost: float
+    rented: float
+    stopped_storage: float
+    after_kill: float
+    hours: PartFigures
+    proofs: int
+    cost_per_1000_proofs: float | None
+    never_proved_cost: float
+    never_proved_share: float | None
+    never_proved_machines: int
+    dead_until_detected_cost: float
+    wasted_share: float | None
+    machines: int
+
+
 class Tally:
     def __init__(self) -> None:
-        self.cost = {part: 0.0 for part in PARTS}
-        self.hours = {part: 0.0 for part in PARTS}
+        self.cost: dict[Part, float] = {part: 0.0 for part in PARTS}
+        self.hours: dict[Part, float] = {part: 0.0 for part in PARTS}
         self.proofs = 0.0
         self.machines: set[str] = set()
         self.never_proved = 0.0
@@ -220,23 +282,17 @@ class Tally:
             self.never_proved += piece.cost
             self.never_proved_machines.add(piece.uuid)
 
-    def merge(self, other: "Tally") -> None:
-        for part in PARTS:
-            self.cost[part] += other.cost[part]
-            self.hours[part] += other.hours[part]
-        self.proofs += other.proofs
-        self.machines |= other.machines
-        self.never_proved += other.never_proved
-        self.never_proved_machines |= other.never_proved_machines
-        self.dead += other.dead
-
-    def view(self) -> dict[str, Any]:
+    def view(self) -> TallyView:
         total = sum(self.cost.values())
         proofs = int(round(self.proofs))
         return {
             "cost": round(total, 4),
-            **{part: round(self.cost[part], 4) for part in PARTS},
-            "hours": {part: round(self.hours[part], 3) for part in PARTS},
+            "rented": round(self.cost["rented"], 4),
+            "stopped_storage": round(self.cost["stopped_storage"], 4),
+            "after_kill": round(self.cost["after_kill"], 4),
+            "hours": {"rented": round(self.hours["rented"], 3),
+                      "stopped_storage": round(self.hours["stopped_storage"], 3),
+                      "after_kill": round(self.hours["after_kill"], 3)},
             "proofs": proofs,
             "cost_per_1000_proofs": round(total / proofs * 1000, 3) if proofs > 0 else None,
             "never_proved_cost": round(self.never_proved, 4),

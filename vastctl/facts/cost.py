@@ -18,18 +18,19 @@ from __future__ import annotations
 import re
 import sqlite3
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Literal, Mapping
 
 from vastctl import clock
 from vastctl.errors import BadInput
 from vastctl.facts import cost_kept, deliveries
-from vastctl.facts.billing import PARTS, Piece, Tally, clip, dead_cost, pieces
+from vastctl.facts.billing import PARTS, BillingRow, Piece, Tally, TallyView, clip, dead_cost, pieces
 from vastctl.state.lifecycle import State
 
-__all__ = ["GROUPINGS", "PARTS", "SOURCE_NOTE", "account", "afresh", "day_start", "parse_since", "proofs_of",
-           "spent_today"]
+__all__ = ["GROUPINGS", "PARTS", "SOURCE_NOTE", "CostView", "account", "afresh", "day_start", "parse_since",
+           "proofs_of", "spent_today"]
 
-GROUPINGS = ("machine", "gpu", "day", "reason")
+Grouping = Literal["machine", "gpu", "day", "reason"]
+GROUPINGS: tuple[Grouping, ...] = ("machine", "gpu", "day", "reason")
 SOURCE_NOTE = "vastctl's account from its state file; vast's invoice is the truth"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -63,7 +64,23 @@ def _by_day(piece: Piece) -> Iterable[tuple[str, Piece]]:
         start = end
 
 
-def _group_key(by: str, row: dict[str, Any]) -> str:
+class GroupView(TallyView):
+    """One group of `cost --by`: its key (a label, a GPU model, a day, a kill code or live/stopped) first."""
+
+    key: str
+
+
+class CostView(TallyView):
+    """The `cost --json` object (docs/interface.md): as_of, since, source, the tally, by, groups (in that order)."""
+
+    as_of: str | None
+    since: str | None
+    source: str
+    by: str | None
+    groups: list[GroupView]
+
+
+def _group_key(by: Grouping, row: BillingRow) -> str:
     if by == "machine":
         label: str = row["label"]
         return label
@@ -74,7 +91,7 @@ def _group_key(by: str, row: dict[str, Any]) -> str:
     return "stopped" if row["state"] == State.STOPPED else "live"
 
 
-def proofs_of(row: dict[str, Any], delivered: Mapping[str, int] | None = None) -> int:
+def proofs_of(row: BillingRow, delivered: Mapping[str, int] | None = None) -> int:
     """The proofs a machine is credited with: the proofs the proof router delivered from it, when the router sent
     it calls (`delivered`: its results in proof_calls, measured by the manager); else its total over every run
     of its prover, each heartbeat's share bounded by what it could have proved (lifecycle.counted_increment),
@@ -94,7 +111,7 @@ def _lifetimes(all_pieces: list[Piece]) -> tuple[dict[str, float], dict[str, flo
     return running_h, billed_h
 
 
-def _proofs_and_dead(piece: Piece, row: dict[str, Any], proofs_done: int, running_h: dict[str, float],
+def _proofs_and_dead(piece: Piece, row: BillingRow, proofs_done: int, running_h: dict[str, float],
                      billed_h: dict[str, float]) -> tuple[float, float]:
     """The piece's share of the machine's proofs, and what it billed dead until detected."""
     if running_h[piece.uuid] > 0:
@@ -106,19 +123,18 @@ def _proofs_and_dead(piece: Piece, row: dict[str, Any], proofs_done: int, runnin
 
 
 def account(conn: sqlite3.Connection, *, now: datetime, since: datetime | None = None,
-            by: str | None = None) -> dict[str, Any]:
+            by: str | None = None) -> CostView:
     """The cost figures `vastctl cost`, the dashboard and /metrics all show (the `cost --json` shape)."""
-    if by is not None and by not in GROUPINGS:
-        raise BadInput(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
     if by is None:
         return _figures(cost_kept.book(conn).tally(now, since), {}, now=now, since=since, by=None)
-    return afresh(conn, now=now, since=since, by=by)
+    return afresh(conn, now=now, since=since, by=_grouping(by))
 
 
 def afresh(conn: sqlite3.Connection, *, now: datetime, since: datetime | None = None,
-           by: str | None = None) -> dict[str, Any]:
+           by: str | None = None) -> CostView:
     """account() computed piece by piece from every row and event (what `cost --by` reads, and what the account
     kept between scrapes is checked against)."""
+    grouping = None if by is None else _grouping(by)
     all_pieces, rows = pieces(conn, now=now)
     delivered = deliveries.delivered(conn)
     running_h, billed_h = _lifetimes(all_pieces)
@@ -130,27 +146,34 @@ def afresh(conn: sqlite3.Connection, *, now: datetime, since: datetime | None = 
         piece = clipped
         row = rows[piece.uuid]
         proofs_done = proofs_of(row, delivered.get(piece.uuid))
-        split = [(_group_key(by, row) if by and by != "day" else None, piece)] if by != "day" else list(_by_day(piece))
+        split = [(_group_key(grouping, row) if grouping else None, piece)] if grouping != "day" else list(_by_day(piece))
         for key, part_piece in split:
             proofs, dead = _proofs_and_dead(part_piece, row, proofs_done, running_h, billed_h)
             total.add(part_piece, proofs, proofs_done == 0, dead)
             if key is not None:
                 groups.setdefault(key, Tally()).add(part_piece, proofs, proofs_done == 0, dead)
-    return _figures(total, groups, now=now, since=since, by=by)
+    return _figures(total, groups, now=now, since=since, by=grouping)
+
+
+def _grouping(by: str) -> Grouping:
+    """`--by` as given, checked against GROUPINGS."""
+    if by not in GROUPINGS:
+        raise BadInput(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+    return by
 
 
 def _figures(total: Tally, groups: dict[str, Tally], *, now: datetime, since: datetime | None,
-             by: str | None) -> dict[str, Any]:
-    figures = {
+             by: Grouping | None) -> CostView:
+    ordered = sorted(groups.items(), key=lambda item: (-sum(item[1].cost.values()), item[0]) if by != "day"
+                     else (item[0],))
+    return {
         "as_of": clock.display_iso(clock.to_iso(now)),
         "since": clock.display_iso(clock.to_iso(since)) if since else None,
         "source": SOURCE_NOTE,
         **total.view(),
         "by": by,
-        "groups": [{"key": key, **tally.view()} for key, tally in sorted(
-            groups.items(), key=lambda item: (-sum(item[1].cost.values()), item[0]) if by != "day" else (item[0],))],
+        "groups": [{"key": key, **tally.view()} for key, tally in ordered],
     }
-    return figures
 
 
 def day_start(now: datetime) -> datetime:

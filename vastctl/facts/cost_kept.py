@@ -16,8 +16,9 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
+from enum import Enum
 from operator import itemgetter
-from typing import Any
+from typing import Final, Hashable
 
 from vastctl import clock
 from vastctl.facts import appended, deliveries
@@ -30,6 +31,7 @@ from vastctl.facts.billing import (
     PARTS,
     Piece,
     Tally,
+    billing_row,
     clip,
     dead_cost,
     machine_pieces,
@@ -92,13 +94,13 @@ class _Book:
         self.lock = threading.Lock()  # serve's worker threads share the book (--threads)
         self.tail = appended.Tail()
         self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
-        self.compiled: dict[str, tuple[tuple[Any, ...], _Compiled]] = {}
+        self.compiled: dict[str, tuple[tuple[Hashable, ...], _Compiled]] = {}
         # uuid → (its row's columns, listed disk price, transitions, router count as last read; its entry; the whole
         # row as kept_rows had it, the same object while the row is unchanged): unchanged, reused
-        self.entry_of: dict[str, tuple[tuple[Any, ...], float | None, int, Any, _Entry | None, tuple[Any, ...]]] = {}
+        self.entry_of: dict[str, tuple[_Values, float | None, int, dict[str, int] | None, _Entry | None, _Values]] = {}
         # the newest few connections' rows: (connection, what the file was at, its machines); a connection is
         # held only while it is among them (its id alone could be a later one's)
-        self.snapshots: list[tuple[sqlite3.Connection, tuple[Any, ...], tuple[list[_Entry], list[_Entry]]]] = []
+        self.snapshots: list[tuple[sqlite3.Connection, tuple[int, int], tuple[list[_Entry], list[_Entry]]]] = []
         # the machines whose billing is over, and their figures summed per window start (the same at every moment
         # after the last of them ended): a request sums the machines still billing, whatever the day's history
         self.closed: list[_Entry] = []
@@ -147,11 +149,12 @@ class _Book:
         closed: list[_Entry] = []
         billing = len(BILLING) + 1
         for row in rows.ordered(kept_rows.BY_CREATION_UUID):
-            last = self.entry_of.get(row[uuid_at])
-            values = last[0] if last is not None and last[5] is row else columns(row)  # an unchanged row: itself
-            uuid = values[0]
+            last = self.entry_of.get(str(row[uuid_at]))
+            values: _Values = last[0] if last is not None and last[5] is row else columns(row)  # unchanged: itself
+            uuid = str(values[0])
             moves = self.moves.get(uuid, _NO_MOVES)
-            listed = listed_storage.get(values[_VAST_ID])
+            vast_id = values[_VAST_ID]
+            listed = listed_storage.get(vast_id) if isinstance(vast_id, int) else None
             counted = delivered.get(uuid)
             if last is not None and last[0] == values and last[1] == listed and last[2] == len(moves) \
                     and last[3] == counted:  # the row, its disk price, its transitions and count as last read
@@ -161,11 +164,11 @@ class _Book:
             compile_key = (values[1:billing], listed, len(moves), moves[-1] if moves else None)
             found = self.compiled.get(uuid)
             if found is None or found[0] != compile_key:
-                fields = dict(zip(COLUMNS, values))
+                fields = billing_row(values)
                 parsed = [(clock.parse_iso(at), to_state) for at, _, to_state in moves]
                 found = (compile_key, _Compiled(list(machine_pieces(fields, parsed, listed_storage, FAR))))
                 self.compiled[uuid] = found
-            proofs = max(0, int(values[_PROOFS] or 0))
+            proofs = max(0, _count(values[_PROOFS]))
             if counted:
                 proofs = int(counted.get("completed", 0))
             dying = values[_KILL_CODE] in DEATH_CODES
@@ -183,11 +186,19 @@ class _Book:
 
 
 
-_Entry = tuple[str, _Compiled, int, "tuple[Any, ...] | None"]
+# a row's COLUMNS values, in that order (billing_row() names them)
+_Values = tuple[object, ...]
+# a machine that billed: (uuid, its compiled pieces, its proofs, its row's values when it died on its own)
+_Entry = tuple[str, _Compiled, int, "_Values | None"]
 _NO_MOVES: list[tuple[str, int, str]] = []
 _VAST_ID = COLUMNS.index("vast_id")
 _PROOFS = COLUMNS.index("proofs_total")
 _KILL_CODE = COLUMNS.index("kill_code")
+
+
+def _count(value: object) -> int:
+    """A stored count (proofs_total) as a number: 0 for none."""
+    return int(value) if isinstance(value, (int, float)) else 0
 _BOOKS = appended.PerFile(_Book)
 
 
@@ -298,7 +309,7 @@ def _sum(entries: list[_Entry], now: datetime, since: datetime | None) -> _Sums:
             never += sums[0] + sums[1] + sums[2]
             out.never_proved.add(uuid)
         elif dying is not None:
-            row = dict(zip(COLUMNS, dying))
+            row = billing_row(dying)
             for piece in compiled.pieces:
                 clipped = clip(_cut(piece, now), since) if piece.start < now else None
                 if clipped is not None:
@@ -354,7 +365,13 @@ def _window(compiled: _Compiled, now: datetime, since: datetime | None, now_us: 
     return sums, sums[6], sums[7], run_all, billed_all
 
 
-_UNKNOWN: Any = object()
+class _Unknown(Enum):
+    """Nothing kept for a window's start (a None kept means: no closed piece reaches into the window)."""
+
+    UNKNOWN = 0
+
+
+_UNKNOWN: Final = _Unknown.UNKNOWN
 _SINCES_KEPT = 8  # window starts whose closed sums a machine keeps (the whole life, today, the moving day's last)
 
 

@@ -40,7 +40,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Literal, Mapping, Sized, TypedDict, cast
 
 from vastctl import clock
 from vastctl.facts import tunnel
@@ -49,17 +49,66 @@ from vastctl.state.lifecycle import State, record_event
 from vastctl.state.rows import RouteStatusRow, typed
 
 STALE_AFTER_S = 30.0  # a route_status older than this is a router that stopped: no word on held calls
-ANSWERED = ("completed", "failed")  # results that carry a proof wait
-RESULTS = ("completed", "failed", "error", "dropped", "refused", "expired", "abandoned")
+Result = Literal["completed", "failed", "error", "dropped", "refused", "expired", "abandoned"]
+ANSWERED: tuple[Result, ...] = ("completed", "failed")  # results that carry a proof wait
+RESULTS: tuple[Result, ...] = ("completed", "failed", "error", "dropped", "refused", "expired", "abandoned")
 SET_ASIDE = "route_set_aside"  # event kind: the router reports a machine that kept failing after it was taken back
 CLAIM_DISAGREES = "claim_disagrees"  # event kind: a machine claims more proofs than the router saw it deliver
 CLAIM_SLACK = 0.1  # a claim may pass the delivered count by its benchmark's proofs and this share, plus one
 CLAIM_EVENT_EVERY_S = 3600.0  # at most one such event per machine in this long
 ROUTED_WINDOW_S = 3600.0  # the recent window a machine's routed rate is measured over
 ROUTED_MIN_PROOFS = 10  # completed calls in the window before the routed rate bounds the machine's expected rate
-ON_PROVER = ("completed", "failed", "error", "dropped")  # results of attempts that held one of a prover's slots
+ON_PROVER: tuple[Result, ...] = ("completed", "failed", "error", "dropped")  # results of attempts that held one of a prover's slots
 CALL_COLUMNS = ("at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
                 "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail")
+
+
+Route = Literal["own_daemon", "fleet", "refused"]  # where the router sends a proof kind (route/routing.py's Way)
+
+
+class HeldView(TypedDict):
+    """The router's held calls as `fleet --json`'s summary.router and the page show them."""
+
+    router_running: bool
+    held: int
+    held_bytes: int
+    oldest_held_s: float | None
+    in_flight: int
+    provers: int
+    updated_at: str | None
+    routing: dict[str, Route] | None
+
+
+class ProofWait(TypedDict):
+    """The proof wait of the calls answered in a window: count, nearest-rank quantiles (s), share within max_wait."""
+
+    calls: int
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+    within_max_wait: float | None
+
+
+class CallRecord(TypedDict, total=False):
+    """One attempt as the router (or the demo) hands it to record_calls: proof_calls' columns (CALL_COLUMNS); a
+    column it leaves out is stored NULL."""
+
+    at: str
+    request_id: str | None
+    kind: str
+    uuid: str | None
+    label: str | None
+    result: Result
+    held_ms: int
+    prover_ms: int | None
+    attempt: int
+    size_bytes: int
+    queue_wait_ms: int | None
+    srs_load_ms: int | None
+    synthesis_ms: int | None
+    gpu_compute_ms: int | None
+    total_ms: int | None
+    detail: str | None
 
 
 @dataclass(frozen=True)
@@ -72,9 +121,9 @@ class Held:
     in_flight: int = 0
     provers: int = 0
     updated_at: str | None = None
-    routing: dict[str, str] | None = None  # proof kind name → own_daemon, fleet or refused, as the router decided
+    routing: dict[str, Route] | None = None  # proof kind name → where the router sends it, as it decided
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> HeldView:
         return {"router_running": self.fresh, "held": self.held, "held_bytes": self.held_bytes,
                 "oldest_held_s": None if self.oldest_held_s is None else round(self.oldest_held_s, 1),
                 "in_flight": self.in_flight, "provers": self.provers,
@@ -88,22 +137,17 @@ class Routed:
     rate: float  # proofs/h while it held at least one call: what it proves at the load it had (a floor)
     rate_max: float  # proofs/h if `slots` calls at once each took what its calls took (a ceiling)
     busy_s: float  # seconds it held at least one call
-    occupancy: float  # calls on it on average while busy (slots: kept full)
 
     @property
     def enough(self) -> bool:
         """Enough proofs seen for the figures to bound the machine's expected rate."""
         return self.proofs >= ROUTED_MIN_PROOFS
 
-    def facts(self) -> dict[str, Any]:
-        """As the observation carries them per machine (unrounded: displays round)."""
-        return {"routed_rate": self.rate, "routed_rate_max": self.rate_max, "routed_proofs": self.proofs}
-
 
 # --- what the router writes --------------------------------------------------------------------------------
 
 
-def record_calls(conn: sqlite3.Connection, calls: Iterable[Mapping[str, Any]]) -> int:
+def record_calls(conn: sqlite3.Connection, calls: Iterable[CallRecord]) -> int:
     """Append the attempts the router finished (one transaction for the batch)."""
     rows = [tuple(call.get(name) for name in CALL_COLUMNS) for call in calls]
     if not rows:
@@ -114,10 +158,12 @@ def record_calls(conn: sqlite3.Connection, calls: Iterable[Mapping[str, Any]]) -
     return len(rows)
 
 
-def write_status(conn: sqlite3.Connection, snapshot: Mapping[str, Any], *, now: datetime,
+def write_status(conn: sqlite3.Connection, snapshot: Mapping[str, object], *, now: datetime,
                  routing: Mapping[str, str] | None = None) -> None:
-    """The router's status row; `routing`: where it sends each proof kind (kind name → own_daemon, fleet or
-    refused)."""
+    """The router's status row from its snapshot (route/dispatch.py's Dispatcher.snapshot, a shape the router owns:
+    held, held_bytes, oldest_held_s, in_flight and the list of provers are read); `routing`: where it sends each
+    proof kind (kind name → own_daemon, fleet or refused)."""
+    provers = snapshot["provers"]
     with transaction(conn):
         conn.execute(
             "INSERT INTO route_status (id, updated_at, held, held_bytes, oldest_held_s, in_flight, provers, routing)"
@@ -125,7 +171,7 @@ def write_status(conn: sqlite3.Connection, snapshot: Mapping[str, Any], *, now: 
             " held = excluded.held, held_bytes = excluded.held_bytes, oldest_held_s = excluded.oldest_held_s,"
             " in_flight = excluded.in_flight, provers = excluded.provers, routing = excluded.routing",
             (clock.to_iso(now), snapshot["held"], snapshot["held_bytes"], snapshot["oldest_held_s"],
-             snapshot["in_flight"], len(snapshot["provers"]),
+             snapshot["in_flight"], len(provers) if isinstance(provers, Sized) else 0,
              None if routing is None else json.dumps(dict(routing), sort_keys=True)))
 
 
@@ -155,14 +201,14 @@ class Candidate(tunnel.TunnelRow):
 def candidates(conn: sqlite3.Connection) -> list[Candidate]:
     """Running machines with a tunnel the router may send to: not set aside, with their bench rate; `joined`
     says whether the manager's check reached the daemon (the router probes the others itself)."""
-    rows = [dict(row) for row in conn.execute(
-        f"SELECT {tunnel.TUNNEL_COLUMNS}, bench_rate"
+    # the selected columns, and joined added below: a Candidate's keys
+    rows = [typed(row, Candidate) for row in conn.execute(
+        f"SELECT {tunnel.TUNNEL_COLUMNS}, bench_rate, NULL AS joined"
         " FROM instances WHERE state = ? AND tunnel_port IS NOT NULL AND destroyed_at IS NULL"
         " AND route_failing_since IS NULL ORDER BY tunnel_port", (State.RUNNING,))]
     for row in rows:
         row["joined"] = bool(tunnel.joined(row))
-    # the selected columns, and joined added: a Candidate's keys
-    return [typed(row, Candidate) for row in rows]
+    return rows
 
 
 def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: datetime) -> bool:
@@ -204,10 +250,10 @@ def held(conn: sqlite3.Connection, *, now: datetime) -> Held:
                 provers=int(row["provers"] or 0), updated_at=row["updated_at"], routing=_routing(row["routing"]))
 
 
-ROUTES = ("own_daemon", "fleet", "refused")  # where the router sends a proof kind (route/routing.py's Way)
+ROUTES: tuple[Route, ...] = ("own_daemon", "fleet", "refused")
 
 
-def _routing(text: str | None) -> dict[str, str] | None:
+def _routing(text: str | None) -> dict[str, Route] | None:
     """route_status.routing as written, or None when absent or not the router's shape."""
     try:
         found = json.loads(text) if text else None
@@ -215,10 +261,10 @@ def _routing(text: str | None) -> dict[str, str] | None:
         return None
     if not isinstance(found, dict) or not all(isinstance(k, str) and v in ROUTES for k, v in found.items()):
         return None
-    return {str(k): str(v) for k, v in found.items()}
+    return {str(k): cast(Route, v) for k, v in found.items()}
 
 
-def proof_wait(conn: sqlite3.Connection, *, since: datetime, until: datetime, max_wait_s: float) -> dict[str, Any]:
+def proof_wait(conn: sqlite3.Connection, *, since: datetime, until: datetime, max_wait_s: float) -> ProofWait:
     """Held + proving time of the calls answered in [since, until): count, p50/p95/p99 (seconds) and the share
     answered within max_wait_s (agent.max_wait). None figures when nothing was answered."""
     waits = sorted((row[0] or 0) / 1000 for row in conn.execute(
@@ -275,8 +321,7 @@ def _routed(calls: list[tuple[float, float, bool]], slots: int) -> Routed | None
     if not proofs or busy_s <= 0 or slot_s <= 0:
         return None
     rate = credit * 3600 / busy_s
-    return Routed(proofs=proofs, rate=rate, rate_max=max(rate, credit * 3600 * slots / slot_s), busy_s=busy_s,
-                  occupancy=slot_s / busy_s)
+    return Routed(proofs=proofs, rate=rate, rate_max=max(rate, credit * 3600 * slots / slot_s), busy_s=busy_s)
 
 
 def results(conn: sqlite3.Connection, *, since: datetime, until: datetime) -> dict[str, int]:

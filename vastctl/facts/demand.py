@@ -27,7 +27,7 @@ import sqlite3
 import subprocess
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping, TypedDict
 
 from vastctl import clock, upstream, validate
 from vastctl.config import Config
@@ -43,6 +43,22 @@ EXPECTED = ('print one JSON object like {"queued": 12, "proofs_per_hour": 40}'
 # Past any real Curio cluster's queue or rate, well inside SQLite's integers: beyond it a number is a fault
 MAX_COUNT = 1_000_000_000
 MAX_DIGITS = 19  # a JSON integer longer than this is refused before Python converts it
+
+
+class DemandView(TypedDict):
+    """The `demand show --json` object (docs/interface.md), in this order."""
+
+    queued: int | None
+    in_flight: int | None
+    lookahead: int | None
+    proofs_per_hour: float | None
+    at: str | None
+    age_s: int | None
+    source: str | None
+    known: bool
+    error: str | None
+    empty_since: str | None
+    held: int
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ class Demand:
         (0 where the source is silent)."""
         return (self.queued or 0) + max(self.in_flight or 0, self.held) + (self.lookahead or 0)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> DemandView:
         """The `demand show --json` object."""
         return {"queued": self.queued, "in_flight": self.in_flight, "lookahead": self.lookahead,
                 "proofs_per_hour": self.proofs_per_hour,
@@ -78,7 +94,7 @@ class Demand:
                 "empty_since": clock.display_iso(clock.to_iso(self.empty_since)), "held": self.held}
 
 
-def validate_count(name: str, value: Any, what: str = "proofs waiting") -> int:
+def validate_count(name: str, value: object, what: str = "proofs waiting") -> int:
     """A whole number of tasks, 0 … MAX_COUNT."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise Invalid(name, f"must be a whole number ≥ 0 ({what}), got {_show(value)}")
@@ -87,17 +103,17 @@ def validate_count(name: str, value: Any, what: str = "proofs waiting") -> int:
     return value
 
 
-def validate_queued(value: Any) -> int:
+def validate_queued(value: object) -> int:
     return validate_count("queued", value)
 
 
-def validate_optional_count(name: str, value: Any) -> int | None:
+def validate_optional_count(name: str, value: object) -> int | None:
     """in_flight / lookahead: absent (None) or a count."""
     what = {"in_flight": "tasks claimed", "lookahead": "PoRep tasks about to be created"}.get(name, "tasks")
     return None if value is None else validate_count(name, value, what)
 
 
-def validate_rate(value: Any) -> float | None:
+def validate_rate(value: object) -> float | None:
     if value is None:
         return None
     try:
@@ -109,7 +125,7 @@ def validate_rate(value: Any) -> float | None:
     return rate
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A value quoted into an error, short even for a 400-digit number."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"a number of {len(str(abs(value)))} digits"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Iterable, Literal, TypedDict
 
 from vastctl import clock, upstream
 from vastctl.config import Config
@@ -33,7 +33,8 @@ from vastctl.state import lifecycle, tokens
 from vastctl.state.db import transaction
 from vastctl.validate import Invalid
 
-NAMES = ("onstart", "fetch", "cuzk", "bench")  # the boot script's logs: its own, the parameter fetch, cuzk, the bench
+LogName = Literal["onstart", "fetch", "cuzk", "bench"]
+NAMES: tuple[LogName, ...] = ("onstart", "fetch", "cuzk", "bench")  # the boot script's logs: its own, the parameter fetch, cuzk, the bench
 MAX_CHARS = 16 * 1024  # the tail kept per machine and log
 PUSH_BYTES = 32 * 1024  # what `log-push` reads from the end of the file (the HTTP body limit is 64 KiB)
 RECENT_MACHINES = 12  # machines whose logs the dashboard shows, the latest pushed first
@@ -83,13 +84,50 @@ def _looks_random(found: re.Match[str]) -> str:
     return MASK if mixed else run
 
 
-def check_name(name: Any) -> str:
+class Pushed(TypedDict):
+    """What a push kept (`log-push --json`, the HTTP answer)."""
+
+    state: str
+    name: str
+    chars: int
+    cut: bool
+
+
+class Log(TypedDict):
+    """One of a machine's logs as `logs --json` shows it."""
+
+    name: str
+    at: str | None
+    cut: bool
+    text: str
+
+
+class Logs(TypedDict):
+    """The `logs --json` object: one machine and its logs, in NAMES order."""
+
+    label: str
+    uuid: str
+    state: str
+    logs: list[Log]
+
+
+class RecentLog(TypedDict):
+    """One log of a machine that pushed lately, as the dashboard lists it: its machine's label, then the log."""
+
+    label: str
+    name: str
+    at: str | None
+    cut: bool
+    text: str
+
+
+def check_name(name: object) -> LogName:
     if not isinstance(name, str) or name not in NAMES:
         raise Invalid("name", f"must be one of {', '.join(NAMES)}, got {upstream.clip(repr(name), 60)}")
     return name
 
 
-def made_safe(text: Any, secrets: Iterable[str] = ()) -> tuple[str, bool]:
+def made_safe(text: object, secrets: Iterable[str] = ()) -> tuple[str, bool]:
     """The text as it is kept: masked, escaped line by line, cut to its tail. Returns (text, whether it was cut)."""
     if not isinstance(text, str):
         raise BadInput(f'the log "text" must be text, got {type(text).__name__}')
@@ -107,8 +145,8 @@ def tail_of_file(data: bytes) -> str:
     return data[-PUSH_BYTES:].decode("utf-8", "replace")
 
 
-def push(conn: sqlite3.Connection, uuid: str, name: str, text: Any, *, now: datetime,
-         secrets: Iterable[str] = ()) -> dict[str, Any]:
+def push(conn: sqlite3.Connection, uuid: str, name: str, text: object, *, now: datetime,
+         secrets: Iterable[str] = ()) -> Pushed:
     """Keep the tail a machine pushed (a killed machine may still push: its logs say why it failed), `secrets`
     (what the manager handed it: `handed()`) masked with the rest. `name` is one check_name() passed where it
     entered (the command line, the HTTP body)."""
@@ -122,29 +160,26 @@ def push(conn: sqlite3.Connection, uuid: str, name: str, text: Any, *, now: date
     return {"state": row["state"], "name": name, "chars": len(safe), "cut": was_cut}
 
 
-def _view(row: sqlite3.Row) -> dict[str, Any]:
-    return {"label": row["label"], "uuid": row["uuid"], "name": row["name"], "at": clock.display_iso(row["at"]),
-            "cut": bool(row["cut"]), "text": row["text"]}
+def _view(row: sqlite3.Row) -> Log:
+    return {"name": row["name"], "at": clock.display_iso(row["at"]), "cut": bool(row["cut"]), "text": row["text"]}
 
 
-def tails(conn: sqlite3.Connection, label_or_uuid: str, name: str | None = None) -> dict[str, Any]:
+def tails(conn: sqlite3.Connection, label_or_uuid: str, name: str | None = None) -> Logs:
     """One machine's logs, in NAMES order (the `logs --json` shape)."""
     if name is not None:
         check_name(name)
     row = lifecycle.resolve(conn, label_or_uuid)
-    logs = [_view(r) for r in conn.execute(
-        "SELECT l.*, i.label FROM machine_logs l JOIN instances i USING (uuid) WHERE l.uuid = ?", (row["uuid"],))
-        if name is None or r["name"] == name]
+    logs = [_view(r) for r in conn.execute("SELECT * FROM machine_logs WHERE uuid = ?", (row["uuid"],))
+            if name is None or r["name"] == name]
     logs.sort(key=lambda log: NAMES.index(log["name"]) if log["name"] in NAMES else len(NAMES))
-    return {"label": row["label"], "uuid": row["uuid"], "state": row["state"],
-            "logs": [{key: log[key] for key in ("name", "at", "cut", "text")} for log in logs]}
+    return {"label": row["label"], "uuid": row["uuid"], "state": row["state"], "logs": logs}
 
 
-def recent(conn: sqlite3.Connection, machines: int = RECENT_MACHINES) -> list[dict[str, Any]]:
+def recent(conn: sqlite3.Connection, machines: int = RECENT_MACHINES) -> list[RecentLog]:
     """The logs of the machines that pushed last (the dashboard's view), newest machine first."""
     latest = [r["uuid"] for r in conn.execute(
         "SELECT uuid, max(at) AS last FROM machine_logs GROUP BY uuid ORDER BY last DESC, uuid LIMIT ?", (machines,))]
-    out: list[dict[str, Any]] = []
+    out: list[RecentLog] = []
     for uuid in latest:
         row = conn.execute("SELECT label FROM instances WHERE uuid = ?", (uuid,)).fetchone()
         if row is None:

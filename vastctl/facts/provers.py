@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypedDict
+from typing import Protocol, TypedDict
 
 from vastctl import atomicfile, clock, upstream
 from vastctl.config import Config
@@ -29,6 +29,22 @@ RELOAD_TIMEOUT_S = 60
 NO_SERVER = "127.0.0.1:9"  # nginx refuses an empty upstream block: with no machine joined, one marked down
 
 
+class Run(Protocol):
+    """How the reload command is run: subprocess.run's way (detached.run in production, a fake in tests)."""
+
+    def __call__(self, argv: list[str], /, *, capture_output: bool, text: bool, timeout: float, stdin: int,
+                 check: bool) -> subprocess.CompletedProcess[str]: ...
+
+
+class RefreshView(TypedDict):
+    """The `provers --json` object."""
+
+    provers: list[Endpoint]
+    upstream_file: str | None
+    changed: bool
+    reloaded: bool
+
+
 @dataclass
 class Refresh:
     provers: list[Endpoint]
@@ -37,7 +53,7 @@ class Refresh:
     reloaded: bool = False
     errors: list[str] = field(default_factory=list)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> RefreshView:
         return {"provers": self.provers, "upstream_file": self.upstream_file, "changed": self.changed,
                 "reloaded": self.reloaded}
 
@@ -73,7 +89,7 @@ def upstream_text(provers: list[Endpoint]) -> str:
 
 
 def refresh(conn: sqlite3.Connection, config: Config, *,
-            run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Refresh:
+            run: Run = subprocess.run) -> Refresh:
     """Write the upstream file when the joined set changed, then reload; raises Unavailable when the reload
     fails (the previous file back in place) or the file cannot be written (nothing changed)."""
     provers = endpoints(conn)
@@ -107,7 +123,7 @@ def refresh(conn: sqlite3.Connection, config: Config, *,
     return result
 
 
-def _reload(command: str, run: Callable[..., subprocess.CompletedProcess[str]]) -> str | None:
+def _reload(command: str, run: Run) -> str | None:
     """None when the reload command succeeded, else what went wrong, in a few printable words."""
     try:
         done = run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=RELOAD_TIMEOUT_S,

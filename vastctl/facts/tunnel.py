@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypedDict
+from typing import TYPE_CHECKING, Callable, Iterable, TypedDict
 
 from vastctl import atomicfile, clock
 from vastctl.config import Config
@@ -38,10 +38,12 @@ from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
 from vastctl.state.rows import typed
 
+if TYPE_CHECKING:
+    from typing_extensions import ReadOnly  # typing's own from Python 3.13
+
 KEY_TYPE = "ed25519"
 PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|ssh-rsa)"
                         r" ([A-Za-z0-9+/]+={0,2})(?: .*)?$")
-HOST_KEY_ALIAS = "vastctl-manager"  # the name the machine's known_hosts gives the manager (ssh -o HostKeyAlias)
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HTTP2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame, the client's first
 SETTINGS_TYPE = 4
@@ -262,6 +264,17 @@ class TunnelRow(TypedDict):
 TUNNEL_COLUMNS = "uuid, label, state, state_since, tunnel_port, joined_at, tunnel_down_since"
 
 
+class TunnelFields(TypedDict):
+    """What down_since() and joined() read of a machine's row: an InstanceRow, a TunnelRow or a Candidate (read
+    only, so that a row whose tunnel_port is known to be set passes too)."""
+
+    state: ReadOnly[str]
+    state_since: ReadOnly[str]
+    tunnel_port: ReadOnly[int | None]
+    joined_at: ReadOnly[str | None]
+    tunnel_down_since: ReadOnly[str | None]
+
+
 def checked_rows(conn: sqlite3.Connection) -> list[TunnelRow]:
     """The machines whose tunnel the manager checks: running (they joined before reporting it), with a port."""
     return [typed(row, TunnelRow) for row in conn.execute(
@@ -289,13 +302,13 @@ def check(conn: sqlite3.Connection, config: Config, *, now: datetime,
                                    " FROM instances WHERE uuid = ?", (row["uuid"],)).fetchone()
             if current is None or current["state"] != State.RUNNING:
                 continue  # moved on while we probed
-            current = dict(current)
-            updates: dict[str, Any] = {"tunnel_checked_at": at}
-            if up and not joined(current):
+            now_row = typed(current, TunnelRow)
+            updates: dict[str, str | None] = {"tunnel_checked_at": at}
+            if up and not joined(now_row):
                 updates.update(joined_at=at, tunnel_down_since=None)
                 record_event(conn, kind=JOINED, source="reconcile", uuid=row["uuid"], label=row["label"], now=now,
                              reason=f"joined: the manager reaches its daemon through 127.0.0.1:{row['tunnel_port']}")
-            elif not up and joined(current):
+            elif not up and joined(now_row):
                 updates["tunnel_down_since"] = at
                 record_event(conn, kind=LEFT, source="reconcile", uuid=row["uuid"], label=row["label"], now=now,
                              reason=f"its daemon no longer answers through 127.0.0.1:{row['tunnel_port']}")
@@ -304,7 +317,7 @@ def check(conn: sqlite3.Connection, config: Config, *, now: datetime,
     return results
 
 
-def down_since(row: Mapping[str, Any]) -> str | None:
+def down_since(row: TunnelFields) -> str | None:
     """Since when a running machine with a tunnel has not been reachable through it (ISO text), or None.
 
     One that has not joined since it last reported running counts from then: it joins before reporting it
@@ -317,12 +330,13 @@ def down_since(row: Mapping[str, Any]) -> str | None:
     return row.get("tunnel_down_since")
 
 
-def joined_this_run(row: Mapping[str, Any]) -> bool:
+def joined_this_run(row: TunnelFields) -> bool:
     """joined_at is from the machine's current spell in `running` (ISO texts compare as times)."""
-    return row.get("joined_at") is not None and row["joined_at"] >= (row.get("state_since") or "")
+    joined_at = row.get("joined_at")
+    return joined_at is not None and joined_at >= (row.get("state_since") or "")
 
 
-def joined(row: Mapping[str, Any]) -> bool | None:
+def joined(row: TunnelFields) -> bool | None:
     """Joined now (True), not (False), or no tunnel to speak of (None)."""
     if row.get("tunnel_port") is None:
         return None

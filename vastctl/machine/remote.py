@@ -28,13 +28,15 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 from urllib.parse import quote, urlsplit
 
 from vastctl import validate
 from vastctl.clock import Clock
 from vastctl.config import parse_duration
 from vastctl.errors import BadInput, BenchFailed, Refused, Unavailable, UnknownInstance
+from vastctl.facts.json_value import JSON
+from vastctl.machine.answers import Answer
 from vastctl.machine.reports import FIELD_FLAGS
 
 if TYPE_CHECKING:
@@ -90,15 +92,15 @@ class RemoteReports:
     # --- the five reports (bench-report as a rate, or as a failure) ---------------------------------------------------------------------
 
     def register(self, uuid: str, *, label: str | None = None, vast_id: int | None = None, gpu_name: str | None = None,
-                 num_gpus: int | None = None) -> dict[str, Any]:
+                 num_gpus: int | None = None) -> Answer:
         body = {k: v for k, v in {"label": label, "vast_id": vast_id, "gpu_name": gpu_name,
                                   "num_gpus": num_gpus}.items() if v is not None}
         return self._report(uuid, "register", body)
 
-    def params_done(self, uuid: str) -> dict[str, Any]:
+    def params_done(self, uuid: str) -> Answer:
         return self._report(uuid, "params-done", {})
 
-    def bench_report(self, uuid: str, rate: float) -> dict[str, Any]:
+    def bench_report(self, uuid: str, rate: float) -> Answer:
         answer = self._report(uuid, "bench-report", {"rate": rate})
         if answer.get("passed") is False:
             reason = answer.get("reason")
@@ -109,7 +111,7 @@ class RemoteReports:
         return answer
 
     def bench_failed(self, uuid: str, reason: str | None = None) -> NoReturn:
-        body: dict[str, Any] = {"failed": True} if reason is None else {"failed": True, "reason": reason}
+        body: dict[str, JSON] = {"failed": True} if reason is None else {"failed": True, "reason": reason}
         answer = self._report(uuid, "bench-report", body)
         reason = answer.get("reason")
         error = BenchFailed(reason if isinstance(reason, str) else
@@ -117,24 +119,24 @@ class RemoteReports:
         error.row = answer
         raise error
 
-    def running(self, uuid: str, stages: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def running(self, uuid: str, stages: Mapping[str, float] | None = None) -> Answer:
         return self._report(uuid, "running", {} if stages is None else {"stages": dict(stages)})
 
-    def heartbeat(self, uuid: str, proofs_done: int | None = None) -> dict[str, Any]:
+    def heartbeat(self, uuid: str, proofs_done: int | None = None) -> Answer:
         body = {} if proofs_done is None else {"proofs_done": proofs_done}
         return self._report(uuid, "heartbeat", body)
 
-    def log_push(self, uuid: str, name: str, text: str) -> dict[str, Any]:
+    def log_push(self, uuid: str, name: str, text: str) -> Answer:
         return self._report(uuid, "log", {"name": name, "text": text})
 
     # --- HTTP ----------------------------------------------------------------------------------
 
-    def _report(self, uuid: str, report: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _report(self, uuid: str, report: str, body: Mapping[str, JSON]) -> Answer:
         url = f"{self.server}/v1/instances/{quote(uuid, safe='')}/{report}"
         response = self._post_with_retries(url, body)
         return _answer(response, self.server, uuid)
 
-    def _post_with_retries(self, url: str, body: dict[str, Any]) -> requests.Response:
+    def _post_with_retries(self, url: str, body: Mapping[str, JSON]) -> requests.Response:
         import requests
 
         deadline = self.clock.monotonic() + self.retry_for
@@ -180,7 +182,7 @@ class RemoteReports:
             pass
 
 
-def _answer(response: requests.Response, server: str, uuid: str) -> dict[str, Any]:
+def _answer(response: requests.Response, server: str, uuid: str) -> Answer:
     """The manager's answer → a result, or the typed error whose exit code the contract names."""
     status = response.status_code
     if 300 <= status < 400:
@@ -191,7 +193,7 @@ def _answer(response: requests.Response, server: str, uuid: str) -> dict[str, An
         if not isinstance(answer, dict) or not isinstance(answer.get("state"), str):
             raise BadInput(f"{server} answered {status} without a report result:"
                            " is VASTCTL_SERVER the manager's `vastctl serve`?")
-        return answer
+        return cast(Answer, answer)  # its state checked; the rest read with a check where read (bench_report)
     message = _error_text(response)
     if status == 401:
         raise BadInput(f"the manager refused the token ({message}): set VASTCTL_TOKEN to what"
@@ -222,9 +224,10 @@ def _refused_value(response: requests.Response, kind: type[validate.Invalid]) ->
     return kind(field, reason[:500], lead=lead[:500])
 
 
-def _json(response: requests.Response) -> Any:
+def _json(response: requests.Response) -> JSON:
     try:
-        return response.json()
+        value: JSON = response.json()
+        return value
     except ValueError:
         return None
 

@@ -9,7 +9,7 @@ into an empty result (an empty listing read as "no machines" kills a fleet).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from vastctl.errors import Unavailable
 
@@ -46,7 +46,7 @@ class RemoteInstance:
     dph_total: float | None = None  # $/h, GPU and disk; None when vast's figure is not a real price
     start_date: float | None = None
     storage_dph: float | None = None  # $/h the disk alone bills (all a stopped instance costs), when vast says
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    raw: dict[str, object] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Offer:
     cpu_ram_gb: float | None = None
     inet_down_mbps: float | None = None
     reliability: float | None = None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    raw: dict[str, object] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -111,5 +111,3 @@ class Provider(Protocol):
     def stop_instance(self, vast_id: int) -> None: ...
 
     def start_instance(self, vast_id: int) -> None: ...
-
-    def set_label(self, vast_id: int, label: str) -> None: ...

@@ -26,7 +26,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from vastctl import validate
 from vastctl.clock import Clock
@@ -44,7 +44,7 @@ from vastctl.providers.base import (
 )
 from vastctl.providers.reports_sink import Reports
 from vastctl.providers.sim_engine import Engine, Share
-from vastctl.providers.sim_store import FIRST_VAST_ID, Machine, SimStore, at_of, moment, seconds
+from vastctl.providers.sim_store import FIRST_VAST_ID, FaultRecord, InstanceRecord, Machine, SimStore, at_of, moment, seconds
 
 __all__ = ["FAULT_KINDS", "FIRST_VAST_ID", "SimProvider", "SimTotals"]  # FIRST_VAST_ID: sim_store's, named here for callers
 
@@ -52,7 +52,6 @@ BUSY_TTL_S = 120.0  # a process that died while advancing the market blocks it n
 SCHEDULING_MSG = "waiting for the GPU to become available"
 FAULT_KINDS = ("start_failed", "stall", "slow_bench", "scheduling", "destroy_refused", "exit", "vanish", "offline",
                "api_error", "truncated_listing")
-DEATHS = ("start_failed", "exit", "vanish", "offline")  # the faults that end a working machine (died_at)
 
 
 @dataclass
@@ -63,7 +62,7 @@ class SimTotals:
     cost: float  # $ so far, every instance
     billed_hours: float  # instance-hours during which anything was billed
     gpu_hours: float  # instance-hours billed for a GPU
-    instances: list[dict[str, Any]] = field(default_factory=list)  # one record per instance, oldest first
+    instances: list[InstanceRecord] = field(default_factory=list)  # one record per instance, oldest first
     faults: dict[str, int] = field(default_factory=dict)  # fault kind → how many times it happened
     outbids: int = 0  # times a rival bid paused an interruptible instance (not a fault: the rental's nature)
 
@@ -210,13 +209,6 @@ class SimProvider:
                 self.engine.rival_leaves(machine, now)
             self.engine.dirty.add(machine.vast_id)
 
-    def set_label(self, vast_id: int, label: str) -> None:
-        with self._call(f"PUT /api/v0/instances/{vast_id}/"):
-            machine = self._existing(vast_id, "label")
-            machine.label = label
-            self.engine.dirty.add(machine.vast_id)
-
-
     # --- figures for the demo ----------------------------------------------------------------------
 
     def totals(self) -> SimTotals:
@@ -245,7 +237,7 @@ class SimProvider:
         with self._consulted() as _now:
             return self.engine.work(queued, seconds)
 
-    def faults(self) -> list[dict[str, Any]]:
+    def faults(self) -> list[FaultRecord]:
         """Every failure the market made happen, oldest first: at, kind, vast_id, detail."""
         return self.store.faults()
 
@@ -359,7 +351,7 @@ class SimProvider:
     def _remote(self, machine: Machine) -> RemoteInstance:
         host = self.store.hosts()[machine.machine_id]
         dph = round(machine.gpu_dph + machine.storage_dph, 4)
-        raw = {"id": machine.vast_id, "label": machine.label, "actual_status": machine.actual_status,
+        raw: dict[str, object] = {"id": machine.vast_id, "label": machine.label, "actual_status": machine.actual_status,
                "intended_status": machine.intended_status, "cur_state": machine.cur_state,
                "status_msg": machine.status_msg, "machine_id": machine.machine_id, "gpu_name": host.gpu_name,
                "num_gpus": host.num_gpus, "dph_total": dph, "dph_base": machine.gpu_dph,

@@ -25,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Callable, Literal
 
 from vastctl.errors import BadInput, BenchFailed, Refused, VastctlError
 from vastctl.providers import sim_market as model
@@ -200,6 +200,19 @@ class Engine:
         """The next step of the container start or of the boot script, as onstart.sh does it."""
         plan = self._plan(machine)
         step, machine.step, machine.step_at = machine.step, None, None
+        if step in ("provision", "pull", "restart"):
+            self._container_step(step, machine, at, plan)
+        elif step in ("register", "params", "bench", "running"):
+            self._script_step(step, machine, at, plan)
+        elif step == "heartbeat":
+            superseded = self._last_beat_before(machine, at, now)
+            if superseded > at:  # a later heartbeat in this same advance overwrites this one: skip to it
+                self._next(machine, "heartbeat", superseded)
+            else:
+                self._beat(machine, at)
+
+    def _container_step(self, step: str, machine: Machine, at: float, plan: model.BootPlan) -> None:
+        """vast's part of a boot: the container provisioned, its image pulled, or (resumed) started again."""
         if step == "provision":
             if plan.boot_fault == "start_failed":
                 machine.actual_status, machine.status_msg = "created", START_FAILURE_MSG
@@ -213,7 +226,18 @@ class Engine:
                 machine.fault, machine.fault_at = plan.container_fault, at + plan.container_fault_s
             if machine.uuid and machine.env_label:  # else: "not launched by vastctl?", the script exits
                 self._next(machine, "register", at + plan.install_s)
-        elif step == "register":
+        elif step == "restart":  # resumed after an outbid: proving again, its restarted prover counting anew
+            machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
+            machine.proofs = 0.0
+            if machine.proving_since is not None and machine.paused_at is not None:
+                machine.proving_since += at - machine.paused_at
+            machine.paused_at = None
+            self._schedule_rival(machine, at)
+            self._beat(machine, at)
+
+    def _script_step(self, step: str, machine: Machine, at: float, plan: model.BootPlan) -> None:
+        """The boot script's part: each report to the manager, the next step only when it answered ok."""
+        if step == "register":
             host = self.hosts()[machine.machine_id]
             if self._report(machine, at, "register", label=machine.env_label, vast_id=machine.vast_id,
                             gpu_name=host.gpu_name, num_gpus=host.num_gpus) != "ok":
@@ -235,20 +259,6 @@ class Engine:
             if self._report(machine, at, "running") == "ok":
                 machine.proving_since = at
                 self._schedule_rival(machine, at)
-                self._beat(machine, at)
-        elif step == "restart":  # resumed after an outbid: proving again, its restarted prover counting anew
-            machine.actual_status, machine.status_msg = "running", f"success, running {machine.image}/ssh"
-            machine.proofs = 0.0
-            if machine.proving_since is not None and machine.paused_at is not None:
-                machine.proving_since += at - machine.paused_at
-            machine.paused_at = None
-            self._schedule_rival(machine, at)
-            self._beat(machine, at)
-        elif step == "heartbeat":
-            superseded = self._last_beat_before(machine, at, now)
-            if superseded > at:  # a later heartbeat in this same advance overwrites this one: skip to it
-                self._next(machine, "heartbeat", superseded)
-            else:
                 self._beat(machine, at)
 
     def _schedule_rival(self, machine: Machine, at: float) -> None:
@@ -299,7 +309,9 @@ class Engine:
         if self._report(machine, at, "heartbeat", int(machine.proofs)) in ("ok", "error"):  # an error: the loop beats again
             self._next(machine, "heartbeat", at + HEARTBEAT_S)
 
-    def _report(self, machine: Machine, at: float, method: str, *args: Any, **kwargs: Any) -> str:
+    def _report(self, machine: Machine, at: float, method: Literal["register", "params_done", "bench_report", "running",
+                                                                   "heartbeat"],
+                *args: object, **kwargs: object) -> Literal["ok", "refused", "error"]:
         """Make one report at simulated time `at`: ok, refused (the machine is told to stop), or error."""
         try:
             getattr(self.reports(moment(at)), method)(machine.uuid, *args, **kwargs)

@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
+from vastctl.providers.host_ram import rate_allowed
+
 GIB_BITS = 8 * 1024 ** 3
 PARAMS_GIB = 53.0  # 32 GiB PoRep + PoSt + SnapDeals parameters
 IMAGE_GIB = 8.0  # a CUDA devel image
@@ -65,22 +67,11 @@ class Host:
     phase: float  # where in the day its price peaks (radians)
 
 
-def ram_cap(ram_gb: float) -> float:
-    """Proofs/hour a host's RAM allows, interpolated over RAM_CAP."""
-    points = RAM_CAP
-    if ram_gb <= points[0][0]:
-        return points[0][1] * ram_gb / points[0][0]
-    for (low, low_rate), (high, high_rate) in zip(points, points[1:]):
-        if ram_gb <= high:
-            return low_rate + (high_rate - low_rate) * (ram_gb - low) / (high - low)
-    return points[-1][1]
-
-
 def model_rate(gpu_name: str, ram_gb: float) -> float:
     """What a healthy host of this GPU and RAM proves per hour: the tighter of the two limits."""
     gpu = next((model for model in GPUS if model.name == gpu_name), None)
     cap = gpu.cap if gpu else 50.0
-    return min(cap, ram_cap(ram_gb))
+    return min(cap, rate_allowed(RAM_CAP, ram_gb))
 
 
 def make_hosts(seed: int) -> list[Host]:

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, overload
+from typing import Any, Iterable, Iterator, TypedDict, overload
 
 from vastctl import clock as clocks
 from vastctl.errors import BadInput
@@ -104,6 +104,37 @@ HOST_FIELDS = tuple(f.name for f in fields(model.Host))
 Fault = tuple[float, str, "int | None", "str | None"]  # at, kind, vast id, detail
 
 
+class InstanceRecord(TypedDict):
+    """One instance as the demo's figures read it (SimStore.records): its host, its billing, its fate."""
+
+    vast_id: int
+    label: str | None
+    uuid: str | None
+    machine_id: int
+    gpu_name: str
+    true_rate: float
+    dph_total: float
+    created_at: datetime | None
+    died_at: datetime | None
+    destroy_requested_at: datetime | None
+    destroyed_at: datetime | None
+    listed: bool
+    cost: float
+    billed_hours: float
+    gpu_hours: float
+    bid: float | None
+    outbids: int
+
+
+class FaultRecord(TypedDict):
+    """One failure the market made happen (SimStore.faults)."""
+
+    at: datetime | None
+    kind: str
+    vast_id: int | None
+    detail: str | None
+
+
 def seconds(moment: datetime) -> float:
     return moment.timestamp()
 
@@ -132,7 +163,7 @@ def at_of(text: str) -> float:
     return clocks.parse_iso(text).timestamp()
 
 
-def row_of(machine: Machine) -> list[Any]:
+def row_of(machine: Machine) -> list[object]:
     """The machine's sim_instances row, in MACHINE_FIELDS order (this runs for every change: kept lean)."""
     values = list(_machine_values(machine))
     for position in _TIME_POSITIONS:
@@ -170,7 +201,7 @@ class SimStore:
         self.conn = conn
         self._hosts: dict[int, model.Host] | None = None
         self._cached_version: int | None = None  # the market's version the caches below are of (None: none)
-        self._closed: dict[int, dict[str, Any]] = {}  # vast id → record, for destroyed instances (final)
+        self._closed: dict[int, InstanceRecord] = {}  # vast id → record, for destroyed instances (final)
         self._fault_counts: Counter[str] = Counter()
 
     # --- the market's meta row and hosts -----------------------------------------------------------
@@ -249,7 +280,7 @@ class SimStore:
 
     # --- what the market billed and what failed ---------------------------------------------------------
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[InstanceRecord]:
         """One record per instance, oldest first (a record is shared with the next call: read, do not change)."""
         self._catch_up()
         live = [self._record(row) for row in
@@ -261,7 +292,7 @@ class SimStore:
         self._catch_up()
         return sorted(self._fault_counts.items())
 
-    def faults(self) -> list[dict[str, Any]]:
+    def faults(self) -> list[FaultRecord]:
         """Every fault, oldest first: at, kind, vast_id, detail."""
         return [{"at": clocks.from_iso(r["at"]), "kind": r["kind"], "vast_id": r["vast_id"], "detail": r["detail"]}
                 for r in self.conn.execute("SELECT * FROM sim_faults ORDER BY id")]
@@ -283,7 +314,7 @@ class SimStore:
             self._closed.update((row["vast_id"], self._record(row)) for row in self.conn.execute(
                 f"SELECT * FROM sim_instances WHERE vast_id IN ({', '.join('?' for _ in ids)})", ids))
 
-    def _record(self, row: sqlite3.Row) -> dict[str, Any]:
+    def _record(self, row: sqlite3.Row) -> InstanceRecord:
         host = self.hosts()[row["machine_id"]]
         return {
             "vast_id": row["vast_id"], "label": row["label"], "uuid": row["uuid"], "machine_id": row["machine_id"],

@@ -92,9 +92,9 @@ class VastProvider(VastHttp):
         self.listing_notes = notes
         token: str | None = None
         seen_tokens: set[str] = set()
-        total: Any = None
+        total: object = None
         for _page in range(MAX_PAGES):
-            params = {"select_filters": json.dumps({}), "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+            params: dict[str, str | int] = {"select_filters": json.dumps({}), "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
                       "limit": PAGE_SIZE}
             if token is not None:
                 params["after_token"] = token
@@ -112,11 +112,12 @@ class VastProvider(VastHttp):
                     raise ProviderError(f"vast listing: names instance {instance.id} twice with different contents;"
                                         " not trusting it")
             total = body.get("total_instances", total)
-            token = body.get("next_token")
-            if token in (None, ""):
+            cursor = body.get("next_token")
+            if cursor in (None, ""):
                 break
-            if not isinstance(token, str) or token in seen_tokens:
+            if not isinstance(cursor, str) or cursor in seen_tokens:
                 raise ProviderError("vast listing: the page cursor repeats or is not a string; not trusting it")
+            token = cursor
             seen_tokens.add(token)
         else:
             raise ProviderError(f"vast listing: more than {MAX_PAGES} pages; not trusting it")
@@ -209,10 +210,7 @@ class VastProvider(VastHttp):
     def start_instance(self, vast_id: int) -> None:
         self._manage(vast_id, {"state": "running"}, "start")
 
-    def set_label(self, vast_id: int, label: str) -> None:
-        self._manage(vast_id, {"label": label}, "label")
-
-    def _manage(self, vast_id: int, body: dict[str, Any], what: str) -> None:
+    def _manage(self, vast_id: int, body: dict[str, str], what: str) -> None:
         try:
             self._call("PUT", f"/api/v0/instances/{int(vast_id)}/", json=body)
         except NotFound as exc:

@@ -19,8 +19,8 @@ byte a second ends at the deadline like a silent one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TypedDict, cast
 
 import requests
 import urllib3
@@ -71,8 +71,8 @@ class VastHttp:
         self.session.headers.update({"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT,
                                      "Accept": "application/json"})
 
-    def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-              json: Any = None, idempotent: bool = True) -> dict[str, Any]:
+    def _call(self, method: str, path: str, *, params: Mapping[str, str | int] | None = None,
+              json: object = None, idempotent: bool = True) -> dict[str, object]:
         """One API call with the retry policy; the parsed JSON object of a successful answer."""
         what = f"vast {method} {path}"
         delay = self.backoff_s
@@ -138,7 +138,7 @@ class VastHttp:
         if self.deadline is None:
             return send()
         left = self.deadline - self.clock.monotonic()
-        outcome: dict[str, Any] = {}
+        outcome: _Outcome = {}
 
         def run() -> None:
             try:
@@ -204,7 +204,7 @@ class VastHttp:
             raise DeadlinePassed(f"{what}: {failure}; not retried: waiting {delay:g}s more would pass the deadline")
         self.clock.sleep(delay)
 
-    def _answer(self, response: requests.Response, what: str) -> dict[str, Any]:
+    def _answer(self, response: requests.Response, what: str) -> dict[str, object]:
         status = response.status_code
         if 300 <= status < 400:
             raise ProviderError(f"{what}: redirected (HTTP {status}); not following it with the key:"
@@ -228,7 +228,7 @@ class VastHttp:
             raise ProviderError(f"{what}: the answer is not a JSON object; not trusting it")
         if body.get("success") is False:
             try:
-                code, message = _error_fields(self._masked(body))
+                code, message = _error_fields(cast("dict[str, object]", self._masked(body)))  # a dict masks to one
             except RecursionError:  # nested past any real error body: nothing of it is read
                 code, message = "", ""
             text = self._scrub(message or code or "no reason given")
@@ -237,11 +237,11 @@ class VastHttp:
             raise ProviderRejected(f"{what}: vast said no ({text})")
         return body
 
-    def _scrub(self, text: Any) -> str:
+    def _scrub(self, text: object) -> str:
         """Error text as we pass it on: one line, the key masked before it is bounded (upstream.clip)."""
         return upstream.clip(str(text).replace(self._key, upstream.MASK), ERROR_CHARS)
 
-    def _masked(self, value: Any) -> Any:
+    def _masked(self, value: object) -> object:
         """An error body with the key and token-like text masked in every string, keys and nested values too:
         whichever field vast (or a proxy) echoed the request into, no part of it is used unmasked."""
         if isinstance(value, str):
@@ -265,11 +265,18 @@ class VastHttp:
         return self._scrub(code) if code else "", message
 
 
+class _Outcome(TypedDict, total=False):
+    """What the worker thread of a call brought back: its answer or what it raised."""
+
+    response: requests.Response
+    error: BaseException
+
+
 class NotFound(ProviderRejected):
     """vast says the ask or instance does not exist (404/410 no_such_*)."""
 
 
-def _error_fields(body: dict[str, Any]) -> tuple[str, str]:
+def _error_fields(body: dict[str, object]) -> tuple[str, str]:
     """The error code and the message of a (masked) error body."""
     return str(body.get("error") or ""), str(body.get("msg") or body.get("message") or body.get("detail") or "")
 

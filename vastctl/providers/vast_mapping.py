@@ -8,7 +8,7 @@ and any other such number is read as missing; a price that is not a finite $/h o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Mapping, TypeGuard
 
 from vastctl import upstream, validate
 from vastctl.errors import BadInput
@@ -19,9 +19,9 @@ MAX_INTEGER = 2**63 - 1  # SQLite's INTEGER: a number from vast past it cannot b
 MIN_INTEGER = -(2**63)
 
 
-def offer_search_body(query: OfferQuery) -> dict[str, Any]:
+def offer_search_body(query: OfferQuery) -> dict[str, object]:
     """The POST /api/v0/bundles/ body: filters as {op: value}, cheapest first."""
-    body: dict[str, Any] = {"rentable": {"eq": True}}
+    body: dict[str, object] = {"rentable": {"eq": True}}
     if query.offer_id is not None:
         body["id"] = {"eq": int(query.offer_id)}
     else:
@@ -47,7 +47,7 @@ def offer_search_body(query: OfferQuery) -> dict[str, Any]:
 BID_RANGE = (0.001, 32.0)  # $/h vast accepts as a bid (change-bid's documented range, inside create's)
 
 
-def bid_price(price: Any) -> float:
+def bid_price(price: object) -> float:
     """A bid as vast accepts it: a finite $/h within BID_RANGE, to 4 decimals; BadInput otherwise."""
     low, high = BID_RANGE
     number = validate.real(price)
@@ -56,7 +56,7 @@ def bid_price(price: Any) -> float:
     return round(number, 4)
 
 
-def create_body(request: CreateRequest) -> dict[str, Any]:
+def create_body(request: CreateRequest) -> dict[str, object]:
     """The PUT /api/v0/asks/{id}/ body: on demand, or interruptible when the request carries a bid (`price`).
 
     cancel_unavail is true: an offer that cannot start now (a bid too low to win
@@ -70,7 +70,7 @@ def create_body(request: CreateRequest) -> dict[str, Any]:
     }
 
 
-def _storage_price(raw: Mapping[str, Any]) -> float | None:
+def _storage_price(raw: Mapping[str, object]) -> float | None:
     """$/h the allocated disk bills (all a stopped instance costs): `storage_total_cost`, else dph_total − dph_base."""
     storage = validate.real(raw.get("storage_total_cost"))
     if storage is None:
@@ -79,20 +79,20 @@ def _storage_price(raw: Mapping[str, Any]) -> float | None:
     return storage if storage is not None and storage >= 0 else None
 
 
-def as_integer(value: Any) -> int | None:
+def as_integer(value: object) -> int | None:
     """An integer the state file can hold, else None (vast's numbers are hostile too)."""
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_INTEGER <= value <= MAX_INTEGER:
         return None
     return value
 
 
-def gpu_count(value: Any) -> int | None:
+def gpu_count(value: object) -> int | None:
     """A machine's GPU count: a whole number of at least 1 the file can hold, else None (unknown)."""
     count = as_integer(value)
     return count if count is not None and count >= 1 else None
 
 
-def out_of_range_id(raw: Any) -> bool:
+def out_of_range_id(raw: object) -> TypeGuard[dict[str, object]]:
     """An entry whose id is an integer past what the state file holds: dropped from the listing, with a note."""
     if not isinstance(raw, dict):
         return False
@@ -101,7 +101,7 @@ def out_of_range_id(raw: Any) -> bool:
                                                 and as_integer(value) is None)
 
 
-def out_of_range_note(raw: dict[str, Any]) -> str:
+def out_of_range_note(raw: dict[str, object]) -> str:
     digits = str(raw.get("id"))
     shown = digits if len(digits) <= 24 else f"{digits[:12]}…({len(digits)} digits)"
     label = upstream.clip(str(raw.get("label")), 80) if raw.get("label") is not None else "none"
@@ -109,11 +109,11 @@ def out_of_range_note(raw: dict[str, Any]) -> str:
             f" {MAX_INTEGER} cannot be stored or acted on; check it at vast")
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return value.strip() if isinstance(value, str) and not isinstance(value, HugeInteger) else None
 
 
-def parse_instance(raw: Any, what: str) -> RemoteInstance:
+def parse_instance(raw: object, what: str) -> RemoteInstance:
     if not isinstance(raw, dict) or as_integer(raw.get("id")) is None:
         raise ProviderError(f"{what}: an instance without an id; not trusting the answer")
     return RemoteInstance(
@@ -126,7 +126,7 @@ def parse_instance(raw: Any, what: str) -> RemoteInstance:
     )
 
 
-def refuse_unpriced(rows: list[Any], offer_id: int) -> None:
+def refuse_unpriced(rows: list[object], offer_id: int) -> None:
     """The offer asked for by id is listed but without a real price: say so, rather than "not available"."""
     for raw in rows:
         if isinstance(raw, dict) and as_integer(raw.get("id")) == offer_id and validate.price(raw.get("dph_total")) is None:
@@ -135,12 +135,12 @@ def refuse_unpriced(rows: list[Any], offer_id: int) -> None:
                                 " not renting it")
 
 
-def instance_facts(instance: RemoteInstance) -> tuple[Any, ...]:
+def instance_facts(instance: RemoteInstance) -> tuple[object, ...]:
     """What reconcile decides on; the same instance listed twice (a page repeated) agrees on all of it."""
     return dataclasses.astuple(dataclasses.replace(instance, raw={}))
 
 
-def parse_offer(raw: Any) -> Offer | None:
+def parse_offer(raw: object) -> Offer | None:
     """One offer, or None for a row too incomplete to rent from or without a real price (skipped)."""
     if not isinstance(raw, dict):
         return None

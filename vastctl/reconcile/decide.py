@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from vastctl import clock, guard, upstream
 from vastctl.config import Config
@@ -59,14 +59,14 @@ from vastctl.state.lifecycle import (
     KillCode,
     State,
 )
-from vastctl.state.rows import InstanceRow
+from vastctl.state.rows import GoneRow, InstanceRow
 
 ACTOR = "reconcile"
 SCHEDULING_DEADLINE_S = 5 * 60  # vast's advice: still scheduling after ~30 s means the GPU is taken
 STILL_LISTED_GRACE_S = 5 * 60  # vast confirmed a destroy but still lists the instance: destroy again after this
 OUTBID_GRACE_S = 2 * 3600  # an outbid machine is waited for this long after its last heartbeat, then timed out
 # vast's status_msg texts that say the container never started, by how they begin (docs/interface.md, "Start
-# failures"): a kill at once, code start_failed. Any other text is shown (fleet --json, the dashboard), never
+# failures"): a kill at once, code start_failed. Every other text is shown (fleet --json, the dashboard), never
 # acted on: the listing's status decides (exited, unknown, offline, or a resumed machine never scheduled).
 START_FAILURES = (
     ("Error response from daemon:", "Docker refused to create, start or pull the container"),
@@ -163,13 +163,13 @@ def carries_prefix(label: str | None, prefix: str) -> bool:
     return bool(prefix) and label is not None and label.startswith(prefix)
 
 
-def _expected_in_listing(row: Mapping[str, Any], matched: Matched) -> bool:
+def _expected_in_listing(row: InstanceRow, matched: Matched) -> bool:
     """A row vast should be listing: it has a vast id, and it is not a fresh launch vast may not list yet."""
     has_id = row.get("vast_id") is not None or row["uuid"] in matched.recovered
     return has_id and (row.get("vast_seen_at") is not None or row["state"] != State.LAUNCHING)
 
 
-def missing_after(row: Mapping[str, Any], matched: Matched) -> int:
+def missing_after(row: InstanceRow, matched: Matched) -> int:
     """The row's count of consecutive good listings it was missing from, this listing included."""
     if row["uuid"] in matched.by_uuid:
         return 0
@@ -204,7 +204,7 @@ def plan(
     now: datetime,
     *,
     first_seen: Mapping[int, str] | None = None,
-    history: Mapping[int, Mapping[str, Any]] | None = None,
+    history: Mapping[int, GoneRow] | None = None,
     matched: Matched | None = None,
 ) -> list[Action]:
     """What one pass should do, from snapshots only.
@@ -255,69 +255,129 @@ def start_failure(status_msg: str | None) -> str | None:
 
 def _verdict(row: SnapshotRow, entry: RemoteInstance | None, matched: Matched, settings: Mapping[str, float],
              config: Config, now: datetime) -> tuple[KillCode, str] | None:
-    """The kill code and reason for one live row, or None when it may live."""
+    """The kill code and reason for one live row, or None when it may live: the rules in the module docstring's
+    order, first match wins."""
     state = _STATES.get(row["state"]) or State(row["state"])  # the enum's own lookup costs a call per row
-    if entry is None:
-        missing = missing_after(row, matched)
-        needed = max(1, config.reconcile.disappear_confirmations)
-        if missing >= needed and confirmed(row, missing_since(row), config, now):
-            seen = clock.from_iso(row.get("vast_seen_at"))
-            last = f", last seen {clock.human_age(seen, now)} ago" if seen else ", never seen"
-            return KillCode.DISAPPEARED, (f"disappeared from vast: instance {row.get('vast_id')} missing from {missing}"
-                                   f" consecutive listings{last}")
-    elif state is not State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
-        status = entry.actual_status or None
-        if status != "running" and start_failure(entry.status_msg):
-            return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
-        if (status in VAST_DEAD_CODES and row.get("vast_status") in VAST_DEAD_CODES and row.get("vast_seen_at")
-                and confirmed(row, dead_since(row), config, now)):
-            dead_from = dead_since(row) or now
-            detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
-            return VAST_DEAD_CODES[status], f"vast status {status} for {clock.human_age(dead_from, now)} (2 listings){detail}"
-        if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
-                and (entry.intended_status in (None, "", "running"))):
-            resumed = clock.from_iso(row["resumed_at"])
-            assert resumed is not None  # from_iso is None only for an empty text, and resumed_at was checked set
-            deadline = min(SCHEDULING_DEADLINE_S, config.timeouts.launching)
-            if (now - resumed).total_seconds() > deadline:
-                return KillCode.SCHEDULING_TIMEOUT, (
-                    f"resumed {clock.human_age(resumed, now)} ago but vast still has it {status or 'unscheduled'}"
-                    f" (limit {clock.human_duration(deadline)}): its GPU is likely taken"
-                )
-    bench_rate = row.get("bench_rate")
-    if state is State.BENCH_DONE and bench_rate is not None:
-        gate = float(settings["min_bench_rate"])
-        if float(bench_rate) < gate:
-            return KillCode.BENCH_FAILED, f"bench rate {bench_rate:g} below gate {gate:g} (still bench_done)"
+    verdict = _listing_verdict(row, state, entry, matched, config, now) or _bench_verdict(row, state, settings)
+    if verdict is not None:
+        return verdict
     since = clock.from_iso(row["state_since"])
     if since is None:  # every row has entered its state at some moment; a row without one is not judged
         return None
     if state in TIMED_STATES:
-        name, timed_out = TIMED_STATES[state]
-        limit = getattr(config.timeouts, name)
-        if (now - since).total_seconds() > limit:
-            return timed_out, f"{name} for {clock.human_age(since, now)} (limit {clock.human_duration(limit)})"
+        return _overstayed(state, since, config, now)
     if state is State.RUNNING:
-        limit = config.timeouts.heartbeat
-        beat = clock.from_iso(row.get("last_heartbeat_at"))
-        paused = (entry is not None and outbid(entry)) or row.get("outbid_since") is not None
-        if paused and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
-            return None  # paused by vast for a higher bid (or restarting since), disk kept: not dead
-        if not guard.heartbeat_fresh(row, limit, now):  # the one liveness rule, the guard's too
-            if beat is None or beat < since:
-                return KillCode.HEARTBEAT_TIMEOUT, f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
-            return KillCode.HEARTBEAT_TIMEOUT, f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
-        # no tunnel, nothing to be down (and no copy of every running row made to ask)
-        down = clock.from_iso(tunnel.down_since(dict(row))) if row.get("tunnel_port") is not None else None
-        limit = config.tunnel.down_timeout
-        if down is not None and (now - down).total_seconds() > limit:
-            how = "unreachable" if tunnel.joined_this_run(dict(row)) else "never reached"
-            return KillCode.TUNNEL_DOWN, (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
-                                   f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
-        failing = clock.from_iso(row.get("route_failing_since"))
-        if failing is not None and failing >= since:  # set aside in this spell in `running`
-            return KillCode.ROUTE_FAILING, (f"the proof router set it aside {clock.human_age(failing, now)} ago:"
-                                            f" {upstream.clip(row.get('route_failure') or 'no detail', REASON_CHARS)}")
+        return _running_verdict(row, entry, since, config, now)
+    return None
+
+
+def _listing_verdict(row: SnapshotRow, state: State, entry: RemoteInstance | None, matched: Matched, config: Config,
+                     now: datetime) -> tuple[KillCode, str] | None:
+    """What vast's listing says of the row: missing from it (disappeared), or listed with a status that kills."""
+    if entry is None:
+        return _disappeared(row, matched, config, now)
+    if state is State.STOPPED:  # a machine we stopped is not running because we asked: no status rule
+        return None
+    return _vast_status_verdict(row, state, entry, config, now)
+
+
+def _disappeared(row: SnapshotRow, matched: Matched, config: Config, now: datetime) -> tuple[KillCode, str] | None:
+    """disappeared: missing from enough consecutive good listings, confirmed."""
+    missing = missing_after(row, matched)
+    needed = max(1, config.reconcile.disappear_confirmations)
+    if missing >= needed and confirmed(row, missing_since(row), config, now):
+        seen = clock.from_iso(row.get("vast_seen_at"))
+        last = f", last seen {clock.human_age(seen, now)} ago" if seen else ", never seen"
+        return KillCode.DISAPPEARED, (f"disappeared from vast: instance {row.get('vast_id')} missing from {missing}"
+                                      f" consecutive listings{last}")
+    return None
+
+
+def _vast_status_verdict(row: SnapshotRow, state: State, entry: RemoteInstance, config: Config,
+                         now: datetime) -> tuple[KillCode, str] | None:
+    """start_failed, exited / offline and scheduling_timeout: what the listing says of a machine not stopped."""
+    status = entry.actual_status or None
+    if status != "running" and start_failure(entry.status_msg):
+        return KillCode.START_FAILED, f"vast reports a start failure (status {status or 'none'}): {upstream.clip(entry.status_msg, REASON_CHARS)}"
+    if (status in VAST_DEAD_CODES and row.get("vast_status") in VAST_DEAD_CODES and row.get("vast_seen_at")
+            and confirmed(row, dead_since(row), config, now)):
+        dead_from = dead_since(row) or now
+        detail = f": {upstream.clip(entry.status_msg, REASON_CHARS)}" if entry.status_msg else ""
+        return VAST_DEAD_CODES[status], f"vast status {status} for {clock.human_age(dead_from, now)} (2 listings){detail}"
+    if (state is State.LAUNCHING and row.get("resumed_at") and status in SCHEDULING_STATUSES
+            and (entry.intended_status in (None, "", "running"))):
+        return _scheduling_timeout(row, status, config, now)
+    return None
+
+
+def _scheduling_timeout(row: SnapshotRow, status: str | None, config: Config,
+                        now: datetime) -> tuple[KillCode, str] | None:
+    """scheduling_timeout: resumed, and vast has not scheduled it past the deadline (its GPU is likely taken)."""
+    resumed = clock.from_iso(row["resumed_at"])
+    assert resumed is not None  # from_iso is None only for an empty text, and resumed_at was checked set
+    deadline = min(SCHEDULING_DEADLINE_S, config.timeouts.launching)
+    if (now - resumed).total_seconds() > deadline:
+        return KillCode.SCHEDULING_TIMEOUT, (
+            f"resumed {clock.human_age(resumed, now)} ago but vast still has it {status or 'unscheduled'}"
+            f" (limit {clock.human_duration(deadline)}): its GPU is likely taken"
+        )
+    return None
+
+
+def _bench_verdict(row: SnapshotRow, state: State, settings: Mapping[str, float]) -> tuple[KillCode, str] | None:
+    """bench_failed: still bench_done with a rate below the current min_bench_rate (a lost bench report)."""
+    bench_rate = row.get("bench_rate")
+    if state is not State.BENCH_DONE or bench_rate is None:
+        return None
+    gate = float(settings["min_bench_rate"])
+    if float(bench_rate) < gate:
+        return KillCode.BENCH_FAILED, f"bench rate {bench_rate:g} below gate {gate:g} (still bench_done)"
+    return None
+
+
+def _overstayed(state: State, since: datetime, config: Config, now: datetime) -> tuple[KillCode, str] | None:
+    """timeout_<state>: in a state with a time limit for longer than its timeouts.<state>."""
+    name, timed_out = TIMED_STATES[state]
+    limit = getattr(config.timeouts, name)
+    if (now - since).total_seconds() > limit:
+        return timed_out, f"{name} for {clock.human_age(since, now)} (limit {clock.human_duration(limit)})"
+    return None
+
+
+def _running_verdict(row: SnapshotRow, entry: RemoteInstance | None, since: datetime, config: Config,
+                     now: datetime) -> tuple[KillCode, str] | None:
+    """heartbeat_timeout, tunnel_down and route_failing, for a running machine (one paused by an outbid bid, with a
+    recent heartbeat, is none of them)."""
+    limit = config.timeouts.heartbeat
+    beat = clock.from_iso(row.get("last_heartbeat_at"))
+    paused = (entry is not None and outbid(entry)) or row.get("outbid_since") is not None
+    if paused and beat is not None and (now - beat).total_seconds() < OUTBID_GRACE_S:
+        return None  # paused by vast for a higher bid (or restarting since), disk kept: not dead
+    if not guard.heartbeat_fresh(row, limit, now):  # the one liveness rule, the guard's too
+        if beat is None or beat < since:
+            return KillCode.HEARTBEAT_TIMEOUT, f"running for {clock.human_age(since, now)} without a heartbeat (limit {clock.human_duration(limit)})"
+        return KillCode.HEARTBEAT_TIMEOUT, f"no heartbeat for {clock.human_age(beat, now)} (limit {clock.human_duration(limit)})"
+    return _tunnel_down(row, config, now) or _route_failing(row, since, now)
+
+
+def _tunnel_down(row: SnapshotRow, config: Config, now: datetime) -> tuple[KillCode, str] | None:
+    """tunnel_down: the daemon unreachable through its tunnel for longer than tunnel.down_timeout."""
+    # no tunnel, nothing to be down (and no copy of every running row made to ask)
+    down = clock.from_iso(tunnel.down_since(row)) if row.get("tunnel_port") is not None else None
+    limit = config.tunnel.down_timeout
+    if down is not None and (now - down).total_seconds() > limit:
+        how = "unreachable" if tunnel.joined_this_run(row) else "never reached"
+        return KillCode.TUNNEL_DOWN, (f"{how} through its tunnel (127.0.0.1:{row['tunnel_port']}) for"
+                                      f" {clock.human_age(down, now)} (limit {clock.human_duration(limit)})")
+    return None
+
+
+def _route_failing(row: SnapshotRow, since: datetime, now: datetime) -> tuple[KillCode, str] | None:
+    """route_failing: the proof router set it aside in this spell in `running`."""
+    failing = clock.from_iso(row.get("route_failing_since"))
+    if failing is not None and failing >= since:  # set aside in this spell in `running`
+        return KillCode.ROUTE_FAILING, (f"the proof router set it aside {clock.human_age(failing, now)} ago:"
+                                        f" {upstream.clip(row.get('route_failure') or 'no detail', REASON_CHARS)}")
     return None
 
 
@@ -361,7 +421,7 @@ def _destroy_row(row: SnapshotRow, vast_id: int | None, now: datetime) -> Action
 
 
 def _strays(unclaimed: Iterable[RemoteInstance], config: Config, now: datetime,
-            first_seen: Mapping[int, str], history: Mapping[int, Mapping[str, Any]]) -> list[Action]:
+            first_seen: Mapping[int, str], history: Mapping[int, GoneRow]) -> list[Action]:
     """Listed instances no unfinished row claims: orphans with our prefix, or machines destroyed but still listed."""
     prefix = config.vast.label_prefix
     grace = config.timeouts.launching

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence, TypedDict
 
 from vastctl import clock, guard, operations
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import Refused, UnknownInstance
+from vastctl.facts.json_value import JSON
 from vastctl.guard import Action, Kind
 from vastctl.observe import observe
 from vastctl.providers.base import DeadlinePassed, Provider, ProviderError, RemoteInstance
@@ -28,16 +29,39 @@ from vastctl.state.db import transaction
 from vastctl.state.lifecycle import KillCode, State, kill, record_event
 
 
+class ReportedAction(TypedDict):
+    """One action of a pass as `reconcile --json` lists it (reported): every field named, the missing ones null."""
+
+    kind: str  # a guard.Kind's value
+    label: str | None
+    reason: str
+    result: str
+    code: str | None  # a lifecycle.KillCode's value
+    uuid: str | None
+    vast_id: int | None
+
+
+class PassJSON(TypedDict):
+    """A pass as `reconcile --json` prints it."""
+
+    actions: list[ReportedAction]
+    refused: list[dict[str, JSON]]
+    errors: list[str]
+    listed: int
+    dry_run: bool
+    deadline_passed: bool
+
+
 @dataclass
 class PassResult:
-    actions: list[dict[str, Any]] = field(default_factory=list)
-    refused: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[ReportedAction] = field(default_factory=list)
+    refused: list[dict[str, JSON]] = field(default_factory=list)  # guard.Verdict.refusal's
     errors: list[str] = field(default_factory=list)
     listed: int = 0
     dry_run: bool = False
     deadline_passed: bool = False  # some vast calls were not made; they are in `errors` and the actions table
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PassJSON:
         return {"actions": self.actions, "refused": self.refused, "errors": self.errors,
                 "listed": self.listed, "dry_run": self.dry_run, "deadline_passed": self.deadline_passed}
 
@@ -57,11 +81,16 @@ class Budget:
         return f"reconcile.deadline {clock.human_duration(self.seconds)}"
 
 
-def reported(action: Action, result: str) -> dict[str, Any]:
+def reported(action: Action, result: str) -> ReportedAction:
     """How a pass lists one of its actions (`reconcile --json`): every field named, the missing ones null."""
     return {"kind": str(action.kind), "label": action.label, "reason": action.reason, "result": result,
             "code": None if action.code is None else str(action.code), "uuid": action.uuid,
             "vast_id": action.vast_id}
+
+
+# (kind, what the action names) → how the pass applies it; any other pair is an error, never a destroy
+_BRANCHES: dict[tuple[Kind, str], Literal["kill", "destroy row", "destroy by id"]] = {
+    (Kind.KILL, "row"): "kill", (Kind.DESTROY, "row"): "destroy row", (Kind.DESTROY, "vast id"): "destroy by id"}
 
 
 def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action], config: Config, *,
@@ -82,8 +111,7 @@ def apply(conn: sqlite3.Connection, provider: Provider, actions: Sequence[Action
         if keepalive is not None:
             keepalive()
         target = "row" if action.uuid is not None else "vast id" if action.vast_id is not None else "nothing"
-        branch = {(Kind.KILL, "row"): "kill", (Kind.DESTROY, "row"): "destroy row",
-                  (Kind.DESTROY, "vast id"): "destroy by id"}.get((action.kind, target))
+        branch = _BRANCHES.get((action.kind, target))
         if branch is None:  # every other kind, or a kind without what it needs, is an error: never a destroy
             outcome = f"error: reconcile does not apply a {str(action.kind)!r} action to {target}"
             result.errors.append(f"{action.label}: {outcome}")

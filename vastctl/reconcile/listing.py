@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from vastctl import clock, upstream
 from vastctl.config import Config
@@ -17,6 +17,7 @@ from vastctl.state import fleet_rows
 from vastctl.state.audit import settle_pending_launches
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State
+from vastctl.state.rows import GoneRow, InstanceRow, SQLValue
 
 LISTINGS_KEPT_S = 7 * 86400  # vast_listings older than this are pruned (one row a pass would grow without bound)
 
@@ -36,11 +37,12 @@ def _prune_listings(conn: sqlite3.Connection, now: datetime) -> None:
     )
 
 
-def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], listing: Sequence[RemoteInstance],
+def record_listing(conn: sqlite3.Connection, rows: Sequence[InstanceRow], listing: Sequence[RemoteInstance],
                    matched: Matched, now: datetime) -> None:
     """Cache one good listing: vast_listings, vast_cache, and each row's view of vast; one transaction."""
     at = clock.to_iso(now)
-    seen, missing = [], []
+    seen: list[tuple[SQLValue, ...]] = []
+    missing: list[tuple[int, str]] = []
     for row in rows:
         entry = matched.by_uuid.get(row["uuid"])
         if entry is not None:
@@ -74,7 +76,7 @@ def record_listing(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], 
 
 
 def strays_context(conn: sqlite3.Connection, config: Config,
-                    unclaimed: Sequence[RemoteInstance]) -> tuple[dict[int, str], dict[int, dict[str, Any]]]:
+                    unclaimed: Sequence[RemoteInstance]) -> tuple[dict[int, str], dict[int, GoneRow]]:
     """first_seen and history for the (normally few) listed instances no unfinished row claims: a few reads for
     them all (a fleet's listing may hold hundreds of other people's instances)."""
     prefix = config.vast.label_prefix

@@ -80,7 +80,7 @@ class Incoming:
             if self.data is not None:
                 return
             # a kept buffer, or anonymous memory zeroed by the kernel as it is first written (buffers.py):
-            # bytearray(n) would zero all of it first (measured: ~40 ms of a 100 MB call held before it is sent)
+            # bytearray(n) would zero all of it first, while the call waits to be sent (bench/README.md, "Fifth step")
             self.data = self._buffers.take(self.length, in_use=self._in_use()) if self.length else bytearray()
             self.data[:len(self.prelude)] = self.prelude
             self.prelude = bytearray()

@@ -31,7 +31,6 @@ MAX_HEADER_LIST = 16 * 1024  # a gRPC request's or answer's headers are a few hu
 MAX_RESET_KEPT = 1024  # streams we reset whose late frames are ignored (RFC 9113 §5.1 "closed")
 _PSEUDO_REQUEST = frozenset({b":method", b":scheme", b":path", b":authority"})
 _CONNECTION_FIELDS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
-SETTINGS_MAX_HEADER_LIST_SIZE = 6
 
 
 ConnectionFault = h2.ConnectionFault
@@ -78,11 +77,6 @@ class Settings(NamedTuple):
 class Pong(NamedTuple):
     """The peer acknowledged our PING (a graceful stop waits for it before its last GOAWAY)."""
     payload: bytes
-
-
-class Unprocessed(NamedTuple):
-    """A stream the peer's GOAWAY says it never processed: safe to send again elsewhere (RFC 9113 §6.8)."""
-    stream: int
 
 
 @dataclass
@@ -501,9 +495,6 @@ class Connection:
 
     def is_open(self, stream_id: int) -> bool:
         return stream_id in self.streams
-
-    def open_count(self) -> int:
-        return len(self.streams)
 
     def end(self) -> None:
         """The connection is over: every waiter wakes and finds it so."""

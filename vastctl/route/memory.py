@@ -1,7 +1,7 @@
 """Giving the router's freed memory back to the system, so its RSS follows what it holds.
 
-Reading a large message leaves gRPC's receive buffers freed but kept by glibc's malloc (measured: 100-180 MiB
-after one 100 MB call, on top of what the router then held); malloc_trim returns them. Elsewhere (no glibc)
+Reading a large message leaves gRPC's receive buffers freed but kept by glibc's malloc, on top of what the
+router then holds (bench/README.md, "Proof router", has how much); malloc_trim returns them. Elsewhere (no glibc)
 this does nothing.
 """
 

@@ -54,9 +54,10 @@ log = logging.getLogger("vastctl.route")
 
 ANSWERED = ("completed", "failed")  # a proof came back (FAILED inside gRPC OK too): returned as it came
 # route.max_held_mb counts a kept call (held or on a prover) at COPIES x its size: its bytes, gRPC's copy while it
-# is sent (2x measured) and a margin for the allocator. Reading a message peaks at 3.0x its size (gRPC's buffer,
-# grpcio's bytearray, the bytes made of it; measured), so a call is read only while READ_RESERVE, enough for the
-# largest message a daemon takes, fits beside what is kept (docs/joining-curio.md gives the bound)
+# is sent and a margin for the allocator. Reading a message peaks at three copies of it (gRPC's buffer,
+# grpcio's bytearray, the bytes made of it; bench/README.md, "Proof router"), so a call is read only while
+# READ_RESERVE, enough for the largest message a daemon takes, fits beside what is kept (docs/joining-curio.md
+# gives the bound)
 COPIES = 3
 READ_RESERVE = int(3.25 * wire.DAEMON_MAX_MESSAGE)
 TRIM_FROM = 8 * 1024 * 1024  # a message at least this big was read: give the freed read buffers back to the system
@@ -571,7 +572,7 @@ def make_server(router: Router, listen: str) -> tuple[grpc.Server, int]:
                  ("grpc.max_send_message_length", wire.CURIO_MAX_MESSAGE),
                  ("grpc.so_reuseport", 0),
                  # a call waiting unread is given the first 64 KiB window only: with BDP probing on, grpc
-                 # widened it to ~8 MiB a call (measured), which a burst of calls would hold unread
+                 # widened it to megabytes a call (bench/README.md, "Proof router"), which a burst of calls would hold unread
                  ("grpc.http2.bdp_probe", 0)],
     )
     port = server.add_insecure_port(listen)

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from http import HTTPStatus
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from vastctl import clock as clock_module
@@ -61,10 +61,16 @@ from vastctl.facts import cost, machine_logs
 from vastctl.observe import Observation
 from vastctl.serving import dashboard_page as page
 from vastctl.serving import wsgi
+from vastctl.serving.dashboard_data import Flash, Idle, Override, PageData
 from vastctl.serving.wsgi import HTTPError
 from vastctl.state import settings, signin
 from vastctl.upstream import cut
 from vastctl.views import fleet, overview
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+    from vastctl.serving.server import App
 
 SESSION_S = 12 * 3600
 FLASH_S = 60
@@ -90,7 +96,7 @@ def owns(method: str, path: str) -> bool:
     return (path == "/" and method in ("GET", "HEAD")) or path in ROUTES or path.startswith("/static/")
 
 
-def serve(app: Any, environ: dict[str, Any], start_response: Callable[..., Any], method: str, path: str) -> list[bytes]:
+def serve(app: App, environ: WSGIEnvironment, start_response: StartResponse, method: str, path: str) -> list[bytes]:
     """The WSGI answer for a request `owns()` accepted; logged like every other request of serve."""
     started = app.clock.monotonic()
     web = Web(app.config, app.keyring.secrets()[0], app.connection, clock=app.clock,  # the signing secret (tokens.Keyring)
@@ -131,7 +137,7 @@ class Web:
         self.admin_token = config.server.admin_token
         self.key = hmac.new(secret, b"vastctl dashboard\0" + self.admin_token.encode(), hashlib.sha256).digest()
 
-    def handle(self, environ: dict[str, Any], method: str, path: str) -> Response:
+    def handle(self, environ: WSGIEnvironment, method: str, path: str) -> Response:
         if path.startswith("/static/"):
             wsgi.allow(method, "GET", head=True)
             return self.static(path.removeprefix("/static/"))
@@ -165,7 +171,7 @@ class Web:
         if path == "/logout":
             signin.end_session(self.connect(), sid, expires=self.session_expiry(environ), now=self.clock.now())
             return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, "", 0))], b""
-        flash: dict[str, Any]
+        flash: Flash
         try:
             flash = {"kind": "ok", "text": self.act(path, form)}
         except VastctlError as exc:
@@ -177,7 +183,7 @@ class Web:
 
     # --- pages ------------------------------------------------------------------------------------
 
-    def home(self, environ: dict[str, Any]) -> Response:
+    def home(self, environ: WSGIEnvironment) -> Response:
         sid = self.session(environ)
         if sid is None:
             return _html(200, page.sign_in_page())
@@ -187,7 +193,7 @@ class Web:
             headers.append(("Set-Cookie", self.cookie(environ, FLASH, "", 0)))
         return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash).encode()
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> PageData:
         return page_data(self.connect(), self.config, self.clock.now())
 
     def static(self, name: str) -> Response:
@@ -196,7 +202,7 @@ class Web:
         body = resources.files("vastctl.serving").joinpath("static", name).read_bytes()
         return 200, [("Content-Type", STATIC[name]), ("Cache-Control", "no-cache")], body
 
-    def metrics(self, environ: dict[str, Any]) -> Response:
+    def metrics(self, environ: WSGIEnvironment) -> Response:
         tokens = [t for t in (self.admin_token, self.config.server.metrics_token) if t]
         if not tokens:
             return _json(403, "GET /metrics is disabled: set server.metrics_token (or server.admin_token)")
@@ -211,7 +217,7 @@ class Web:
 
     # --- sign-in ----------------------------------------------------------------------------------
 
-    def login(self, environ: dict[str, Any]) -> Response:
+    def login(self, environ: WSGIEnvironment) -> Response:
         client = self.client(environ)
         wait = self.throttle.wait(client)
         if wait > 0:  # the token is not looked at: a guess during the wait learns nothing
@@ -233,14 +239,14 @@ class Web:
         text = page.sign_in_page(f"too many wrong tokens: wait {seconds} s, then sign in again")
         return 429, [("Content-Type", HTML), ("Retry-After", str(seconds))], text.encode()
 
-    def session(self, environ: dict[str, Any]) -> str | None:
+    def session(self, environ: WSGIEnvironment) -> str | None:
         """The session id of a valid, unexpired cookie that was not signed out; None otherwise."""
         signed = self.signed_session(environ)
         if signed is None or int(signed[1]) <= self.clock.now().timestamp():
             return None
         return None if signin.session_ended(self.connect(), signed[0]) else signed[0]
 
-    def signed_session(self, environ: dict[str, Any]) -> tuple[str, str] | None:
+    def signed_session(self, environ: WSGIEnvironment) -> tuple[str, str] | None:
         """(session id, expiry) from a cookie this server signed; None for a missing or forged one."""
         value = _cookies(environ).get(_cookie_name(SESSION, self.tls(environ)), "")
         sid, _, rest = value.partition(".")
@@ -249,7 +255,7 @@ class Web:
             return None
         return sid, expires
 
-    def session_expiry(self, environ: dict[str, Any]) -> datetime:
+    def session_expiry(self, environ: WSGIEnvironment) -> datetime:
         """When the presented session would have expired (until then its sign-out must be remembered)."""
         signed = self.signed_session(environ)
         return datetime.fromtimestamp(int(signed[1]), timezone.utc) if signed else self.clock.now()
@@ -260,11 +266,11 @@ class Web:
     def mac(self, text: str) -> str:
         return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
 
-    def sign_flash(self, flash: dict[str, Any]) -> str:
+    def sign_flash(self, flash: Flash) -> str:
         payload = base64.urlsafe_b64encode(_fitted(flash).encode()).decode().rstrip("=")
         return f"{payload}.{self.mac('flash' + payload)}"
 
-    def read_flash(self, environ: dict[str, Any]) -> dict[str, Any] | None:
+    def read_flash(self, environ: WSGIEnvironment) -> Flash | None:
         payload, _, mac = _cookies(environ).get(_cookie_name(FLASH, self.tls(environ)), "").partition(".")
         if not payload or not hmac.compare_digest(mac, self.mac("flash" + payload)):
             return None
@@ -272,20 +278,20 @@ class Web:
             flash = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         except ValueError:
             return None
-        return flash if isinstance(flash, dict) else None
+        return cast(Flash, flash) if isinstance(flash, dict) else None  # signed by us: a Flash sign_flash wrote
 
-    def tls(self, environ: dict[str, Any]) -> bool:
+    def tls(self, environ: WSGIEnvironment) -> bool:
         """Whether the browser reached us over TLS (directly, or through the configured proxy)."""
         if environ.get("wsgi.url_scheme") == "https":
             return True
         forwarded = environ.get("HTTP_X_FORWARDED_PROTO", "").split(",")[0].strip().lower()
         return self.from_proxy(environ) and forwarded == "https"
 
-    def from_proxy(self, environ: dict[str, Any]) -> bool:
+    def from_proxy(self, environ: WSGIEnvironment) -> bool:
         trusted = {a.strip() for a in self.config.server.trusted_proxy.split(",") if a.strip()}
         return environ.get("REMOTE_ADDR") in trusted
 
-    def client(self, environ: dict[str, Any]) -> str:
+    def client(self, environ: WSGIEnvironment) -> str:
         """Who signs in, for the throttle: the address the trusted proxy saw (the last X-Forwarded-For hop), else ours."""
         if self.from_proxy(environ):
             forwarded = str(environ.get("HTTP_X_FORWARDED_FOR", "")).split(",")[-1].strip()
@@ -293,7 +299,7 @@ class Web:
                 return forwarded
         return str(environ.get("REMOTE_ADDR") or "-")
 
-    def cookie(self, environ: dict[str, Any], kind: str, value: str, max_age: int) -> str:
+    def cookie(self, environ: WSGIEnvironment, kind: str, value: str, max_age: int) -> str:
         secure = self.tls(environ)
         return (f"{_cookie_name(kind, secure)}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict"
                 + ("; Secure" if secure else ""))
@@ -334,24 +340,26 @@ class Web:
 SESSION, FLASH = "session", "flash"
 
 
-def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[str, Any]:
+def page_data(conn: sqlite3.Connection, config: Config, now: datetime) -> PageData:
     """What the page shows: overview's figures, the cost account and the machines' log tails (the CLI's calls)."""
     data = overview.overview(conn, config, now, steps=page.STEPS_READ)
-    data["cost"] = cost.account(conn, now=now)  # `vastctl cost`
-    data["cost_day"] = cost.account(conn, now=now, since=now - overview.HISTORY)  # `vastctl cost --since 24h`
-    data["spent_today"] = data["observation"].spent()  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
     warm = [guard.warm(m, config, now) for m in data["observation"].machines]  # read once, for both figures
-    data["warm"] = sum(warm)
-    data["agent"] = {"max_wait_s": config.agent.max_wait, "min_machines": config.agent.min_machines,
-                     "interval_s": config.agent.interval}
-    data["idle"] = _idle(data["observation"], warm)
     router = data["summary"]["router"]  # fleet --json's summary.router, read once by overview
-    data["router"] = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
-    data["logs"] = machine_logs.recent(conn)
-    return data
+    return {
+        **data,
+        "cost": cost.account(conn, now=now),  # `vastctl cost`
+        "cost_day": cost.account(conn, now=now, since=now - overview.HISTORY),  # `vastctl cost --since 24h`
+        "spent_today": data["observation"].spent(),  # `vastctl cost --since` 00:00 UTC: max_daily_spend's
+        "warm": sum(warm),
+        "agent": {"max_wait_s": config.agent.max_wait, "min_machines": config.agent.min_machines,
+                  "interval_s": config.agent.interval},
+        "idle": _idle(data["observation"], warm),
+        "router": router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None,
+        "logs": machine_logs.recent(conn),
+    }
 
 
-def _idle(obs: "Observation", warm: list[bool]) -> dict[str, float]:
+def _idle(obs: "Observation", warm: list[bool]) -> Idle:
     """$/h billed by what proves nothing and is not booting (not guard.warm: `warm`, per machine of the
     observation): stopped disks, kept on purpose, and the rest (killed awaiting vast's destroy, dead or missing at
     vast, silent, instances of ours no row stands for)."""
@@ -368,7 +376,7 @@ def _idle(obs: "Observation", warm: list[bool]) -> dict[str, float]:
     return {"stopped": round(stopped, 4), "lost": round(lost + max(0.0, unlisted), 4)}
 
 
-def _override(path: str, form: dict[str, str], exc: VastctlError) -> dict[str, str] | None:
+def _override(path: str, form: dict[str, str], exc: VastctlError) -> Override | None:
     """The second step offered after a kill the guard refused under a rule an operator may force past."""
     if path != "/dashboard/kill" or not isinstance(exc, GuardRefused) or exc.limit not in guard.FORCEABLE:
         return None
@@ -378,7 +386,7 @@ def _override(path: str, form: dict[str, str], exc: VastctlError) -> dict[str, s
             "limit": exc.limit}
 
 
-def _fitted(flash: dict[str, Any]) -> str:
+def _fitted(flash: Flash) -> str:
     """The flash as JSON of at most FLASH_BYTES in UTF-8 (one cookie, base64'd). Its text is cut to fit, never
     the JSON (which would no longer parse); an override too long to carry loses its reason first (the second
     step then asks for it again), and is dropped only when even that cannot fit."""
@@ -386,8 +394,7 @@ def _fitted(flash: dict[str, Any]) -> str:
     override = flash.get("override")
     candidates = [flash]
     if isinstance(override, dict):
-        candidates += [{**flash, "override": {**override, "reason": ""}},
-                       {k: v for k, v in flash.items() if k != "override"}]
+        candidates += [{**flash, "override": {**override, "reason": ""}}, {"kind": flash["kind"], "text": flash["text"]}]
     for candidate in candidates:
         keep = len(text)
         while True:
@@ -405,7 +412,7 @@ def _cookie_name(kind: str, secure: bool) -> str:
     return f"__Host-vastctl-{kind}" if secure else f"vastctl-{kind}"
 
 
-def _cookies(environ: dict[str, Any]) -> dict[str, str]:
+def _cookies(environ: WSGIEnvironment) -> dict[str, str]:
     found: dict[str, str] = {}
     for part in environ.get("HTTP_COOKIE", "").split(";"):
         name, sep, value = part.strip().partition("=")
@@ -414,7 +421,7 @@ def _cookies(environ: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def _cross_site(environ: dict[str, Any]) -> str | None:
+def _cross_site(environ: WSGIEnvironment) -> str | None:
     """Why a POST is refused as cross-site, or None. Browsers send one or both headers; curl sends neither."""
     why = "refused: this request came from another site; use the dashboard's own forms"
     fetch_site = environ.get("HTTP_SEC_FETCH_SITE")

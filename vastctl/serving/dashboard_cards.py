@@ -15,32 +15,39 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 from vastctl import clock, validate
 from vastctl.serving.dashboard_html import brief, esc, num
+
+if TYPE_CHECKING:
+    from vastctl.facts.cost import CostView
+    from vastctl.facts.demand import DemandView
+    from vastctl.serving.dashboard_data import PageData
+    from vastctl.views.fleet import RouterStatus
+    from vastctl.views.overview import PageSummary
 
 
 def _card(ident: str, title: str, status: str, body: str) -> str:
     return f'<div class="card glance {status}" id="{ident}"><h3>{title}</h3>{body}</div>'
 
 
-def glance(data: dict[str, Any], now: datetime) -> str:
+def glance(data: PageData, now: datetime) -> str:
     """The top row: waiting, money, broken; then the proof router's figures when it reports them."""
     cards = [_waiting(data), _money(data), _broken(data, now), _router(data.get("router"))]
     return f'<section id="glance" class="cards top">{"".join(cards)}</section>'
 
 
-def _waiting(data: dict[str, Any]) -> str:
+def _waiting(data: PageData) -> str:
     """Is work waiting too long: the share of the last day's proofs done within agent.max_wait (estimated from the
     demand samples, overview.proof_waits), and how long a proof arriving now waits."""
     waits, s = data["waits"], data["summary"]
     limit = clock.human_duration(waits["max_wait_s"])
     share = waits["within_share"]
-    demand = s["demand"] or {}
-    measured = (data.get("router") or {}).get("proof_wait_last_day") or {}
-    if measured.get("calls"):  # the proof router saw every call: its measure, not the estimate
-        share = measured["within_max_wait"]
+    demand, router = s["demand"], data.get("router")
+    measured = router["proof_wait_last_day"] if router else None
+    if measured and measured["calls"] and measured["within_max_wait"] is not None:  # the proof router saw every
+        share = measured["within_max_wait"]  # call: its measure, not the estimate
         headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
                     ' <span class="note" title="held + proving time of each call the proof router answered">'
                     '(24 h, measured)</span>')
@@ -50,14 +57,14 @@ def _waiting(data: dict[str, Any]) -> str:
         headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
                     ' <span class="note" title="estimated from the demand samples: a proof waits about what is'
                     ' queued and in flight over the proofs done per hour">(24 h, est.)</span>')
-    if not demand.get("known"):
+    if demand is None or not demand["known"]:
         now_text, status = "demand unknown: the newest sample failed or is stale", "bad"
     elif waits["stuck_now"]:
         now_text, status = "work queued and no proof done in the last hour", "bad"
     else:
         wait = waits["wait_now_s"]
         if wait is None:  # the source gives no rate: what waits over the capacity running
-            backlog = float(demand.get("queued") or 0) + float(demand.get("in_flight") or 0)
+            backlog = float(demand["queued"] or 0) + float(demand["in_flight"] or 0)
             capacity = float(s["capacity_proofs_per_hour"] or 0.0)
             wait = 0.0 if backlog == 0 else backlog / capacity * 3600 if capacity > 0 else math.inf
         now_text = ("work queued and nothing running to prove it" if validate.real(wait) is None  # endless
@@ -65,12 +72,13 @@ def _waiting(data: dict[str, Any]) -> str:
         status = "bad" if wait > waits["max_wait_s"] else "warn" if wait > waits["max_wait_s"] / 2 else "ok"
     if share is not None and status == "ok":
         status = "bad" if share < 0.95 else "warn" if share < 0.99 else "ok"
-    queue = " · ".join(f"{esc(demand[k])} {name}" for k, name, _ in DEMAND_FIGURES if demand.get(k) is not None)
+    figures: Mapping[str, object] = demand or {}
+    queue = " · ".join(f"{esc(figures[k])} {name}" for k, name, _ in DEMAND_FIGURES if figures.get(k) is not None)
     body = f'<p>{headline}</p><p class="note">{now_text}{" · " + queue if queue else ""}</p>'
     return _card("glance-waiting", "Work waiting", status, body)
 
 
-def _money(data: dict[str, Any]) -> str:
+def _money(data: PageData) -> str:
     """Is money leaking: spend now, today against max_daily_spend, the last day's cost per proof, what idle machines
     bill. The day and today are `vastctl cost --since 24h` and `--since` 00:00 UTC, at the page's now."""
     s, day, idle = data["summary"], data["cost_day"], data.get("idle") or {"stopped": 0.0, "lost": 0.0}
@@ -93,7 +101,7 @@ def _money(data: dict[str, Any]) -> str:
     return _card("glance-money", "Money", status, body)
 
 
-def problems(data: dict[str, Any], now: datetime) -> list[str]:
+def problems(data: PageData, now: datetime) -> list[str]:
     """What is broken, in words (empty: nothing): the safety net, demand, vast's word, destroys, the agent, the
     floor of agent.min_machines."""
     s, found = data["summary"], []
@@ -120,8 +128,9 @@ def problems(data: dict[str, Any], now: datetime) -> list[str]:
         interval = float(agent.get("interval_s") or 300)
         if last is not None and (now - last).total_seconds() > 3 * interval:
             found.append(f"the agent last ran {clock.human_age(last, now)} ago")
-        if isinstance(steps[0].get("errors"), list) and steps[0]["errors"]:
-            found.append(f'the agent\'s last step failed: {brief(steps[0]["errors"][0], 120)}')
+        errors = steps[0].get("errors")
+        if isinstance(errors, list) and errors:
+            found.append(f'the agent\'s last step failed: {brief(errors[0], 120)}')
     floor = int(agent.get("min_machines") or 0)
     if floor and data.get("warm", floor) < floor:
         found.append(f'{data["warm"]} warm machine(s), under agent.min_machines {floor}')
@@ -130,7 +139,7 @@ def problems(data: dict[str, Any], now: datetime) -> list[str]:
     return found
 
 
-def _broken(data: dict[str, Any], now: datetime) -> str:
+def _broken(data: PageData, now: datetime) -> str:
     found = problems(data, now)
     if not found:
         return _card("glance-broken", "Broken", "ok", '<p><span class="big" id="problems">nothing</span></p>'
@@ -140,7 +149,7 @@ def _broken(data: dict[str, Any], now: datetime) -> str:
                  f'<p><span class="big" id="problems">{len(found)}</span> to look at</p><ul class="problems">{items}</ul>')
 
 
-def _router(router: dict[str, Any] | None) -> str:
+def _router(router: RouterStatus | None) -> str:
     """The proof router's card: the calls it holds for a free prover (the oldest one's age), the calls on provers,
     and the proof wait it measured over the last day (fleet --json's summary.router); nothing without a router."""
     if not router:
@@ -155,8 +164,8 @@ def _router(router: dict[str, Any] | None) -> str:
                 + (f' (oldest {esc(clock.human_duration(float(oldest)))})' if router["held"] and oldest else "")
                 + f' · {esc(router["in_flight"])} on provers')
     waits = ("no call answered in the last day" if not wait["calls"] else
-             f'proof wait p50 <span id="proof-wait">{esc(clock.human_duration(wait["p50_s"]))}</span>'
-             f' · p95 {esc(clock.human_duration(wait["p95_s"]))} · p99 {esc(clock.human_duration(wait["p99_s"]))}'
+             f'proof wait p50 <span id="proof-wait">{esc(_duration(wait["p50_s"]))}</span>'
+             f' · p95 {esc(_duration(wait["p95_s"]))} · p99 {esc(_duration(wait["p99_s"]))}'
              f' ({esc(wait["calls"])} calls)')
     unverified, risky = _unverified(router.get("routing")) if router["router_running"] else ("", False)
     if risky and status == "ok":
@@ -164,12 +173,17 @@ def _router(router: dict[str, Any] | None) -> str:
     return _card("glance-router", "Proof router", status, f'<p>{held}</p><p class="note">{waits}</p>{unverified}')
 
 
+def _duration(seconds: float | None) -> str:
+    """A quantile of the calls answered (there are some: never None here)."""
+    return clock.human_duration(seconds or 0.0)
+
+
 UNVERIFIED_WORDS = {"snap": "SnapDeals", "winning_post": "WinningPoSt"}  # the kinds Curio does not verify
 WAY_WORDS = {"own_daemon": "your own daemon", "fleet": "the rented fleet, unverified",
              "refused": "refused (route.own_daemon not set)"}
 
 
-def _unverified(routing: dict[str, str] | None) -> tuple[str, bool]:
+def _unverified(routing: Mapping[str, str] | None) -> tuple[str, bool]:
     """Where the running router sends the proofs Curio does not verify (route_status.routing), and whether that
     is anything but the operator's own daemon (refused, or the fleet by route.unverified_to_fleet)."""
     if not routing:
@@ -182,7 +196,7 @@ def _unverified(routing: dict[str, str] | None) -> tuple[str, bool]:
             any(way != "own_daemon" for _, way in shown))
 
 
-def summary(s: dict[str, Any], now: datetime) -> str:
+def summary(s: PageSummary, now: datetime) -> str:
     capacity, target = s["capacity_proofs_per_hour"], s["target_proofs_per_hour"]
     limits = s["settings"]
     short = " short" if capacity < target else ""
@@ -221,13 +235,13 @@ def summary(s: dict[str, Any], now: datetime) -> str:
     return f'<section id="summary" class="cards">{body}</section>'
 
 
-def orphan_warning(s: dict[str, Any]) -> str:
+def orphan_warning(s: PageSummary) -> str:
     """The machines' dead-man switch is counting down (fleet.contact_status): say so above everything."""
     text = s.get("orphan_warning")
     return f'<p class="flash error" role="alert" id="orphan-warning">{esc(text)}</p>' if text else ""
 
 
-def cost(figures: dict[str, Any]) -> str:
+def cost(figures: CostView) -> str:
     """What the fleet cost (cost.account, as `vastctl cost`): vastctl's account; vast's invoice is the truth."""
     per = figures["cost_per_1000_proofs"]
     share = figures["never_proved_share"]
@@ -248,7 +262,7 @@ DEMAND_FIGURES = (  # demand.Demand.view() keys, as the card names them
 )
 
 
-def _demand_figures(demand: dict[str, Any]) -> str:
+def _demand_figures(demand: DemandView) -> str:
     """Each figure of the demand sample with its name; one the source does not report says so."""
     parts = []
     for key, name, meaning in DEMAND_FIGURES:

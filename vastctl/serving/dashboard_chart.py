@@ -8,22 +8,36 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, TypedDict
 
 from vastctl import clock
 from vastctl.serving.dashboard_html import esc, num
+
+if TYPE_CHECKING:
+    from vastctl.views.overview import History
 
 CHART_WIDTH, CHART_HEIGHT = 720, 96
 NARROW_WIDTH = 340  # the phone's chart: drawn for its width, so its text stays ~10 px there
 Y_GUTTER = 44  # user units left of each panel for its y-axis numbers
 
 
-def chart(history: dict[str, Any], limits: dict[str, Any]) -> str:
+Line = tuple[str, list[tuple[datetime, float]]]  # a line's name (its class) and its points
+
+
+class _Marks(TypedDict, total=False):
+    """What a panel shows beside its lines (_panel's keywords)."""
+
+    ticks: Sequence[datetime]
+    tick_name: str
+    empty: str | None
+
+
+def chart(history: History, limits: Mapping[str, float]) -> str:
     """The last day in three panels, each with its y-axis numbered; drawn twice, for a wide window and for a
     phone (dashboard.css shows one), so the text keeps its size on both."""
     start, end = _chart_span(history)
     limit = float(limits["max_hourly_spend"])
-    specs = [
+    specs: list[tuple[str, list[Line], _Marks]] = [
         ("Proofs/hour: capacity vastctl counts, and target", [("capacity", history["capacity"]),
                                                               ("target", history["target"])],
          {"ticks": history["reconcile_failures"], "tick_name": "failed listing"}),
@@ -45,7 +59,7 @@ def chart(history: dict[str, Any], limits: dict[str, Any]) -> str:
 MIN_SPAN = timedelta(hours=1)
 
 
-def _chart_span(history: dict[str, Any]) -> tuple[datetime, datetime]:
+def _chart_span(history: History) -> tuple[datetime, datetime]:
     """The last day, or less for a fleet younger than that: from a little before its first record, at least
     an hour, so a new fleet's first hour is not a sliver at the right edge of a flat day."""
     start, end = history["start"], history["end"]
@@ -84,7 +98,7 @@ def y_ticks(top: float) -> list[float]:
     return [i * step for i in range(int(top // step) + 1)]
 
 
-def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[tuple[str, list[tuple[datetime, float]]]], *,
+def _panel(title: str, top: float, start: datetime, end: datetime, lines: list[Line], *,
            width: int = CHART_WIDTH, ticks: Sequence[datetime] = (), tick_name: str = "",
            empty: str | None = None) -> str:
     height, span = CHART_HEIGHT, max(1.0, (end - start).total_seconds())

@@ -19,7 +19,7 @@ from vastctl import clock
 from vastctl.upstream import cut
 
 
-def esc(value: Any, empty: str = "-") -> str:
+def esc(value: object, empty: str = "-") -> str:
     """Text for HTML content or a quoted attribute (a page has tens of thousands: most need no escape)."""
     if value is None or value == "":
         return escape(empty)
@@ -29,7 +29,7 @@ def esc(value: Any, empty: str = "-") -> str:
     return shown
 
 
-def num(value: Any, digits: int = 1) -> str:
+def num(value: Any, digits: int = 1) -> str:  # a number, or a figure read from JSON as one (None: -)
     if value is None:
         return "-"
     shown = f"{float(value):.{digits}f}"
@@ -79,9 +79,9 @@ def _named(rows: list[str], head: list[str]) -> Iterable[str]:
         yield parts[0] + "".join((named[i] if i < len(named) else "<td>") + part for i, part in enumerate(parts[1:]))
 
 
-def brief(value: Any, limit: int) -> str:
+def brief(value: object, limit: int) -> str:
     return cut(_compact(value), limit)
 
 
-def _compact(value: Any) -> str:
+def _compact(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)

@@ -9,13 +9,16 @@ through `esc()`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from vastctl.serving.dashboard_cards import cost, glance, orphan_warning, summary
 from vastctl.serving.dashboard_chart import chart
 from vastctl.serving.dashboard_html import esc, num
 from vastctl.serving.dashboard_tables import events, fleet, logs, step_refusals, steps
 from vastctl.state import settings
+
+if TYPE_CHECKING:
+    from vastctl.serving.dashboard_data import Flash, PageData
 
 LIVE_URL = "/dashboard/live"
 REFRESH_MS = 5000
@@ -54,7 +57,7 @@ def message_page(title: str, message: str) -> str:
     ), script=False)
 
 
-def dashboard_page(data: dict[str, Any], *, csrf: str, flash: dict[str, str] | None = None) -> str:
+def dashboard_page(data: PageData, *, csrf: str, flash: Flash | None = None) -> str:
     note = ""
     hidden = f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
     if flash:
@@ -72,7 +75,7 @@ def dashboard_page(data: dict[str, Any], *, csrf: str, flash: dict[str, str] | N
     return _document("vastctl · fleet", body, script=True)
 
 
-def live_fragment(data: dict[str, Any]) -> str:
+def live_fragment(data: PageData) -> str:
     """The part of the page that refreshes itself: summary, chart, fleet, events, agent steps."""
     now = data["now"]
     labels = "".join(f'<option value="{esc(i["label"])}">' for i in data["instances"] if i["state"] != "killed")
@@ -93,10 +96,10 @@ def live_fragment(data: dict[str, Any]) -> str:
 # --- forms ------------------------------------------------------------------------------------------
 
 
-def _settings_forms(items: list[dict[str, Any]], hidden: str) -> str:
+def _settings_forms(items: Sequence[Mapping[str, object]], hidden: str) -> str:
     forms = []
     for item in items:
-        key = item["key"]
+        key = str(item["key"])  # settings.listing's: each a key of settings.KEYS
         step = "1" if settings.KEYS[key] is int else "any"
         forms.append(
             f'<form method="post" action="/dashboard/settings" class="setting" id="set-{esc(key)}">{hidden}'
@@ -124,7 +127,7 @@ OVERRIDE_WHY = {  # the guard's rule a forced kill goes past, as the confirm box
 }
 
 
-def _override_form(override: Any, hidden: str) -> str:
+def _override_form(override: object, hidden: str) -> str:
     """The second step of a kill the guard refused: the same kill with --force, once the box is ticked."""
     if not isinstance(override, dict) or override.get("limit") not in OVERRIDE_WHY:
         return ""

@@ -11,16 +11,21 @@ hold reason `agent history` prints.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from vastctl import clock
 from vastctl.serving.dashboard_html import age, brief, esc, num, table, when
+
+if TYPE_CHECKING:
+    from vastctl.facts.machine_logs import RecentLog
+    from vastctl.views.fleet import EventView, InstanceView
+    from vastctl.views.overview import AgentStep
 
 STEPS_SHOWN = 10
 EVENTS_SHOWN = 10  # the newest events shown; the rest of those read wait behind a detail
 
 
-def logs(tails: list[dict[str, Any]]) -> str:
+def logs(tails: list[RecentLog]) -> str:
     """The machines' log tails (machine_logs.recent, as `vastctl logs`): hostile text, shown as text only."""
     if not tails:
         return '<section id="logs"><h2>Machine logs</h2><p class="empty">no machine has pushed a log</p></section>'
@@ -34,19 +39,20 @@ def logs(tails: list[dict[str, Any]]) -> str:
     return f'<section id="logs"><h2>Machine logs</h2>{"".join(items)}</section>'
 
 
-def step_refusals(steps: list[dict[str, Any]]) -> dict[str, str]:
+def step_refusals(steps: list[AgentStep]) -> dict[str, str]:
     """label → what the guard refused for that machine in the newest step that ran (older ones are history)."""
-    if not steps or not isinstance(steps[0].get("refused"), list):
+    refused = steps[0].get("refused") if steps else None
+    if not isinstance(refused, list):
         return {}
     found: dict[str, str] = {}
-    for item in steps[0]["refused"]:
+    for item in refused:
         if isinstance(item, dict) and item.get("label"):
             limit = f' [{item["limit"]}]' if item.get("limit") else ""
             found.setdefault(str(item["label"]), f'{item.get("kind", "action")} refused{limit}: {item.get("why") or ""}')
     return found
 
 
-def fleet(instances: list[dict[str, Any]], now: datetime, *, refusals: dict[str, str] | None = None) -> str:
+def fleet(instances: list[InstanceView], now: datetime, *, refusals: dict[str, str] | None = None) -> str:
     """The machines. `why` is vastctl's own word (kill reason, the guard's refusal, a disagreement with vast);
     vast's raw status message is behind the vast status, opened on demand."""
     head = FLEET_HEAD
@@ -73,10 +79,10 @@ _ROW_FIELDS = ("uuid", "label", "state", "kill_reason", "disagreement", "num_gpu
 ROWS_KEPT = 20_000
 FLEET_HEAD = ("label", "state", "vast", "GPU", "$/h", "bench", "proofs/h", "for", "beat", "why", "")
 _NAMED = [f'<td data-h="{esc(name, "")}">' for name in FLEET_HEAD]
-_ROWS: dict[tuple[Any, ...], str] = {}
+_ROWS: dict[tuple[object, ...], str] = {}
 
 
-def _fleet_row(i: dict[str, Any], refusal: str | None, since: str, beat: str) -> str:
+def _fleet_row(i: InstanceView, refusal: str | None, since: str, beat: str) -> str:
     """One machine's row of the fleet table (its ages already worded)."""
     why = " · ".join(str(x) for x in (i["kill_reason"], refusal, i["disagreement"]) if x)
     flag = ' class="disagree"' if i["disagreement"] else ""
@@ -92,7 +98,7 @@ def _fleet_row(i: dict[str, Any], refusal: str | None, since: str, beat: str) ->
             + "</tr>")
 
 
-def _boot_title(i: dict[str, Any]) -> str:
+def _boot_title(i: InstanceView) -> str:
     """Where its boot went, on hover over its state: the whole and each stage as its boot script timed them
     (fleet --json's boot_stages); nothing before `running`."""
     stages = {name: float(v) for name, v in (i.get("boot_stages") or {}).items()
@@ -103,7 +109,7 @@ def _boot_title(i: dict[str, Any]) -> str:
     return f' title="boot {esc(clock.human_duration(sum(stages.values())))}: {esc(parts)}"'
 
 
-def _vast_cell(i: dict[str, Any]) -> str:
+def _vast_cell(i: InstanceView) -> str:
     """vast's status and instance id; its raw status message (as vast wrote it) in a detail view."""
     status = esc("missing" if i["vast_missing"] else i["vast_status"])
     ident = "" if i["vast_id"] is None else f' <span class="note">#{esc(i["vast_id"])}</span>'
@@ -116,7 +122,7 @@ def _vast_cell(i: dict[str, Any]) -> str:
 EVENT_HEAD = ("id", "at", "label", "change", "source", "reason")
 
 
-def events(events: list[dict[str, Any]], now: datetime) -> str:
+def events(events: list[EventView], now: datetime) -> str:
     """The newest events first-seen; older ones read behind a detail (a phone's page stays short)."""
     rows = []
     for e in events:
@@ -136,13 +142,13 @@ def events(events: list[dict[str, Any]], now: datetime) -> str:
 STEP_HEAD = ("started", "policy", "outcome", "saw", "did", "refused", "errors", "tokens", "cost")
 
 
-def steps(steps: list[dict[str, Any]], now: datetime, *, skipped: Sequence[dict[str, Any]] = (),
+def steps(steps: list[AgentStep], now: datetime, *, skipped: Sequence[AgentStep] = (),
            skipped_count: int = 0) -> str:
     """The steps that acted (did, were refused or failed), each a row; a run of steps that changed nothing one
     row with how many and the newest one's hold reason (as `agent history` prints it); those --if-events skipped
     (nothing new happened) folded away below."""
     rows: list[str] = []
-    held: list[dict[str, Any]] = []  # newest first
+    held: list[AgentStep] = []  # newest first
 
     def fold() -> None:
         if held:
@@ -171,12 +177,12 @@ def steps(steps: list[dict[str, Any]], now: datetime, *, skipped: Sequence[dict[
     return table("steps", "Agent steps (times UTC)", STEP_HEAD, rows, after=folded)
 
 
-def _acted(step: dict[str, Any]) -> bool:
+def _acted(step: AgentStep) -> bool:
     """It did something, was refused something or failed: worth its own row."""
     return any(step.get(name) not in (None, "", [], {}) for name in ("actions", "refused", "errors"))
 
 
-def _held_row(run: list[dict[str, Any]], now: datetime) -> str:
+def _held_row(run: list[AgentStep], now: datetime) -> str:
     """A run of steps that changed nothing (newest first): when, how many, and why the newest one held."""
     newest, oldest = run[0], run[-1]
     span = when(newest["started_at"], now) if len(run) == 1 else (
@@ -187,7 +193,7 @@ def _held_row(run: list[dict[str, Any]], now: datetime) -> str:
             f'<td class="hold" colspan="{len(STEP_HEAD) - 3}">{esc(why)}</td></tr>')
 
 
-def _step_row(step: dict[str, Any], now: datetime) -> str:
+def _step_row(step: AgentStep, now: datetime) -> str:
     tokens = step["tokens"]
     used = f'{tokens["input"]} in · {tokens["output"]} out' + (
         f' · {tokens["cache_read"]} cached' if tokens["cache_read"] else "")
@@ -198,7 +204,7 @@ def _step_row(step: dict[str, Any], now: datetime) -> str:
     return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
-def _saw(observation: Any) -> str:
+def _saw(observation: object) -> str:
     """The headline of what a step saw (agent.step.observation_summary): capacity against target, machines
     on their way, spend, demand, the fleet by state and how many new events; a stored value of another
     shape (a file edited by hand) is shown as its text."""
@@ -218,7 +224,7 @@ def _saw(observation: Any) -> str:
 ITEM_HEAD = ("kind", "label", "count", "gpu_name")  # as guard.Action.view() names them
 
 
-def _items(value: Any) -> str:
+def _items(value: object) -> str:
     """Actions, refusals or errors as `kind label: reason → result` lines joined by ' · '."""
     if value in (None, "", [], {}):
         return ""

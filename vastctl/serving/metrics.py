@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import datetime
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator, Literal
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -24,6 +24,12 @@ from vastctl.facts import cost, deliveries
 from vastctl.observe import observe
 from vastctl.state.lifecycle import State
 from vastctl.views import fleet, overview
+
+if TYPE_CHECKING:
+    from vastctl.facts.cost import CostView
+    from vastctl.facts.demand import DemandView
+    from vastctl.views.fleet import RouterStatus
+    from vastctl.views.overview import AgentTotals, DestroysPending, ReconcileStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -80,7 +86,7 @@ class _FleetCollector:
         yield from _router(summary["router"], overview.route_results(conn, now))
 
 
-def _router(router: dict[str, Any], results: dict[str, int]) -> Iterator[Metric]:
+def _router(router: RouterStatus, results: dict[str, int]) -> Iterator[Metric]:
     yield _gauge("vastctl_route_running", "1 when the proof router wrote its status within the last 30 s.",
                  1 if router["router_running"] else 0)
     yield _gauge("vastctl_route_held_calls", "Calls the proof router holds for a free prover.", router["held"])
@@ -90,8 +96,8 @@ def _router(router: dict[str, Any], results: dict[str, int]) -> Iterator[Metric]
     wait = router["proof_wait_last_day"]
     quantiles = GaugeMetricFamily("vastctl_proof_wait_seconds", "Held + proving time of the calls the router"
                                   " answered in the last day, by quantile (NaN: none answered).", labels=["quantile"])
-    for quantile, key in (("0.5", "p50_s"), ("0.95", "p95_s"), ("0.99", "p99_s")):
-        quantiles.add_metric([quantile], math.nan if wait[key] is None else wait[key])
+    for quantile, seconds in (("0.5", wait["p50_s"]), ("0.95", wait["p95_s"]), ("0.99", wait["p99_s"])):
+        quantiles.add_metric([quantile], math.nan if seconds is None else seconds)
     yield quantiles
     yield _gauge("vastctl_proofs_within_max_wait_ratio", "Share of the last day's answered calls done within"
                  " agent.max_wait of arriving at the router (NaN: none answered).",
@@ -112,25 +118,27 @@ def _timestamp(moment: datetime | None) -> float:
     return 0.0 if moment is None else moment.timestamp()
 
 
-def _demand(demand: dict[str, Any] | None) -> Iterator[Metric]:
+def _demand(demand: DemandView | None) -> Iterator[Metric]:
     """Demand as the decisions read it (observe): NaN while unknown, so `queued > 0` alerts stay quiet then."""
-    demand = demand or {}
     yield _gauge("vastctl_demand_known", "1 when the newest demand sample is good and fresh (demand.stale_after).",
-                 bool(demand.get("known")))
-    for name, key, documentation in (
-        ("vastctl_demand_queued", "queued", "Proofs queued, as of the newest demand sample (NaN: unknown)."),
-        ("vastctl_demand_in_flight", "in_flight",
-         "Proofs claimed and waiting or proving at a daemon, newest sample (NaN: unknown or not reported)."),
-        ("vastctl_demand_lookahead", "lookahead",
-         "Proofs about to be queued (PoRep look-ahead), newest sample (NaN: unknown or not reported)."),
-        ("vastctl_demand_proofs_per_hour", "proofs_per_hour", "Demanded proofs/hour, newest sample (NaN: unknown)."),
-        ("vastctl_demand_age_seconds", "age_s", "Age of the newest demand sample (NaN: none kept)."),
-    ):
-        value = demand.get(key)
+                 bool(demand is not None and demand["known"]))
+    for name, key, documentation in _DEMAND_GAUGES:
+        value = None if demand is None else demand[key]
         yield _gauge(name, documentation, math.nan if value is None else value)
 
 
-def _reconcile(status: dict[str, Any], pending: dict[str, Any]) -> Iterator[Metric]:
+_DEMAND_GAUGES: tuple[tuple[str, Literal["queued", "in_flight", "lookahead", "proofs_per_hour", "age_s"], str], ...] = (
+    ("vastctl_demand_queued", "queued", "Proofs queued, as of the newest demand sample (NaN: unknown)."),
+    ("vastctl_demand_in_flight", "in_flight",
+     "Proofs claimed and waiting or proving at a daemon, newest sample (NaN: unknown or not reported)."),
+    ("vastctl_demand_lookahead", "lookahead",
+     "Proofs about to be queued (PoRep look-ahead), newest sample (NaN: unknown or not reported)."),
+    ("vastctl_demand_proofs_per_hour", "proofs_per_hour", "Demanded proofs/hour, newest sample (NaN: unknown)."),
+    ("vastctl_demand_age_seconds", "age_s", "Age of the newest demand sample (NaN: none kept)."),
+)
+
+
+def _reconcile(status: ReconcileStatus, pending: DestroysPending) -> Iterator[Metric]:
     yield _gauge("vastctl_reconcile_last_success_timestamp_seconds", "When reconcile last listed vast successfully.",
                  _timestamp(status["last_success"]))
     yield _gauge("vastctl_reconcile_last_attempt_timestamp_seconds", "When reconcile last tried to list vast.",
@@ -146,7 +154,7 @@ def _reconcile(status: dict[str, Any], pending: dict[str, Any]) -> Iterator[Metr
                  pending["oldest_age_s"])
 
 
-def _agent(totals: dict[str, Any]) -> Iterator[Metric]:
+def _agent(totals: AgentTotals) -> Iterator[Metric]:
     steps = CounterMetricFamily("vastctl_agent_steps", "Agent steps, by outcome.", labels=["outcome"])
     for outcome, count in sorted(totals["steps"].items()):
         steps.add_metric([outcome], count)
@@ -162,7 +170,7 @@ def _agent(totals: dict[str, Any]) -> Iterator[Metric]:
                  _timestamp(totals["last_step"]))
 
 
-def _cost(figures: dict[str, Any]) -> Iterator[Metric]:
+def _cost(figures: CostView) -> Iterator[Metric]:
     """vastctl's account of what vast billed (cost.account, as `vastctl cost`): vast's invoice is the truth."""
     spent = GaugeMetricFamily("vastctl_cost_dollars", "$ vast billed for our machines as vastctl accounts for it"
                               " (vast's invoice is the truth), by part: rented, stopped_storage, after_kill.",

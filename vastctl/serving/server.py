@@ -50,9 +50,9 @@ import hmac
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 from urllib.parse import parse_qs, unquote
 
 from waitress.adjustments import Adjustments  # only `serve` imports this module: other commands never load waitress
@@ -63,7 +63,9 @@ from vastctl import validate
 from vastctl.clock import Clock
 from vastctl.config import Config
 from vastctl.errors import BadInput, BenchFailed, GuardRefused, Refused, Unavailable, UnknownInstance
+from vastctl.facts.json_value import JSON
 from vastctl.machine import onstart
+from vastctl.machine.answers import Answer, Stated
 from vastctl.machine.reports import LocalReports
 from vastctl.serving import webhooks, wsgi
 from vastctl.serving.wsgi import HTTPError
@@ -73,7 +75,7 @@ from vastctl.upstream import cut
 from vastctl.views import fleet
 
 if TYPE_CHECKING:
-    from _typeshed.wsgi import StartResponse
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 MAX_BODY = 64 * 1024  # the contract's limit: a JSON 413 above it
 WAITRESS_MAX_BODY = 1024 * 1024  # waitress refuses larger bodies before reading them
@@ -86,8 +88,10 @@ DEFAULT_REQUEST_TIMEOUT = 10.0  # seconds a request may take to arrive in full, 
 DEFAULT_CONNECTION_LIMIT = 1000  # open connections; past it new ones wait in the listen backlog
 REPORTS = ("register", "params-done", "bench-report", "running", "heartbeat")
 
+FieldKind = Literal["text", "int", "number", "bool", "stages", "reason"]
+
 # Body fields each report accepts: name → (kind, minimum). Unknown fields are a 400, so a typo is never ignored.
-_FIELDS: dict[str, dict[str, tuple[str, int]]] = {
+_FIELDS: dict[str, dict[str, tuple[FieldKind, int]]] = {
     "register": {"label": ("text", 0), "vast_id": ("int", 0), "gpu_name": ("text", 0), "num_gpus": ("int", 1)},
     "params-done": {},
     "bench-report": {"rate": ("number", 0), "failed": ("bool", 0), "reason": ("reason", 0)},
@@ -96,8 +100,25 @@ _FIELDS: dict[str, dict[str, tuple[str, int]]] = {
 }
 
 
+class ReportFields(TypedDict, total=False):
+    """A report's body as _fields() checked it against _FIELDS: a field absent or null is left out."""
+
+    label: str
+    vast_id: int
+    gpu_name: str
+    num_gpus: int
+    rate: float
+    failed: bool
+    reason: str
+    stages: dict[str, float]
+    proofs_done: int
+
+
 class Script(str):
     """A body answered as the shell script it is, not as JSON."""
+
+
+Body = Mapping[str, object] | Script  # a JSON object answered (a report's, the fleet's, an error's), or a script
 
 
 class App:
@@ -125,7 +146,7 @@ class App:
                 raise HTTPError(503, "the manager cannot open its state file: retry later", [("Retry-After", "5")]) from exc
         return conn
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
         started = self.clock.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         path = wsgi.raw_path(environ)
@@ -133,6 +154,7 @@ class App:
         if dashboard.owns(method, path):
             return dashboard.serve(self, environ, start_response, method, path)
         headers: list[tuple[str, str]] = []
+        body: Body
         try:
             status, body = self.handle(environ, method, path)
         except HTTPError as exc:
@@ -155,7 +177,7 @@ class App:
         wsgi.log_request(environ, method, path, status, self.clock.monotonic() - started)
         return [payload]
 
-    def handle(self, environ: dict[str, Any], method: str, path: str) -> tuple[int, Any]:
+    def handle(self, environ: WSGIEnvironment, method: str, path: str) -> tuple[int, Body]:
         if path == "/healthz":
             wsgi.allow(method, "GET")
             self.connection().execute("SELECT 1").fetchone()
@@ -185,7 +207,7 @@ class App:
             return 200, LocalReports(self.connection(), self.config, now=self.clock.now()).log_push(uuid, name, text)
         return 200, self.report(report, uuid, _fields(report, wsgi.read_json(environ, MAX_BODY)))
 
-    def report(self, report: str, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
+    def report(self, report: str, uuid: str, body: ReportFields) -> Answer | Stated:
         reports = LocalReports(self.connection(), self.config, now=self.clock.now())
         if report == "register":
             return reports.register(uuid, label=body.get("label"), vast_id=body.get("vast_id"),
@@ -212,7 +234,7 @@ class App:
             return reports.running(uuid, body.get("stages"))
         return reports.heartbeat(uuid, body.get("proofs_done"))
 
-    def check_machine(self, environ: dict[str, Any], uuid: str) -> None:
+    def check_machine(self, environ: WSGIEnvironment, uuid: str) -> None:
         """401 without a token or with one of no known machine; 403 with another machine's token."""
         token = wsgi.bearer(environ)
         if token is None:
@@ -245,7 +267,7 @@ class App:
         raise HTTPError(409, f"instance {row['label']} {gone} ({row['kill_reason'] or 'no reason recorded'}):"
                              " its token is no longer accepted; shut the machine down")
 
-    def check_admin(self, environ: dict[str, Any]) -> None:
+    def check_admin(self, environ: WSGIEnvironment) -> None:
         if not self.admin_token:
             raise HTTPError(403, "GET /v1/fleet is disabled: set server.admin_token in the manager's config and restart serve")
         token = wsgi.bearer(environ)
@@ -276,7 +298,7 @@ def _report_route(path: str) -> tuple[str, str]:
                          f" POST {webhooks.PATH}, GET /v1/fleet and GET /healthz")
 
 
-def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
+def _fields(report: str, body: dict[str, JSON]) -> ReportFields:
     """Check the body's fields against the report's schema; null means absent. This is where a report's values
     enter over HTTP, and the one place they are checked there (with the rules the command line uses:
     validate.py's, lifecycle.validate_stages); LocalReports and the lifecycle take them as checked."""
@@ -285,9 +307,9 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
         if key not in schema:
             allowed = ", ".join(f'"{name}"' for name in schema) or "none"
             raise BadInput(f"unknown field {json.dumps(cut(key, 60))} for {report} (allowed: {allowed})")
-    values = {}
+    values: dict[str, object] = {}
     for key, (kind, minimum) in schema.items():
-        value = body.get(key)
+        value: object = body.get(key)
         if value is None:
             continue
         if kind == "int":
@@ -303,10 +325,10 @@ def _fields(report: str, body: dict[str, Any]) -> dict[str, Any]:
             validate.text(value, key, max_len=lifecycle.REASON_CHARS if kind == "reason" else validate.TEXT_CHARS,
                           utf8=True)
         values[key] = value
-    return values
+    return cast(ReportFields, values)  # each key one of the report's, each value checked as its kind
 
 
-def _log_fields(body: dict[str, Any]) -> tuple[str, str]:
+def _log_fields(body: dict[str, JSON]) -> tuple[str, str]:
     """The log push's body: "name" (one of machine_logs.NAMES, checked here) and "text" (any text; made safe when
     kept)."""
     from vastctl.facts import machine_logs
@@ -314,9 +336,10 @@ def _log_fields(body: dict[str, Any]) -> tuple[str, str]:
     unknown = [key for key in body if key not in ("name", "text")]
     if unknown:
         raise BadInput(f'unknown field {json.dumps(cut(unknown[0], 60))} for log (allowed: "name", "text")')
-    if not isinstance(body.get("text"), str):
-        raise validate.Invalid("text", f"must be text (the log's tail), got {validate.ascii_shown(body.get('text'))}")
-    return machine_logs.check_name(body.get("name")), body["text"]
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise validate.Invalid("text", f"must be text (the log's tail), got {validate.ascii_shown(text)}")
+    return machine_logs.check_name(body.get("name")), text
 
 
 def in_api_terms(exc: Exception) -> str:

@@ -47,11 +47,11 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from vastctl import atomicfile, markets, upstream
 from vastctl import clock as clocks
@@ -64,6 +64,8 @@ from vastctl.state.db import transaction
 from vastctl.state.lifecycle import record_event
 
 if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
     from vastctl.providers.base import Provider
 
 PATH = "/v1/vast/webhook"
@@ -183,6 +185,14 @@ class Delivery:
     signed: str = ""  # sha256 of what the signature covers: "<X-Vast-Timestamp>.<body>"
 
 
+class Received(TypedDict):
+    """The 200 answer to a delivery: recorded now, or a duplicate of one recorded before."""
+
+    ok: bool
+    duplicate: bool
+    event_id: str
+
+
 class Receiver:
     """Checks and records deliveries for the HTTP app, and tells the Waker."""
 
@@ -192,7 +202,7 @@ class Receiver:
         self.waker = waker
         self.secrets = Secrets(config.webhook_secret_path)
 
-    def receive(self, environ: Mapping[str, Any], conn: sqlite3.Connection) -> dict[str, Any]:
+    def receive(self, environ: WSGIEnvironment, conn: sqlite3.Connection) -> Received:
         """Answer one delivery (200 body), or raise Rejected having changed nothing."""
         body = wsgi.read_body(environ, MAX_BODY, over_limit=_too_large)
         secrets = self.secrets.current()
@@ -236,7 +246,7 @@ def _too_large(length: int, limit: int) -> Rejected:
     return Rejected(413, f"body of {length} bytes is over the {limit // 1024} KiB limit for a delivery")
 
 
-def parse(environ: Mapping[str, Any], body: bytes) -> Delivery:
+def parse(environ: WSGIEnvironment, body: bytes) -> Delivery:
     """The signed delivery's fields, checked; Rejected(400) for anything malformed."""
     event_id = environ.get("HTTP_X_VAST_EVENT_ID", "").strip()
     if not event_id or len(event_id) > MAX_EVENT_ID_CHARS or not event_id.isascii() or not event_id.isprintable():
@@ -394,7 +404,7 @@ class Waker:
             conn.close()
         return result
 
-    def _under_lease(self, conn: sqlite3.Connection, lease: str, run: Callable[[], Any], result: WakeResult) -> bool:
+    def _under_lease(self, conn: sqlite3.Connection, lease: str, run: Callable[[], object], result: WakeResult) -> bool:
         """Run `run` (which takes `lease` itself); while cron's run holds it, try again a little later."""
         for attempt in range(LEASE_RETRIES + 1):
             try:

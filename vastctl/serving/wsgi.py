@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
+from vastctl.facts.json_value import JSON
 from vastctl.upstream import cut
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment  # PEP 3333's environ: CGI's variables beside wsgi.input and the rest
 
 FORM_FIELDS = 20  # the most fields a form may have: the dashboard's largest has six
 CHALLENGE = [("WWW-Authenticate", 'Bearer realm="vastctl"')]  # sent with a 401 that asks for a bearer token
@@ -52,7 +56,7 @@ def allow(method: str, allowed: str, *, head: bool = False) -> None:
         raise MethodNotAllowed(method, allowed)
 
 
-def bearer(environ: Mapping[str, Any]) -> str | None:
+def bearer(environ: WSGIEnvironment) -> str | None:
     """The token of `Authorization: Bearer <token>` (any case of "Bearer"); None without one."""
     header: str = environ.get("HTTP_AUTHORIZATION", "")
     scheme, _, token = header.strip().partition(" ")
@@ -62,7 +66,7 @@ def bearer(environ: Mapping[str, Any]) -> str | None:
     return token
 
 
-def raw_path(environ: Mapping[str, Any]) -> str:
+def raw_path(environ: WSGIEnvironment) -> str:
     """The path as sent (percent-escapes intact), so a uuid may hold any printable character."""
     raw: str | None = environ.get("REQUEST_URI")
     if raw:
@@ -76,7 +80,7 @@ def too_large(length: int, limit: int) -> HTTPError:
     return HTTPError(413, f"body of {length} bytes is over the {limit // 1024} KiB limit")
 
 
-def read_body(environ: Mapping[str, Any], limit: int, *,
+def read_body(environ: WSGIEnvironment, limit: int, *,
               over_limit: Callable[[int, int], HTTPError] = too_large) -> bytes:
     """The request's body, refused unread when Content-Length is over `limit` (`over_limit(length, limit)`).
 
@@ -96,7 +100,7 @@ def read_body(environ: Mapping[str, Any], limit: int, *,
     return body
 
 
-def read_json(environ: Mapping[str, Any], limit: int) -> dict[str, Any]:
+def read_json(environ: WSGIEnvironment, limit: int) -> dict[str, JSON]:
     """The body as a JSON object ({} for an empty one); 400 for anything else, NaN and Infinity included."""
     raw = read_body(environ, limit)
     if not raw.strip():
@@ -117,7 +121,7 @@ def refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number")
 
 
-def read_form(environ: Mapping[str, Any], limit: int) -> dict[str, str]:
+def read_form(environ: WSGIEnvironment, limit: int) -> dict[str, str]:
     """An urlencoded form's fields (the last value of a repeated one); 400 past `limit` bytes or FORM_FIELDS fields."""
     raw = read_body(environ, limit, over_limit=_form_too_large)
     try:
@@ -136,7 +140,7 @@ def loggable(text: str) -> str:
     return cut(text.encode("unicode_escape").decode("ascii"), LOGGED_PATH_CHARS)
 
 
-def log_request(environ: Mapping[str, Any], method: str, path: str, status: int, seconds: float) -> None:
+def log_request(environ: WSGIEnvironment, method: str, path: str, status: int, seconds: float) -> None:
     """The access log's line: client address, method, path, status and duration; never headers, query or body."""
     access_log.info('%s "%s %s" %d %.1fms', environ.get("REMOTE_ADDR", "-"), method, loggable(path), status,
                     seconds * 1000)

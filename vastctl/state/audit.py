@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from datetime import datetime
-from typing import Any
+from typing import Mapping
 
 from vastctl import clock, upstream
 from vastctl.state.db import inserted_id, transaction
+from vastctl.state.rows import JSONValue
 
 RESULT_CHARS = 1000
 
@@ -35,7 +36,7 @@ def record_action(
     uuid: str | None = None,
     label: str | None = None,
     vast_id: int | None = None,
-    request: dict[str, Any] | None = None,
+    request: Mapping[str, JSONValue] | None = None,
     now: datetime,
 ) -> int:
     with transaction(conn):
@@ -53,7 +54,7 @@ PENDING = "pending:"  # a result starting so: the call may have been made, its o
 
 
 def begin_action(conn: sqlite3.Connection, *, actor: str, kind: str, what: str, uuid: str | None = None,
-                 label: str | None = None, request: dict[str, Any] | None = None, now: datetime) -> int:
+                 label: str | None = None, request: Mapping[str, JSONValue] | None = None, now: datetime) -> int:
     """Commit the intent of a call that spends money, before the call; returns the row's id for finish_action."""
     return record_action(conn, actor=actor, kind=kind, ok=False, result=f"{PENDING} {what}", uuid=uuid, label=label,
                          request=request, now=now)

@@ -1,8 +1,8 @@
 """The one place that opens the state file.
 
 WAL so readers never wait for writers, a busy timeout so racing writers queue
-instead of failing, and numbered append-only migrations applied on open.
-A shipped migration is never edited: add a new one at the end of migrations.MIGRATIONS.
+instead of failing, and numbered, named, append-only migrations applied on open.
+A shipped migration is never edited: add a new one at the end of migrations.MIGRATIONS, with the next number.
 Times are stored as ISO-8601 UTC text (see clock.py) so the file reads well
 in sqlite3, sqlite-utils and Datasette.
 """
@@ -24,9 +24,9 @@ from vastctl.state import migrations
 BUSY_TIMEOUT_S = 60.0
 
 
-SCHEMA_VERSION = len(migrations.MIGRATIONS)
+SCHEMA_VERSION = migrations.MIGRATIONS[-1].number
 # What marks a file as ours: its migrations table records our first migration under this name.
-FIRST_MIGRATION = migrations.MIGRATIONS[0][0]
+FIRST_MIGRATION = migrations.MIGRATIONS[0].name
 
 
 def connect(path: str | Path, *, now: datetime, create: bool = False) -> sqlite3.Connection:
@@ -104,6 +104,7 @@ def migrate(conn: sqlite3.Connection, *, now: datetime) -> int:
     """Apply every migration the file has not had yet, stamped `now`; returns the schema version."""
     if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
         return SCHEMA_VERSION
+    shipped = migrations.check(migrations.MIGRATIONS)  # numbered 1…SCHEMA_VERSION: a migration's number is its place
     with transaction(conn):
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == 0:
@@ -111,20 +112,19 @@ def migrate(conn: sqlite3.Connection, *, now: datetime) -> int:
         else:
             _apply(conn, range(version + 1, SCHEMA_VERSION + 1))
         conn.executemany("INSERT INTO migrations (id, name, applied_at) VALUES (?, ?, ?)",
-                         [(number, migrations.MIGRATIONS[number - 1][0], clock.to_iso(now))
-                          for number in range(version + 1, SCHEMA_VERSION + 1)])
+                         [(migration.number, migration.name, clock.to_iso(now)) for migration in shipped[version:]])
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return SCHEMA_VERSION
 
 
-def _apply(conn: sqlite3.Connection, numbers: range, shipped: Sequence[tuple[str, str]] | None = None) -> None:
+def _apply(conn: sqlite3.Connection, numbers: range, shipped: Sequence[migrations.Migration] | None = None) -> None:
     """Run the migrations numbered `numbers`, in order (the migrations table is created with the first)."""
     if numbers.start == 1:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
         )
     for number in numbers:
-        for statement in _statements((shipped or migrations.MIGRATIONS)[number - 1][1]):
+        for statement in _statements((shipped or migrations.MIGRATIONS)[number - 1].sql):
             conn.execute(statement)
 
 
@@ -153,7 +153,7 @@ FreshRows = list[tuple[str, list[str], list[tuple[object, ...]]]]
 
 
 @functools.cache
-def _fresh_schema(shipped: tuple[tuple[str, str], ...]) -> tuple[list[str], FreshRows, list[str]]:
+def _fresh_schema(shipped: tuple[migrations.Migration, ...]) -> tuple[list[str], FreshRows, list[str]]:
     """What a new file needs after running `shipped` (the migrations, as the key of this cache): the statements
     that make its tables, indexes and views in the order SQLite keeps them, the rows the migrations wrote
     (table, columns, rows), and the statements that make its triggers."""

@@ -8,26 +8,28 @@ from __future__ import annotations
 
 import sqlite3
 from operator import itemgetter
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeAlias, cast
 
 from vastctl.state import kept_rows
+from vastctl.state.rows import GoneRow, InstanceRow, SQLValue, selected
 
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = "state != 'killed' OR (destroyed_at IS NULL AND vast_id IS NOT NULL)"
 AMOUNT_COLUMNS = ("uuid", "state", "gpu_name", "proofs_per_hour", "bench_rate", "dph")
+Amounts: TypeAlias = "tuple[str, str, str | None, float | None, float | None, float | None]"  # AMOUNT_COLUMNS' values
 GONE_COLUMNS = ("uuid", "label", "vast_id", "kill_code", "destroyed_at")
 _IDS_PER_READ = 500  # below SQLite's bound on a statement's parameters
 
 
-def listed(conn: sqlite3.Connection, *, include_killed: bool) -> list[dict[str, Any]]:
+def listed(conn: sqlite3.Connection, *, include_killed: bool) -> list[InstanceRow]:
     """The rows `fleet` lists (every row with include_killed), ordered by creation then label."""
     where = "" if include_killed else f" WHERE {SHOWN_WITHOUT_ALL}"
-    return _dicts(conn, f"SELECT * FROM instances{where} ORDER BY created_at, label")
+    return selected(conn, InstanceRow, f"SELECT * FROM instances{where} ORDER BY created_at, label")
 
 
-def destroyed_not_killed(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def destroyed_not_killed(conn: sqlite3.Connection) -> list[InstanceRow]:
     """Destroyed rows not in state killed (an adopted or hand-edited row): `fleet` still lists them."""
-    return _dicts(conn, "SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND state != 'killed'")
+    return selected(conn, InstanceRow, "SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND state != 'killed'")
 
 
 def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
@@ -44,7 +46,7 @@ def pending_destroys(conn: sqlite3.Connection) -> tuple[int, str | None]:
     return count, oldest
 
 
-def amounts(conn: sqlite3.Connection) -> dict[str, tuple[Any, ...]]:
+def amounts(conn: sqlite3.Connection) -> dict[str, Amounts]:
     """uuid → its AMOUNT_COLUMNS as a tuple, for every row: what the history counts a machine's rate and price by
     (from the rows kept between reads: thousands of rows per page)."""
     rows = kept_rows.read(conn)
@@ -52,11 +54,11 @@ def amounts(conn: sqlite3.Connection) -> dict[str, tuple[Any, ...]]:
     return {row[0]: row for row in map(columns, rows.by_id.values())}
 
 
-def newest_destroyed(conn: sqlite3.Connection, vast_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+def newest_destroyed(conn: sqlite3.Connection, vast_ids: Iterable[int]) -> dict[int, GoneRow]:
     """vast id → the newest destroyed row that had it (GONE_COLUMNS), for the ids that have one: a few reads for
     the whole listing, not one per instance."""
     ids = sorted(set(vast_ids))
-    found: dict[int, dict[str, Any]] = {}
+    found: dict[int, GoneRow] = {}
     cursor = conn.cursor()
     cursor.row_factory = None
     for start in range(0, len(ids), _IDS_PER_READ):
@@ -64,7 +66,7 @@ def newest_destroyed(conn: sqlite3.Connection, vast_ids: Iterable[int]) -> dict[
         for row in cursor.execute(
                 f"SELECT {', '.join(GONE_COLUMNS)} FROM instances WHERE destroyed_at IS NOT NULL AND vast_id IN"
                 f" ({', '.join('?' for _ in chunk)}) ORDER BY destroyed_at, rowid", chunk):
-            found[row[2]] = dict(zip(GONE_COLUMNS, row))  # the newest last: it stays
+            found[row[2]] = cast(GoneRow, dict(zip(GONE_COLUMNS, row)))  # the newest last: it stays
     return found
 
 
@@ -75,7 +77,7 @@ def record_recovered_ids(conn: sqlite3.Connection, recovered: Mapping[str, int])
                      [(vast_id, uuid) for uuid, vast_id in recovered.items()])
 
 
-def record_sightings(conn: sqlite3.Connection, seen: Sequence[tuple[Any, ...]],
+def record_sightings(conn: sqlite3.Connection, seen: Sequence[tuple[SQLValue, ...]],
                      missing: Sequence[tuple[int, str]]) -> None:
     """Each row's view of vast from one good listing, in the caller's transaction. `seen`: (status, status message,
     listing time, outbid since or None, machine id, GPU name, GPUs, $/h, uuid) of each row the listing shows;
@@ -89,12 +91,3 @@ def record_sightings(conn: sqlite3.Connection, seen: Sequence[tuple[Any, ...]],
         seen,
     )
     conn.executemany("UPDATE instances SET vast_missing = ? WHERE uuid = ?", missing)
-
-
-def _dicts(conn: sqlite3.Connection, sql: str) -> list[dict[str, Any]]:
-    """A query's rows as dicts, through plain tuples (half the time of sqlite3.Row for a thousand wide rows)."""
-    cursor = conn.cursor()
-    cursor.row_factory = None
-    cursor.execute(sql)
-    names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row)) for row in cursor]

@@ -19,13 +19,17 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from typing import Any, Iterable
+from typing import Iterable, TypeAlias, cast
 
 from vastctl.state.per_file import PerFile
+from vastctl.state.rows import KeptRow, SQLValue
 
 BY_CREATION = ("created_at",)  # ties in the order the rows were first read: SQLite's, by rowid
 BY_CREATION_LABEL = ("created_at", "label")
 BY_CREATION_UUID = ("created_at", "uuid")
+
+# what says a reading is this file's as the connection sees it: ((st_dev, st_ino) of its path or None, schema version)
+Identity: TypeAlias = "tuple[tuple[int, int] | None, int]"
 
 
 class Rows:
@@ -34,7 +38,7 @@ class Rows:
 
     __slots__ = ("names", "position", "by_id", "_orders", "_lock")
 
-    def __init__(self, names: tuple[str, ...], by_id: dict[str, tuple[Any, ...]],
+    def __init__(self, names: tuple[str, ...], by_id: dict[str, KeptRow],
                  orders: dict[tuple[str, ...], list[str]] | None = None):
         self.names = names
         self.position = {name: index for index, name in enumerate(names)}
@@ -42,7 +46,7 @@ class Rows:
         self._orders: dict[tuple[str, ...], list[str]] = dict(orders or {})
         self._lock = threading.Lock()
 
-    def ordered(self, by: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    def ordered(self, by: tuple[str, ...]) -> list[KeptRow]:
         """Every row's values ordered by the columns `by` (as SQLite orders them: NULL, numbers, text, blobs),
         ties as first read; the order is worked out once per reading that changed a row's place."""
         with self._lock:
@@ -55,12 +59,12 @@ class Rows:
         by_id = self.by_id
         return [by_id[uuid] for uuid in order]
 
-    def dicts(self, values: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    def dicts(self, values: Iterable[KeptRow]) -> list[dict[str, SQLValue]]:
         """Rows' values as dicts of the columns (new ones: callers may change them)."""
         names = self.names
         return [dict(zip(names, row)) for row in values]
 
-    def changed(self, rows: list[tuple[Any, ...]]) -> "Rows":
+    def changed(self, rows: list[KeptRow]) -> "Rows":
         """A new reading: this one with `rows` ((revision, *values), each a row new or changed since) in it. Its
         orders are kept unless a row is new or a column an order reads changed."""
         by_id = dict(self.by_id)
@@ -69,14 +73,15 @@ class Rows:
         moved = False
         for row in rows:
             values = row[1:]
-            before = by_id.get(values[uuid_at])
+            uuid = _uuid(values, uuid_at)
+            before = by_id.get(uuid)
             moved = moved or before is None or any(before[self.position[name]] != values[self.position[name]]
                                                    for name in ordering)
-            by_id[values[uuid_at]] = values
+            by_id[uuid] = values
         return Rows(self.names, by_id, None if moved else self._orders)
 
 
-def _sortable(value: Any) -> tuple[int, Any]:
+def _sortable(value: SQLValue) -> tuple[int, int | float | str | bytes]:
     """A value as SQLite's ORDER BY ranks it across types (a hand-edited file may hold text where a time was)."""
     if value is None:
         return (0, 0)
@@ -93,7 +98,7 @@ class _Kept:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rows: Rows | None = None
-        self.identity: tuple[Any, ...] | None = None  # (inode of the path, schema version) when it was read
+        self.identity: Identity | None = None  # what the kept reading was read against
         self.newest: tuple[int, str] | None = None  # (revision, uuid) of the newest row read
 
 
@@ -129,7 +134,7 @@ def read(conn: sqlite3.Connection, *, keep: bool | None = None) -> Rows:
         return rows
 
 
-def _identity(conn: sqlite3.Connection) -> tuple[Any, ...]:
+def _identity(conn: sqlite3.Connection) -> Identity:
     """What says the rows kept were read from this file and schema: the path's inode and the schema's version."""
     path = conn.execute("PRAGMA database_list").fetchone()[2]
     try:
@@ -158,10 +163,15 @@ def _read_all(conn: sqlite3.Connection) -> tuple[Rows, tuple[int, str] | None]:
     return Rows(names, {row[1 + uuid_at]: row[1:] for row in found}), _newest(found, uuid_at)
 
 
-def _newest(found: list[tuple[Any, ...]], uuid_at: int) -> tuple[int, str] | None:
+def _newest(found: list[KeptRow], uuid_at: int) -> tuple[int, str] | None:
     """(revision, uuid) of the row with the highest revision among `found` ((revision, *values) each; the uuid
     at `uuid_at` among the values)."""
     best = max(found, key=lambda row: row[0] if isinstance(row[0], int) else -1, default=None)
     if best is None or not isinstance(best[0], int):
         return None
-    return best[0], best[1 + uuid_at]
+    return best[0], _uuid(best, 1 + uuid_at)
+
+
+def _uuid(values: KeptRow, at: int) -> str:
+    """The uuid at `at` among a row's values: the key the rows are kept by (`instances.uuid` is TEXT)."""
+    return cast(str, values[at])

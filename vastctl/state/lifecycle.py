@@ -1,10 +1,12 @@
-"""The instance lifecycle: states, the one table of allowed moves, and transition().
+"""The instance lifecycle: states, the one table of allowed moves, transition() and kill().
 
-transition() is the only code that changes `instances.state`. In one
+_move_in_tx() is the only code that changes `instances.state`. In one
 transaction it does a compare-and-set UPDATE against the allowed sources and,
 only when a row changed, appends the event. So the primary path (a bench
 report) and the safety net (reconcile) can race for the same kill: exactly one
-wins and exactly one event exists.
+wins and exactly one event exists. transition() makes every move but a kill;
+kill_in_tx() (kill() in a transaction of its own) writes every kill, and takes its KillCode from the caller:
+`git grep KillCode.X` finds every function that decides a kill coded X.
 
 The instance reports (register, params_done, bench_report, running, heartbeat)
 are idempotent: a report delivered twice (a retry after a lost answer) changes
@@ -18,13 +20,13 @@ import json
 import sqlite3
 from datetime import datetime
 from enum import Enum
-from typing import Any, Mapping, NoReturn
+from typing import Literal, Mapping, NoReturn
 
 from vastctl import clock, upstream, validate
 from vastctl.errors import BadInput, BenchFailed, Refused, UnknownInstance
 from vastctl.state import plausible
 from vastctl.state.db import inserted_id, transaction
-from vastctl.state.rows import InstanceRow, typed
+from vastctl.state.rows import InstanceChanges, InstanceRow, JSONValue, column_values, typed
 from vastctl.validate import Invalid, NotFound
 
 try:
@@ -57,7 +59,8 @@ ALLOWED: dict[State, frozenset[State]] = {
     S.KILLED: frozenset(),
 }
 LIVE_STATES = frozenset(s for s in State if s is not S.KILLED)
-SOURCES = ("instance", "reconcile", "agent", "operator")
+Source = Literal["instance", "reconcile", "agent", "operator"]  # who moved a machine: its event's `source`
+SOURCES: tuple[Source, ...] = ("instance", "reconcile", "agent", "operator")
 
 
 class KillCode(StrEnum):
@@ -120,7 +123,7 @@ def record_event(
     from_state: str | None = None,
     to_state: str | None = None,
     code: str | None = None,
-    data: Mapping[str, Any] | None = None,
+    data: Mapping[str, JSONValue] | None = None,
 ) -> int:
     """Append one event. Call inside the transaction that made the change.
 
@@ -135,6 +138,14 @@ def record_event(
     return inserted_id(cursor)
 
 
+def event_source(source: str) -> Source:
+    """`source` as one of SOURCES (who moved a machine); ValueError for any other text."""
+    for known in SOURCES:
+        if source == known:
+            return known
+    raise ValueError(f"unknown event source {source!r}")
+
+
 def transition(
     conn: sqlite3.Connection,
     uuid: str,
@@ -142,21 +153,19 @@ def transition(
     reason: str,
     source: str,
     *,
-    code: str | None = None,
-    updates: dict[str, Any] | None = None,
+    updates: InstanceChanges | None = None,
     forced: bool = False,
     now: datetime,
 ) -> InstanceRow:
-    """Move one instance to `to_state` and record the event, atomically; `forced`: the move passed the guard
-    by an operator's force (the event's data says so, and a kill's row: kill_forced).
+    """Move one instance to `to_state` (any state but killed: kill() writes those) and record the event,
+    atomically; `forced`: the move passed the guard by an operator's force (the event's data says so).
 
     Raises UnknownInstance when there is no row and Refused when the move is
     not allowed from the row's current state; either way nothing changes.
     Returns the row as it is after the move.
     """
     with transaction(conn):
-        return transition_in_tx(conn, uuid, State(to_state), reason, source, code=code, updates=updates,
-                                 forced=forced, now=now)
+        return transition_in_tx(conn, uuid, State(to_state), reason, source, updates=updates, forced=forced, now=now)
 
 
 def transition_in_tx(
@@ -167,16 +176,69 @@ def transition_in_tx(
     source: str,
     *,
     now: datetime,
-    code: str | None = None,
-    updates: dict[str, Any] | None = None,
+    updates: InstanceChanges | None = None,
     forced: bool = False,
 ) -> InstanceRow:
-    if source not in SOURCES:
-        raise ValueError(f"unknown event source {source!r}")
-    before = get(conn, uuid)
-    columns = {"state": str(to_state), "state_since": clock.to_iso(now), **(updates or {})}
+    """transition() inside the caller's transaction."""
     if to_state is S.KILLED:
-        columns.update(kill_reason=reason, kill_code=code, killed_at=clock.to_iso(now), kill_forced=int(forced))
+        raise ValueError("a machine is killed through lifecycle.kill() or kill_in_tx(), with its KillCode")
+    return _move_in_tx(conn, uuid, to_state, reason, event_source(source), now=now,
+                       changes=updates.copy() if updates else InstanceChanges(), forced=forced)
+
+
+def kill(
+    conn: sqlite3.Connection,
+    uuid: str,
+    reason: str,
+    *,
+    source: str,
+    code: KillCode,
+    forced: bool = False,
+    now: datetime,
+) -> InstanceRow:
+    """Mark killed (terminal), in a transaction of its own. Destroying the machine at the provider is the
+    caller's next step. kill_in_tx (module docstring) writes it."""
+    with transaction(conn):
+        return kill_in_tx(conn, uuid, reason, source=source, code=code, forced=forced, now=now)
+
+
+def kill_in_tx(
+    conn: sqlite3.Connection,
+    uuid: str,
+    reason: str,
+    *,
+    source: str,
+    code: KillCode,
+    now: datetime,
+    forced: bool = False,
+    updates: InstanceChanges | None = None,
+) -> InstanceRow:
+    """The one writer of a kill, inside the caller's transaction: the row's kill_reason, kill_code, killed_at
+    and kill_forced set with its move to killed (and `updates`, columns the same report changes), and the
+    transition event carrying `code`. Every kill in the package comes here, each caller naming its KillCode.X."""
+    changes = updates.copy() if updates else InstanceChanges()
+    killed = KillCode(code)  # a code no KillCode names is refused (ValueError), never stored
+    changes["kill_reason"], changes["kill_code"] = reason, str(killed)
+    changes["killed_at"], changes["kill_forced"] = clock.to_iso(now), int(forced)
+    return _move_in_tx(conn, uuid, S.KILLED, reason, event_source(source), now=now, changes=changes, forced=forced,
+                       code=killed)
+
+
+def _move_in_tx(
+    conn: sqlite3.Connection,
+    uuid: str,
+    to_state: State,
+    reason: str,
+    source: Source,
+    *,
+    now: datetime,
+    changes: InstanceChanges,
+    forced: bool,
+    code: KillCode | None = None,
+) -> InstanceRow:
+    """The compare-and-set of one move and its event (module docstring): the only UPDATE of instances.state."""
+    before = get(conn, uuid)
+    columns = {"state": str(to_state), "state_since": clock.to_iso(now), **column_values(changes)}
     sources = allowed_sources(to_state)
     assignments = ", ".join(f"{name} = ?" for name in columns)
     placeholders = ", ".join("?" for _ in sources)
@@ -191,7 +253,8 @@ def transition_in_tx(
         )
     record_event(
         conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=before["label"],
-        from_state=before["state"], to_state=str(to_state), code=code, data={"forced": True} if forced else None,
+        from_state=before["state"], to_state=str(to_state), code=None if code is None else str(code),
+        data={"forced": True} if forced else None,
     )
     return get(conn, uuid)
 
@@ -205,7 +268,7 @@ def create(
     reason: str,
     source: str,
     now: datetime,
-    fields: dict[str, Any] | None = None,
+    fields: InstanceChanges | None = None,
 ) -> InstanceRow:
     """Insert a new row with its first event (a launch, or adoption of an unknown machine)."""
     with transaction(conn):
@@ -222,15 +285,15 @@ def _create_in_tx(
     reason: str,
     source: str,
     now: datetime,
-    fields: dict[str, Any] | None = None,
+    fields: InstanceChanges | None = None,
 ) -> InstanceRow:
     taken = conn.execute("SELECT uuid FROM instances WHERE label = ? AND uuid != ?", (label, uuid)).fetchone()
     if taken:
         raise BadInput(f"label {label!r} already belongs to instance {taken['uuid']}: choose another label")
-    columns = {
-        "uuid": uuid, "label": label, "state": str(state),
-        "created_at": clock.to_iso(now), "state_since": clock.to_iso(now), **(fields or {}),
-    }
+    changes = InstanceChanges(uuid=uuid, label=label, state=str(state), created_at=clock.to_iso(now),
+                              state_since=clock.to_iso(now))
+    changes.update(fields or {})
+    columns = column_values(changes)
     names = ", ".join(columns)
     conn.execute(f"INSERT INTO instances ({names}) VALUES ({', '.join('?' for _ in columns)})", tuple(columns.values()))
     record_event(conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=label,
@@ -248,8 +311,8 @@ def _create_in_tx(
 # a value is typed and checked nowhere again; the one bound applied after is plausibility, as a rate is stored.
 
 
-def validate_register(uuid: Any, *, label: Any = None, vast_id: Any = None, gpu_name: Any = None,
-                      num_gpus: Any = None) -> None:
+def validate_register(uuid: object, *, label: object = None, vast_id: object = None, gpu_name: object = None,
+                      num_gpus: object = None) -> None:
     """A register report's values: the uuid, label and GPU model one line of printable text, the vast id and the
     GPU count whole numbers the file can store (a count of at least 1)."""
     validate.text(uuid, "uuid")
@@ -289,23 +352,32 @@ def register(
     An adopted label without `label_prefix` is said in the adoption event (prefix_note). The values are ones
     validate_register() passed.
     """
-    details = {k: v for k, v in {"claimed_vast_id": vast_id, "gpu_name": gpu_name, "num_gpus": num_gpus}.items()
-               if v is not None}
+    details = InstanceChanges()
+    if vast_id is not None:
+        details["claimed_vast_id"] = vast_id
+    if gpu_name is not None:
+        details["gpu_name"] = gpu_name
+    if num_gpus is not None:
+        details["num_gpus"] = num_gpus
     with transaction(conn):
-        row = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
-        if row is None:
+        found = conn.execute("SELECT * FROM instances WHERE uuid = ?", (uuid,)).fetchone()
+        if found is None:
             if not label:
                 raise Invalid("label", lead=f"instance {uuid} is new here: register it with ")
             note = prefix_note(label, label_prefix)
             return _create_in_tx(conn, uuid=uuid, label=label, state=S.REGISTERED, source="instance", now=now,
                                  reason="registered without a launch record: adopted" + (f"; {note}" if note else ""),
                                  fields=details)
+        row = typed(found, InstanceRow)
         state = State(row["state"])
         if state is S.KILLED:
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): it must not run; shut down")
         if row["offer_id"] is not None:  # launched by us: the offer said what it is, the machine cannot re-say it
-            details = {k: v for k, v in details.items() if k not in ("gpu_name", "num_gpus") or row[k] is None}
-        details = plausible.within(dict(row), details)  # fewer GPUs re-said: its stored rates, within the new ceiling
+            if row["gpu_name"] is not None:
+                details.pop("gpu_name", None)
+            if row["num_gpus"] is not None:
+                details.pop("num_gpus", None)
+        details = plausible.within(row, details)  # fewer GPUs re-said: its stored rates, within the new ceiling
         if state is S.REGISTERED:  # a repeated report: refresh the details, no event
             if details:
                 update_fields(conn, uuid, details)
@@ -315,7 +387,8 @@ def register(
             updates = details
         else:
             reason = f"container restarted (was {state})"
-            updates = {**details, "restarts": row["restarts"] + 1}
+            updates = details.copy()
+            updates["restarts"] = row["restarts"] + 1
         return transition_in_tx(conn, uuid, S.REGISTERED, reason, "instance", updates=updates, now=now)
 
 
@@ -346,7 +419,7 @@ BENCH_FAILED_STATES = (S.REGISTERED, S.PARAMS_DONE)  # where a boot can fail bef
 REASON_CHARS = 500  # a machine's reason: one line in the event log and the fleet table, like a kill --reason
 
 
-def validate_reason(reason: Any) -> str:
+def validate_reason(reason: object) -> str:
     """A failed boot's reason: one printable line of at most REASON_CHARS characters."""
     return validate.text(reason, "reason", max_len=REASON_CHARS)
 
@@ -362,14 +435,14 @@ def bench_failed(conn: sqlite3.Connection, uuid: str, reason: str | None = None,
     text = upstream.clip(reason or "the machine gave no reason", REASON_CHARS - len("bench failed: "))
     with transaction(conn):
         row = get(conn, uuid)
-        if row["state"] == S.KILLED and row["kill_code"] == "bench_failed" and row["bench_rate"] is None:
+        if row["state"] == S.KILLED and row["kill_code"] == KillCode.BENCH_FAILED and row["bench_rate"] is None:
             result = row  # the same report again: no second event
         elif row["state"] not in BENCH_FAILED_STATES:
             raise Refused(f"instance {row['label']} is {row['state']}: a failed bench is reported while it boots"
                           f" ({' or '.join(BENCH_FAILED_STATES)})")
         else:
-            result = transition_in_tx(conn, uuid, S.KILLED, f"bench failed: {text}", "instance",
-                                       code="bench_failed", now=now)
+            result = kill_in_tx(conn, uuid, f"bench failed: {text}", source="instance", code=KillCode.BENCH_FAILED,
+                                now=now)
     error = BenchFailed(f"instance {result['label']}: {result['kill_reason']}; it is being killed, do not prove")
     error.row = result
     raise error
@@ -379,11 +452,11 @@ BOOT_STAGES = ("fetch", "daemon", "warmup", "bench", "join")  # the boot script'
 MAX_STAGE_S = 7 * 86400  # a stage longer than a week is not a measurement
 
 
-def validate_stages(stages: Any) -> dict[str, float]:
+def validate_stages(stages: object) -> dict[str, float]:
     """The boot's stage durations: {stage: seconds}, each stage one of BOOT_STAGES, each a finite number ≥ 0."""
     if not isinstance(stages, dict):
         raise Invalid("stages", f"must map a stage ({', '.join(BOOT_STAGES)}) to its seconds, got {validate.shown(stages)}")
-    checked = {}
+    checked: dict[str, float] = {}
     for name, seconds in stages.items():
         if name not in BOOT_STAGES:
             raise Invalid("stages", f"has an unknown stage {validate.shown(name)} (known: {', '.join(BOOT_STAGES)})")
@@ -394,7 +467,7 @@ def validate_stages(stages: Any) -> dict[str, float]:
     return {name: checked[name] for name in BOOT_STAGES if name in checked}
 
 
-def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, Any] | None = None) -> InstanceRow:
+def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mapping[str, float] | None = None) -> InstanceRow:
     """The prover is up and taking work; `stages` is where the boot's time went (fleet --json: boot_stages), as
     validate_stages() returned it."""
     row = _report_once(conn, uuid, S.RUNNING, "proving", now=now)
@@ -404,24 +477,11 @@ def running(conn: sqlite3.Connection, uuid: str, *, now: datetime, stages: Mappi
     return row
 
 
-def kill(
-    conn: sqlite3.Connection,
-    uuid: str,
-    reason: str,
-    *,
-    source: str,
-    code: KillCode,
-    forced: bool = False,
-    now: datetime,
-) -> InstanceRow:
-    """Mark killed (terminal). Destroying the machine at the provider is the caller's next step."""
-    return transition(conn, uuid, S.KILLED, reason, source, code=code, forced=forced, now=now)
-
-
-def update_fields(conn: sqlite3.Connection, uuid: str, columns: dict[str, Any]) -> None:
+def update_fields(conn: sqlite3.Connection, uuid: str, changes: InstanceChanges) -> None:
     """Set columns of one row that are not its state (call inside a transaction); state moves via transition()."""
-    if "state" in columns:
+    if "state" in changes:
         raise ValueError("instances.state changes only through transition()")
+    columns = column_values(changes)
     assignments = ", ".join(f"{name} = ?" for name in columns)
     conn.execute(f"UPDATE instances SET {assignments} WHERE uuid = ?", (*columns.values(), uuid))
 

@@ -1,16 +1,53 @@
-"""The state file's schema, as its history: numbered, append-only migrations that db.py applies on open.
+"""The state file's schema, as its history: numbered, named, append-only migrations that db.py applies on open.
 
-A shipped migration is never edited: add a new one at the end of MIGRATIONS. Its position in the list is its
-number, recorded in the file's `migrations` table and `user_version`.
+A shipped migration is never edited: add a new one at the end of MIGRATIONS, with the next number and a name of
+its own. Its number is the one recorded in the file's `migrations` table (with its name) and `user_version`; it is
+written beside it, not taken from its place in the list, so two branches that both add one collide on the number
+(check() refuses the list at import) instead of renumbering each other's silently.
 """
 
 from __future__ import annotations
 
-# (name, sql). The position in this list is the migration's number (1-based).
-MIGRATIONS: list[tuple[str, str]] = [
-    (
-        "instances, events, settings",
-        """
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One change to the schema: its number (1, 2, … with no gap), its name (what the file records), its SQL."""
+
+    number: int
+    name: str
+    sql: str
+
+
+class MisnumberedMigrations(ValueError):
+    """A list of migrations with a gap, a duplicate or a number out of order, or two of one name."""
+
+
+def check(shipped: Sequence[Migration]) -> tuple[Migration, ...]:
+    """`shipped` as it is, once each migration is known to carry the number of its place (1, 2, …) and a name no
+    other has: a gap, a duplicate number or name, or a migration out of order is refused, naming it."""
+    names: dict[str, int] = {}
+    for expected, migration in enumerate(shipped, start=1):
+        if migration.number != expected:
+            raise MisnumberedMigrations(
+                f"migration {migration.number} ({migration.name!r}) stands where migration {expected} belongs:"
+                " migrations are numbered 1, 2, … in order, without a gap or a duplicate; give a new one the next"
+                " number")
+        if migration.name in names:
+            raise MisnumberedMigrations(
+                f"migrations {names[migration.name]} and {migration.number} share the name {migration.name!r}:"
+                " each migration's name is its own (the file records it)")
+        names[migration.name] = migration.number
+    return tuple(shipped)
+
+
+MIGRATIONS: tuple[Migration, ...] = check([
+    Migration(
+        number=1,
+        name="instances, events, settings",
+        sql="""
         CREATE TABLE instances (
             uuid TEXT PRIMARY KEY,
             label TEXT NOT NULL,
@@ -56,9 +93,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
-    (
-        "vast listing cache, provider audit, blocklist, locks",
-        """
+    Migration(
+        number=2,
+        name="vast listing cache, provider audit, blocklist, locks",
+        sql="""
         ALTER TABLE instances ADD COLUMN vast_status TEXT;
         ALTER TABLE instances ADD COLUMN vast_status_msg TEXT;
         ALTER TABLE instances ADD COLUMN vast_seen_at TEXT;
@@ -113,9 +151,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
-    (
-        "agent conversation record and notes",
-        """
+    Migration(
+        number=3,
+        name="agent conversation record and notes",
+        sql="""
         CREATE TABLE agent_messages (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             step_id INTEGER,
@@ -132,19 +171,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
-    (
-        "a machine's claimed vast id, kept apart from the one the manager trusts",
+    Migration(
+        number=4,
+        name="a machine's claimed vast id, kept apart from the one the manager trusts",
         # vast_id is what the manager recorded at launch or vast listed under the row's label; a machine's
         # own report goes to claimed_vast_id. Ids an adopted row got from its machine before this are claims.
-        """
+        sql="""
         ALTER TABLE instances ADD COLUMN claimed_vast_id INTEGER;
         UPDATE instances SET claimed_vast_id = vast_id, vast_id = NULL
             WHERE offer_id IS NULL AND vast_id IS NOT NULL AND destroyed_at IS NULL
         """,
     ),
-    (
-        "demand samples, agent steps",
-        """
+    Migration(
+        number=5,
+        name="demand samples, agent steps",
+        sql="""
         CREATE TABLE demand_samples (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             at TEXT NOT NULL,
@@ -175,22 +216,25 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX agent_steps_outcome ON agent_steps(outcome, id)
         """,
     ),
-    (
-        "demand samples: in flight and look-ahead",
-        """
+    Migration(
+        number=6,
+        name="demand samples: in flight and look-ahead",
+        sql="""
         ALTER TABLE demand_samples ADD COLUMN in_flight INTEGER;
         ALTER TABLE demand_samples ADD COLUMN lookahead INTEGER
         """,
     ),
-    (
-        "the disk price of each listed instance, what a stopped one still bills",
-        """
+    Migration(
+        number=7,
+        name="the disk price of each listed instance, what a stopped one still bills",
+        sql="""
         ALTER TABLE vast_cache ADD COLUMN storage_dph REAL
         """,
     ),
-    (
-        "dashboard sessions ended by sign-out",
-        """
+    Migration(
+        number=8,
+        name="dashboard sessions ended by sign-out",
+        sql="""
         CREATE TABLE dashboard_sign_outs (
             session TEXT PRIMARY KEY,
             expires_at TEXT NOT NULL,
@@ -198,10 +242,11 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
-    (
-        "vast webhook deliveries, one row an event id",
+    Migration(
+        number=9,
+        name="vast webhook deliveries, one row an event id",
         # what makes a delivery vast retries (or anyone replays) a duplicate; event: the events row it made
-        """
+        sql="""
         CREATE TABLE webhook_deliveries (
             event_id TEXT PRIMARY KEY,
             received_at TEXT NOT NULL,
@@ -212,12 +257,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX webhook_deliveries_received ON webhook_deliveries(received_at)
         """,
     ),
-    (
-        "each machine's tunnel to the manager: its port, the public half of its key, joined or not since when",
+    Migration(
+        number=10,
+        name="each machine's tunnel to the manager: its port, the public half of its key, joined or not since when",
         # The private half of the key went to the machine in its create request and is kept nowhere here.
         # A port stays taken until the machine is confirmed destroyed: a killed machine's open session may
         # still hold it on the manager.
-        """
+        sql="""
         ALTER TABLE instances ADD COLUMN tunnel_port INTEGER;
         ALTER TABLE instances ADD COLUMN tunnel_public_key TEXT;
         ALTER TABLE instances ADD COLUMN joined_at TEXT;
@@ -227,11 +273,12 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE tunnel_port IS NOT NULL AND destroyed_at IS NULL
         """,
     ),
-    (
-        "each machine keeps the disk price vast last listed for it, for the cost account after it is gone",
+    Migration(
+        number=11,
+        name="each machine keeps the disk price vast last listed for it, for the cost account after it is gone",
         # vast_cache holds the last listing only: a destroyed machine drops out of it, and with it the price
         # its stopped hours billed at. Triggers copy the price onto the row whenever the listing is written.
-        """
+        sql="""
         ALTER TABLE instances ADD COLUMN storage_dph REAL;
         UPDATE instances SET storage_dph = (SELECT c.storage_dph FROM vast_cache c WHERE c.vast_id = instances.vast_id)
             WHERE vast_id IS NOT NULL;
@@ -246,10 +293,11 @@ MIGRATIONS: list[tuple[str, str]] = [
         END
         """,
     ),
-    (
-        "the tail of each machine's logs, as its boot script pushed it",
+    Migration(
+        number=12,
+        name="the tail of each machine's logs, as its boot script pushed it",
         # one row per machine and log name, replaced at each push: bounded by the number of machines
-        """
+        sql="""
         CREATE TABLE machine_logs (
             uuid TEXT NOT NULL,
             name TEXT NOT NULL,
@@ -260,17 +308,19 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
-    (
-        "agent steps: why a step that did nothing held",
-        """
+    Migration(
+        number=13,
+        name="agent steps: why a step that did nothing held",
+        sql="""
         ALTER TABLE agent_steps ADD COLUMN hold TEXT
         """,
     ),
-    (
-        "when vast's status of each machine last changed, as the listings saw it",
+    Migration(
+        number=14,
+        name="when vast's status of each machine last changed, as the listings saw it",
         # A host goes `unknown` and only later `offline`: it bills until then, nothing after. The cost account
         # needs when the listing first showed the status the row holds, not only the last time it did.
-        """
+        sql="""
         ALTER TABLE instances ADD COLUMN vast_status_since TEXT;
         UPDATE instances SET vast_status_since = vast_seen_at WHERE vast_status IS NOT NULL;
         CREATE TRIGGER instances_vast_status_since AFTER UPDATE OF vast_status ON instances
@@ -280,18 +330,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         END
         """,
     ),
-    (
-        "each machine's bid when rented interruptible, the offer's on-demand price, since when vast has it outbid",
-        """
+    Migration(
+        number=15,
+        name="each machine's bid when rented interruptible, the offer's on-demand price, since when vast has it outbid",
+        sql="""
         ALTER TABLE instances ADD COLUMN bid REAL;
         ALTER TABLE instances ADD COLUMN ask_dph REAL;
         ALTER TABLE instances ADD COLUMN outbid_since TEXT
         """,
     ),
-    (
-        "the simulated market's tables (provider: sim), empty until a market is set up in the file",
+    Migration(
+        number=16,
+        name="the simulated market's tables (provider: sim), empty until a market is set up in the file",
         # IF NOT EXISTS: a file that ran the simulator before its tables came through here has them already
-        """
+        sql="""
         CREATE TABLE IF NOT EXISTS sim_meta (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             schema_version INTEGER NOT NULL,
@@ -368,32 +420,35 @@ MIGRATIONS: list[tuple[str, str]] = [
         )
         """,
     ),
-    (
-        "indexes for what every decision and every reconcile pass reads, so that a pass costs the same in a file a"
+    Migration(
+        number=17,
+        name="indexes for what every decision and every reconcile pass reads, so that a pass costs the same in a file a"
         " year old",
         # implausible claims and resumes (observe) count a few events among all; the listing history is pruned by age
-        """
+        sql="""
         CREATE INDEX events_kind ON events(kind, uuid);
         CREATE INDEX events_resumes ON events(uuid) WHERE from_state = 'stopped' AND to_state = 'launching';
         CREATE INDEX vast_listings_at ON vast_listings(at);
         CREATE INDEX vast_listings_ok ON vast_listings(ok)
         """,
     ),
-    (
-        "each machine's proofs over every run of its prover (a restarted counter adds, never lowers the total)",
+    Migration(
+        number=18,
+        name="each machine's proofs over every run of its prover (a restarted counter adds, never lowers the total)",
         # proofs_done stays the prover's raw counter as last reported (the rate and the reset are read from it);
         # a file from before counted only that, so its total starts there
-        """
+        sql="""
         ALTER TABLE instances ADD COLUMN proofs_total INTEGER NOT NULL DEFAULT 0;
         UPDATE instances SET proofs_total = max(proofs_done, 0);
         ALTER TABLE sim_instances ADD COLUMN proofs REAL NOT NULL DEFAULT 0;
         UPDATE sim_meta SET schema_version = 3 WHERE schema_version = 2
         """,
     ),
-    (
-        "the proof router: every call it delivered, what it holds, the machines it set aside",
+    Migration(
+        number=19,
+        name="the proof router: every call it delivered, what it holds, the machines it set aside",
         # vastctl/facts/deliveries.py says what each column means
-        """
+        sql="""
         CREATE TABLE proof_calls (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             at TEXT NOT NULL,
@@ -428,21 +483,24 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE instances ADD COLUMN route_failure TEXT
         """,
     ),
-    (
-        "where each machine's boot went: the seconds of each stage its boot script timed, reported with `running`",
-        "ALTER TABLE instances ADD COLUMN boot_stages TEXT",
+    Migration(
+        number=20,
+        name="where each machine's boot went: the seconds of each stage its boot script timed, reported with `running`",
+        sql="ALTER TABLE instances ADD COLUMN boot_stages TEXT",
     ),
-    (
-        "webhook deliveries: the digest of what vast signed, so a body replayed under a fresh event id is one",
-        """
+    Migration(
+        number=21,
+        name="webhook deliveries: the digest of what vast signed, so a body replayed under a fresh event id is one",
+        sql="""
         ALTER TABLE webhook_deliveries ADD COLUMN signed TEXT;
         CREATE INDEX webhook_deliveries_signed ON webhook_deliveries(signed)
         """,
     ),
-    (
-        "an event's structured fields (a setting's key, old and new value; a kill or stop forced past the guard) and"
+    Migration(
+        number=22,
+        name="an event's structured fields (a setting's key, old and new value; a kill or stop forced past the guard) and"
         " a row's kill_forced, so nothing is decided from a reason's text; older rows' fields read from it once",
-        """
+        sql="""
         ALTER TABLE events ADD COLUMN data TEXT;
         ALTER TABLE instances ADD COLUMN kill_forced INTEGER NOT NULL DEFAULT 0;
         UPDATE events SET data = json_object(
@@ -455,8 +513,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         UPDATE instances SET kill_forced = 1 WHERE state = 'killed' AND kill_reason LIKE '%(forced)'
         """,
     ),
-    (
-        "a machine's stored rates within their bounds and its prices real, once: what the file holds is counted as it"
+    Migration(
+        number=23,
+        name="a machine's stored rates within their bounds and its prices real, once: what the file holds is counted as it"
         " is, never checked on read",
         # the bounds as plausible.py had them when this was written, spelled out because a shipped migration never
         # changes: a bench rate from 0 to 200/h per GPU (1 to 8 GPUs counted; an unknown count is one), a measured
@@ -465,7 +524,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         # a GPU count below 1 (a listing's, copied before counts were checked) is not known. A price that is not
         # one (validate.price: a finite $/h of at least 0.001; a disk's at least 0) is none: the readers fall back
         # as they do for a price never listed. SQLite cannot hold a NaN; ±∞ is past ±1e308.
-        """
+        sql="""
         UPDATE instances SET dph = NULL WHERE typeof(dph) NOT IN ('integer', 'real', 'null') OR dph < 0.001 OR dph > 1e308;
         UPDATE instances SET ask_dph = NULL
             WHERE typeof(ask_dph) NOT IN ('integer', 'real', 'null') OR ask_dph < 0.001 OR ask_dph > 1e308;
@@ -489,13 +548,14 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE proofs_done < 0 OR proofs_total < 0
         """,
     ),
-    (
-        "a revision per machine, past the file's highest at every insert and update of its row: a reader that kept"
+    Migration(
+        number=24,
+        name="a revision per machine, past the file's highest at every insert and update of its row: a reader that kept"
         " the rows reads only those changed since (state/kept_rows.py)",
         # a narrow table beside instances, by uuid: writing it costs far less than writing the wide row a second
         # time (bench/README.md), and a VACUUM may renumber instances' rowids, never its uuids; rows are never
         # deleted. Old rows start at their rowid (distinct), new writes past the highest.
-        """
+        sql="""
         CREATE TABLE instance_revisions (uuid TEXT PRIMARY KEY, revision INTEGER NOT NULL);
         INSERT INTO instance_revisions (uuid, revision) SELECT uuid, rowid FROM instances;
         CREATE INDEX instance_revisions_by_revision ON instance_revisions (revision);
@@ -513,9 +573,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         END
         """,
     ),
-    (
-        "where the router sends each proof kind (own_daemon, fleet, refused) as JSON by kind name: the dashboard shows"
+    Migration(
+        number=25,
+        name="where the router sends each proof kind (own_daemon, fleet, refused) as JSON by kind name: the dashboard shows"
         " where the proofs Curio does not verify go, as the running router decided",
-        "ALTER TABLE route_status ADD COLUMN routing TEXT",
+        sql="ALTER TABLE route_status ADD COLUMN routing TEXT",
     ),
-]
+])

@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import datetime
-from typing import Any, Mapping
 
 from vastctl import clock, validate
 from vastctl.errors import BenchFailed, Refused
 from vastctl.state.db import transaction
-from vastctl.state.lifecycle import S, get, record_event, transition_in_tx, update_fields
+from vastctl.state.lifecycle import KillCode, S, get, kill_in_tx, record_event, transition_in_tx, update_fields
 from vastctl.state.plausible import (
     HEARTBEAT_RATE_FACTOR,
     MAX_RATE_PER_GPU,
@@ -26,7 +25,7 @@ from vastctl.state.plausible import (
     rate_ceiling,
     within,
 )
-from vastctl.state.rows import InstanceRow
+from vastctl.state.rows import InstanceChanges, InstanceRow
 from vastctl.validate import Invalid
 
 RATE_TIME_CONSTANT_S = 30 * 60  # proofs/hour is smoothed over about half an hour of heartbeats
@@ -42,19 +41,19 @@ IMPLAUSIBLE_EVENT_EVERY_S = 60 * 60  # a machine that keeps over-claiming is rec
 # where and why); bench_report and heartbeat take them typed and check nothing again.
 
 
-def validate_rate(rate: Any) -> float:
+def validate_rate(rate: object) -> float:
     """A benchmark rate is a finite number ≥ 0 (proofs per hour); from a command line, its text."""
     if validate.number(rate, text=True) is None and not isinstance(rate, bool):
         raise Invalid("rate", f"must be a number of proofs per hour, got {validate.shown(rate)}")
     return validate.finite(rate, "rate", what=" (proofs per hour)", text=True)
 
 
-def validate_proofs(proofs_done: Any) -> int:
+def validate_proofs(proofs_done: object) -> int:
     """A heartbeat's count is a whole number the file can store (the prover's cumulative count)."""
     return validate.whole(proofs_done, "proofs_done", what=" (the cumulative count)")
 
 
-def _record_implausible(conn: sqlite3.Connection, row: Mapping[str, Any], reason: str, *, now: datetime,
+def _record_implausible(conn: sqlite3.Connection, row: InstanceRow, reason: str, *, now: datetime,
                         throttle: bool) -> None:
     if throttle:
         last = conn.execute("SELECT at FROM events WHERE uuid = ? AND kind = ? ORDER BY id DESC LIMIT 1",
@@ -80,7 +79,7 @@ def bench_report(
         rate = min(claimed, rate_ceiling(row))
         updates = within(row, {"bench_rate": rate})  # a restarted machine's measured rate, under its new bench
         repeated = row["bench_rate"] == rate and (
-            row["state"] == S.BENCH_DONE or (row["state"] == S.KILLED and row["kill_code"] == "bench_failed")
+            row["state"] == S.BENCH_DONE or (row["state"] == S.KILLED and row["kill_code"] == KillCode.BENCH_FAILED)
         )
         if repeated:  # the same report again: answer as before, no second event
             result = row
@@ -88,11 +87,11 @@ def bench_report(
             result = transition_in_tx(conn, uuid, S.BENCH_DONE, f"bench rate {rate:g} meets gate {gate:g}",
                                        "instance", updates=updates, now=now)
         else:
-            result = transition_in_tx(conn, uuid, S.KILLED, f"bench rate {rate:g} below gate {gate:g}", "instance",
-                                       code="bench_failed", updates=updates, now=now)
+            result = kill_in_tx(conn, uuid, f"bench rate {rate:g} below gate {gate:g}", source="instance",
+                                code=KillCode.BENCH_FAILED, updates=updates, now=now)
         if claimed > rate and not repeated:
             _record_implausible(conn, row, now=now, throttle=False, reason=(
-                f"bench rate {claimed:g} proofs/h is not plausible for {row.get('num_gpus') or 1} GPU(s): counted as"
+                f"bench rate {claimed:g} proofs/h is not plausible for {row['num_gpus'] or 1} GPU(s): counted as"
                 f" {rate:g} (at most {MAX_RATE_PER_GPU:g}/h per GPU)"))
     if result["state"] == S.BENCH_DONE:
         return result
@@ -120,26 +119,26 @@ def heartbeat(
         row = get(conn, uuid)
         if row["state"] == S.KILLED:
             raise Refused(f"instance {row['label']} was killed ({row['kill_reason']}): stop proving and shut down")
-        updates: dict[str, Any] = {"last_heartbeat_at": clock.to_iso(now)}
+        updates = InstanceChanges(last_heartbeat_at=clock.to_iso(now))
         if proofs_done is not None:
             updates["proofs_done"] = proofs_done
-            updates["proofs_per_hour"], implausible = _smoothed_rate(row, proofs_done, now,
-                                                                     busy=_work_waited(conn, now))
+            rate, implausible = _smoothed_rate(row, proofs_done, now, busy=_work_waited(conn, now))
+            updates["proofs_per_hour"] = rate
             reset = proofs_done < (row["proofs_done"] or 0)
             credited, over = counted_increment(row, proofs_done, now)
-            updates["proofs_total"] = row["proofs_total"] + credited
+            total = updates["proofs_total"] = row["proofs_total"] + credited
             if implausible or over:
                 _record_implausible(conn, row, implausible or over or "", now=now, throttle=True)
             if reset:
                 record_event(conn, kind="counter_reset", source="instance", now=now, uuid=uuid, label=row["label"],
                              reason=f"proof counter fell from {row['proofs_done']} to {proofs_done}:"
                                     f" the prover restarted; its {proofs_done} count as a new run (total"
-                                    f" {updates['proofs_total']}), the rate is kept")
+                                    f" {total}), the rate is kept")
         update_fields(conn, uuid, updates)
         return get(conn, uuid)
 
 
-def counted_increment(row: Mapping[str, Any], proofs_done: int, now: datetime) -> tuple[int, str | None]:
+def counted_increment(row: InstanceRow, proofs_done: int, now: datetime) -> tuple[int, str | None]:
     """The proofs a heartbeat adds to the machine's total, and why fewer than it claimed (None: all of them).
 
     A count at or above the last one adds the difference; one below it is a new run (a restarted daemon,
@@ -172,7 +171,7 @@ def _work_waited(conn: sqlite3.Connection, now: datetime) -> bool:
     return int(newest["queued"]) >= float(fleet_rate) * BUSY_WINDOW_S / 3600
 
 
-def _smoothed_rate(row: Mapping[str, Any], proofs_done: int, now: datetime, *,
+def _smoothed_rate(row: InstanceRow, proofs_done: int, now: datetime, *,
                    busy: bool = True) -> tuple[float | None, str | None]:
     """The rate after this heartbeat, and why it was bounded when the counter rose implausibly fast.
 
@@ -204,7 +203,8 @@ def _smoothed_rate(row: Mapping[str, Any], proofs_done: int, now: datetime, *,
     return min(start + weight * (sample - start), bound), why
 
 
-def _bound_source(row: Mapping[str, Any]) -> str:
-    if row.get("bench_rate") is not None and measured_rate_bound(row) < rate_ceiling(row):
-        return f"{HEARTBEAT_RATE_FACTOR:g} × its bench rate {float(row['bench_rate']):g}"
+def _bound_source(row: InstanceRow) -> str:
+    bench = row.get("bench_rate")
+    if bench is not None and measured_rate_bound(row) < rate_ceiling(row):
+        return f"{HEARTBEAT_RATE_FACTOR:g} × its bench rate {float(bench):g}"
     return f"{MAX_RATE_PER_GPU:g}/h per GPU"

@@ -13,7 +13,7 @@ the booleans too (0/1: `ok`, `vast_missing`, `kill_forced`), and times are ISO-8
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Iterable, TypedDict, TypeVar, cast
+from typing import Iterable, TypeAlias, TypedDict, TypeVar, cast
 
 
 class InstanceRow(TypedDict):
@@ -62,6 +62,66 @@ class InstanceRow(TypedDict):
     route_failure: str | None
     boot_stages: str | None  # JSON: stage → seconds
     kill_forced: int
+
+
+class InstanceChanges(TypedDict, total=False):
+    """Some of an `instances` row's columns, as a write sets them (lifecycle.create's fields, a transition's
+    updates, update_fields): InstanceRow's keys, each optional (tests/test_db.py holds the two equal)."""
+
+    uuid: str
+    label: str
+    state: str  # a lifecycle.State's value
+    vast_id: int | None  # what the manager recorded at launch or vast listed under the label (trusted)
+    machine_id: int | None  # vast's host
+    offer_id: int | None
+    gpu_name: str | None
+    num_gpus: int | None
+    dph: float | None  # $/h it rents at (its bid when interruptible)
+    bench_rate: float | None
+    proofs_done: int  # the prover's raw counter as last reported
+    proofs_per_hour: float | None
+    restarts: int
+    created_at: str
+    state_since: str
+    last_heartbeat_at: str | None
+    kill_reason: str | None
+    kill_code: str | None
+    killed_at: str | None
+    destroyed_at: str | None
+    vast_status: str | None  # the last good listing's word on it
+    vast_status_msg: str | None
+    vast_seen_at: str | None
+    vast_missing: int  # listings in a row that did not show it
+    resumed_at: str | None
+    destroy_attempts: int
+    destroy_error: str | None
+    claimed_vast_id: int | None  # what the machine itself reported (not trusted)
+    tunnel_port: int | None
+    tunnel_public_key: str | None
+    joined_at: str | None
+    tunnel_down_since: str | None
+    tunnel_checked_at: str | None
+    storage_dph: float | None
+    vast_status_since: str | None
+    bid: float | None
+    ask_dph: float | None
+    outbid_since: str | None
+    proofs_total: int
+    route_failing_since: str | None
+    route_failure: str | None
+    boot_stages: str | None  # JSON: stage → seconds
+    kill_forced: int
+
+
+class GoneRow(TypedDict):
+    """A destroyed machine's columns that a listed instance no unfinished row claims is judged by (reconcile's
+    strays): fleet_rows.GONE_COLUMNS, of a row whose query asked for a vast id and a destroyed_at (both set)."""
+
+    uuid: str
+    label: str
+    vast_id: int
+    kill_code: str | None
+    destroyed_at: str
 
 
 class InstanceRevisionRow(TypedDict):
@@ -269,15 +329,24 @@ TABLES: dict[str, type] = {
 }
 
 Row = TypeVar("Row")
+SQLValue: TypeAlias = "str | int | float | bytes | None"  # what a column holds, as sqlite3 reads and writes it
+# JSON as json.loads returns it and json.dumps takes it (an event's `data`, an action's `request`)
+JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
+KeptRow: TypeAlias = "tuple[SQLValue, ...]"  # a row's values in its query's column order (kept_rows)
 
 
-def typed(row: sqlite3.Row | dict[str, Any], kind: type[Row]) -> Row:
+def column_values(changes: InstanceChanges) -> dict[str, SQLValue]:
+    """The columns and values of `changes`, to write: every InstanceRow value is an SQL value."""
+    return cast("dict[str, SQLValue]", dict(changes))
+
+
+def typed(row: sqlite3.Row | dict[str, SQLValue], kind: type[Row]) -> Row:
     """A whole row (SELECT *) of the table `kind` stands for, as a dict. The one place a row read from the file
     becomes its TypedDict: sqlite3 cannot say which columns a query returned, the schema (and test_rows) does."""
     return cast(Row, dict(row))
 
 
-def selected(conn: sqlite3.Connection, kind: type[Row], sql: str, args: Iterable[Any] = ()) -> list[Row]:
+def selected(conn: sqlite3.Connection, kind: type[Row], sql: str, args: Iterable[SQLValue] = ()) -> list[Row]:
     """Every row a `SELECT *` of the table `kind` stands for returns, as dicts (through plain tuples: half the
     time of sqlite3.Row for a thousand wide rows)."""
     cursor = conn.cursor()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
-from typing import Any
+from typing import Literal, TypedDict
 
 from vastctl import clock, validate
 from vastctl.config import Config, range_of
@@ -28,12 +28,21 @@ KEYS: dict[str, type] = {
 }
 
 
+class SettingListed(TypedDict):
+    """One setting as `settings list` and the dashboard show it: its value now and where that comes from."""
+
+    key: str
+    value: float | int
+    source: Literal["settings", "config"]  # a stored override, else the config file's initial value
+    updated_at: str | None  # the override's time (None for the config's)
+
+
 def _check_key(key: str) -> None:
     if key not in KEYS:
         raise BadInput(f"unknown setting {key!r}: one of {', '.join(KEYS)}")
 
 
-def parse_value(key: str, text: Any) -> float | int:
+def parse_value(key: str, text: str | float) -> float | int:
     """A setting's value, in the range the config file allows for `fleet.KEY` (config.RANGES: one rule for both).
 
     A refusal names the setting by its key, as every place that sets one does (the CLI's KEY, the dashboard's
@@ -60,7 +69,7 @@ def effective(conn: sqlite3.Connection, config: Config) -> dict[str, float | int
     return values
 
 
-def listing(conn: sqlite3.Connection, config: Config) -> list[dict[str, Any]]:
+def listing(conn: sqlite3.Connection, config: Config) -> list[SettingListed]:
     stored = {row["key"]: row["updated_at"] for row in conn.execute("SELECT key, updated_at FROM settings")}
     return [
         {"key": key, "value": value, "source": "settings" if key in stored else "config",
@@ -78,7 +87,7 @@ def set_value(
     conn: sqlite3.Connection,
     config: Config,
     key: str,
-    text: Any,
+    text: str | float,
     *,
     source: str = "operator",
     now: datetime,

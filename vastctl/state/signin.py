@@ -52,7 +52,6 @@ def weakness(token: str) -> str | None:
 class _Client:
     failures: int = 0
     wait_until: float = 0.0
-    last_seen: float = 0.0
 
 
 class Throttle:
@@ -84,7 +83,6 @@ class Throttle:
             mine = self._clients.pop(client, None) or _Client()
             self._clients[client] = mine  # re-inserted: the dict's order is least recently seen first
             mine.failures += 1
-            mine.last_seen = now
             if mine.failures > FREE_FAILURES:
                 mine.wait_until = now + min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** min(mine.failures - FREE_FAILURES - 1, 30))
             while len(self._clients) > MAX_CLIENTS:

@@ -7,69 +7,202 @@ import sqlite3
 import threading
 from collections import Counter
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Iterable, Literal, Mapping, TypedDict, cast
 
 from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.facts import appended, deliveries
-from vastctl.observe import Observation, disagreement, event_facts, machine_facts, observe
+from vastctl.observe import Machine, MachineFacts, Observation, disagreement, event_facts, machine_facts, observe
 from vastctl.state import fleet_rows
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
+from vastctl.state.rows import InstanceRow
 
-TIME_FIELDS = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at", "tunnel_down_since",
-               "last_contact_at")
+TimeField = Literal["state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at",
+                    "tunnel_down_since", "last_contact_at"]
+TIME_FIELDS: tuple[TimeField, ...] = ("state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at",
+                                      "tunnel_down_since", "last_contact_at")
 RATE_DIGITS = 1  # proofs/hour are shown to one decimal, in the table, the summary and --json alike
 # What `fleet` shows without --all: a killed machine only while it may still bill (rented, destroy unconfirmed).
 SHOWN_WITHOUT_ALL = fleet_rows.SHOWN_WITHOUT_ALL
 ORPHAN_WARN_FRACTION = 0.5  # the dashboard warns once the fleet's newest contact is half of launch.orphan_after old
 
 
-RATE_FIELDS = ("expected_rate", "rate_source", "routed_rate", "routed_rate_max", "routed_proofs")
+class ShownRow(InstanceRow, total=False):
+    """A row `fleet` lists: its columns, and its last report of any kind once fleet_view added it."""
+
+    last_contact_at: str | None
 
 
-def instance_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+class DisplayedFacts(TypedDict):
+    """A machine's facts (observe.MachineFacts) formatted for display: the same keys, in the same order, the rate
+    rounded to RATE_DIGITS and the times (TIME_FIELDS) display ISO."""
+
+    uuid: str
+    label: str
+    state: str
+    vast_id: int | None
+    vast_status: str | None
+    gpu_name: str | None
+    num_gpus: int | None
+    bench_rate: float | None
+    dph: float | None
+    proofs_per_hour: float | None
+    proofs_done: int
+    state_since: str | None
+    last_heartbeat_at: str | None
+    kill_reason: str | None
+    kill_code: str | None
+    destroyed_at: str | None
+    vast_missing: int
+    vast_seen_at: str | None
+    last_contact_at: str | None
+    vast_status_msg: str | None
+    disagreement: str | None
+    tunnel_port: int | None
+    joined: bool | None
+    joined_at: str | None
+    tunnel_down_since: str | None
+
+
+class InstanceView(DisplayedFacts):
+    """One machine of `fleet --json` (docs/interface.md): its displayed facts, then its boot and its rate figures
+    (from the observation: None, and 0 proofs, for a machine it does not count)."""
+
+    boot_stages: dict[str, float] | None
+    expected_rate: float | None
+    rate_source: str | None
+    routed_rate: float | None
+    routed_rate_max: float | None
+    routed_proofs: int
+
+
+class ListingStatus(TypedDict):
+    listing_at: str | None
+    listing_age_s: int | None
+    listing_instances: int | None
+    listing_error: str | None
+
+
+class ContactStatus(TypedDict):
+    last_contact_at: str | None
+    contact_age_s: int | None
+    orphan_after_s: int
+    orphan_warning: str | None
+
+
+class RouterStatus(deliveries.HeldView):
+    proof_wait_last_day: deliveries.ProofWait
+
+
+class Summary(TypedDict):
+    """`fleet --json`'s summary, in this order."""
+
+    by_state: dict[str, int]
+    capacity_proofs_per_hour: float
+    target_proofs_per_hour: float | int
+    spend_per_hour: float
+    disagreements: int
+    listing_at: str | None
+    listing_age_s: int | None
+    listing_instances: int | None
+    listing_error: str | None
+    last_contact_at: str | None
+    contact_age_s: int | None
+    orphan_after_s: int
+    orphan_warning: str | None
+    router: RouterStatus
+
+
+class FleetView(TypedDict):
+    """The `fleet --json` object (docs/interface.md)."""
+
+    instances: list[InstanceView]
+    summary: Summary
+
+
+class EventView(TypedDict):
+    """One event as `events --json` shows it: its columns but its data, its time display ISO."""
+
+    id: int
+    at: str | None
+    kind: str
+    uuid: str | None
+    label: str | None
+    from_state: str | None
+    to_state: str | None
+    reason: str | None
+    source: str
+    code: str | None
+
+
+class _Step(TypedDict):
+    id: int | None
+    at: str | None
+    what: Literal["event", "vast", "now"]  # an event, a call made to vast for it, where it stands now
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    source: str
+    code: str | None
+    reason: str | None
+
+
+class PathStep(_Step, total=False):
+    """One step of a machine's path (`events --label`); an event's carries its uuid and label too."""
+
+    uuid: str | None
+    label: str | None
+
+
+def _rate(value: float | None) -> float | None:
+    return round(value, RATE_DIGITS) if isinstance(value, float) else value
+
+
+def instance_view(row: ShownRow, observed: Machine | None = None) -> InstanceView:
     """One machine as `fleet --json` shows it: the observation's facts, its rate rounded and its times the
     contract's whole-second ISO text. Once vast confirmed its destroy, vast's status is `destroyed`, not the
     last one listed (`fleet --all` would show a destroyed machine as still running at vast).
 
     `observed`: the machine as the observation counts it (absent for a destroyed one): the rate capacity counts
     it at, the figure that set it (`rate_source`) and what the proof router saw it prove over the last hour."""
-    view = display(machine_facts(row))
+    facts = display(machine_facts(row))
     if row.get("destroyed_at") and row.get("vast_id") is not None:
-        view["vast_status"] = "destroyed"
-    view["boot_stages"] = boot_stages(row)
-    observed = observed or {}
-    for name in RATE_FIELDS:
-        value = observed.get(name, 0 if name == "routed_proofs" else None)
-        view[name] = round(value, RATE_DIGITS) if isinstance(value, float) else value
-    return view
+        facts["vast_status"] = "destroyed"
+    if not observed:
+        return {**facts, "boot_stages": boot_stages(row), "expected_rate": None, "rate_source": None,
+                "routed_rate": None, "routed_rate_max": None, "routed_proofs": 0}
+    return {**facts, "boot_stages": boot_stages(row), "expected_rate": _rate(observed.get("expected_rate")),
+            "rate_source": observed.get("rate_source"), "routed_rate": _rate(observed.get("routed_rate")),
+            "routed_rate_max": _rate(observed.get("routed_rate_max")),
+            "routed_proofs": observed.get("routed_proofs", 0)}
 
 
-def _kept_view(row: dict[str, Any], observed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _kept_view(row: ShownRow, observed: Machine | None = None) -> InstanceView:
     """instance_view(row, observed), kept by the row's whole content and the observation's rate figures: the page
     and its 5 s refresh list a thousand rows that mostly did not change since the last request. A copy each time
     (callers may add to it)."""
-    seen = observed or _NOTHING
-    rates = (seen.get("expected_rate"), seen.get("rate_source"), seen.get("routed_rate"), seen.get("routed_rate_max"),
-             seen.get("routed_proofs"))  # RATE_FIELDS
+    rates = (observed.get("expected_rate"), observed.get("rate_source"), observed.get("routed_rate"),
+             observed.get("routed_rate_max"), observed.get("routed_proofs")) if observed else None  # the view's rate figures
     key = (tuple(row), tuple(row.values()), rates)
     view = _VIEWS.get(key)
     if view is None:
         if len(_VIEWS) > VIEWS_KEPT:
             _VIEWS.clear()
         view = _VIEWS[key] = instance_view(row, observed)
+    copy = view.copy()
     stages = view["boot_stages"]
-    return {**view, "boot_stages": dict(stages)} if stages else dict(view)
+    if stages:
+        copy["boot_stages"] = dict(stages)
+    return copy
 
 
 VIEWS_KEPT = 20_000
-_NOTHING: Mapping[str, Any] = {}
-_VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
+_VIEWS: dict[tuple[object, ...], InstanceView] = {}
 
 
-def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
+def boot_stages(row: InstanceRow) -> dict[str, float] | None:
     """Where a machine's boot went, {stage: seconds} in the order they ran, as its boot script timed them (null
     before `running` or from a script that does not time them)."""
     try:
@@ -79,18 +212,19 @@ def boot_stages(row: Mapping[str, Any]) -> dict[str, float] | None:
     return stages if isinstance(stages, dict) else None
 
 
-def display(facts: Mapping[str, Any]) -> dict[str, Any]:
+def display(facts: MachineFacts) -> DisplayedFacts:
     """A machine's facts formatted for display (a copy): proofs/hour to RATE_DIGITS, times as display ISO."""
-    view = dict(facts)
-    if view.get("proofs_per_hour") is not None:
-        view["proofs_per_hour"] = round(view["proofs_per_hour"], RATE_DIGITS)
+    view = cast(DisplayedFacts, dict(facts))  # the same keys: the rate and the times are formatted below
+    rate = view.get("proofs_per_hour")
+    if rate is not None:
+        view["proofs_per_hour"] = round(rate, RATE_DIGITS)
     for name in TIME_FIELDS:
         if name in view:
             view[name] = clock.display_iso(view[name])
     return view
 
 
-def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+def listing_status(conn: sqlite3.Connection, now: datetime) -> ListingStatus:
     """When vast was last listed successfully (the age of every vast_status shown), and the last failure if newer."""
     good = conn.execute("SELECT at, instances FROM vast_listings WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
     last = conn.execute("SELECT at, ok, error FROM vast_listings ORDER BY id DESC LIMIT 1").fetchone()
@@ -104,7 +238,7 @@ def listing_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
 
 
 def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool = False,
-               now: datetime, obs: "Observation | None" = None, listed: bool = True) -> dict[str, Any]:
+               now: datetime, obs: "Observation | None" = None, listed: bool = True) -> FleetView:
     """The `fleet --json` object: every machine we pay for (or paid for, with include_killed) and a summary.
 
     Without include_killed a killed machine is listed only while it has a vast id and vast has not
@@ -121,35 +255,40 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     contacts = last_reports(conn)
     for row in rows:
         row["last_contact_at"] = max(filter(None, (row.get("last_heartbeat_at"), contacts.get(row["uuid"]))), default=None)
-    summary = {
+    observed = {machine["uuid"]: machine for machine in obs.machines} if listed else {}
+    instances = [_kept_view(row, observed.get(row["uuid"])) for row in rows] if listed else []
+    summary: Summary = {
         "by_state": dict(Counter(row["state"] for row in rows)),
         "capacity_proofs_per_hour": round(obs.capacity, RATE_DIGITS),
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
+        "disagreements": sum(1 for row in rows if disagreement(row)),
+        **listing_status(conn, now),
+        **contact_status(rows, config, now),
+        "router": router_status(conn, config, obs, now),
     }
-    observed = {machine["uuid"]: machine for machine in obs.machines} if listed else {}
-    instances = [_kept_view(row, observed.get(row["uuid"])) for row in rows] if listed else []
-    summary["disagreements"] = sum(1 for row in rows if disagreement(row))
-    summary.update(listing_status(conn, now))
-    summary.update(contact_status(rows, config, now))
-    summary["router"] = router_status(conn, config, obs, now)
     return {"instances": instances, "summary": summary}
 
 
-def shown_rows(conn: sqlite3.Connection, obs: "Observation | None", *, include_killed: bool) -> list[dict[str, Any]]:
+def shown_rows(conn: sqlite3.Connection, obs: "Observation | None", *, include_killed: bool) -> list[ShownRow]:
     """The rows fleet_view lists, ordered by creation then label: without include_killed, the observation's rows
     (every row not yet destroyed) that SHOWN_WITHOUT_ALL keeps, and the few destroyed rows it keeps too, so the
     page and /metrics read the wide rows once per request."""
     if include_killed or obs is None:
-        return fleet_rows.listed(conn, include_killed=include_killed)
-    rows = [dict(row) for row in obs.rows if row["state"] != State.KILLED or row.get("vast_id") is not None]
-    destroyed = fleet_rows.destroyed_not_killed(conn)
+        return _shown(fleet_rows.listed(conn, include_killed=include_killed))
+    rows = _shown(row.copy() for row in obs.rows if row["state"] != State.KILLED or row.get("vast_id") is not None)
+    destroyed = _shown(fleet_rows.destroyed_not_killed(conn))
     if destroyed:
         rows = sorted(rows + destroyed, key=lambda row: (row["created_at"], row["label"]))
     return rows
 
 
-def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", now: datetime) -> dict[str, Any]:
+def _shown(rows: Iterable[Mapping[str, object]]) -> list[ShownRow]:
+    """Whole instances rows (SELECT *), new dicts the caller may add to, as the rows fleet_view lists."""
+    return [cast(ShownRow, row) for row in rows]
+
+
+def router_status(conn: sqlite3.Connection, config: Config, obs: "Observation", now: datetime) -> RouterStatus:
     """What the proof router holds now (observation.router) and the proof wait it measured over the last day:
     held + proving time of each answered call, p50/p95/p99 in seconds and the share within agent.max_wait."""
     since, until = deliveries.window(now)
@@ -187,7 +326,7 @@ class _Reports:
 _REPORTS = appended.PerFile(_Reports)
 
 
-def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) -> dict[str, Any]:
+def contact_status(rows: list[ShownRow], config: Config, now: datetime) -> ContactStatus:
     """The newest report from any live machine, and whether the machines' dead-man switch is getting near.
 
     Machines destroy themselves when the manager has not answered them for launch.orphan_after. A manager that
@@ -196,7 +335,7 @@ def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) ->
     """
     orphan_after = config.launch.orphan_after
     live = [row for row in rows if row["state"] != State.KILLED and row.get("vast_id") is not None]
-    newest = max((row["last_contact_at"] for row in live if row.get("last_contact_at")), default=None)
+    newest = max((contact for row in live if (contact := row.get("last_contact_at"))), default=None)
     created = [moment for row in live if (moment := clock.from_iso(row["created_at"])) is not None]
     since = clock.from_iso(newest) or min(created, default=None)
     age = None if since is None else max(0, round((now - since).total_seconds()))
@@ -210,7 +349,7 @@ def contact_status(rows: list[dict[str, Any]], config: Config, now: datetime) ->
             "orphan_after_s": round(orphan_after), "orphan_warning": warning}
 
 
-def event_view(row: sqlite3.Row) -> dict[str, Any]:
+def event_view(row: sqlite3.Row) -> EventView:
     """One event as `events --json` shows it: its time the contract's whole-second ISO text."""
     return {**event_facts(row), "at": clock.display_iso(row["at"])}
 
@@ -219,7 +358,7 @@ MAX_EVENT_ID = 2**63 - 1  # the largest id (and count) SQLite can hold
 
 
 def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 50,
-           uuid: str | None = None) -> list[dict[str, Any]]:
+           uuid: str | None = None) -> list[EventView]:
     """Events oldest first, in id order (the order written): the newest `limit` of those after `since`, of one
     machine when `uuid` is given.
 
@@ -238,10 +377,10 @@ def events(conn: sqlite3.Connection, *, since: int | None = None, limit: int = 5
     return [event_view(row) for row in rows]
 
 
-def machine_path(conn: sqlite3.Connection, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+def machine_path(conn: sqlite3.Connection, row: InstanceRow) -> list[PathStep]:
     """One machine's whole path for `events --label`: its events and the calls made to vast for it (launch,
     stop, start, destroy: the `actions` table), in the order they happened, then where it stands now."""
-    steps = [{**e, "what": "event"} for e in events(conn, uuid=row["uuid"], limit=MAX_EVENT_ID)]
+    steps: list[PathStep] = [{**e, "what": "event"} for e in events(conn, uuid=row["uuid"], limit=MAX_EVENT_ID)]
     for action in conn.execute("SELECT * FROM actions WHERE uuid = ? ORDER BY id", (row["uuid"],)):
         steps.append({"id": None, "at": clock.display_iso(action["at"]), "what": "vast", "kind": action["kind"],
                       "from_state": None, "to_state": None, "source": action["actor"], "code": None,

@@ -15,28 +15,151 @@ import math
 import sqlite3
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Callable, Literal, Mapping, Sequence, TypedDict, cast
 
 from vastctl import clock, validate
 from vastctl.config import Config
 from vastctl.facts import appended, deliveries
+from vastctl.facts.demand import DemandView
+from vastctl.facts.json_value import JSON
 from vastctl.observe import Observation, expected_rate, observe
 from vastctl.state import fleet_rows, settings
 from vastctl.state.lifecycle import LIVE_STATES, State
+from vastctl.state.rows import AgentStepRow, selected
 from vastctl.views import fleet
 
 BILLING_STATES = frozenset(str(state) for state in LIVE_STATES - {State.STOPPED})
 HISTORY = timedelta(days=1)
 CHART_STEP = timedelta(minutes=4)  # 360 steps a day: finer than the chart's pixels
-TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+TokenKind = Literal["input", "output", "cache_read", "cache_write"]
+TOKEN_KINDS: tuple[TokenKind, ...] = ("input", "output", "cache_read", "cache_write")
 
 
-def demand_view(obs: Observation) -> dict[str, Any] | None:
+class ReconcileStatus(TypedDict):
+    """The safety net's health from its listings."""
+
+    last_success: datetime | None
+    last_attempt: datetime | None
+    last_error: str | None
+    consecutive_failures: int
+    failures_last_day: int
+    passes_last_day: int
+
+
+class DestroysPending(TypedDict):
+    count: int
+    oldest_age_s: float
+
+
+class ProofWaits(TypedDict):
+    """Proofs done within agent.max_wait over the last day, as proof_waits() estimates them."""
+
+    max_wait_s: float
+    proofs: float
+    within_share: float | None
+    wait_now_s: float | None
+    stuck_now: bool
+
+
+class AgentStep(TypedDict):
+    """An agent_steps row as the page shows it: its JSON columns parsed (text where they do not parse), and its
+    tokens by kind added."""
+
+    id: int
+    started_at: str
+    finished_at: str | None
+    policy: str
+    outcome: str
+    event_cursor: int | None
+    observation: JSON
+    actions: JSON
+    refused: JSON
+    errors: JSON
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float
+    hold: str | None
+    tokens: dict[TokenKind, int]
+
+
+class AgentTotals(TypedDict):
+    """Every step the file keeps, summed (what /metrics counts)."""
+
+    steps: dict[str, int]  # by outcome
+    tokens: dict[TokenKind, int]
+    cost: float
+    refused: int
+    last_step: datetime | None
+
+
+Steps = list[tuple[datetime, float]]  # (from time, value), oldest first
+
+
+class History(TypedDict):
+    """The last day as step functions (history()), and the times the chart spans."""
+
+    capacity: Steps
+    spend: Steps
+    target: Steps
+    queue: Steps
+    reconcile_failures: list[datetime]
+    start: datetime
+    end: datetime
+    first: datetime | None  # the fleet's first record, when younger than the day
+
+
+class PageSummary(fleet.Summary):
+    """fleet --json's summary and what the page adds to it."""
+
+    pending_capacity_proofs_per_hour: float
+    settings: dict[str, float | int]
+    demand: DemandView | None
+    reconcile: ReconcileStatus
+    destroys_pending: DestroysPending
+
+
+class _Overview(TypedDict):
+    now: datetime
+    instances: list[fleet.InstanceView]
+    summary: PageSummary
+    settings: Sequence[Mapping[str, object]]  # settings.listing's
+    events: list[fleet.EventView]  # newest first
+    steps: list[AgentStep]
+    skipped_steps: list[AgentStep]
+    skipped_step_count: int
+    waits: ProofWaits
+    observation: Observation
+
+
+class Overview(_Overview, total=False):
+    """Everything the dashboard shows (overview()); `history` only when the chart is asked for."""
+
+    history: History
+
+
+class _SettingChange(TypedDict):
+    key: str | None
+
+
+class SettingChange(_SettingChange, total=False):
+    """A setting event's data (settings.set_value): the key, its old and new values."""
+
+    old: JSON
+    new: JSON
+
+
+# a demand sample as proof_waits reads it: (at, ok, queued, in_flight, proofs_per_hour)
+_Sample = tuple[str, int, "int | None", "int | None", "float | None"]
+
+
+def demand_view(obs: Observation) -> DemandView | None:
     """The demand the decisions read (observe), as the page and /metrics show it; None when no sample is kept."""
     return None if obs.demand.at is None else obs.demand.view()
 
 
-def reconcile_status(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+def reconcile_status(conn: sqlite3.Connection, now: datetime) -> ReconcileStatus:
     """The safety net's health from its listings: last success, last attempt, failures since the last success."""
     good = conn.execute("SELECT id, at FROM vast_listings WHERE ok = 1 ORDER BY id DESC LIMIT 1").fetchone()
     last = conn.execute("SELECT at, ok, error FROM vast_listings ORDER BY id DESC LIMIT 1").fetchone()
@@ -63,14 +186,14 @@ def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
     return fleet_rows.kills_by_code(conn)
 
 
-def destroys_pending(conn: sqlite3.Connection, now: datetime) -> dict[str, Any]:
+def destroys_pending(conn: sqlite3.Connection, now: datetime) -> DestroysPending:
     """Killed machines vast has not confirmed destroyed: how many, and how long the oldest has waited."""
     count, oldest_text = fleet_rows.pending_destroys(conn)
     oldest = _moment(oldest_text)
     return {"count": count, "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
 
 
-def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict[str, Any]:
+def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> ProofWaits:
     """Proofs done within agent.max_wait over the last day, estimated from the demand samples alone (the file
     records no proof's own wait): a proof that arrives behind `queued + in_flight` proofs waits about that backlog
     over the rate proofs are done (the sample's proofs_per_hour: Little's law), so each stretch between two good
@@ -79,7 +202,7 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
     gives no rate, or when nothing is being done: `stuck_now`). Samples without a rate are not judged."""
     cursor = conn.cursor()
     cursor.row_factory = None  # (at, ok, queued, in_flight, proofs_per_hour): a day of samples per page
-    rows = cursor.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
+    rows: list[_Sample] = cursor.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
                           " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
     times = [_moment(row[0]) for row in rows] + [now]
     done = within = 0.0
@@ -108,7 +231,7 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> dict
             "stuck_now": wait_now is not None and validate.real(wait_now) is None}  # endless: nothing proves
 
 
-def _stretch(row: tuple[Any, ...], start: datetime | None, end: datetime | None,
+def _stretch(row: _Sample, start: datetime | None, end: datetime | None,
              max_wait: float) -> tuple[float, ...] | None:
     """One stretch of proof_waits: (proofs done in it, those within max_wait, the wait in seconds); () for a sample
     without a rate, None for one not judged (failed, or a time that does not parse)."""
@@ -125,48 +248,48 @@ def _stretch(row: tuple[Any, ...], start: datetime | None, end: datetime | None,
 
 
 STRETCHES_KEPT = 20_000
-_STRETCHES: dict[tuple[Any, ...], tuple[float, ...] | None] = {}  # (sample, the next one's time, max_wait) → stretch
+_STRETCHES: dict[tuple[_Sample, str, float], tuple[float, ...] | None] = {}  # (sample, the next one's time, max_wait) → stretch
 
 
 # --- agent steps ------------------------------------------------------------------------------------
 
 
-def agent_steps(conn: sqlite3.Connection, *, limit: int = 10, skipped: bool | None = None) -> list[dict[str, Any]]:
+def agent_steps(conn: sqlite3.Connection, *, limit: int = 10, skipped: bool | None = None) -> list[AgentStep]:
     """The newest agent steps, newest first, each with its JSON columns parsed (text when they do not parse).
 
     `skipped` True: only the steps --if-events skipped; False: only those that ran; None: both."""
     where = {None: "", True: " WHERE outcome = 'skipped'", False: " WHERE outcome != 'skipped'"}[skipped]
-    steps = []
-    for row in conn.execute(f"SELECT * FROM agent_steps{where} ORDER BY id DESC LIMIT ?", (limit,)):
-        step = dict(row)
-        for name in ("observation", "actions", "refused", "errors"):
-            step[name] = _parsed(step[name])
-        step["tokens"] = {kind: step[f"{kind}_tokens"] for kind in TOKEN_KINDS}
-        steps.append(step)
-    return steps
+    return [{**row, "observation": _parsed(row["observation"]), "actions": _parsed(row["actions"]),
+             "refused": _parsed(row["refused"]), "errors": _parsed(row["errors"]),
+             "tokens": {"input": row["input_tokens"], "output": row["output_tokens"],
+                        "cache_read": row["cache_read_tokens"], "cache_write": row["cache_write_tokens"]}}
+            for row in selected(conn, AgentStepRow, f"SELECT * FROM agent_steps{where} ORDER BY id DESC LIMIT ?",
+                                (limit,))]
 
 
-def agent_totals(conn: sqlite3.Connection) -> dict[str, Any]:
+def agent_totals(conn: sqlite3.Connection) -> AgentTotals:
     """Every step the file keeps, summed: steps by outcome, tokens by kind, cost, refused actions."""
     sums = [f"sum({kind}_tokens)" for kind in TOKEN_KINDS]
     refused = "coalesce(sum(CASE WHEN json_valid(refused) THEN json_array_length(refused) END), 0)"
-    totals: dict[str, Any] = {"steps": {}, "tokens": dict.fromkeys(TOKEN_KINDS, 0), "cost": 0.0, "refused": 0}
+    steps: dict[str, int] = {}
+    tokens = dict.fromkeys(TOKEN_KINDS, 0)
+    cost, refused_count = 0.0, 0
     for row in conn.execute(f"SELECT outcome, count(*), {', '.join(sums)}, sum(cost), {refused} FROM agent_steps"
                             " GROUP BY 1"):
-        totals["steps"][row[0]] = row[1]
+        steps[row[0]] = row[1]
         for i, kind in enumerate(TOKEN_KINDS):
-            totals["tokens"][kind] += row[2 + i]
-        totals["cost"] += row[6]
-        totals["refused"] += row[7]
-    totals["last_step"] = _moment(conn.execute("SELECT max(finished_at) FROM agent_steps").fetchone()[0])
-    return totals
+            tokens[kind] += row[2 + i]
+        cost += row[6]
+        refused_count += row[7]
+    return {"steps": steps, "tokens": tokens, "cost": cost, "refused": refused_count,
+            "last_step": _moment(conn.execute("SELECT max(finished_at) FROM agent_steps").fetchone()[0])}
 
 
 # --- the last day, as step functions ----------------------------------------------------------------
 
 
 def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity: float, spend: float,
-            target: float, model_rates: dict[str, float]) -> dict[str, Any]:
+            target: float, model_rates: dict[str, float]) -> History:
     """Capacity, target, spend and queue over the last day, each a list of (from time, value) steps, oldest first.
 
     Capacity and spend are replayed backwards from their values now through the
@@ -192,18 +315,31 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
             replay = moves.replay = _Replay(events, lo, since, machines, basis, _amounts(
                 machines, rates, model_rates, config.fleet.default_rate), (capacity, spend, target))
         values, kept = replay.at(lo)
-    series: dict[str, Any] = {}
-    for index, name in enumerate(("capacity", "spend", "target")):
-        series[name] = _thin([(start, values[index]), *reversed(kept[index])], start)
-    series["queue"] = _thin(_queue_history(conn, since), start)
-    series["reconcile_failures"] = [
-        at for at in (_moment(row[0]) for row in conn.execute(
-            "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
-    series["start"], series["end"] = start, now
+    capacity_steps, spend_steps, target_steps = (_thin([(start, values[index]), *reversed(kept[index])], start)
+                                                 for index in range(3))
+    queue = _thin(_queue_history(conn, since), start)
+    failures = [at for at in (_moment(row[0]) for row in conn.execute(
+        "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
     first = [_moment(earliest_event)] + [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
                                          for table in ("demand_samples", "vast_listings")]  # their `at` indexes
-    series["first"] = min((at for at in first if at is not None), default=None)  # a fleet younger than the day
-    return series
+    return {"capacity": capacity_steps, "spend": spend_steps, "target": target_steps, "queue": queue,
+            "reconcile_failures": failures, "start": start, "end": now,
+            "first": min((at for at in first if at is not None), default=None)}  # a fleet younger than the day
+
+
+# a machine's fleet_rows.AMOUNT_COLUMNS values, in that order (fleet_rows.amounts)
+_Amounts = tuple[object, ...]
+
+
+class AmountRow(TypedDict):
+    """fleet_rows.AMOUNT_COLUMNS as a row: what the history counts a machine's rate (expected_rate) and price by."""
+
+    uuid: str
+    state: str
+    gpu_name: str | None
+    proofs_per_hour: float | None
+    bench_rate: float | None
+    dph: float | None
 
 
 # (at as stored, at parsed, kind, uuid, from_state, to_state, reason)
@@ -249,8 +385,8 @@ class _Replay:
     remembered with the index of the event that made it: a later page whose day starts at a later event takes
     the steps of the events it still holds and the values they leave, the same as replaying those alone."""
 
-    def __init__(self, events: list[_Move], lo: int, since: str, machines: dict[str, tuple[Any, ...]],
-                 basis: tuple[Any, ...], amount: Callable[[str], tuple[float, float]],
+    def __init__(self, events: list[_Move], lo: int, since: str, machines: Mapping[str, _Amounts],
+                 basis: tuple[object, ...], amount: Callable[[str], tuple[float, float]],
                  now_values: tuple[float, float, float]):
         self.events, self.lo, self.basis, self.machines = events, lo, basis, machines
         self.now_values = now_values
@@ -290,7 +426,7 @@ class _Replay:
         return values, [steps[:bisect.bisect_right(of, -lo)] for steps, of in zip(self.steps, self.step_of)]
 
 
-def _amounts(machines: dict[str, tuple[Any, ...]], rates: dict[tuple[Any, ...], float], model_rates: dict[str, float],
+def _amounts(machines: Mapping[str, _Amounts], rates: dict[_Amounts, float], model_rates: dict[str, float],
              default_rate: float) -> Callable[[str], tuple[float, float]]:
     """uuid → (its rate, its price) as the history counts them, worked out for the machines events move."""
     amounts: dict[str, tuple[float, float]] = {}
@@ -301,9 +437,10 @@ def _amounts(machines: dict[str, tuple[Any, ...]], rates: dict[tuple[Any, ...], 
             values = machines[uuid]
             rate = rates.get(values)
             if rate is None:
-                row = dict(zip(fleet_rows.AMOUNT_COLUMNS, values))
+                row = cast(AmountRow, dict(zip(fleet_rows.AMOUNT_COLUMNS, values)))
                 rate = rates[values] = expected_rate(row, model_rates, default_rate)
-            found = amounts[uuid] = (rate, float(values[5] or 0.0))
+            price = values[5]
+            found = amounts[uuid] = (rate, float(price) if isinstance(price, (int, float)) else 0.0)
         return found
 
     return amount
@@ -319,10 +456,10 @@ class _Rates:
     RATES_KEPT = 50_000
 
     def __init__(self) -> None:
-        self.basis: tuple[Any, ...] | None = None
-        self.rates: dict[tuple[Any, ...], float] = {}
+        self.basis: tuple[object, ...] | None = None
+        self.rates: dict[_Amounts, float] = {}
 
-    def matching(self, model_rates: dict[str, float], default_rate: float) -> dict[tuple[Any, ...], float]:
+    def matching(self, model_rates: dict[str, float], default_rate: float) -> dict[_Amounts, float]:
         """The kept rates, emptied when what they were computed against (model rates, the default) changed."""
         basis = (tuple(sorted(model_rates.items())), default_rate)
         if basis != self.basis or len(self.rates) > self.RATES_KEPT:
@@ -359,30 +496,27 @@ def _queue_history(conn: sqlite3.Connection, since: str | None) -> list[tuple[da
     return [(at, float(row[1])) for row in rows if (at := _moment(row[0])) is not None]
 
 
-def _setting_change(data: str | None) -> dict[str, Any]:
+def _setting_change(data: str | None) -> SettingChange:
     """A setting event's data ({"key", "old", "new"}, settings.set_value); {"key": None} for one without."""
     try:
         change = json.loads(data) if data else {}
     except ValueError:
         change = {}
-    return change if isinstance(change, dict) and "key" in change else {"key": None}
+    return cast(SettingChange, change) if isinstance(change, dict) and "key" in change else {"key": None}
 
 
 # --- one read for the page --------------------------------------------------------------------------
 
 
 def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events: int = 30,
-             steps: int = 10, chart: bool = True) -> dict[str, Any]:
+             steps: int = 10, chart: bool = True) -> Overview:
     """Everything the dashboard shows: the fleet, the summary, events, agent steps, and the last day."""
     obs = observe(conn, config, now=now)
     view = fleet.fleet_view(conn, config, now=now, obs=obs)
-    summary = view["summary"]
-    summary["pending_capacity_proofs_per_hour"] = round(obs.pending_capacity, 3)
-    summary["settings"] = obs.settings
-    summary["demand"] = demand_view(obs)
-    summary["reconcile"] = reconcile_status(conn, now)
-    summary["destroys_pending"] = destroys_pending(conn, now)
-    result = {
+    summary: PageSummary = {**view["summary"], "pending_capacity_proofs_per_hour": round(obs.pending_capacity, 3),
+                            "settings": obs.settings, "demand": demand_view(obs),
+                            "reconcile": reconcile_status(conn, now), "destroys_pending": destroys_pending(conn, now)}
+    result: Overview = {
         "now": now, "instances": view["instances"], "summary": summary,
         "settings": settings.listing(conn, config),
         "events": list(reversed(fleet.events(conn, limit=events))),
@@ -399,7 +533,7 @@ def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events:
     return result
 
 
-def _moment(text: Any) -> datetime | None:
+def _moment(text: object) -> datetime | None:
     """A stored time as an aware datetime; None when absent or unreadable."""
     try:
         moment = clock.from_iso(text) if isinstance(text, str) else None
@@ -408,10 +542,11 @@ def _moment(text: Any) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
-def _parsed(value: Any) -> Any:
+def _parsed(value: JSON) -> JSON:
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
+        parsed: JSON = json.loads(value)
     except ValueError:
         return value
+    return parsed
