@@ -59,8 +59,6 @@ CLAIM_EVENT_EVERY_S = 3600.0  # at most one such event per machine in this long
 ROUTED_WINDOW_S = 3600.0  # the recent window a machine's routed rate is measured over
 ROUTED_MIN_PROOFS = 10  # completed calls in the window before the routed rate bounds the machine's expected rate
 ON_PROVER: tuple[Result, ...] = ("completed", "failed", "error", "dropped")  # results of attempts that held one of a prover's slots
-CALL_COLUMNS = ("at", "request_id", "kind", "uuid", "label", "result", "held_ms", "prover_ms", "attempt",
-                "size_bytes", "queue_wait_ms", "srs_load_ms", "synthesis_ms", "gpu_compute_ms", "total_ms", "detail")
 
 
 Route = Literal["own_daemon", "fleet", "refused"]  # where the router sends a proof kind (route/routing.py's Way)
@@ -109,6 +107,9 @@ class CallRecord(TypedDict, total=False):
     gpu_compute_ms: int | None
     total_ms: int | None
     detail: str | None
+
+
+CALL_COLUMNS = tuple(CallRecord.__annotations__)  # proof_calls' columns a record fills, in its order
 
 
 @dataclass(frozen=True)
