@@ -19,7 +19,7 @@ from vastctl.observe import observe
 from vastctl.providers.base import Offer, OfferGone, ProviderError, ProviderRejected, RemoteInstance
 from vastctl.providers.vast import VastProvider
 from vastctl.state import blocklist, lifecycle, settings, tokens
-from vastctl.state.lifecycle import State
+from vastctl.state.lifecycle import KillCode, State
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
 
@@ -382,7 +382,7 @@ def test_stop_without_a_vast_id_is_refused(conn, cfg):
 def test_kill_destroys(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert error is None and row["state"] == "killed" and row["destroyed_at"]
     assert market.calls == [("destroy", 77)]
 
@@ -391,7 +391,7 @@ def test_kill_with_a_failed_destroy_leaves_destroyed_at_empty(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     market.fail["destroy"] = ProviderError("vast DELETE: unreachable")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert "unreachable" in error and row["state"] == "killed" and row["destroyed_at"] is None
 
 
@@ -399,7 +399,7 @@ def test_kill_never_destroys_an_instance_vast_lists_under_another_label(conn, cf
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     market.show_instance = lambda vast_id: RemoteInstance(id=vast_id, label="someone-else")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert row["state"] == "killed" and row["destroyed_at"] is None and row["destroy_attempts"] == 1
     assert "'someone-else'" in error and "not destroyed" in error
     assert ("destroy", 77) not in market.calls
@@ -411,7 +411,7 @@ def test_kill_destroys_when_vast_lists_the_rows_label(conn, cfg):
     live_row(conn, State.RUNNING)
     market = FakeMarket(conn)
     market.show_instance = lambda vast_id: RemoteInstance(id=vast_id, label="vastctl-a")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: bad", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert error is None and row["destroyed_at"] and market.calls == [("destroy", 77)]
 
 
@@ -419,7 +419,7 @@ def test_kill_of_a_launching_row_finds_its_machine_by_label(conn, cfg):
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
     market.instances = [RemoteInstance(id=5, label="other"), RemoteInstance(id=6, label="vastctl-a")]
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert error is None and row["vast_id"] == 6 and row["destroyed_at"]
     assert market.calls[-1] == ("destroy", 6)
 
@@ -428,7 +428,7 @@ def test_kill_of_a_launching_row_with_a_failed_listing_keeps_it_undestroyed(conn
     live_row(conn, State.LAUNCHING, vast_id=None)
     market = FakeMarket(conn)
     market.fail["list"] = ProviderError("listing failed")
-    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator", now=NOW)
+    row, error = operations.kill(conn, market, "vastctl-a", "operator: x", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert error and row["state"] == "killed" and row["destroyed_at"] is None
 
 
@@ -520,10 +520,10 @@ def test_a_second_kill_of_a_killed_row_says_it_is_killed_already(conn, cfg, labe
     live_row(conn, State.RUNNING)
     conn.execute("UPDATE instances SET label = ? WHERE uuid = 'u1'", (label,))  # adopted without our prefix
     market = FakeMarket(conn)
-    first, error = operations.kill(conn, market, label, "operator: done", config=cfg, actor="operator",
+    first, error = operations.kill(conn, market, label, "operator: done", config=cfg, actor="operator", code=KillCode.OPERATOR,
                                    force=True, now=NOW)
     assert error is None and first["state"] == "killed"
     with pytest.raises(Refused, match=f"instance {label} is killed already \\(operator: done") as refused:
-        operations.kill(conn, market, label, "operator: again", config=cfg, actor="operator", now=NOW)
+        operations.kill(conn, market, label, "operator: again", config=cfg, actor="operator", code=KillCode.OPERATOR, now=NOW)
     assert "label prefix" not in str(refused.value)
     assert market.calls == [("destroy", 77)]  # nothing at vast touched again

@@ -30,6 +30,7 @@ from vastctl.providers.base import (
 from vastctl.providers.sim import FAULT_KINDS, FIRST_VAST_ID, SimProvider
 from vastctl.providers.sim_market import FailureRates
 from vastctl.state import db, lifecycle, tokens
+from vastctl.state.lifecycle import KillCode
 
 START = datetime(2031, 3, 1, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
 QUIET = FailureRates(**{f.name: 0.0 for f in dataclasses.fields(FailureRates)})
@@ -322,7 +323,7 @@ def test_billing_runs_on_after_our_kill_until_the_refused_destroy_lands(tmp_path
     assert refused_s >= 180
     uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
     market.advance(2 * 3600)
-    row, error = operations.kill(market.conn, market.sim, uuid, "operator: test", code="operator", config=market.config,
+    row, error = operations.kill(market.conn, market.sim, uuid, "operator: test", code=KillCode.OPERATOR, config=market.config,
                                  force=True,
                                  now=market.clock.now())
     assert row["state"] == "killed" and "refused" in error and row["destroyed_at"] is None
@@ -469,7 +470,7 @@ def test_a_reconcile_pass_under_the_sim_stops_calling_at_its_deadline(tmp_path, 
     uuids = [market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"] for _ in range(2)]
     market.advance(2 * 3600)
     for uuid in uuids:
-        operations.kill(market.conn, market.sim, uuid, "operator: test", code="operator", config=market.config,
+        operations.kill(market.conn, market.sim, uuid, "operator: test", code=KillCode.OPERATOR, config=market.config,
                         force=True, now=market.clock.now())
     vast_ids = [market.row(uuid)["vast_id"] for uuid in uuids]
     market.advance(max(sim_market.destroy_refused_for(1, vast_id, rates) for vast_id in vast_ids) + 1)

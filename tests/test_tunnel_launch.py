@@ -22,6 +22,7 @@ from vastctl.errors import BadInput, Unavailable
 from vastctl.providers.base import ProviderError, ProviderRejected
 from vastctl.reconcile import plan
 from vastctl.state import lifecycle, tokens
+from vastctl.state.lifecycle import KillCode
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_a_refused_create_and_a_kill_prune_the_machines_key(conn, db_path, tmp_p
     launches.launch(conn, market, cfg, offer_id=11, now=NOW)
     label = market.creates()[1].label
     assert keys.read_text().count("permitlisten") == 1
-    operations.kill(conn, market, label, "operator: test", config=cfg, force=True, now=NOW)
+    operations.kill(conn, market, label, "operator: test", config=cfg, code=KillCode.OPERATOR, force=True, now=NOW)
     assert "permitlisten" not in keys.read_text() and lifecycle.resolve(conn, label)["state"] == "killed"
 
 

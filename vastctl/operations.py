@@ -240,7 +240,7 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
 
 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
-         config: Config, actor: str = "operator", code: KillCode | None = None, ttl_s: float | None = None,
+         config: Config, actor: str = "operator", code: KillCode, ttl_s: float | None = None,
          force: bool = False, kind: Kind = Kind.KILL,
          now: datetime) -> tuple[InstanceRow, str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
@@ -251,7 +251,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     empty: every reconcile pass retries. A launching row without a vast id may
     have a machine whose create answer was lost: it is looked up by label
     first. `ttl_s` (the blocklist TTL) blocklists the machine when the kill
-    says it failed. Without a `code`, the kill is coded by who asked (operator, agent).
+    says it failed. `code` is the caller's KillCode.X (lifecycle.kill_in_tx writes it).
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
@@ -265,7 +265,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     if verdict.forced:
         reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
-    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code or KillCode(actor), forced=verdict.forced,
+    row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code, forced=verdict.forced,
                          now=now)
     if row.get("tunnel_port") is not None:  # its key stops working at its next connect
         with contextlib.suppress(Unavailable):  # an unwritable file is reconcile's error to report, every pass
