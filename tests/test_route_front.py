@@ -55,9 +55,11 @@ class Site:
         return front
 
     def new_channel(self):
+        """A channel on a connection of its own: grpcio otherwise shares one connection among channels of the same
+        target and options, and a call on a "new" channel could go out on a connection the router is draining."""
         return grpc.insecure_channel(f"127.0.0.1:{self.port}", options=[
             ("grpc.max_send_message_length", 300 * MiB), ("grpc.max_receive_message_length", 300 * MiB),
-            ("grpc.enable_retries", 0)])
+            ("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)])
 
     def join(self, port, name, rate=60.0):
         at = clock.to_iso(clock.SYSTEM.now())
