@@ -183,6 +183,9 @@ class Router:
                               f"vastctl route kept this call unread {self.clock.monotonic() - started:.0f}s: the"
                               " memory for requests (route.max_held_mb) stayed in use until its deadline")
             if not context.is_active():
+                if remaining <= health.DEADLINE_SLACK_S:  # its deadline passed at the caller a moment before here
+                    self._record(base, "expired", started, attempt=0, detail="waited unread past its deadline")
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed while it waited unread")
                 self._record(base, "abandoned", started, attempt=0, detail="the caller went away while unread")
                 context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
             try:
@@ -295,6 +298,9 @@ class Router:
                               f"vastctl route held this call {self.clock.monotonic() - started:.0f}s: no prover had"
                               " a free slot before its deadline")
             if not context.is_active():
+                if remaining <= health.DEADLINE_SLACK_S:  # its deadline passed at the caller a moment before here
+                    self._record(base, "expired", started, attempt=attempt, detail="held past its deadline")
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed while it was held")
                 self._record(base, "abandoned", started, attempt=attempt, detail="the caller went away while held")
                 context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
             try:
