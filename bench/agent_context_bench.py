@@ -2,7 +2,7 @@
 and what the default model costs a day at one step every 5 minutes.
 
 Each case runs the real `llm.run` with the real Anthropic SDK against the local
-fake Messages API (tests/fake_anthropic.py) and measures the request bodies
+fake Messages API (tests/helpers/fake_anthropic.py) and measures the request bodies
 that actually went out: system prompt, tools and messages, tokens estimated as
 memory.estimate_tokens does (characters ÷ 3, high for JSON). The observation
 dicts are built here in the shape agent-step hands to llm.run
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
+from helpers.fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
 
 from vastctl import clock as clock_module
 from vastctl.agent import llm, memory

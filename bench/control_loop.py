@@ -1,5 +1,8 @@
 """The control loop over simulated days: the rules policy beside a static fleet and the lower bound.
 
+`--fleets rules plan` adds the planning policy (agent.policy plan, vastctl/agent/plan.py) on the rules' fleet,
+reported in the same columns (bench/README.md "The planning policy").
+
 For each seed and each failure level (low, default, high), one `vastctl demo`
 day (vastctl/demo/: the same demand curve, market and cron cadence) with
 the rules policy, and one with a static fleet (the target set once to the
@@ -32,6 +35,7 @@ Rerun:
     python bench/control_loop.py --seeds 1 2 3 4 5 --levels default
     python bench/control_loop.py --set agent.headroom=0.1 --set fleet.min_inet_down_mbps=1000
     python bench/control_loop.py --fleets rules --set launch.rental=mixed
+    python bench/control_loop.py --seeds 1 2 3 --levels default --fleets rules plan   # the planning policy
     python bench/cost_ledger.py                        # where the rules fleet's money goes above the bound
 """
 
@@ -67,9 +71,14 @@ def overrides(pairs: list[str]):
     return apply
 
 
+FLEETS = (*setting.FLEETS, "plan")  # plan: the rules' fleet run by the planning policy (agent/plan.py)
+
+
 def one_day(seed: int, level: str, fleet: str, hours: float, configure) -> dict:
     with tempfile.TemporaryDirectory(prefix="vastctl-bench-") as scratch:
-        options = setting.DemoOptions(hours=hours, seed=seed, failures=level, fleet=fleet)
+        policy = "plan" if fleet == "plan" else "rules"
+        options = setting.DemoOptions(hours=hours, seed=seed, failures=level, fleet="rules" if fleet == "plan" else fleet,
+                                      policy=policy)
         result = day.run(options, Path(scratch), configure=configure)
         return {**result.figures, "latencies": result.latencies}
 
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 9])
     parser.add_argument("--levels", nargs="+", default=list(setting.FAILURE_LEVELS), choices=setting.FAILURE_LEVELS)
     parser.add_argument("--hours", type=float, default=24.0)
-    parser.add_argument("--fleets", nargs="+", default=list(setting.FLEETS), choices=setting.FLEETS)
+    parser.add_argument("--fleets", nargs="+", default=list(setting.FLEETS), choices=FLEETS)
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         help="a config override for every run, e.g. agent.headroom=0.1")
     args = parser.parse_args(argv)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DAEMON = ROOT / "tests" / "fakes" / "cuzk_daemon.py"
 sys.path.insert(0, str(ROOT / "tests"))
 
-from curio_client import prove_request  # noqa: E402  (the tests' request builder, as Curio builds a call)
+from helpers.curio_client import prove_request  # noqa: E402  (the tests' request builder, as Curio builds a call)
 
 from vastctl.clock import SYSTEM, to_iso  # noqa: E402
 from vastctl.route import server as route_server  # noqa: E402

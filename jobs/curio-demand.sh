@@ -1,6 +1,6 @@
 #!/bin/sh
 # Curio's proving demand for vastctl (demand.command in the config); prints one line:
-#   {"queued": N, "in_flight": N, "lookahead": N, "proofs_per_hour": X}
+#   {"queued": N, "in_flight": N, "lookahead": N, "proofs_per_hour": X, "arrivals": [N, … 9 counts], "later": N}
 #
 #   demand:
 #     command: "CURIO_DB_URL=postgres://yugabyte:yugabyte@yb.internal:5433/yugabyte /usr/local/bin/curio-demand.sh"
@@ -9,6 +9,15 @@
 # in_flight:       those tasks claimed by a node (with cuzk: waiting or proving at a daemon)
 # lookahead:       sectors precommitted on chain whose PoRep task is not created yet (it comes ~75 min later)
 # proofs_per_hour: those tasks finished successfully in the last hour
+# arrivals:        the lookahead sectors by when their PoRep task comes: 9 counts of 10 minutes each, the next 90 min.
+#                  Curio creates the task at chain height >= seed_epoch + 3; one already due is in the first count;
+#                  one due past the 90 minutes or with no seed_epoch yet is in lookahead only
+# later:           sectors in earlier stages (not precommitted on chain yet, not failed): each one's PoRep comes at
+#                  least ~75 min from now, most of them hours from now; a count, with no time
+#
+# The chain's height comes from the clock: (now - genesis) / 30 s. CURIO_GENESIS_UNIX is the network's genesis in
+# unix seconds (default mainnet's, 1598306400 = 2020-08-24T22:00:00Z; calibration net's is 1667326380 =
+# 2022-11-01T18:13:00Z); CURIO_NOW_UNIX replaces the clock (a fixed now, for a test).
 #
 # The sector size the fleet proves: CURIO_SECTOR_SIZE, else VASTCTL_SECTOR_SIZE (vastctl sets it from
 # launch.sector_size when it runs demand.command): 32GiB or 64GiB. PoRep work on sectors of the other size
@@ -42,6 +51,20 @@ case "$SCHEMA" in  # it is pasted into the SQL: a plain identifier only
 esac
 command -v psql >/dev/null 2>&1 || fail "psql not found on PATH (install postgresql-client)"
 
+# the chain's height now: whole epochs of 30 s since the network's genesis
+GENESIS="${CURIO_GENESIS_UNIX:-1598306400}"
+NOW="${CURIO_NOW_UNIX:-$(date +%s)}"
+for value in "$GENESIS" "$NOW"; do  # pasted into the SQL too: digits only, at most 12 of them
+    case "$value" in
+        ''|*[!0-9]*|?????????????*)
+            fail "CURIO_GENESIS_UNIX and CURIO_NOW_UNIX are unix seconds (calibration net's genesis: 1667326380), got '$value'" ;;
+    esac
+done
+[ "$NOW" -ge "$GENESIS" ] || fail "now ($NOW) is before the genesis, CURIO_GENESIS_UNIX ($GENESIS): another network's, or a wrong clock"
+HEIGHT=$(( (NOW - GENESIS) / 30 ))
+BUCKET_EPOCHS=20  # 10 minutes of 30 s epochs
+BUCKETS=9         # 90 minutes
+
 # the registered seal proofs of a size (V1, V1_1, V1_1 synthetic PoRep, V1_2 NI-PoRep)
 SIZE="${CURIO_SECTOR_SIZE:-${VASTCTL_SECTOR_SIZE:-}}"
 case "$SIZE" in
@@ -59,7 +82,16 @@ SQL="SELECT
   (SELECT count(*) FROM $SCHEMA.sectors_sdr_pipeline
     WHERE after_precommit_msg_success AND NOT after_porep AND NOT failed AND task_id_porep IS NULL $SIZED),
   (SELECT count(*) FROM $SCHEMA.harmony_task_history
-    WHERE name IN ($TASKS) AND result AND work_end > now() - interval '1 hour')"
+    WHERE name IN ($TASKS) AND result AND work_end > now() - interval '1 hour'),
+  (SELECT string_agg(coalesce(due.n, 0)::text, ',' ORDER BY b.bucket)
+    FROM generate_series(0, $BUCKETS - 1) AS b (bucket)
+    LEFT JOIN (SELECT greatest(0, (seed_epoch + 3 - $HEIGHT) / $BUCKET_EPOCHS) AS bucket, count(*) AS n
+               FROM $SCHEMA.sectors_sdr_pipeline
+               WHERE after_precommit_msg_success AND NOT after_porep AND NOT failed AND task_id_porep IS NULL $SIZED
+                 AND seed_epoch + 3 - $HEIGHT < $BUCKETS * $BUCKET_EPOCHS
+               GROUP BY 1) AS due USING (bucket)),
+  (SELECT count(*) FROM $SCHEMA.sectors_sdr_pipeline
+    WHERE NOT after_precommit_msg_success AND NOT after_porep AND NOT failed AND task_id_porep IS NULL $SIZED)"
 
 errors=$(mktemp)
 trap 'rm -f "$errors"' EXIT
@@ -80,13 +112,18 @@ if ! counts=$(PGCONNECT_TIMEOUT=5 PGAPPNAME=curio-demand psql ${CONN:+"$CONN"} -
     fail "$cause: $why"
 fi
 
-read -r queued in_flight lookahead finished <<EOF
+read -r queued in_flight lookahead finished arrivals later extra <<EOF
 $counts
 EOF
-for value in "$queued" "$in_flight" "$lookahead" "$finished"; do
+printed() { fail "psql printed '$counts', expected five counts and $BUCKETS arrivals"; }
+for value in "$queued" "$in_flight" "$lookahead" "$finished" "$later"; do
     case "$value" in
-        ''|*[!0-9]*) fail "psql printed '$counts', expected four counts" ;;
+        ''|*[!0-9]*) printed ;;
     esac
 done
-printf '{"queued": %s, "in_flight": %s, "lookahead": %s, "proofs_per_hour": %s}\n' \
-    "$queued" "$in_flight" "$lookahead" "$finished"
+case "$arrivals" in
+    ''|*[!0-9,]*|,*|*,|*,,*) printed ;;
+esac
+[ -z "$extra" ] && [ "$(printf '%s' "$arrivals" | tr -cd , | wc -c)" -eq $((BUCKETS - 1)) ] || printed
+printf '{"queued": %s, "in_flight": %s, "lookahead": %s, "proofs_per_hour": %s, "arrivals": [%s], "later": %s}\n' \
+    "$queued" "$in_flight" "$lookahead" "$finished" "$(printf '%s' "$arrivals" | sed 's/,/, /g')" "$later"

@@ -16,6 +16,21 @@ from vastctl import config as config_module
 from vastctl.clock import SYSTEM
 from vastctl.state import db
 
+# The fixtures several test modules share, each in the module of its topic under tests/helpers/: a test takes
+# one by naming it, never by importing it (the argument would shadow the import: ruff's F811). pytest_plugins
+# counts only in a conftest read at start-up, as this one is (testpaths), and makes every fixture it names
+# visible to every test: no two of them share a name, and a module's own fixture of that name still wins there.
+# The modules under tests/helpers/ have their asserts rewritten, as a test module's are.
+pytest.register_assert_rewrite("helpers")
+pytest_plugins = [
+    "helpers.agent_cli",
+    "helpers.boot",
+    "helpers.dashboard",
+    "helpers.fake_vast",
+    "helpers.mocked_vast",
+    "helpers.operations_market",
+]
+
 # Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE): without it each
 # worker rewrites the asserts of every test module and compiles vastctl afresh (~12 s of CPU a worker, most
 # of the quick pass), and each vastctl process a test starts compiles it again. __pycache__ is ignored by git.
@@ -120,8 +135,8 @@ def isolated(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def go_client(tmp_path_factory):
-    """Curio's own client in grpc-go, built once a session from Debian's packages (tests/route_processes.py)."""
-    from route_processes import go_client_binary
+    """Curio's own client in grpc-go, built once a session from Debian's packages (helpers/route_processes.py)."""
+    from helpers.route_processes import go_client_binary
 
     return go_client_binary(tmp_path_factory)
 
@@ -185,11 +200,3 @@ def cli(capsys):
         return Result(code, captured.out, captured.err)
 
     return run
-
-
-def run_vastctl(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run vastctl as a real process (for concurrency and import checks)."""
-    return subprocess.run(
-        [sys.executable, "-m", "vastctl", *map(str, args)],
-        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
-    )

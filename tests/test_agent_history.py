@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from test_cli_agent import market, query, ready, running  # noqa: F401  (fixtures)
-from test_rules import CONFIG, NOW, m, observation, queued
+import pytest
+from helpers.agent_cli import running
+from helpers.rules_observations import CONFIG, NOW, m, observation, queued
+from helpers.serving import query
 
 from vastctl.agent import history, rules
 from vastctl.state import db
+
+
+@pytest.fixture
+def ready(agent_ready):
+    """Initialised under the agent's config (helpers/agent_cli.py)."""
+
 
 # --- the hold reason ---------------------------------------------------------------------------------
 
@@ -44,7 +52,7 @@ def test_no_work_before_the_cooldown_holds_until_scale_down_after():
 
 
 def test_unknown_demand_never_known_holds_as_if_work_were_queued():
-    from test_rules import UNKNOWN
+    from helpers.rules_observations import UNKNOWN
 
     obs = observation([m("a", rate=120.0)], UNKNOWN)
     assert rules.hold_reason(obs, CONFIG).startswith(

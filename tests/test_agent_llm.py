@@ -8,7 +8,7 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
-from fake_anthropic import FakeMessagesAPI, error, fleet_observation, message, text, tool_use
+from helpers.fake_anthropic import FakeMessagesAPI, error, fleet_observation, message, text, tool_use
 
 from vastctl.agent import llm, memory, tools
 from vastctl.clock import VirtualClock

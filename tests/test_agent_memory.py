@@ -6,7 +6,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from fake_anthropic import fleet_observation, machine
+from helpers.fake_anthropic import fleet_observation, machine
 
 from vastctl import clock as clock_module
 from vastctl.agent import llm, memory

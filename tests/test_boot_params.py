@@ -14,9 +14,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from serving import on_a_thread, run_vastctl
-from test_boot_script import FAKES, Machine, start_manager
-from test_end_to_end import FakeVast
+from helpers.boot import FAKES, Machine, start_manager
+from helpers.fake_vast import FakeVast
+from helpers.serving import on_a_thread, run_vastctl
 
 from vastctl import config as config_module
 from vastctl.errors import BadInput

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from vastctl import bound
@@ -73,3 +75,123 @@ def test_a_host_released_cannot_be_taken_back_at_its_old_price_but_a_stopped_one
         arrivals[minute] = 1.0
     found = bound.least_cost(hosts, arrivals, 0)
     assert found.cost == pytest.approx(110 / 60 * 1.0 + 120 / 60 * 0.1, abs=1e-6)
+
+
+def daily(base, minutes, phase):
+    """$/h swinging ±8% over each day around `base`, as the simulated market's offers do."""
+    return [round(base * (1 + 0.08 * math.sin(2 * math.pi * minute / 1440 + phase)), 4) for minute in range(minutes)]
+
+
+def test_the_program_grows_with_the_horizon_not_its_square(monkeypatch):
+    """Eight days of the same work on the same hosts make a program about twice four days', not four times: a
+    rental is held no longer than until its host's next hour as cheap (a day later at the latest here)."""
+    import scipy.optimize
+
+    sizes = []
+    solve = scipy.optimize.linprog
+
+    def counting(c, *args, **kwargs):
+        sizes.append(len(c))
+        return solve(c, *args, **kwargs)
+
+    monkeypatch.setattr(scipy.optimize, "linprog", counting)
+
+    def program(days):
+        minutes = days * 1440
+        horizon = bound.minutes(minutes, 45 * 60)
+        hosts = [Rentable(key=k, rate=60, storage_dph=0.01, prices=daily(1.0 + k / 10, horizon, k)) for k in range(4)]
+        sizes.clear()
+        found = bound.least_cost(hosts, [1.5 + math.sin(minute / 200) for minute in range(minutes)], 45 * 60)
+        return sizes[-1], found.cost
+
+    (four, four_cost), (eight, eight_cost) = program(4), program(8)
+    assert eight <= 2.2 * four
+    assert eight_cost == pytest.approx(2 * four_cost, rel=0.05)
+
+
+# --- rentals by bid: the market's rival bids, known in hindsight ---------------------------------------------
+
+
+def outbid_in_hour_one(blocks):
+    """A rival's bid of $2/h holds the host through hour 1 (blocks 6-11): a bid proves then only at $2/h."""
+    return [2.0 if 6 <= t < 12 else 0.0 for t in range(blocks)]
+
+
+def work_from_block_one(minutes):
+    """One proof a minute from minute 10 (the first block no rental can prove in) to the end; none may wait."""
+    return [0.0 if minute < bound.BLOCK_MIN else 1.0 for minute in range(minutes)]
+
+
+def test_a_host_outbid_in_an_hour_is_not_rented_at_its_min_bid_then_but_on_demand():
+    """Known exactly: host A (60/h) by bid at $0.5/h, outbid by a $2/h rival through hour 1, and on demand at
+    $1.5/h; one proof a minute in blocks 1-17, none waiting: each block needs the whole host. The bid proves in
+    hours 0 and 2 at $0.5/h (11 blocks; the block after the rival leaves by a bid rented in hour 1, while the
+    rival held the host: renting is not proving), and in hour 1 on demand at $1.5/h (6 blocks): never at
+    $0.5/h while outbid, as the bound that knew no rival did (17 blocks at $0.5/h)."""
+    minutes = 180
+    horizon = bound.minutes(minutes, 0)
+    blocks = horizon // bound.BLOCK_MIN
+    by_bid = Rentable(key=-1, rate=60, storage_dph=0.0, prices=flat(0.5, horizon), rival=outbid_in_hour_one(blocks),
+                      machine=1)
+    on_demand = Rentable(key=1, rate=60, storage_dph=0.0, prices=flat(1.5, horizon))
+    never_outbid = Rentable(key=-1, rate=60, storage_dph=0.0, prices=flat(0.5, horizon), machine=1)
+    work = work_from_block_one(minutes)
+    assert bound.least_cost([never_outbid, on_demand], work, 0).cost == pytest.approx(17 / 6 * 0.5, abs=1e-6)
+    found = bound.least_cost([by_bid, on_demand], work, 0)
+    assert found.cost == pytest.approx(11 / 6 * 0.5 + 6 / 6 * 1.5, abs=1e-6)
+    assert bound.least_cost([by_bid], work, 0).cost == pytest.approx(11 / 6 * 0.5 + 6 / 6 * 2.0, abs=1e-6)
+
+
+def test_a_host_is_held_by_one_of_its_offers_at_a_time():
+    """The bid and the on-demand offer of one host are one machine: two at once would prove twice its rate. Work
+    of 120/h (two hosts' worth) in blocks 1-5 cannot be done on host 1's two offers alone."""
+    horizon = bound.minutes(60, 0)
+    work = [0.0 if minute < bound.BLOCK_MIN else 2.0 for minute in range(60)]
+    offers = [Rentable(key=-1, rate=60, storage_dph=0.0, prices=flat(0.5, horizon), machine=1),
+              Rentable(key=1, rate=60, storage_dph=0.0, prices=flat(1.5, horizon))]
+    with pytest.raises(ArithmeticError):
+        bound.least_cost(offers, work, 0)
+    other = Rentable(key=2, rate=60, storage_dph=0.0, prices=flat(1.5, horizon))
+    assert bound.least_cost([*offers, other], work, 0).cost == pytest.approx(5 / 6 * (0.5 + 1.5), abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", [5, 351])
+def test_the_bid_aware_bound_never_exceeds_the_on_demand_one_and_knows_the_markets_rivals(tmp_path, seed):
+    """On the demo's market (12 hours): the bid-aware bound is at most the on-demand one (it may rent every host on
+    demand too), above what the same hosts would cost by bid if no rival ever came, and every block the bound
+    prices a bid's rival in is one the market's own process holds the host over that bid throughout."""
+    from vastctl import markets
+    from vastctl.clock import VirtualClock
+    from vastctl.demo import figures, setting
+    from vastctl.providers import sim_market
+    from vastctl.state import db
+
+    options = setting.DemoOptions(hours=12, seed=seed)
+    config = setting.demo_config(tmp_path, options)
+    clock = VirtualClock(setting.START)
+    conn = db.connect(config.db_path, now=clock.now(), create=True)
+    market = markets.get_provider(config, conn=conn, clock=clock)
+    least = figures.least_costs(market, config, setting.DemandCurve(seed), options.minutes)
+    assert least["interruptible"].cost <= least["honest"].cost + 1e-6
+
+    calm = sim_market.FailureRates(**{**vars(market.rates), "outbid_per_hour": 0.0})
+    rates = market.rates
+    market.rates = calm
+    try:
+        never_outbid = figures.least_costs(market, config, setting.DemandCurve(seed), options.minutes)
+    finally:
+        market.rates = rates
+    assert never_outbid["interruptible"].cost < least["interruptible"].cost
+
+    start, span = setting.START.timestamp(), bound.BLOCK_MIN * 60
+    held = 0
+    for host in market.hosts()[:40]:
+        floors = sim_market.rival_floors(market.seed, host, start, span, 72, rates)
+        for number, floor in enumerate(floors):
+            if floor > 0:
+                held += 1
+                for at in range(int(start + number * span), int(start + (number + 1) * span), 30):
+                    spell = sim_market.outbid(market.seed, host, at, floor - 1e-6, rates)
+                    assert spell is not None and spell.start <= at < spell.end
+    assert held > 0
+    conn.close()

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
-from serving import ADMIN_TOKEN, Manager
-from stand_in_market import Market, stand_in
+from helpers.serving import ADMIN_TOKEN, Manager
+from helpers.stand_in_market import Market, stand_in
 
 from vastctl.state import lifecycle, rates
 from vastctl.state.lifecycle import State

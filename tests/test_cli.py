@@ -4,8 +4,8 @@ arguments that are not UTF-8 text."""
 from __future__ import annotations
 
 import pytest
-from conftest import run_vastctl
-from refusals import contents, one_error_line
+from helpers.refusals import contents, one_error_line
+from helpers.serving import run_vastctl
 
 import vastctl
 

@@ -3,48 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import sqlite3
-import types
-from dataclasses import dataclass, field
 
 import pytest
-from serving import query
-from stand_in_market import Market, stand_in
+from helpers.agent_cli import running
+from helpers.serving import query
+from helpers.stand_in_llm import fake_llm
 
 from vastctl import clock
-from vastctl.agent import step, tools
-from vastctl.errors import BadInput
+from vastctl.agent import step
 from vastctl.state import db, locks
 
 
 @pytest.fixture
-def market(monkeypatch):
-    return stand_in(monkeypatch, Market())
-
-
-@pytest.fixture
-def ready(cli, tmp_path, monkeypatch):
-    config = tmp_path / "config.yaml"
-    config.write_text("server:\n  url: https://manager.example\n"
-                      "launch:\n  vastctl_source: vastctl\n  install: ./install-provers.sh\n"
-                      "fleet:\n  target_proofs_per_hour: 100\n  max_instances: 6\n  default_rate: 60\n"
-                      # a deadline no loaded machine reaches: these tests are not about it (test_agent_llm.py
-                      # is, on the injected clock), and the llm step's runs on the wall clock here
-                      "agent:\n  interval: 5m\n  max_actions_per_step: 5\n  deadline: 10m\n")
-    monkeypatch.setenv("VASTCTL_CONFIG", str(config))
-    assert cli("init").code == 0
-
-
-def running(cli, label, uuid=None, vast_id=500, rate=70):
-    uuid = uuid or f"u-{label}"
-    for args in (["register", "--uuid", uuid, "--label", label, "--vast-id", str(vast_id), "--gpu", "RTX 4090"],
-                 ["params-done", "--uuid", uuid], ["bench-report", "--uuid", uuid, "--rate", str(rate)],
-                 ["running", "--uuid", uuid]):
-        assert cli(*args).code == 0, args
-    with sqlite3.connect(os.environ["VASTCTL_DB"]) as raw:  # the id a launch records (a machine's claim is not)
-        raw.execute("UPDATE instances SET vast_id = ? WHERE uuid = ?", (vast_id, uuid))
+def ready(agent_ready):
+    """Initialised under the agent's config (helpers/agent_cli.py)."""
 
 
 def test_rules_step_launches_to_the_target(ready, cli, market, db_path):
@@ -174,48 +147,6 @@ def test_bad_policy_and_a_held_lease(ready, cli, market, db_path):
 
 
 # --- the llm policy's tool calls come back through the guard ------------------------------------------
-
-
-@dataclass
-class ToolOutcome:
-    ok: bool
-    text: str
-    action: dict | None = None
-
-
-@dataclass
-class LlmResult:
-    tokens: dict
-    cost: float
-    rounds: int
-    stop_reason: str
-    error: str | None = None
-    transcript: list = field(default_factory=list)
-
-
-def fake_llm(monkeypatch, calls, *, error=None):
-    """A stand-in agent.llm: makes the given tool calls and keeps what each returned."""
-    seen: dict = {"outcomes": []}
-
-    def run(conn, config, *, observation, suggestion, execute, clock, step_id=None, env=None):
-        seen.update(observation=observation, suggestion=suggestion, step_id=step_id)
-        for name, tool_input in calls:  # parsed as the real loop parses them, before anything is run
-            try:
-                call = tools.parse(name, tool_input)
-            except BadInput as exc:
-                seen["outcomes"].append(ToolOutcome(False, str(exc)))
-                continue
-            seen["outcomes"].append(execute(name, call))
-        return LlmResult(tokens={"input": 1200, "output": 80, "cache_read": 900, "cache_write": 0}, cost=0.0004,
-                         rounds=len(calls) + 1, stop_reason="error" if error else "end_turn", error=error)
-
-    module = types.SimpleNamespace(run=run, ToolOutcome=ToolOutcome, LlmResult=LlmResult,
-                                   require=lambda config, env: ("sk-test", [0.0] * 4))
-    import vastctl.agent
-
-    monkeypatch.setitem(__import__("sys").modules, "vastctl.agent.llm", module)
-    monkeypatch.setattr(vastctl.agent, "llm", module, raising=False)
-    return seen
 
 
 def test_llm_tool_calls_pass_the_guard_and_refusals_are_errors(ready, cli, market, db_path, monkeypatch):

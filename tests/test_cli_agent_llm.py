@@ -1,5 +1,5 @@
 """`vastctl agent-step --policy llm` end to end: the real agent.llm and Anthropic SDK against the local fake
-Messages API (tests/fake_anthropic.py), a stand-in market, and the requests, rows and output that result."""
+Messages API (helpers/fake_anthropic.py), a stand-in market, and the requests, rows and output that result."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import sqlite3
 
 import pytest
-from fake_anthropic import FakeMessagesAPI, Raw, error, message, text, tool_use
-from stand_in_market import Market, stand_in
-from test_cli_agent import query, ready, running  # noqa: F401 (ready is a fixture)
+from helpers.agent_cli import opening, running, step_json
+from helpers.fake_anthropic import Raw, error, message, text, tool_use
+from helpers.serving import query
 
 from vastctl.agent import memory
 
@@ -19,46 +19,25 @@ NOTE = "vastctl-a is the only running machine: never release it while proofs are
 
 
 @pytest.fixture
-def api(monkeypatch):
-    fake = FakeMessagesAPI()
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-0123456789")
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
-def market(monkeypatch):
-    return stand_in(monkeypatch, Market())
-
-
-def opening(body: dict) -> dict:
-    """The JSON inside the data block of a request's opening message."""
-    words = body["messages"][0]["content"][0]["text"]
-    return json.loads(words.split(memory.DATA_OPEN, 1)[1].split(memory.DATA_CLOSE, 1)[0])
-
-
-def step_json(cli, *args):
-    result = cli("agent-step", "--policy", "llm", "--json", *args)
-    assert result.code == 0, result.err
-    return json.loads(result.out)
+def ready(agent_ready):
+    """Initialised under the agent's config (helpers/agent_cli.py)."""
 
 
 @pytest.mark.slow
-def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
+def test_an_llm_step_end_to_end(ready, cli, market, llm_api, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "500").code == 0
     stop = tool_use("stop", {"label": "vastctl-a"})
     launch = tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"})
-    api.answer(message(text("Short of target; the queue is long."), stop, launch,
-                       tool_use("note", {"text": NOTE}), input_tokens=3000, output_tokens=120, cache_write=900),
-               message(text("Launched one; the stop was refused."), input_tokens=3400, output_tokens=30,
-                       cache_read=900))
+    llm_api.answer(message(text("Short of target; the queue is long."), stop, launch,
+                           tool_use("note", {"text": NOTE}), input_tokens=3000, output_tokens=120, cache_write=900),
+                   message(text("Launched one; the stop was refused."), input_tokens=3400, output_tokens=30,
+                           cache_read=900))
 
     data = step_json(cli)
 
     # the first request: the tools in their fixed order, the fleet, the demand and the events so far
-    first, second = api.bodies
+    first, second = llm_api.bodies
     assert [tool["name"] for tool in first["tools"]] == TOOL_ORDER
     seen = opening(first)
     observation = seen["observation"]
@@ -93,10 +72,10 @@ def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
 
     # the next step: the note, an account of the step before, and only the events after its cursor
     assert cli("notify", "Curio maintenance at 02:00").code == 0
-    api.answer(message(text("Holding.")))
+    llm_api.answer(message(text("Holding.")))
     data = step_json(cli)
     assert data["actions"] == [] and data["tokens"]["input"] == 100
-    seen = opening(api.bodies[2])
+    seen = opening(llm_api.bodies[2])
     assert [note["text"] for note in seen["notes"]] == [NOTE]
     (before,) = seen["recent_steps"]
     assert before["step"] == row["id"] and before["saw"]["demand_queued"] == 500
@@ -112,16 +91,16 @@ def test_an_llm_step_end_to_end(ready, cli, market, api, db_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("status", [500, 529])
-def test_an_api_error_buys_nothing_and_exits_1(ready, cli, market, api, db_path, status):
+def test_an_api_error_buys_nothing_and_exits_1(ready, cli, market, llm_api, db_path, status):
     assert cli("demand", "report", "--queued", "59").code == 0
-    api.answer(error(status, retry_after=0), error(status, retry_after=0))
+    llm_api.answer(error(status, retry_after=0), error(status, retry_after=0))
     result = cli("agent-step", "--policy", "llm", "--json")
     assert result.code == 1
     assert result.err.strip().splitlines()[-1].startswith("error: llm: Anthropic API error")
     assert f"HTTP {status}" in result.err
     data = json.loads(result.out)
     assert (data["policy"], data["outcome"], data["actions"]) == ("llm", "error", [])
-    assert len(api.requests) == 2  # one retry within the step, no more
+    assert len(llm_api.requests) == 2  # one retry within the step, no more
     assert [call for call in market.calls if call[0] != "search"] == []
     assert query(db_path, "SELECT count(*) AS n FROM instances") == [{"n": 0}]
     (row,) = query(db_path, "SELECT outcome, errors, input_tokens, cost FROM agent_steps")
@@ -140,14 +119,14 @@ def test_without_a_key_policy_llm_is_bad_input(ready, cli, market, db_path):
     ("refusal", "the model declined to answer"),
     ("max_tokens", "the reply was cut at its token limit (its tool calls were not run)"),
 ])
-def test_a_step_the_model_cuts_short_ran_and_says_why(ready, cli, market, api, db_path, stop_reason, says):
+def test_a_step_the_model_cuts_short_ran_and_says_why(ready, cli, market, llm_api, db_path, stop_reason, says):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "59").code == 0
-    api.answer(message(tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"}), stop_reason=stop_reason))
+    llm_api.answer(message(tool_use("launch", {"count": 1, "gpu_name": "RTX 4090"}), stop_reason=stop_reason))
     data = step_json(cli)
     assert (data["outcome"], data["actions"], data["errors"]) == ("ok", [], [f"llm: {says} after 1 round(s)"])
     assert [call for call in market.calls if call[0] == "create"] == []
-    api.answer(message(text("I would rather not."), stop_reason=stop_reason))
+    llm_api.answer(message(text("I would rather not."), stop_reason=stop_reason))
     result = cli("agent-step", "--policy", "llm")
     assert result.code == 0 and f"warning: llm: {says}" in result.err
     assert [r["outcome"] for r in query(db_path, "SELECT outcome FROM agent_steps")] == ["ok", "ok"]
@@ -168,10 +147,10 @@ def _without(key: str, reply: dict) -> dict:
     (_without("content", message(text("fine"))), "not a message"),
     ({**message(text("fine")), "usage": {"input_tokens": "many", "output_tokens": -3}}, "without usage"),
 ])
-def test_a_reply_that_is_not_a_message_is_a_clear_error_with_the_steps_json(ready, cli, market, api, db_path,
+def test_a_reply_that_is_not_a_message_is_a_clear_error_with_the_steps_json(ready, cli, market, llm_api, db_path,
                                                                              reply, says):
     assert cli("demand", "report", "--queued", "59").code == 0
-    api.answer(reply)
+    llm_api.answer(reply)
     result = cli("agent-step", "--policy", "llm", "--json")
     assert result.code == 1
     last = result.err.strip().splitlines()[-1]
@@ -180,13 +159,13 @@ def test_a_reply_that_is_not_a_message_is_a_clear_error_with_the_steps_json(read
     assert "Bad Gateway" not in result.err  # a proxy's page is hostile text: described, never echoed
     data = json.loads(result.out)
     assert (data["policy"], data["outcome"], data["actions"]) == ("llm", "error", [])
-    assert len(api.requests) == 1  # a broken answer is not retried within the step: the next tick is
+    assert len(llm_api.requests) == 1  # a broken answer is not retried within the step: the next tick is
     (row,) = query(db_path, "SELECT outcome, errors FROM agent_steps")
     assert row["outcome"] == "error" and says in json.loads(row["errors"])[0]
 
 
 @pytest.mark.slow
-def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, api, db_path, tmp_path):
+def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, llm_api, db_path, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text("agent:\n  max_rounds: 1\n  deadline: 4s\n")  # under llm.MIN_ROUND_S: no round can start
     assert cli("demand", "report", "--queued", "59").code == 0
@@ -194,7 +173,7 @@ def test_a_step_that_never_reaches_the_model_is_not_ok(ready, cli, market, api, 
     assert result.code == 1, result.err
     data = json.loads(result.out)
     assert data["outcome"] == "error" and "the model was not asked" in data["errors"][0]
-    assert api.requests == []
+    assert llm_api.requests == []
 
 
 # --- the rebid tool: the guard-checked, audited action the rules policy emits -----------------------------
@@ -215,25 +194,25 @@ def outbid(cli, db_path, label="vastctl-b", vast_id=501, bid=0.3):
                     " WHERE label = ?", (bid, bid, label))
 
 
-def rebid_step(cli, api, tool_input):
+def rebid_step(cli, llm_api, tool_input):
     call = tool_use("rebid", tool_input)
-    api.answer(message(call), message(text("done")))
+    llm_api.answer(message(call), message(text("done")))
     data = step_json(cli)
-    (result,) = api.bodies[1]["messages"][2]["content"]
+    (result,) = llm_api.bodies[1]["messages"][2]["content"]
     assert result["tool_use_id"] == call["id"]
     return data, result
 
 
 @pytest.mark.slow
-def test_a_rebid_call_raises_the_bid_through_the_guard_and_is_audited(ready, cli, bid_market, api, db_path):
+def test_a_rebid_call_raises_the_bid_through_the_guard_and_is_audited(ready, cli, bid_market, llm_api, db_path):
     running(cli, "vastctl-a")
     outbid(cli, db_path)
-    data, result = rebid_step(cli, api, {"label": "vastctl-b", "bid": 0.4, "reason": "outbid for 10m"})
+    data, result = rebid_step(cli, llm_api, {"label": "vastctl-b", "bid": 0.4, "reason": "outbid for 10m"})
 
-    brief = {m["label"]: m for m in opening(api.bodies[0])["observation"]["machines"]}["vastctl-b"]
+    brief = {m["label"]: m for m in opening(llm_api.bodies[0])["observation"]["machines"]}["vastctl-b"]
     assert (brief["rental"], brief["bid"], brief["ask_dph"]) == ("interruptible", 0.3, 0.6)
     assert brief["outbid_since"] == "2026-05-01T11:50:00Z"
-    assert "rental" not in {m["label"]: m for m in opening(api.bodies[0])["observation"]["machines"]}["vastctl-a"]
+    assert "rental" not in {m["label"]: m for m in opening(llm_api.bodies[0])["observation"]["machines"]}["vastctl-a"]
     assert result["is_error"] is False and "bid $0.4/h" in result["content"]
     assert [c for c in bid_market.calls if c[0] == "change_bid"] == [("change_bid", 501, 0.4)]
     assert [(a["kind"], a["label"], a["dph"], a["result"]) for a in data["actions"]] == [
@@ -246,10 +225,10 @@ def test_a_rebid_call_raises_the_bid_through_the_guard_and_is_audited(ready, cli
 
 
 @pytest.mark.slow
-def test_a_bid_above_max_dph_is_refused_by_the_guard(ready, cli, bid_market, api, db_path):
+def test_a_bid_above_max_dph_is_refused_by_the_guard(ready, cli, bid_market, llm_api, db_path):
     running(cli, "vastctl-a")
     outbid(cli, db_path)
-    data, result = rebid_step(cli, api, {"label": "vastctl-b", "bid": 5.0})
+    data, result = rebid_step(cli, llm_api, {"label": "vastctl-b", "bid": 5.0})
 
     assert result["is_error"] is True and "max_dph" in result["content"]
     assert [c for c in bid_market.calls if c[0] == "change_bid"] == []
@@ -273,11 +252,11 @@ def test_a_bid_above_max_dph_is_refused_by_the_guard(ready, cli, bid_market, api
     ({"label": "vastctl-b", "bid": 0.4, "price": 0.4},
      "rebid takes no argument 'price' (it takes label, bid, reason)"),
 ])
-def test_an_invalid_rebid_is_a_tool_error_and_nothing_is_guarded_or_run(ready, cli, bid_market, api, db_path,
+def test_an_invalid_rebid_is_a_tool_error_and_nothing_is_guarded_or_run(ready, cli, bid_market, llm_api, db_path,
                                                                           tool_input, says):
     running(cli, "vastctl-a")
     outbid(cli, db_path)
-    data, result = rebid_step(cli, api, tool_input)
+    data, result = rebid_step(cli, llm_api, tool_input)
 
     told = json.loads(result["content"].removeprefix(memory.DATA_OPEN).removesuffix(memory.DATA_CLOSE))
     assert result["is_error"] is True and told == {"ok": False, "result": f"not run: {says}"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from refusals import contents, one_error_line
+from helpers.refusals import contents, one_error_line
 
 
 def row(db_path, uuid="u1"):

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 import responses
-from vast_market import configure, offer, rows
+from helpers.vast_market import configure, offer, rows
 
 API = "https://vast.test"
 KEY = "cli-test-key-987"

@@ -8,7 +8,7 @@ import re
 import sqlite3
 
 import pytest
-from refusals import contents, one_error_line
+from helpers.refusals import contents, one_error_line
 
 
 def lifecycle_to(cli, uuid, label, rate=68.0, running=True, vast_id=None):
@@ -67,11 +67,13 @@ def test_fleet_table_and_summary_line(ready, cli, db_path):
     assert lines[0].split()[:3] == ["label", "state", "vast"]
     assert lines[1].startswith("vastctl-a") and "running" in lines[1]
     assert lines[-1] == "1 running · capacity 68/0 proofs/h · $0.42/h"
+    assert lines[-2].startswith("work: no demand sample yet")
 
 
 def test_fleet_of_an_empty_file(ready, cli):
     result = cli("fleet")
-    assert (result.code, result.out) == (0, "no machines · capacity 0/0 proofs/h · $0.00/h\n")
+    assert (result.code, result.out) == (0, "work: no demand sample yet (demand.command, or `vastctl demand report`)"
+                                            " · no proofs done in the last day\nno machines · capacity 0/0 proofs/h · $0.00/h\n")
 
 
 def test_events_since_limit_and_json(ready, cli):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import requests
-from serving import Manager, free_port, run_vastctl
+from helpers.serving import Manager, free_port, run_vastctl
 
 from vastctl.state import tokens
 

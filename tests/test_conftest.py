@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -42,9 +43,11 @@ def test_marked_and_starts_a_process():
 def test_an_unmarked_test_that_starts_a_process_or_a_server_fails_and_a_marked_one_passes(tmp_path):
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_cases.py").write_text(CASES)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers = slow: starts real processes or servers\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers = slow: starts real processes or servers\n"
+                                         "filterwarnings = ignore:'click.utils.get_:DeprecationWarning\n")  # as pyproject
+    tests_on_path = {**os.environ, "PYTHONPATH": str(HERE)}  # where the modules its pytest_plugins names are
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rf",
-                           "test_cases.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                           "test_cases.py"], cwd=tmp_path, env=tests_on_path, capture_output=True, text=True, timeout=120)
     out = done.stdout
     assert done.returncode == 1, out
     assert out.splitlines()[-1].startswith("4 passed, 2 errors in "), out  # each fails at its teardown

@@ -212,8 +212,8 @@ def test_bad_input_is_one_error_line_and_exit_2(cli, ready, at_five, args, words
 
 
 def test_the_dashboard_card_and_the_metrics_are_the_same_account(db_path):
-    from test_dashboard import make_app
-    from test_metrics import samples
+    from helpers.dashboard import make_app
+    from helpers.prometheus_samples import samples
 
     from vastctl.serving import dashboard, dashboard_page, metrics, server
 

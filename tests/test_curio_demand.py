@@ -16,10 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import pg
 import pytest
 import yaml
-from serving import wait_for
+from helpers import pg
+from helpers.curio_tables import CURIO_TABLES
+from helpers.serving import wait_for
 
 from vastctl.facts import demand
 
@@ -28,88 +29,6 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "curio-demand.sh"
 PROVING = {"PoRep", "UpdateProve", "PSProve"}
 
-CURIO_TABLES = """
-CREATE TABLE {s}.harmony_machines (
-    id SERIAL PRIMARY KEY NOT NULL,
-    last_contact TIMESTAMPTZ NOT NULL DEFAULT current_timestamp,
-    host_and_port varchar(300) NOT NULL,
-    cpu INTEGER NOT NULL,
-    ram BIGINT NOT NULL,
-    gpu FLOAT NOT NULL,
-    unschedulable BOOLEAN DEFAULT FALSE,
-    restart_request TIMESTAMP WITH TIME ZONE
-);
-CREATE TABLE {s}.harmony_task (
-    id SERIAL PRIMARY KEY NOT NULL,
-    initiated_by INTEGER,
-    update_time TIMESTAMPTZ NOT NULL DEFAULT current_timestamp,
-    posted_time TIMESTAMPTZ NOT NULL,
-    owner_id INTEGER REFERENCES {s}.harmony_machines (id) ON DELETE SET NULL,
-    added_by INTEGER NOT NULL,
-    previous_task INTEGER,
-    name varchar(16) NOT NULL,
-    retries BIGINT NOT NULL DEFAULT 0
-);
-CREATE TABLE {s}.harmony_task_history (
-    id SERIAL PRIMARY KEY NOT NULL,
-    task_id INTEGER NOT NULL,
-    name VARCHAR(16) NOT NULL,
-    posted TIMESTAMPTZ NOT NULL,
-    work_start TIMESTAMPTZ NOT NULL,
-    work_end TIMESTAMPTZ NOT NULL,
-    result BOOLEAN NOT NULL,
-    err varchar,
-    completed_by_host_and_port varchar(300) NOT NULL
-);
-CREATE TABLE {s}.sectors_sdr_pipeline (
-    sp_id bigint not null,
-    sector_number bigint not null,
-    create_time timestamptz not null default current_timestamp,
-    reg_seal_proof int not null,
-    ticket_epoch bigint,
-    ticket_value bytea,
-    task_id_sdr bigint,
-    after_sdr bool not null default false,
-    tree_d_cid text,
-    task_id_tree_d bigint,
-    after_tree_d bool not null default false,
-    task_id_tree_c bigint,
-    after_tree_c bool not null default false,
-    tree_r_cid text,
-    task_id_tree_r bigint,
-    after_tree_r bool not null default false,
-    precommit_msg_cid text,
-    task_id_precommit_msg bigint,
-    after_precommit_msg bool not null default false,
-    seed_epoch bigint,
-    precommit_msg_tsk bytea,
-    after_precommit_msg_success bool not null default false,
-    seed_value bytea,
-    task_id_porep bigint,
-    porep_proof bytea,
-    after_porep bool not null default false,
-    task_id_finalize bigint,
-    after_finalize bool not null default false,
-    task_id_move_storage bigint,
-    after_move_storage bool not null default false,
-    commit_msg_cid text,
-    task_id_commit_msg bigint,
-    after_commit_msg bool not null default false,
-    commit_msg_tsk bytea,
-    after_commit_msg_success bool not null default false,
-    failed bool not null default false,
-    failed_at timestamptz,
-    failed_reason varchar(20) not null default '',
-    failed_reason_msg text not null default '',
-    task_id_synth bigint,
-    after_synth bool not null default false,
-    user_sector_duration_epochs BIGINT DEFAULT NULL,
-    precommit_ready_at TIMESTAMPTZ,
-    commit_ready_at TIMESTAMPTZ,
-    start_epoch BIGINT DEFAULT NULL,
-    primary key (sp_id, sector_number)
-);
-"""
 
 # (name, owner machine or None, retries): queued, claimed, retried, and names that are not proving work
 TASKS = [
@@ -148,6 +67,9 @@ def truth() -> dict:
         "lookahead": sum(1 for _, landed, task, proved, failed in SECTORS if landed and not task and not proved
                          and not failed),
         "proofs_per_hour": sum(1 for name, ago, ok in HISTORY if name in PROVING and ok and ago < 60),
+        "arrivals": [0] * 9,  # no sector above has a seed_epoch: the look-ahead's times are unknown, in no bucket
+        "later": sum(1 for _, landed, task, proved, failed in SECTORS if not landed and not task and not proved
+                     and not failed),
     }
 
 
@@ -209,9 +131,13 @@ def run_script(**extra) -> subprocess.CompletedProcess:
 def test_the_script_prints_curios_counts(cluster):
     result = run_script(CURIO_DB_URL=cluster.url())
     assert result.returncode == 0 and result.stderr == ""
-    assert json.loads(result.stdout) == truth() == {"queued": 6, "in_flight": 4, "lookahead": 3, "proofs_per_hour": 4}
+    assert json.loads(result.stdout) == truth() == {"queued": 6, "in_flight": 4, "lookahead": 3, "proofs_per_hour": 4,
+                                                    "arrivals": [0] * 9, "later": 2}
     sample = demand.parse_output(result.stdout)
     assert (sample.queued, sample.in_flight, sample.lookahead, sample.proofs_per_hour) == (6, 4, 3, 4.0)
+    assert (sample.arrivals, sample.later) == ((0,) * 9, 2)
+    # the fields of before come first and unchanged: a reader of the old line reads this one alike
+    assert result.stdout.startswith('{"queued": 6, "in_flight": 4, "lookahead": 3, "proofs_per_hour": 4, ')
 
 
 def test_the_last_hour_is_the_same_in_any_session_time_zone(cluster):
@@ -223,7 +149,8 @@ def test_the_last_hour_is_the_same_in_any_session_time_zone(cluster):
 def test_the_schema_is_configurable_and_an_idle_curio_is_all_zero(cluster):
     result = run_script(CURIO_DB_URL=cluster.url(), CURIO_DB_SCHEMA="curio_idle")
     assert result.returncode == 0
-    assert json.loads(result.stdout) == {"queued": 0, "in_flight": 0, "lookahead": 0, "proofs_per_hour": 0}
+    assert json.loads(result.stdout) == {"queued": 0, "in_flight": 0, "lookahead": 0, "proofs_per_hour": 0,
+                                         "arrivals": [0] * 9, "later": 0}
 
 
 def test_the_sector_size_leaves_out_porep_work_on_sectors_of_the_other_size(cluster):
@@ -243,6 +170,108 @@ def test_the_sector_size_leaves_out_porep_work_on_sectors_of_the_other_size(clus
     assert [(c["queued"], c["lookahead"]) for c in counts.values()] == [(3, 3), (2, 1), (2, 2)]
     result = run_script(CURIO_DB_URL=cluster.url(), CURIO_SECTOR_SIZE="32G")
     assert result.returncode == 1 and result.stderr.startswith("curio-demand: sector size '32G' is not 32GiB or 64GiB")
+
+
+# --- when the look-ahead arrives: each sector's seed_epoch against the chain's height --------------------------------
+
+MAINNET_GENESIS = 1598306400  # 2020-08-24T22:00:00Z
+CALIBNET_GENESIS = 1667326380  # 2022-11-01T18:13:00Z
+HEIGHT = 5_000_000
+# (epochs from HEIGHT to the PoRep task's creation, seed_epoch + 3; reg_seal_proof; the bucket it is in, or None)
+COMING = [
+    (-40, 8, 0),    # due since 20 min (Curio's poller has not made the task yet): the first bucket
+    (0, 8, 0),      # due at this height
+    (19, 8, 0),     # 9.5 min from now
+    (20, 8, 1),     # 10 min: the second
+    (47, 18, 2),    # a synthetic-PoRep one, 23.5 min
+    (147, 8, 7),    # a precommit that landed just now: 150 epochs, its seed 3 before the task
+    (179, 13, 8),   # 89.5 min: the last
+    (180, 8, None),  # 90 min: past the buckets, counted in lookahead only
+    (40, 9, 2),     # a 64 GiB sector, 20 min
+]
+
+
+@pytest.fixture(scope="module")
+def coming(cluster):
+    """Sectors of every stage with their seed epochs around HEIGHT, in schema curio_coming."""
+    rows = [f"(1, {n}, {proof}, TRUE, TRUE, TRUE, {HEIGHT + ahead - 3}, NULL, FALSE, FALSE)"
+            for n, (ahead, proof, _) in enumerate(COMING)]
+    rows += [
+        "(1, 100, 8, TRUE, TRUE, TRUE, NULL, NULL, FALSE, FALSE)",           # on chain, no seed_epoch yet: lookahead only
+        f"(1, 101, 8, TRUE, TRUE, TRUE, {HEIGHT - 10}, 7001, FALSE, FALSE)",  # its task made: queued, not coming
+        f"(1, 102, 8, TRUE, TRUE, TRUE, {HEIGHT + 5}, NULL, FALSE, TRUE)",    # failed
+        "(1, 200, 8, FALSE, FALSE, FALSE, NULL, NULL, FALSE, FALSE)",        # SDR running: later
+        "(1, 201, 8, TRUE, FALSE, FALSE, NULL, NULL, FALSE, FALSE)",         # trees done: later
+        "(1, 202, 8, TRUE, TRUE, FALSE, NULL, NULL, FALSE, FALSE)",          # precommit sent, not on chain: later
+        "(1, 203, 9, TRUE, TRUE, FALSE, NULL, NULL, FALSE, FALSE)",          # the same, 64 GiB
+        "(1, 204, 8, TRUE, FALSE, FALSE, NULL, NULL, FALSE, TRUE)",          # failed in SDR: nothing
+    ]
+    cluster.sql("CREATE SCHEMA curio_coming;" + CURIO_TABLES.format(s="curio_coming") + ";"
+                "INSERT INTO curio_coming.sectors_sdr_pipeline (sp_id, sector_number, reg_seal_proof, after_sdr,"
+                " after_tree_r, after_precommit_msg, seed_epoch, task_id_porep, after_precommit_msg_success, failed)"
+                " VALUES " + ", ".join(rows) + ";"
+                "UPDATE curio_coming.sectors_sdr_pipeline SET after_precommit_msg_success = TRUE"
+                " WHERE sector_number < 200 AND NOT failed OR sector_number = 102")
+    return cluster
+
+
+def buckets(sizes=(3, 4, 8, 9, 13, 14, 18, 19), epochs_later=0) -> list[int]:
+    """The counts for the sectors of `sizes`, at a height `epochs_later` past HEIGHT."""
+    counts = [0] * 9
+    for ahead, proof, bucket in COMING:
+        ahead -= epochs_later
+        assert epochs_later or bucket == (max(0, ahead // 20) if ahead < 180 else None)  # the table's own sums
+        if ahead < 180 and proof in sizes:
+            counts[max(0, ahead // 20)] += 1
+    return counts
+
+
+def run_at(cluster, now: int, **env) -> dict:
+    result = run_script(CURIO_DB_URL=cluster.url(), CURIO_DB_SCHEMA="curio_coming", CURIO_NOW_UNIX=str(now), **env)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    return json.loads(result.stdout)
+
+
+def test_each_coming_sector_is_in_the_bucket_of_its_porep_tasks_creation(coming):
+    for into_the_epoch in (0, 29):  # the height is whole epochs since genesis
+        shown = run_at(coming, MAINNET_GENESIS + HEIGHT * 30 + into_the_epoch)
+        assert shown["arrivals"] == buckets() == [3, 1, 2, 0, 0, 0, 0, 1, 1], into_the_epoch
+        assert shown["lookahead"] == len(COMING) + 1  # past the buckets and without a seed: look-ahead all the same
+        assert shown["later"] == 4 and shown["queued"] == 0
+    assert demand.parse_output(json.dumps(shown)).arrivals == (3, 1, 2, 0, 0, 0, 0, 1, 1)
+    one_epoch_on = run_at(coming, MAINNET_GENESIS + (HEIGHT + 1) * 30)
+    assert one_epoch_on["arrivals"] == buckets(epochs_later=1) == [4, 1, 1, 0, 0, 0, 0, 1, 2]  # 20 away is 19, 180 is 179
+    assert run_at(coming, MAINNET_GENESIS + (HEIGHT + 1) * 30 - 1)["arrivals"] == buckets()
+
+
+def test_the_genesis_is_settable_for_calibration_net(coming):
+    shown = run_at(coming, CALIBNET_GENESIS + HEIGHT * 30, CURIO_GENESIS_UNIX=str(CALIBNET_GENESIS))
+    assert shown["arrivals"] == buckets()
+    mainnet_clock = run_at(coming, CALIBNET_GENESIS + HEIGHT * 30)  # mainnet's genesis: a height 2.3 million higher
+    assert mainnet_clock["arrivals"] == [len(COMING)] + [0] * 8  # every one looks overdue
+
+
+def test_the_sector_size_holds_for_arrivals_and_later(coming):
+    now = MAINNET_GENESIS + HEIGHT * 30
+    small = run_at(coming, now, VASTCTL_SECTOR_SIZE="32GiB")
+    large = run_at(coming, now, VASTCTL_SECTOR_SIZE="64GiB")
+    assert (small["arrivals"], small["later"]) == (buckets((3, 8, 13, 18)), 3)
+    assert (large["arrivals"], large["later"]) == (buckets((4, 9, 14, 19)), 1) == ([0, 0, 1, 0, 0, 0, 0, 0, 0], 1)
+
+
+@pytest.mark.parametrize("env, why", [
+    ({"CURIO_NOW_UNIX": "soon"}, "CURIO_GENESIS_UNIX and CURIO_NOW_UNIX are unix seconds"),
+    ({"CURIO_NOW_UNIX": "-5"}, "got '-5'"),
+    ({"CURIO_NOW_UNIX": "1e9"}, "got '1e9'"),
+    ({"CURIO_NOW_UNIX": "9" * 13}, "are unix seconds"),
+    ({"CURIO_GENESIS_UNIX": "1667326380; DROP TABLE x"}, "are unix seconds"),
+    ({"CURIO_GENESIS_UNIX": " 1667326380"}, "got ' 1667326380'"),
+    ({"CURIO_NOW_UNIX": "1598306399"}, "now (1598306399) is before the genesis, CURIO_GENESIS_UNIX (1598306400)"),
+])
+def test_a_bad_clock_or_genesis_is_refused_before_psql_runs(coming, env, why):
+    result = run_script(CURIO_DB_URL=coming.url(), CURIO_DB_SCHEMA="curio_coming", **env)
+    assert result.returncode == 1 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("curio-demand: ") and why in result.stderr
 
 
 def test_the_connection_parts_build_the_url(cluster):

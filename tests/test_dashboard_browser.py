@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from serving import ADMIN_TOKEN, Manager
+from helpers.serving import ADMIN_TOKEN, Manager
 
 from vastctl import clock
 from vastctl.facts import demand

@@ -8,7 +8,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from test_dashboard import ADMIN, Browser
+from helpers.dashboard import ADMIN, Browser
 
 from vastctl import clock
 from vastctl import config as config_module

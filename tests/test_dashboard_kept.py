@@ -13,7 +13,7 @@ from vastctl.facts import cost, cost_kept
 from vastctl.serving import dashboard, dashboard_page, dashboard_tables, metrics
 from vastctl.state import lifecycle, settings
 from vastctl.state.lifecycle import State
-from vastctl.views import fleet, overview
+from vastctl.views import fleet, overview, proof_waits
 
 T0 = datetime(2026, 11, 30, 20, 0, tzinfo=timezone.utc)
 
@@ -47,7 +47,7 @@ def shown(conn, config, now):
     clock.display_iso.cache_clear()
     clock.from_iso.cache_clear()
     dashboard_tables._ROWS.clear()
-    overview._STRETCHES.clear()
+    proof_waits._STRETCHES.clear()
     observe._KEPT.matching([], {}, 0.0)  # a basis no observation has: emptied
     observe._BENCH_RATES[0] = None
     assert read() == warm

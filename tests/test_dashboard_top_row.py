@@ -6,14 +6,13 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from test_dashboard import Browser, add_step, app, browser, make_app, register, run_machine, signed_in  # noqa: F401 - fixtures
-from test_dashboard_glance import section
+from helpers.dashboard import Browser, add_step, make_app, register, run_machine, section
 
 from vastctl import clock
 from vastctl.facts import demand
 from vastctl.serving import dashboard_chart
 from vastctl.state import db, settings
-from vastctl.views import overview
+from vastctl.views import proof_waits
 
 
 def card(page: str, ident: str) -> str:
@@ -34,7 +33,7 @@ def report_queue(app, points):
 def test_proofs_within_max_wait_come_first_estimated_from_the_demand_samples(signed_in, app):
     # 80 min at 60/h with 20 queued: a 20 min wait (within 45); then 10 min with 120 queued: 2 h (late)
     report_queue(app, [(90, 20, 60.0), (10, 120, 60.0)])
-    waits = overview.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
+    waits = proof_waits.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
     assert waits["proofs"] == 90.0 and waits["within_share"] == round(80 / 90, 4)
     assert waits["wait_now_s"] == 7200.0 and not waits["stuck_now"]
     page = signed_in.get("/").text
@@ -64,7 +63,7 @@ def test_money_shows_spend_today_against_the_daily_limit_and_what_idle_machines_
     money = card(page, "glance-money")
     assert '<span class="big" id="spend-now">$1.00</span>/h now (limit $10/h)' in money
     assert 'id="idle-lost">$0.50/h</span> killed, dead or missing' in money  # the exited one bills, proves nothing
-    assert "today of $240" in money and status(page, "glance-money") == "warn"
+    assert f"today ({now:%m-%d} UTC) of $240" in money and status(page, "glance-money") == "warn"
     settings.set_value(conn, app.config, "max_daily_spend", 0.5, now=now)  # today + the next hour passes it
     assert status(signed_in.get("/").text, "glance-money") == "bad"
 
@@ -104,7 +103,7 @@ def test_the_proof_router_ends_the_top_row_and_its_measured_wait_replaces_the_es
     assert page.index('id="glance-waiting"') < page.index('id="glance-router"')
     router = card(page, "glance-router")
     assert '<span class="big" id="held-calls">2</span> held (oldest 2m) · 5 on provers' in router
-    assert 'proof wait p50 <span id="proof-wait">3m</span> · p95 52m · p99 52m (4 calls)' in router
+    assert 'proof wait p50 <span id="proof-wait">3m</span> · p95 52m · p99 52m (4 calls answered in the last 24 h)' in router
     assert status(page, "glance-router") == "warn"  # calls held, none for long
     assert '<span class="big" id="within-max-wait">75.0%</span> done within 45m' in page
     assert "(24 h, measured)" in card(page, "glance-waiting")
@@ -140,7 +139,7 @@ def test_charts_number_their_y_axes_and_are_drawn_for_a_phone_too(signed_in, app
 
 def test_a_source_that_reports_only_its_queue_is_judged_by_the_capacity_running(signed_in, app):
     demand.report(app.connection(), 30, None, now=clock.SYSTEM.now())
-    waits = overview.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
+    waits = proof_waits.proof_waits(app.connection(), app.config, clock.SYSTEM.now())
     assert waits["within_share"] is None and waits["wait_now_s"] is None and not waits["stuck_now"]
     page = signed_in.get("/").text
     assert "work queued and nothing running to prove it" in page and status(page, "glance-waiting") == "bad"

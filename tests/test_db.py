@@ -7,6 +7,7 @@ import sqlite3
 from datetime import datetime, timezone
 
 import pytest
+from helpers.db_files import file_at, migration_number
 
 from vastctl import clock
 from vastctl.clock import SYSTEM
@@ -40,7 +41,8 @@ PINNED = {
     "locks": ["name", "holder", "acquired_at", "expires_at"],
     "agent_messages": ["id", "step_id", "at", "role", "content"],
     "agent_notes": ["id", "step_id", "at", "text"],
-    "demand_samples": ["id", "at", "queued", "proofs_per_hour", "source", "ok", "error", "in_flight", "lookahead"],
+    "demand_samples": ["id", "at", "queued", "proofs_per_hour", "source", "ok", "error", "in_flight", "lookahead",
+                       "arrivals", "later"],
     "agent_steps": [
         "id", "started_at", "finished_at", "policy", "outcome", "event_cursor", "observation", "actions", "refused",
         "errors", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost", "hold",
@@ -76,24 +78,6 @@ def tables(conn):
         row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         if not row[0].startswith("sqlite_")
     }
-
-
-def migration_number(name_start):
-    """The number of the migration whose name begins so: a test of one migration's data builds the file as the one
-    before it left it, whatever is appended after."""
-    return next(m.number for m in migrations.MIGRATIONS if m.name.startswith(name_start))
-
-
-def file_at(db_path, version):
-    """A raw connection to a new state file at schema `version` (its migrations applied and recorded by hand)."""
-    raw = sqlite3.connect(db_path, isolation_level=None)
-    raw.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    for migration in migrations.MIGRATIONS[:version]:
-        for statement in db._statements(migration.sql):
-            raw.execute(statement)
-        raw.execute("INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00Z')", (migration.number, migration.name))
-    raw.execute(f"PRAGMA user_version = {version}")
-    return raw
 
 
 def test_fresh_file_has_the_pinned_schema(conn):

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from refusals import one_error_line
+from helpers.refusals import one_error_line
 
 from vastctl.state import db
 

@@ -10,7 +10,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from fake_anthropic import fleet_observation, message, text
+from helpers.fake_anthropic import fleet_observation, message, text
 
 from vastctl.agent import llm
 from vastctl.agent import step as step_module

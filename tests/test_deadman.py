@@ -1,7 +1,7 @@
 """The machines' dead-man switch: a machine the manager no longer answers, or that the manager killed, destroys
 its own instance with its per-instance key, so a dead manager host does not leave the fleet billing.
 
-The real boot script runs under bash against the fakes of tests/fakes (test_boot_script's harness) and reports to
+The real boot script runs under bash against the fakes of tests/fakes (the harness of helpers/boot.py) and reports to
 a real `vastctl serve`; vast's instance API, as an instance calls it from inside, is a loopback fake that records
 every request. Durations are short and set the way launch.env would set them.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 import requests
 import responses
-from serving import free_port, run_vastctl
-from test_boot_script import Machine, manager, vast  # noqa: F401  (fixtures)
+from helpers.boot import Machine
+from helpers.serving import free_port, run_vastctl
 
 from vastctl import config as config_module
 from vastctl.clock import VirtualClock
@@ -41,6 +42,8 @@ class Recorder(ThreadingHTTPServer):
 
     def __init__(self, status: int, body: dict, port: int = 0):
         self.status, self.body, self.requests = status, body, []
+        self.arrived: list[float] = []  # time.monotonic() of each request, in order
+
 
         class Handler(BaseHTTPRequestHandler):
             def _any(handler):
@@ -48,6 +51,7 @@ class Recorder(ThreadingHTTPServer):
                 self.requests.append({"method": handler.command, "path": handler.path,
                                       "auth": handler.headers.get("Authorization"),
                                       "body": handler.rfile.read(length).decode()})
+                self.arrived.append(time.monotonic())
                 data = json.dumps(self.body).encode()
                 handler.send_response(self.status)
                 handler.send_header("Content-Type", "application/json")
@@ -369,15 +373,18 @@ def test_the_fleet_table_has_a_contact_column_and_the_warning(cli, store):
 # --- the loader a long boot script is sent as: the switch holds before the script itself is on the machine ----
 
 
-def run_loader(tmp_path: Path, server: str, instance_api: Recorder, *, timeout: float = 60, **knobs: str):
-    """The loader as vast runs it; (exit status, stderr), or (None, stderr) when it was still running at `timeout`."""
-    import subprocess
-
+def start_loader(tmp_path: Path, server: str, instance_api: Recorder, **knobs: str) -> subprocess.Popen:
+    """The loader as vast runs it, in a process group of its own; its stderr piped."""
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "VASTCTL_SERVER": server, "VASTCTL_UUID": "u-1",
            "VASTCTL_TOKEN": "t0ken", "CONTAINER_ID": "5001", "CONTAINER_API_KEY": INSTANCE_KEY,
            "VASTCTL_VAST_URL": instance_api.url, "VASTCTL_LOADER_RETRY_S": "0.2", **knobs}
-    proc = subprocess.Popen(["bash", "-c", onstart.loader("#!/bin/bash\necho booted\n")], env=env, cwd=tmp_path,
+    return subprocess.Popen(["bash", "-c", onstart.loader("#!/bin/bash\necho booted\n")], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def run_loader(tmp_path: Path, server: str, instance_api: Recorder, *, timeout: float = 60, **knobs: str):
+    """The loader as vast runs it; (exit status, stderr), or (None, stderr) when it was still running at `timeout`."""
+    proc = start_loader(tmp_path, server, instance_api, **knobs)
     try:
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, err
@@ -412,8 +419,22 @@ def test_a_loader_told_409_destroys_at_once(tmp_path, instance_api):
 @pytest.mark.slow
 def test_a_loader_whose_manager_answers_5xx_keeps_asking_and_destroys_nothing(tmp_path, instance_api):
     failing = Recorder(503, {"error": "upgrading"})
-    try:  # three times orphan_after of 5xx answers
-        code, _ = run_loader(tmp_path, failing.url, instance_api, timeout=3.0, VASTCTL_ORPHAN_AFTER_S="1")
+    orphan_after = 1
+    proc = start_loader(tmp_path, failing.url, instance_api, VASTCTL_ORPHAN_AFTER_S=str(orphan_after))
+
+    def answered_5xx_for_three_orphan_afters() -> bool:
+        arrived = list(failing.arrived)
+        return len(arrived) >= 5 and arrived[-1] - arrived[0] >= 3 * orphan_after
+
+    try:  # however slow the host, until the loader heard 5xx for three times orphan_after, or it exited
+        deadline = time.monotonic() + 240  # only stops a hung test
+        while not answered_5xx_for_three_orphan_afters() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        still_asking = proc.poll() is None
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        err = proc.communicate()[1]
         failing.close()
-    assert code is None and len(failing.requests) >= 5 and instance_api.requests == []
+    assert answered_5xx_for_three_orphan_afters(), err
+    assert still_asking and instance_api.requests == [], err

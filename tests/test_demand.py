@@ -227,6 +227,39 @@ def test_cli_bad_report_changes_nothing(ready, cli, db_path, args):
     assert db.connect(db_path, now=NOW).execute("SELECT count(*) FROM demand_samples").fetchone()[0] == 0
 
 
+def test_cli_report_with_arrivals_and_later(ready, cli, db_path):
+    result = cli("demand", "report", "--queued", "2", "--lookahead", "9", "--arrivals", "4, 0,5", "--later", "30")
+    assert result.code == 0 and "2 queued, 9 coming (per 10 min: 4 0 5), 30 later" in result.err + result.out
+    view = json.loads(cli("demand", "show", "--json").out)
+    assert (view["lookahead"], view["arrivals"], view["later"], view["known"]) == (9, [4, 0, 5], 30, True)
+    assert "2 queued, 9 coming (per 10 min: 4 0 5), 30 later" in cli("demand", "show").out
+    from vastctl.state import db
+
+    row = db.connect(db_path, now=NOW).execute("SELECT arrivals, later FROM demand_samples").fetchone()
+    assert tuple(row) == ("[4, 0, 5]", 30)
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--arrivals", "1,x"], "--arrivals must be a list of at most 18 whole numbers from 0 to 1,000,000,000"),
+    (["--arrivals", "1,-2"], "got '-2' in it"),
+    (["--arrivals", ""], "got '' in it"),
+    (["--arrivals", "1,,2"], "got '' in it"),
+    (["--arrivals", ",".join(["1"] * 19)], "got 19 numbers"),
+    (["--arrivals", "1000000001"], "got 1000000001 in it"),
+    (["--arrivals", "9" * 400], "--arrivals must be"),
+    (["--arrivals", "١"], "--arrivals must be"),  # an Arabic-Indic one: digits are ASCII
+    (["--later", "-1"], "--later"),
+    (["--later", "1000000001"], "later must be at most 1,000,000,000"),
+])
+def test_cli_bad_arrivals_or_later_change_nothing(ready, cli, db_path, args, why):
+    result = cli("demand", "report", "--queued", "3", *args)
+    assert result.code == 2 and result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert why in result.err and "Traceback" not in result.err
+    from vastctl.state import db
+
+    assert db.connect(db_path, now=NOW).execute("SELECT count(*) FROM demand_samples").fetchone()[0] == 0
+
+
 def test_cli_report_with_in_flight_and_lookahead(ready, cli):
     result = cli("demand", "report", "--queued", "0", "--in-flight", "10", "--lookahead", "24")
     assert result.code == 0 and "0 queued, 10 in flight, 24 coming" in result.err + result.out
@@ -273,11 +306,12 @@ def run_script(fake_psql, **env):
 
 @pytest.mark.slow
 def test_curio_demand_bounds_itself_and_qualifies_every_table(fake_psql):
-    result = run_script(fake_psql, FAKE_COUNTS="59 10 24 312", CURIO_DB_URL="postgres://u:p@yb:5433/db",
+    result = run_script(fake_psql, FAKE_COUNTS="59 10 24 312 3,5,0,4,6,2,0,1,0 40", CURIO_DB_URL="postgres://u:p@yb:5433/db",
                         CURIO_DB_SCHEMA="curio_prod")
     assert result.returncode == 0, result.stderr
     assert demand.parse_output(result.stdout) == demand.Sample(queued=59, in_flight=10, lookahead=24,
-                                                               proofs_per_hour=312.0)
+                                                               proofs_per_hour=312.0, arrivals=(3, 5, 0, 4, 6, 2, 0, 1, 0),
+                                                               later=40)
     args = fake_psql["log"].read_text()
     assert args.startswith("postgres://u:p@yb:5433/db\n")
     assert "SET statement_timeout = '10s'" in args and "SET lock_timeout = '5s'" in args
@@ -289,10 +323,15 @@ def test_curio_demand_bounds_itself_and_qualifies_every_table(fake_psql):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("counts", ["ERROR: relation does not exist", "", "1 2 3", "1 2 3 4 5", "1 2 -3 4",
-                                    "1 2 3 4.5"])
+                                    "1 2 3 4.5", "1 2 3 4", "1 2 3 4 0,0,0,0,0,0,0,0,0",
+                                    "1 2 3 4 0,0,0,0,0,0,0,0 5", "1 2 3 4 0,0,0,0,0,0,0,0,0,0 5",
+                                    "1 2 3 4 0,0,0,,0,0,0,0,0 5", "1 2 3 4 0,0,0,0,0,0,0,0,0, 5",
+                                    "1 2 3 4 0,0,0,0,-1,0,0,0,0 5", "1 2 3 4 0,0,0,0,0,0,0,0,0 5 6",
+                                    "1 2 3 4 0,0,0,0,0,0,0,0,0 x"])
 def test_curio_demand_fails_on_odd_output(fake_psql, counts):
     result = run_script(fake_psql, FAKE_COUNTS=counts)
-    assert result.returncode != 0 and result.stdout == "" and "expected four counts" in result.stderr
+    assert result.returncode != 0 and result.stdout == ""
+    assert "expected five counts and 9 arrivals" in result.stderr
     assert result.stderr.count("\n") == 1
 
 
@@ -377,6 +416,69 @@ def test_parse_output_reads_every_field_and_refuses_a_bad_optional_count():
     for field in ("in_flight", "lookahead"):
         with pytest.raises(BadInput, match=f"{field} must be a whole number"):
             demand.parse_output(f'{{"queued": 2, "{field}": -1}}')
+
+
+def test_the_commands_arrivals_and_later_are_read_kept_and_shown(conn):
+    runner, _ = printing('{"queued": 1, "lookahead": 12, "arrivals": [3, 0, 4, 5, 0, 0, 0, 0, 0], "later": 40}\n')
+    current = demand.refresh(conn, cfg("curio-demand"), now=NOW, runner=runner)
+    assert current.known and (current.arrivals, current.later) == ((3, 0, 4, 5, 0, 0, 0, 0, 0), 40)
+    assert tuple(conn.execute("SELECT arrivals, later FROM demand_samples").fetchone()) == ("[3, 0, 4, 5, 0, 0, 0, 0, 0]", 40)
+    view = current.view()
+    assert (view["arrivals"], view["later"]) == ([3, 0, 4, 5, 0, 0, 0, 0, 0], 40)
+    assert current.work == 13  # the buckets say when, not more: work counts the look-ahead once
+
+
+def test_a_source_silent_on_arrivals_and_later_reads_them_as_none(conn):
+    runner, _ = printing('{"queued": 1, "lookahead": 12}')
+    current = demand.refresh(conn, cfg("curio-demand"), now=NOW, runner=runner)
+    assert current.known and (current.arrivals, current.later) == (None, None)
+    assert (current.view()["arrivals"], current.view()["later"]) == (None, None)
+    assert tuple(conn.execute("SELECT arrivals, later FROM demand_samples").fetchone()) == (None, None)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('"arrivals": [1, -2]', "arrivals must be a list of at most 18 whole numbers from 0 to 1,000,000,000"),
+    ('"arrivals": [1, 2.5]', "got 2.5 in it"),
+    ('"arrivals": [true]', "got True in it"),
+    ('"arrivals": ["3"]', "got '3' in it"),
+    ('"arrivals": [[1]]', "got [1] in it"),
+    ('"arrivals": 5', "arrivals must be a list"),
+    ('"arrivals": {"0": 1}', "arrivals must be a list"),
+    ('"arrivals": [' + ", ".join(["0"] * 19) + "]", "got 19 numbers"),
+    ('"arrivals": [1000000001]', "got 1000000001 in it"),
+    ('"arrivals": [' + "9" * 400 + "]", "a number of 400 digits"),
+    ('"later": -1', "later must be a whole number ≥ 0 (sectors in earlier stages)"),
+    ('"later": 1.5', "later must be a whole number"),
+])
+def test_bad_arrivals_or_later_are_unknown_demand_in_one_line(conn, text, why):
+    runner, _ = printing('{"queued": 1, ' + text + "}")
+    current = demand.refresh(conn, cfg("curio-demand"), now=NOW, runner=runner)
+    assert not current.known and why in current.error and "\n" not in current.error
+    assert [(r["ok"], r["queued"]) for r in samples(conn)] == [(0, None)]
+    assert tuple(conn.execute("SELECT arrivals, later FROM demand_samples").fetchone()) == (None, None)
+
+
+def test_eighteen_buckets_and_empty_ones_are_whole():
+    assert demand.parse_output('{"queued": 0, "arrivals": []}').arrivals == ()
+    eighteen = demand.parse_output('{"queued": 0, "arrivals": [' + ", ".join(["1000000000"] * 18) + "]}")
+    assert eighteen.arrivals == (1_000_000_000,) * 18
+
+
+@pytest.mark.parametrize("arrivals, later", [([1, -1], None), ([0] * 19, None), ("1,2", None), ([1], -3), ([1], True)])
+def test_a_bad_report_of_arrivals_or_later_changes_nothing(conn, arrivals, later):
+    with pytest.raises(BadInput, match="arrivals must|later must"):
+        demand.report(conn, 3, None, now=NOW, arrivals=arrivals, later=later)
+    assert samples(conn) == []
+
+
+def test_the_observation_carries_arrivals_and_later(conn):
+    from vastctl.observe import observe
+
+    demand.report(conn, 1, None, now=NOW, lookahead=5, arrivals=[2, 3], later=7)
+    obs = observe(conn, cfg(), now=NOW)
+    assert (obs.demand.arrivals, obs.demand.later, demand.ARRIVAL_BUCKET_S) == ((2, 3), 7, 600)
+    prompt = obs.to_prompt()["demand"]
+    assert (prompt["arrivals"], prompt["later"]) == ([2, 3], 7)
 
 
 def test_a_failed_command_is_unknown_with_its_exit_and_output(conn):

@@ -240,7 +240,7 @@ def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
 @pytest.fixture(scope="module")
 def kept_day(tmp_path_factory):
     """A 6-hour day kept by `demo --keep`, through the CLI as an operator runs it."""
-    from serving import run_vastctl
+    from helpers.serving import run_vastctl
 
     kept = tmp_path_factory.mktemp("kept") / "day.db"
     done = run_vastctl("demo", "--hours", "6", "--keep", str(kept), env={})
@@ -323,7 +323,7 @@ def test_serve_as_of_rejects_a_time_it_cannot_read(cli):
 @pytest.mark.slow
 def test_serve_as_of_shows_the_kept_day_on_its_own_clock(cli, tmp_path):
     import requests
-    from serving import ADMIN_TOKEN, Manager
+    from helpers.serving import ADMIN_TOKEN, Manager
 
     kept = tmp_path / "m" / "day.db"
     kept.parent.mkdir()
@@ -345,7 +345,7 @@ def test_serve_as_of_shows_the_kept_day_on_its_own_clock(cli, tmp_path):
 def test_a_kept_day_opens_its_dashboard_with_no_config_written(cli, tmp_path):
     """`demo --keep`, then `vastctl --db FILE serve` alone: the token printed once signs in, at the day's end."""
     import requests
-    from serving import Manager
+    from helpers.serving import Manager
 
     kept = tmp_path / "m" / "day.db"
     kept.parent.mkdir()

@@ -20,127 +20,23 @@ import socket
 import sqlite3
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers.deployment_sandbox import ENV_FILE, GUIDE, ROOT, Sandbox
+from helpers.deployment_sandbox import blocks as _blocks
+from helpers.deployment_sandbox import commands as _commands
+from helpers.deployment_sandbox import sections as _sections
 
-ROOT = Path(__file__).resolve().parents[1]
-GUIDE = ROOT / "docs" / "deployment.md"
 NGINX_CONF = ROOT / "jobs" / "nginx-vastctl.conf"
 CADDYFILE = ROOT / "jobs" / "Caddyfile"
-ENV_FILE = ROOT / "jobs" / "vastctl.env"
 SERVE_UNIT = ROOT / "jobs" / "vastctl-serve.service"
 ADMIN_TOKEN = "deployment-guide-admin-token-0123456789abcdef"
 HOST = "manager.example.net"
 
-# Lines of the guide's sections 1, 2, 5, 6 and 7 the sandbox does not run, and why. A new command in
-# those sections must either run here or be added to this table.
-NOT_IN_A_SANDBOX = {
-    "apt-get install": "installs packages",
-    "useradd": "creates a system user",
-    "python3 -m venv /opt/vastctl": "installs into /opt (this test runs the installed vastctl)",
-    "/opt/vastctl/bin/pip": "installs into /opt",
-    "ln -sf /opt/vastctl/bin/vastctl": "links into /usr/local/bin",
-    "install -m 755 jobs/curio-demand.sh": "installs into /usr/local/bin",
-    "sudoedit": "an editor",
-    "cd vastctl && git pull": "fetches a newer vastctl",
-    "systemctl": "needs systemd as init",
-}
 
-
-# --- the guide's text ----------------------------------------------------------------------------------------
-
-
-def _sections() -> dict[str, str]:
-    """Section number ("1".."7") → its text."""
-    parts = re.split(r"^## (\d+)\. .*$", GUIDE.read_text(), flags=re.M)
-    return {number: text for number, text in zip(parts[1::2], parts[2::2])}
-
-
-def _blocks(text: str, lang: str | None = None) -> list[str]:
-    return [body for fence, body in re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.M | re.S)
-            if lang is None or fence == lang]
-
-
-def _commands(section: str) -> list[str]:
-    """The logical shell lines of a section's ```sh blocks (continuations joined), shipped files left out."""
-    shipped = {ENV_FILE.read_text()}
-    lines = []
-    for block in _blocks(_sections()[section], "sh"):
-        if block in shipped:
-            continue
-        for line in block.replace("\\\n", " ").splitlines():
-            if line.strip() and not line.lstrip().startswith("#"):
-                lines.append(line.strip())
-    return lines
-
-
-class Sandbox:
-    """The manager's paths under one directory, and the guide's lines run against them."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.home = root / "home" / "vastctl"  # what a bare `sudo -u vastctl` would find as HOME
-        self.home.mkdir(parents=True)
-        bin_dir = str(Path(sys.executable).parent)  # the vastctl under test, as /usr/local/bin/vastctl
-        self.env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8"}
-        self.skipped: list[str] = []
-
-    def path(self, absolute: str) -> Path:
-        return self.root / absolute.lstrip("/")
-
-    def moved(self, text: str) -> str:
-        for prefix in ("/etc/vastctl", "/var/lib/vastctl", "/var/log/vastctl"):
-            text = text.replace(prefix, str(self.root) + prefix)
-        return text
-
-    def runnable(self, line: str) -> str | None:
-        """The line as the sandbox runs it, or None (recorded in `skipped`) when it cannot."""
-        for needle, why in NOT_IN_A_SANDBOX.items():
-            if needle in line:
-                self.skipped.append(f"{line}  ({why})")
-                return None
-        line = re.sub(r"^sudo -u vastctl ", "", line)
-        line = re.sub(r"^sudo ", "", line)
-        line = re.sub(r" -[og] \S+", "", line) if line.startswith("install ") else line
-        assert "sudo" not in line, line
-        return self.moved(line)
-
-    def sh(self, line: str, *, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(["sh", "-c", line], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                                timeout=120, check=False)
-        if check:
-            assert result.returncode == 0, f"{line}\nexit {result.returncode}\n{result.stdout}{result.stderr}"
-        return result
-
-    def run_section(self, section: str) -> list[subprocess.CompletedProcess]:
-        results = []
-        for line in _commands(section):
-            runnable = self.runnable(line)
-            if runnable is not None:
-                results.append(self.sh(runnable))
-                if "/etc/vastctl/" in line and "install" in line:
-                    self.move_paths_inside(Path(runnable.split()[-1]))
-        return results
-
-    def move_paths_inside(self, installed: Path) -> None:
-        """The installed config and env file name the manager's paths: point them into the sandbox too."""
-        installed.write_text(self.moved(installed.read_text()))
-
-    def set_up(self) -> None:
-        """Sections 1 and 2, as far as a sandbox goes: directories, config, env file, `vastctl init`."""
-        self.run_section("1")
-        self.run_section("2")
-
-    @property
-    def db(self) -> Path:
-        return self.path("/var/lib/vastctl/vastctl.db")
-
-    @property
-    def secret(self) -> Path:
-        return self.path("/var/lib/vastctl/vastctl.db.secret")
+# --- the guide's text: helpers/deployment_sandbox.py reads it and runs its lines in a sandbox ----------------
 
 
 @pytest.fixture
@@ -210,16 +106,34 @@ def test_setting_up_makes_the_state_file_and_secret_readable_by_their_owner_only
     assert any("useradd" in line for line in sandbox.skipped)
 
 
+def test_the_vastctl_users_home_gets_no_dotfiles_and_apt_no_mail_server():
+    """useradd --create-home would copy /etc/skel (.bashrc, .profile) into /var/lib/vastctl, the state file's
+    directory; cron's recommends would install exim4. The guide's own lines, as an operator copies them."""
+    lines = _commands("1")
+    (useradd,) = [line for line in lines if "useradd" in line]
+    assert "--no-create-home" in useradd and "--create-home" not in useradd.replace("--no-create-home", "")
+    assert any(re.match(r"sudo install -d -o vastctl -g vastctl -m 750 /var/lib/vastctl ", line) for line in lines)
+    (apt,) = [line for line in lines if "apt-get install" in line]
+    assert "--no-install-recommends" in apt and "ca-certificates" in apt.split()  # git recommends it, for https
+    day_one = (ROOT / "docs" / "day-one.md").read_text()
+    assert apt in day_one.replace("\n      ", " ")  # the checklist gives the same line
+
+
 @pytest.mark.slow
 def test_the_daily_backup_runs_as_written(sandbox):
     if shutil.which("sqlite3") is None:
         pytest.skip("the guide's backup uses the sqlite3 tool: apt-get install sqlite3 (.ci/run does)")
     sandbox.set_up()
-    sandbox.run_section("5")
+    os.umask(umask := os.umask(0o022))  # the umask cron and a login shell usually have; restored below
+    try:
+        sandbox.run_section("5")
+    finally:
+        os.umask(umask)
     backups = sandbox.path("/var/lib/vastctl/backups")
     assert _mode(backups) == 0o700
     made = sorted(backups.glob("vastctl-*.db"))
     assert len(made) == 1  # the sqlite3 line and the Python line wrote the same day's file
+    assert _mode(made[0]) == 0o600  # as the state file: every machine's row
     assert sqlite3.connect(made[0]).execute("SELECT name FROM migrations WHERE id = 1").fetchone() is not None
 
 
@@ -229,8 +143,13 @@ def test_the_backup_before_an_upgrade_runs_on_its_own(sandbox):
         pytest.skip("the guide's backup uses the sqlite3 tool: apt-get install sqlite3 (.ci/run does)")
     sandbox.set_up()
     shutil.rmtree(sandbox.path("/var/lib/vastctl/backups"), ignore_errors=True)  # section 5 never set up
-    sandbox.run_section("6")
+    os.umask(umask := os.umask(0o022))
+    try:
+        sandbox.run_section("6")
+    finally:
+        os.umask(umask)
     backup = sandbox.path("/var/lib/vastctl/backups/before-upgrade.db")
+    assert _mode(backup) == 0o600
     assert sqlite3.connect(backup).execute("SELECT count(*) FROM migrations").fetchone()[0] >= 1
     assert any("git pull" in line for line in sandbox.skipped) and any("systemctl" in line for line in sandbox.skipped)
 

@@ -2,38 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 import pytest
+from helpers.guard_observations import EMPTY, NOW, QUEUED, launch, machine, obs
 
 from vastctl import config as config_module
 from vastctl import guard
 from vastctl.facts.demand import Demand
 from vastctl.guard import Action, Kind
-from vastctl.observe import Observation
 from vastctl.state.lifecycle import KillCode
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
-LIMITS = {"target_proofs_per_hour": 100.0, "min_bench_rate": 40.0, "max_instances": 4, "max_hourly_spend": 3.0,
-          "max_dph": 1.0}
-QUEUED = Demand(queued=59, proofs_per_hour=80.0, at=NOW, age_s=10, source="command", known=True)
-EMPTY = Demand(queued=0, proofs_per_hour=0.0, at=NOW, age_s=10, source="command", known=True)
 UNKNOWN = Demand(queued=None, proofs_per_hour=None, at=None, age_s=None, source=None, known=False, error="no sample")
-
-
-def machine(label, state="running", dph=0.5, rate=60.0, vast_id=None, **extra):
-    return {"uuid": f"u-{label}", "label": label, "state": state, "dph": dph, "expected_rate": rate,
-            "vast_id": vast_id or abs(hash(label)) % 10000, "vast_status": "running", "vast_missing": 0,
-            "gpu_name": "RTX 4090", "resumes": 0, **extra}
-
-
-def obs(machines=(), demand=QUEUED, **limits):
-    machines = list(machines)
-    return Observation(now=NOW, settings={**LIMITS, **limits}, demand=demand, machines=machines,
-                       capacity=sum(m["expected_rate"] for m in machines if m["state"] == "running"),
-                       pending_capacity=0.0,
-                       spend_per_hour=sum(m["dph"] for m in machines if m["state"] not in ("stopped", "killed")),
-                       events=[], last_actions=[])
 
 
 @pytest.fixture
@@ -42,10 +20,6 @@ def cfg():
 
 
 ACTORS = ["agent", "operator", "reconcile"]
-
-
-def launch(actor, **fields):
-    return Action(kind=Kind.LAUNCH, actor=actor, **{"gpu_name": "RTX 4090", **fields})
 
 
 @pytest.mark.parametrize("actor", ACTORS)

@@ -7,7 +7,7 @@ import sqlite3
 from datetime import timedelta
 
 import pytest
-from test_guard import EMPTY, NOW, QUEUED, launch, machine, obs
+from helpers.guard_observations import EMPTY, NOW, QUEUED, launch, machine, obs
 
 from vastctl import config as config_module
 from vastctl import guard

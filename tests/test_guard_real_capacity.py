@@ -8,7 +8,9 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from test_cli_agent import Market, query, running
+from helpers.agent_cli import running
+from helpers.serving import query
+from helpers.stand_in_market import Market
 
 from vastctl import config as config_module
 from vastctl import guard

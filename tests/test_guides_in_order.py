@@ -2,7 +2,8 @@
 sandboxed host: the guides' own commands (from the fenced blocks of the sections they are in), Debian's real
 sshd and nginx on the files the guides install, a real PostgreSQL holding Curio's tables, and at the end a
 machine launched at the fake vast that boots under bash, joins through its tunnel and answers a gRPC call made
-to nginx, the address Curio is given.
+through nginx (joining-curio.md's plain alternative to `vastctl route` as Curio's address, on a port of its own;
+the router has tests of its own).
 
 The sandbox root stands for `/`: anyone may enter it (755), so a directory the guides make that sshd's
 keys reader (`nobody`, as shipped) cannot enter fails here as it would on a real host. Each guide's own tests
@@ -20,16 +21,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import pg
 import pytest
 import yaml
-from serving import free_port, free_port_block, on_a_thread, query, stop_process, wait_for
-from test_boot_script import GATE
-from test_curio_demand import CURIO_TABLES
-from test_deployment_guide import Sandbox
-from test_end_to_end import KEY, FakeVast
-from test_tunnel_e2e import JoiningMachine
-from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check
+from helpers import pg
+from helpers.boot import GATE
+from helpers.curio_tables import CURIO_TABLES
+from helpers.deployment_sandbox import Sandbox
+from helpers.fake_vast import KEY, FakeVast
+from helpers.joining_machine import JoiningMachine
+from helpers.serving import free_port, free_port_block, on_a_thread, query, stop_process, wait_for
+from helpers.tunnel_parts import FakeDaemon, Nginx, Sshd, health_check
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -327,7 +328,7 @@ def test_keys_under_the_state_files_directory_would_refuse_every_launch(host, va
     assert host.path("/var/lib/vastctl").stat().st_mode & 0o777 == 0o750
     launched = host.as_vastctl("vastctl launch --gpu 'RTX 4090'", check=False)
     assert launched.returncode == 1 and launched.stderr.count("\n") == 1, launched.stderr
-    assert "sshd reads tunnel.authorized_keys as nobody" in launched.stderr
+    assert "sshd reads tunnel.authorized_keys as the account nobody" in launched.stderr
     assert f"cannot enter {host.path('/var/lib/vastctl')}" in launched.stderr
     assert vast.creates == []
 

@@ -13,7 +13,7 @@ import socket
 import time
 
 import pytest
-from serving import Manager
+from helpers.serving import Manager
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from http.server import ThreadingHTTPServer
 
 import pytest
-from serving import JsonHandler, on_a_thread
+from helpers.serving import JsonHandler, on_a_thread
 
 from vastctl import bids, clock, guard, validate
 from vastctl.agent import sizing

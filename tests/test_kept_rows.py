@@ -7,7 +7,7 @@ import shutil
 import sqlite3
 
 import pytest
-from test_db import file_at, migration_number
+from helpers.db_files import file_at, migration_number
 
 from vastctl.clock import SYSTEM
 from vastctl.state import db, instances, kept_rows

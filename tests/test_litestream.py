@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from serving import on_a_thread, run_vastctl
-from test_end_to_end import KEY, FakeVast
+from helpers.deployment_sandbox import GUIDE, Sandbox
+from helpers.fake_vast import KEY, FakeVast
+from helpers.serving import on_a_thread, run_vastctl
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIG = ROOT / "jobs" / "litestream.yml"
@@ -238,8 +239,6 @@ def test_the_shipped_s3_form_is_one_litestream_takes(tmp_path):
 
 def guide_section(title: str) -> str:
     """The text of the guide's `## N. <title>` section (found by its title: sections get renumbered)."""
-    from test_deployment_guide import GUIDE
-
     parts = re.split(r"^(## \d+\. .*)$", GUIDE.read_text(), flags=re.M)
     (text,) = [body for head, body in zip(parts[1::2], parts[2::2]) if title in head]
     return text
@@ -253,14 +252,12 @@ def guide_blocks(title: str) -> list[list[str]]:
 
 
 class Host:
-    """One manager host of the guide, in a sandbox (test_deployment_guide.Sandbox), and Litestream's lines on it."""
+    """One manager host of the guide, in a sandbox (helpers/deployment_sandbox.py), and Litestream's lines on it."""
 
     NOT_HERE = {"/opt/vastctl/bin/pip": "installs into /opt", "/etc/systemd/system": "installs a unit",
                 "systemctl": "needs systemd as init"}
 
     def __init__(self, root: Path, replica: Path):
-        from test_deployment_guide import Sandbox
-
         self.sandbox = Sandbox(root)
         self.replica = replica  # /mnt/vastctl-replica: a disk both hosts reach
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
-from serving import Manager
+from helpers.serving import Manager
 
 from vastctl.cli import said
 from vastctl.errors import BadInput, UnknownInstance
@@ -217,7 +217,7 @@ def test_masking_stays_linear_on_hostile_runs():
 
 @pytest.mark.slow
 def test_a_real_log_push_keeps_no_secret_the_manager_handed_nor_the_log_names(tmp_path):
-    from serving import run_vastctl
+    from helpers.serving import run_vastctl
 
     manager = Manager(tmp_path / "manager")
     with manager.config_path.open("a") as config:

@@ -7,14 +7,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
-from test_cli_agent import Market, query, ready, running  # noqa: F401 (ready is a fixture)
-from test_cli_agent_llm import api, market, opening, step_json  # noqa: F401 (fixtures)
+from helpers.agent_cli import opening, running, step_json
+from helpers.fake_anthropic import FakeMessagesAPI, fleet_observation, message, text, tool_use
+from helpers.serving import query
 
 from vastctl.agent import llm, memory
 from vastctl.config import from_mapping
 
 REFUSED = 400
+
+
+@pytest.fixture
+def ready(agent_ready):
+    """Initialised under the agent's config (helpers/agent_cli.py)."""
 
 
 def refused_storm():
@@ -24,20 +29,20 @@ def refused_storm():
 
 
 @pytest.mark.slow
-def test_the_step_after_400_refused_calls_still_asks_the_model_within_the_budget(ready, cli, market, api, db_path):
+def test_the_step_after_400_refused_calls_still_asks_the_model_within_the_budget(ready, cli, market, llm_api, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "59").code == 0
-    api.answer(refused_storm(), message(text("All refused.")))
+    llm_api.answer(refused_storm(), message(text("All refused.")))
     first = step_json(cli)
     assert len(first["refused"]) + len(first["errors"]) >= REFUSED - 10, first["errors"][:3]
-    asked_before = len(api.requests)
+    asked_before = len(llm_api.requests)
 
-    api.answer(message(text("Holding: the last step's calls were refused.")))
+    llm_api.answer(message(text("Holding: the last step's calls were refused.")))
     second = step_json(cli)
 
-    assert len(api.requests) == asked_before + 1  # the model was asked
+    assert len(llm_api.requests) == asked_before + 1  # the model was asked
     assert second["outcome"] == "ok" and not any("0 round" in e for e in second["errors"]), second["errors"]
-    body = api.bodies[-1]
+    body = llm_api.bodies[-1]
     budget = from_mapping({}).agent.max_context_tokens
     opening_text = body["messages"][0]["content"][0]["text"]
     assert memory.estimate_tokens(opening_text) <= llm.opening_budget(from_mapping({}))
@@ -84,14 +89,14 @@ def test_a_huge_suggestion_is_condensed_to_fit(conn):
 
 
 @pytest.mark.slow
-def test_a_step_whose_prompt_cannot_fit_is_an_error_and_sends_nothing(ready, cli, market, api, db_path,
+def test_a_step_whose_prompt_cannot_fit_is_an_error_and_sends_nothing(ready, cli, market, llm_api, db_path,
                                                                       tmp_path, monkeypatch):
     config = tmp_path / "tiny.yaml"
     config.write_text(f"agent:\n  max_context_tokens: {llm.prefix_tokens() + 50}\n")
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
     running(cli, "vastctl-a")
     result = cli("agent-step", "--policy", "llm", "--json")
-    assert api.requests == []
+    assert llm_api.requests == []
     assert result.code == 1, result.err
     data = json.loads(result.out)
     assert data["outcome"] == "error" and any("max_context_tokens" in e for e in data["errors"]), data["errors"]

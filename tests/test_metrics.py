@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from test_dashboard import ADMIN, Browser, add_step, make_app, register
+from helpers.dashboard import ADMIN, Browser, add_step, make_app, register
+from helpers.prometheus_samples import samples
 
 from vastctl import clock
 from vastctl.errors import BenchFailed
@@ -33,15 +33,6 @@ def app(db_path):
 def scrape(app, token: str | None = METRICS_TOKEN):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
     return Browser(app).get("/metrics", headers=headers)
-
-
-def samples(text: str) -> dict[tuple[str, tuple], float]:
-    """(sample name, sorted labels) → value, read by prometheus_client's own parser."""
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
 
 
 def populated(app):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-import package_source
+from helpers import package_source
 
 TEXT_NAMES = ("reason", "message", "msg", "status_msg", "kill_reason", "error", "detail", "text")
 ALLOWED = {("reconcile/decide.py", "start_failure"), ("state/db.py", "explain")}

@@ -8,9 +8,9 @@ import json
 
 import pytest
 import responses
-from test_provider_vast import BASE, create_request
-from test_provider_vast import KEY as VAST_KEY
-from test_reconcile_faults import API, LIST, api, fleet, instance, states  # noqa: F401 (api is a fixture)
+from helpers.mocked_vast import API, LIST, fleet, instance, states
+from helpers.provider_vast import BASE, RecordingClock, create_request
+from helpers.provider_vast import KEY as VAST_KEY
 
 from vastctl.providers.base import ProviderError
 from vastctl.providers.vast import VastProvider
@@ -37,7 +37,6 @@ def vast(clock):
 
 @pytest.fixture
 def clock():
-    from test_provider_vast import RecordingClock
     return RecordingClock()
 
 
@@ -71,7 +70,7 @@ def test_a_create_answered_with_an_id_out_of_range_is_an_unknown_outcome(vast):
             vast.create_instance(create_request())
 
 
-def test_reconcile_still_kills_the_dead_while_vast_lists_an_impossible_id(store, cli, api, tmp_path, monkeypatch):
+def test_reconcile_still_kills_the_dead_while_vast_lists_an_impossible_id(store, cli, vast_api, tmp_path, monkeypatch):
     config = tmp_path / "back-to-back.yaml"  # cron's two listings are a minute apart; here they are back to back
     config.write_text("reconcile:\n  confirm_after: 0s\n")
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
@@ -79,8 +78,8 @@ def test_reconcile_still_kills_the_dead_while_vast_lists_an_impossible_id(store,
     items[1] = instance(101, "vastctl-1", status="exited")
     entries = [json.dumps(item) for item in items] + [raw_entry(HUGE, "vastctl-evil"),
                                                        raw_entry(PAST_SQLITE, "someone-else")]
-    api.get(LIST, body=listing_body(entries), content_type="application/json")
-    api.delete(f"{API}/api/v0/instances/101/", json={"success": True})
+    vast_api.get(LIST, body=listing_body(entries), content_type="application/json")
+    vast_api.delete(f"{API}/api/v0/instances/101/", json={"success": True})
     for _ in range(2):  # exited in two consecutive listings
         result = cli("reconcile", "--json")
         assert result.code == 0, result.err

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-import package_source
+from helpers import package_source
 
 THE_CHECK = package_source.PACKAGE / "validate.py"
 TESTS = ("isfinite", "isnan", "isinf")

@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from test_sim import START, make_market
+from helpers.sim_markets import START, make_market
 
 from vastctl import clock as clocks
 from vastctl import launches, reconcile

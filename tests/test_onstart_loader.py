@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 import requests
-from serving import Manager
+from helpers.serving import Manager
 
 from vastctl.clock import SYSTEM
 from vastctl.machine import onstart

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from tunnel_parts import FakeDaemon, free_port
+from helpers.tunnel_parts import FakeDaemon, free_port
 
 from vastctl import atomicfile, clock
 from vastctl.clock import SYSTEM

@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
 import responses
+from helpers.provider_vast import BASE, KEY, RecordingClock, create_request, hang
 
-from vastctl.clock import SYSTEM, VirtualClock
+from vastctl.clock import SYSTEM
 from vastctl.config import Config
 from vastctl.errors import BadInput
 from vastctl.markets import get_provider
-from vastctl.providers.base import CreateRequest, DeadlinePassed, OfferGone, OfferQuery, ProviderError, ProviderRejected
+from vastctl.providers.base import DeadlinePassed, OfferGone, OfferQuery, ProviderError, ProviderRejected
 from vastctl.providers.vast import VastProvider, find_api_key
-
-BASE = "https://vast.test"
-KEY = "sekrit-key-0123456789"
-
-
-class RecordingClock(VirtualClock):
-    """Virtual time that also remembers each backoff sleep."""
-
-    def __init__(self, start: datetime = datetime(2026, 11, 30, tzinfo=timezone.utc)):
-        super().__init__(start)
-        self.sleeps: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        super().sleep(seconds)
 
 
 @pytest.fixture
@@ -221,15 +206,6 @@ def test_timeout_on_every_call(vast, mocked, monkeypatch):
     vast.list_instances(), vast.show_instance(5), vast.search_offers(OfferQuery()), vast.stop_instance(5)
     vast.destroy_instance(5)
     assert len(seen) == 5 and all(t for t in seen)
-
-
-def hang(clock):
-    """A call that hangs until its read timeout, on virtual time."""
-    def callback(request):
-        timeout = request.req_kwargs["timeout"]
-        clock.advance(timeout[1] if isinstance(timeout, tuple) else timeout)
-        raise requests.ReadTimeout("read timed out")
-    return callback
 
 
 def test_backoff_runs_on_the_injected_clock(vast, mocked, clock):
@@ -428,11 +404,6 @@ def test_offer_search_without_offers_key_raises(vast, mocked):
     mocked.post(f"{BASE}/api/v0/bundles/", json={"success": True})
     with pytest.raises(ProviderError):
         vast.search_offers(OfferQuery())
-
-
-def create_request():
-    return CreateRequest(offer_id=555, image="img:1", disk_gb=150, label="vastctl-abc", onstart="echo hi",
-                         env={"VASTCTL_UUID": "u", "FOO": "bar"})
 
 
 def test_create_request(vast, mocked):

@@ -14,9 +14,9 @@ import threading
 from datetime import datetime, timezone
 
 import pytest
-from serving import on_a_thread, query, wait_for
-from test_end_to_end import KEY, FakeVast, FakeVastHandler
-from test_operations import FakeMarket, cfg, offer  # noqa: F401 (cfg is a fixture)
+from helpers.fake_vast import KEY, FakeVast, FakeVastHandler
+from helpers.operations_market import FakeMarket, offer
+from helpers.serving import on_a_thread, query, wait_for
 
 from vastctl import launches, operations
 from vastctl.errors import Unavailable
@@ -218,7 +218,7 @@ def test_the_intent_is_in_the_file_when_the_create_goes_out_and_a_create_past_th
 
 
 def stopped_machine(conn):
-    from test_operations import NOW, live_row
+    from helpers.operations_market import NOW, live_row
     live_row(conn, operations.State.REGISTERED)
     operations.lifecycle.transition(conn, "u1", operations.State.STOPPED, "t", "operator", now=NOW)
     return NOW

@@ -72,7 +72,8 @@ def test_summary_capacity_uses_the_table_rounding(conn, config):
     conn.execute("UPDATE instances SET proofs_per_hour = 33.3333")
     view = fleet.fleet_view(conn, config, now=T0)
     assert [i["proofs_per_hour"] for i in view["instances"]] == [33.3, 33.3, 33.3]
-    assert view["summary"]["capacity_proofs_per_hour"] == 100.0
+    assert [i["counted_rate"] for i in view["instances"]] == [33.3, 33.3, 33.3]
+    assert view["summary"]["capacity_proofs_per_hour"] == 99.9  # the sum of the counted column as shown
 
 
 def test_fleet_lists_killed_machines_only_while_they_may_bill(conn, config):

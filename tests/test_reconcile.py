@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from helpers.reconcile_rows import NOW, SETTINGS, ago, kills, row, seen
 
 from vastctl import clock
 from vastctl.config import from_mapping
@@ -15,40 +16,9 @@ from vastctl.reconcile import ListingDistrusted, match, plan
 from vastctl.reconcile.decide import START_FAILURES
 from vastctl.state.lifecycle import KillCode
 
-NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
-SETTINGS = {"min_bench_rate": 40.0, "target_proofs_per_hour": 0.0}
-
-
-def ago(**delta) -> str:
-    return clock.to_iso(NOW - timedelta(**delta))
-
-
-def row(label: str, state: str = "running", vast_id: int | None | str = "auto", **fields) -> dict:
-    number = int(label.rsplit("-", 1)[-1]) if label[-1].isdigit() else 0
-    base = {
-        "uuid": f"u-{label}", "label": label, "state": state, "vast_id": 100 + number if vast_id == "auto" else vast_id,
-        "machine_id": 9000 + number, "bench_rate": 68.0, "state_since": ago(hours=1),
-        "last_heartbeat_at": ago(minutes=1), "vast_status": "running", "vast_status_msg": None,
-        "vast_seen_at": ago(minutes=1), "vast_missing": 0, "resumed_at": None, "destroyed_at": None,
-        "killed_at": None, "kill_code": None, "kill_reason": None, "destroy_attempts": 0, "destroy_error": None,
-        "proofs_done": 10,
-    }
-    base.update(fields)
-    return base
-
-
-def seen(r: dict, status: str | None = "running", **fields) -> RemoteInstance:
-    return RemoteInstance(id=r["vast_id"], label=r["label"], actual_status=status,
-                          intended_status=fields.pop("intended_status", "running"), machine_id=r["machine_id"],
-                          **fields)
-
 
 def cfg(**sections):
     return from_mapping(sections)
-
-
-def kills(actions):
-    return {(a.label, a.code) for a in actions if a.kind == "kill"}
 
 
 def destroys(actions):
@@ -408,7 +378,6 @@ def test_a_destroyed_row_never_sends_a_destroy_to_an_instance_under_another_labe
     gone = {101: {"uuid": "u1", "label": "vastctl-1", "vast_id": 101, "kill_code": "bench_failed",
                   "destroyed_at": ago(hours=1)}}
     assert plan([], [listed], SETTINGS, cfg(), NOW, history=gone) == []
-
 
 
 @pytest.mark.parametrize("status, msg", [("exited", None), ("offline", None), ("stopped", "Error: container stopped")])

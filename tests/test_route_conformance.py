@@ -4,7 +4,7 @@ built here (header blocks by `hpack`), its verdict read back from the wire: a GO
 error), an RST_STREAM and its code (a stream error), or a PING answered after the frames under test (accepted).
 
 Each test names the RFC 9113 section whose MUST it checks, or the break from a hostile caller it repeats. The
-raw peer and the router process are tests/raw_h2.py's.
+raw peer and the router process are helpers/raw_h2.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from concurrent import futures
 
 import hpack
 import pytest
-from raw_h2 import (
+from helpers.raw_h2 import (
     CANCEL,
     CODE_NAMES,
     COMPRESSION_ERROR,

@@ -2,7 +2,7 @@
 process on a config file, stand-in cuzk daemons in theirs (tests/fakes/cuzk_daemon.py: the real service and
 messages, proving by sleeping, failing a proof, dying mid-call), joined through real reverse SSH tunnels to
 Debian's sshd on the shipped tunnel config (or, where sshd cannot run, with the daemons' own loopback ports as
-the tunnel ends), and a client that behaves as Curio does (tests/curio_client.py: per-call deadline, MaxPending,
+the tunnel ends), and a client that behaves as Curio does (helpers/curio_client.py: per-call deadline, MaxPending,
 its PoRep retry schedule run at SCALE of its real length).
 
 A machine is a running row with a tunnel port, as launch makes it; it joins as the product sees a join: either
@@ -25,11 +25,11 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from curio_client import SCHEDULES, CurioClient, Task, prove_request
 from fakes.cuzk_daemon import proof_for
-from route_processes import RouteHost, proof_of
-from serving import free_port, free_port_block, query, run_vastctl, stop_process, wait_for
-from tunnel_parts import Sshd
+from helpers.curio_client import SCHEDULES, CurioClient, Task, prove_request
+from helpers.route_processes import RouteHost, proof_of
+from helpers.serving import free_port, free_port_block, query, run_vastctl, stop_process, wait_for
+from helpers.tunnel_parts import Sshd
 
 from vastctl import config as config_module
 from vastctl.cli.route import DRAIN_MARGIN_S

@@ -21,9 +21,7 @@ import time
 
 import hpack
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from raw_h2 import (
+from helpers.raw_h2 import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -44,6 +42,8 @@ from raw_h2 import (
     request_fields,
     varint,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.slow  # a router process on loopback
 

@@ -12,8 +12,8 @@ import time
 import grpc
 import hpack
 import pytest
-from serving import query, wait_for
-from test_route_server import Daemon
+from helpers.route_daemon import Daemon
+from helpers.serving import query, wait_for
 
 from vastctl import clock
 from vastctl import config as config_module

@@ -13,9 +13,9 @@ import shutil
 import subprocess
 
 import pytest
-from curio_client import prove_request
-from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, proof_of
-from serving import wait_for
+from helpers.curio_client import prove_request
+from helpers.route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, proof_of
+from helpers.serving import wait_for
 
 from vastctl.route import wire
 

@@ -46,9 +46,7 @@ from h2.connection import H2Connection
 from h2.events import PingReceived
 from h2.exceptions import DenialOfServiceError, ProtocolError, TooManyStreamsError
 from h2.settings import Settings
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-from raw_h2 import (
+from helpers.raw_h2 import (
     CANCEL,
     CODE_NAMES,
     COMPRESSION_ERROR,
@@ -89,6 +87,8 @@ from raw_h2 import (
     grpc_message,
     request_fields,
 )
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.slow  # a router process on loopback
 

@@ -2,7 +2,7 @@
 once while this one still finishes a proof on a prover, so a restart during a long proof leaves no caller waiting
 in the socket's backlog (Curio's client gives up on a connection after 20 s without its HTTP/2 handshake).
 
-Real parts: router processes on a socket the test holds as systemd does (tests/route_processes.py), Curio's own
+Real parts: router processes on a socket the test holds as systemd does (helpers/route_processes.py), Curio's own
 client (grpc-go), stand-in daemons whose proofs finish when the test says.
 """
 
@@ -13,8 +13,8 @@ import re
 import signal
 
 import pytest
-from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof
-from serving import wait_for
+from helpers.route_processes import GoClient, RouteHost, assert_every_call_got_its_proof
+from helpers.serving import wait_for
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
 

@@ -9,8 +9,8 @@ import socket
 import threading
 
 import pytest
-from prover_stand_ins import CuzkStandIn, RouterOnFile, closed_port
-from serving import query, wait_for
+from helpers.prover_stand_ins import CuzkStandIn, RouterOnFile, closed_port
+from helpers.serving import query, wait_for
 
 from vastctl import clock
 from vastctl.route import cut_through, h2, wire

@@ -1,5 +1,5 @@
 """A prover is a hostile peer: the router in this process (a state file, Router, its grpcio server, the front
-end, a gRPC client channel on it) with stand-in provers that break the rules (tests/hostile_prover.py), each
+end, a gRPC client channel on it) with stand-in provers that break the rules (helpers/hostile_prover.py), each
 misbehaviour on both of the router's ways to a prover where it applies: a small call through grpcio's channel,
 a large one (route.cut_through_mb 1, 2 MiB or more) sent on as it arrives.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
-from hostile_prover import MAX_COMPLETED, GoodProver, HostileProver, MiB, good_proof
-from serving import query, wait_for
+from helpers.hostile_prover import MAX_COMPLETED, GoodProver, HostileProver, MiB, good_proof
+from helpers.serving import query, wait_for
 
 from vastctl import clock
 from vastctl import config as config_module

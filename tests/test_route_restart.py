@@ -16,8 +16,8 @@ import subprocess
 import sys
 
 import pytest
-from route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, socket_activated
-from serving import wait_for
+from helpers.route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, socket_activated
+from helpers.serving import wait_for
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
 

@@ -13,8 +13,8 @@ from concurrent import futures
 
 import grpc
 import pytest
-from curio_client import prove_request
-from serving import query, wait_for
+from helpers.curio_client import prove_request
+from helpers.serving import query, wait_for
 
 from vastctl import clock
 from vastctl import config as config_module

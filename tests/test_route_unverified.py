@@ -17,8 +17,8 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from curio_client import CurioClient, prove_request
-from serving import free_port, query, stop_process, wait_for
+from helpers.curio_client import CurioClient, prove_request
+from helpers.serving import free_port, query, stop_process, wait_for
 
 from vastctl import clock
 from vastctl import config as config_module

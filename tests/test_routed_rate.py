@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
+from helpers.routed_calls import NOW, SLOTS, attempts, kept_full, one_at_a_time
 
 from vastctl import clock
 from vastctl import config as config_module
@@ -16,9 +17,7 @@ from vastctl.facts import deliveries
 from vastctl.observe import observe
 from vastctl.state import db
 
-NOW = datetime(2031, 3, 3, 12, 0, tzinfo=timezone.utc)
 CONFIG = config_module.from_mapping({"fleet": {"default_rate": 40}, "launch": {"bench_concurrency": 5}})
-SLOTS = 5
 
 
 @pytest.fixture
@@ -35,25 +34,6 @@ def machine(conn, name, *, bench=80.0, measured=None, gpus=1, state="running"):
                  (f"u-{name}", name, state, at, at, gpus, bench, measured))
     conn.commit()
     return f"u-{name}"
-
-
-def attempts(uuid, *, prover_s, ends, results=None, now=NOW):
-    """One proof_calls row per end time (seconds before now), each prover_s long on the prover."""
-    results = results or ["completed"] * len(ends)
-    return [{"at": clock.to_iso(now - timedelta(seconds=end)), "request_id": f"r{i}", "kind": "porep",
-             "uuid": uuid, "label": uuid[2:], "result": result, "held_ms": 0, "prover_ms": round(prover_s * 1000),
-             "attempt": 1, "size_bytes": 10} for i, (end, result) in enumerate(zip(ends, results))]
-
-
-def kept_full(uuid, *, prover_s=300.0, batches=12, results=None, now=NOW):
-    """The router kept `SLOTS` calls on the machine for an hour: batches of five, each batch prover_s long."""
-    ends = [b * prover_s for b in range(batches) for _ in range(SLOTS)]
-    return attempts(uuid, prover_s=prover_s, ends=ends, results=results, now=now)
-
-
-def one_at_a_time(uuid, *, prover_s=300.0, calls=12):
-    """A call at a time, back to back: the machine's other slots stayed free."""
-    return attempts(uuid, prover_s=prover_s, ends=[n * prover_s for n in range(calls)])
 
 
 def by_uuid(obs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_rules import CONFIG, MARKET, m, observation, queued
+from helpers.rules_observations import CONFIG, MARKET, m, observation, queued
 
 from vastctl import config as config_module
 from vastctl.agent import rules

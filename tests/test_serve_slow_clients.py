@@ -17,7 +17,7 @@ import time
 
 import pytest
 import requests
-from serving import Manager, run_vastctl
+from helpers.serving import Manager, run_vastctl
 
 pytestmark = pytest.mark.slow  # real serve processes, slow clients on loopback
 

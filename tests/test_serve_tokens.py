@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 import requests
-from serving import Manager, run_vastctl
+from helpers.serving import Manager, run_vastctl
 
 from vastctl import clock
 from vastctl import config as config_module

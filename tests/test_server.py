@@ -11,7 +11,7 @@ import uuid as uuid_module
 
 import pytest
 import requests
-from serving import ADMIN_TOKEN, Manager
+from helpers.serving import ADMIN_TOKEN, Manager
 
 from vastctl import config as config_module
 from vastctl.clock import SYSTEM

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
-from serving import Manager
-from test_dashboard import ADMIN, Browser
+from helpers.dashboard import ADMIN, Browser
+from helpers.serving import Manager
 
 from vastctl import clock
 from vastctl import config as config_module

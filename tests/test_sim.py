@@ -7,12 +7,13 @@ import dataclasses
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
+from helpers.sim_markets import QUIET, START, Market, healthy_offer, make_market
 
 from vastctl import clock as clocks
-from vastctl import launches, operations, reconcile
+from vastctl import operations
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.errors import VastctlError
@@ -28,57 +29,8 @@ from vastctl.providers.base import (
     ProviderRejected,
 )
 from vastctl.providers.sim import FAULT_KINDS, FIRST_VAST_ID, SimProvider
-from vastctl.providers.sim_market import FailureRates
-from vastctl.state import db, lifecycle, tokens
+from vastctl.state import db
 from vastctl.state.lifecycle import KillCode
-
-START = datetime(2031, 3, 1, tzinfo=timezone.utc)  # far from the wall clock: a wall-clock time in the file stands out
-QUIET = FailureRates(**{f.name: 0.0 for f in dataclasses.fields(FailureRates)})
-
-@dataclasses.dataclass
-class Market:
-    conn: object
-    config: Config
-    clock: VirtualClock
-    sim: SimProvider
-
-    def advance(self, seconds: float) -> None:
-        self.clock.advance(seconds)
-
-    def row(self, uuid: str) -> dict:
-        return lifecycle.get(self.conn, uuid)
-
-    def launch(self, **kwargs):
-        return launches.launch(self.conn, self.sim, self.config, now=self.clock.now(), **kwargs)
-
-    def reconcile(self):
-        return reconcile.run_pass(self.conn, self.sim, self.config, clock=self.clock)
-
-
-def make_market(directory, *, seed: int = 1, failures: str = "default", rates: FailureRates | None = None,
-                start: datetime = START) -> Market:
-    config = Config(db=str(directory / "sim.db"), provider="sim")
-    config.server.url = "https://manager.example"
-    config.fleet.max_instances = 40
-    config.fleet.max_hourly_spend = 100.0
-    config.fleet.gpus = [model.name for model in sim_market.GPUS]  # every model the market offers may be rented
-    tokens.ensure_secret(config.secret_path)
-    virtual = VirtualClock(start)
-    conn = db.connect(config.db_path, create=True, now=virtual.now())
-    sim = SimProvider(conn, lambda at: LocalReports(conn, config, now=at), clock=virtual, seed=seed,
-                      failures=failures, rates=rates)
-    return Market(conn, config, virtual, sim)
-
-
-def healthy_offer(market: Market, *, slow: bool = False):
-    """The cheapest offer on a host that proves at its model's rate (or, with `slow`, below the gate)."""
-    hosts = {host.offer_id: host for host in market.sim.hosts()}
-    offers = market.sim.search_offers(OfferQuery(min_cpu_ram_gb=256, min_inet_down_mbps=500, limit=500))
-    for offer in offers:
-        host = hosts[offer.id]
-        if (host.true_rate < 40) if slow else (not host.slow and host.true_rate >= 60 and offer.dph_total <= 1.0):
-            return offer
-    raise AssertionError("no such offer in this market")
 
 
 def run_scenario(directory, *, seed: int, failures: str, hours: float, fleet: int = 12) -> Market:
@@ -643,3 +595,35 @@ def test_an_interruptible_machine_bills_its_bid_pauses_when_outbid_and_a_higher_
         vast_id = market.sim.create_instance(CreateRequest(offer_id=other.id, image="img", disk_gb=150,
                                                            label="vastctl-od", onstart="", env={}))
         market.sim.change_bid(vast_id, 0.5)
+
+
+def test_an_interruptible_machine_proves_only_while_no_rival_bid_for_its_host_is_over_its_own(tmp_path):
+    """The rival bids are the market's own (sim_market.rivals: a function of the seed, the host and the hour,
+    whoever rents), so the lower bound knows them in hindsight: a machine rented by bid is stopped when one over
+    its bid comes, and never proves while one holds the host."""
+    rates = dataclasses.replace(QUIET, outbid_per_hour=1.0)
+    market = make_market(tmp_path, rates=rates)
+    market.config.launch.rental = "interruptible"
+    offer = healthy_offer(market)
+    market.launch(offer_id=offer.id)
+    host = next(h for h in market.sim.hosts() if h.offer_id == offer.id)
+
+    def over(machine, at: float) -> bool:
+        held = sim_market.rivals(market.sim.seed, host, at, at + 1e-3, rates)
+        return max((r.gpu_bid for r in held if r.at <= at), default=0.0) > machine.gpu_dph
+
+    proving = stopped = 0
+    for _ in range(12 * 60):
+        market.advance(60)
+        market.sim.totals()  # the market advanced to now (not an API call: no fault)
+        machine = next(iter(market.sim.engine.machines.values()))
+        at = market.clock.now().timestamp()
+        if any(m is machine for m in market.sim.engine.proving()):
+            proving += 1
+            assert not over(machine, at)
+        elif machine.proving_since is not None and over(machine, at):
+            stopped += 1
+            assert machine.actual_status == "stopped" and machine.paused_at is not None
+    assert proving > 60 and stopped > 10
+    outbids = [row[0] for row in market.conn.execute("SELECT at FROM sim_faults WHERE kind = 'outbid'")]
+    assert outbids and all(over(machine, clocks.from_iso(at).timestamp()) for at in outbids)

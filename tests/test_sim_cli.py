@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serving import query
+from helpers.serving import query
 
 
 @pytest.fixture

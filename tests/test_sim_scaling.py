@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from test_sim import QUIET, healthy_offer, make_market
+from helpers.sim_markets import QUIET, healthy_offer, make_market
 
 from vastctl import clock as clocks
 from vastctl import observe

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-import package_source
+from helpers import package_source
 
 HOMES = ("state/", "facts/")  # where SQL against instances belongs
 # SQL's keywords are upper case in this code base: prose ("a row from instances") is not SQL

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from tunnel_parts import FakeDaemon, Sshd, free_port, listening, wait_for
+from helpers.tunnel_parts import FakeDaemon, Sshd, free_port, listening, wait_for
 
 from vastctl import config as config_module
 from vastctl.clock import SYSTEM

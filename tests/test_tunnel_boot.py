@@ -1,11 +1,11 @@
 """The boot script's join step (launch.join command and ssh's failure), run for real under bash with the boot
-harness of test_boot_script: only a joined machine reports running."""
+harness of helpers/boot.py: only a joined machine reports running."""
 
 from __future__ import annotations
 
 import pytest
-from serving import free_port
-from test_boot_script import Machine, start_manager, vast  # noqa: F401  (the fake vast fixture)
+from helpers.boot import Machine, start_manager
+from helpers.serving import free_port
 
 
 @pytest.fixture

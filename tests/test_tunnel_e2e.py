@@ -15,41 +15,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from serving import ADMIN_TOKEN, Manager, free_port, free_port_block, on_a_thread, run_vastctl
-from test_boot_script import GATE, Machine  # the boot harness and its fakes
-from test_end_to_end import KEY, FakeVast
-from tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
+from helpers.boot import GATE
+from helpers.fake_vast import FakeVast
+from helpers.joining_machine import JoiningMachine
+from helpers.serving import ADMIN_TOKEN, Manager, free_port, free_port_block, on_a_thread, run_vastctl
+from helpers.tunnel_parts import FakeDaemon, Nginx, Sshd, health_check, wait_for
 
 from vastctl.facts import tunnel
-
-
-class JoiningMachine(Machine):
-    """One more launched machine (the harness's Machine takes the only create; this takes the newest one)."""
-
-    def __init__(self, manager: Manager, vast: FakeVast, home: Path, daemon: FakeDaemon):
-        self.manager, self.vast, self.home, self.daemon = manager, vast, home, daemon
-        self.operator = {**manager.env, "VAST_API_KEY": KEY, "VAST_API_URL": vast.url}
-        launched = run_vastctl("launch", "--gpu", "RTX 4090", "--json", env=self.operator)
-        assert launched.returncode == 0, launched.stderr
-        self.outputs = [launched.stdout, launched.stderr]
-        (self.row,) = json.loads(launched.stdout)["launched"]
-        self.create = next(c for c in vast.creates if c["label"] == self.row["label"])
-        self.uuid, self.label = self.row["uuid"], self.row["label"]
-        self.make_sandbox(home)
-        self.grpc, self.status = free_port(), free_port()
-        self.proc = None
-
-    def stop(self) -> None:
-        """The sandbox, and the tunnel's ssh master, which `ssh -f` took out of the sandbox's process group."""
-        super().stop()
-        control = self.zk / "tunnel.ctl"
-        if control.exists():
-            subprocess.run(["ssh", "-S", str(control), "-O", "exit", "vastctl-manager"], capture_output=True,
-                           timeout=10, check=False)
-
-    def join(self) -> JoiningMachine:
-        # the tunnel leads to the gRPC stand-in; the fake cuzk keeps serving the bench on its own port
-        return self.boot(VASTCTL_TUNNEL_TARGET=self.daemon.address, VASTCTL_TUNNEL_WAIT_S="30")
 
 
 @pytest.fixture

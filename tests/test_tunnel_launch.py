@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_operations import NOW, FakeMarket, actions, offer, rows
-from test_reconcile import NOW as RECONCILE_NOW
-from test_reconcile import SETTINGS, ago, kills, row, seen
+from helpers.operations_market import NOW, FakeMarket, actions, offer, rows
+from helpers.reconcile_rows import NOW as RECONCILE_NOW
+from helpers.reconcile_rows import SETTINGS, ago, kills, row, seen
 
 from vastctl import config as config_module
 from vastctl import launches, operations
@@ -217,6 +217,7 @@ def test_a_launch_whose_keys_sshd_cannot_read_rents_nothing(conn, db_path, tmp_p
         launches.launch(conn, market, cfg, offer_id=10, now=NOW)
     assert market.creates() == [] and not (place / "tunnel").exists()
     said = str(refused.value)
-    assert f"as nobody (tunnel.keys_reader), who cannot enter {place} " in said and "mode 750" in said
+    assert f"as the account nobody (tunnel.keys_reader), which cannot enter {place} " in said and "mode 750" in said
+    assert "keep the keys in a directory the account nobody can enter, e.g. /var/lib/vastctl-tunnel" in said
     assert "/var/lib/vastctl-tunnel" in said and "\n" not in said
     assert [r["state"] for r in rows(conn)] == ["killed"]  # its row ends there, not rented

@@ -9,7 +9,7 @@ import sqlite3
 from http.server import ThreadingHTTPServer
 
 import pytest
-from serving import JsonHandler, on_a_thread
+from helpers.serving import JsonHandler, on_a_thread
 
 from vastctl import clock
 from vastctl import config as config_module

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 import responses
-from vast_market import configure, offer, rows
+from helpers.vast_market import configure, offer, rows
 
 from vastctl import guard
 from vastctl.clock import VirtualClock

@@ -13,8 +13,9 @@ import time
 
 import pytest
 import requests
-from serving import Manager, free_port, on_a_thread, query, run_vastctl, wait_for
-from test_end_to_end import KEY, FakeVast, FakeVastHandler
+from helpers.deployment_sandbox import GUIDE, Sandbox, commands
+from helpers.fake_vast import KEY, FakeVast, FakeVastHandler
+from helpers.serving import Manager, free_port, on_a_thread, query, run_vastctl, wait_for
 
 from vastctl.clock import SYSTEM
 from vastctl.serving import webhooks
@@ -208,12 +209,10 @@ def test_the_same_event_three_times_is_one_event_and_one_pass(manager, vast):
 def test_the_guides_webhook_commands_run_as_written(tmp_path):
     import subprocess
 
-    from test_deployment_guide import GUIDE, Sandbox, _commands
-
     (number,) = re.findall(r"^## (\d+)\. vast's webhooks", GUIDE.read_text(), flags=re.M)
     sandbox = Sandbox(tmp_path / "host")
     sandbox.set_up()
-    lines = [sandbox.runnable(line) for line in _commands(number)]
+    lines = [sandbox.runnable(line) for line in commands(number)]
     assert None not in lines
     add, events, rotate, retire, backup = lines
     secret_file = sandbox.path("/var/lib/vastctl/vastctl.db.webhook-secret")

@@ -18,9 +18,16 @@ constraint below is one that every fleet meets, so no fleet can pay less.
                a cohort's held share only falls (a held host is released, never taken back at its old price)
   stopping     a held host may be stopped at its disk's price and proved on again at its rented price
                (a resume's boot, and a resume that finds its GPU gone, are not charged)
+  bids         a host may be offered twice, by bid (from its min_bid) and on demand, one of them at a time;
+               a share rented by bid proves in a block at its price or at the least bid another renter holds
+               the host with in that block (`rival`), whichever is higher: a bid under the rival's is stopped
+               while it proves, so a fleet proving then paid at least the rival's bid
 
 Each simplification (the hour's lowest price, the free first block and
-resumes, fractions) can only lower the figure, so it stays a bound. The hosts
+resumes, fractions, a block's least rival bid) can only lower the figure, so it stays a bound.
+A rental is held no longer than until the host's next hour offered as cheap
+(_cohorts): that changes no least cost, and keeps the program's size linear in
+the horizon's length. The hosts
 that cannot lower it are left out, and it is checked that they cannot: a
 left-out host's every hour is dearer per proof than what a proof's capacity is
 worth in any block it could prove in (the program's dual prices); if not, it
@@ -47,6 +54,10 @@ class Rentable:
     rate: float  # proofs/hour
     storage_dph: float
     prices: Sequence[float | None]  # one per minute of the horizon (minutes(len(arrivals), max_wait) of them)
+    # one per block of the horizon, for a rental by bid: the least another renter's bid for the host is at any
+    # moment of the block (0: a moment with none); a share rented for less proves in it only at that bid
+    rival: Sequence[float] | None = None
+    machine: int | None = None  # the host this is an offer of (None: key); at most one of a host's offers at a time
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s:
     cohorts = {host.key: _cohorts(host, blocks) for host in hosts}
     by_key = {host.key: host for host in hosts}
     ranked = sorted((h for h in hosts if cohorts[h.key]),
-                    key=lambda h: min(price for _k, price in cohorts[h.key]) / h.rate)
+                    key=lambda h: min(c.price for c in cohorts[h.key]) / h.rate)
     peak = max(arrivals) * 60 if arrivals else 0.0
     chosen: list[Rentable] = []
     for host in ranked:
@@ -88,79 +99,118 @@ def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s:
         chosen.append(host)
     while True:
         cost, worth = _solve(chosen, cohorts, blocks, may, due)
-        best = [max(worth[t:]) for t in range(blocks)]  # the most a proof's capacity is worth from block t on
+        best = [0.0] * (blocks + 1)  # the most a proof's capacity is worth from block t on
+        for t in range(blocks - 1, -1, -1):
+            best[t] = max(worth[t], best[t + 1])
         inside = {h.key for h in chosen}
         missing = [host for host in ranked if host.key not in inside and any(
-            price < host.rate * best[k * COHORT_BLOCKS + 1] - 1e-9
-            for k, price in cohorts[host.key] if k * COHORT_BLOCKS + 1 < blocks)]
+            c.price < host.rate * best[c.first] - 1e-9 for c in cohorts[host.key])]
         if not missing:
             return Bound(cost=cost, proofs=total, hosts_priced=len(chosen))
         chosen.extend(by_key[host.key] for host in missing)
 
 
-def _cohorts(host: Rentable, blocks: int) -> list[tuple[int, float]]:
-    """(hour, lowest $/h offered in it) for each hour the host may be rented in and prove after."""
-    found = []
+@dataclass(frozen=True)
+class _Cohort:
+    """The rentals of one host begun in one hour: their price, and the blocks they may be held in."""
+
+    hour: int
+    price: float  # the lowest $/h offered in the hour
+    first: int  # the block it proves from (the one after the hour's first)
+    last: int  # the last block it may be held in (exclusive)
+
+
+def _cohorts(host: Rentable, blocks: int) -> list[_Cohort]:
+    """Each hour the host may be rented in and prove after, at the lowest price offered in it.
+
+    A cohort is held no further than the start of the host's next hour offered at its price or less: from
+    that hour's first proving block on, what it holds may as well be held by the later cohort (as cheap or
+    cheaper, and still in its own hour, so free to take any share), which changes no cost, capacity or
+    one-at-a-time total. So the program's size grows with the horizon, not with its square, and its least
+    cost is the same.
+    """
+    found: list[tuple[int, float]] = []
     for hour in range(blocks // COHORT_BLOCKS + 1):
         if hour * COHORT_BLOCKS + 1 >= blocks:
             break
         offered = [p for p in host.prices[hour * 60:(hour + 1) * 60] if p is not None]
         if offered:
             found.append((hour, min(offered)))
-    return found
+    cohorts: list[_Cohort] = []
+    waiting: list[int] = []  # cohorts (indices) not yet cut short by a later one as cheap: prices rise along it
+    lasts = [blocks] * len(found)
+    for index, (hour, price) in enumerate(found):
+        while waiting and found[waiting[-1]][1] >= price:
+            lasts[waiting.pop()] = hour * COHORT_BLOCKS + 1
+        waiting.append(index)
+    for (hour, price), last in zip(found, lasts):
+        cohorts.append(_Cohort(hour=hour, price=price, first=hour * COHORT_BLOCKS + 1, last=last))
+    return cohorts
 
 
-def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[tuple[int, float]]], blocks: int,
+def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks: int,
            may: Sequence[float], due: Sequence[float]) -> tuple[float, list[float]]:
-    """Build and solve the program over `hosts`: its cost and each block's price of capacity."""
+    """Build and solve the program over `hosts`: its cost and each block's price of capacity.
+
+    Its first variables are the proofs done by the end of each block (D_t, between due and may); each
+    block's done ones (D_t − D_{t−1}, never negative) are at most the capacity held proving in it. Then, for
+    each cohort and block it may be held in, its share proving (y) and stopped (z). Built as arrays: the
+    program of a week has some 10⁵ variables.
+    """
     import numpy as np
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
     hours = BLOCK_MIN / 60
-    cost: list[float] = [0.0] * blocks  # the served-proof variables S_t come first, free of cost
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    upper: list[float] = []
-    row = 0
-
-    def add(entries: list[tuple[int, float]], bound: float) -> None:
-        nonlocal row
-        for col, val in entries:
-            rows.append(row)
-            cols.append(col)
-            vals.append(val)
-        upper.append(bound)
-        row += 1
-
-    capacity_terms: list[list[tuple[int, float]]] = [[(t, 1.0)] for t in range(blocks)]  # S_t − Σ rate·y ≤ 0
+    costs = [np.zeros(blocks)]
+    columns = blocks
+    capacity: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (block, y, −rate·hours): the y in each block
+    held: list[tuple[np.ndarray, np.ndarray]] = []  # (machine·blocks + block, y or z): a host's share, one at a time
+    falls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # y+z − previous y+z ≤ 0, once the hour is over
+    falling = 0
+    machines: dict[int, int] = {}
     for host in hosts:
-        held_at: list[list[int]] = [[] for _ in range(blocks)]
-        for hour, price in cohorts[host.key]:
-            first = hour * COHORT_BLOCKS + 1
-            previous: tuple[int, int] | None = None
-            for t in range(first, blocks):
-                y, z = len(cost), len(cost) + 1
-                cost += [price * hours, host.storage_dph * hours]
-                capacity_terms[t].append((y, -host.rate * hours))
-                held_at[t] += [y, z]
-                if previous is not None and t > (hour + 1) * COHORT_BLOCKS:  # its hour over: the share only falls
-                    add([(y, 1.0), (z, 1.0), (previous[0], -1.0), (previous[1], -1.0)], 0.0)
-                previous = (y, z)
-        for t in range(blocks):
-            if held_at[t]:
-                add([(col, 1.0) for col in held_at[t]], 1.0)
-    capacity_rows = []
-    for t in range(blocks):
-        capacity_rows.append(row)
-        add(capacity_terms[t], 0.0)
-    for t in range(blocks):
-        add([(u, 1.0) for u in range(t + 1)], may[t])
-        add([(u, -1.0) for u in range(t + 1)], -due[t])
-    matrix = coo_matrix((vals, (rows, cols)), shape=(row, len(cost))).tocsr()
-    result = linprog(np.array(cost), A_ub=matrix, b_ub=np.array(upper), bounds=(0, None), method="highs")
+        machine = machines.setdefault(host.machine if host.machine is not None else host.key, len(machines))
+        rival = None if host.rival is None else np.asarray(host.rival, dtype=float)
+        for cohort in cohorts[host.key]:
+            t = np.arange(cohort.first, cohort.last)
+            y = columns + 2 * np.arange(len(t))
+            z = y + 1
+            columns += 2 * len(t)
+            price = np.full(len(t), cohort.price) if rival is None else np.maximum(cohort.price, rival[t])
+            cost = np.empty(2 * len(t))
+            cost[0::2], cost[1::2] = price * hours, host.storage_dph * hours
+            costs.append(cost)
+            capacity.append((t, y, np.full(len(t), -host.rate * hours)))
+            held.append((np.repeat(machine * blocks + t, 2), np.column_stack((y, z)).ravel()))
+            later = np.nonzero(t[1:] > (cohort.hour + 1) * COHORT_BLOCKS)[0] + 1
+            if len(later):
+                rows = falling + np.arange(len(later))
+                falling += len(later)
+                falls.append((np.repeat(rows, 4), np.column_stack((y[later], z[later], y[later - 1], z[later - 1])).ravel(),
+                              np.tile([1.0, 1.0, -1.0, -1.0], len(later))))
+    empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
+    keys = np.concatenate([k for k, _ in held] or [empty_i])
+    machine_blocks, held_row = np.unique(keys, return_inverse=True)
+    first_capacity = falling + len(machine_blocks)
+    first_order = first_capacity + blocks
+    steps = np.arange(1, blocks)
+    row_parts = [r for r, _, _ in falls] + [falling + held_row] + [first_capacity + t for t, _, _ in capacity] + [
+        first_capacity + np.arange(blocks), first_capacity + steps, first_order + steps - 1, first_order + steps - 1]
+    col_parts = [c for _, c, _ in falls] + [np.concatenate([c for _, c in held] or [empty_i])] + [
+        y for _, y, _ in capacity] + [np.arange(blocks), steps - 1, steps - 1, steps]
+    val_parts = [v for _, _, v in falls] + [np.ones(len(keys))] + [v for _, _, v in capacity] + [
+        np.ones(blocks), -np.ones(blocks - 1), np.ones(blocks - 1), -np.ones(blocks - 1)]
+    upper = np.concatenate([np.zeros(falling), np.ones(len(machine_blocks)), np.zeros(blocks), np.zeros(blocks - 1)])
+    cost = np.concatenate(costs)
+    limits = np.column_stack((np.concatenate([np.asarray(due, dtype=float), np.zeros(columns - blocks)]),
+                              np.concatenate([np.asarray(may, dtype=float), np.full(columns - blocks, np.inf)])))
+    matrix = coo_matrix((np.concatenate(val_parts or [empty_f]), (np.concatenate(row_parts), np.concatenate(col_parts))),
+                        shape=(len(upper), columns)).tocsr()
+    # HiGHS's presolve finds little to remove here and holds a second copy of the program: a week's is a third
+    # faster and ~100 MB smaller without it (the same least cost)
+    result = linprog(cost, A_ub=matrix, b_ub=upper, bounds=limits, method="highs", options={"presolve": False})
     if result.status != 0:
         raise ArithmeticError(f"the lower bound's program has no solution: {result.message}")
-    worth = [max(0.0, -float(result.ineqlin.marginals[r])) for r in capacity_rows]
+    worth = [max(0.0, -float(result.ineqlin.marginals[first_capacity + t])) for t in range(blocks)]
     return float(result.fun), worth

@@ -262,7 +262,7 @@ class SimSection:
 
 _CHOICES = {
     ("root", "provider"): ("vast", "sim"),
-    ("agent", "policy"): ("auto", "rules", "llm"),
+    ("agent", "policy"): ("auto", "rules", "llm", "plan"),
     ("sim", "failures"): ("low", "default", "high"),
     ("launch", "join"): ("none", "ssh", "command"),
     ("launch", "sector_size"): ("32GiB", "64GiB"),

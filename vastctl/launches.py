@@ -22,7 +22,7 @@ from vastctl.errors import BadInput, GuardRefused, Unavailable, VastctlError
 from vastctl.facts import tunnel
 from vastctl.guard import Kind
 from vastctl.machine import onstart
-from vastctl.operations import destroy, mark, pass_guard
+from vastctl.operations import asked, destroy, mark, pass_guard
 from vastctl.providers.base import (
     CreateRequest,
     DeadlinePassed,
@@ -36,7 +36,7 @@ from vastctl.providers.base import (
 from vastctl.state import blocklist, instances, lifecycle, locks, settings, tokens
 from vastctl.state.audit import begin_action, finish_action, settle
 from vastctl.state.db import transaction
-from vastctl.state.lifecycle import KillCode, State
+from vastctl.state.lifecycle import Cause, KillCode, State
 from vastctl.state.rows import InstanceChanges, InstanceRow, JSONValue
 from vastctl.validate import Invalid
 
@@ -151,7 +151,7 @@ def check_launch_request(config: Config, *, offer_id: int | None, gpu: str | Non
 
 
 def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offer_id: int | None = None,
-           gpu: str | None = None, count: int = 1, actor: str = "operator",
+           gpu: str | None = None, count: int = 1, actor: str = "operator", cause: Cause | None = None,
            now: datetime) -> LaunchResult:
     """Rent `count` machines: the offer `offer_id`, or the cheapest offers of model `gpu`.
 
@@ -161,7 +161,8 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
     written (state launching) before its create call. A create the market
     refuses kills the row (code start_failed) and marks it destroyed; a
     create whose outcome is unknown leaves the row launching for reconcile to
-    find by label, and stops the launch (never two machines for one intent).
+    find by label, and stops the launch (never two machines for one intent). Each machine's events keep
+    `cause` (the agent's reason and step; else the actor's `vastctl launch`) in their data.
     """
     check_launch_request(config, offer_id=offer_id, gpu=gpu, count=count)
     secret = tokens.read_secret(config.secret_path)
@@ -184,7 +185,7 @@ def launch(conn: sqlite3.Connection, provider: Provider, config: Config, *, offe
         pass_guard(conn, config, replace(intent, count=len(chosen), gpu_name=chosen[0].gpu_name,
                                          dph=sum(offer.dph_total for offer in chosen) / len(chosen)), now=now)
         return _launch_each(conn, provider, config, candidates, count, secret, actor=actor,
-                            retry_gone=offer_id is None, now=now)
+                            cause=asked(actor, "launch", cause), retry_gone=offer_id is None, now=now)
 
 
 def _the_offer(conn: sqlite3.Connection, provider: Provider, config: Config, offer_id: int, now: datetime) -> Offer:
@@ -213,7 +214,7 @@ def _distinct_machines(offers: list[Offer]) -> list[Offer]:
 
 
 def _launch_each(conn: sqlite3.Connection, provider: Provider, config: Config, candidates: list[Offer], count: int,
-                 secret: bytes, *, actor: str, retry_gone: bool, now: datetime) -> LaunchResult:
+                 secret: bytes, *, actor: str, cause: Cause, retry_gone: bool, now: datetime) -> LaunchResult:
     result = LaunchResult(wanted=count)
     script = onstart.script_for(config.launch.onstart)
     offers = iter(candidates)
@@ -231,7 +232,7 @@ def _launch_each(conn: sqlite3.Connection, provider: Provider, config: Config, c
                 raise
             result.error = f"launched {len(result.launched)} of {count}: {exc}"
             break
-        outcome = _launch_one(conn, provider, config, offer, script, secret, actor=actor, now=now)
+        outcome = _launch_one(conn, provider, config, offer, script, secret, actor=actor, cause=cause, now=now)
         row, why = outcome.row, outcome.why
         if outcome.status is LaunchStatus.LAUNCHED:
             result.launched.append(row)
@@ -251,7 +252,7 @@ def _launch_each(conn: sqlite3.Connection, provider: Provider, config: Config, c
 
 
 def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, offer: Offer, script: str, secret: bytes, *, actor: str,
-                now: datetime) -> LaunchOutcome:
+                cause: Cause, now: datetime) -> LaunchOutcome:
     """Write the row and the audit's intent, then rent, then record the outcome.
 
     Both writes are committed before the create goes out: a crash or a kill -9 at any later point leaves a
@@ -265,7 +266,7 @@ def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, of
     rental = f"interruptible, bid ${bid:g}/h" if bid is not None else f"${offer.dph_total:g}/h"
     row = lifecycle.create(
         conn, uuid=uuid, label=label, state=State.LAUNCHING, source=actor, now=now,
-        reason=f"launching on offer {offer.id} ({offer.num_gpus}x {offer.gpu_name}, {rental})",
+        reason=f"launching on offer {offer.id} ({offer.num_gpus}x {offer.gpu_name}, {rental})", cause=cause,
         fields={"offer_id": offer.id, "machine_id": offer.machine_id, "gpu_name": offer.gpu_name,
                 "num_gpus": offer.num_gpus, "dph": offer.dph_total if bid is None else bid, "bid": bid,
                 "ask_dph": offer.dph_total if bid is not None else None,
@@ -275,7 +276,7 @@ def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, of
         try:
             tunnel.write_authorized_keys(conn, config)
         except Unavailable as exc:  # nothing rented yet: the row ends here, and so does the launch
-            _not_rented(conn, uuid, f"not rented: {exc}", actor, now)
+            _not_rented(conn, uuid, f"not rented: {exc}", actor, cause, now)
             raise
     env = {**onstart.boot_env(config.launch), **config.launch.env, **join_env, "VASTCTL_UUID": uuid,
            "VASTCTL_LABEL": label, "VASTCTL_TOKEN": tokens.machine_token(secret, uuid),
@@ -291,20 +292,21 @@ def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, of
                                    f" a machine labelled {label}: reconcile finds it by that label")
     except BaseException:
         with contextlib.suppress(Exception):  # on a full disk this fails too: reconcile times the row out
-            _not_rented(conn, uuid, "the launch's audit row could not be written, so no create was sent", actor, now)
+            _not_rented(conn, uuid, "the launch's audit row could not be written, so no create was sent", actor,
+                        cause, now)
         raise
     try:
         vast_id = provider.create_instance(request)
     except DeadlinePassed as exc:  # raised before anything was sent: nothing was rented
         finish_action(conn, intent, ok=False, result=f"not sent: {exc}")
-        _not_rented(conn, uuid, f"the create was not sent: {exc}", actor, now)
+        _not_rented(conn, uuid, f"the create was not sent: {exc}", actor, cause, now)
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
         return LaunchOutcome(LaunchStatus.NOT_SENT, lifecycle.get(conn, uuid), str(exc))
     except ProviderRejected as exc:
         said = _masked(exc, env)
         finish_action(conn, intent, ok=False, result=f"refused: {said}")
-        _not_rented(conn, uuid, f"vast refused the create: {said}", actor, now)
+        _not_rented(conn, uuid, f"vast refused the create: {said}", actor, cause, now)
         if join_fields:
             tunnel.write_authorized_keys(conn, config)
         status = LaunchStatus.OFFER_GONE if isinstance(exc, OfferGone) else LaunchStatus.REFUSED
@@ -331,9 +333,10 @@ def _launch_one(conn: sqlite3.Connection, provider: Provider, config: Config, of
     return LaunchOutcome(LaunchStatus.LAUNCHED, row)
 
 
-def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, now: datetime) -> None:
-    """Kill a launching row whose create surely rented nothing (code start_failed) and mark it destroyed."""
-    lifecycle.kill(conn, uuid, why, source=actor, code=KillCode.START_FAILED, now=now)
+def _not_rented(conn: sqlite3.Connection, uuid: str, why: str, actor: str, cause: Cause, now: datetime) -> None:
+    """Kill a launching row whose create surely rented nothing (code start_failed) and mark it destroyed; its
+    event keeps the launch's cause."""
+    lifecycle.kill(conn, uuid, why, source=actor, code=KillCode.START_FAILED, cause=cause, now=now)
     mark(conn, uuid, {"destroyed_at": clock.to_iso(now)})
 
 

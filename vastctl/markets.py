@@ -34,6 +34,7 @@ def get_provider(config: "Config", *, clock: "Clock", env: Mapping[str, str] | N
         return _sim_provider(config, clock=clock, **options)
     if config.provider != "vast":
         raise BadInput(f"provider {config.provider!r} is not available: set `provider: vast` or `provider: sim`")
+    _refuse_a_simulated_market(config)
     from vastctl.providers.vast import VastProvider
 
     provider = VastProvider.from_env(env, clock=clock, **options)
@@ -41,6 +42,18 @@ def get_provider(config: "Config", *, clock: "Clock", env: Mapping[str, str] | N
         raise BadInput("no vast.ai API key: set VAST_API_KEY, or run `vastai set api-key KEY`"
                        " (writes ~/.config/vastai/vast_api_key)")
     return provider
+
+
+def _refuse_a_simulated_market(config: "Config") -> None:
+    """A state file whose machines live in a simulated market (a day `vastctl demo --keep` kept, the `provider: sim`
+    playground's file) is wired to no vast.ai account: its vast ids are the simulator's, and sent to vast they
+    would name someone's real machines. Its market is in the file (sim_meta), so its commands run under sim."""
+    from vastctl.providers.sim_store import simulated_until
+
+    if simulated_until(config.db_path) is not None:
+        raise BadInput(f"{config.db_path} holds a simulated market (a day `vastctl demo --keep` kept, or the `provider:"
+                       " sim` playground), not wired to vast.ai: its machines are the simulator's. To act on them, run"
+                       " the command with a config that says `provider: sim` (--config or VASTCTL_CONFIG)")
 
 
 def _sim_provider(config: "Config", *, clock: "Clock", conn: "sqlite3.Connection | None" = None,

@@ -3,7 +3,9 @@
 stop/start pause and resume one, rebid changes an interruptible one's bid, kill ends one, destroy
 ends the billing of a killed one; every action passes the guard first (pass_guard, which a launch uses too:
 renting is launches.py's). Callers pass who asks (`actor`: operator,
-reconcile or agent); it becomes the event source and the audit's actor.
+reconcile or agent); it becomes the event source and the audit's actor. The agent passes why (its `cause`: the
+reason its policy gave and its step's id); an operator's command without one is said to be the operator's
+(asked()). Either way the move's event keeps it in its data.
 """
 
 from __future__ import annotations
@@ -28,8 +30,15 @@ from vastctl.providers.base import (
 from vastctl.state import blocklist, instances, lifecycle
 from vastctl.state.audit import begin_action, finish_action, record_action
 from vastctl.state.db import transaction
-from vastctl.state.lifecycle import KillCode, State
+from vastctl.state.lifecycle import Cause, KillCode, State
 from vastctl.state.rows import InstanceChanges, InstanceRow
+
+
+def asked(actor: str, command: str, cause: Cause | None = None) -> Cause:
+    """The cause a move's event keeps: the one given (the agent's), else the actor's own command."""
+    if cause is not None:
+        return cause
+    return Cause(f"the operator ran `vastctl {command}`" if actor == "operator" else f"{command} by {actor}")
 
 
 def destroy(conn: sqlite3.Connection, provider: Provider | None, row: InstanceRow, *, actor: str,
@@ -98,7 +107,7 @@ def pass_guard(conn: sqlite3.Connection, config: Config, action: guard.Action, *
 
 
 def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, config: Config,
-         actor: str = "operator", force: bool = False, reason: str = "",
+         actor: str = "operator", force: bool = False, reason: str = "", cause: Cause | None = None,
          now: datetime) -> InstanceRow:
     """Stop a live machine at vast (it keeps its disk and bills storage), then mark it stopped.
 
@@ -113,11 +122,11 @@ def stop(conn: sqlite3.Connection, provider: Provider, label_or_uuid: str, *, co
     _call(conn, provider, row, Kind.STOP, actor, now)
     why = f"stopped by {actor}" + (f": {reason}" if reason else "") + (" (forced)" if verdict.forced else "")
     return lifecycle.transition(conn, row["uuid"], State.STOPPED, why, actor, updates={"resumed_at": None},
-                                forced=verdict.forced, now=now)
+                                forced=verdict.forced, cause=asked(actor, "stop", cause), now=now)
 
 
 def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or_uuid: str, *,
-          actor: str = "operator", now: datetime) -> InstanceRow:
+          actor: str = "operator", cause: Cause | None = None, now: datetime) -> InstanceRow:
     """Resume a stopped machine: vast start, then state launching with `resumed_at` set.
 
     vast accepts a start even when the machine's GPU was taken (it then sits
@@ -131,7 +140,8 @@ def start(conn: sqlite3.Connection, provider: Provider, config: Config, label_or
                                           vast_id=row["vast_id"], dph=row["dph"]), now=now)
     _call(conn, provider, row, Kind.START, actor, now)
     return lifecycle.transition(conn, row["uuid"], State.LAUNCHING, f"resumed by {actor}", actor,
-                                updates={"resumed_at": clock.to_iso(now)}, now=now)
+                                updates={"resumed_at": clock.to_iso(now)}, cause=asked(actor, "start", cause),
+                                now=now)
 
 
 def _check_move(row: InstanceRow, to_state: State, verb: str, action: str) -> None:
@@ -236,12 +246,12 @@ def operator_kill(conn: sqlite3.Connection, config: Config, label_or_uuid: str, 
     row = lifecycle.resolve(conn, label_or_uuid)
     provider = make_provider(config) if needs_provider_to_kill(row) else None
     return kill(conn, provider, row["uuid"], f"operator: {reason}", config=config, actor="operator",
-                code=KillCode.OPERATOR, force=force, now=now)
+                code=KillCode.OPERATOR, force=force, cause=Cause(f"operator: {reason}"), now=now)
 
 
 def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str, reason: str, *,
          config: Config, actor: str = "operator", code: KillCode, ttl_s: float | None = None,
-         force: bool = False, kind: Kind = Kind.KILL,
+         force: bool = False, kind: Kind = Kind.KILL, cause: Cause | None = None,
          now: datetime) -> tuple[InstanceRow, str | None]:
     """Mark killed, then destroy at vast; returns (row, error of the destroy or None).
 
@@ -251,7 +261,8 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
     empty: every reconcile pass retries. A launching row without a vast id may
     have a machine whose create answer was lost: it is looked up by label
     first. `ttl_s` (the blocklist TTL) blocklists the machine when the kill
-    says it failed. `code` is the caller's KillCode.X (lifecycle.kill_in_tx writes it).
+    says it failed. `code` is the caller's KillCode.X (lifecycle.kill_in_tx writes it); `cause` (the agent's
+    reason and step) goes into the event's data, else the actor's own `vastctl kill` (asked()).
     """
     row = lifecycle.resolve(conn, label_or_uuid)
     was = row["state"]
@@ -266,7 +277,7 @@ def kill(conn: sqlite3.Connection, provider: Provider | None, label_or_uuid: str
         reason += " (forced)"
     listed: dict[int, RemoteInstance] | None = None
     row = lifecycle.kill(conn, row["uuid"], reason, source=actor, code=code, forced=verdict.forced,
-                         now=now)
+                         cause=asked(actor, "kill", cause), now=now)
     if row.get("tunnel_port") is not None:  # its key stops working at its next connect
         with contextlib.suppress(Unavailable):  # an unwritable file is reconcile's error to report, every pass
             tunnel.write_authorized_keys(conn, config)

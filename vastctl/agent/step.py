@@ -1,4 +1,4 @@
-"""One agent step: observe, plan (rules or llm), guard, apply, and one row in `agent_steps`.
+"""One agent step: observe, plan (rules, plan or llm), guard, apply, and one row in `agent_steps`.
 
   1. take the `agent-step` lease (not for --dry-run: it changes nothing)
   2. sample demand.command, when one is set
@@ -35,7 +35,7 @@ from vastctl.guard import Action, Kind
 from vastctl.observe import Observation, observe, stored_json
 from vastctl.state import locks
 from vastctl.state.db import inserted_id, transaction
-from vastctl.state.lifecycle import KillCode
+from vastctl.state.lifecycle import Cause, KillCode
 from vastctl.state.rows import AgentStepRow, typed
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ LEASE = "agent-step"
 LEASE_TTL_S = 10 * 60
 LEASE_SLACK_S = 5 * 60  # beyond agent.deadline: the demand command, the state file, the record of the step
 OFFERS_SEARCHED = 30
-POLICIES = ("rules", "llm")
+POLICIES = ("rules", "llm", "plan")
 ZERO_TOKENS = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
 LLM_CUT_SHORT = {  # the llm's stop reasons that end a step early: listed under errors, the step still ran (exit 0)
     "max_rounds": "stopped at agent.max_rounds (or the context budget)",
@@ -88,7 +88,7 @@ def resolve_policy(policy: str | None, config: Config, env: Mapping[str, str]) -
     if chosen == "auto":
         return "llm" if env.get("ANTHROPIC_API_KEY") else "rules"
     if chosen not in POLICIES:
-        raise BadInput(f"--policy must be one of rules, llm (or auto in the config), got {chosen!r}")
+        raise BadInput(f"--policy must be one of rules, llm, plan (or auto in the config), got {chosen!r}")
     return chosen
 
 
@@ -142,10 +142,12 @@ def _step(conn: sqlite3.Connection, provider: Provider, config: Config, clock: c
             return result
         result.reason = why
     result.step_id = _insert_step(conn, policy, "error", now, new_cursor, summary, finished=False)
-    executor = Executor(conn, provider, config, obs, now, dry_run=dry_run)
+    executor = Executor(conn, provider, config, obs, now, dry_run=dry_run, step_id=result.step_id)
     try:
         if policy == "rules":
             _run_rules(executor)
+        elif policy == "plan":
+            _run_plan(executor)
         else:
             _run_llm(executor, result, clock, env)
     except BaseException as exc:
@@ -234,9 +236,10 @@ class Executor:
     """Passes each action of one step through the guard (with the ones allowed before it), then applies it."""
 
     def __init__(self, conn: sqlite3.Connection, provider: Provider, config: Config, obs: Observation, now: datetime, *,
-                 dry_run: bool) -> None:
+                 dry_run: bool, step_id: int | None = None) -> None:
         self.conn, self.provider, self.config, self.obs, self.now = conn, provider, config, obs, now
         self.dry_run = dry_run
+        self.step_id = step_id  # the agent_steps row: every event this step's actions write names it
         self.accepted: list[Action] = []
         self.actions: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
@@ -256,7 +259,7 @@ class Executor:
             self.actions.append(action.view("planned (dry run)"))
             return True, "planned (dry run): nothing was applied"
         try:
-            outcome = apply(self.conn, self.provider, self.config, action, now=self.now)
+            outcome = apply(self.conn, self.provider, self.config, action, step=self.step_id, now=self.now)
         except GuardRefused as exc:  # the fleet changed under the step; operations recorded the refusal
             self.accepted.remove(action)
             self.refused.append({**action.view(None), "why": str(exc), "limit": exc.limit})
@@ -274,8 +277,11 @@ class Executor:
                                       max_dph=max_dph, limit=limit, now=self.now)
 
 
-def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action: Action, *, now: datetime) -> str:
-    """Apply one allowed action: one explicit branch per kind, an unknown kind is an error."""
+def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action: Action, *, now: datetime,
+          step: int | None = None) -> str:
+    """Apply one allowed action: one explicit branch per kind, an unknown kind is an error. The events it writes
+    keep its cause: the action's reason and the step's id (`step`)."""
+    cause = Cause(action.reason or "no reason given", step)
     try:
         kind = Kind(action.kind)
     except ValueError:
@@ -284,25 +290,25 @@ def apply(conn: sqlite3.Connection, provider: "Provider", config: Config, action
     if kind is Kind.LAUNCH:
         launched = launches.launch(conn, provider, config, offer_id=action.offer_id,
                                      gpu=None if action.offer_id is not None else action.gpu_name,
-                                     count=action.count, actor=action.actor, now=now)
+                                     count=action.count, actor=action.actor, cause=cause, now=now)
         names = ", ".join(f"{row['label']} (instance {row['vast_id']})" for row in launched.launched)
         if not launched.launched:
             raise Unavailable(launched.error or "nothing was launched")
         return f"launched {names}" + (f"; {launched.error}" if launched.error else "")
     if kind is Kind.START:
         target = _need_target(action, target)
-        row = operations.start(conn, provider, config, target, actor=action.actor, now=now)
+        row = operations.start(conn, provider, config, target, actor=action.actor, cause=cause, now=now)
         return f"resumed ({row['state']})"
     if kind is Kind.STOP:
         target = _need_target(action, target)
         operations.stop(conn, provider, target, config=config, actor=action.actor, reason=action.reason,
-                        force=action.force, now=now)
+                        force=action.force, cause=cause, now=now)
         return "stopped"
     if kind is Kind.KILL or kind is Kind.DESTROY:
         target = _need_target(action, target)
         row, error = operations.kill(conn, provider, target, f"{action.actor}: {action.reason or 'no reason given'}",
                                      config=config, actor=action.actor, code=KillCode.AGENT, kind=kind,
-                                     force=action.force, now=now)
+                                     force=action.force, cause=cause, now=now)
         return f"killed; destroy failed ({error}), reconcile retries" if error else "killed and destroyed"
     if kind is Kind.REBID:
         target = _need_target(action, target)
@@ -323,8 +329,8 @@ def _need_target(action: Action, target: str | None) -> str:
 # --- policies ----------------------------------------------------------------------------------------
 
 
-def _offers_if_needed(executor: Executor) -> list[Offer]:
-    if not rules.needs_offers(executor.obs, executor.config):
+def _offers_if_needed(executor: Executor, needed: bool | None = None) -> list[Offer]:
+    if not (rules.needs_offers(executor.obs, executor.config) if needed is None else needed):
         return []
     try:
         return executor.offers(gpu_names=list(executor.config.fleet.gpus))
@@ -339,6 +345,18 @@ def _run_rules(executor: Executor) -> None:
     if not planned:
         executor.hold = rules.hold_reason(executor.obs, executor.config, offers)
     for action in planned:
+        executor.submit(action)
+
+
+def _run_plan(executor: Executor) -> None:
+    """The planning policy (agent/plan.py): its own forecast of the demand samples, then the guard, as the rules."""
+    from vastctl.agent import plan, plan_forecast
+
+    offers = _offers_if_needed(executor, plan.needs_offers(executor.obs, executor.config))
+    past = plan_forecast.read_past(executor.conn, executor.config, executor.now, plan.HORIZON_SLOTS, plan.SLOT_S)
+    decision = plan.decide(executor.obs, executor.config, offers, past)
+    executor.hold = decision.hold
+    for action in decision.actions:
         executor.submit(action)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -34,26 +34,40 @@ def _saw(saw: dict[str, Any]) -> str:
 def history_cmd(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="Steps that ran to show (the newest).")] = 20,
+    label: Annotated[Optional[str], typer.Option(
+        "--label", help="Only the steps that acted on this machine (label or uuid): launched, stopped, resumed,"
+                        " killed it, or were refused doing so.")] = None,
+    since: Annotated[Optional[str], typer.Option(
+        "--since", help="Only the steps started then or later: a duration before now (6h, 2d, 90m) or a UTC time"
+                        " (2026-11-30T06:00:00Z), as `cost --since`.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Each agent step that ran: what it saw, what it did, what the guard refused and why, why it held;
     for llm steps the model's notes, tokens and cost. Runs of skipped steps show as one line.
 
-    Example: vastctl agent history --limit 5
+    --label finds why a machine was launched or killed: `vastctl events --label X` names the step that did it.
+
+    Example: vastctl agent history --label vastctl-3f2a91c0 --since 24h
     """
     from vastctl.agent import history
+    from vastctl.facts import cost
+    from vastctl.state import lifecycle
 
-    view = history.history(globals_of(ctx).connect(), limit=limit)
+    g = globals_of(ctx)
+    start = cost.parse_since(since, g.clock.now())  # before the file is opened: a bad value changes nothing
+    conn = g.connect()
+    machine = None if label is None else lifecycle.resolve(conn, label)
+    view = history.history(conn, limit=limit, since=start, machine=machine)
     if as_json:
         print_json(view)
         return
     if not view["entries"]:
-        echo("no agent steps yet")
+        echo(_nothing(view))
         return
     for entry in view["entries"]:
         if entry["type"] == "skipped":
-            echo(f"… {entry['count']} skipped step{'s' if entry['count'] != 1 else ''}"
-                 f" ({entry['from']} to {entry['to']}: nothing new)")
+            when = entry["from"] if entry["count"] == 1 else f"{entry['from']} to {entry['to']}"
+            echo(f"… {entry['count']} skipped step{'s' if entry['count'] != 1 else ''} ({when}: nothing new)")
             continue
         echo(f"#{entry['id']} {entry['started_at']} {entry['policy']} {entry['outcome']}: saw {_saw(entry['saw'])}")
         for action in entry["did"]:
@@ -72,3 +86,13 @@ def history_cmd(
         if entry["policy"] == "llm" or any(tokens.values()):
             echo(f"  model: {tokens['input']} in, {tokens['output']} out, {tokens['cache_read']} cached,"
                  f" ${entry['cost']:.4f}")
+
+
+def _nothing(view: dict[str, Any]) -> str:
+    """The line for an empty history: no step yet, or none the filters let through (naming them)."""
+    filters = []
+    if view["label"]:
+        filters.append(f"acted on {view['label']}")
+    if view["since"]:
+        filters.append(f"started at or after {view['since']}")
+    return "no agent steps yet" if not filters else f"no agent step matches: none {' and '.join(filters)}"

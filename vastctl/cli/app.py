@@ -8,7 +8,8 @@ import sqlite3
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Annotated, Any, ClassVar, Mapping, Optional, Sequence, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Mapping, Optional, Sequence, cast
 
 import typer
 
@@ -18,6 +19,9 @@ from vastctl.clock import SYSTEM, Clock
 from vastctl.errors import BadInput
 from vastctl.state import db
 from vastctl.state.lifecycle import printable
+
+if TYPE_CHECKING:
+    import tempfile
 
 app = typer.Typer(
     name="vastctl",
@@ -48,6 +52,7 @@ class Globals:
     debug: bool = False
     _config: config_module.Config | None = field(default=None, repr=False)
     _clock: Clock | None = field(default=None, repr=False)
+    _as_of_copy: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def config(self) -> config_module.Config:
@@ -56,7 +61,23 @@ class Globals:
             if self.db_path:
                 self._config.db = self.db_path
             config_module.admin_token_beside(self._config)
+            if self.as_of is not None:
+                self._read_as_of(self._config, self.as_of)
         return self._config
+
+    def _read_as_of(self, config: config_module.Config, as_of_text: str) -> None:
+        """`--as-of`: the command reads a copy of the state file as it stood then (state/as_of.py), which lives as
+        long as the command; one that would change the file is refused, as the past cannot be written."""
+        import tempfile
+
+        from vastctl.state import as_of
+
+        refuse_as_of_unless_read(command_words())
+        moment = moment_option(as_of_text, "--as-of")
+        if moment >= self._present(config):  # the file as it is: nothing was written after the moment yet
+            return
+        self._as_of_copy = tempfile.TemporaryDirectory(prefix="vastctl-as-of-")
+        config.db = str(as_of.copy_as_of(config.db_path, moment, Path(self._as_of_copy.name)))
 
     @property
     def clock(self) -> Clock:
@@ -73,6 +94,15 @@ class Globals:
         if until is not None and until > self.system_clock.now():  # a kept demo day: read at its own end
             return clock.StillClock(self.system_clock, until)
         return self.system_clock
+
+    def _present(self, config: config_module.Config) -> datetime:
+        """The state file's own now: the end of a kept simulated day that lies ahead of the wall clock (its last
+        minutes' calls, answered after it, are the day's: docs/demo.md), else the wall clock's."""
+        from vastctl.providers.sim_store import simulated_until
+
+        now = self.system_clock.now()
+        until = simulated_until(config.db_path)
+        return max(until, now) if until is not None else now
 
     @property
     def db_file(self) -> str | None:
@@ -95,8 +125,8 @@ def root(
     config: Annotated[Optional[str], typer.Option("--config", help="YAML config file (beats $VASTCTL_CONFIG).")] = None,
     db_path: Annotated[Optional[str], typer.Option("--db", help="SQLite state file (beats $VASTCTL_DB and the config).")] = None,
     as_of: Annotated[Optional[str], typer.Option(
-        "--as-of", help="Read (and write) the state file as if it were this UTC time, e.g. 2031-03-04T00:00:00Z;"
-                        " a day `demo --keep` left is read at its own end without it.")] = None,
+        "--as-of", help="Show the state file as it stood at this UTC time, e.g. 2031-03-03T12:00:00Z (commands that"
+                        " only read it); a day `demo --keep` left is read at its own end without it.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show a traceback on unexpected errors.")] = False,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
                                           help="Print vastctl's version and exit.")] = False,
@@ -104,6 +134,36 @@ def root(
     g = ctx.obj if isinstance(ctx.obj, Globals) else Globals()  # main() passes one in to read after a failure
     g.config_path, g.db_path, g.as_of, g.debug = config, db_path, as_of, debug
     ctx.obj = g
+    if as_of is not None and ctx.invoked_subcommand is not None:
+        refuse_as_of_unless_read((ctx.invoked_subcommand,))
+
+
+# The commands that only read the state file: the ones `--as-of` may show at a moment (docs/interface.md).
+AS_OF_READS = frozenset({("fleet",), ("events",), ("cost",), ("logs",), ("serve",), ("demand", "show"),
+                         ("settings", "get"), ("settings", "list"), ("agent", "history")})
+AS_OF_GROUPS = frozenset(command[:1] for command in AS_OF_READS if len(command) > 1)  # their reads are told apart later
+
+
+def refuse_as_of_unless_read(words: tuple[str, ...]) -> None:
+    """`--as-of` shows the file as it stood then: a command that is not one of those that only read it (and may
+    be one that would write the past) is refused before anything is read."""
+    if words[:2] in AS_OF_READS or words[:1] in AS_OF_READS or (len(words) == 1 and (words[0],) in AS_OF_GROUPS):
+        return
+    reads = ", ".join(" ".join(command) for command in sorted(AS_OF_READS))
+    raise BadInput(f"--as-of shows the state file as it stood then, to the commands that only read it ({reads});"
+                   f" `vastctl {' '.join(words)}` is not one: run it without --as-of")
+
+
+def command_words() -> tuple[str, ...]:
+    """The command being run, as typed after the root options (`settings get`)."""
+    import click
+
+    words: list[str] = []
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None and ctx.parent is not None:
+        words.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return tuple(words)
 
 
 def moment_option(text: str, option: str) -> datetime:

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from vastctl import clock
 from vastctl.cli.app import JsonOpt, app, globals_of, print_json, print_table, say
 
 SUMMARY = [
     ("proofs done within 45 min of arriving", "proofs_within_max_wait", "pct"),
-    ("proof wait p50 / p95 / p99", ("proof_wait_p50_s", "proof_wait_p95_s", "proof_wait_p99_s"), "minutes"),
+    ("proof wait p50 / p95 / p99", ("proof_wait_p50_s", "proof_wait_p95_s", "proof_wait_p99_s"), "wait"),
     ("target met (after warm-up, work queued)", "target_attainment", "pct"),
     ("proofs done / arrived", ("proofs", "proofs_arrived"), "pair"),
     ("cost (simulated billing)", "cost", "usd"),
@@ -39,7 +40,8 @@ EXPLAINED = (
     " it may keep a host through an hour another renter takes, keep the price it rented at while the offer's"
     " rises, stop a host at its disk's price, and let proofs wait up to agent.max_wait; no fleet pays less.",
     "any-host bound: the same on every host of the market, no filter of the fleet's; bid-aware bound: the"
-    " fleet's hosts each rented at its min_bid, never outbid (the bound for interruptible and mixed rental).",
+    " fleet's hosts by bid from their min_bid, proving only while no higher rival bid holds the host (the"
+    " market's rivals, known in hindsight), else on demand (the bound for interruptible and mixed rental).",
     "proof wait: from a proof's arrival to its answer (held, then proving), each proof a call as the proof router"
     " records it in the state file, the figures `fleet --json` and /metrics give; proofs still waiting past"
     " agent.max_wait at the end count as late.",
@@ -57,7 +59,7 @@ def demo_cmd(
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351).")] = None,
     rental: Annotated[Optional[str], typer.Option("--rental", help="How the fleet rents: on-demand, interruptible (bids at min_bid + launch.bid_margin) or mixed (default: launch.rental of --config, else on-demand).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
+    policy: Annotated[str, typer.Option("--policy", help="rules, plan (the planning policy), or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
     chart: Annotated[Optional[Path], typer.Option("--chart", help="Write target, capacity, queue and spend over time to FILE (.svg or .png).")] = None,
     keep: Annotated[Optional[Path], typer.Option("--keep", help="Keep the simulated day's state file as FILE (a new file; its token secret beside it as FILE.secret, an admin token for its dashboard as FILE.admin-token): `vastctl --db FILE serve` shows it.")] = None,
@@ -115,7 +117,7 @@ def _account(path: Path, end: str) -> dict[str, Any]:
     """vastctl's own account of the day's file at its end (cost.account: what `vastctl --as-of END cost` and the
     dashboard of `serve --as-of END` show), beside the simulator's truth. It differs from the truth where the
     state file cannot know: a boot's first minutes count at the full price (vast bills the disk alone until the
-    container runs), and proofs are what the machines reported by their last heartbeat."""
+    container runs), and its proofs are the calls the proof router delivered from each machine (cost.proofs_of)."""
     from vastctl import clock
     from vastctl.facts import cost
     from vastctl.state import db
@@ -162,8 +164,8 @@ def _cell(figures: dict[str, Any], key: Any, kind: str) -> str:
         return f"{figures[key[0]]} / {figures[key[1]]}"
     if kind == "account":
         return f"${figures[key[0]]:,.2f} / {figures[key[1]]} (as `vastctl cost` and the dashboard show)"
-    if kind == "minutes":
-        return " / ".join("-" if figures[k] is None else f"{figures[k] / 60:.0f} min" for k in key)
+    if kind == "wait":  # the dashboard's and `fleet`'s words for a wait; --json keeps the seconds
+        return " / ".join("-" if figures[k] is None else clock.human_duration(figures[k]) for k in key)
     if kind == "seconds":
         return " / ".join("-" if figures[k] is None else f"{figures[k]:.0f}s" for k in key)
     value = figures[key]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime
 from typing import Annotated, Mapping, Optional
 
@@ -9,8 +10,10 @@ import typer
 
 from vastctl import clock
 from vastctl.cli.app import JsonOpt, app, echo, fmt_num, globals_of, print_json, print_table, say
+from vastctl.config import Config
+from vastctl.facts import demand
 from vastctl.state import lifecycle, settings, tokens
-from vastctl.views import fleet
+from vastctl.views import fleet, proof_waits, work_waiting
 
 
 @app.command("init")
@@ -46,54 +49,45 @@ def fleet_cmd(
     age of a machine's last report of any kind; a warning follows when no machine has reported for half of
     launch.orphan_after (they destroy themselves at the end of it). `routed/h` (once the proof router sent a
     machine calls) is what the router saw it prove over the last hour; a `*` marks a machine counted at the
-    router's figure rather than at its heartbeats' or bench rate.
+    router's figure rather than at its heartbeats' or bench rate. `counted/h` is the rate the capacity counts
+    a machine at, and the capacity their sum: a machine counts while running, not stopped or gone at vast,
+    and joined when it has a tunnel (`joined`: yes, or no and for how long; the agent also counts one not
+    joined yet, shown as `+N not joined`). An interruptible machine shows its `bid`, and `outbid` with for
+    how long once vast stopped it for a higher bid. A line under the table says what the columns mean.
 
     Example: vastctl fleet --json | jq '.instances[] | select(.disagreement)'
     """
     g = globals_of(ctx)
     now = g.clock.now()
-    view = fleet.fleet_view(g.connect(), g.config, include_killed=include_killed, now=now)
+    conn = g.connect()
+    view = fleet.fleet_view(conn, g.config, include_killed=include_killed, now=now)
+    work = _work(conn, g.config, view["summary"], now)
     if as_json:
-        print_json(view)
+        print_json({**view, "work": work})
         return
-    rows = [
-        {
-            "label": i["label"], "state": i["state"],
-            "vast": ("missing" if i["vast_missing"] else i["vast_status"] or "-") + (" !" if i["disagreement"] else ""),
-            "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
-            "$/h": fmt_num(i["dph"], 3), "bench": fmt_num(i["bench_rate"]), "proofs/h": fmt_num(i["proofs_per_hour"]),
-            "for": _age(i["state_since"], now), "heartbeat": _age(i["last_heartbeat_at"], now),
-            "contact": _age(i["last_contact_at"], now), "why": i["kill_reason"] or i["disagreement"] or "",
-        }
-        for i in view["instances"]
-    ]
-    columns = ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "for", "heartbeat", "contact",
-               "why"]
-    if any(i["tunnel_port"] is not None for i in view["instances"]):  # launch.join ssh: joined, and for how long
-        for row, i in zip(rows, view["instances"]):
-            row["joined"] = {True: f"yes {_age(i['joined_at'], now)}", False: "no", None: "-"}[i["joined"]]
-        columns.insert(columns.index("why"), "joined")
-    if any(i["routed_rate"] is not None for i in view["instances"]):  # what the proof router saw each one prove
-        for row, i in zip(rows, view["instances"]):
-            row["routed/h"] = fmt_num(i["routed_rate"]) + ("*" if i["rate_source"] == "router" else "")
-        columns.insert(columns.index("proofs/h") + 1, "routed/h")
+    rows, columns = _fleet_table(view["instances"], now)
     print_table(rows, columns)
+    if rows:
+        echo(_legend(columns, rows))
+    echo(work_waiting.line(work))  # the dashboard's first card, before the summary line its figures come from
     s = view["summary"]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no machines"
     listing = f" · vast listed {_age(s['listing_at'], now)} ago" if s["listing_at"] else ""
+    waiting = f" (+{s['not_joined_proofs_per_hour']:g} not joined)" if s["not_joined_proofs_per_hour"] else ""
     echo(
-        f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h"
+        f"{counts} · capacity {s['capacity_proofs_per_hour']:g}/{s['target_proofs_per_hour']:g} proofs/h{waiting}"
         f" · ${s['spend_per_hour']:.2f}/h{listing}"
     )
     router = s["router"]
     wait = router["proof_wait_last_day"]
     if router["router_running"] or wait["calls"]:
-        oldest = f" (oldest {router['oldest_held_s']:g}s)" if router["held"] else ""
+        # waits in the dashboard's words (clock.human_duration); --json keeps the exact seconds
+        oldest = f" (oldest {clock.human_duration(router['oldest_held_s'] or 0)})" if router["held"] else ""
         state = f"{router['held']} held{oldest}, {router['in_flight']} on provers" if router["router_running"] \
             else "not running"
-        waits = (f" · proof wait p50/p95/p99 {wait['p50_s']:g}/{wait['p95_s']:g}/{wait['p99_s']:g}s,"
-                 f" {wait['within_max_wait']:.1%} within agent.max_wait ({wait['calls']} calls, last day)"
-                 if wait["calls"] else "")
+        quantiles = "/".join(clock.human_duration(wait[q] or 0) for q in ("p50_s", "p95_s", "p99_s"))
+        waits = (f" · proof wait p50/p95/p99 {quantiles}, {wait['within_max_wait']:.1%} within agent.max_wait"
+                 f" ({wait['calls']} calls answered in the last 24 h)" if wait["calls"] else "")
         echo(f"router: {state}{waits}")
     if s.get("orphan_warning"):
         say(f"warning: {s['orphan_warning']}")
@@ -101,6 +95,73 @@ def fleet_cmd(
         say(f"warning: the last vast listing failed: {s['listing_error']}")
     elif not s["listing_at"] and view["instances"]:
         say("vast has not been listed yet: vast statuses are unknown until `vastctl reconcile` runs")
+
+
+def _work(conn: sqlite3.Connection, config: Config, s: fleet.Summary, now: datetime) -> work_waiting.WorkWaiting:
+    """The dashboard's "Work waiting" figures (views/work_waiting.py), read as its page reads them."""
+    sample = demand.current(conn, config, now=now)
+    router = s["router"]
+    shown = router if router["router_running"] or router["proof_wait_last_day"]["calls"] else None
+    return work_waiting.work_waiting(proof_waits.proof_waits(conn, config, now), None if sample.at is None else sample.view(),
+                                     float(s["capacity_proofs_per_hour"] or 0.0), shown)
+
+
+def _fleet_table(instances: list[fleet.InstanceView], now: datetime) -> tuple[list[dict[str, object]], list[str]]:
+    """`fleet`'s rows and columns: `routed/h` once the router saw a machine prove, `joined` once a machine has a
+    tunnel, `bid` once one rents interruptible; `counted/h` always (the summary's capacity is its sum)."""
+    rows: list[dict[str, object]] = []
+    for i in instances:
+        outbid = i["outbid_since"]
+        vast = ("missing" if i["vast_missing"] else i["vast_status"] or "-") + (" !" if i["disagreement"] else "")
+        rows.append({
+            "label": i["label"], "state": i["state"],
+            "vast": f"outbid {_age(outbid, now)}" if outbid else vast,
+            "vast_id": i["vast_id"], "gpu": f"{i['num_gpus'] or 1}x {i['gpu_name']}" if i["gpu_name"] else "-",
+            "$/h": fmt_num(i["dph"], 3), "bid": fmt_num(i["bid"], 3), "bench": fmt_num(i["bench_rate"]),
+            "proofs/h": fmt_num(i["proofs_per_hour"]),
+            "routed/h": fmt_num(i["routed_rate"]) + ("*" if i["rate_source"] == "router" else ""),
+            "counted/h": fmt_num(i["counted_rate"]), "for": _age(i["state_since"], now),
+            "heartbeat": _age(i["last_heartbeat_at"], now), "contact": _age(i["last_contact_at"], now),
+            "joined": _joined(i, now),
+            "why": i["kill_reason"] or (f"vast stopped it for a bid over its ${i['bid']:g}/h" if outbid else "")
+            or i["disagreement"] or "",
+        })
+    columns = ["label", "state", "vast", "vast_id", "gpu", "$/h", "bench", "proofs/h", "counted/h", "for", "heartbeat",
+               "contact", "why"]
+    if any(i["bid"] is not None for i in instances):  # launch.rental interruptible or mixed: each one's bid
+        columns.insert(columns.index("$/h") + 1, "bid")
+    if any(i["routed_rate"] is not None for i in instances):  # what the proof router saw each one prove
+        columns.insert(columns.index("proofs/h") + 1, "routed/h")
+    if any(i["tunnel_port"] is not None for i in instances):  # launch.join ssh: joined, and for how long
+        columns.insert(columns.index("why"), "joined")
+    return rows, columns
+
+
+def _joined(i: fleet.InstanceView, now: datetime) -> str:
+    """`yes 12m` (joined for that long), `no 3m` (running, unreachable through its tunnel for that long: not
+    counted, killed past tunnel.down_timeout), `no` (not running yet), `-` (no tunnel)."""
+    if i["joined"] is None:
+        return "-"
+    if i["joined"]:
+        return f"yes {_age(i['joined_at'], now)}"
+    return f"no {_age(i['not_joined_since'], now)}" if i["not_joined_since"] else "no"
+
+
+LEGEND = {
+    "counted/h": "counted/h: the rate capacity counts it at (they sum to the capacity below; - not counted)",
+    "routed/h": "routed/h: proved through the proof router in the last hour, * where its figures set the rate counted",
+    "joined": "joined: the manager reaches its daemon through its tunnel (not joined: not counted)",
+    "bid": "bid: $/h bid for an interruptible machine (outbid: vast stopped it for a higher one)",
+    "contact": "contact: its last report of any kind",
+}
+
+
+def _legend(columns: list[str], rows: list[dict[str, object]]) -> str:
+    """One line under the table naming what its less obvious columns and marks mean (those it has)."""
+    parts = [text for name, text in LEGEND.items() if name in columns]
+    if any(str(row["vast"]).endswith(" !") for row in rows):
+        parts.append("! vast disagrees (why says how)")
+    return " · ".join(parts)
 
 
 @app.command("events")
@@ -123,6 +184,9 @@ def events_cmd(
     came back); an agent step's events carry the time it observed, which a slow model call can put a few
     seconds before a machine's report written while it waited.
 
+    A launch, stop, resume or kill says why its actor acted ("why: …", its `cause` in --json: the reason the
+    agent's policy or the operator gave) and, when an agent step did it, the step (`agent history --label`).
+
     Example: vastctl events --since 120 --json
     """
     conn = globals_of(ctx).connect()
@@ -140,13 +204,25 @@ def events_cmd(
     if as_json:
         print_json(items)
         return
+    if not items:
+        echo("no events yet" if since is None else f"no events match: none after id {since}")
+        return
     rows = [{**e, "change": _change({**e, "what": "event"}), "label": e["label"] or "-", "reason": _reason(e)}
             for e in items]
     print_table(rows, ["id", "at", "label", "change", "source", "reason"])
 
 
 def _reason(step: Mapping[str, object]) -> str:
+    """The event's reason, then why its actor acted (its cause, unless the reason says it already) and the agent
+    step that did it, then its kill code."""
     reason = str(step["reason"] or "")
+    cause = step.get("cause")
+    if isinstance(cause, Mapping):
+        why = str(cause.get("reason") or "")
+        if why and why not in reason:
+            reason += f"; why: {why}"
+        if cause.get("step") is not None:
+            reason += f" (agent step {cause['step']})"
     return reason + (f" [{step['code']}]" if step["code"] else "")
 
 

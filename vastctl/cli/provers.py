@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from vastctl.cli.app import JsonOpt, app, globals_of, print_json, print_table, say
+from vastctl.cli.app import JsonOpt, app, echo, globals_of, print_json, print_table, say
 
 
 @app.command("provers")
@@ -27,6 +27,17 @@ def provers_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(result.view())
         return
-    print_table(result.provers, ["label", "endpoint", "joined_at"])
-    if result.changed:
-        say(f"{result.upstream_file}: {len(result.provers)} prover(s)" + ("; reloaded" if result.reloaded else ""))
+    if result.provers:
+        print_table(result.provers, ["label", "endpoint", "joined_at"])
+    else:
+        echo("no joined provers: no running machine's tunnel end answers")
+    say(_file_line(result.upstream_file, len(result.provers), changed=result.changed, reloaded=result.reloaded))
+
+
+def _file_line(upstream_file: str | None, count: int, *, changed: bool, reloaded: bool) -> str:
+    """What became of nginx's upstream file, in words: written and reloaded, or left as it was."""
+    if upstream_file is None:
+        return "provers.upstream_file is not set: no upstream file is written"
+    if not changed:
+        return f"{upstream_file} unchanged: it already lists these {count} prover(s); nothing reloaded"
+    return f"{upstream_file} rewritten: {count} prover(s)" + ("; reloaded" if reloaded else "; no reload_command set")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -60,9 +61,8 @@ def route_cmd(
     _log_to_stderr()
     try:  # systemd's socket when it passed one (it outlives this process), else route.listen bound here
         listening, inherited = route_listener.take(address)
-    except OSError:
-        raise Unavailable(f"cannot listen on {address}: the address is in use (another router or a cuzk daemon?)"
-                          " or not this host's; set route.listen or --listen") from None
+    except OSError as exc:
+        raise Unavailable(_cannot_listen(address, exc, "--listen" if listen else "route.listen")) from None
     if inherited:
         host, port = route_listener.name(listening)
         differs = f"; route.listen {address} is not used" if address != f"{host}:{port}" else ""
@@ -108,6 +108,21 @@ def route_cmd(
     router.stop_writer()
     say("stopped")
     _end_process()
+
+
+def _cannot_listen(address: str, exc: OSError, setting: str) -> str:
+    """Why `address` could not be bound, in one line naming the fix. A port taken is the common case, e.g. by
+    nginx's balancer (jobs/nginx-cuzk-grpc.conf) given the router's port: nginx says so only in its error.log."""
+    host, _, port = address.rpartition(":")
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} is already in use on {host} (nginx's Curio balancer? another router? a cuzk daemon?"
+                f" `ss -ltnp 'sport = :{port}'` names it): stop that program, or give {setting} a free port")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {address}: {host} is not an address of this host: give {setting} one of its addresses"
+    if exc.errno == errno.EACCES:
+        return (f"cannot listen on {address}: this user may not bind port {port} (below 1024): give {setting}"
+                " a port above 1023")
+    return f"cannot listen on {address}: {exc.strerror or exc}: give {setting} an address of this host with a free port"
 
 
 def _drain(router: Router, server: grpc.Server, front: Front, timeout: float) -> bool:

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 import typer
 
 from vastctl import markets, validate
-from vastctl.cli.app import Globals, app, globals_of, moment_option, say
-from vastctl.clock import StillClock
+from vastctl.cli.app import Globals, app, globals_of, say
 from vastctl.errors import BadInput, Refused
 from vastctl.state import tokens
 
@@ -43,9 +42,8 @@ def serve_cmd(
     access_log: Annotated[bool, typer.Option(
         "--access-log/--no-access-log", help="Log each request (never its headers).")] = True,
     as_of: Annotated[str | None, typer.Option(
-        "--as-of", help="Show the state file as of this UTC time (e.g. 2031-03-04T00:00:00Z): the clock stands"
-                        " there instead of now, as `vastctl --as-of TIME cost` and `fleet` read it; to look at a state"
-                        " file `demo --keep` left, at the end of its simulated day.")] = None,
+        "--as-of", help="Show the state file as it stood at this UTC time (e.g. 2031-03-03T12:00:00Z), as `vastctl"
+                        " --as-of TIME cost` and `fleet` read it: a copy, so nothing sent to it is kept.")] = None,
 ) -> None:
     """Answer the boot scripts' reports over HTTP (machines set VASTCTL_SERVER and VASTCTL_TOKEN).
 
@@ -54,7 +52,9 @@ def serve_cmd(
     from vastctl.serving import server, webhooks
 
     g = globals_of(ctx)
-    clock = g.clock if as_of is None else StillClock(g.system_clock, moment_option(as_of, "--as-of"))
+    if as_of is not None:  # beats the root option: the page reads the file as it stood then (Globals.config)
+        g.as_of = as_of
+    clock = g.clock
     waker = webhooks.Waker(g.config, clock=clock)  # its market: markets.get_provider, as cron's commands build it
     srv = server.make_server(g.config, host=host, port=port, threads=threads, timeout=timeout,
                              request_timeout=request_timeout, connection_limit=connection_limit, clock=clock,

@@ -49,20 +49,20 @@ def write_chart(result: DemoResult, path: Path) -> None:
     top = max([s.arrival for s in samples] + [s.target for s in samples] + [s.capacity for s in samples] + [1.0])
     launched = [minute / 60 for minute in result.launches if minute / 60 <= end]
     if launched:
-        rates.plot(launched, [-0.03 * top] * len(launched), linestyle="none", marker="^", markersize=5,
+        rates.plot(launched, [LAUNCH_ROW * top] * len(launched), linestyle="none", marker="^", markersize=5,
                    color=colour["launch"], label=f"launch ({len(launched)})")
     by_reason: dict[str, list[float]] = {}
     for minute, code in result.kills:
         if minute / 60 <= end:
             by_reason.setdefault(code, []).append(minute / 60)
     for index, (code, moments) in enumerate(sorted(by_reason.items())):
-        rates.plot(moments, [-0.07 * top] * len(moments), linestyle="none", marker="v", markersize=6,
+        rates.plot(moments, [KILL_ROW * top] * len(moments), linestyle="none", marker="v", markersize=6,
                    color=KILL_COLOURS[index % len(KILL_COLOURS)], label=f"kill: {code} ({len(moments)})")
-    rates.set_ylim(-0.1 * top, top * 1.08)
+    rates.set_ylim((KILL_ROW - 0.05) * top, top * 1.08)
     rates.set_ylabel("proofs / hour")
     figures = result.figures
     rates.set_title(f"vastctl demo: seed {figures['seed']}, policy {figures['policy']}, failures {figures['failures']}"
-                    f" — attainment {_pct(figures['target_attainment'])}, ${figures['cost']:.2f},"
+                    f" — target met {_pct(figures['target_attainment'])}, ${figures['cost']:.2f},"
                     f" {figures['proofs']} proofs", fontsize=10)
 
     queue.plot(hours, [s.queued for s in samples], color=colour["queue"], linewidth=1.0)
@@ -110,6 +110,9 @@ def write_chart(result: DemoResult, path: Path) -> None:
     metadata = {"Date": None} if suffix == ".svg" else {"Software": None}
     figure.savefig(path, format=suffix[1:], metadata=metadata, bbox_inches="tight")
     pyplot.close(figure)
+
+
+LAUNCH_ROW, KILL_ROW = -0.04, -0.13  # the markers' rows under the rates, as shares of its top: apart, not overlapping
 
 
 def _pct(value: float | None) -> str:

@@ -142,7 +142,8 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
         queued = math.ceil(backlog - 1e-9)
         if not down:
             demand.report(conn, queued, round(sum(done_by_minute[-60:]), 1), now=now,
-                          lookahead=math.ceil(curve.coming(minute) - 1e-9))
+                          lookahead=math.ceil(curve.coming(minute) - 1e-9), arrivals=curve.arrivals(minute),
+                          later=curve.later(minute))
         try:
             reconcile.run_pass(conn, market, config, clock=clock)
         except VastctlError:

@@ -62,7 +62,8 @@ def lower_bound_cost(market: SimProvider, config: Config, curve: DemandCurve, mi
     replaces the arrivals with a proofs/hour per minute (the target the fleet was asked for).
     `honest` (the default) rents only what the fleet may rent: hosts that pass its own filters
     (fleet.min_cpu_ram_gb, fleet.min_inet_down_mbps) and that no other renter holds that hour; without
-    it, any host of the allowed models. `interruptible` prices every host at its min_bid (never outbid).
+    it, any host of the allowed models. `interruptible` prices every host at its min_bid (never outbid: not the
+    bid-aware bound, least_costs' is).
     """
     from vastctl.providers import sim_market
 
@@ -105,7 +106,9 @@ def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes
       honest         the hosts the fleet may rent (its models, RAM, bandwidth, reliability, price cap, a host
                      that can pass the benchmark gate), on demand
       any_host       every host of the market, no filter of the fleet's, on demand
-      interruptible  the honest hosts, each rented at its min_bid (a bid that is never outbid)
+      interruptible  the honest hosts, each by bid (from its min_bid) or on demand: a share rented by bid
+                     proves only at a bid over every rival's that holds the host then (the market's rival bids,
+                     sim_market.rivals, known in hindsight as the arrivals are), else on demand
 
     The work is the demand curve's arrivals, each proof done within agent.max_wait.
     """
@@ -127,23 +130,35 @@ def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes
                 and host.reliability >= DEFAULT_MIN_RELIABILITY
                 and host.true_rate * 1.03 >= config.fleet.min_bench_rate)  # a bench reports 0.96-1.03 × true
 
+    asked: dict[tuple[int, bool], list[float]] = {}  # each host's $/h in each minute, by bid or on demand
+
     def rentable(host: sim_market.Host, *, bid: bool, cap: float | None) -> bound.Rentable:
+        storage = sim_market.storage_price(host, disk)
+        if (host.machine_id, bid) not in asked:
+            asked[host.machine_id, bid] = [sim_market.min_bid(market.seed, host, at, disk) for at in moments] if bid else [
+                sim_market.gpu_price(host, at) + storage for at in moments]
+        every = asked[host.machine_id, bid]
         prices: list[float | None] = []
-        for minute, at in enumerate(moments):
-            price = (sim_market.min_bid(market.seed, host, at, disk) if bid
-                     else sim_market.gpu_price(host, at) + sim_market.storage_price(host, disk))
-            free = host.machine_id not in taken[minute // 60]
-            prices.append(price if free and (cap is None or price <= cap) else None)
-        return bound.Rentable(key=host.machine_id, rate=host.true_rate, storage_dph=sim_market.storage_price(host, disk),
-                              prices=prices)
+        for hour in range(0, horizon, 60):  # not offered in an hour another renter holds it, nor over the cap
+            if host.machine_id in taken[hour // 60]:
+                prices += [None] * len(every[hour:hour + 60])
+            else:
+                prices += [price if cap is None or price <= cap else None for price in every[hour:hour + 60]]
+        if not bid:
+            return bound.Rentable(key=host.machine_id, rate=host.true_rate, storage_dph=storage, prices=prices)
+        rivals = sim_market.rival_floors(market.seed, host, START.timestamp(), bound.BLOCK_MIN * 60,
+                                         horizon // bound.BLOCK_MIN, market.rates)
+        return bound.Rentable(key=-host.machine_id, rate=host.true_rate, storage_dph=storage, prices=prices,
+                              rival=[floor + storage if floor > 0 else 0.0 for floor in rivals], machine=host.machine_id)
 
     honest = [host for host in everyone if passes(host)]
     wait = config.agent.max_wait
+    cap = config.fleet.max_dph
     return {
-        "honest": bound.least_cost([rentable(h, bid=False, cap=config.fleet.max_dph) for h in honest], arrivals, wait),
+        "honest": bound.least_cost([rentable(h, bid=False, cap=cap) for h in honest], arrivals, wait),
         "any_host": bound.least_cost([rentable(h, bid=False, cap=None) for h in everyone], arrivals, wait),
-        "interruptible": bound.least_cost([rentable(h, bid=True, cap=config.fleet.max_dph) for h in honest],
-                                          arrivals, wait),
+        "interruptible": bound.least_cost([rentable(h, bid=True, cap=cap) for h in honest]
+                                          + [rentable(h, bid=False, cap=cap) for h in honest], arrivals, wait),
     }
 
 

@@ -26,7 +26,7 @@ WARMUP_MINUTES = 60
 TARGET_EVERY_MINUTES = 10
 LOOKAHEAD_MINUTES = 60
 FAILURE_LEVELS = ("low", "default", "high")
-POLICIES = ("rules", "llm")
+POLICIES = ("rules", "llm", "plan")
 RENTALS = ("on-demand", "interruptible", "mixed")  # launch.rental's choices
 FLEETS = ("rules", "static")  # static: sized for the day's peak once, never scaled down (the bench's baseline)
 MAX_HOURS = 7 * 24
@@ -95,6 +95,25 @@ class DemandCurve:
         """What the operator's script sets: the coming hour's peak arrival rate, rounded up to 10."""
         peak = max(self.rate(m) for m in range(minute, minute + LOOKAHEAD_MINUTES))
         return float(math.ceil(peak / 10) * 10)
+
+    def arrivals(self, minute: int) -> list[int]:
+        """When the look-ahead's proofs arrive, as a real Curio's script reports them (jobs/curio-demand.sh
+        `arrivals`): the proofs of each 10 minutes from the next minute on, exact within the look-ahead (the day's
+        sectors reach PoRep LOOKAHEAD_MINUTES after their precommit lands, so those are on chain with their seed
+        known) and 0 beyond it, where no sector is precommitted yet. Rounded as `coming` is in the day's report:
+        the counts add up to its look-ahead."""
+        from vastctl.facts.demand import ARRIVAL_BUCKET_S, ARRIVAL_BUCKETS
+
+        width = ARRIVAL_BUCKET_S // 60
+        rates = [self.rate(m) for m in range(minute + 1, minute + 1 + LOOKAHEAD_MINUTES)]
+        known = [math.ceil(sum(rates[:k * width]) / 60 - 1e-9) for k in range(ARRIVAL_BUCKETS + 1)]
+        return [after - before for before, after in zip(known, known[1:])]
+
+    def later(self, minute: int, sealing_minutes: int = 180) -> int:
+        """The sectors in earlier stages (jobs/curio-demand.sh `later`): the proofs arriving in the `sealing_minutes`
+        after the look-ahead (SDR, trees and the precommit take hours), a count with no time."""
+        beyond = range(minute + 1 + LOOKAHEAD_MINUTES, minute + 1 + LOOKAHEAD_MINUTES + sealing_minutes)
+        return math.ceil(sum(self.rate(m) for m in beyond) / 60 - 1e-9)
 
     def _factor(self, block: int) -> float:
         if block not in self._noise:

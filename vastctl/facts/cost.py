@@ -42,7 +42,10 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
         return None
     match = _DURATION.match(text)
     if match:
-        return now - timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+        try:
+            return now - timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+        except OverflowError:  # further back than a datetime reaches
+            raise BadInput(f"--since {text} reaches before the year 1: give a shorter duration") from None
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -12,6 +12,9 @@ A sample may also say `in_flight` (tasks a Curio node has claimed: with cuzk the
 wait or prove at a daemon, so they are work for the fleet too) and `lookahead`
 (sectors whose PoRep task Curio will create within the hour or so: work a machine
 booting now would meet). Both are optional; a report with only `queued` is whole.
+It may also say when that work comes: `arrivals`, the PoRep tasks coming in each
+ARRIVAL_BUCKET_S from now (the first bucket starting now), and `later`, the sectors
+in earlier stages whose PoRep comes beyond what the buckets know, a count with no time.
 
 Unknown demand is never read as "no work": the guard and the rules policy hold
 the fleet on it (the incident this exists for: a missing "active" flag read as
@@ -25,9 +28,9 @@ import os
 import signal
 import sqlite3
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Mapping, TypedDict
+from typing import Callable, Mapping, Sequence, TypedDict
 
 from vastctl import clock, upstream, validate
 from vastctl.config import Config
@@ -39,10 +42,13 @@ from vastctl.validate import Invalid
 COMMAND_TIMEOUT_S = 20.0  # leaves most of a one-minute cron tick to the step that asked
 MAX_OUTPUT_CHARS = 64 * 1024
 EXPECTED = ('print one JSON object like {"queued": 12, "proofs_per_hour": 40}'
-            ' (optional: "in_flight": N, "lookahead": N)')
+            ' (optional: "in_flight": N, "lookahead": N, "arrivals": [N, …], "later": N)')
 # Past any real Curio cluster's queue or rate, well inside SQLite's integers: beyond it a number is a fault
 MAX_COUNT = 1_000_000_000
 MAX_DIGITS = 19  # a JSON integer longer than this is refused before Python converts it
+ARRIVAL_BUCKET_S = 600  # each count of `arrivals` is the PoRep tasks coming in 10 minutes, the first from now
+ARRIVAL_BUCKETS = 9  # what jobs/curio-demand.sh reports (and the simulated day): the next 90 minutes
+MAX_ARRIVAL_BUCKETS = 18  # 3 hours of them, room past what precommitted sectors tell (~75 minutes)
 
 
 class DemandView(TypedDict):
@@ -52,6 +58,8 @@ class DemandView(TypedDict):
     in_flight: int | None
     lookahead: int | None
     proofs_per_hour: float | None
+    arrivals: list[int] | None
+    later: int | None
     at: str | None
     age_s: int | None
     source: str | None
@@ -75,6 +83,9 @@ class Demand:
     empty_since: datetime | None = None  # start of the current run of good samples that all said no work
     in_flight: int | None = None  # claimed tasks (at a daemon); None: the source does not say
     lookahead: int | None = None  # PoRep tasks about to be created; None: the source does not say
+    # when they come: the PoRep tasks of each ARRIVAL_BUCKET_S from now, the first bucket starting now
+    arrivals: tuple[int, ...] | None = None
+    later: int | None = None  # sectors in earlier stages, their PoRep beyond the buckets: a count with no time
     # calls the proof router holds for a free prover (facts/deliveries.py): measured by the manager, so work
     # even while the source is unknown; Curio counts them in flight, so they are not added to in_flight
     held: int = 0
@@ -89,6 +100,7 @@ class Demand:
         """The `demand show --json` object."""
         return {"queued": self.queued, "in_flight": self.in_flight, "lookahead": self.lookahead,
                 "proofs_per_hour": self.proofs_per_hour,
+                "arrivals": None if self.arrivals is None else list(self.arrivals), "later": self.later,
                 "at": clock.display_iso(clock.to_iso(self.at)), "age_s": None if self.age_s is None else round(self.age_s),
                 "source": self.source, "known": self.known, "error": self.error,
                 "empty_since": clock.display_iso(clock.to_iso(self.empty_since)), "held": self.held}
@@ -109,8 +121,36 @@ def validate_queued(value: object) -> int:
 
 def validate_optional_count(name: str, value: object) -> int | None:
     """in_flight / lookahead: absent (None) or a count."""
-    what = {"in_flight": "tasks claimed", "lookahead": "PoRep tasks about to be created"}.get(name, "tasks")
+    what = {"in_flight": "tasks claimed", "lookahead": "PoRep tasks about to be created",
+            "later": "sectors in earlier stages"}.get(name, "tasks")
     return None if value is None else validate_count(name, value, what)
+
+
+def validate_arrivals(value: object) -> tuple[int, ...] | None:
+    """arrivals: absent (None) or a list of at most MAX_ARRIVAL_BUCKETS counts, one for each ARRIVAL_BUCKET_S."""
+    if value is None:
+        return None
+    shape = (f"a list of at most {MAX_ARRIVAL_BUCKETS} whole numbers from 0 to {MAX_COUNT:,} (PoRep tasks coming in each"
+             " 10 minutes)")
+    if not isinstance(value, (list, tuple)):
+        raise Invalid("arrivals", f"must be {shape}, got {_show(value)}")
+    if len(value) > MAX_ARRIVAL_BUCKETS:
+        raise Invalid("arrivals", f"must be {shape}, got {len(value)} numbers")
+    for count in value:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+            raise Invalid("arrivals", f"must be {shape}, got {_show(count)} in it")
+    return tuple(value)
+
+
+def arrivals_from_text(text: str) -> tuple[int, ...]:
+    """`--arrivals 3,0,5`: the counts, comma-separated; Invalid as validate_arrivals words it."""
+    counts: list[object] = []
+    for part in text.split(","):
+        digits = part.strip()
+        counts.append(int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= MAX_DIGITS else digits)
+    checked = validate_arrivals(counts)
+    assert checked is not None  # a list is never None
+    return checked
 
 
 def validate_rate(value: object) -> float | None:
@@ -132,6 +172,17 @@ def _show(value: object) -> str:
     return upstream.clip(repr(value), 40)
 
 
+class SampleFields(TypedDict):
+    """record()'s keyword arguments for a good sample."""
+
+    queued: int
+    proofs_per_hour: float | None
+    in_flight: int | None
+    lookahead: int | None
+    arrivals: tuple[int, ...] | None
+    later: int | None
+
+
 @dataclass(frozen=True)
 class Sample:
     """What one report or one run of the command said (validated)."""
@@ -140,28 +191,39 @@ class Sample:
     proofs_per_hour: float | None = None
     in_flight: int | None = None
     lookahead: int | None = None
+    arrivals: tuple[int, ...] | None = None
+    later: int | None = None
 
 
 def record(conn: sqlite3.Connection, *, source: str, now: datetime, queued: int | None = None,
            proofs_per_hour: float | None = None, error: str | None = None, in_flight: int | None = None,
-           lookahead: int | None = None) -> int:
-    """Keep one sample; a sample with an error is a failed one (queued unknown)."""
+           lookahead: int | None = None, arrivals: tuple[int, ...] | None = None, later: int | None = None) -> int:
+    """Keep one sample; a sample with an error is a failed one (queued unknown). `arrivals` is kept as a JSON list."""
     with transaction(conn):
         cursor = conn.execute(
-            "INSERT INTO demand_samples (at, queued, in_flight, lookahead, proofs_per_hour, source, ok, error)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (clock.to_iso(now), queued, in_flight, lookahead, proofs_per_hour, source, int(error is None), error),
+            "INSERT INTO demand_samples (at, queued, in_flight, lookahead, arrivals, later, proofs_per_hour, source,"
+            " ok, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (clock.to_iso(now), queued, in_flight, lookahead, None if arrivals is None else json.dumps(list(arrivals)),
+             later, proofs_per_hour, source, int(error is None), error),
         )
         return inserted_id(cursor)
 
 
 def report(conn: sqlite3.Connection, queued: int, proofs_per_hour: float | None, *, now: datetime,
-           in_flight: int | None = None, lookahead: int | None = None) -> int:
+           in_flight: int | None = None, lookahead: int | None = None, arrivals: Sequence[int] | None = None,
+           later: int | None = None) -> int:
     """An operator's (or a script's) report: `vastctl demand report --queued N`. Validated before anything is kept."""
     sample = Sample(queued=validate_queued(queued), proofs_per_hour=validate_rate(proofs_per_hour),
                     in_flight=validate_optional_count("in_flight", in_flight),
-                    lookahead=validate_optional_count("lookahead", lookahead))
-    return record(conn, source="report", now=now, **asdict(sample))
+                    lookahead=validate_optional_count("lookahead", lookahead), arrivals=validate_arrivals(arrivals),
+                    later=validate_optional_count("later", later))
+    return record(conn, source="report", now=now, **_fields(sample))
+
+
+def _fields(sample: Sample) -> SampleFields:
+    """A sample's fields as record() takes them (asdict would copy `arrivals` into a list)."""
+    return {"queued": sample.queued, "proofs_per_hour": sample.proofs_per_hour, "in_flight": sample.in_flight,
+            "lookahead": sample.lookahead, "arrivals": sample.arrivals, "later": sample.later}
 
 
 def parse_output(text: str) -> Sample:
@@ -178,7 +240,8 @@ def parse_output(text: str) -> Sample:
         raise BadInput(f"demand.command printed {_clip(text)!r}: {EXPECTED}")
     return Sample(queued=validate_queued(data["queued"]), proofs_per_hour=validate_rate(data.get("proofs_per_hour")),
                   in_flight=validate_optional_count("in_flight", data.get("in_flight")),
-                  lookahead=validate_optional_count("lookahead", data.get("lookahead")))
+                  lookahead=validate_optional_count("lookahead", data.get("lookahead")),
+                  arrivals=validate_arrivals(data.get("arrivals")), later=validate_optional_count("later", data.get("later")))
 
 
 def _json_int(digits: str) -> int:
@@ -235,7 +298,10 @@ def sample_command(conn: sqlite3.Connection, config: Config, *, now: datetime, r
         error = f"demand.command could not run: {exc}"
     except BadInput as exc:
         error = str(exc)
-    record(conn, source="command", now=now, error=error, **(asdict(sample) if sample else {}))
+    if sample is None:
+        record(conn, source="command", now=now, error=error)
+    else:
+        record(conn, source="command", now=now, **_fields(sample))
     return current(conn, config, now=now)
 
 
@@ -263,7 +329,16 @@ def current(conn: sqlite3.Connection, config: Config, *, now: datetime) -> Deman
              f" {clock.human_duration(config.demand.stale_after)})") if stale else None
     return Demand(queued=row["queued"], proofs_per_hour=row["proofs_per_hour"], at=at, age_s=age,
                   source=row["source"], known=not stale, error=error, empty_since=_empty_since(conn),
-                  in_flight=row["in_flight"], lookahead=row["lookahead"])
+                  in_flight=row["in_flight"], lookahead=row["lookahead"], arrivals=_arrivals(row["arrivals"]),
+                  later=row["later"])
+
+
+def _arrivals(stored: str | None) -> tuple[int, ...] | None:
+    """The stored JSON list, as it was validated when kept (None: the sample did not say)."""
+    if stored is None:
+        return None
+    counts = json.loads(stored)
+    return tuple(int(count) for count in counts) if isinstance(counts, list) else None
 
 
 def _empty_since(conn: sqlite3.Connection) -> datetime | None:

@@ -213,9 +213,10 @@ def unreadable_by(path: Path, user: str) -> str | None:
                 owner = f"{pwd.getpwuid(info.st_uid).pw_name}:{grp.getgrgid(info.st_gid).gr_name}"
             except KeyError:
                 owner = f"{info.st_uid}:{info.st_gid}"
-            return (f"sshd reads tunnel.authorized_keys as {user} (tunnel.keys_reader), who cannot {what} {place}"
-                    f" ({owner}, mode {stat.S_IMODE(info.st_mode):o}): no machine could log in; keep the keys in a"
-                    f" directory {user} can enter, e.g. /var/lib/vastctl-tunnel, mode 755 (docs/joining-curio.md)")
+            return (f"sshd reads tunnel.authorized_keys as the account {user} (tunnel.keys_reader), which cannot"
+                    f" {what} {place} ({owner}, mode {stat.S_IMODE(info.st_mode):o}): no machine could log in; keep"
+                    f" the keys in a directory the account {user} can enter, e.g. /var/lib/vastctl-tunnel, mode 755"
+                    " (docs/joining-curio.md)")
     return None
 
 

@@ -11,7 +11,8 @@ The market lives in the state file in its own `sim_*` tables (sim_store: the
 rows; the tables come through the file's migrations). Every call first runs the
 market from the last time it was consulted up to clock.now(), event by event
 in time order, so with `provider: sim` every command works offline on wall
-time, and `vastctl demo` runs the same code on virtual time.
+time, and `vastctl demo` runs the same code on virtual time. On the wall clock, a machine launched with
+launch.join ssh gets a stand-in cuzk daemon at its tunnel port while it proves (sim_join, sim_daemon).
 
 Randomness comes from random.Random seeded with text derived from the seed
 (a machine's fate from its id and boot number, a call's faults from the
@@ -31,6 +32,7 @@ from typing import Callable, Iterator
 from vastctl import validate
 from vastctl.clock import Clock
 from vastctl.errors import BadInput
+from vastctl.providers import sim_join
 from vastctl.providers import sim_market as model
 from vastctl.providers.base import (
     CreateRequest,
@@ -86,6 +88,7 @@ class SimProvider:
         self.store = SimStore(conn)
         self.seed = self.store.open(int(seed), clock.now())  # a market keeps the seed it was built with
         self.engine = Engine(self.seed, self.rates, self.store.hosts, lambda at: self.reports(at))  # reports: replaceable
+        self.joins = sim_join.Joins.for_market(conn, clock)  # launch.join ssh on the wall clock: stand-in daemons
         self._holder = f"{os.getpid()}:{id(self)}"
         self._taken: tuple[int | None, frozenset[int]] = (None, frozenset())
         self._version: int | None = None  # the market's version our loaded machines are (None: load them)
@@ -207,6 +210,8 @@ class SimProvider:
             if machine.paused_at is not None and machine.resume_at is not None and machine.bid >= (
                     machine.outbid_price or 0.0):
                 self.engine.rival_leaves(machine, now)
+            else:
+                self.engine.rebid(machine, now)
             self.engine.dirty.add(machine.vast_id)
 
     # --- figures for the demo ----------------------------------------------------------------------
@@ -292,6 +297,8 @@ class SimProvider:
     def _save(self, advanced_to: float) -> None:
         engine = self.engine
         version = (self._version or 0) + 1  # loaded by _consulted() before any save
+        if self.joins is not None:  # under the market's hold, before it is released
+            self.joins.sync(engine.machines)
         self.store.save([engine.machines[vast_id] for vast_id in sorted(engine.dirty)], engine.new_faults,
                         advanced_to=advanced_to, next_vast_id=self._next_vast_id, version=version,
                         holder=self._holder)
@@ -339,6 +346,8 @@ class SimProvider:
             machine.bid = round(float(request.price), 4)
             machine.gpu_dph = max(0.0, machine.bid - machine.storage_dph)
         self.engine.machines[vast_id] = machine
+        if self.joins is not None:
+            self.joins.rented(vast_id, request.env, request.label, host.gpu_name, host.true_rate)
         self.engine.begin_boot(machine, now)
         return machine
 

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Callable, Literal
 
 from vastctl.errors import BadInput, BenchFailed, Refused, VastctlError
+from vastctl.providers import sim_join_boot
 from vastctl.providers import sim_market as model
 from vastctl.providers.reports_sink import Reports
 from vastctl.providers.sim_store import Fault, Machine, moment
@@ -64,6 +65,7 @@ class Engine:
         self.dirty: set[int] = set()  # vast ids changed since the last save
         self.new_faults: list[Fault] = []  # faults since the last save
         self._plans: dict[tuple[int, int], model.BootPlan] = {}
+        self._reported: Reports | None = None  # the last report's Reports: the logs pushed with it go through it
 
     def saved(self) -> None:
         """The changes are in the file: start afresh, without the machines a destroy took."""
@@ -249,50 +251,65 @@ class Engine:
         elif step == "params":
             if self._report(machine, at, "params_done") != "ok":
                 return
+            self._push_logs(machine, plan, "params")
             if plan.boot_fault == "slow_bench":
                 self.fault(at, "slow_bench", machine.vast_id, f"the benchmark takes {plan.bench_s // 60:.0f} min")
             self._next(machine, "bench", at + plan.bench_s)
         elif step == "bench":
-            if self._report(machine, at, "bench_report", plan.bench_rate) == "ok":
+            benched = self._report(machine, at, "bench_report", plan.bench_rate)
+            self._push_logs(machine, plan, "bench")  # whatever the answer, as the script: a refused rate explained
+            if benched == "ok":
                 self._next(machine, "running", at + 2)
         elif step == "running":
-            if self._report(machine, at, "running") == "ok":
+            if self._report(machine, at, "running", sim_join_boot.stages(plan)) == "ok":
+                self._push_logs(machine, plan, "running")
                 machine.proving_since = at
                 self._schedule_rival(machine, at)
                 self._beat(machine, at)
 
+    def _push_logs(self, machine: Machine, plan: model.BootPlan, upto: sim_join_boot.Upto) -> None:
+        """The log tails the boot script pushes with the report just made (`vastctl logs`), as sim_join_boot words them."""
+        if self._reported is not None:
+            sim_join_boot.push(self._reported, machine, plan, self.hosts()[machine.machine_id], upto)
+
     def _schedule_rival(self, machine: Machine, at: float) -> None:
-        """Draw the next rival bid for an interruptible machine that proves (none for one on demand)."""
+        """Find when the host's rival bids (the market's, sim_market.rivals) next outbid an interruptible machine
+        that proves (none for one on demand): at `at` itself when one over its bid holds the host already."""
         if machine.bid is None:
             return
-        host = self.hosts()[machine.machine_id]
-        rival = model.outbid(self.seed, machine.vast_id, machine.outbids,
-                             model.min_bid(self.seed, host, at, machine.disk_gb), self.rates)
+        spell = model.outbid(self.seed, self.hosts()[machine.machine_id], at, machine.gpu_dph, self.rates)
         machine.outbids += 1
-        if rival is not None:
-            machine.outbid_at, machine.outbid_price = at + rival.after_s, rival.price
-            if machine.fault_at is not None and machine.fault_at <= machine.outbid_at:
-                machine.outbid_at = machine.outbid_price = None  # its container fails first
+        if spell is None:  # none over its bid ahead: look again later
+            machine.outbid_at, machine.outbid_price = at + model.OUTBID_LOOK_S, None
+        else:
+            machine.outbid_at, machine.outbid_price = spell.start, round(spell.top + machine.storage_dph, 4)
+        if machine.fault_at is not None and machine.outbid_at is not None and machine.fault_at <= machine.outbid_at:
+            machine.outbid_at = machine.outbid_price = None  # its container fails first
+        self.dirty.add(machine.vast_id)
+
+    def rebid(self, machine: Machine, at: float) -> None:
+        """Its bid changed while it proves: the rivals that outbid it are others now."""
+        if machine.proving_since is not None and machine.paused_at is None and machine.actual_status == "running":
+            self._schedule_rival(machine, at)
 
     def _rival_comes(self, machine: Machine, at: float) -> None:
-        """A rival bid for the host: one over ours pauses the machine (vast stops it, keeps its disk and bills
-        storage) until the rival lets go or our bid is raised over it."""
+        """A rival bid over ours holds the host: vast stops the machine (keeps its disk and bills storage) until
+        no rival over ours holds it, or our bid is raised over theirs."""
         machine.outbid_at = None
         if machine.bid is None or machine.proving_since is None or machine.actual_status != "running":
             return
-        if machine.bid >= (machine.outbid_price or 0.0):
-            self._schedule_rival(machine, at)  # ours is higher: the rival goes elsewhere
+        spell = model.outbid(self.seed, self.hosts()[machine.machine_id], at, machine.gpu_dph, self.rates)
+        if spell is None or spell.start > at:
+            self._schedule_rival(machine, at)  # ours is higher (or nothing came): look ahead again
             return
-        host = self.hosts()[machine.machine_id]
-        hold = model.outbid(self.seed, machine.vast_id, machine.outbids - 1,
-                            model.min_bid(self.seed, host, at, machine.disk_gb), self.rates)
+        machine.outbid_price = round(spell.top + machine.storage_dph, 4)
         self.fault(at, "outbid", machine.vast_id, f"a bid of ${machine.outbid_price:g}/h over ours ${machine.bid:g}/h")
         machine.actual_status = machine.cur_state = "stopped"
         machine.status_msg = OUTBID_MSG
         machine.step = machine.step_at = None  # its processes end; intended_status stays running
         machine.fault = machine.fault_at = None
         machine.paused_at = at
-        machine.resume_at = at + (hold.hold_s if hold is not None else model.OUTBID_MEAN_S)
+        machine.resume_at = spell.end
 
     def _next(self, machine: Machine, step: str, at: float) -> None:
         machine.step, machine.step_at = step, at
@@ -314,7 +331,8 @@ class Engine:
                 *args: object, **kwargs: object) -> Literal["ok", "refused", "error"]:
         """Make one report at simulated time `at`: ok, refused (the machine is told to stop), or error."""
         try:
-            getattr(self.reports(moment(at)), method)(machine.uuid, *args, **kwargs)
+            self._reported = self.reports(moment(at))
+            getattr(self._reported, method)(machine.uuid, *args, **kwargs)
         except (BenchFailed, Refused, BadInput):
             machine.refused_at = at  # as the boot script: stop proving, stay up idle
             return "refused"

@@ -10,6 +10,7 @@ a benchmark of five cold proofs.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -235,11 +236,13 @@ def call_faults(seed: int, call: int, rates: FailureRates) -> tuple[bool, bool, 
 # --- interruptible rentals -------------------------------------------------------------------------
 
 BID_FLOOR = (0.5, 0.7)  # a host's min_bid as a share of its on-demand GPU price
-OUTBID_PRICE = (1.05, 1.8)  # a rival bid, as a multiple of the host's min_bid at the moment it comes
+OUTBID_PRICE = (1.05, 1.8)  # a rival bid for the GPU, as a multiple of the host's GPU floor at the moment it comes
 OUTBID_MEAN_S = 45 * 60  # how long a rival keeps the host, on average (exponential)
 OUTBID_MOST_S = 6 * 3600
+OUTBID_LOOK_S = 24 * 3600  # how far ahead a machine's next outbid is looked for (none: looked for again then)
 
 
+@functools.lru_cache(maxsize=4096)
 def bid_floor(seed: int, host: Host) -> float:
     """The share of its on-demand GPU price a host accepts as the lowest bid (its min_bid's)."""
     return random.Random(f"{seed}/bidfloor/{host.machine_id}").uniform(*BID_FLOOR)
@@ -251,20 +254,80 @@ def min_bid(seed: int, host: Host, at: float, disk_gb: float) -> float:
 
 
 @dataclass(frozen=True)
+class Rival:
+    """Another renter's bid for a host: from `at` until `until` (epoch seconds) it holds the host against any
+    interruptible rental whose bid for the GPU (its bid less its disk's $/h) is lower than `gpu_bid`."""
+
+    at: float
+    until: float
+    gpu_bid: float  # $/h
+
+
+@dataclass(frozen=True)
 class Outbid:
-    """One rival bid for an interruptible machine's host: when it comes, what it bids, how long it holds."""
+    """A stretch in which a rival's bid is over a machine's: it cannot prove from `start` until `end`."""
 
-    after_s: float  # seconds of running before it comes
-    price: float  # its bid, $/h
-    hold_s: float  # how long it keeps the host once it wins
+    start: float
+    end: float
+    top: float  # the highest rival bid for the GPU in it, $/h (a bid raised to this, plus the disk, resumes it)
 
 
-def outbid(seed: int, vast_id: int, number: int, floor: float, rates: FailureRates) -> Outbid | None:
-    """The `number`-th rival bid for instance `vast_id` (None: no rival at this level)."""
-    if rates.outbid_per_hour <= 0:
+@functools.lru_cache(maxsize=65536)
+def _rivals_in_hour(seed: int, host: Host, hour: int, per_hour: float) -> tuple[Rival, ...]:
+    """The rival bids that come for the host in hour number `hour` since the epoch (a Poisson process)."""
+    if per_hour <= 0:
+        return ()
+    rng = random.Random(f"{seed}/rival/{host.machine_id}/{hour}")
+    found: list[Rival] = []
+    offset = 0.0
+    while True:
+        offset += -math.log(1 - rng.random()) / per_hour * 3600
+        if offset >= 3600:
+            return tuple(found)
+        at = hour * 3600 + round(offset)
+        price = round(gpu_price(host, at) * bid_floor(seed, host) * rng.uniform(*OUTBID_PRICE), 4)
+        hold = min(OUTBID_MOST_S, -math.log(1 - rng.random()) * OUTBID_MEAN_S)
+        found.append(Rival(at=at, until=at + round(max(60.0, hold)), gpu_bid=price))
+
+
+def rivals(seed: int, host: Host, start: float, end: float, rates: FailureRates) -> list[Rival]:
+    """The rival bids holding the host at some moment in [start, end), in the order they come.
+
+    The market's own process, whatever anyone rents: a function of the seed, the host and the hour, so a
+    bound can know it in hindsight as it knows the arrivals.
+    """
+    first, last = math.floor((start - OUTBID_MOST_S - 60) / 3600), math.floor(end / 3600)
+    return [rival for hour in range(first, last + 1) for rival in _rivals_in_hour(seed, host, hour, rates.outbid_per_hour)
+            if rival.until > start and rival.at < end]
+
+
+def outbid(seed: int, host: Host, after: float, gpu_bid: float, rates: FailureRates) -> Outbid | None:
+    """The first stretch from `after` on in which a rival's bid for the host is over `gpu_bid` (None: none
+    within OUTBID_LOOK_S): it begins when such a rival comes (or at `after`, one holding the host then) and
+    ends when no rival over `gpu_bid` holds it."""
+    over = [rival for rival in rivals(seed, host, after, after + OUTBID_LOOK_S, rates) if rival.gpu_bid > gpu_bid]
+    if not over:
         return None
-    rng = random.Random(f"{seed}/outbid/{vast_id}/{number}")
-    after = -math.log(1 - rng.random()) / rates.outbid_per_hour * 3600
-    price = round(floor * rng.uniform(*OUTBID_PRICE), 4)
-    hold = min(OUTBID_MOST_S, -math.log(1 - rng.random()) * OUTBID_MEAN_S)
-    return Outbid(after_s=round(after), price=price, hold_s=round(max(60.0, hold)))
+    start, end, top = max(after, over[0].at), over[0].until, over[0].gpu_bid
+    for rival in over[1:]:
+        if rival.at > end:
+            break
+        end, top = max(end, rival.until), max(top, rival.gpu_bid)
+    if end >= after + OUTBID_LOOK_S:  # a stretch running past what was looked at: its later rivals too
+        for rival in rivals(seed, host, after + OUTBID_LOOK_S, end + OUTBID_MOST_S, rates):
+            if rival.gpu_bid > gpu_bid and rival.at <= end:
+                end, top = max(end, rival.until), max(top, rival.gpu_bid)
+    return Outbid(start=start, end=end, top=top)
+
+
+def rival_floors(seed: int, host: Host, start: float, span_s: float, spans: int, rates: FailureRates) -> list[float]:
+    """For each of `spans` spans of span_s seconds from `start`: the lowest the highest rival bid for the host's
+    GPU is at any moment of it (0: a moment with no rival). An interruptible rental proves in the span only at
+    a bid for the GPU of at least this (a lower one is outbid whenever it proves)."""
+    held = rivals(seed, host, start, start + span_s * spans, rates)
+    floors = []
+    for number in range(spans):
+        begin, end = start + number * span_s, start + (number + 1) * span_s
+        moments = [begin] + [rival.until for rival in held if begin < rival.until < end]
+        floors.append(min(max((r.gpu_bid for r in held if r.at <= at < r.until), default=0.0) for at in moments))
+    return floors

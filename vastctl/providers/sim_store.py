@@ -71,9 +71,9 @@ class Machine:
     gpu_s: float
     billed_at: float
     bid: float | None = None  # $/h the instance bids (interruptible); None: on demand
-    outbids: int = 0  # rival bids drawn so far (the next one's number)
-    outbid_at: float | None = None  # when the next rival bid comes (while it proves)
-    outbid_price: float | None = None  # that rival's bid (or, while paused, the one holding the host)
+    outbids: int = 0  # looks for the host's next rival bid so far (numbers its restarts)
+    outbid_at: float | None = None  # when a rival bid next outbids it (while it proves), or it looks again
+    outbid_price: float | None = None  # the highest rival bid then, with the disk (while paused: the one to beat)
     paused_at: float | None = None  # vast stopped it for a higher bid at this moment
     resume_at: float | None = None  # the rival lets go of the host: it resumes
     proofs: float = 0.0  # proofs its prover did in this run of it (the counter its heartbeats report)

@@ -61,6 +61,7 @@ from vastctl.facts import cost, machine_logs
 from vastctl.observe import Observation
 from vastctl.serving import dashboard_page as page
 from vastctl.serving import wsgi
+from vastctl.serving.admin_token_source import admin_token_source
 from vastctl.serving.dashboard_data import Flash, Idle, Override, PageData
 from vastctl.serving.wsgi import HTTPError
 from vastctl.state import settings, signin
@@ -135,6 +136,7 @@ class Web:
         self.clock = clock
         self.throttle = throttle if throttle is not None else signin.Throttle(clock)
         self.admin_token = config.server.admin_token
+        self.token_source = admin_token_source(config)  # named on the sign-in page: where the operator finds it
         self.key = hmac.new(secret, b"vastctl dashboard\0" + self.admin_token.encode(), hashlib.sha256).digest()
 
     def handle(self, environ: WSGIEnvironment, method: str, path: str) -> Response:
@@ -163,7 +165,7 @@ class Web:
             return self.login(environ)
         sid = self.session(environ)
         if sid is None:
-            return _html(401, page.sign_in_page("your session ended: sign in again"))
+            return _html(401, self.sign_in_page("your session ended: sign in again"))
         form = wsgi.read_form(environ, MAX_FORM)
         if not hmac.compare_digest(form.get("csrf", "").encode(), self.form_token(sid).encode()):
             return _html(403, page.message_page("Refused", "this form did not come from your dashboard session:"
@@ -186,12 +188,13 @@ class Web:
     def home(self, environ: WSGIEnvironment) -> Response:
         sid = self.session(environ)
         if sid is None:
-            return _html(200, page.sign_in_page())
+            return _html(200, self.sign_in_page())
         flash = self.read_flash(environ)
         headers = [("Content-Type", HTML)]
         if flash is not None:
             headers.append(("Set-Cookie", self.cookie(environ, FLASH, "", 0)))
-        return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash).encode()
+        past = self.clock.moment if isinstance(self.clock, clock_module.StillClock) else None
+        return 200, headers, page.dashboard_page(self.data(), csrf=self.form_token(sid), flash=flash, past=past).encode()
 
     def data(self) -> PageData:
         return page_data(self.connect(), self.config, self.clock.now())
@@ -227,16 +230,19 @@ class Web:
             wait = self.throttle.failed(client)
             wsgi.access_log.warning("failed dashboard sign-in from %s", wsgi.loggable(client[:100]))
             later = f"; wait {math.ceil(wait)} s before the next try" if wait > 0 else ""
-            return _html(401, page.sign_in_page(f"wrong token: use server.admin_token from the manager's config{later}"))
+            return _html(401, self.sign_in_page(f"wrong token: use {self.token_source.text}{later}"))
         self.throttle.succeeded(client)
         sid = secrets.token_urlsafe(24)
         expires = int(self.clock.now().timestamp()) + SESSION_S
         value = f"{sid}.{expires}.{self.mac(f'{sid}.{expires}')}"
         return 303, [("Location", "/"), ("Set-Cookie", self.cookie(environ, SESSION, value, SESSION_S))], b""
 
+    def sign_in_page(self, message: str | None = None) -> str:
+        return page.sign_in_page(message, where=self.token_source.html)
+
     def throttled(self, wait: float) -> Response:
         seconds = max(1, math.ceil(wait))
-        text = page.sign_in_page(f"too many wrong tokens: wait {seconds} s, then sign in again")
+        text = self.sign_in_page(f"too many wrong tokens: wait {seconds} s, then sign in again")
         return 429, [("Content-Type", HTML), ("Retry-After", str(seconds))], text.encode()
 
     def session(self, environ: WSGIEnvironment) -> str | None:

@@ -13,12 +13,12 @@ the estimate of the first card when it answered calls.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Mapping
 
-from vastctl import clock, validate
+from vastctl import clock
 from vastctl.serving.dashboard_html import brief, esc, num
+from vastctl.views.work_waiting import CURIO_WORDS, endless, work_waiting
 
 if TYPE_CHECKING:
     from vastctl.facts.cost import CostView
@@ -34,53 +34,51 @@ def _card(ident: str, title: str, status: str, body: str) -> str:
 
 def glance(data: PageData, now: datetime) -> str:
     """The top row: waiting, money, broken; then the proof router's figures when it reports them."""
-    cards = [_waiting(data), _money(data), _broken(data, now), _router(data.get("router"))]
+    cards = [_waiting(data), _money(data, now), _broken(data, now), _router(data.get("router"))]
     return f'<section id="glance" class="cards top">{"".join(cards)}</section>'
 
 
 def _waiting(data: PageData) -> str:
-    """Is work waiting too long: the share of the last day's proofs done within agent.max_wait (estimated from the
-    demand samples, overview.proof_waits), and how long a proof arriving now waits."""
-    waits, s = data["waits"], data["summary"]
-    limit = clock.human_duration(waits["max_wait_s"])
-    share = waits["within_share"]
-    demand, router = s["demand"], data.get("router")
-    measured = router["proof_wait_last_day"] if router else None
-    if measured and measured["calls"] and measured["within_max_wait"] is not None:  # the proof router saw every
-        share = measured["within_max_wait"]  # call: its measure, not the estimate
+    """Is work waiting too long: the share of the last day's proofs done within agent.max_wait (the router's
+    measure, else Curio's counts: views/work_waiting.py, as `fleet`'s work line), and how long a proof arriving
+    now waits."""
+    s = data["summary"]
+    work = work_waiting(data["waits"], s["demand"], float(s["capacity_proofs_per_hour"] or 0.0), data.get("router"))
+    limit = clock.human_duration(work["max_wait_s"])
+    share = work["within_max_wait"]
+    if share is None:
+        headline = '<span class="big" id="within-max-wait">-</span> no proofs done in the last day'
+    elif work["source"] == "router":
         headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
                     ' <span class="note" title="held + proving time of each call the proof router answered">'
                     '(24 h, measured)</span>')
-    elif share is None:
-        headline = '<span class="big" id="within-max-wait">-</span> no proofs done in the last day'
     else:
         headline = (f'<span class="big" id="within-max-wait">{share * 100:.1f}%</span> done within {esc(limit)}'
-                    ' <span class="note" title="estimated from the demand samples: a proof waits about what is'
-                    ' queued and in flight over the proofs done per hour">(24 h, est.)</span>')
-    if demand is None or not demand["known"]:
+                    ' <span class="note" title="estimated from the demand samples Curio reported: a proof waits about'
+                    ' what is queued and in flight over the proofs Curio finished per hour; not measured by vastctl">'
+                    f"(24 h, {CURIO_WORDS})</span>")
+    wait = work["wait_now_s"]
+    if not work["known"]:
         now_text, status = "demand unknown: the newest sample failed or is stale", "bad"
-    elif waits["stuck_now"]:
+    elif work["stuck"]:
         now_text, status = "work queued and no proof done in the last hour", "bad"
     else:
-        wait = waits["wait_now_s"]
-        if wait is None:  # the source gives no rate: what waits over the capacity running
-            backlog = float(demand["queued"] or 0) + float(demand["in_flight"] or 0)
-            capacity = float(s["capacity_proofs_per_hour"] or 0.0)
-            wait = 0.0 if backlog == 0 else backlog / capacity * 3600 if capacity > 0 else math.inf
-        now_text = ("work queued and nothing running to prove it" if validate.real(wait) is None  # endless
+        assert wait is not None  # known and not stuck: work_waiting always gives a wait
+        now_text = ("work queued and nothing running to prove it" if endless(wait)
                     else f'a proof arriving now waits ~{esc(clock.human_duration(wait))}')
-        status = "bad" if wait > waits["max_wait_s"] else "warn" if wait > waits["max_wait_s"] / 2 else "ok"
+        status = "bad" if wait > work["max_wait_s"] else "warn" if wait > work["max_wait_s"] / 2 else "ok"
     if share is not None and status == "ok":
         status = "bad" if share < 0.95 else "warn" if share < 0.99 else "ok"
-    figures: Mapping[str, object] = demand or {}
+    figures: Mapping[str, object] = s["demand"] or {}
     queue = " · ".join(f"{esc(figures[k])} {name}" for k, name, _ in DEMAND_FIGURES if figures.get(k) is not None)
     body = f'<p>{headline}</p><p class="note">{now_text}{" · " + queue if queue else ""}</p>'
     return _card("glance-waiting", "Work waiting", status, body)
 
 
-def _money(data: PageData) -> str:
+def _money(data: PageData, now: datetime) -> str:
     """Is money leaking: spend now, today against max_daily_spend, the last day's cost per proof, what idle machines
-    bill. The day and today are `vastctl cost --since 24h` and `--since` 00:00 UTC, at the page's now."""
+    bill. The day and today are `vastctl cost --since 24h` and `--since` 00:00 UTC, at the page's now (today is
+    named by its date: at a past moment it is that moment's day)."""
     s, day, idle = data["summary"], data["cost_day"], data.get("idle") or {"stopped": 0.0, "lost": 0.0}
     limits = s["settings"]
     spend, today = float(s["spend_per_hour"]), float(data["spent_today"])
@@ -92,7 +90,8 @@ def _money(data: PageData) -> str:
     if spend > hourly + 1e-9 or (daily and today + spend > daily + 1e-9):
         status = "bad"
     body = (f'<p><span class="big" id="spend-now">${spend:.2f}</span>/h now (limit ${num(hourly, 2)}/h) ·'
-            f' <span id="spent-today">${today:.2f}</span> today of ${num(daily, 2)}</p>'
+            f' <span id="spent-today">${today:.2f}</span> today ({now.astimezone(timezone.utc):%m-%d} UTC) of'
+            f' ${num(daily, 2)}</p>'
             f'<p class="note">last 24 h <span id="cost-day">${day["cost"]:.2f}</span> for'
             f' <span id="proofs-day">{esc(day["proofs"])}</span> proofs'
             + ("" if per is None else f' · ${per:.2f} per 1,000') +
@@ -116,6 +115,9 @@ def problems(data: PageData, now: datetime) -> list[str]:
         found.append("demand unknown: the newest sample failed or is stale")
     if s["disagreements"]:
         found.append(f'{s["disagreements"]} machine(s) where vast disagrees (see why)')
+    if s["not_joined_proofs_per_hour"]:
+        found.append(f'running machine(s) the manager cannot reach through their tunnel: {num(s["not_joined_proofs_per_hour"])}'
+                     ' proofs/h not counted (see joined)')
     pending = s["destroys_pending"]
     if pending["count"] and pending["oldest_age_s"] > 900:
         found.append(f'{pending["count"]} killed machine(s) not destroyed at vast for'
@@ -155,8 +157,11 @@ def _router(router: RouterStatus | None) -> str:
     if not router:
         return ""
     wait = router["proof_wait_last_day"]
-    if not router["router_running"]:
-        status, held = "bad", '<span class="big" id="held-calls">-</span> not running (its status is over 30 s old)'
+    if not router["router_running"] and router["updated_at"] is None:  # calls kept, no router ever wrote a status
+        status, held = "ok", '<span class="big" id="held-calls">-</span> no router status in this file'
+    elif not router["router_running"]:
+        status, held = "bad", ('<span class="big" id="held-calls">-</span> not running (its last status,'
+                               f' {esc(router["updated_at"])}, is over 30 s old)')
     else:
         oldest = router["oldest_held_s"]
         status = "ok" if not router["held"] else "warn" if (oldest or 0) < 600 else "bad"
@@ -166,7 +171,7 @@ def _router(router: RouterStatus | None) -> str:
     waits = ("no call answered in the last day" if not wait["calls"] else
              f'proof wait p50 <span id="proof-wait">{esc(_duration(wait["p50_s"]))}</span>'
              f' · p95 {esc(_duration(wait["p95_s"]))} · p99 {esc(_duration(wait["p99_s"]))}'
-             f' ({esc(wait["calls"])} calls)')
+             f' ({esc(wait["calls"])} calls answered in the last 24 h)')
     unverified, risky = _unverified(router.get("routing")) if router["router_running"] else ("", False)
     if risky and status == "ok":
         status = "warn"
@@ -222,13 +227,14 @@ def summary(s: PageSummary, now: datetime) -> str:
     cards = [
         ("Capacity", f'<span class="big{short}" id="capacity">{num(capacity)}</span> / '
                      f'<span id="target">{num(target)}</span> proofs/h',
-         f'+{num(s["pending_capacity_proofs_per_hour"])} proofs/h on the way'),
+         f'+{num(s["pending_capacity_proofs_per_hour"])} proofs/h on the way'
+         + (f' · +{num(s["not_joined_proofs_per_hour"])} not joined' if s["not_joined_proofs_per_hour"] else "")),
         ("Spend", f'<span class="big">${s["spend_per_hour"]:.2f}</span>/h',
          f'limit ${num(limits["max_hourly_spend"], 2)}/h · max ${num(limits["max_dph"], 3)}/h a machine'),
         ("Demand", demand_text, demand_note),
         ("Machines", f'<span class="big">{sum(s["by_state"].values())}</span> of {esc(limits["max_instances"])}',
          f'{states} · {s["disagreements"]} disagree'),
-        ("Safety net", esc(listing, ""), f'{rec["failures_last_day"]} failed listings today{destroys}'),
+        ("Safety net", esc(listing, ""), f'{rec["failures_last_day"]} failed listings in the last 24 h{destroys}'),
     ]
     body = "".join(f'<div class="card"><h3>{title}</h3><p>{value}</p><p class="note">{note}</p></div>'
                    for title, value, note in cards)

@@ -37,14 +37,18 @@ def chart(history: History, limits: Mapping[str, float]) -> str:
     phone (dashboard.css shows one), so the text keeps its size on both."""
     start, end = _chart_span(history)
     limit = float(limits["max_hourly_spend"])
+    spent = max((value for _, value in history["spend"]), default=0.0)
+    limit_shown = limit <= LIMIT_IN_VIEW * max(spent, 0.01)  # else the spend would be a flat line under it
+    spend_title = ("Spend, $/hour (dashed: max_hourly_spend)" if limit_shown
+                   else f"Spend, $/hour (max_hourly_spend ${num(limit, 2)}/h is above this scale)")
     specs: list[tuple[str, list[Line], _Marks]] = [
         ("Proofs/hour: capacity vastctl counts, and target", [("capacity", history["capacity"]),
                                                               ("target", history["target"])],
          {"ticks": history["reconcile_failures"], "tick_name": "failed listing"}),
         ("Queued proofs", [("queue", history["queue"])],
          {"empty": "no demand samples in this span" if not history["queue"] else None}),
-        ("Spend, $/hour (dashed: max_hourly_spend)", [("spend", history["spend"]),
-                                                      ("limit", [(start, limit), (end, limit)])], {}),
+        (spend_title, [("spend", history["spend"])]
+         + ([("limit", [(start, limit), (end, limit)])] if limit_shown else []), {}),
     ]
     drawn = []
     for width, kind in ((CHART_WIDTH, "wide"), (NARROW_WIDTH, "narrow")):
@@ -52,11 +56,14 @@ def chart(history: History, limits: Mapping[str, float]) -> str:
                                 width=width, **extra) for title, lines, extra in specs)
         drawn.append(f'<div class="charts {kind}">{panels}</div>')
     hours = (end - start).total_seconds() / 3600
-    span = "Last 24 hours" if hours > 23.9 else f"Since the fleet began ({clock.human_duration(hours * 3600)})"
+    first = history.get("first")
+    age = (end - first).total_seconds() if first is not None else hours * 3600
+    span = "Last 24 hours" if hours > 23.9 else f"Since the fleet began ({clock.human_duration(age)} ago)"
     return f'<section id="chart"><h2>{span} · UTC</h2>{"".join(drawn)}</section>'
 
 
 MIN_SPAN = timedelta(hours=1)
+LIMIT_IN_VIEW = 3.0  # max_hourly_spend is drawn when under this many times the highest spend shown
 
 
 def _chart_span(history: History) -> tuple[datetime, datetime]:

@@ -9,6 +9,7 @@ through `esc()`.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from vastctl.serving.dashboard_cards import cost, glance, orphan_warning, summary
@@ -38,11 +39,12 @@ def _document(title: str, body: str, *, script: bool) -> str:
     )
 
 
-def sign_in_page(message: str | None = None) -> str:
+def sign_in_page(message: str | None = None, *, where: str = "the manager's <code>server.admin_token</code>") -> str:
+    """`where`: HTML naming where the admin token is (admin_token_source.TokenSource.html)."""
     note = f'<p class="flash error" role="alert">{esc(message)}</p>' if message else ""
     return _document("vastctl · sign in", (
         '<main class="signin"><h1>vastctl</h1>'
-        "<p>Sign in with the manager's <code>server.admin_token</code>.</p>"
+        f"<p>Sign in with {where}.</p>"
         f"{note}"
         '<form method="post" action="/login" id="signin-form">'
         '<label>Admin token <input type="password" name="token" autocomplete="current-password" required autofocus>'
@@ -57,7 +59,9 @@ def message_page(title: str, message: str) -> str:
     ), script=False)
 
 
-def dashboard_page(data: PageData, *, csrf: str, flash: Flash | None = None) -> str:
+def dashboard_page(data: PageData, *, csrf: str, flash: Flash | None = None, past: datetime | None = None) -> str:
+    """The whole page. `past`: the moment a still file is shown at (`--as-of`, a kept demo day): the header says
+    so and the page does not refresh, as nothing in it changes."""
     note = ""
     hidden = f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
     if flash:
@@ -65,14 +69,21 @@ def dashboard_page(data: PageData, *, csrf: str, flash: Flash | None = None) -> 
         note = f'<p class="flash {kind}" role="status" id="flash">{esc(flash.get("text"))}</p>'
         note += _override_form(flash.get("override"), hidden)
     body = (
-        '<header><h1>vastctl</h1><span id="refreshed" aria-live="polite"></span>'
+        f'<header><h1>vastctl</h1><span id="refreshed" aria-live="polite">{_moment(past)}</span>'
         f'<form method="post" action="/logout" class="inline">{hidden}<button type="submit">Sign out</button></form>'
         f"</header>{note}<main>"
-        f'<div id="live" data-src="{LIVE_URL}" data-every="{REFRESH_MS}">{live_fragment(data)}</div>'
+        f'<div id="live" data-src="{LIVE_URL}" data-every="{0 if past else REFRESH_MS}">{live_fragment(data)}</div>'
         f'<aside id="actions">{_settings_forms(data["settings"], hidden)}{_kill_form(hidden)}{_note_form(hidden)}'
         f'</aside>{logs(data.get("logs") or [])}</main>'
     )
     return _document("vastctl · fleet", body, script=True)
+
+
+def _moment(past: datetime | None) -> str:
+    """The header's word on time: empty for a live page (its script says when it refreshed), else the moment."""
+    if past is None:
+        return ""
+    return f'<span id="past-moment">as of {past.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC: a past moment, not live</span>'
 
 
 def live_fragment(data: PageData) -> str:

@@ -54,47 +54,78 @@ def step_refusals(steps: list[AgentStep]) -> dict[str, str]:
 
 def fleet(instances: list[InstanceView], now: datetime, *, refusals: dict[str, str] | None = None) -> str:
     """The machines. `why` is vastctl's own word (kill reason, the guard's refusal, a disagreement with vast);
-    vast's raw status message is behind the vast status, opened on demand."""
-    head = FLEET_HEAD
+    vast's raw status message is behind the vast status, opened on demand. The columns `vastctl fleet` has:
+    `routed/h` once the router saw a machine prove, `joined` once a machine has a tunnel, `counted/h` always."""
+    routed = any(i["routed_rate"] is not None for i in instances)
+    tunnels = any(i["tunnel_port"] is not None for i in instances)
+    head = tuple(name for name in FLEET_HEAD if (routed or name != "routed/h") and (tunnels or name != "joined"))
     rows = []
     if len(_ROWS) > ROWS_KEPT:
         _ROWS.clear()
     for i in instances:
         refusal = (refusals or {}).get(i["label"])
         since, beat = age(i["state_since"], now), age(i["last_heartbeat_at"], now)
-        key = (*map(i.get, _ROW_FIELDS), repr(i.get("boot_stages")), refusal, since, beat)
+        joined, outbid = _joined(i, now), age(i["outbid_since"], now) if i["outbid_since"] else None
+        key = (*map(i.get, _ROW_FIELDS), repr(i.get("boot_stages")), refusal, since, beat, joined, outbid, head)
         row = _ROWS.get(key)
         if row is None:
-            row = _ROWS[key] = _fleet_row(i, refusal, since, beat)
+            row = _ROWS[key] = _fleet_row(i, refusal, head, since=since, beat=beat, joined=joined, outbid=outbid)
         rows.append(row)
     if not rows:
         rows.append(f'<tr><td colspan="{len(head)}" class="empty">no machines</td></tr>')
-    return table("fleet", "Fleet", head, rows, named=True)  # _fleet_row names its cells
+    legend = " · ".join(text for name, text in FLEET_LEGEND.items() if name in head)
+    # _fleet_row names its cells
+    return table("fleet", "Fleet", head, rows, named=True, after=f'<p class="note" id="fleet-legend">{esc(legend)}</p>')
 
 
 # A machine's row is the same text while what it shows is the same (its ages as shown included): kept, so a
 # refresh of a thousand machines formats the few that changed. _fleet_row reads these fields and boot_stages.
 _ROW_FIELDS = ("uuid", "label", "state", "kill_reason", "disagreement", "num_gpus", "gpu_name", "dph", "bench_rate",
-               "proofs_per_hour", "vast_missing", "vast_status", "vast_id", "vast_status_msg")
+               "proofs_per_hour", "vast_missing", "vast_status", "vast_id", "vast_status_msg", "routed_rate",
+               "rate_source", "counted_rate", "bid", "outbid_since")
 ROWS_KEPT = 20_000
-FLEET_HEAD = ("label", "state", "vast", "GPU", "$/h", "bench", "proofs/h", "for", "beat", "why", "")
-_NAMED = [f'<td data-h="{esc(name, "")}">' for name in FLEET_HEAD]
+FLEET_HEAD = ("label", "state", "vast", "GPU", "$/h", "bench", "proofs/h", "routed/h", "counted/h", "for", "beat",
+              "joined", "why", "")
+# the line under the table: what `vastctl fleet`'s says of the same columns, for those the table has
+FLEET_LEGEND = {
+    "counted/h": "counted/h: the rate the capacity counts a machine at (they sum to the capacity; - not counted:"
+                 " not running, stopped or gone at vast, or not joined)",
+    "routed/h": "routed/h: proved through the proof router in the last hour, * where its figures set the rate counted",
+    "joined": "joined: the manager reaches its daemon through its tunnel, for how long (- no tunnel)",
+}
+_NAMED = {name: f'<td data-h="{esc(name, "")}">' for name in FLEET_HEAD}
 _ROWS: dict[tuple[object, ...], str] = {}
 
 
-def _fleet_row(i: InstanceView, refusal: str | None, since: str, beat: str) -> str:
-    """One machine's row of the fleet table (its ages already worded)."""
-    why = " · ".join(str(x) for x in (i["kill_reason"], refusal, i["disagreement"]) if x)
+def _joined(i: InstanceView, now: datetime) -> str:
+    """As `vastctl fleet` says it: `yes 12m`, `no 3m` (running and unreachable that long: not counted), `no`, `-`."""
+    if i["joined"] is None:
+        return "-"
+    if i["joined"]:
+        return f'yes {age(i["joined_at"], now)}'
+    return f'no {age(i["not_joined_since"], now)}' if i["not_joined_since"] else "no"
+
+
+def _fleet_row(i: InstanceView, refusal: str | None, head: tuple[str, ...], *, since: str, beat: str, joined: str,
+               outbid: str | None) -> str:
+    """One machine's row of the fleet table, its cells those `head` names (its ages already worded; `outbid`:
+    for how long, once vast stopped it for a higher bid)."""
+    paused = f'vast stopped it for a bid over its ${i["bid"]:g}/h' if outbid and i["bid"] is not None else None
+    why = " · ".join(str(x) for x in (i["kill_reason"], refusal, paused or i["disagreement"]) if x)
     flag = ' class="disagree"' if i["disagreement"] else ""
     kill = "" if i["state"] == "killed" else (
         f'<button type="button" class="kill" data-kill="{esc(i["label"])}" title="kill {esc(i["label"])}">'
         'kill…</button>')
     gpu = f'{i["num_gpus"] or 1}x {i["gpu_name"]}' if i["gpu_name"] else None
-    cells = (esc(i["label"]), f'<span class="state {esc(i["state"])}"{_boot_title(i)}>{esc(i["state"])}</span>',
-             _vast_cell(i), esc(gpu), num(i["dph"], 3), num(i["bench_rate"]), num(i["proofs_per_hour"]),
-             since, beat, esc(why, ""), kill)
+    cells = {"label": esc(i["label"]),
+             "state": f'<span class="state {esc(i["state"])}"{_boot_title(i)}>{esc(i["state"])}</span>',
+             "vast": _vast_cell(i, outbid), "GPU": esc(gpu), "$/h": num(i["dph"], 3), "bench": num(i["bench_rate"]),
+             "proofs/h": num(i["proofs_per_hour"]),
+             "routed/h": num(i["routed_rate"]) + ("*" if i["rate_source"] == "router" else ""),
+             "counted/h": num(i["counted_rate"]), "for": since, "beat": beat, "joined": esc(joined),
+             "why": esc(why, ""), "": kill}
     # each cell already named by its column, as dashboard_html's _named would name it
-    return (f'<tr{flag} data-label="{esc(i["label"])}">' + "".join(f"{name}{c}</td>" for name, c in zip(_NAMED, cells))
+    return (f'<tr{flag} data-label="{esc(i["label"])}">' + "".join(f"{_NAMED[name]}{cells[name]}</td>" for name in head)
             + "</tr>")
 
 
@@ -109,9 +140,10 @@ def _boot_title(i: InstanceView) -> str:
     return f' title="boot {esc(clock.human_duration(sum(stages.values())))}: {esc(parts)}"'
 
 
-def _vast_cell(i: InstanceView) -> str:
-    """vast's status and instance id; its raw status message (as vast wrote it) in a detail view."""
-    status = esc("missing" if i["vast_missing"] else i["vast_status"])
+def _vast_cell(i: InstanceView, outbid: str | None = None) -> str:
+    """vast's status (`outbid` and for how long, for an interruptible machine vast stopped for a higher bid) and
+    instance id; its raw status message (as vast wrote it) in a detail view."""
+    status = esc(f"outbid {outbid}" if outbid else "missing" if i["vast_missing"] else i["vast_status"])
     ident = "" if i["vast_id"] is None else f' <span class="note">#{esc(i["vast_id"])}</span>'
     if not i.get("vast_status_msg"):
         return status + ident

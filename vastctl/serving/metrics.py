@@ -56,7 +56,8 @@ class _FleetCollector:
         for state in State:
             machines.add_metric([str(state)], summary["by_state"].get(str(state), 0))
         yield machines
-        yield _gauge("vastctl_capacity_proofs_per_hour", "Expected proofs/hour of running machines.",
+        yield _gauge("vastctl_capacity_proofs_per_hour",
+                     "Expected proofs/hour of running machines that can prove (the sum of fleet's counted/h).",
                      summary["capacity_proofs_per_hour"])
         yield _gauge("vastctl_pending_capacity_proofs_per_hour", "Expected proofs/hour of machines not yet running.",
                      obs.pending_capacity)

@@ -68,6 +68,7 @@ from vastctl.machine import onstart
 from vastctl.machine.answers import Answer, Stated
 from vastctl.machine.reports import LocalReports
 from vastctl.serving import webhooks, wsgi
+from vastctl.serving.admin_token_source import admin_token_source
 from vastctl.serving.wsgi import HTTPError
 from vastctl.state import db, instances, lifecycle, signin, tokens
 from vastctl.transport import DeadlineServer
@@ -419,8 +420,9 @@ def _refuse_weak_tokens(config: Config) -> None:
     for key in ("admin_token", "metrics_token"):
         token = getattr(config.server, key)
         why = signin.weakness(token) if token else None
-        if why:
-            raise BadInput(f"server.{key} is too weak to guard the dashboard and /metrics ({why}):"
+        if why:  # named where it came from: VASTCTL_ADMIN_TOKEN beats the config's key
+            name = admin_token_source(config).name if key == "admin_token" else f"server.{key}"
+            raise BadInput(f"{name} is too weak to guard the dashboard and /metrics ({why}):"
                            f" set a random one, e.g. the output of `{signin.GENERATE}`")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Literal, Mapping, NoReturn
@@ -89,6 +90,23 @@ class KillCode(StrEnum):
 VAST_DEAD_CODES = {"exited": KillCode.EXITED, "unknown": KillCode.OFFLINE, "offline": KillCode.OFFLINE}
 
 
+@dataclass(frozen=True)
+class Cause:
+    """Why an actor moved a machine: the reason its decision gave (a rule's, the model's, the operator's) and, for
+    an agent step's action, the step's id. Its move's event keeps them in `data` as {"reason", "step"}, so
+    `events` shows why a machine was launched, stopped, resumed or killed and `agent history --label` finds the
+    step without reading the reason text."""
+
+    reason: str
+    step: int | None = None
+
+    def data(self) -> dict[str, JSONValue]:
+        found: dict[str, JSONValue] = {"reason": self.reason}
+        if self.step is not None:
+            found["step"] = self.step
+        return found
+
+
 def allowed_sources(to_state: State) -> list[str]:
     return sorted(str(src) for src, targets in ALLOWED.items() if to_state in targets)
 
@@ -155,17 +173,20 @@ def transition(
     *,
     updates: InstanceChanges | None = None,
     forced: bool = False,
+    cause: Cause | None = None,
     now: datetime,
 ) -> InstanceRow:
     """Move one instance to `to_state` (any state but killed: kill() writes those) and record the event,
-    atomically; `forced`: the move passed the guard by an operator's force (the event's data says so).
+    atomically; `forced`: the move passed the guard by an operator's force (the event's data says so); `cause`:
+    why the actor moved it (the event's data says that too).
 
     Raises UnknownInstance when there is no row and Refused when the move is
     not allowed from the row's current state; either way nothing changes.
     Returns the row as it is after the move.
     """
     with transaction(conn):
-        return transition_in_tx(conn, uuid, State(to_state), reason, source, updates=updates, forced=forced, now=now)
+        return transition_in_tx(conn, uuid, State(to_state), reason, source, updates=updates, forced=forced,
+                                 cause=cause, now=now)
 
 
 def transition_in_tx(
@@ -178,12 +199,13 @@ def transition_in_tx(
     now: datetime,
     updates: InstanceChanges | None = None,
     forced: bool = False,
+    cause: Cause | None = None,
 ) -> InstanceRow:
     """transition() inside the caller's transaction."""
     if to_state is S.KILLED:
         raise ValueError("a machine is killed through lifecycle.kill() or kill_in_tx(), with its KillCode")
     return _move_in_tx(conn, uuid, to_state, reason, event_source(source), now=now,
-                       changes=updates.copy() if updates else InstanceChanges(), forced=forced)
+                       changes=updates.copy() if updates else InstanceChanges(), forced=forced, cause=cause)
 
 
 def kill(
@@ -194,12 +216,13 @@ def kill(
     source: str,
     code: KillCode,
     forced: bool = False,
+    cause: Cause | None = None,
     now: datetime,
 ) -> InstanceRow:
     """Mark killed (terminal), in a transaction of its own. Destroying the machine at the provider is the
     caller's next step. kill_in_tx (module docstring) writes it."""
     with transaction(conn):
-        return kill_in_tx(conn, uuid, reason, source=source, code=code, forced=forced, now=now)
+        return kill_in_tx(conn, uuid, reason, source=source, code=code, forced=forced, cause=cause, now=now)
 
 
 def kill_in_tx(
@@ -212,6 +235,7 @@ def kill_in_tx(
     now: datetime,
     forced: bool = False,
     updates: InstanceChanges | None = None,
+    cause: Cause | None = None,
 ) -> InstanceRow:
     """The one writer of a kill, inside the caller's transaction: the row's kill_reason, kill_code, killed_at
     and kill_forced set with its move to killed (and `updates`, columns the same report changes), and the
@@ -221,7 +245,7 @@ def kill_in_tx(
     changes["kill_reason"], changes["kill_code"] = reason, str(killed)
     changes["killed_at"], changes["kill_forced"] = clock.to_iso(now), int(forced)
     return _move_in_tx(conn, uuid, S.KILLED, reason, event_source(source), now=now, changes=changes, forced=forced,
-                       code=killed)
+                       code=killed, cause=cause)
 
 
 def _move_in_tx(
@@ -235,6 +259,7 @@ def _move_in_tx(
     changes: InstanceChanges,
     forced: bool,
     code: KillCode | None = None,
+    cause: Cause | None = None,
 ) -> InstanceRow:
     """The compare-and-set of one move and its event (module docstring): the only UPDATE of instances.state."""
     before = get(conn, uuid)
@@ -254,9 +279,17 @@ def _move_in_tx(
     record_event(
         conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=before["label"],
         from_state=before["state"], to_state=str(to_state), code=None if code is None else str(code),
-        data={"forced": True} if forced else None,
+        data=_event_data(forced, cause),
     )
     return get(conn, uuid)
+
+
+def _event_data(forced: bool, cause: Cause | None) -> dict[str, JSONValue] | None:
+    """A move's event data: {"forced": true} past the guard by force, and its cause's {"reason", "step"}."""
+    data: dict[str, JSONValue] = {"forced": True} if forced else {}
+    if cause is not None:
+        data.update(cause.data())
+    return data or None
 
 
 def create(
@@ -269,11 +302,12 @@ def create(
     source: str,
     now: datetime,
     fields: InstanceChanges | None = None,
+    cause: Cause | None = None,
 ) -> InstanceRow:
-    """Insert a new row with its first event (a launch, or adoption of an unknown machine)."""
+    """Insert a new row with its first event (a launch, or adoption of an unknown machine); `cause`: why."""
     with transaction(conn):
         return _create_in_tx(conn, uuid=uuid, label=label, state=State(state), reason=reason, source=source,
-                             now=now, fields=fields)
+                             now=now, fields=fields, cause=cause)
 
 
 def _create_in_tx(
@@ -286,6 +320,7 @@ def _create_in_tx(
     source: str,
     now: datetime,
     fields: InstanceChanges | None = None,
+    cause: Cause | None = None,
 ) -> InstanceRow:
     taken = conn.execute("SELECT uuid FROM instances WHERE label = ? AND uuid != ?", (label, uuid)).fetchone()
     if taken:
@@ -297,7 +332,7 @@ def _create_in_tx(
     names = ", ".join(columns)
     conn.execute(f"INSERT INTO instances ({names}) VALUES ({', '.join('?' for _ in columns)})", tuple(columns.values()))
     record_event(conn, kind="transition", source=source, reason=reason, now=now, uuid=uuid, label=label,
-                 from_state=None, to_state=str(state))
+                 from_state=None, to_state=str(state), data=_event_data(False, cause))
     return get(conn, uuid)
 
 

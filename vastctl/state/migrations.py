@@ -579,4 +579,12 @@ MIGRATIONS: tuple[Migration, ...] = check([
         " where the proofs Curio does not verify go, as the running router decided",
         sql="ALTER TABLE route_status ADD COLUMN routing TEXT",
     ),
+    Migration(
+        number=26,
+        name="demand samples: when the look-ahead arrives (its counts per 10 minutes, as JSON) and the sectors further out",
+        sql="""
+        ALTER TABLE demand_samples ADD COLUMN arrivals TEXT;
+        ALTER TABLE demand_samples ADD COLUMN later INTEGER
+        """,
+    ),
 ])

@@ -240,6 +240,8 @@ class DemandSampleRow(TypedDict):
     error: str | None
     in_flight: int | None
     lookahead: int | None
+    arrivals: str | None  # a JSON list of counts, one each facts/demand.ARRIVAL_BUCKET_S
+    later: int | None
 
 
 class AgentStepRow(TypedDict):

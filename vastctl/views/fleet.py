@@ -12,11 +12,11 @@ from typing import Iterable, Literal, Mapping, TypedDict, cast
 from vastctl import clock
 from vastctl.config import Config
 from vastctl.errors import BadInput
-from vastctl.facts import appended, deliveries
+from vastctl.facts import appended, deliveries, tunnel
 from vastctl.observe import Machine, MachineFacts, Observation, disagreement, event_facts, machine_facts, observe
 from vastctl.state import fleet_rows
 from vastctl.state.db import transaction
-from vastctl.state.lifecycle import State, record_event
+from vastctl.state.lifecycle import VAST_DEAD_CODES, State, record_event
 from vastctl.state.rows import InstanceRow
 
 TimeField = Literal["state_since", "last_heartbeat_at", "destroyed_at", "vast_seen_at", "joined_at",
@@ -76,6 +76,10 @@ class InstanceView(DisplayedFacts):
     routed_rate: float | None
     routed_rate_max: float | None
     routed_proofs: int
+    counted_rate: float | None  # what `fleet`'s capacity counts it at (counted_rate()); None: not counted
+    not_joined_since: str | None  # running with a tunnel the manager cannot reach: since when (tunnel.down_since)
+    bid: float | None  # interruptible: its bid, $/h (None: rented on demand)
+    outbid_since: str | None  # since when vast has it stopped for a higher bid (outbid_since())
 
 
 class ListingStatus(TypedDict):
@@ -101,6 +105,7 @@ class Summary(TypedDict):
 
     by_state: dict[str, int]
     capacity_proofs_per_hour: float
+    not_joined_proofs_per_hour: float
     target_proofs_per_hour: float | int
     spend_per_hour: float
     disagreements: int
@@ -122,8 +127,16 @@ class FleetView(TypedDict):
     summary: Summary
 
 
+class EventCause(TypedDict):
+    """Why an actor moved a machine, as its event's data keeps it (lifecycle.Cause): the reason its decision gave,
+    and the agent step's id when a step did it."""
+
+    reason: str
+    step: int | None
+
+
 class EventView(TypedDict):
-    """One event as `events --json` shows it: its columns but its data, its time display ISO."""
+    """One event as `events --json` shows it: its columns but its data, its time display ISO, and its cause."""
 
     id: int
     at: str | None
@@ -135,6 +148,7 @@ class EventView(TypedDict):
     reason: str | None
     source: str
     code: str | None
+    cause: EventCause | None
 
 
 class _Step(TypedDict):
@@ -154,6 +168,7 @@ class PathStep(_Step, total=False):
 
     uuid: str | None
     label: str | None
+    cause: EventCause | None
 
 
 def _rate(value: float | None) -> float | None:
@@ -170,13 +185,59 @@ def instance_view(row: ShownRow, observed: Machine | None = None) -> InstanceVie
     facts = display(machine_facts(row))
     if row.get("destroyed_at") and row.get("vast_id") is not None:
         facts["vast_status"] = "destroyed"
+    unreached = tunnel.down_since(cast("tunnel.TunnelFields", row)) if facts["joined"] is False else None
+    reach: _Reach = {"not_joined_since": clock.display_iso(unreached), "bid": row.get("bid"),
+                     "outbid_since": outbid_since(row)}
     if not observed:
         return {**facts, "boot_stages": boot_stages(row), "expected_rate": None, "rate_source": None,
-                "routed_rate": None, "routed_rate_max": None, "routed_proofs": 0}
+                "routed_rate": None, "routed_rate_max": None, "routed_proofs": 0, "counted_rate": None, **reach}
     return {**facts, "boot_stages": boot_stages(row), "expected_rate": _rate(observed.get("expected_rate")),
             "rate_source": observed.get("rate_source"), "routed_rate": _rate(observed.get("routed_rate")),
             "routed_rate_max": _rate(observed.get("routed_rate_max")),
-            "routed_proofs": observed.get("routed_proofs", 0)}
+            "routed_proofs": observed.get("routed_proofs", 0), "counted_rate": counted_rate(observed), **reach}
+
+
+class _Reach(TypedDict):
+    not_joined_since: str | None
+    bid: float | None
+    outbid_since: str | None
+
+
+def counted_rate(machine: Machine) -> float | None:
+    """What `fleet`'s capacity counts a machine at (its `counted/h`; the capacity is their sum): its expected rate,
+    to RATE_DIGITS, while it can prove for the fleet: running, not gone, dead or stopped at vast (an interruptible
+    machine outbid), and joined when it has a tunnel (launch.join ssh: the proof router reaches it through it
+    alone). None otherwise: capacity the router cannot reach is not capacity.
+
+    The agent's sizing counts one more kind (agent/sizing.py counted_capacity): a running machine not joined yet,
+    which joins at the manager's next check or is killed past tunnel.down_timeout; it would rent a second machine
+    for each one joining. `not_joined_proofs_per_hour` is what that adds."""
+    if machine["state"] != State.RUNNING or machine["joined"] is False or _stopped_at_vast(machine):
+        return None
+    return round(machine["expected_rate"], RATE_DIGITS)
+
+
+def _not_joined_rate(machine: Machine) -> float:
+    """The rate a running machine not joined would count at once joined (0 for any other)."""
+    waiting = machine["state"] == State.RUNNING and machine["joined"] is False and not _stopped_at_vast(machine)
+    return round(machine["expected_rate"], RATE_DIGITS) if waiting else 0.0
+
+
+def _stopped_at_vast(machine: MachineFacts) -> bool:
+    """Not proving whatever its row says, as agent/sizing.py's vast_dead reads it: vast lists it dead or not at
+    all, or stopped (an interruptible machine outbid)."""
+    status = machine["vast_status"]
+    return bool(machine["vast_missing"]) or status in VAST_DEAD_CODES or status == "stopped"
+
+
+def outbid_since(row: ShownRow) -> str | None:
+    """Since when vast has this interruptible machine stopped for a higher bid (display ISO), as agent/outbid.py
+    reads it: it bids, its row is running and vast's last listing has it stopped; since that listing's first
+    sighting of it so (the row's outbid_since), else since the listing. None for any other machine."""
+    paused = row.get("bid") is not None and row["state"] == State.RUNNING and row.get("vast_status") == "stopped"
+    if not paused or row.get("vast_missing"):
+        return None
+    return clock.display_iso(row.get("outbid_since") or row.get("vast_seen_at"))
 
 
 def _kept_view(row: ShownRow, observed: Machine | None = None) -> InstanceView:
@@ -259,7 +320,9 @@ def fleet_view(conn: sqlite3.Connection, config: Config, *, include_killed: bool
     instances = [_kept_view(row, observed.get(row["uuid"])) for row in rows] if listed else []
     summary: Summary = {
         "by_state": dict(Counter(row["state"] for row in rows)),
-        "capacity_proofs_per_hour": round(obs.capacity, RATE_DIGITS),
+        # the sum of the counted/h column (counted_rate), not the observation's capacity the agent sizes with
+        "capacity_proofs_per_hour": round(sum(counted_rate(m) or 0.0 for m in obs.machines), RATE_DIGITS),
+        "not_joined_proofs_per_hour": round(sum(_not_joined_rate(m) for m in obs.machines), RATE_DIGITS),
         "target_proofs_per_hour": obs.settings["target_proofs_per_hour"],
         "spend_per_hour": round(obs.spend_per_hour, 4),
         "disagreements": sum(1 for row in rows if disagreement(row)),
@@ -350,8 +413,21 @@ def contact_status(rows: list[ShownRow], config: Config, now: datetime) -> Conta
 
 
 def event_view(row: sqlite3.Row) -> EventView:
-    """One event as `events --json` shows it: its time the contract's whole-second ISO text."""
-    return {**event_facts(row), "at": clock.display_iso(row["at"])}
+    """One event as `events --json` shows it: its time the contract's whole-second ISO text, its cause from its
+    data (null for an event no actor's decision caused: a machine's report, a note)."""
+    return {**event_facts(row), "at": clock.display_iso(row["at"]), "cause": event_cause(row["data"])}
+
+
+def event_cause(data: str | None) -> EventCause | None:
+    """The cause an event's data keeps ({"reason", "step"}), or None; data edited by hand is no cause."""
+    try:
+        found = json.loads(data or "null")
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not isinstance(reason := found.get("reason"), str):
+        return None
+    step = found.get("step")
+    return {"reason": reason, "step": step if isinstance(step, int) and not isinstance(step, bool) else None}
 
 
 MAX_EVENT_ID = 2**63 - 1  # the largest id (and count) SQLite can hold

@@ -8,7 +8,10 @@
   if (!live) {
     return;
   }
-  var every = parseInt(live.getAttribute("data-every"), 10) || 5000;
+  var every = parseInt(live.getAttribute("data-every"), 10);
+  if (!(every > 0)) {
+    return; // a past moment (--as-of, a kept demo day): nothing changes, the header says so
+  }
   var busy = false;
 
   function say(text) {

@@ -19,9 +19,10 @@ from concurrent import futures
 from pathlib import Path
 
 import pytest
-from serving import free_port, stop_process, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.serving import free_port, stop_process, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 SSHD_CONF = ROOT / "jobs" / "sshd-vastctl-tunnel.conf"
 NGINX_CONF = ROOT / "jobs" / "nginx-cuzk-grpc.conf"
 TUNNEL_USER = "vastctl-tunnel-test"
@@ -126,7 +127,7 @@ class Nginx:
         self.port = free_port()
         site = NGINX_CONF.read_text() if site is None else site
         for old, new in (("include /etc/nginx/vastctl/cuzk-upstream.conf;", f"include {upstream_file};"),
-                         ("listen 127.0.0.1:9820 http2;", f"listen 127.0.0.1:{self.port} http2;")):
+                         ("listen 127.0.0.1:9830 http2;", f"listen 127.0.0.1:{self.port} http2;")):
             assert site.count(old) == 1, old
             site = site.replace(old, new)
         (home / "cuzk-grpc.conf").write_text(site)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import hpack
 import yaml
-from serving import wait_for
+
+from helpers.serving import wait_for
 
 MiB = 1 << 20
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -399,7 +400,7 @@ class RouterProcess:
         return dict(row) if row else {}
 
     def wait(self, condition, what: str, timeout: float = 15.0):
-        """condition()'s first true value (tests/serving.py's wait_for, failing at once if the router exited)."""
+        """condition()'s first true value (helpers/serving.py's wait_for, failing at once if the router exited)."""
         return wait_for(condition, what, timeout=timeout, proc=self.proc, log=self.log_path)
 
     def join(self, port: int, name: str = "vastctl-a") -> None:

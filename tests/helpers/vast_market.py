@@ -3,7 +3,7 @@ records, and the rows a launch leaves (test_cli_market, test_vast_prices)."""
 
 from __future__ import annotations
 
-from serving import query
+from helpers.serving import query
 
 
 def configure(cli, tmp_path, monkeypatch, *, api: str, key: str, max_instances: int, max_hourly_spend: float) -> None:

@@ -22,14 +22,14 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from serving import query, wait_for
 
+from helpers.serving import query, wait_for
 from vastctl import clock
 from vastctl.route import handover, wire
 from vastctl.state import db
 
-ROOT = Path(__file__).resolve().parents[1]
-GO_CLIENT = Path(__file__).resolve().parent / "go_curio_client" / "main.go"
+ROOT = Path(__file__).resolve().parents[2]
+GO_CLIENT = ROOT / "tests" / "go_curio_client" / "main.go"
 PROTO = ROOT / "vastctl" / "route" / "proving.proto"
 DEBIAN_GOCODE = "/usr/share/gocode"  # golang-google-grpc-dev and golang-goprotobuf-dev's sources
 SLOTS = 2  # launch.bench_concurrency: what the router lets each prover hold

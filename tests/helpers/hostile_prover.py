@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import grpc
 import hpack
 from hpack import NeverIndexedHeaderTuple
-from raw_h2 import varint
 
+from helpers.raw_h2 import varint
 from vastctl.route import wire
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

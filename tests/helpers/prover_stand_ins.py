@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from serving import query, wait_for
 
+from helpers.serving import query, wait_for
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.route import front as route_front

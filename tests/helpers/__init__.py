@@ -1,0 +1,1 @@
+"""What several test modules share: fakes, harnesses, fixtures and the rows they build."""

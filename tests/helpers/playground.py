@@ -1,0 +1,38 @@
+"""The `provider: sim` playground on a clock that runs faster than the wall, for tests that follow its guides.
+
+The playground runs on the wall clock: a machine takes half an hour to boot and a proof minutes. FastClock
+runs `speed` times the wall (and jumps when told), so a boot is a handful of commands and a proof seconds; the
+stand-in daemons read that speed (vastctl/providers/sim_join.wall_speed) and prove in their machine's time at
+that pace. It starts hours behind the wall clock, so a `vastctl` started as a process (the router), which
+reads the wall clock, finds the market behind it and runs on its own clock too.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+from vastctl.clock import SYSTEM, Clock
+
+
+class FastClock(Clock):
+    """Simulated time at `speed` × the wall, from `behind` before now; `jump(seconds)` moves it at once."""
+
+    def __init__(self, speed: float, behind: timedelta = timedelta(hours=6)):
+        self.speed = speed
+        self._start = SYSTEM.now() - behind
+        self._wall = time.monotonic()
+        self._jumped = 0.0
+
+    def monotonic(self) -> float:
+        return (time.monotonic() - self._wall) * self.speed + self._jumped
+
+    def now(self) -> datetime:
+        return self._start + timedelta(seconds=self.monotonic())
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds / self.speed)
+
+    def jump(self, seconds: float) -> None:
+        self._jumped += seconds

@@ -1,0 +1,191 @@
+"""The planning policy (agent.policy plan), where it decides: plan.plan() on constructed observations, the guard
+over its actions, and agent-step running it at the command line."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from helpers.agent_cli import running
+from helpers.serving import query
+
+from vastctl import clock
+from vastctl import config as config_module
+from vastctl.agent import plan, rules, step
+from vastctl.agent.plan_forecast import DemandPast
+from vastctl.errors import BadInput
+from vastctl.facts.demand import Demand
+from vastctl.observe import Observation
+from vastctl.providers.base import Offer
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+SETTINGS = {"target_proofs_per_hour": 300.0, "min_bench_rate": 40.0, "max_instances": 10,
+            "max_hourly_spend": 10.0, "max_dph": 1.0}
+CONFIG = config_module.from_mapping({"agent": {"plan_horizon": "30m", "max_actions_per_step": 5},
+                                     "demand": {"lookahead_window": "20m"}})
+HOUR_AHEAD = config_module.from_mapping({"agent": {"plan_horizon": "30m", "max_actions_per_step": 5},
+                                         "demand": {"lookahead_window": "1h"}})
+
+
+def demand(queued, lookahead, in_flight=0):
+    return Demand(queued=queued, proofs_per_hour=50.0, at=NOW, age_s=30, source="command", known=True,
+                  empty_since=None if queued or lookahead or in_flight else NOW - timedelta(minutes=30),
+                  in_flight=in_flight, lookahead=lookahead)
+
+
+def m(label, state="running", rate=60.0, dph=0.5, resumes=0, heartbeat_min=1.0):
+    beat = (NOW - timedelta(minutes=heartbeat_min)).isoformat()
+    return {"uuid": f"u-{label}", "label": label, "state": state, "expected_rate": rate, "dph": dph,
+            "vast_id": 100 + len(label), "vast_status": "exited" if state == "stopped" else "running",
+            "vast_missing": 0, "gpu_name": "RTX 4090", "resumes": resumes, "bid": None,
+            "state_since": (NOW - timedelta(hours=3)).isoformat(), "last_heartbeat_at": beat,
+            "billed_per_hour": 0.01 if state == "stopped" else dph}
+
+
+def offer(offer_id, dph=0.5):
+    return Offer(id=offer_id, machine_id=offer_id * 10, gpu_name="RTX 4090", num_gpus=1, dph_total=dph)
+
+
+def observation(machines, work, **settings):
+    return Observation(now=NOW, settings={**SETTINGS, **settings}, demand=work, machines=list(machines),
+                       capacity=sum(x["expected_rate"] for x in machines if x["state"] == "running"),
+                       pending_capacity=0.0,
+                       spend_per_hour=sum(x["dph"] for x in machines if x["state"] != "stopped"),
+                       events=[], last_actions=[], model_rates={"RTX 4090": 60.0}, spent_today=0.0)
+
+
+MARKET = [offer(1, dph=0.5), offer(2, dph=0.55)]
+
+
+def kinds(actions):
+    return [(a.kind, a.label or a.offer_id) for a in actions]
+
+
+# --- a lull: held through when work returns before a new rental pays off, released when it does not -------
+
+
+def test_a_cheap_rented_host_is_held_through_a_lull_work_returns_from():
+    """Nothing comes in the next 20 min, then the profile of a day ago says 45/h again: the machine rented at
+    $0.30/h is cheaper to keep idle for the lull than a fresh boot at $0.50/h later."""
+    cheap = m("vastctl-a", dph=0.3)
+    returning = DemandPast(day_before_now=1.0, day_before=(1.0, 1.0) + (15.0,) * 13)  # 45/h from 20 min on
+    decision = plan.decide(observation([cheap], demand(0, 1)), CONFIG, MARKET, returning)
+    assert decision.actions == []
+    assert decision.hold is not None and "capacity 60 running + 0 booting covers the plan now" in decision.hold
+    assert "a day ago at the same time" in decision.hold
+
+
+def test_a_lull_with_no_work_returning_releases_the_machine_stopped_with_its_reason():
+    cheap = m("vastctl-a", dph=0.3)
+    actions = plan.plan(observation([cheap], demand(0, 0)), CONFIG, MARKET, DemandPast())
+    assert kinds(actions) == [("stop", "vastctl-a")]
+    assert "the plan keeps 0 of 60 proofs/h running now" in actions[0].reason
+    assert "stopped, disk kept (no return planned" in actions[0].reason
+
+
+# --- a peak: worked off by waiting when it can be, rented for when it cannot ------------------------------
+
+
+def test_a_peak_of_minutes_waits_in_the_queue_instead_of_renting():
+    """30 proofs queued (6 min old at the 300/h of the past hour), 100/h coming, 120/h running: the rules rent for
+    the backlog drained within agent.plan_horizon; the plan lets it wait, within agent.max_wait."""
+    fleet = [m("vastctl-a"), m("vastctl-b")]
+    obs = observation(fleet, demand(30, 100))
+    past = DemandPast(last_window=300)
+    assert [a.kind for a in rules.plan(obs, HOUR_AHEAD, MARKET)] == ["launch"]
+    decision = plan.decide(obs, HOUR_AHEAD, MARKET, past)
+    assert decision.actions == []
+    assert "30 waiting (oldest ~6m)" in (decision.hold or "")
+
+
+def test_a_peak_the_queue_cannot_absorb_rents_whole_machines_with_the_figures():
+    """150 queued, 300/h coming, 60/h running: proofs would wait past max_wait, so the plan rents now."""
+    obs = observation([m("vastctl-a")], demand(150, 300))
+    actions = plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=300))
+    launched = [a for a in actions if a.kind == "launch"]
+    assert sorted(a.offer_id for a in launched) == [1, 2]  # every offer there is
+    assert "150 waiting" in launched[0].reason and "proofs/h more proving 30m from now" in launched[0].reason
+    assert "$8.33 per 1000 proofs" in launched[0].reason
+
+
+# --- what holds whatever the program says -----------------------------------------------------------------
+
+
+def test_never_the_last_machine_while_work_is_queued():
+    actions = plan.plan(observation([m("vastctl-a", rate=120)], demand(1, 0)), CONFIG, MARKET, DemandPast())
+    assert actions == []
+
+
+def test_unknown_demand_never_shrinks_the_fleet():
+    unknown = Demand(queued=None, proofs_per_hour=None, at=NOW - timedelta(hours=2), age_s=7200, source="command",
+                     known=False, error="demand.command timed out after 20s", empty_since=NOW - timedelta(hours=3))
+    decision = plan.decide(observation([m("vastctl-a"), m("vastctl-b")], unknown), CONFIG, MARKET, DemandPast())
+    assert decision.actions and {a.kind for a in decision.actions} == {"launch"}  # sized as if work were queued
+    assert all(a.reason.startswith("demand unknown, the rules' hold: ") for a in decision.actions)
+
+
+def test_min_machines_is_the_floor():
+    floored = config_module.from_mapping({"agent": {"min_machines": 1}, "demand": {"lookahead_window": "20m"}})
+    assert plan.plan(observation([m("vastctl-a", dph=0.3)], demand(0, 0)), floored, MARKET, DemandPast()) == []
+
+
+def test_the_same_inputs_give_the_same_actions():
+    obs = observation([m("vastctl-a")], demand(150, 300))
+    first = plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=300))
+    assert first == plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=300))
+
+
+# --- the guard refuses part of a plan ----------------------------------------------------------------------
+
+
+def test_the_guard_refuses_part_of_the_plan_and_passes_the_rest():
+    """The plan stops the dearer machine and keeps the cheap one, which has not reported for an hour: the guard
+    counts no machine proving then (never_scale_to_zero) and refuses the stop; the destroy of a machine stopped
+    after its one resume goes through."""
+    fleet = [m("vastctl-a", dph=0.6), m("vastctl-b", dph=0.3, heartbeat_min=60), m("vastctl-s", "stopped", resumes=1)]
+    obs = observation(fleet, demand(2, 0))
+    planned = plan.plan(obs, CONFIG, MARKET, DemandPast())
+    assert kinds(planned) == [("destroy", "vastctl-s"), ("stop", "vastctl-a")]
+    executor = step.Executor(None, None, CONFIG, obs, NOW, dry_run=True)  # type: ignore[arg-type]
+    for action in planned:
+        executor.submit(action)
+    assert [(a["kind"], a["label"]) for a in executor.actions] == [("destroy", "vastctl-s")]
+    assert [(r["kind"], r["label"], r["limit"]) for r in executor.refused] == [("stop", "vastctl-a", "never_scale_to_zero")]
+
+
+# --- the policy's name in the config and at the command line ---------------------------------------------
+
+
+def test_the_config_accepts_plan_and_a_bad_policy_is_one_line_naming_the_choices():
+    assert config_module.from_mapping({"agent": {"policy": "plan"}}).agent.policy == "plan"
+    assert step.resolve_policy(None, config_module.from_mapping({"agent": {"policy": "plan"}}), {}) == "plan"
+    with pytest.raises(BadInput) as bad:
+        config_module.from_mapping({"agent": {"policy": "planner"}})
+    assert str(bad.value) == "config key 'agent.policy' must be one of auto, rules, llm, plan, got 'planner'"
+    with pytest.raises(BadInput, match="^--policy must be one of rules, llm, plan"):
+        step.resolve_policy("magic", CONFIG, {})
+
+
+@pytest.fixture
+def ready(agent_ready):
+    """Initialised under the agent's config (helpers/agent_cli.py)."""
+
+
+def test_agent_step_runs_the_plan_through_the_guard_and_records_it(ready, cli, market, db_path):
+    running(cli, "vastctl-a")
+    assert cli("demand", "report", "--queued", "500").code == 0
+    result = cli("agent-step", "--policy", "plan", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert (data["policy"], data["refused"], data["errors"]) == ("plan", [], [])
+    assert data["actions"] and all(a["kind"] == "launch" for a in data["actions"])
+    assert all(a["result"].startswith("launched vastctl-") and a["reason"].startswith("plan 2.5h: 500 waiting")
+               for a in data["actions"])
+    (row,) = query(db_path, "SELECT policy, outcome FROM agent_steps")
+    assert row == {"policy": "plan", "outcome": "ok"}
+    history = cli("agent", "history")
+    assert history.code == 0 and "plan 2.5h: 500 waiting" in history.out
+    bad = cli("agent-step", "--policy", "magic")
+    assert bad.code == 2 and bad.err.count("\n") == 1 and "--policy must be one of rules, llm, plan" in bad.err
+    assert clock is not None
