@@ -13,7 +13,7 @@ import bisect
 import json
 import sqlite3
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Callable, Literal, Mapping, Sequence, TypedDict, cast
 
 from vastctl import clock
@@ -27,7 +27,7 @@ from vastctl.state.lifecycle import LIVE_STATES, State
 from vastctl.state.rows import AgentStepRow, selected
 from vastctl.views import fleet
 from vastctl.views.proof_waits import HISTORY as HISTORY  # the page's last day, as dashboard reads it
-from vastctl.views.proof_waits import ProofWaits, proof_waits
+from vastctl.views.proof_waits import ProofWaits, proof_waits, stored_moment
 
 BILLING_STATES = frozenset(str(state) for state in LIVE_STATES - {State.STOPPED})
 CHART_STEP = timedelta(minutes=4)  # 360 steps a day: finer than the chart's pixels
@@ -158,8 +158,8 @@ def reconcile_status(conn: sqlite3.Connection, now: datetime) -> ReconcileStatus
     failed_day = conn.execute("SELECT count(*) FROM vast_listings WHERE ok = 0 AND at >= ?", (since,)).fetchone()[0]
     passes_day = conn.execute("SELECT count(*) FROM vast_listings WHERE at >= ?", (since,)).fetchone()[0]
     return {
-        "last_success": _moment(good["at"]) if good else None,
-        "last_attempt": _moment(last["at"]) if last else None,
+        "last_success": stored_moment(good["at"]) if good else None,
+        "last_attempt": stored_moment(last["at"]) if last else None,
         "last_error": None if last is None or last["ok"] else last["error"],
         "consecutive_failures": failing, "failures_last_day": failed_day, "passes_last_day": passes_day,
     }
@@ -178,7 +178,7 @@ def kills_by_code(conn: sqlite3.Connection) -> dict[str, int]:
 def destroys_pending(conn: sqlite3.Connection, now: datetime) -> DestroysPending:
     """Killed machines vast has not confirmed destroyed: how many, and how long the oldest has waited."""
     count, oldest_text = fleet_rows.pending_destroys(conn)
-    oldest = _moment(oldest_text)
+    oldest = stored_moment(oldest_text)
     return {"count": count, "oldest_age_s": 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())}
 
 
@@ -213,7 +213,7 @@ def agent_totals(conn: sqlite3.Connection) -> AgentTotals:
         cost += row[6]
         refused_count += row[7]
     return {"steps": steps, "tokens": tokens, "cost": cost, "refused": refused_count,
-            "last_step": _moment(conn.execute("SELECT max(finished_at) FROM agent_steps").fetchone()[0])}
+            "last_step": stored_moment(conn.execute("SELECT max(finished_at) FROM agent_steps").fetchone()[0])}
 
 
 # --- the last day, as step functions ----------------------------------------------------------------
@@ -249,9 +249,9 @@ def history(conn: sqlite3.Connection, config: Config, now: datetime, *, capacity
     capacity_steps, spend_steps, target_steps = (_thin([(start, values[index]), *reversed(kept[index])], start)
                                                  for index in range(3))
     queue = _thin(_queue_history(conn, since), start)
-    failures = [at for at in (_moment(row[0]) for row in conn.execute(
+    failures = [at for at in (stored_moment(row[0]) for row in conn.execute(
         "SELECT at FROM vast_listings WHERE ok = 0 AND at >= ? ORDER BY id", (since,))) if at]
-    first = [_moment(earliest_event)] + [_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
+    first = [stored_moment(earliest_event)] + [stored_moment(conn.execute(f"SELECT min(at) FROM {table}").fetchone()[0])
                                          for table in ("demand_samples", "vast_listings")]  # their `at` indexes
     return {"capacity": capacity_steps, "spend": spend_steps, "target": target_steps, "queue": queue,
             "reconcile_failures": failures, "start": start, "end": now,
@@ -302,7 +302,7 @@ class _Moves:
             if least is not None:  # the two compared as SQLite compares them (min() over the table would)
                 self.earliest = least if self.earliest is None else conn.execute(
                     "SELECT min(?, ?)", (self.earliest, least)).fetchone()[0]
-            self.events.extend((at, _moment(at), kind, uuid, before, to, data) for at, kind, uuid, before, to, data
+            self.events.extend((at, stored_moment(at), kind, uuid, before, to, data) for at, kind, uuid, before, to, data
                                in conn.execute(
                 "SELECT at, kind, uuid, from_state, to_state, data FROM events WHERE id > ? AND id <= ? AND"
                 " (kind = 'setting' OR (kind = 'transition' AND (from_state IS NULL OR from_state IN ('running',"
@@ -424,7 +424,7 @@ def _thin(points: list[tuple[datetime, float]], start: datetime) -> list[tuple[d
 def _queue_history(conn: sqlite3.Connection, since: str | None) -> list[tuple[datetime, float]]:
     rows = conn.execute("SELECT at, queued FROM demand_samples WHERE at >= ? AND queued IS NOT NULL AND ok = 1"
                         " ORDER BY id", (since,))
-    return [(at, float(row[1])) for row in rows if (at := _moment(row[0])) is not None]
+    return [(at, float(row[1])) for row in rows if (at := stored_moment(row[0])) is not None]
 
 
 def _setting_change(data: str | None) -> SettingChange:
@@ -462,15 +462,6 @@ def overview(conn: sqlite3.Connection, config: Config, now: datetime, *, events:
                                     spend=summary["spend_per_hour"], target=float(summary["target_proofs_per_hour"]),
                                     model_rates=obs.model_rates)
     return result
-
-
-def _moment(text: object) -> datetime | None:
-    """A stored time as an aware datetime; None when absent or unreadable."""
-    try:
-        moment = clock.from_iso(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
 def _parsed(value: JSON) -> JSON:

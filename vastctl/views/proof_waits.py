@@ -40,7 +40,7 @@ def proof_waits(conn: sqlite3.Connection, config: Config, now: datetime) -> Proo
     cursor.row_factory = None  # (at, ok, queued, in_flight, proofs_per_hour): a day of samples per page
     rows: list[_Sample] = cursor.execute("SELECT at, ok, queued, in_flight, proofs_per_hour FROM demand_samples WHERE at >= ? AND"
                           " at <= ? ORDER BY id", (clock.to_iso(now - HISTORY), clock.to_iso(now))).fetchall()
-    times = [_moment(row[0]) for row in rows] + [now]
+    times = [stored_moment(row[0]) for row in rows] + [now]
     done = within = 0.0
     wait_now = None
     if len(_STRETCHES) > STRETCHES_KEPT:
@@ -87,7 +87,7 @@ STRETCHES_KEPT = 20_000
 _STRETCHES: dict[tuple[_Sample, str, float], tuple[float, ...] | None] = {}  # (sample, the next one's time, max_wait) → stretch
 
 
-def _moment(text: object) -> datetime | None:
+def stored_moment(text: object) -> datetime | None:
     """A stored time as an aware datetime; None when absent or unreadable."""
     try:
         moment = clock.from_iso(text) if isinstance(text, str) else None
