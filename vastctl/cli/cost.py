@@ -39,7 +39,9 @@ def cost_cmd(
     echo(f"spent ${figures['cost']:.2f}: rented ${figures['rented']:.2f}, stopped disks"
          f" ${figures['stopped_storage']:.2f}, after kills until vast confirmed the destroy ${figures['after_kill']:.2f}")
     per = figures["cost_per_1000_proofs"]
-    echo(f"proofs {figures['proofs']}, " + ("no proofs yet" if per is None else f"${per:.2f} per 1,000 proofs"))
+    shared = ", each machine's shared over its time running since then" if figures["since"] else ""
+    echo(f"proofs {figures['proofs']} (the calls the proof router answered{shared}; a machine it never sent to by its"
+         " own count), " + ("no proofs yet" if per is None else f"${per:.2f} per 1,000 proofs"))
     share = figures["never_proved_share"]
     echo(f"never proved ${figures['never_proved_cost']:.2f}"
          + ("" if share is None else f" ({share * 100:.1f}% of the spend)")

@@ -6,6 +6,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -15,13 +16,13 @@ from vastctl import clock
 from vastctl.cli.app import JsonOpt, app, globals_of, print_json, print_table, say
 
 SUMMARY = [
-    ("proofs done within 45 min of arriving", "proofs_within_max_wait", "pct"),
+    ("proofs done within {max_wait} of arriving", "proofs_within_max_wait", "pct"),  # agent.max_wait, as the dashboard says it
     ("proof wait p50 / p95 / p99", ("proof_wait_p50_s", "proof_wait_p95_s", "proof_wait_p99_s"), "wait"),
     ("target met (after warm-up, work queued)", "target_attainment", "pct"),
     ("proofs done / arrived", ("proofs", "proofs_arrived"), "pair"),
     ("cost (simulated billing)", "cost", "usd"),
     ("cost per 1000 proofs", "cost_per_1000_proofs", "usd"),
-    ("vastctl's account: cost / proofs reported", ("vastctl_cost", "vastctl_proofs"), "account"),
+    ("vastctl's account: cost / proofs answered", ("vastctl_cost", "vastctl_proofs"), "account"),
     ("lower bound per 1000 proofs", "lower_bound_cost_per_1000_proofs", "usd"),
     ("cost / lower bound", "cost_ratio_to_lower_bound", "ratio"),
     ("cost / any-host bound", "cost_ratio_to_any_host_bound", "ratio"),
@@ -43,11 +44,12 @@ EXPLAINED = (
     " fleet's hosts by bid from their min_bid, proving only while no higher rival bid holds the host (the"
     " market's rivals, known in hindsight), else on demand (the bound for interruptible and mixed rental).",
     "proof wait: from a proof's arrival to its answer (held, then proving), each proof a call as the proof router"
-    " records it in the state file, the figures `fleet --json` and /metrics give; proofs still waiting past"
-    " agent.max_wait at the end count as late.",
-    "vastctl's account: what the state file says (`vastctl cost`); above the simulated billing by the first"
-    " minutes of each boot (counted at the full price); its proofs are the calls the router saw answered (those"
-    " still proving at the end included).",
+    " records it in the state file; here over the day's {judged} calls (those answered just after its end"
+    " included; proofs still waiting past agent.max_wait at the end count as late), in `fleet`, the dashboard and"
+    " /metrics over the {last_day} answered in the 24 h up to its end, so their seconds may differ a little.",
+    "vastctl's account: what the state file says at the day's end (`vastctl cost`, the dashboard's Cost card,"
+    " /metrics' vastctl_cost_*), above the simulated billing by the first minutes of each boot (counted at the"
+    " full price). {proofs_why}",
     "cost / lower bound: how many times that bound the run paid (1.00x is out of reach; above it is whole"
     " machines, boot and benchmark time, failures and the headroom kept for bursts).",
 )
@@ -117,19 +119,25 @@ def _account(path: Path, end: str) -> dict[str, Any]:
     """vastctl's own account of the day's file at its end (cost.account: what `vastctl --as-of END cost` and the
     dashboard of `serve --as-of END` show), beside the simulator's truth. It differs from the truth where the
     state file cannot know: a boot's first minutes count at the full price (vast bills the disk alone until the
-    container runs), and its proofs are the calls the proof router delivered from each machine (cost.proofs_of)."""
+    container runs), and its proofs are the calls the proof router delivered from each machine (cost.proofs_of).
+    Beside it, the calls `fleet`, the dashboard and /metrics count at the end (answered in the 24 h up to it) and
+    those answered after it (taken before the end, still on a prover then), which the account counts too."""
     from vastctl import clock
-    from vastctl.facts import cost
+    from vastctl.facts import cost, deliveries
     from vastctl.state import db
 
     now = clock.parse_iso(end)
+    since, until = deliveries.window(now)
     conn = db.connect(path, now=now)
     try:
         figures = cost.account(conn, now=now)
+        last_day = deliveries.proof_wait(conn, since=since, until=until, max_wait_s=0)["calls"]
+        after_end = deliveries.proof_wait(conn, since=until, until=until + timedelta(days=1), max_wait_s=0)["calls"]
     finally:
         conn.close()
     return {"vastctl_cost": figures["cost"], "vastctl_proofs": figures["proofs"],
-            "vastctl_cost_per_1000_proofs": figures["cost_per_1000_proofs"], "vastctl_as_of": figures["as_of"]}
+            "vastctl_cost_per_1000_proofs": figures["cost_per_1000_proofs"], "vastctl_as_of": figures["as_of"],
+            "vastctl_calls_last_day": last_day, "vastctl_calls_after_end": after_end}
 
 
 def _progress_bar() -> Callable[[int, int], None]:
@@ -148,7 +156,8 @@ def _progress_bar() -> Callable[[int, int], None]:
 def _print_summary(figures: dict[str, Any]) -> None:
     typer.echo(f"vastctl demo: {figures['hours']:g} simulated hours, seed {figures['seed']}, policy"
                f" {figures['policy']}, failures {figures['failures']}, rental {figures['rental']}")
-    rows = [{"figure": label, "value": _cell(figures, key, kind)} for label, key, kind in SUMMARY
+    max_wait = clock.human_duration(figures["max_wait_s"])
+    rows = [{"figure": label.format(max_wait=max_wait), "value": _cell(figures, key, kind)} for label, key, kind in SUMMARY
             if key != "cost_ratio_to_interruptible_bound" or figures["rental"] != "on-demand"]  # a bid's bound
     print_table(rows, ["figure", "value"])
     kills = ", ".join(f"{code} {n}" for code, n in figures["kills_by_reason"].items()) or "none"
@@ -156,14 +165,37 @@ def _print_summary(figures: dict[str, Any]) -> None:
     typer.echo(f"kills by reason: {kills}")
     typer.echo(f"market faults: {faults}")
     for line in EXPLAINED:
-        typer.echo(line)
+        typer.echo(line.format(judged=figures["proofs_judged_for_wait"], last_day=figures["vastctl_calls_last_day"],
+                               proofs_why=_proofs_why(figures)))
+
+
+def _proofs_why(figures: dict[str, Any]) -> str:
+    """Why the account's proofs differ from the simulated ones and from the calls answered in the last 24 h, and by
+    how many (the simulator proves in fractions of a proof; the router records whole calls, each when answered)."""
+    simulated, account = figures["proofs"], figures["vastctl_proofs"]
+    after, last_day = figures["vastctl_calls_after_end"], figures["vastctl_calls_last_day"]
+    if simulated > account:
+        why = (f"Its {account} proofs are the calls the proof router answered, {simulated - account} fewer than the"
+               f" {simulated} simulated: the market proves in fractions of a proof and the router records whole calls,"
+               " so the part of a proof each machine had not finished (under one a machine) never became a call")
+    else:
+        why = f"Its {account} proofs are the calls the proof router answered ({simulated} simulated)"
+    earlier = account - after - last_day  # answered over 24 h before the end (a day longer than 24 h)
+    parts = ([f"{after} were still on a prover at the day's end (answered just after it)"] if after > 0 else []) + (
+        [f"{earlier} were answered over 24 h before the end"] if earlier > 0 else [])
+    if not parts:
+        return why + "."
+    return (why + f"; of them, {' and '.join(parts)}, so `fleet`, the dashboard's Proof router card and /metrics,"
+            f" which count the calls answered in the last 24 h, show {last_day}.")
 
 
 def _cell(figures: dict[str, Any], key: Any, kind: str) -> str:
     if kind == "pair":
         return f"{figures[key[0]]} / {figures[key[1]]}"
     if kind == "account":
-        return f"${figures[key[0]]:,.2f} / {figures[key[1]]} (as `vastctl cost` and the dashboard show)"
+        short = figures["proofs"] - figures[key[1]]
+        why = f"; {short} fewer than simulated: the router counts whole proofs" if short > 0 else ""
+        return f"${figures[key[0]]:,.2f} / {figures[key[1]]} (as `vastctl cost` and the dashboard show{why})"
     if kind == "wait":  # the dashboard's and `fleet`'s words for a wait; --json keeps the seconds
         return " / ".join("-" if figures[k] is None else clock.human_duration(figures[k]) for k in key)
     if kind == "seconds":

@@ -57,14 +57,16 @@ class _FleetCollector:
             machines.add_metric([str(state)], summary["by_state"].get(str(state), 0))
         yield machines
         yield _gauge("vastctl_capacity_proofs_per_hour",
-                     "Expected proofs/hour of running machines that can prove (the sum of fleet's counted/h).",
+                     "Expected proofs/hour of running machines that can prove (the sum of fleet's counted/h; `fleet`"
+                     " and the dashboard show it to one decimal).",
                      summary["capacity_proofs_per_hour"])
         yield _gauge("vastctl_pending_capacity_proofs_per_hour", "Expected proofs/hour of machines not yet running.",
                      obs.pending_capacity)
         yield _gauge("vastctl_target_proofs_per_hour", "The target_proofs_per_hour setting.",
                      limits["target_proofs_per_hour"])
         yield _gauge("vastctl_spend_dollars_per_hour", "$/hour vast bills for our machines (GPU and disk),"
-                     " as far as the state file and the last vast listing know.", summary["spend_per_hour"])
+                     " as far as the state file and the last vast listing know (`fleet` and the dashboard show it"
+                     " to the cent).", summary["spend_per_hour"])
         yield _gauge("vastctl_max_hourly_spend_dollars_per_hour", "The max_hourly_spend setting.",
                      limits["max_hourly_spend"])
         yield _gauge("vastctl_spent_today_dollars", "$ spent since 00:00 UTC, vastctl's account (as `vastctl cost"
@@ -96,15 +98,17 @@ def _router(router: RouterStatus, results: dict[str, int]) -> Iterator[Metric]:
     yield _gauge("vastctl_route_calls_on_provers", "Calls the proof router has on provers now.", router["in_flight"])
     wait = router["proof_wait_last_day"]
     quantiles = GaugeMetricFamily("vastctl_proof_wait_seconds", "Held + proving time of the calls the router"
-                                  " answered in the last day, by quantile (NaN: none answered).", labels=["quantile"])
+                                  " answered in the last 24 h, by quantile, in seconds to the millisecond (`fleet`"
+                                  " and the dashboard show them rounded; NaN: none answered).", labels=["quantile"])
     for quantile, seconds in (("0.5", wait["p50_s"]), ("0.95", wait["p95_s"]), ("0.99", wait["p99_s"])):
         quantiles.add_metric([quantile], math.nan if seconds is None else seconds)
     yield quantiles
-    yield _gauge("vastctl_proofs_within_max_wait_ratio", "Share of the last day's answered calls done within"
+    yield _gauge("vastctl_proofs_within_max_wait_ratio", "Share of the calls answered in the last 24 h done within"
                  " agent.max_wait of arriving at the router (NaN: none answered).",
                  math.nan if wait["within_max_wait"] is None else wait["within_max_wait"])
-    calls = GaugeMetricFamily("vastctl_route_calls_last_day", "The router's attempts in the last day, by result.",
-                              labels=["result"])
+    calls = GaugeMetricFamily("vastctl_route_calls_last_day", "The router's attempts that ended in the last 24 h, by"
+                              " result (completed and failed: the calls answered that proof wait is measured over;"
+                              " vastctl_cost_proofs counts since the state file began).", labels=["result"])
     for result in deliveries.RESULTS:
         calls.add_metric([result], results.get(result, 0))
     yield calls
@@ -179,8 +183,9 @@ def _cost(figures: CostView) -> Iterator[Metric]:
     for part in cost.PARTS:
         spent.add_metric([part], figures[part])
     yield spent
-    yield _gauge("vastctl_cost_proofs", "Proofs our machines reported done (the count the cost per proof divides by).",
-                 figures["proofs"])
+    yield _gauge("vastctl_cost_proofs", "Proofs since the state file began, vastctl's account (as `vastctl cost`): the"
+                 " calls the proof router answered, a machine it never sent to by its own count; the count the cost"
+                 " per proof divides by (vastctl_route_calls_last_day counts the last 24 h).", figures["proofs"])
     per = figures["cost_per_1000_proofs"]
     yield _gauge("vastctl_cost_per_1000_proofs_dollars", "$ per 1,000 proofs, vastctl's account (NaN: no proofs yet).",
                  math.nan if per is None else per)
