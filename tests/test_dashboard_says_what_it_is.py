@@ -64,8 +64,10 @@ def test_a_past_moment_says_so_and_does_not_refresh_where_a_live_page_does(conn)
     past = dashboard_page.dashboard_page(data, csrf="x", past=END)
     assert '<span id="past-moment">as of 2031-03-04 00:00 UTC: a past moment, not live</span>' in past
     assert 'data-every="0"' in past
+    assert 'id="no-actions"' in past and 'action="/dashboard/kill"' not in past and 'action="/dashboard/settings"' not in past
     live = dashboard_page.dashboard_page(data, csrf="x")
     assert 'id="past-moment"' not in live and f'data-every="{dashboard_page.REFRESH_MS}"' in live
+    assert 'action="/dashboard/kill"' in live and 'id="no-actions"' not in live
 
 
 def test_money_names_the_day_its_today_is():

@@ -73,10 +73,17 @@ def dashboard_page(data: PageData, *, csrf: str, flash: Flash | None = None, pas
         f'<form method="post" action="/logout" class="inline">{hidden}<button type="submit">Sign out</button></form>'
         f"</header>{note}<main>"
         f'<div id="live" data-src="{LIVE_URL}" data-every="{0 if past else REFRESH_MS}">{live_fragment(data)}</div>'
-        f'<aside id="actions">{_settings_forms(data["settings"], hidden)}{_kill_form(hidden)}{_note_form(hidden)}'
-        f'</aside>{logs(data.get("logs") or [])}</main>'
+        f'<aside id="actions">{_actions(data, hidden, past)}</aside>{logs(data.get("logs") or [])}</main>'
     )
     return _document("vastctl · fleet", body, script=True)
+
+
+def _actions(data: PageData, hidden: str, past: datetime | None) -> str:
+    """The forms that act; a past moment has none (`serve --as-of` reads a copy: nothing sent to it is kept)."""
+    if past is not None:
+        return ('<p class="note" id="no-actions">A past moment: nothing here can be changed. Settings, kills and'
+                ' notes act on the live file, through `vastctl serve` without --as-of.</p>')
+    return f'{_settings_forms(data["settings"], hidden)}{_kill_form(hidden)}{_note_form(hidden)}'
 
 
 def _moment(past: datetime | None) -> str:

@@ -34,7 +34,7 @@ def logs(tails: list[RecentLog]) -> str:
         cut_note = " (cut to its tail)" if tail["cut"] else ""
         items.append(
             f'<details class="log" data-label="{esc(tail["label"])}" data-name="{esc(tail["name"])}">'
-            f'<summary>{esc(tail["label"])} · {esc(tail["name"])} · {esc(tail["at"])}{cut_note}</summary>'
+            f'<summary>{esc(tail["label"])} · {esc(tail["name"])} · <span class="at">{esc(tail["at"])}</span>{cut_note}</summary>'
             f'<pre>{esc(tail["text"], "")}</pre></details>')
     return f'<section id="logs"><h2>Machine logs</h2>{"".join(items)}</section>'
 
