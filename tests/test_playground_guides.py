@@ -1,7 +1,8 @@
 """The playground (`provider: sim`, docs/demo.md) walks the guides with launch.join ssh (docs/joining-curio.md):
 a simulated machine launched, registered, benched and joined, listed by `vastctl provers`, proving a call that
 `vastctl route` (its own process, on the wall clock) sent it through its tunnel port, its pushed logs and boot
-stages shown, and its stand-in daemon gone once it is killed.
+stages shown, its heartbeat counting what its stand-in proved (as a real machine's counts its daemon's proofs),
+and its stand-in daemon gone once it is killed.
 
 The commands run in this process on a clock `SPEED` times the wall (tests/helpers/playground.py), so the boot
 is a few reconcile passes and a proof seconds; the stand-in daemon, a process of its own, proves at that pace.
@@ -23,7 +24,7 @@ from helpers.serving import free_port, free_port_block, query, stop_process, wai
 
 from vastctl.cli.app import Globals
 from vastctl.facts import tunnel
-from vastctl.providers import sim_daemon, sim_join
+from vastctl.providers import sim_daemon, sim_engine, sim_join
 from vastctl.route import wire
 
 pytestmark = pytest.mark.slow  # starts the stand-in daemon's process and the router's
@@ -60,10 +61,10 @@ def playground(tmp_path, db_path, monkeypatch, cli):
     wait_for(lambda: not sim_join.running(daemons), "the stand-in process exits")
 
 
-def step_until(cli, clock, condition, what: str):
-    """Jump the clock a boot step, run a reconcile pass, until `condition()` holds."""
+def step_until(cli, clock, condition, what: str, step: float = STEP_S):
+    """Jump the clock a boot step (or `step`), run a reconcile pass, until `condition()` holds."""
     def stepped():
-        clock.jump(STEP_S)
+        clock.jump(step)
         passed = cli("reconcile")
         assert passed.code == 0, passed.err
         return condition()
@@ -111,6 +112,8 @@ def test_a_simulated_machine_joins_proves_through_the_router_and_leaves(playgrou
                                                             " ORDER BY id", uuid)]
     assert path[path.index("registered"):] == ["registered", "params_done", "bench_done", "running", "joined"], path
     assert tunnel.probe(port, 2) and listening_on(port) == ["127.0.0.1"]
+    # Curio's queue is empty until the call: its heartbeats' count of nothing is idling, not slowness
+    assert cli("demand", "report", "--queued", "0").code == 0
     provers = cli("provers", "--json")
     assert provers.code == 0, provers.err
     assert [(p["label"], p["endpoint"]) for p in json.loads(provers.out)["provers"]] == [(label, f"127.0.0.1:{port}")]
@@ -131,6 +134,19 @@ def test_a_simulated_machine_joins_proves_through_the_router_and_leaves(playgrou
     finally:
         stop_process(router)
 
+    # its next heartbeat counts the proof its stand-in completed (the demo's simulated work has none to count),
+    # and capacity counts it at no less than its bench: one proof at an idle machine is no measure of its speed
+    assert json.loads(sim_join.proofs_path(daemons).read_text()) == {str(machine["vast_id"]): 1}
+    assert cli("demand", "report", "--queued", "0").code == 0
+    beat_before = query(db_path, "SELECT last_heartbeat_at FROM instances WHERE uuid = ?", uuid)[0]["last_heartbeat_at"]
+    step_until(cli, clock, lambda: query(db_path, "SELECT last_heartbeat_at FROM instances WHERE uuid = ?", uuid)[0][
+        "last_heartbeat_at"] != beat_before, f"{label} beats again", step=sim_engine.HEARTBEAT_S)  # its demand fresh
+    (row,) = query(db_path, "SELECT proofs_done, proofs_total, bench_rate FROM instances WHERE uuid = ?", uuid)
+    assert (row["proofs_done"], row["proofs_total"]) == (1, 1), row
+    fleet_json = json.loads(cli("fleet", "--json").out)
+    (counted,) = [m["counted_rate"] for m in fleet_json["instances"] if m["label"] == label]
+    assert counted is not None and counted >= round(row["bench_rate"], 1), (counted, row)
+
     # what it pushed, and where its boot's time went
     logs = cli("logs", label)
     assert logs.code == 0, logs.err
@@ -143,3 +159,48 @@ def test_a_simulated_machine_joins_proves_through_the_router_and_leaves(playgrou
     assert killed.code == 0, killed.err
     wait_for(lambda: not listening_on(port), "the stand-in stops listening")
     wait_for(lambda: not sim_join.running(daemons), "the stand-in process exits")
+
+
+def test_a_joined_machines_heartbeat_counts_its_stand_in_from_its_start(tmp_path):
+    """A joined machine's count is its stand-in's completed proofs, 0 while it idles, and from nothing again once
+    its stand-in restarts (its machine stopped, then resumed: a restarted daemon); a machine that does not join
+    has none (its heartbeat counts the simulated work)."""
+    state = tmp_path / "sim.db"
+    state.write_bytes(b"")
+    daemons = Path(str(state) + sim_join.SUFFIX)
+    first = free_port_block(2)
+    second = first + 1
+
+    def machine(port: int, up: bool) -> sim_join.Daemon:
+        return {"port": port, "uuid": f"u{port}", "label": f"m{port}", "gpu_name": "RTX 4090", "slots": 1,
+                "proof_s": 0.2, "up": up}
+
+    def write(up_7: bool) -> None:  # machine 8 stays up, so the process serves on while 7 comes and goes
+        daemons.write_text(json.dumps({"machines": {"7": machine(first, up_7), "8": machine(second, True)}}))
+
+    write(True)
+    joins = sim_join.Joins(daemons)
+    log = tmp_path / "daemons.log"
+    process = subprocess.Popen([sys.executable, "-m", "vastctl.providers.sim_daemon", str(daemons)],
+                               stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: tunnel.probe(first, 0.2) and tunnel.probe(second, 0.2), "both ports listen", proc=process, log=log)
+        assert (joins.completed(7), joins.completed(8), joins.completed(9)) == (0, 0, None)  # idle: nothing proved
+        for n in (1, 2):
+            assert prove(first, f"call-{n}").status == wire.STATUS_COMPLETED
+        assert (joins.completed(7), joins.completed(8)) == (2, 0)
+
+        write(False)  # 7 stops proving: its stand-in is gone, and with it its count
+        wait_for(lambda: not tunnel.probe(first, 0.2) and joins.completed(7) == 0, "7's count is dropped", proc=process,
+                 log=log)
+        write(True)  # resumed: a new stand-in counting from nothing
+        wait_for(lambda: tunnel.probe(first, 0.2), "7 listens again", proc=process, log=log)
+        assert prove(first, "call-3").status == wire.STATUS_COMPLETED
+        assert joins.completed(7) == 1
+
+        daemons.unlink()  # no machine left: the process exits and takes its counts with it
+        assert process.wait(timeout=30) == 0
+        assert not sim_join.proofs_path(daemons).exists()
+    finally:
+        if process.poll() is None:
+            stop_process(process)

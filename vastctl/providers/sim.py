@@ -89,6 +89,8 @@ class SimProvider:
         self.seed = self.store.open(int(seed), clock.now())  # a market keeps the seed it was built with
         self.engine = Engine(self.seed, self.rates, self.store.hosts, lambda at: self.reports(at))  # reports: replaceable
         self.joins = sim_join.Joins.for_market(conn, clock)  # launch.join ssh on the wall clock: stand-in daemons
+        if self.joins is not None:  # a joined machine's heartbeat counts what its stand-in proved
+            self.engine.daemon_proofs = self.joins.completed
         self._holder = f"{os.getpid()}:{id(self)}"
         self._taken: tuple[int | None, frozenset[int]] = (None, frozenset())
         self._version: int | None = None  # the market's version our loaded machines are (None: load them)

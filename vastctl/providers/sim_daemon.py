@@ -7,15 +7,18 @@ sim_join.py writes the file and starts this process. Each machine the file says 
 messages (docs/joining-curio.md): a Prove waits for one of the machine's slots (pending), proves for its proof
 time (in progress: slots × 3600 / its true rate, in wall seconds), and answers COMPLETED with a proof in gRPC
 OK; a call without `submit` or of an unknown kind is INVALID_ARGUMENT, as cuzk's. GetStatus counts its queues,
-its proofs and its uptime. A machine no longer up has its server stopped at once, its calls in progress cut
-off as a dead machine's are. The file is read every POLL_S; the process exits once it names no machine up (or
-is gone, or the state file is), and holds `<file>.lock` while it lives, so that a second one started meanwhile exits at once.
+its proofs and its uptime, and each machine's completed count is kept in `<file>.proofs` (sim_join.proofs_path),
+rewritten at each proof it completes: its heartbeats count it, as a real machine's count its daemon's proofs.
+A machine no longer up has its server stopped at once, its calls in progress cut off as a dead machine's are.
+The file is read every POLL_S; the process exits once it names no machine up (or is gone, or the state file
+is), and holds `<file>.lock` while it lives, so that a second one started meanwhile exits at once.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import sys
 import threading
@@ -26,8 +29,9 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from vastctl import atomicfile
 from vastctl.clock import SYSTEM
-from vastctl.providers.sim_join import SUFFIX, Daemon, read
+from vastctl.providers.sim_join import SUFFIX, Daemon, proofs_path, read
 
 POLL_S = 0.2
 RETRY_S = 5.0  # a port something else holds is tried again this often
@@ -86,11 +90,47 @@ def proof_for(request_id: str) -> bytes:
     return (seed * (PROOF_BYTES // len(seed) + 1))[:PROOF_BYTES]
 
 
+class Tally:
+    """Each served machine's completed count, written to `<file>.proofs` whenever one changes (by this process
+    alone, atomically): what sim_join reads for the machine's heartbeat."""
+
+    def __init__(self, path: Path):
+        self.path = proofs_path(path)
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    def set(self, vast_id: str, completed: int) -> None:
+        with self.lock:
+            self.counts[vast_id] = completed
+            self._write()
+
+    def drop(self, vast_id: str) -> None:
+        with self.lock:
+            if self.counts.pop(vast_id, None) is not None:
+                self._write()
+
+    def remove(self) -> None:
+        with self.lock:
+            self.counts = {}
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _write(self) -> None:
+        """Never raises: a count not written fails no proof (its heartbeat counts the last one written)."""
+        try:
+            atomicfile.write(self.path, json.dumps(self.counts, sort_keys=True) + "\n", mode=0o600)
+        except OSError:
+            pass
+
+
 class Machine:
     """One machine's daemon: its slots, queues and counters, served on 127.0.0.1:its port."""
 
-    def __init__(self, daemon: Daemon):
+    def __init__(self, daemon: Daemon, vast_id: str = "", tally: Tally | None = None):
         self.daemon = daemon
+        self.vast_id, self.tally = vast_id, tally
         self.slots = threading.Semaphore(daemon["slots"])
         self.lock = threading.Lock()
         self.gone = threading.Event()  # the machine stopped proving: calls in progress end unanswered
@@ -145,6 +185,9 @@ class Machine:
         done = SYSTEM.monotonic()
         with self.lock:
             self.completed += 1
+            completed = self.completed
+        if self.tally is not None and not self.gone.is_set():  # counted before it answers (the heartbeat after has it)
+            self.tally.set(self.vast_id, completed)
         proving_ms = round((done - began) * 1000)
         return M["ProveResponse"](result=M["AwaitProofResponse"](
             job_id=job, status=COMPLETED, proof=proof_for(request.submit.request_id),
@@ -170,6 +213,7 @@ def serve(path: Path) -> int:
     except OSError:
         return 3
     served: dict[str, Machine] = {}  # vast id → its machine's daemon
+    tally = Tally(path)
     retry: dict[str, float] = {}  # vast id → when a port found taken is tried again
     state_file = Path(str(path).removesuffix(SUFFIX))
     try:
@@ -180,13 +224,15 @@ def serve(path: Path) -> int:
             for vast_id in list(served):
                 if vast_id not in wanted or wanted[vast_id]["port"] != served[vast_id].daemon["port"]:
                     served.pop(vast_id).stop()
+                    tally.drop(vast_id)  # its daemon is gone: the next one counts from nothing
             if not wanted:
                 return 0
             for vast_id, daemon in wanted.items():
                 if vast_id in served and not served[vast_id].bound and SYSTEM.monotonic() >= retry.get(vast_id, 0.0):
                     served.pop(vast_id).stop()  # its port was taken: tried again every RETRY_S
                 if vast_id not in served:
-                    served[vast_id] = Machine(daemon)
+                    served[vast_id] = Machine(daemon, vast_id, tally)
+                    tally.set(vast_id, 0)
                     retry[vast_id] = SYSTEM.monotonic() + RETRY_S
                     said = "cuzk stand-in on" if served[vast_id].bound else "cannot listen on"
                     print(f"{daemon['label']}: {said} 127.0.0.1:{daemon['port']}", flush=True)
@@ -194,6 +240,7 @@ def serve(path: Path) -> int:
     finally:
         for machine in served.values():
             machine.stop()
+        tally.remove()  # before the lock goes: a process started next writes its own
         os.close(lock)
 
 

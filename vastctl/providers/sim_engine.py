@@ -66,6 +66,9 @@ class Engine:
         self.new_faults: list[Fault] = []  # faults since the last save
         self._plans: dict[tuple[int, int], model.BootPlan] = {}
         self._reported: Reports | None = None  # the last report's Reports: the logs pushed with it go through it
+        # vast id → what a joined machine's stand-in daemon completed (sim_join.Joins.completed), None for one
+        # that does not join: its heartbeat counts that, as a real machine's counts its daemon's proofs
+        self.daemon_proofs: Callable[[int], int | None] = lambda _vast_id: None
 
     def saved(self) -> None:
         """The changes are in the file: start afresh, without the machines a destroy took."""
@@ -322,8 +325,11 @@ class Engine:
         return at + max(0, beats) * HEARTBEAT_S
 
     def _beat(self, machine: Machine, at: float) -> None:
-        """A heartbeat with the proofs the prover did in this run (`work` credits them), not its capacity."""
-        if self._report(machine, at, "heartbeat", int(machine.proofs)) in ("ok", "error"):  # an error: the loop beats again
+        """A heartbeat with the proofs the prover did in this run (`work` credits them; a joined machine's stand-in
+        daemon counts what the router had it prove), not its capacity."""
+        done = self.daemon_proofs(machine.vast_id)
+        proofs = int(machine.proofs) if done is None else done
+        if self._report(machine, at, "heartbeat", proofs) in ("ok", "error"):  # an error: the loop beats again
             self._next(machine, "heartbeat", at + HEARTBEAT_S)
 
     def _report(self, machine: Machine, at: float, method: Literal["register", "params_done", "bench_report", "running",

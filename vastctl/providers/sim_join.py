@@ -11,6 +11,11 @@ What each machine's daemon should be doing is kept in a JSON file beside the sta
 written under the market's hold at each save; one process (sim_daemon.py, started here when a machine is up
 and none runs) serves every port the file says is up and exits by itself once none is. The demo's virtual
 clock (and a command reading a moment of the past) starts nothing: its machines are not on wall time.
+
+A real machine's heartbeat carries its daemon's completed count (onstart.sh: `counters.total_completed`); a
+joined simulated one's carries its stand-in's, which the process keeps in `<db>.sim-daemons.proofs` (it alone
+writes that file, this one only reads it): the proofs the router's calls had it prove, counted from nothing
+each time its stand-in starts (a resumed machine's daemon restarts), not the demo's simulated work.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from vastctl.clock import Clock, StillClock, VirtualClock
 from vastctl.providers.sim_store import Machine
 
 SUFFIX = ".sim-daemons"  # the JSON file beside the state file; its lock and the process's output beside it
+PROOFS_SUFFIX = ".proofs"  # beside that file: each served machine's completed count, written by the process
 DEFAULT_SLOTS = 5  # launch.bench_concurrency's default: the proofs a daemon proves at once
 START_WAIT_S = 15.0  # a stand-in started for a machine coming up listens within this (grpc's import)
 _started: list[subprocess.Popen[bytes]] = []  # the processes this one started, reaped once they end
@@ -75,6 +81,23 @@ def read(path: Path) -> Daemons:
     if not isinstance(data, dict) or not isinstance(data.get("machines"), dict):
         return {"machines": {}}
     return {"machines": data["machines"]}
+
+
+def proofs_path(path: Path) -> Path:
+    """`<db>.sim-daemons.proofs`: vast id → the proofs its stand-in completed since it started."""
+    return Path(str(path) + PROOFS_SUFFIX)
+
+
+def read_proofs(path: Path) -> dict[str, int]:
+    """The completed counts the process wrote (none when it is missing or not ours)."""
+    text = atomicfile.read(proofs_path(path))
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {}
+    return {vast_id: n for vast_id, n in data.items() if isinstance(n, int) and not isinstance(n, bool) and n >= 0}
 
 
 def proving(machine: Machine | None) -> bool:
@@ -142,6 +165,14 @@ class Joins:
                 self._serve(came_up)
         except (OSError, ValueError, KeyError, TypeError):
             pass
+
+    def completed(self, vast_id: int) -> int | None:
+        """What the machine's heartbeat counts, as a real one's counts its daemon's completed proofs: its
+        stand-in's count (0 before it has one, or while none serves it), or None for a machine that does not
+        join (launched without launch.join ssh: its heartbeat counts the simulated work, sim_engine)."""
+        if str(vast_id) not in read(self.path)["machines"]:
+            return None
+        return read_proofs(self.path).get(str(vast_id), 0)
 
     def _write(self, daemons: Daemons) -> None:
         atomicfile.write(self.path, json.dumps(daemons, sort_keys=True) + "\n", mode=0o600)
