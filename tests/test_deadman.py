@@ -206,7 +206,7 @@ def test_a_killed_machine_destroys_itself_at_once(machine, instance_api):
     running(machine)
     run_vastctl("kill", machine.label, "--reason", "rotating the fleet", "--force", env=machine.operator)
     assert machine.current()["state"] == "killed"  # (the manager's own destroy goes to the fake of its listing)
-    assert machine.wait_exit() == 0
+    assert machine.wait_exit() == 0, machine.text("onstart.log")
     assert_destroyed_itself_once(machine, instance_api)
     log = machine.text("onstart.log")
     assert "the manager refused the heartbeat (exit 3): stopping" in log
@@ -226,7 +226,7 @@ def test_a_machine_that_never_reaches_the_manager_gives_up_after_orphan_after(ma
 def test_the_switch_can_be_turned_off(machine, instance_api):
     nobody = f"http://127.0.0.1:{free_port()}"
     boot(machine, instance_api, VASTCTL_SERVER=nobody, VASTCTL_RETRY_FOR="1s", VASTCTL_ORPHAN_AFTER_S="0")
-    assert machine.wait_exit() == 1
+    assert machine.wait_exit() == 1, machine.text("onstart.log")
     wait_until(lambda: sandbox_empty(machine), "a watchdog runs although launch.orphan_after is 0", machine, timeout=10)
     assert instance_api.requests == []
 

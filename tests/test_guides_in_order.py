@@ -196,7 +196,7 @@ def deployment(host: Host, vast_url: str, serve_port: int) -> None:
     host.follow(section("deployment.md", "1. Install"))
     host.follow(section("deployment.md", "2. The environment file"))
     config = host.path("/etc/vastctl/config.yaml")
-    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "10", "VASTCTL_RETRY_FOR": "10s"}
+    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "60", "VASTCTL_RETRY_FOR": "10s"}
     merge(config, json.dumps({
         "server": {"url": f"http://127.0.0.1:{serve_port}"},
         "fleet": {"min_bench_rate": GATE, "max_dph": 1.0},

@@ -39,7 +39,7 @@ def test_join_command_runs_on_the_machine_with_its_details_then_it_reports_runni
 @pytest.mark.slow
 def test_a_failing_join_command_never_reports_running(booted):
     machine = booted("  join: command\n  join_command: 'echo no route to the cluster; exit 3'\n")
-    assert machine.wait_exit() == 1
+    assert machine.wait_exit() == 1, machine.text("onstart.log")
     assert machine.current()["state"] == "bench_done"  # reconcile's bench_done timeout kills it
     assert "launch.join_command failed (exit 3): no route to the cluster" in machine.text("onstart.log")
     assert not machine.daemon_answers()  # the prover it started is stopped

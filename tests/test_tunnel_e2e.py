@@ -38,7 +38,7 @@ def site(tmp_path):
     upstream = tmp_path / "manager" / "nginx" / "cuzk-upstream.conf"
     nginx = Nginx(tmp_path / "nginx", upstream)
     port, first = free_port(), free_port_block(21)
-    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "10", "VASTCTL_RETRY_FOR": "10s"}
+    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "60", "VASTCTL_RETRY_FOR": "10s"}
     manager.config_path.write_text(
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
         f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"

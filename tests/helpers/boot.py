@@ -39,7 +39,7 @@ def start_manager(tmp_path, launch: str = "") -> Manager:
     """serve with the gate, short boot-script intervals and the bench the script runs; `launch` adds launch keys."""
     m = Manager(tmp_path / "manager")
     port = free_port()
-    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "4", "VASTCTL_RETRY_FOR": "10s"}
+    launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "60", "VASTCTL_RETRY_FOR": "10s"}
     m.config_path.write_text(
         f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
         f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"
