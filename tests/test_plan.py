@@ -117,12 +117,27 @@ def test_never_the_last_machine_while_work_is_queued():
     assert actions == []
 
 
-def test_unknown_demand_never_shrinks_the_fleet():
-    unknown = Demand(queued=None, proofs_per_hour=None, at=NOW - timedelta(hours=2), age_s=7200, source="command",
-                     known=False, error="demand.command timed out after 20s", empty_since=NOW - timedelta(hours=3))
-    decision = plan.decide(observation([m("vastctl-a"), m("vastctl-b")], unknown), CONFIG, MARKET, DemandPast())
-    assert decision.actions and {a.kind for a in decision.actions} == {"launch"}  # sized as if work were queued
+UNKNOWN = Demand(queued=None, proofs_per_hour=None, at=NOW - timedelta(hours=2), age_s=7200, source="command",
+                 known=False, error="demand.command timed out after 20s", empty_since=NOW - timedelta(hours=3))
+
+
+def test_unknown_demand_never_known_is_the_rules_sizing_as_if_work_were_queued():
+    decision = plan.decide(observation([m("vastctl-a"), m("vastctl-b")], UNKNOWN), CONFIG, MARKET, DemandPast())
+    assert decision.actions and {a.kind for a in decision.actions} == {"launch"}
     assert all(a.reason.startswith("demand unknown, the rules' hold: ") for a in decision.actions)
+
+
+def test_unknown_demand_is_planned_on_the_newest_good_sample_and_never_shrinks_the_fleet():
+    """The newest good sample said nothing was coming: known, the plan would stop both machines; unknown, it
+    releases nothing."""
+    fleet = [m("vastctl-a", dph=0.3), m("vastctl-b", dph=0.3)]
+    assert [a.kind for a in plan.plan(observation(fleet, demand(0, 0)), CONFIG, MARKET, DemandPast())] == ["stop"] * 2
+    obs = observation(fleet, UNKNOWN)
+    obs.last_known_demand = {"at": NOW - timedelta(minutes=40), "ok": True, "queued": 0, "in_flight": 0,
+                             "lookahead": 0, "proofs_per_hour": 0.0}
+    decision = plan.decide(obs, CONFIG, MARKET, DemandPast())
+    assert decision.actions == []
+    assert (decision.hold or "").startswith("demand unknown, held to its newest good sample (40m old), nothing released")
 
 
 def test_min_machines_is_the_floor():
@@ -189,3 +204,14 @@ def test_agent_step_runs_the_plan_through_the_guard_and_records_it(ready, cli, m
     bad = cli("agent-step", "--policy", "magic")
     assert bad.code == 2 and bad.err.count("\n") == 1 and "--policy must be one of rules, llm, plan" in bad.err
     assert clock is not None
+
+
+def test_make_before_break_a_boot_on_its_way_does_not_release_a_running_machine_yet(monkeypatch):
+    """Two machines prove 120/h for 100/h coming, a third boots: the program lets the dearer running one go now
+    (the queue bridges the minutes until the boot is up), but a boot may fail or run late, so what stays running
+    must cover the plan's next slots without it."""
+    booting = {**m("vastctl-c", state="params_done", dph=0.3), "state_since": (NOW - timedelta(minutes=5)).isoformat()}
+    obs = observation([m("vastctl-a", dph=0.6), m("vastctl-b", dph=0.3), booting], demand(5, 100))
+    assert plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100)) == []
+    monkeypatch.setattr(plan, "MAKE_BEFORE_BREAK_SLOTS", 0)  # the program alone would break before making
+    assert kinds(plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100))) == [("stop", "vastctl-a")]

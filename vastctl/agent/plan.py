@@ -15,11 +15,14 @@ less PLAN_MARGIN_S. Its freedoms, the lower bound's (vastctl/bound.py):
 What it does now, rounded to whole machines: a stopped machine or an offer the plan has proving in its first
 slot is resumed or rented, the largest planned share first, then the cheapest per proof, for at least
 ROUND_UP of its rate; a running machine the plan releases in the first slot goes when at least RELEASE_SHARE of
-it is released, least planned and dearest per proof first, at most agent.max_releases_per_step: stopped (its
+it is released and what stays running covers the plan's first MAKE_BEFORE_BREAK_SLOTS slots without the
+machines booting (a boot may fail or run late: make before break), never in a step that rents or resumes,
+least planned and dearest per proof first, at most agent.max_releases_per_step: stopped (its
 disk kept, resumed first when work returns), destroyed when it was resumed once already or is
 agent.replace_factor × dearer per proof than the best offer (a resume would pass it over).
 
-What holds, whatever the program says: demand unknown or stale is the rules' (they never shrink on it);
+What holds, whatever the program says: demand unknown or stale is planned on the newest good sample (and the
+calls the proof router holds), releasing nothing; never known at all, it is the rules' (sized to the ceiling);
 no release takes the last running machine while work is queued, in flight or held at the proof router;
 agent.min_machines is kept (the rules' floor); housekeeping is the rules' (a stopped machine resumed once is
 destroyed, one whose storage billed a fresh boot is retired, outbid machines are waited for, rebid or released).
@@ -28,6 +31,7 @@ Every action goes through the guard like the rules'; each carries its reason in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -56,10 +60,8 @@ OFFERS_PLANNED = 20  # the offers cheapest per expected proof the program may re
 ROUND_UP = 0.5  # a machine is started for at least this share of its rate planned in its first slot
 ROUND_UP_LATE = 0.1  # ... when the plan cannot do every proof in time (proofs are late already: any share)
 RELEASE_SHARE = 0.9  # a running machine goes when the plan releases at least this share of it now
+MAKE_BEFORE_BREAK_SLOTS = 3  # what stays running covers the plan's capacity of this many slots without boots
 FRESH_START_H = BOOT_HOURS  # hours of its price a fresh rental costs before its first proof, as the plan counts it
-RELEASE_SURGE = 0.0  # a release must hold with this much more work arriving than forecast (forecasts err)
-RELEASE_WHILE_BOOTING = 1.0  # 0: nothing is released while a machine boots (a boot may fail: its rate is a guess)
-KEEP_IF_BACK_S = 0.0  # a running machine is kept when the plan wants capacity back above the rest within this
 
 
 @dataclass(frozen=True)
@@ -81,28 +83,44 @@ def plan(obs: Observation, config: Config, offers: Sequence[Offer] = (), past: D
 
 def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past: DemandPast = DemandPast()) -> Decision:
     """The actions of this step, and why it holds when there are none."""
-    if not obs.demand.known:  # never shrink on no evidence: the rules hold the fleet to the newest good sample
-        actions = [replace(a, reason=f"demand unknown, the rules' hold: {a.reason}")
-                   for a in rules.plan(obs, config, offers)]
-        return Decision(actions, None if actions else "demand unknown, the rules' hold: "
-                        + rules.hold_reason(obs, config, offers))
+    known = obs.demand.known
+    if not known:  # never shrink on no evidence: planned on the newest good sample, releasing nothing
+        held = _held_to_last(obs)
+        if held is None:  # no sample was ever good: the rules size to the ceiling
+            actions = [replace(a, reason=f"demand unknown, the rules' hold: {a.reason}")
+                       for a in rules.plan(obs, config, offers)]
+            return Decision(actions, None if actions else "demand unknown, the rules' hold: "
+                            + rules.hold_reason(obs, config, offers))
+        obs = held
     budget = config.agent.max_actions_per_step
     actions = _housekeeping(obs, config, budget)
     touched = {a.uuid for a in actions}
     setup = _setup(obs, config, offers, past, touched)
     solution = plan_lp.solve(setup.problem)
     summary = _summary(setup, solution, config)
+    if not known:
+        old = (obs.demand.age_s or 0.0) / 60
+        summary = f"demand unknown, held to its newest good sample ({old:.0f}m old), nothing released; {summary}"
     started = _starts(obs, config, setup, solution, summary, budget - len(actions))
     actions.extend(started)
-    if not started:
+    if not started and known:  # never release and rent in one step, nor on no evidence
         actions.extend(rules._release_late_benchmarks(obs, config, budget - len(actions)))
-    if not started:  # never release and rent in one step; a release is checked against more work than forecast
-        more = replace(setup.forecast, arrivals=tuple(a * (1 + RELEASE_SURGE) for a in setup.forecast.arrivals))
-        surge = replace(setup.problem, arrivals=more.arrivals, due=_due(more, setup.wait_s))
-        wary = plan_lp.solve(surge) if RELEASE_SURGE > 0 else solution
-        actions.extend(_releases(obs, config, setup, wary, summary, budget - len(actions), touched))
+        actions.extend(_releases(obs, config, setup, solution, summary, budget - len(actions), touched))
     actions = rules._keep_floor(obs, config, offers, actions, budget)
     return Decision(actions, None if actions else _hold(setup, solution, summary))
+
+
+def _held_to_last(obs: Observation) -> Observation | None:
+    """The observation with its demand the newest good sample's (and at least the calls the router holds now),
+    None when no sample was ever good."""
+    last = obs.last_known_demand
+    if last is None:
+        return None
+    in_flight = max(last.get("in_flight") or 0, obs.demand.held)
+    demand = dataclasses.replace(obs.demand, known=True, queued=last.get("queued"), in_flight=in_flight,
+                                 lookahead=last.get("lookahead"), proofs_per_hour=last.get("proofs_per_hour"),
+                                 age_s=max(0.0, (obs.now - last["at"]).total_seconds()))
+    return dataclasses.replace(obs, demand=demand)
 
 
 @dataclass(frozen=True)
@@ -274,11 +292,13 @@ def _releases(obs: Observation, config: Config, setup: _Setup, solution: plan_lp
     limit = min(budget, config.agent.max_releases_per_step)
     if limit < 1 or not running:
         return []
-    if not RELEASE_WHILE_BOOTING and any(s.kind == "booting" for s in setup.problem.sources):
-        return []
     kept = {s.key: solution.shares[s.key][0] for s in running}
     have = sum(s.rate for s in running)
     released = sum((1 - kept[s.key]) * s.rate for s in running)
+    if MAKE_BEFORE_BREAK_SLOTS > 0:  # what runs must cover the plan's next slots without the machines booting
+        planned = max(sum(solution.shares[s.key][t] * s.rate for s in setup.problem.sources)
+                      for t in range(min(MAKE_BEFORE_BREAK_SLOTS, len(setup.problem.arrivals))))
+        released = min(released, max(0.0, have - planned))
     booting = any(s.kind == "booting" for s in setup.problem.sources)
     work = has_work(obs) or setup.forecast.backlog > 0
     remaining = len(running)
@@ -293,8 +313,6 @@ def _releases(obs: Observation, config: Config, setup: _Setup, solution: plan_lp
             break  # never the last machine while work waits
         machine = setup.machines[source.key]
         returns = _returns_in(setup, solution, have - (released - left) - source.rate)
-        if returns is not None and returns * 60 <= KEEP_IF_BACK_S:
-            continue  # wanted back soon: a machine in hand, not a boot
         left -= source.rate
         remaining -= 1
         dear = per_proof(machine) > config.agent.replace_factor * setup.best_per_proof
