@@ -17,6 +17,7 @@ from helpers.as_of_day import HOURS, make
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.demo import setting
+from vastctl.errors import BadInput
 from vastctl.serving import dashboard
 from vastctl.state import as_of, db
 from vastctl.state.rows import TABLES
@@ -127,6 +128,12 @@ def test_every_table_of_the_file_has_a_rule_for_an_earlier_moment():
     """A table added later is taken back, kept or cut by its stamp: never read at a moment with rows from after it."""
     ruled = [*as_of.STAMPED, *as_of.REWOUND, *as_of.KEPT]
     assert len(ruled) == len(set(ruled)) and set(TABLES) <= set(ruled), set(TABLES) - set(ruled)
+
+
+def test_a_table_with_no_rule_is_refused_not_shown_as_it_is_now(conn):
+    conn.execute("CREATE TABLE unruled_extra (at TEXT)")
+    with pytest.raises(BadInput, match=r"--as-of cannot rewind the table\(s\) unruled_extra of this file"):
+        as_of.cut(conn, "2031-03-03T12:00:00Z")
 
 
 @pytest.mark.slow

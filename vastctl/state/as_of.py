@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from vastctl import clock
+from vastctl.errors import BadInput
 from vastctl.state import db
 from vastctl.state.lifecycle import S
 from vastctl.state.rows import InstanceChanges, InstanceRow, VastCacheRow, column_values, selected
@@ -92,7 +93,13 @@ def copy_as_of(source: Path, moment: datetime, directory: Path) -> Path:
 
 
 def cut(conn: sqlite3.Connection, at: str) -> None:
-    """Take everything written after `at` (a stored time) out of the open file, inside the caller's transaction."""
+    """Take everything written after `at` (a stored time) out of the open file, inside the caller's transaction.
+    A table this module has no rule for cannot be rewound: refused, rather than shown as it is now."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                             " AND name NOT LIKE 'sqlite_%'")}
+    unruled = sorted(tables - {*STAMPED, *REWOUND, *KEPT} - {t for t in tables if t.startswith("sim_")})
+    if unruled:
+        raise BadInput(f"--as-of cannot rewind the table(s) {', '.join(unruled)} of this file: read it without --as-of")
     _settings(conn, at)  # before the events it reads back are cut
     _machines(conn, at)
     for table, stamp in STAMPED.items():
