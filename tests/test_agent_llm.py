@@ -103,7 +103,7 @@ def test_the_prompt_carries_fleet_demand_new_events_and_the_suggestion(conn, api
     assert observation["demand"]["queued"] == 59 and observation["demand"]["known"] is True
     assert [e["reason"] for e in observation["events"]] == [
         "heartbeat_timeout: no heartbeat for 10m (event 0)", "heartbeat_timeout: no heartbeat for 10m (event 1)"]
-    assert data["suggestion"] == SUGGESTION
+    assert data["plan_suggestion"] == SUGGESTION
 
 
 def test_text_from_machines_stays_inside_the_data_block(conn, api, clock):

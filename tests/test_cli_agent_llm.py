@@ -45,7 +45,7 @@ def test_an_llm_step_end_to_end(ready, cli, market, llm_api, db_path):
     assert observation["demand"]["queued"] == 500 and observation["demand"]["known"] is True
     assert observation["capacity_proofs_per_hour"] == 70
     assert [e["to_state"] for e in observation["events"]] == ["registered", "params_done", "bench_done", "running"]
-    assert seen["suggestion"][0]["kind"] == "launch" and seen["notes"] == [] and seen["recent_steps"] == []
+    assert seen["plan_suggestion"][0]["kind"] == "launch" and seen["notes"] == [] and seen["recent_steps"] == []
 
     # the second: what came of each call, the refusal an error naming its limit
     results = {block["tool_use_id"]: block for block in second["messages"][2]["content"]}

@@ -62,6 +62,7 @@ def _step(row: sqlite3.Row, notes: list[dict[str, Any]]) -> dict[str, Any]:
                     for item in _parsed(row["refused"], []) if isinstance(item, dict)],
         "errors": [str(error) for error in _parsed(row["errors"], [])],
         "hold": row["hold"],
+        "suggested": _parsed(row["observation"], {}).get("plan_suggestion"),  # llm steps: the plan they were shown
         "notes": notes,
         "tokens": {"input": row["input_tokens"], "output": row["output_tokens"],
                    "cache_read": row["cache_read_tokens"], "cache_write": row["cache_write_tokens"]},

@@ -8,7 +8,8 @@ replayed: each step starts a fresh conversation from
     the static prefix      system prompt and tools (llm.py; cached by the API)
     notes                  the model's own notes, newest kept
     recent steps           one condensed line per step: what it saw, did, what came of it
-    suggestion             the rules policy's plan for this step
+    plan_suggestion        what the planning policy would do this step, applied to nothing
+                           (agent/plan_suggestion.py)
     observation            this step's fleet, demand, events and last actions
 
 so the input stays under `agent.max_context_tokens` however long the history
@@ -34,7 +35,7 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from vastctl import clock
 from vastctl.observe import expected_rate, stored_json
@@ -46,6 +47,7 @@ NOTE_MAX_CHARS = 1000
 NOTES_SHOWN = 20
 RECENT_STEPS_SHOWN = 12
 SUGGESTION_SHOWN = 20
+SUGGESTION_TEXT_CHARS = 600  # a plan's reason: its figures, then the action's own
 EVENTS_WHEN_SHORT = 30  # events kept first when the observation must shrink (the newest)
 LAST_ACTIONS_WHEN_SHORT = 20  # the previous step's actions kept first when the observation must shrink (the newest)
 ITEMS_PER_STEP = 8  # actions, refusals, errors or calls shown per recent step; the rest counted
@@ -238,7 +240,7 @@ class Prompt:
     omitted: dict[str, int] = field(default_factory=dict)
 
 
-def build_prompt(conn: sqlite3.Connection, *, observation: dict[str, Any], suggestion: Sequence[dict[str, Any]],
+def build_prompt(conn: sqlite3.Connection, *, observation: dict[str, Any], suggestion: Sequence[Mapping[str, object]],
                  step_id: int | None, budget_tokens: int) -> Prompt:
     """The step's opening message, at most `budget_tokens` (estimated) whenever that is possible.
 
@@ -247,7 +249,7 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict[str, Any], sugge
     """
     remembered_notes = notes(conn)
     steps = recent_steps(conn, before_step=step_id)
-    suggested = clip(list(suggestion)[:SUGGESTION_SHOWN])
+    suggested = clip(list(suggestion)[:SUGGESTION_SHOWN], SUGGESTION_TEXT_CHARS)
     budget_chars = budget_tokens * CHARS_PER_TOKEN
     if len(as_data(suggested)) > budget_chars // 4:  # a plan of long reasons: its actions condensed, then fewer
         condensed = [_condensed_action(item) for item in suggested]
@@ -263,7 +265,7 @@ def build_prompt(conn: sqlite3.Connection, *, observation: dict[str, Any], sugge
 
     def render(obs: dict[str, Any], kept_notes: list[dict[str, Any]], kept_steps: list[dict[str, Any]], omitted: dict[str, int]) -> str:
         omitted = {**omitted, **dropped(kept_notes, kept_steps)}
-        data = {"notes": kept_notes, "recent_steps": kept_steps, "suggestion": suggested, "observation": obs}
+        data = {"notes": kept_notes, "recent_steps": kept_steps, "plan_suggestion": suggested, "observation": obs}
         if omitted:
             data["omitted"] = omitted
         return f"{DATA_OPEN}\n{as_data(data)}\n{DATA_CLOSE}\n{CLOSING}"

@@ -1,7 +1,7 @@
 """The rules policy: a deterministic autoscaler, pure (Observation, config, offers → actions).
 
-It is the default policy without an Anthropic key, and the suggestion the llm
-policy is shown. In the order `plan()` applies them:
+It is the default policy without an Anthropic key (the llm policy is shown the
+planning policy's decision instead: agent/plan_suggestion.py). In the order `plan()` applies them:
 
   work, wanted and held: what the fleet is sized to (agent/sizing.py).
 

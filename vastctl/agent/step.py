@@ -5,7 +5,8 @@
   3. observe once, with the events after the cursor of the last step that ran
   4. --if-events: skip (a row with outcome `skipped`) when no event from anyone but the agent itself
      arrived, demand did not change (known ↔ unknown, empty ↔ not), and agent.interval has not passed
-  5. plan: rules.plan(), or the llm (shown the rules' plan as a suggestion), whose tool calls come back here
+  5. plan: rules.plan(), plan.decide(), or the llm (shown plan.decide()'s actions as a suggestion, applied to
+     nothing: agent/plan_suggestion.py), whose tool calls come back here
   6. every action passes guard.check() (with the actions allowed before it in this step), refusals are
      recorded and listed; --dry-run stops there
   7. apply: one explicit branch per action kind (apply()), through operations
@@ -39,7 +40,7 @@ from vastctl.state.lifecycle import Cause, KillCode
 from vastctl.state.rows import AgentStepRow, typed
 
 if TYPE_CHECKING:
-    from vastctl.agent import llm, tools
+    from vastctl.agent import llm, plan, tools
     from vastctl.providers.base import Offer, Provider
 
 LEASE = "agent-step"
@@ -348,23 +349,29 @@ def _run_rules(executor: Executor) -> None:
         executor.submit(action)
 
 
-def _run_plan(executor: Executor) -> None:
-    """The planning policy (agent/plan.py): its own forecast of the demand samples, then the guard, as the rules."""
+def _plan_decision(executor: Executor) -> "plan.Decision":
+    """What the planning policy decides on this step's observation, its offers and the demand samples: pure,
+    nothing applied (the plan policy submits it, the llm policy is shown it)."""
     from vastctl.agent import plan, plan_forecast
 
     offers = _offers_if_needed(executor, plan.needs_offers(executor.obs, executor.config))
     past = plan_forecast.read_past(executor.conn, executor.config, executor.now, plan.HORIZON_SLOTS, plan.SLOT_S)
-    decision = plan.decide(executor.obs, executor.config, offers, past)
+    return plan.decide(executor.obs, executor.config, offers, past)
+
+
+def _run_plan(executor: Executor) -> None:
+    """The planning policy (agent/plan.py): its own forecast of the demand samples, then the guard, as the rules."""
+    decision = _plan_decision(executor)
     executor.hold = decision.hold
     for action in decision.actions:
         executor.submit(action)
 
 
 def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, env: Mapping[str, str]) -> None:
-    from vastctl.agent import llm, tools
+    from vastctl.agent import llm, plan_suggestion, tools
 
-    suggestion = [action.view("suggested") for action in rules.plan(executor.obs, executor.config,
-                                                                    _offers_if_needed(executor))]
+    suggestion = plan_suggestion.shown(executor.obs, lambda: _plan_decision(executor))  # applied to nothing
+    _record_suggestion(executor.conn, result.step_id, suggestion.line)
 
     def execute(name: str, call: tools.Call) -> "llm.ToolOutcome":
         """A parsed tool call (agent/tools.py): the offer search, or an action through the guard like the rules'."""
@@ -375,7 +382,7 @@ def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, 
         ok, text = executor.submit(call)
         return llm.ToolOutcome(ok=ok, text=text, action=call.view(text))
 
-    outcome = llm.run(executor.conn, executor.config, observation=executor.obs.to_prompt(), suggestion=suggestion,
+    outcome = llm.run(executor.conn, executor.config, observation=executor.obs.to_prompt(), suggestion=suggestion.items,
                       execute=execute, clock=clock, step_id=result.step_id, env=env)
     result.tokens = {**ZERO_TOKENS, **(outcome.tokens or {})}
     result.cost = float(outcome.cost or 0.0)
@@ -384,6 +391,13 @@ def _run_llm(executor: Executor, result: StepResult, clock: clock_module.Clock, 
         result.errors.append(f"llm: {outcome.error or 'the step failed'}")
     elif outcome.stop_reason in LLM_CUT_SHORT:
         result.errors.append(f"llm: {LLM_CUT_SHORT[outcome.stop_reason]} after {outcome.rounds} round(s)")
+
+
+def _record_suggestion(conn: sqlite3.Connection, step_id: int | None, line: str) -> None:
+    """The step's stored observation says what the model was suggested (`agent history` shows it)."""
+    with transaction(conn):
+        conn.execute("UPDATE agent_steps SET observation = json_set(observation, '$.plan_suggestion', ?) WHERE id = ?",
+                     (line, step_id))
 
 
 def _search(executor: Executor, search: "tools.OfferSearch") -> "llm.ToolOutcome":

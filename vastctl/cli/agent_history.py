@@ -80,6 +80,8 @@ def history_cmd(
             echo(f"  error: {error}")
         if entry["hold"]:
             echo(f"  held: {entry['hold']}")
+        if entry.get("suggested"):
+            echo(f"  suggested: {entry['suggested']}")
         for note in entry["notes"]:
             echo(f"  note: {note['text']}")
         tokens = entry["tokens"]
