@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Optional
 
 import typer
@@ -90,7 +91,7 @@ def history_cmd(
                  f" ${entry['cost']:.4f}")
 
 
-def _nothing(view: dict[str, Any]) -> str:
+def _nothing(view: Mapping[str, object]) -> str:
     """The line for an empty history: no step yet, or none the filters let through (naming them)."""
     filters = []
     if view["label"]:
