@@ -134,7 +134,7 @@ def lower_bound_rows(runs: list[dict]) -> list[dict]:
              "× lower bound": f"{whole / exact:.2f}"},
             {"fleet": "bound, whole, sized to target×(1+headroom)", **blank, "attainment": "-",
              "cost/1000 proofs": f"${sized:.2f}", "× lower bound": f"{sized / exact:.2f}"},
-            {"fleet": "bound at interruptible prices (min_bid, never outbid)", **blank,
+            {"fleet": "bid-aware bound (the market's rivals)", **blank,
              "cost/1000 proofs": f"${bids:.2f}", "× lower bound": f"{bids / exact:.2f}"},
             {"fleet": "bound on any host (no filter of the fleet's)", **blank,
              "cost/1000 proofs": f"${any_host:.2f}", "× lower bound": f"{any_host / exact:.2f}"},

@@ -627,3 +627,5 @@ def test_an_interruptible_machine_proves_only_while_no_rival_bid_for_its_host_is
     assert proving > 60 and stopped > 10
     outbids = [row[0] for row in market.conn.execute("SELECT at FROM sim_faults WHERE kind = 'outbid'")]
     assert outbids and all(over(machine, clocks.from_iso(at).timestamp()) for at in outbids)
+    with pytest.raises(ProviderRejected, match="never lowered"):  # it pays at least what it was rented at
+        market.sim.change_bid(machine.vast_id, round(machine.bid - 0.01, 4))

@@ -20,15 +20,15 @@ constraint below is one that every fleet meets, so no fleet can pay less.
                (a resume's boot, and a resume that finds its GPU gone, are not charged)
   bids         a host may be offered twice, by bid (from its min_bid) and on demand, one of them at a time;
                a share rented by bid proves in a block at its price or at the least bid another renter holds
-               the host with in that block (`rival`), whichever is higher: a bid under the rival's is stopped
-               while it proves, so a fleet proving then paid at least the rival's bid
+               the host with in that block (`rival`), whichever is higher: a machine whose bid is under a
+               rival's holding its host is stopped, so one proving then pays at least the rival's bid (and
+               a bid is raised, never lowered, so it pays at least what it was rented at)
 
 Each simplification (the hour's lowest price, the free first block and
 resumes, fractions, a block's least rival bid) can only lower the figure, so it stays a bound.
 A rental is held no longer than until the host's next hour offered as cheap
 (_cohorts): that changes no least cost, and keeps the program's size linear in
-the horizon's length. The hosts
-that cannot lower it are left out, and it is checked that they cannot: a
+the horizon's length. The hosts that cannot lower it are left out, and it is checked that they cannot: a
 left-out host's every hour is dearer per proof than what a proof's capacity is
 worth in any block it could prove in (the program's dual prices); if not, it
 is added and the program solved again.

@@ -195,8 +195,9 @@ class SimProvider:
             self.engine.dirty.add(machine.vast_id)
 
     def change_bid(self, vast_id: int, price: float) -> None:
-        """Raise (or lower) an interruptible instance's bid; one paused by a rival whose bid it now beats
-        resumes at once."""
+        """Raise an interruptible instance's bid; one paused by a rival whose bid it now beats resumes at once.
+        A lower bid is refused: a rental by bid pays at least what it was rented at (the bid-aware bound
+        counts on it, bound.py)."""
         with self._call(f"PUT /api/v0/instances/bid_price/{vast_id}/") as (now, _draw):
             machine = self._existing(vast_id, "change-bid")
             if machine.bid is None:
@@ -206,6 +207,9 @@ class SimProvider:
             if number is None or not 0.001 <= number <= 32.0:
                 raise ProviderRejected(f"vast change-bid of instance {vast_id}: price {price!r} is not 0.001-32"
                                        " (HTTP 400 invalid_args)")
+            if round(number, 4) < machine.bid:
+                raise ProviderRejected(f"vast change-bid of instance {vast_id}: ${number:g}/h is under its bid"
+                                       f" ${machine.bid:g}/h; a bid is raised, never lowered (HTTP 400 bid_too_low)")
             self.engine.accrue(machine, now)
             machine.bid = round(number, 4)
             machine.gpu_dph = max(0.0, machine.bid - machine.storage_dph)
