@@ -255,7 +255,7 @@ def cost(figures: CostView) -> str:
              + ("no proofs yet" if per is None else f'<span id="cost-per-1000">${per:.2f}</span> per 1,000 proofs'))
     note = (f'rented ${figures["rented"]:.2f} · stopped disks ${figures["stopped_storage"]:.2f} · after kills'
             f' ${figures["after_kill"]:.2f} · {esc(figures["proofs"])} proofs since the file began (the calls the'
-            ' proof router answered; at a past --as-of, also those answered after it) · never proved'
+            ' proof router answered) · never proved'
             f' ${figures["never_proved_cost"]:.2f}' + ("" if share is None else f' ({share * 100:.1f}%)')
             + f' · dead until detected ${figures["dead_until_detected_cost"]:.2f} · {esc(figures["source"])}')
     return (f'<section id="cost" class="cards"><div class="card"><h3>Cost</h3><p>{value}</p>'
