@@ -13,7 +13,7 @@ from helpers.serving import query
 from vastctl import clock
 from vastctl import config as config_module
 from vastctl.agent import plan, rules, step
-from vastctl.agent.plan_forecast import DemandPast
+from vastctl.agent.plan_forecast import DemandPast, forecast
 from vastctl.errors import BadInput
 from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
@@ -28,10 +28,10 @@ HOUR_AHEAD = config_module.from_mapping({"agent": {"plan_horizon": "30m", "max_a
                                          "demand": {"lookahead_window": "1h"}})
 
 
-def demand(queued, lookahead, in_flight=0):
+def demand(queued, lookahead, in_flight=0, arrivals=None):
     return Demand(queued=queued, proofs_per_hour=50.0, at=NOW, age_s=30, source="command", known=True,
                   empty_since=None if queued or lookahead or in_flight else NOW - timedelta(minutes=30),
-                  in_flight=in_flight, lookahead=lookahead)
+                  in_flight=in_flight, lookahead=lookahead, arrivals=arrivals)
 
 
 def m(label, state="running", rate=60.0, dph=0.5, resumes=0, heartbeat_min=1.0):
@@ -60,6 +60,41 @@ MARKET = [offer(1, dph=0.5), offer(2, dph=0.55)]
 
 def kinds(actions):
     return [(a.kind, a.label or a.offer_id) for a in actions]
+
+
+# --- the forecast: where the look-ahead's proofs fall -------------------------------------------------------
+
+
+def slots_of(work, past, config=HOUR_AHEAD):
+    return [round(x, 3) for x in forecast(observation([], work), config, past, plan.HORIZON_SLOTS, plan.SLOT_S).arrivals]
+
+
+def test_the_source_s_arrivals_put_the_look_ahead_in_its_own_slots_and_the_profile_goes_on_past_them():
+    """60 proofs coming within the hour, all of them in its last 20 minutes (a burst of precommits an hour ago):
+    spread along the line they would be 10 a slot; timed, the first 40 minutes bring none, and past the window
+    the level held is that of its last 20 minutes (180/h: 30 a slot), not the line's 60/h. The buckets past the
+    window count only sectors precommitted so far: the 5 of the seventh slot are below the level held, the 40 above."""
+    past = DemandPast(last_window=60)
+    burst = demand(0, 60, arrivals=(0, 0, 0, 0, 30, 30, 5, 40, 0))
+    assert slots_of(burst, past) == [0.0, 0.0, 0.0, 0.0, 30.0, 30.0, 30.0, 40.0] + [30.0] * 7
+    reason = plan.decide(observation([m("vastctl-a")], burst), HOUR_AHEAD, MARKET, past).hold or ""
+    assert ("60/h coming over 60m (was 60/h) as the source times it, beyond it held at the window's end rate 180/h"
+            " (its last timed 20m)") in reason
+    # look-ahead no bucket times (no seed epoch yet) comes at the window's end, and counts in its level (150/h)
+    untimed = slots_of(demand(0, 60, arrivals=(10, 0, 0, 0, 10, 0)), past)
+    assert untimed == [10.0, 0.0, 0.0, 0.0, 10.0, 40.0] + [25.0] * 9
+    # a 20-minute window: 20 and 10 timed within it, the 25 untimed at its end, then its 55 in 20 min held (165/h)
+    assert slots_of(demand(0, 60, arrivals=(20, 10, 5)), past, CONFIG)[:4] == [20.0, 35.0, 27.5, 27.5]
+
+
+def test_without_arrivals_the_forecast_is_the_line_it_was():
+    """A source that does not time its look-ahead (or times none of it): the line from the past window's 30/h to
+    the coming 60/h, scaled to hold the 60, then the window's end rate held."""
+    line = [7.917, 8.75, 9.583, 10.417, 11.25, 12.083] + [12.5] * 9
+    assert slots_of(demand(0, 60), DemandPast(last_window=30)) == line
+    assert slots_of(demand(0, 60, arrivals=()), DemandPast(last_window=30)) == line
+    reason = plan.decide(observation([m("vastctl-a")], demand(0, 60)), HOUR_AHEAD, MARKET, DemandPast(last_window=30)).hold
+    assert "as the source times it" not in (reason or "")
 
 
 # --- a lull: held through when work returns before a new rental pays off, released when it does not -------

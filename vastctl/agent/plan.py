@@ -231,8 +231,9 @@ def _summary(setup: _Setup, solution: plan_lp.Solution, config: Config) -> str:
     window = config.demand.lookahead_window / 60
     past = "" if ahead.past_rate is None else f" (was {ahead.past_rate:.0f}/h)"
     late = f", {solution.late:.0f} proof-slots late" if solution.late > 0.5 else ""
+    timed = " as the source times it" if ahead.timed else ""
     return (f"plan {HORIZON_SLOTS * SLOT_S / 3600:g}h: {ahead.backlog:.0f} waiting (oldest ~{ahead.backlog_age_s / 60:.0f}m),"
-            f" {ahead.coming_rate:.0f}/h coming over {window:g}m{past}, beyond it {ahead.beyond};"
+            f" {ahead.coming_rate:.0f}/h coming over {window:g}m{past}{timed}, beyond it {ahead.beyond};"
             f" each proof done within {setup.wait_s / 60:.0f}m of arriving at ${solution.cost:.2f}{late}")
 
 

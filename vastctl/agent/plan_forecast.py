@@ -7,6 +7,14 @@ the window: the same slot a day earlier (the look-ahead then), scaled by today's
 the state file has it; else the line's rate at the window's end, held. A source silent on the look-ahead gives
 its proofs_per_hour, flat.
 
+When the source also says when its look-ahead comes (Demand.arrivals: the count of each ARRIVAL_BUCKET_S from
+now), those counts replace the line where the source knows them: within the look-ahead window each bucket's proofs
+fall in its own 10 minutes (spread evenly inside it), and the look-ahead's proofs no bucket times (no seed epoch
+yet) come at the window's end, or in the window's part past the last bucket. Buckets past the window count only
+sectors already precommitted, so there a slot gets the larger of its buckets' count and the profile's. Past the
+buckets and the window, the profile as above, except that the level held (no day-old profile) is the rate of the
+window's last 20 timed minutes instead of the line's end; without arrivals, all as above.
+
 The queue's age is not in a sample: first come first proved, the proofs waiting are the newest arrivals, so the
 oldest has waited about queued / the arrival rate of the past window. read_past() is the only part that reads the
 file (a few indexed reads of demand_samples); the rest is pure.
@@ -20,9 +28,11 @@ from datetime import datetime, timedelta
 
 from vastctl import clock
 from vastctl.config import Config
+from vastctl.facts.demand import ARRIVAL_BUCKET_S
 from vastctl.observe import Observation
 
 DAY = timedelta(days=1)
+END_S = 20 * 60.0  # the source's last 20 minutes within the window give the level held past it (seeds 1 2 3)
 LEVEL_SCALE = (0.5, 2.0)  # a day-old profile is scaled by today's level against its own, within these bounds
 
 
@@ -48,6 +58,7 @@ class Forecast:
     beyond: str  # how the slots past the look-ahead window were forecast, in words
     # proofs that arrived in the last k slots (k = 0, 1, ...): the queue is the newest of them; empty when unknown
     arrived_within: tuple[float, ...] = ()
+    timed: bool = False  # the look-ahead window's proofs are where the source's arrival buckets put them
 
 
 def read_past(conn: sqlite3.Connection, config: Config, now: datetime, slots: int, slot_s: float) -> DemandPast:
@@ -98,11 +109,15 @@ def forecast(obs: Observation, config: Config, past: DemandPast, slots: int, slo
     held = sum(line[k] * hours * partial[k] for k in range(slots))
     scale = float(demand.lookahead) / held if held > 0 else 0.0
     edge = max(0.0, coming + slope * window / 2)
+    end_rate = _timed_end_rate(demand.arrivals or (), float(demand.lookahead), window)
+    if end_rate is not None:
+        edge = end_rate
     arrivals = []
     day_scale = None
     if past.day_before_now and past.day_before_now > 0:
         day_scale = min(LEVEL_SCALE[1], max(LEVEL_SCALE[0], float(demand.lookahead) / past.day_before_now))
-    beyond = f"held at the window's end rate {edge:.0f}/h"
+    beyond = f"held at the window's end rate {edge:.0f}/h" + (" (its last timed 20m)" if end_rate is not None else "")
+    beyond_rates: list[float] = []  # proofs/h of each slot past the window (the profile)
     for k in range(slots):
         share = partial[k]
         inside = line[k] * scale * hours * share if held > 0 else (coming * hours * share)
@@ -112,13 +127,63 @@ def forecast(obs: Observation, config: Config, past: DemandPast, slots: int, slo
             later = day / (window / 3600) * day_scale
             beyond = f"a day ago at the same time, × {day_scale:.2f} for today's level"
         arrivals.append(inside + later * hours * (1 - share))
+        beyond_rates.append(later)
+    if demand.arrivals:  # the source times its look-ahead (an empty list times nothing)
+        arrivals = timed(demand.arrivals, float(demand.lookahead), beyond_rates, slot_s, window)
     arrived = _arrived_within(past, arrivals, slots, slot_s, window)
     age = _age(backlog, earlier if earlier else coming)
     if arrived and backlog > 0:
         age = _age_from(arrived, backlog, slot_s, earlier if earlier else coming)
     router = obs.router.oldest_held_s if obs.router.fresh else None
     return Forecast(arrivals=tuple(arrivals), backlog=backlog, backlog_age_s=max(age, router or 0.0),
-                    past_rate=earlier, coming_rate=coming, beyond=beyond, arrived_within=arrived)
+                    past_rate=earlier, coming_rate=coming, beyond=beyond, arrived_within=arrived,
+                    timed=bool(demand.arrivals))
+
+
+def timed(buckets: tuple[int, ...], lookahead: float, beyond_rates: list[float], slot_s: float,
+          window: float) -> list[float]:
+    """The proofs of each slot from the source's arrival buckets (module docstring): exact within the window,
+    at least the profile's (`beyond_rates`, proofs/h) past it, the look-ahead no bucket times at the window's end."""
+    width = float(ARRIVAL_BUCKET_S)
+    reach = len(buckets) * width
+    exact_end = min(window, reach)
+    untimed = max(0.0, lookahead - sum(buckets))
+    untimed_from = max(0.0, min(reach, window - width))  # the window's end, or its part no bucket covers (as above)
+    arrivals = []
+    for k, rate in enumerate(beyond_rates):
+        start, end = k * slot_s, (k + 1) * slot_s
+        count = 0.0
+        floor = 0.0  # what buckets past the window know for this slot: sectors precommitted so far
+        for i, n in enumerate(buckets):
+            count += n * _overlap(start, end, i * width, min((i + 1) * width, exact_end)) / width
+            floor += n * _overlap(start, end, max(i * width, window), (i + 1) * width) / width
+        if window > untimed_from:
+            count += untimed * _overlap(start, end, untimed_from, window) / (window - untimed_from)
+        profile = rate / 3600
+        count += max(floor, profile * _overlap(start, end, window, max(window, reach)))
+        count += profile * _overlap(start, end, max(window, reach), end)
+        arrivals.append(count)
+    return arrivals
+
+
+def _timed_end_rate(buckets: tuple[int, ...], lookahead: float, window: float) -> float | None:
+    """Proofs/h of the window's last END_S as timed() lays them out (the buckets in it, the untimed at the window's
+    end): the level held past it, counted where the line's end extrapolates. None when no bucket reaches into it."""
+    width = float(ARRIVAL_BUCKET_S)
+    reach = len(buckets) * width
+    start = max(0.0, window - END_S)
+    if not buckets or reach <= start:
+        return None
+    untimed_from = max(0.0, min(reach, window - width))
+    count = sum(n * _overlap(start, window, i * width, min((i + 1) * width, window)) / width for i, n in enumerate(buckets))
+    if window > untimed_from:
+        count += max(0.0, lookahead - sum(buckets)) * _overlap(start, window, untimed_from, window) / (window - untimed_from)
+    return count / ((window - start) / 3600)
+
+
+def _overlap(start: float, end: float, low: float, high: float) -> float:
+    """Seconds of [start, end) within [low, high)."""
+    return max(0.0, min(end, high) - max(start, low))
 
 
 def _arrived_within(past: DemandPast, arrivals: list[float], slots: int, slot_s: float,
