@@ -13,7 +13,7 @@ import re
 import signal
 
 import pytest
-from helpers.route_processes import GoClient, RouteHost, assert_every_call_got_its_proof
+from helpers.route_processes import ROUTER_EXIT_S, GoClient, RouteHost, assert_every_call_got_its_proof
 from helpers.serving import wait_for
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
@@ -65,7 +65,7 @@ def test_a_router_handed_over_lets_the_next_serve_new_calls_while_it_finishes_a_
         wait_for(lambda: long_call.proc.poll() is not None, "the long call answered by the router it was on")
         assert long_call.proc.returncode == 0, long_call.err.read_text()
         assert_every_call_got_its_proof(long_call.results())
-        assert first.wait(timeout=30) == 0
+        assert first.wait(timeout=ROUTER_EXIT_S) == 0
         assert "route.drain_timeout passed" not in first.log()
         os.kill(successor, 0)  # the next router serves on
     finally:

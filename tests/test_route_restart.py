@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.route_processes import GoClient, RouteHost, assert_every_call_got_its_proof, socket_activated
+from helpers.route_processes import ROUTER_EXIT_S, GoClient, RouteHost, assert_every_call_got_its_proof, socket_activated
 from helpers.serving import wait_for
 
 pytestmark = pytest.mark.slow  # router processes, servers on loopback, a Go program
@@ -52,7 +52,7 @@ def test_calls_on_provers_at_sigterm_are_answered_and_calls_after_it_wait_for_th
         wait_for(lambda: "stopping: taking no new calls; 1 held, 2 on provers" in first.log(), "the router stops")
         assert first.proc.poll() is None  # it waits for the calls it took
         daemon.hold.set()  # the two proofs come back during the drain; the held call takes a slot freed
-        assert first.wait(timeout=30) == 0
+        assert first.wait(timeout=ROUTER_EXIT_S) == 0
         assert "route.drain_timeout passed" not in first.log() and first.log().endswith("stopped\n")
         firsts = sorted(f"curio-{w}-0" for w in range(3))
         assert sorted(daemon.received) == firsts  # each worker's second call went to a new connection: not here
@@ -80,7 +80,7 @@ def test_restarts_under_a_3_worker_curio_load_fail_no_call_and_every_completed_r
             done = len(curio.wait_for_results((restart + 1) * LOAD_CALLS, f"{LOAD_CALLS} calls answered"))
             wait_for(lambda: any(daemon.in_progress for daemon in daemons), "a call on a prover")
             router.terminate()  # mid-load: calls on provers, calls on their way
-            assert router.wait(timeout=30) == 0
+            assert router.wait(timeout=ROUTER_EXIT_S) == 0
             assert "route.drain_timeout passed" not in router.log()
             router = host.start_router()
             curio.wait_for_results(done + LOAD_CALLS, f"{LOAD_CALLS} calls answered by the next router")

@@ -196,10 +196,10 @@ def test_serve_raises_a_low_soft_file_limit_to_fit_its_connections(tmp_path):
                             env=m.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=limited_files(256, 4096))
     try:
-        line = proc.stderr.readline()
-        while line and "serving on" not in line:
-            line = proc.stderr.readline()
-        assert "serving on" in line
+        said = [proc.stderr.readline()]
+        while said[-1] and "serving on" not in said[-1]:
+            said.append(proc.stderr.readline())
+        assert "serving on" in said[-1], (proc.poll(), "".join(said))  # what serve said before it exited
         soft = next(row.split()[3] for row in open(f"/proc/{proc.pid}/limits") if row.startswith("Max open files"))
         assert int(soft) == 664
     finally:

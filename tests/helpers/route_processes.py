@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GO_CLIENT = ROOT / "tests" / "go_curio_client" / "main.go"
 PROTO = ROOT / "vastctl" / "route" / "proving.proto"
 DEBIAN_GOCODE = "/usr/share/gocode"  # golang-google-grpc-dev and golang-goprotobuf-dev's sources
+# how long a router given SIGTERM may take to exit by its own bounds: route.drain_timeout (10 s here), the
+# refusals' margin (cli/route.DRAIN_MARGIN_S), the acceptor's join (5 s) and the call writer's (30 s), with slack
+ROUTER_EXIT_S = 60.0
 SLOTS = 2  # launch.bench_concurrency: what the router lets each prover hold
 
 def socket_activated(fd: int, command: list[str]) -> list[str]:
