@@ -126,6 +126,7 @@ class Machine:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=10)
+        kill_naming(str(self._link_dir))  # `ssh -f` daemonizes into a session of its own: killpg misses it
         shutil.rmtree(self._link_dir, ignore_errors=True)  # the link only: the sandbox stays in tmp_path
 
     def current(self) -> dict:
@@ -152,3 +153,19 @@ class Machine:
                 return True
         except OSError:
             return False
+
+
+def kill_naming(path: str) -> None:
+    """SIGKILL every process whose command line names `path` (this machine's sandbox): what left its group."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(path.encode() in arg for arg in args):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
