@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from helpers.fake_vast import KEY, FakeVast
-from helpers.serving import ADMIN_TOKEN, Manager, free_port, run_vastctl
+from helpers.serving import ADMIN_TOKEN, Manager, free_port, free_port_block, run_vastctl
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -38,14 +38,20 @@ TIME_SCALE = "1000"
 def start_manager(tmp_path, launch: str = "") -> Manager:
     """serve with the gate, short boot-script intervals and the bench the script runs; `launch` adds launch keys."""
     m = Manager(tmp_path / "manager")
-    port = free_port()
     launch_env = {"VASTCTL_HEARTBEAT_S": "0.3", "VASTCTL_CUZK_WAIT_S": "60", "VASTCTL_RETRY_FOR": "10s"}
-    m.config_path.write_text(
-        f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
-        f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"
-        "launch:\n  vastctl_source: vastctl==0.1.0\n  install: 'true'\n  bench_count: 4\n  bench_concurrency: 2\n"
-        f"  env: {json.dumps(launch_env)}\n{launch}")
-    return m.start(port)
+    for attempt in range(5):  # its URL names its port before it listens: a port another test took meanwhile
+        port = free_port_block(1)  # below the ephemeral range, so no test's outgoing connection holds it
+        m.config_path.write_text(
+            f"server:\n  url: http://127.0.0.1:{port}\n  admin_token: {ADMIN_TOKEN}\n"
+            f"fleet:\n  min_bench_rate: {GATE}\n  max_dph: 1.0\n"
+            "launch:\n  vastctl_source: vastctl==0.1.0\n  install: 'true'\n  bench_count: 4\n  bench_concurrency: 2\n"
+            f"  env: {json.dumps(launch_env)}\n{launch}")
+        try:
+            return m.start(port)
+        except AssertionError as exc:
+            if "already in use" not in str(exc) or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture
