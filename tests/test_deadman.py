@@ -21,7 +21,7 @@ import pytest
 import requests
 import responses
 from helpers.boot import Machine
-from helpers.serving import free_port, run_vastctl
+from helpers.serving import free_port, run_vastctl, wait_for
 
 from vastctl import config as config_module
 from vastctl.clock import VirtualClock
@@ -427,9 +427,8 @@ def test_a_loader_whose_manager_answers_5xx_keeps_asking_and_destroys_nothing(tm
         return len(arrived) >= 5 and arrived[-1] - arrived[0] >= 3 * orphan_after
 
     try:  # however slow the host, until the loader heard 5xx for three times orphan_after, or it exited
-        deadline = time.monotonic() + 240  # only stops a hung test
-        while not answered_5xx_for_three_orphan_afters() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: answered_5xx_for_three_orphan_afters() or proc.poll() is not None,
+                 "5xx answers for three times orphan_after", timeout=240)  # the timeout only stops a hung test
         still_asking = proc.poll() is None
     finally:
         if proc.poll() is None:
