@@ -1,7 +1,16 @@
 """The control loop over simulated days: the rules policy beside a static fleet and the lower bound.
 
 `--fleets rules plan` adds the planning policy (agent.policy plan, vastctl/agent/plan.py) on the rules' fleet,
-reported in the same columns (bench/README.md "The planning policy").
+reported in the same columns (bench/README.md "The planning policy"), and beside its cost the error of its own
+forecast (bench/forecast_error.py): each hour of the plan's day, the proofs vastctl/agent/plan_forecast.py
+forecast for the next hour and for the hour after (60-120 min ahead, past the look-ahead: the profile) against
+the proofs that came in it. Per seed: the mean |forecast − arrived| per hour (proofs, and % of the hours'
+arrivals), the bias over the day (Σ forecast − arrived, % of arrived), the worst hour (signed, and the hour of
+the run it covers); for the next hour also the error of the part the source times exactly (its arrival
+buckets within demand.lookahead_window, over the hours the demand was known). The summary shows the mean
+|err|/h over the seeds ("abs err" in the headers, whose tables are Markdown). The demand reports, hence the
+forecast, are the same whatever the fleet does, so it is measured on the plan's day only (one observe a
+simulated hour).
 
 For each seed and each failure level (low, default, high), one `vastctl demo`
 day (vastctl/demo/: the same demand curve, market and cron cadence) with
@@ -36,6 +45,7 @@ Rerun:
     python bench/control_loop.py --set agent.headroom=0.1 --set fleet.min_inet_down_mbps=1000
     python bench/control_loop.py --fleets rules --set launch.rental=mixed
     python bench/control_loop.py --seeds 1 2 3 --levels default --fleets rules plan   # the planning policy
+    python bench/control_loop.py --seeds 11 12 13 14 15 16 --levels default --fleets plan   # and its forecast's error
     python bench/cost_ledger.py                        # where the rules fleet's money goes above the bound
 """
 
@@ -47,6 +57,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from forecast_error import DayErrors, Errors, ForecastLog
 
 from vastctl.config import Config, from_mapping
 from vastctl.demo import day, figures, setting
@@ -75,12 +87,52 @@ FLEETS = (*setting.FLEETS, "plan")  # plan: the rules' fleet run by the planning
 
 
 def one_day(seed: int, level: str, fleet: str, hours: float, configure) -> dict:
+    """One simulated day's figures; the plan's also its forecast's error (bench/forecast_error.py: the demand
+    reports, hence the forecast, are the same whatever the fleet does, so it is measured on the plan's day only)."""
     with tempfile.TemporaryDirectory(prefix="vastctl-bench-") as scratch:
         policy = "plan" if fleet == "plan" else "rules"
         options = setting.DemoOptions(hours=hours, seed=seed, failures=level, fleet="rules" if fleet == "plan" else fleet,
                                       policy=policy)
-        result = day.run(options, Path(scratch), configure=configure)
-        return {**result.figures, "latencies": result.latencies}
+        if fleet != "plan":
+            result = day.run(options, Path(scratch), configure=configure)
+            return {**result.figures, "latencies": result.latencies, "forecast": None}
+        log = ForecastLog()
+        result = day.run(options, Path(scratch), configure=log.configure(configure), progress=log.minute)
+        errors = log.finish([sample.arrival for sample in result.samples])
+        return {**result.figures, "latencies": result.latencies, "forecast": errors}
+
+
+FORECAST_SUMMARY = "forecast abs err/h: next hour / 60–120 min"
+# no `|` in a header: the tables are Markdown's
+FORECAST_COLUMNS = ("forecast abs err/h (next hour)", "bias / worst (next hour)", "its timed part: abs err/h, hours",
+                    "forecast abs err/h (60–120 min)", "bias / worst (60–120 min)")
+
+
+def forecast_columns(errors: DayErrors | None) -> dict[str, str]:
+    """The per-seed columns of the plan's forecast error (bench/forecast_error.py), "-" for the other fleets."""
+    if errors is None:
+        return dict.fromkeys(FORECAST_COLUMNS, "-")
+
+    def cells(part: Errors | None) -> list[str]:
+        return [part.mean(), part.bias_and_worst()] if part is not None else ["-", "-"]
+
+    timed = f"{errors.timed.mean()}, {errors.timed.hours} h" if errors.timed is not None else "-"
+    return dict(zip(FORECAST_COLUMNS, [*cells(errors.next_hour), timed, *cells(errors.after)]))
+
+
+def forecast_mean(runs: list[dict]) -> str:
+    """The summary's cell: the mean over the days of |err|/h (and its %), next hour / 60–120 min."""
+    cells = []
+    for name in ("next_hour", "after"):
+        parts = [getattr(r["forecast"], name) for r in runs if r.get("forecast") is not None]
+        parts = [part for part in parts if part is not None]
+        pcts = [part.mean_abs_pct for part in parts if part.mean_abs_pct is not None]
+        if not parts:
+            cells.append("-")
+            continue
+        pct = f" ({sum(pcts) / len(pcts):.1f}%)" if pcts else ""
+        cells.append(f"{sum(p.mean_abs for p in parts) / len(parts):.1f}{pct}")
+    return " / ".join(cells)
 
 
 def summarise(runs: list[dict], fleet: str) -> dict:
@@ -157,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = []
     seeds = []
+    with_forecast = "plan" in args.fleets
     for level in args.levels:
         by_fleet = {fleet: [one_day(seed, level, fleet, args.hours, configure) for seed in args.seeds]
                     for fleet in args.fleets}
@@ -164,16 +217,19 @@ def main(argv: list[str] | None = None) -> int:
                    "done ≤ max_wait": f"{r['proofs_within_max_wait'] * 100:.2f}%",
                    "cost/1000 proofs": f"${r['cost_per_1000_proofs']:.2f}",
                    "× lower bound": r["cost_ratio_to_lower_bound"], "× any host": r["cost_ratio_to_any_host_bound"],
-                   "× bid-aware": r["cost_ratio_to_interruptible_bound"]}
+                   "× bid-aware": r["cost_ratio_to_interruptible_bound"],
+                   **(forecast_columns(r["forecast"]) if with_forecast else {})}
                   for fleet, runs in by_fleet.items() for r in runs]
         for fleet, runs in by_fleet.items():
-            rows.append({"failures": level, **summarise(runs, fleet)})
+            rows.append({"failures": level, **summarise(runs, fleet),
+                         **({FORECAST_SUMMARY: forecast_mean(runs) if fleet == "plan" else "-"} if with_forecast else {})})
             if fleet == "rules":
                 faults = {kind for r in runs for kind, n in r["faults"].items() if n}
                 missing = sorted(set(runs[0]["faults"]) - faults)
                 if missing:
                     print(f"{level}: fault kinds that never happened: {', '.join(missing)}", file=sys.stderr)
-        rows.extend({"failures": level, **row} for row in lower_bound_rows(next(iter(by_fleet.values()))))
+        rows.extend({"failures": level, **row, **({FORECAST_SUMMARY: "-"} if with_forecast else {})}
+                    for row in lower_bound_rows(next(iter(by_fleet.values()))))
     print(f"control loop: {args.hours:g} simulated hours, seeds {' '.join(map(str, args.seeds))}"
           + (f", with {' '.join(args.settings)}" if args.settings else ""))
     print(tabulate(rows, headers="keys", tablefmt="github"))
