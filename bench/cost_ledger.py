@@ -216,7 +216,7 @@ class Ledger:
         return out
 
 
-def one_day(seed: int, level: str, hours: float, configure) -> tuple[Ledger, dict[str, Any]]:
+def one_day(seed: int, level: str, hours: float, configure, policy: str = "rules") -> tuple[Ledger, dict[str, Any]]:
     box: dict[str, Config] = {}
 
     def keep(config: Config) -> None:
@@ -226,7 +226,7 @@ def one_day(seed: int, level: str, hours: float, configure) -> tuple[Ledger, dic
 
     with tempfile.TemporaryDirectory(prefix="vastctl-ledger-") as scratch:
         ledger = Ledger(Path(scratch) / "demo.db", seed, box, setting.DemandCurve(seed))
-        result = day.run(setting.DemoOptions(hours=hours, seed=seed, failures=level), Path(scratch),
+        result = day.run(setting.DemoOptions(hours=hours, seed=seed, failures=level, policy=policy), Path(scratch),
                           configure=keep, progress=ledger.minute)
         ledger.finish()
     return ledger, result.figures
@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 9])
     parser.add_argument("--level", default="default", choices=setting.FAILURE_LEVELS)
     parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--policy", default="rules", choices=("rules", "plan"),
+                        help="the policy whose fleet is booked (the wanted rows are the rules' sizing either way)")
     parser.add_argument("--hourly", action="store_true", help="also one row per simulated hour of each day")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         help="a config override for every run, e.g. agent.scale_down_after=10m")
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     configure = overrides(args.settings) if args.settings else None
     books = []
     for seed in args.seeds:
-        ledger, figures = one_day(seed, args.level, args.hours, configure)
+        ledger, figures = one_day(seed, args.level, args.hours, configure, args.policy)
         book = ledger.totals()
         books.append((book, figures))
         booked = sum(book.values())
