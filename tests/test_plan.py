@@ -250,3 +250,22 @@ def test_make_before_break_a_boot_on_its_way_does_not_release_a_running_machine_
     assert plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100)) == []
     monkeypatch.setattr(plan, "MAKE_BEFORE_BREAK_SLOTS", 0)  # the program alone would break before making
     assert kinds(plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100))) == [("stop", "vastctl-a")]
+
+
+def benchmarking(label, minutes):
+    machine = m(label, state="params_done")
+    machine["state_since"] = (NOW - timedelta(minutes=minutes)).isoformat()
+    return machine
+
+
+def test_a_benchmark_past_its_time_is_released_even_while_the_plan_rents_for_a_peak():
+    """A benchmark 26 min in is not counted and could not pass the gate: it goes in the step that rents around it
+    (the rules keep one while the fleet is short); one 20 min in is still on its way."""
+    obs = observation([m("vastctl-a"), benchmarking("vastctl-stuck", 26), benchmarking("vastctl-slowish", 20)],
+                      demand(150, 300))
+    decision = plan.decide(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=300))
+    destroyed = [a for a in decision.actions if a.kind == "destroy"]
+    assert [a.label for a in destroyed] == ["vastctl-stuck"]
+    assert "benchmarking for 26m" in destroyed[0].reason and "would not pass the gate" in destroyed[0].reason
+    assert any(a.kind == "launch" for a in decision.actions)
+    assert rules._release_late_benchmarks(obs, HOUR_AHEAD, 5) == []  # the rules' own keeps it: the fleet is short

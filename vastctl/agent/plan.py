@@ -25,7 +25,8 @@ What holds, whatever the program says: demand unknown or stale is planned on the
 calls the proof router holds), releasing nothing; never known at all, it is the rules' (sized to the ceiling);
 no release takes the last running machine while work is queued, in flight or held at the proof router;
 agent.min_machines is kept (the rules' floor); housekeeping is the rules' (a stopped machine resumed once is
-destroyed, one whose storage billed a fresh boot is retired, outbid machines are waited for, rebid or released).
+destroyed, one whose storage billed a fresh boot is retired, outbid machines are waited for, rebid or released),
+but a benchmark past LATE_BENCH_S is released whatever else the step does (the rules keep one while the fleet is short).
 Every action goes through the guard like the rules'; each carries its reason in the plan's figures.
 """
 
@@ -39,7 +40,7 @@ from typing import Sequence
 from vastctl import guard
 from vastctl.agent import plan_lp, rules
 from vastctl.agent.plan_forecast import DemandPast, Forecast, forecast
-from vastctl.agent.sizing import ceiling, has_work, on_its_way, resumable, vast_dead
+from vastctl.agent.sizing import ceiling, has_work, late, on_its_way, resumable, vast_dead
 from vastctl.agent.valuation import BOOT_HOURS, launch_price, launch_terms, per_proof, rank_offers
 from vastctl.config import Config
 from vastctl.guard import Action, Kind
@@ -101,13 +102,27 @@ def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past:
     if not known:
         old = (obs.demand.age_s or 0.0) / 60
         summary = f"demand unknown, held to its newest good sample ({old:.0f}m old), nothing released; {summary}"
+    if known:
+        actions.extend(_release_late_benchmarks(obs, budget - len(actions), touched))
     started = _starts(obs, config, setup, solution, summary, budget - len(actions))
     actions.extend(started)
     if not started and known:  # never release and rent in one step, nor on no evidence
-        actions.extend(rules._release_late_benchmarks(obs, config, budget - len(actions)))
         actions.extend(_releases(obs, config, setup, solution, summary, budget - len(actions), touched))
     actions = rules._keep_floor(obs, config, offers, actions, budget)
     return Decision(actions, None if actions else _hold(setup, solution, summary))
+
+
+def _release_late_benchmarks(obs: Observation, budget: int, touched: set[str | None]) -> list[Action]:
+    """Destroy every benchmark past LATE_BENCH_S, whatever else the step does: the plan does not count it (it
+    plans around it), and five cold proofs that take that long come from a host the gate would refuse, so it would
+    only bill until reconcile's timeouts.params_done (90 min). The rules keep one while the fleet needs it."""
+    late_ones = [m for m in obs.machines if late(m, obs.now) and m.get("vast_id") is not None and not vast_dead(m)
+                 and m["uuid"] not in touched]
+    return [Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                   reason=(f"benchmarking for {rules.in_state_for(machine, obs.now) / 60:.0f}m (a healthy benchmark takes"
+                           f" 10-16m; past {rules.LATE_BENCH_S // 60}m it is likely stuck, and a benchmark that slow"
+                           " would not pass the gate): released, the plan does not count it"))
+            for machine in late_ones[:max(0, budget)]]
 
 
 def _held_to_last(obs: Observation) -> Observation | None:
