@@ -14,6 +14,7 @@ from vastctl import clock
 from vastctl import config as config_module
 from vastctl.agent import plan, rules, step
 from vastctl.agent.plan_forecast import DemandPast, forecast
+from vastctl.agent.plan_odds import PRIOR_BOOTS, PRIOR_OK, WINDOW, BootOdds, read_boot_odds
 from vastctl.errors import BadInput
 from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
@@ -269,3 +270,65 @@ def test_a_benchmark_past_its_time_is_released_even_while_the_plan_rents_for_a_p
     assert "benchmarking for 26m" in destroyed[0].reason and "would not pass the gate" in destroyed[0].reason
     assert any(a.kind == "launch" for a in decision.actions)
     assert rules._release_late_benchmarks(obs, HOUR_AHEAD, 5) == []  # the rules' own keeps it: the fleet is short
+
+
+# --- how often boots come up (agent/plan_odds.py) ------------------------------------------------------------
+
+ODDS_CONFIG = config_module.from_mapping({"agent": {"max_actions_per_step": 8}, "demand": {"lookahead_window": "1h"}})
+
+
+
+def at(minutes_ago: float | None) -> str | None:
+    return None if minutes_ago is None else clock.to_iso(NOW - timedelta(minutes=minutes_ago))
+
+
+def row(conn, label, created, resumed=None, killed=None, beat=None, state="killed"):
+    conn.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, resumed_at, killed_at,"
+                 " last_heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 (f"u-{label}", label, state, at(created), at(created), at(resumed), at(killed), at(beat)))
+
+
+def test_boots_are_counted_by_how_they_ended_within_the_window(conn):
+    row(conn, "proved", created=120, beat=5, state="running")  # a fresh boot that heartbeats: came up
+    row(conn, "stuck", created=90, killed=60)  # killed before any heartbeat: failed
+    row(conn, "booting", created=10, state="registered")  # still booting: not counted yet
+    row(conn, "resumed-ok", created=300, resumed=50, beat=20, state="running")  # its fresh boot came up, so did the resume
+    row(conn, "resumed-taken", created=200, resumed=40, killed=34, beat=100)  # beat before the resume only: failed
+    row(conn, "old", created=WINDOW.total_seconds() / 60 + 30, killed=WINDOW.total_seconds() / 60)  # begun before it
+    odds = read_boot_odds(conn, NOW)
+    assert odds == BootOdds(fresh_ok=3, fresh_failed=1, resume_ok=1, resume_failed=1)
+    assert odds.fresh == pytest.approx((3 + PRIOR_OK) / (4 + PRIOR_BOOTS))
+    assert odds.resume == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_BOOTS))
+    assert "boots came up 3 of 4 fresh, 1 of 2 resumed in 6h" in odds.words()
+
+
+def test_with_no_boots_yet_the_prior_is_counted(conn):
+    assert read_boot_odds(conn, NOW) == BootOdds()
+    assert BootOdds().fresh == pytest.approx(PRIOR_OK / PRIOR_BOOTS)
+
+
+FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5)
+
+
+def test_where_boots_fail_a_peak_rents_more_machines_than_where_they_come_up():
+    """The same peak: counted at ~0.5 of their rates, boots are rented for more of it, and the reason says why."""
+    obs = observation([m("vastctl-a")], demand(150, 300))
+    market = [*MARKET, *(offer(i, dph=0.5 + 0.01 * i) for i in range(3, 10))]
+    usual = [a for a in plan.plan(obs, ODDS_CONFIG, market, DemandPast(last_window=300), BootOdds(fresh_ok=50))
+             if a.kind == "launch"]
+    failing = [a for a in plan.plan(obs, ODDS_CONFIG, market, DemandPast(last_window=300), FAILING) if a.kind == "launch"]
+    assert len(failing) > len(usual) >= 1
+    assert "boots came up 4 of 12 fresh" in failing[0].reason
+
+
+def test_a_boot_on_its_way_counts_at_its_odds():
+    """60/h running and 60/h booting for 115/h coming: enough where boots come up, not where most fail."""
+    booting = m("vastctl-b", state="registered")
+    booting["state_since"] = clock.to_iso(NOW - timedelta(minutes=5))
+    obs = observation([m("vastctl-a"), booting], demand(20, 115))
+    came_up = plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), BootOdds(fresh_ok=50))
+    failing = plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), FAILING)
+    assert not [a for a in came_up.actions if a.kind == "launch"]
+    assert [a for a in failing.actions if a.kind == "launch"]
+
+

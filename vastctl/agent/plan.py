@@ -4,8 +4,9 @@ Where the rules size the fleet to the coming hour's work (agent/rules.py), this 
 HORIZON_SLOTS slots of SLOT_S (2.5 h) with a linear program (agent/plan_lp.py) over the forecast arrivals
 (agent/plan_forecast.py: the look-ahead count, then a day-old profile or the level held) and every source of
 capacity at its own price: the machines running (at the price they were rented at), booting, stopped
-(a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price). A proof may wait up to agent.max_wait
-less PLAN_MARGIN_S. Its freedoms, the lower bound's (vastctl/bound.py):
+(a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price), each boot counted at the share of
+recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner). A proof may wait
+up to agent.max_wait less PLAN_MARGIN_S. Its freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off
   wait      a peak of minutes is worked off by the queue, not by a machine rented for it
@@ -40,6 +41,7 @@ from typing import Sequence
 from vastctl import guard
 from vastctl.agent import plan_lp, rules
 from vastctl.agent.plan_forecast import DemandPast, Forecast, forecast
+from vastctl.agent.plan_odds import BootOdds
 from vastctl.agent.sizing import LATE_BENCH_S, ceiling, has_work, in_state_for, late, on_its_way, resumable, vast_dead
 from vastctl.agent.valuation import BOOT_HOURS, launch_price, launch_terms, per_proof, rank_offers
 from vastctl.config import Config
@@ -77,12 +79,14 @@ def needs_offers(obs: Observation, config: Config) -> bool:
     return (obs.demand.known and obs.demand.work > 0) or rules.needs_offers(obs, config)
 
 
-def plan(obs: Observation, config: Config, offers: Sequence[Offer] = (), past: DemandPast = DemandPast()) -> list[Action]:
-    """What the planning policy does now. Pure: same observation, offers and past, same actions."""
-    return decide(obs, config, offers, past).actions
+def plan(obs: Observation, config: Config, offers: Sequence[Offer] = (), past: DemandPast = DemandPast(),
+         odds: BootOdds = BootOdds()) -> list[Action]:
+    """What the planning policy does now. Pure: same observation, offers, past and odds, same actions."""
+    return decide(obs, config, offers, past, odds).actions
 
 
-def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past: DemandPast = DemandPast()) -> Decision:
+def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past: DemandPast = DemandPast(),
+           odds: BootOdds = BootOdds()) -> Decision:
     """The actions of this step, and why it holds when there are none."""
     known = obs.demand.known
     if not known:  # never shrink on no evidence: planned on the newest good sample, releasing nothing
@@ -96,7 +100,7 @@ def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past:
     budget = config.agent.max_actions_per_step
     actions = _housekeeping(obs, config, budget)
     touched = {a.uuid for a in actions}
-    setup = _setup(obs, config, offers, past, touched)
+    setup = _setup(obs, config, offers, past, touched, odds)
     solution = plan_lp.solve(setup.problem)
     summary = _summary(setup, solution, config)
     if not known:
@@ -146,6 +150,7 @@ class _Setup:
     offers: dict[str, tuple[Offer, float]]  # by source key: the offer and its expected rate
     best_per_proof: float  # $ per proof of the cheapest offer (inf without one)
     wait_s: float  # a proof is planned done within this of arriving
+    odds: BootOdds  # how much of a boot's rate is counted on (agent/plan_odds.py)
 
 
 def _housekeeping(obs: Observation, config: Config, budget: int) -> list[Action]:
@@ -165,7 +170,8 @@ def _price(machine: Machine) -> float:
     return float(bid) if bid is not None else float(machine.get("dph") or 0.0)
 
 
-def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: DemandPast, touched: set[str | None]) -> _Setup:
+def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: DemandPast, touched: set[str | None],
+           odds: BootOdds = BootOdds()) -> _Setup:
     ahead = forecast(obs, config, past, HORIZON_SLOTS, SLOT_S)
     wait_s = max(SLOT_S, config.agent.max_wait - PLAN_MARGIN_S)
     ranked = rank_offers(offers, obs, config)[:OFFERS_PLANNED]
@@ -179,7 +185,8 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
             sources.append(plan_lp.Source(key=m["uuid"], kind="running", rate=m["expected_rate"], price=_price(m),
                                           first_slot=0))
         elif on_its_way(m, obs.now):
-            sources.append(plan_lp.Source(key=m["uuid"], kind="booting", rate=m["expected_rate"], price=_price(m),
+            share = odds.resume if m.get("resumes") else odds.fresh
+            sources.append(plan_lp.Source(key=m["uuid"], kind="booting", rate=m["expected_rate"] * share, price=_price(m),
                                           first_slot=BOOTING_FIRST_SLOT.get(State(m["state"]), FRESH_FIRST_SLOT)))
         else:
             continue
@@ -191,19 +198,20 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
         if per_proof(m) > config.agent.replace_factor * best:
             continue  # running, it would be replaced by that offer: the rules pass it over too
         machines[m["uuid"]] = m
-        sources.append(plan_lp.Source(key=m["uuid"], kind="stopped", rate=m["expected_rate"], price=_price(m),
+        sources.append(plan_lp.Source(key=m["uuid"], kind="stopped", rate=m["expected_rate"] * odds.resume, price=_price(m),
                                       first_slot=RESUME_FIRST_SLOT, start_cost=_price(m) * RESUME_BILLED_H))
     by_key: dict[str, tuple[Offer, float]] = {}
     for offer, rate in ranked:
         key = f"offer:{offer.id}"
         price = launch_price(offer, obs, config)
         by_key[key] = (offer, rate)
-        sources.append(plan_lp.Source(key=key, kind="offer", rate=rate, price=price, first_slot=FRESH_FIRST_SLOT,
+        sources.append(plan_lp.Source(key=key, kind="offer", rate=rate * odds.fresh, price=price, first_slot=FRESH_FIRST_SLOT,
                                       start_cost=price * FRESH_START_H))
     problem = plan_lp.Problem(slot_s=SLOT_S, arrivals=ahead.arrivals, backlog=ahead.backlog,
                               due=_due(ahead, wait_s), sources=sources, ceiling=ceiling(obs, config),
                               late_cost=LATE_COST)
-    return _Setup(problem=problem, forecast=ahead, machines=machines, offers=by_key, best_per_proof=best, wait_s=wait_s)
+    return _Setup(problem=problem, forecast=ahead, machines=machines, offers=by_key, best_per_proof=best, wait_s=wait_s,
+                  odds=odds)
 
 
 def _due(ahead: Forecast, wait_s: float) -> list[float]:
@@ -249,7 +257,8 @@ def _summary(setup: _Setup, solution: plan_lp.Solution, config: Config) -> str:
     timed = " as the source times it" if ahead.timed else ""
     return (f"plan {HORIZON_SLOTS * SLOT_S / 3600:g}h: {ahead.backlog:.0f} waiting (oldest ~{ahead.backlog_age_s / 60:.0f}m),"
             f" {ahead.coming_rate:.0f}/h coming over {window:g}m{past}{timed}, beyond it {ahead.beyond};"
-            f" each proof done within {setup.wait_s / 60:.0f}m of arriving at ${solution.cost:.2f}{late}")
+            f" each proof done within {setup.wait_s / 60:.0f}m of arriving at ${solution.cost:.2f}{late}"
+            f" ({setup.odds.words()})")
 
 
 def _first_share(setup: _Setup, solution: plan_lp.Solution, key: str) -> float:
@@ -282,7 +291,7 @@ def _starts(obs: Observation, config: Config, setup: _Setup, solution: plan_lp.S
                 continue
             actions.append(Action(kind=Kind.START, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                                   dph=machine.get("dph"),
-                                  reason=(f"{need}; resume {machine['label']} ({source.rate:g} proofs/h at"
+                                  reason=(f"{need}; resume {machine['label']} ({machine['expected_rate']:g} proofs/h at"
                                           f" ${source.price:g}/h, {shares[source.key]:.2f} of it planned): a resume"
                                           f" bills ~{RESUME_BILLED_H * 60:.0f}m before proving, a fresh boot"
                                           f" ~{BOOT_HOURS * 60:.0f}m")))

@@ -352,11 +352,12 @@ def _run_rules(executor: Executor) -> None:
 def _plan_decision(executor: Executor) -> "plan.Decision":
     """What the planning policy decides on this step's observation, its offers and the demand samples: pure,
     nothing applied (the plan policy submits it, the llm policy is shown it)."""
-    from vastctl.agent import plan, plan_forecast
+    from vastctl.agent import plan, plan_forecast, plan_odds
 
     offers = _offers_if_needed(executor, plan.needs_offers(executor.obs, executor.config))
     past = plan_forecast.read_past(executor.conn, executor.config, executor.now, plan.HORIZON_SLOTS, plan.SLOT_S)
-    return plan.decide(executor.obs, executor.config, offers, past)
+    odds = plan_odds.read_boot_odds(executor.conn, executor.now)
+    return plan.decide(executor.obs, executor.config, offers, past, odds)
 
 
 def _run_plan(executor: Executor) -> None:

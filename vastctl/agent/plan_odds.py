@@ -1,0 +1,73 @@
+"""How often a boot here comes up: the planning policy counts a boot's capacity at that share.
+
+A create or a resume may never prove (the container does not start, the parameter fetch stalls, the benchmark
+hangs, a resume finds its GPU taken), and each failure is found only after minutes, when a replacement boots
+from the start. A plan that counts every boot as a whole machine is short exactly when boots fail most, and its
+proofs go late while it replaces them one at a time. So each boot on its way or planned counts at the share of
+recent boots (the last WINDOW) that reached proving, fresh and resumed apart, with a prior of PRIOR_OK of
+PRIOR_BOOTS so a few boots do not swing it.
+
+A boot reached proving when its machine heartbeat since it began (a machine heartbeats only once it proves); it
+failed when the machine was killed first (by reconcile's timeouts, vast's start failure, or the policy giving up
+on a stuck benchmark); one still booting is not counted yet. read_boot_odds() is the only part that reads the
+file: one query over the instances begun within the window.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from vastctl import clock
+
+WINDOW = timedelta(hours=6)  # the boots that tell how this market boots now
+PRIOR_OK, PRIOR_BOOTS = 5.0, 6.0  # five of six boots come up until the file says otherwise
+
+
+@dataclass(frozen=True)
+class BootOdds:
+    """Boots begun within WINDOW that came up or failed, fresh and resumed apart."""
+
+    fresh_ok: int = 0
+    fresh_failed: int = 0
+    resume_ok: int = 0
+    resume_failed: int = 0
+
+    @property
+    def fresh(self) -> float:
+        """The share of a fresh boot's rate the plan counts on."""
+        return _share(self.fresh_ok, self.fresh_failed)
+
+    @property
+    def resume(self) -> float:
+        """The share of a resume's rate the plan counts on."""
+        return _share(self.resume_ok, self.resume_failed)
+
+    def words(self) -> str:
+        """The odds as the plan's reasons say them."""
+        return (f"boots came up {self.fresh_ok} of {self.fresh_ok + self.fresh_failed} fresh,"
+                f" {self.resume_ok} of {self.resume_ok + self.resume_failed} resumed in {WINDOW.total_seconds() / 3600:g}h:"
+                f" counted at {self.fresh:.0%} and {self.resume:.0%} of their rates")
+
+
+def _share(ok: int, failed: int) -> float:
+    return (ok + PRIOR_OK) / (ok + failed + PRIOR_BOOTS)
+
+
+def read_boot_odds(conn: sqlite3.Connection, now: datetime) -> BootOdds:
+    """The boots begun within WINDOW before `now` and how they ended (module docstring)."""
+    since = clock.to_iso(now - WINDOW)
+    counts = {"fresh_ok": 0, "fresh_failed": 0, "resume_ok": 0, "resume_failed": 0}
+    rows = conn.execute("SELECT created_at, resumed_at, killed_at, last_heartbeat_at FROM instances"
+                        " WHERE created_at >= ? OR resumed_at >= ?", (since, since)).fetchall()
+    for created, resumed, killed, beat in rows:
+        for kind, began, ended in (("fresh", created, resumed), ("resume", resumed, None)):
+            if began is None or began < since:
+                continue
+            came_up = beat is not None and beat > began or (ended is not None)  # stopped after proving, resumed
+            if came_up:
+                counts[f"{kind}_ok"] += 1
+            elif killed is not None:
+                counts[f"{kind}_failed"] += 1
+    return BootOdds(**counts)
