@@ -109,6 +109,30 @@ def test_the_program_grows_with_the_horizon_not_its_square(monkeypatch):
     assert eight_cost == pytest.approx(2 * four_cost, rel=0.05)
 
 
+
+def test_rentals_held_longer_only_where_it_pays_give_the_least_cost_of_holding_every_one_as_long_as_it_may(
+        monkeypatch):
+    """The program first holds each rental through the blocks of its own hour, then longer only where its prices
+    say that lowers the cost: on three days of prices swinging daily (a rental bought at a day's low is worth
+    holding through the dearer hours after it) it finds the least cost of the program that holds every rental
+    until its host's next hour as cheap, and it did have to hold some longer."""
+    minutes = 3 * 1440
+    horizon = bound.minutes(minutes, 45 * 60)
+    hosts = [Rentable(key=k, rate=60, storage_dph=0.01, prices=daily(1.0 + k / 10, horizon, k)) for k in range(4)]
+    arrivals = [1.5 + math.sin(minute / 200) for minute in range(minutes)]
+    held_longer = []
+    find_longer = bound._held_longer
+
+    def recording(*args):
+        held_longer.append(find_longer(*args))
+        return held_longer[-1]
+
+    monkeypatch.setattr(bound, "_held_longer", recording)
+    found = bound.least_cost(hosts, arrivals, 45 * 60)
+    assert any(held_longer)
+    monkeypatch.setattr(bound, "replace", lambda cohort, last: cohort)  # every rental held as long as it may be
+    assert found.cost == pytest.approx(bound.least_cost(hosts, arrivals, 45 * 60).cost, abs=1e-6)
+
 # --- rentals by bid: the market's rival bids, known in hindsight ---------------------------------------------
 
 

@@ -31,14 +31,21 @@ A rental is held no longer than until the host's next hour offered as cheap
 the horizon's length. The hosts that cannot lower it are left out, and it is checked that they cannot: a
 left-out host's every hour is dearer per proof than what a proof's capacity is
 worth in any block it could prove in (the program's dual prices); if not, it
-is added and the program solved again.
+is added and the program solved again. Likewise each rental is first held only through the blocks it may take
+any share in, and held longer only where the program's prices say a longer hold would lower the cost
+(_held_longer), then solved again: the same least cost, without the long holds that could not lower it (they
+couple the whole horizon: holding every rental as long as it may be made a week's program ~15 times a day's to
+solve, not 7).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # imported where the program is built: the demo's alone
+    import numpy as np
 
 BLOCK_MIN = 10  # minutes of one block
 BOOT_MIN = 10  # a rental proves no sooner than this after it begins (≥ BLOCK_MIN keeps the model a bound)
@@ -97,17 +104,57 @@ def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s:
         if sum(h.rate for h in chosen) >= 2 * peak + 1e-9 and len(chosen) >= 4:
             break
         chosen.append(host)
+    held = {(host.key, c.hour): min(c.last, c.first + COHORT_BLOCKS) for host in hosts for c in cohorts[host.key]}
     while True:
-        cost, worth = _solve(chosen, cohorts, blocks, may, due)
+        program = {h.key: [replace(c, last=held[h.key, c.hour]) for c in cohorts[h.key]] for h in chosen}
+        try:
+            cost, duals = _solve(chosen, program, blocks, may, due)
+        except ArithmeticError:  # rentals held only through their own hour do not cover every block: hold them all
+            if all(held[h.key, c.hour] == c.last for h in chosen for c in cohorts[h.key]):
+                raise
+            held.update({(h.key, c.hour): c.last for h in chosen for c in cohorts[h.key]})
+            continue
         best = [0.0] * (blocks + 1)  # the most a proof's capacity is worth from block t on
         for t in range(blocks - 1, -1, -1):
-            best[t] = max(worth[t], best[t + 1])
+            best[t] = max(duals.worth[t], best[t + 1])
         inside = {h.key for h in chosen}
         missing = [host for host in ranked if host.key not in inside and any(
             c.price < host.rate * best[c.first] - 1e-9 for c in cohorts[host.key])]
-        if not missing:
+        longer = _held_longer(chosen, cohorts, held, duals, blocks)
+        if not missing and not longer:
             return Bound(cost=cost, proofs=total, hosts_priced=len(chosen))
+        held.update(longer)
         chosen.extend(by_key[host.key] for host in missing)
+
+
+def _held_longer(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], held: dict[tuple[int, int], int],
+                 duals: _Duals, blocks: int) -> dict[tuple[int, int], int]:
+    """The rentals that would lower the cost if held past where the program cut them, and until when.
+
+    A share held one more block, proving, costs its price and takes the host for that block (the host's
+    one-at-a-time row's price) and gives its capacity's worth; stopped, it costs its disk and takes the host,
+    never less than nothing. If no rental's next blocks are worth more than they cost at the program's prices,
+    its least cost is the least with every rental held as long as it may be (its prices stay feasible for the
+    longer program); else those rentals are held through the last block that is, and it is solved again.
+    """
+    import numpy as np
+
+    hours = BLOCK_MIN / 60
+    longer: dict[tuple[int, int], int] = {}
+    for host in hosts:
+        machine = duals.machines[host.machine if host.machine is not None else host.key]
+        rival = None if host.rival is None else np.asarray(host.rival, dtype=float)
+        for cohort in cohorts[host.key]:
+            cut = held[host.key, cohort.hour]
+            if cut >= cohort.last:
+                continue
+            t = np.arange(cut, cohort.last)
+            price = np.full(len(t), cohort.price) if rival is None else np.maximum(cohort.price, rival[t])
+            gain = host.rate * hours * duals.worth[t] - price * hours - duals.held[machine * blocks + t]
+            worth_it = np.nonzero(gain > 1e-9)[0]
+            if len(worth_it):
+                longer[host.key, cohort.hour] = int(t[worth_it[-1]]) + 1
+    return longer
 
 
 @dataclass(frozen=True)
@@ -148,9 +195,18 @@ def _cohorts(host: Rentable, blocks: int) -> list[_Cohort]:
     return cohorts
 
 
+@dataclass(frozen=True)
+class _Duals:
+    """The solved program's prices: of a proof's capacity in each block, and of each host's block (≥ 0)."""
+
+    worth: np.ndarray  # $ per proof of capacity, by block
+    held: np.ndarray  # $ of a whole host for a block, at machines[host] × blocks + block (0: no row)
+    machines: dict[int, int]  # a host (its machine) → its index
+
+
 def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks: int,
-           may: Sequence[float], due: Sequence[float]) -> tuple[float, list[float]]:
-    """Build and solve the program over `hosts`: its cost and each block's price of capacity.
+           may: Sequence[float], due: Sequence[float]) -> tuple[float, _Duals]:
+    """Build and solve the program over `hosts`: its cost and its prices (_Duals).
 
     Its first variables are the proofs done by the end of each block (D_t, between due and may); each
     block's done ones (D_t − D_{t−1}, never negative) are at most the capacity held proving in it. Then, for
@@ -212,5 +268,8 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks:
     result = linprog(cost, A_ub=matrix, b_ub=upper, bounds=limits, method="highs", options={"presolve": False})
     if result.status != 0:
         raise ArithmeticError(f"the lower bound's program has no solution: {result.message}")
-    worth = [max(0.0, -float(result.ineqlin.marginals[first_capacity + t])) for t in range(blocks)]
-    return float(result.fun), worth
+    marginals = np.asarray(result.ineqlin.marginals)
+    held_price = np.zeros(len(machines) * blocks)
+    held_price[machine_blocks] = np.maximum(0.0, -marginals[falling:falling + len(machine_blocks)])
+    worth = np.maximum(0.0, -marginals[first_capacity:first_capacity + blocks])
+    return float(result.fun), _Duals(worth=worth, held=held_price, machines=machines)
