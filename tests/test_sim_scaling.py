@@ -13,7 +13,7 @@ from helpers.sim_markets import QUIET, healthy_offer, make_market
 from vastctl import clock as clocks
 from vastctl import observe
 from vastctl.config import Config
-from vastctl.facts import demand
+from vastctl.facts import deliveries, demand
 from vastctl.providers.base import CreateRequest, OfferQuery
 from vastctl.providers.sim import SimProvider
 from vastctl.reconcile import listing
@@ -88,6 +88,62 @@ def test_an_observation_and_a_pass_read_the_same_whatever_the_files_history(tmp_
     assert observed_many <= 2 * observed_few + 5, costs
     assert pruned_many <= 2 * pruned_few + 5, costs
 
+
+
+def test_a_heartbeats_claim_check_reads_as_little_late_in_a_machines_life_as_early(tmp_path):
+    """A machine's calls grow all its life. Its heartbeat's claim check counts them once; a later claim that
+    count clears reads no more: a machine with thousands of calls behind it costs what one with ten does. A
+    claim past what the router delivered is still found."""
+    def calls(n: int) -> list[deliveries.CallRecord]:
+        at = clocks.to_iso(T0 - timedelta(minutes=5))
+        return [{"at": at, "request_id": "r", "kind": "porep", "uuid": "u-a", "label": "vastctl-a", "result": "completed",
+                 "held_ms": 0, "prover_ms": 60_000, "attempt": 1, "size_bytes": 10} for _ in range(n)]
+
+    def claim(conn, proofs: int) -> None:
+        conn.execute("UPDATE instances SET proofs_total = ? WHERE uuid = 'u-a'", (proofs,))
+        conn.commit()
+
+    costs, files = {}, {}
+    for name, history in (("short", 10), ("long", LONG)):
+        conn = files[name] = db.connect(tmp_path / f"{name}.db", create=True, now=T0)
+        since = clocks.to_iso(T0 - timedelta(hours=2))
+        conn.execute("INSERT INTO instances (uuid, label, state, created_at, state_since) VALUES ('u-a', 'vastctl-a',"
+                     " 'running', ?, ?)", (since, since))
+        deliveries.record_calls(conn, calls(history))
+        claim(conn, history)
+        assert not deliveries.check_claim(conn, "u-a", bench_proofs=6, now=T0)  # counted: the claim is within it
+        deliveries.record_calls(conn, calls(1))
+        claim(conn, history + 1)
+        costs[name] = work(conn, lambda conn=conn: deliveries.check_claim(conn, "u-a", bench_proofs=6, now=T0))
+    assert costs["long"] <= 2 * costs["short"] + 5, costs
+    claim(files["long"], 2 * LONG)  # past the count kept, and past what the router delivered
+    assert deliveries.check_claim(files["long"], "u-a", bench_proofs=6, now=T0)
+    (reason,) = files["long"].execute("SELECT reason FROM events WHERE kind = 'claim_disagrees'").fetchone()
+    assert f"the proof router saw {LONG + 1} come back from it" in reason
+
+
+def test_the_bench_rates_are_worked_out_again_only_when_a_benchmark_changed(tmp_path, monkeypatch):
+    """observe.bench_rates reads every machine that ever benchmarked, twice a simulated minute. Heartbeats change
+    the live machines' rows every minute but not their benchmarks: the medians kept are returned without
+    building every machine's benchmark again. A new benchmark is seen at once."""
+    conn = db.connect(tmp_path / "state.db", create=True, now=T0)
+    since = clocks.to_iso(T0 - timedelta(days=2))
+    with db.transaction(conn):
+        conn.executemany("INSERT INTO instances (uuid, label, state, created_at, state_since, gpu_name, machine_id,"
+                         " bench_rate) VALUES (?, ?, 'killed', ?, ?, 'RTX 4090', ?, ?)",
+                         [(f"u-{n}", f"vastctl-{n}", since, since, 40000 + n, 50.0 + n % 7) for n in range(200)])
+    built = []
+    benches = observe.instances.benches
+    monkeypatch.setattr(observe.instances, "benches", lambda c: built.append(1) or benches(c))
+    first = observe.bench_rates(conn)
+    conn.execute("UPDATE instances SET last_heartbeat_at = ? WHERE uuid = 'u-3'", (clocks.to_iso(T0),))
+    conn.commit()
+    assert observe.bench_rates(conn) == first and len(built) == 1
+    conn.execute("UPDATE instances SET bench_rate = 90.0 WHERE uuid = 'u-3'")
+    conn.commit()
+    models, hosts = observe.bench_rates(conn)
+    assert len(built) == 2 and hosts[40003] == 90.0 and hosts != first[1]
+    assert observe.bench_rates(conn, ["u-3"])[1].get(40003) is None and len(built) == 3  # a liar left out
 
 def test_the_markets_totals_read_its_live_instances_and_remember_the_destroyed_ones(tmp_path):
     market = make_market(tmp_path, rates=QUIET)

@@ -37,6 +37,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping, TypedDict, cast
 
 from vastctl import clock as clock_module
@@ -46,7 +47,7 @@ from vastctl.facts import deliveries, tunnel
 from vastctl.facts import demand as demand_module
 from vastctl.facts.demand import Demand
 from vastctl.facts.spend import billing
-from vastctl.state import instances, settings
+from vastctl.state import instances, kept_rows, settings
 from vastctl.state.lifecycle import LIVE_STATES, VAST_DEAD_CODES, State
 from vastctl.state.plausible import rate_ceiling
 from vastctl.state.rates import IMPLAUSIBLE
@@ -285,13 +286,16 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
     - vast machine_id → the newest rate a machine of ours reported on that host: hosts of one model differ (a
       slow CPU, shared RAM), and renting a host again should expect what it proved, not what its model does.
 
-    One read of the rows for both (the simulated loop observes twice a minute, over every machine ever).
+    One read of the rows for both (the simulated loop observes twice a minute, over every machine ever); while no
+    machine's benchmark columns changed since the last reading, not even that (_same_benches).
     """
     liars = set(implausible)
-    rows = instances.benches(conn)
+    reading = kept_rows.read(conn)
     kept = _BENCH_RATES[0]  # one read: another thread may replace it meanwhile
-    if kept is not None and kept[0] == (rows, liars):  # the same rows as the last call: the same medians
+    if kept is not None and kept[0][1] == liars and _same_benches(kept[0][0], reading):
+        _BENCH_RATES[0] = ((reading, liars), *kept[1:])  # the next call compares with this reading
         return dict(kept[1]), dict(kept[2])
+    rows = instances.benches(conn)
     by_model: dict[str, list[float]] = defaultdict(list)
     by_host: dict[int, float] = {}
     for uuid, gpu_name, machine_id, _num_gpus, bench_rate in rows:
@@ -303,12 +307,25 @@ def bench_rates(conn: sqlite3.Connection, implausible: Iterable[str] = ()) -> tu
         if machine_id is not None:
             by_host[machine_id] = rate
     medians = {name: statistics.median(values) for name, values in by_model.items()}
-    _BENCH_RATES[0] = ((rows, liars), dict(medians), dict(by_host))
+    _BENCH_RATES[0] = ((reading, liars), dict(medians), dict(by_host))
     return medians, by_host
 
 
-# the rows bench_rates last read (and the machines it left out), and what it made of them
+# the reading bench_rates last saw (and the machines it left out), and what it made of the rows
 _BENCH_RATES: list[Any] = [None]
+_BENCH_COLUMNS = ("uuid", "gpu_name", "machine_id", "num_gpus", "bench_rate", "created_at")  # what benches() reads
+
+
+def _same_benches(before: kept_rows.Rows, now: kept_rows.Rows) -> bool:
+    """Whether two readings give the same instances.benches(): the same machines in the same order, each with
+    the same benchmark columns. A row unchanged is the very tuple kept, so a long run's dead machines cost an
+    identity check each, not a tuple built each."""
+    if before is now:
+        return True
+    if before.names != now.names or list(before.by_id) != list(now.by_id):
+        return False
+    columns = itemgetter(*(now.position[name] for name in _BENCH_COLUMNS))
+    return all(old is new or columns(old) == columns(new) for old, new in zip(before.by_id.values(), now.by_id.values()))
 
 
 def implausible_claims(conn: sqlite3.Connection) -> dict[str, int]:
@@ -371,11 +388,12 @@ def machine_rows(conn: sqlite3.Connection) -> list[InstanceRow]:
     return instances.undestroyed(conn, ordered=True)
 
 
-def _resumes(conn: sqlite3.Connection) -> dict[str, int]:
-    """uuid → how many times the machine was resumed (stopped → launching)."""
+def _resumes(conn: sqlite3.Connection, uuids: list[str]) -> dict[str, int]:
+    """uuid → how many times the machine was resumed (stopped → launching), of the machines `uuids` (those
+    observed, not every machine ever: the resumes of a long run's dead machines are no longer read)."""
     return {row["uuid"]: row["n"] for row in conn.execute(
         "SELECT uuid, count(*) AS n FROM events WHERE from_state = 'stopped' AND to_state = 'launching'"
-        " GROUP BY uuid")}
+        " AND uuid IN (SELECT value FROM json_each(?)) GROUP BY uuid", (json.dumps(uuids),))}
 
 
 def last_step_actions(conn: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -439,7 +457,7 @@ def observe(conn: sqlite3.Connection, config: Config, *, now: datetime,
     billed, unlisted = billing(conn, rows, config.vast.label_prefix)
     flagged = implausible_claims(conn)
     rates, hosts = bench_rates(conn, flagged)
-    resumes = _resumes(conn)
+    resumes = _resumes(conn, [row["uuid"] for row in rows])
     router = deliveries.held(conn, now=now)
     routed = deliveries.routed_rates(conn, now=now, slots=config.launch.bench_concurrency)
     machines: list[Machine] = []

@@ -35,7 +35,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from vastctl import clock as clocks
 from vastctl import reconcile
@@ -47,6 +47,9 @@ from vastctl.demo.setting import START, STEP_S, TARGET_EVERY_MINUTES, WARMUP_MIN
 from vastctl.errors import VastctlError
 from vastctl.facts import demand
 from vastctl.state import db, instances, settings, tokens
+
+if TYPE_CHECKING:  # the simulator is imported where it is used
+    from vastctl.providers.sim_store import InstanceRecord
 
 
 @dataclass
@@ -163,8 +166,7 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
             counted += 1
             met += capacity >= target - 1e-9
         totals = market.totals()
-        billed = {record["vast_id"]: record["billed_hours"] for record in totals.instances}
-        _note_kills(conn, billed, billed_at_kill, now)
+        _note_kills(conn, totals.instances, billed_at_kill, now)
         samples.append(Sample(minute=minute, target=target, capacity=capacity,
                               believed=observe(conn, config, now=now).capacity, queued=backlog,
                               spend_per_hour=(totals.cost - previous_cost) * 60, arrival=arriving))
@@ -197,13 +199,20 @@ def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tup
     return launches, kills
 
 
-def _note_kills(conn: sqlite3.Connection, billed: Mapping[int, float], billed_at_kill: dict[int, float],
+_KILLED = "SELECT count(*) FROM instances WHERE vast_id IS NOT NULL AND killed_at IS NOT NULL"  # machines killed
+
+
+def _note_kills(conn: sqlite3.Connection, records: list[InstanceRecord], billed_at_kill: dict[int, float],
                 now: datetime) -> None:
     """Remember, for each machine killed since the last minute, its billed hours at the kill.
 
     Kills by reconcile and agent-step happen at `now`; a machine's own report (a failed
-    benchmark) kills it a little earlier, and those seconds are counted as billed too.
+    benchmark) kills it a little earlier, and those seconds are counted as billed too. While every machine
+    killed is noted (a kill is never undone), the rows of a long run's dead machines are not read again.
     """
+    if conn.execute(_KILLED).fetchone()[0] == len(billed_at_kill):
+        return
+    billed = {record["vast_id"]: record["billed_hours"] for record in records}
     for vast_id, killed_at in instances.kill_times(conn):
         if killed_at is None or vast_id in billed_at_kill or vast_id not in billed:
             continue

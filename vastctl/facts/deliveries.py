@@ -37,6 +37,7 @@ half of `slots` proofs over the window; an attempt begun before the window count
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -46,6 +47,7 @@ from vastctl import clock
 from vastctl.facts import tunnel
 from vastctl.state.db import transaction
 from vastctl.state.lifecycle import State, record_event
+from vastctl.state.per_file import PerFile, file_of
 from vastctl.state.rows import RouteStatusRow, typed
 
 STALE_AFTER_S = 30.0  # a route_status older than this is a router that stopped: no word on held calls
@@ -218,11 +220,18 @@ def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: 
     claim is not counted (cost reads the router's count, facts/cost.proofs_of). A machine the router never
     sent a call is not judged. True when an event was recorded."""
     row = conn.execute("SELECT label, proofs_total FROM instances WHERE uuid = ?", (uuid,)).fetchone()
-    counts = delivered(conn, uuid=uuid).get(uuid)
-    if row is None or not counts:
+    if row is None:
         return False
-    done, claimed = counts.get("completed", 0), int(row["proofs_total"] or 0)
-    if claimed <= done + bench_proofs + int(done * CLAIM_SLACK) + 1:
+    claimed = int(row["proofs_total"] or 0)
+    floor = _COUNTED.get(conn).floor(conn, uuid)
+    if floor is not None and claimed <= _allowed(floor, bench_proofs):
+        return False  # what the router had delivered when last counted clears the claim: no need to count again
+    counts = delivered(conn, uuid=uuid).get(uuid)
+    if not counts:
+        return False
+    done = counts.get("completed", 0)
+    _COUNTED.get(conn).keep(conn, uuid, done)
+    if claimed <= _allowed(done, bench_proofs):
         return False
     since = clock.to_iso(now - timedelta(seconds=CLAIM_EVENT_EVERY_S))
     with transaction(conn):
@@ -233,6 +242,54 @@ def check_claim(conn: sqlite3.Connection, uuid: str, *, bench_proofs: int, now: 
                      reason=f"its heartbeats claim {claimed} proofs; the proof router saw {done} come back from it"
                             f" (and {bench_proofs} in its benchmark): the router's count is the one counted")
     return True
+
+
+def _allowed(done: int, bench_proofs: int) -> int:
+    """The most proofs a machine may claim with `done` completed calls (more `done`, never fewer allowed)."""
+    return done + bench_proofs + int(done * CLAIM_SLACK) + 1
+
+
+class _Counted:
+    """One file's completed calls per machine as check_claim last counted them: a floor of what a count finds now
+    (proof_calls rows are never deleted), so a heartbeat whose claim that floor clears reads nothing more. A
+    machine's calls grow all its life and a count reads them all: without the floor every heartbeat of a week's
+    machine would. Kept only for a file on disk, counted outside a transaction, while it is the same file (its
+    inode) and its newest call no older than when counted."""
+
+    def __init__(self) -> None:
+        # (st_dev, st_ino) of the file counted in, its highest proof_calls id then, uuid → completed calls: one
+        # value, replaced whole, so that serve's threads never see the counts of one file with another's identity
+        self.kept: tuple[tuple[int, int] | None, int, dict[str, int]] = (None, 0, {})
+
+    def floor(self, conn: sqlite3.Connection, uuid: str) -> int | None:
+        """The machine's completed calls when last counted, while that is still a floor of a count now."""
+        identity, newest, completed = self.kept
+        found = completed.get(uuid)
+        if found is None:
+            return None
+        now_identity, now_newest = self._state(conn)
+        return found if now_identity is not None and now_identity == identity and now_newest >= newest else None
+
+    def keep(self, conn: sqlite3.Connection, uuid: str, done: int) -> None:
+        identity, newest = self._state(conn)
+        if identity is None or conn.in_transaction:
+            return
+        kept_identity, kept_newest, completed = self.kept
+        same = identity == kept_identity and newest >= kept_newest
+        self.kept = (identity, newest, {**(completed if same else {}), uuid: done})
+
+    @staticmethod
+    def _state(conn: sqlite3.Connection) -> tuple[tuple[int, int] | None, int]:
+        path = file_of(conn)
+        try:
+            stat = None if path.startswith(":memory:") else os.stat(path)
+        except OSError:
+            stat = None
+        newest = conn.execute("SELECT coalesce(max(id), 0) FROM proof_calls").fetchone()[0]
+        return (None if stat is None else (stat.st_dev, stat.st_ino)), int(newest)
+
+
+_COUNTED = PerFile(_Counted)
 
 
 # --- what the rest of vastctl reads ------------------------------------------------------------------------
