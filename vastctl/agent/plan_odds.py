@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from vastctl import clock
+from vastctl.state import instances
 
 WINDOW = timedelta(hours=6)  # the boots that tell how this market boots now
 PRIOR_OK, PRIOR_BOOTS = 5.0, 6.0  # five of six boots come up until the file says otherwise
@@ -59,9 +60,7 @@ def read_boot_odds(conn: sqlite3.Connection, now: datetime) -> BootOdds:
     """The boots begun within WINDOW before `now` and how they ended (module docstring)."""
     since = clock.to_iso(now - WINDOW)
     counts = {"fresh_ok": 0, "fresh_failed": 0, "resume_ok": 0, "resume_failed": 0}
-    rows = conn.execute("SELECT created_at, resumed_at, killed_at, last_heartbeat_at FROM instances"
-                        " WHERE created_at >= ? OR resumed_at >= ?", (since, since)).fetchall()
-    for created, resumed, killed, beat in rows:
+    for created, resumed, killed, beat in instances.boots_since(conn, since):
         for kind, began, ended in (("fresh", created, resumed), ("resume", resumed, None)):
             if began is None or began < since:
                 continue

@@ -199,9 +199,6 @@ def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tup
     return launches, kills
 
 
-_KILLED = "SELECT count(*) FROM instances WHERE vast_id IS NOT NULL AND killed_at IS NOT NULL"  # machines killed
-
-
 def _note_kills(conn: sqlite3.Connection, records: list[InstanceRecord], billed_at_kill: dict[int, float],
                 now: datetime) -> None:
     """Remember, for each machine killed since the last minute, its billed hours at the kill.
@@ -210,7 +207,7 @@ def _note_kills(conn: sqlite3.Connection, records: list[InstanceRecord], billed_
     benchmark) kills it a little earlier, and those seconds are counted as billed too. While every machine
     killed is noted (a kill is never undone), the rows of a long run's dead machines are not read again.
     """
-    if conn.execute(_KILLED).fetchone()[0] == len(billed_at_kill):
+    if instances.killed_with_vast_id(conn) == len(billed_at_kill):
         return
     billed = {record["vast_id"]: record["billed_hours"] for record in records}
     for vast_id, killed_at in instances.kill_times(conn):

@@ -124,6 +124,28 @@ def kill_times(conn: sqlite3.Connection) -> list[tuple[int, str | None]]:
     return [(row[0], row[1]) for row in conn.execute("SELECT vast_id, killed_at FROM instances WHERE vast_id IS NOT NULL")]
 
 
+def killed_with_vast_id(conn: sqlite3.Connection) -> int:
+    """How many machines that got a vast id are killed (a kill is never undone: the demo notes each once)."""
+    return int(conn.execute("SELECT count(*) FROM instances WHERE vast_id IS NOT NULL AND killed_at IS NOT NULL")
+               .fetchone()[0])
+
+
+class Boot(NamedTuple):
+    """What tells how a machine's boots ended: when it was created and last resumed, killed, last heartbeat."""
+
+    created_at: str | None
+    resumed_at: str | None
+    killed_at: str | None
+    last_heartbeat_at: str | None
+
+
+def boots_since(conn: sqlite3.Connection, since: str) -> list[Boot]:
+    """The machines created or resumed at `since` (an ISO time) or later (the planning policy's boot odds)."""
+    return [Boot(*row) for row in conn.execute(
+        "SELECT created_at, resumed_at, killed_at, last_heartbeat_at FROM instances WHERE created_at >= ?"
+        " OR resumed_at >= ?", (since, since))]
+
+
 def kill_counts(conn: sqlite3.Connection) -> dict[str | None, int]:
     """kill code (None: none recorded) → how many machines are killed with it, by code."""
     return {row[0]: row[1] for row in conn.execute(
