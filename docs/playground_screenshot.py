@@ -161,12 +161,7 @@ def routing(config: Path, env: dict[str, str]) -> Iterator[Callable[[], int]]:
         for call in calls:
             call.cancel()
         channel.close()
-        router.terminate()
-        try:
-            router.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            router.kill()
-            router.wait(timeout=10)
+        _stop(router, grace_s=20)
 
 
 def _answered_in_file(db: str) -> int:
@@ -201,12 +196,17 @@ def _stop_stand_ins(daemons: Path) -> None:
         time.sleep(0.1)
     for proc in sim_join._started:  # the processes this one started
         if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            _stop(proc, grace_s=10)
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it is still there after grace_s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def _free_port_block(count: int) -> int:
