@@ -171,7 +171,7 @@ def _price(machine: Machine) -> float:
 
 
 def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: DemandPast, touched: set[str | None],
-           odds: BootOdds = BootOdds()) -> _Setup:
+           odds: BootOdds) -> _Setup:
     ahead = forecast(obs, config, past, HORIZON_SLOTS, SLOT_S)
     wait_s = max(SLOT_S, config.agent.max_wait - PLAN_MARGIN_S)
     ranked = rank_offers(offers, obs, config)[:OFFERS_PLANNED]
