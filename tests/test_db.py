@@ -63,7 +63,7 @@ PINNED = {
         "storage_dph", "intended_status", "actual_status", "cur_state", "status_msg", "listed", "epoch", "epoch_at",
         "step", "step_at", "fault", "fault_at", "proving_since", "refused_at", "created_at", "died_at",
         "destroy_requested_at", "destroy_refused_s", "destroyed_at", "cost", "billed_s", "gpu_s", "billed_at",
-        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at", "proofs",
+        "bid", "outbids", "outbid_at", "outbid_price", "paused_at", "resume_at", "proofs", "turn",
     ],
     "sim_faults": ["id", "at", "kind", "vast_id", "detail"],
 }

@@ -237,13 +237,17 @@ def test_keep_leaves_the_days_state_file_for_serve(cli, tmp_path):
     assert not (tmp_path / "day.db-wal").exists() or (tmp_path / "day.db-wal").stat().st_size == 0
 
 
+KEPT_HOURS = 8
+
+
 @pytest.fixture(scope="module")
 def kept_day(tmp_path_factory):
-    """A 6-hour day kept by `demo --keep`, through the CLI as an operator runs it."""
+    """An 8-hour day kept by `demo --keep`, through the CLI as an operator runs it: long enough for a machine to
+    boot, prove, be killed and destroyed (test_events_label_shows_one_machines_whole_path)."""
     from helpers.serving import run_vastctl
 
     kept = tmp_path_factory.mktemp("kept") / "day.db"
-    done = run_vastctl("demo", "--hours", "6", "--keep", str(kept), env={})
+    done = run_vastctl("demo", "--hours", str(KEPT_HOURS), "--keep", str(kept), env={})
     assert done.returncode == 0, done.stderr
     return kept
 
@@ -252,7 +256,7 @@ def kept_day(tmp_path_factory):
 def test_the_read_commands_read_a_kept_day_at_its_own_end(cli, kept_day):
     """Without --as-of: the day lies years ahead of the wall clock, and its "last hour" is its own."""
     cost = json.loads(cli("--db", kept_day, "cost", "--json").out)
-    assert cost["as_of"].startswith("2031-03-03T06:00:0") and cost["cost"] > 0 and cost["machines"] > 0, cost
+    assert cost["as_of"].startswith(f"2031-03-03T{KEPT_HOURS:02d}:00:0") and cost["cost"] > 0 and cost["machines"] > 0, cost
     fleet = json.loads(cli("--db", kept_day, "fleet", "--all", "--json").out)
     assert fleet["summary"]["listing_age_s"] < 120  # the day's last listing, a minute before its end
     destroyed = [m for m in fleet["instances"] if m["destroyed_at"] and m["vast_id"] is not None]
@@ -267,7 +271,7 @@ def test_the_read_commands_read_a_kept_day_at_its_own_end(cli, kept_day):
 
 @pytest.mark.slow
 def test_events_label_shows_one_machines_whole_path(cli, kept_day):
-    conn = db.connect(kept_day, now=setting.START + timedelta(hours=6))
+    conn = db.connect(kept_day, now=setting.START + timedelta(hours=KEPT_HOURS))
     label, uuid = conn.execute(  # one that booted, proved, was killed and destroyed: every kind of step
         "SELECT label, uuid FROM instances i WHERE destroyed_at IS NOT NULL AND vast_id IS NOT NULL AND EXISTS"
         " (SELECT 1 FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'bench_done') ORDER BY created_at LIMIT 1"

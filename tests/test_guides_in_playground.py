@@ -165,7 +165,7 @@ def test_day_one_then_joining_curio_in_the_playground(tmp_path, db_path, monkeyp
 provider: sim
 db: {db_path}
 sim:
-  seed: 4
+  seed: 3
   failures: low
 server:
   url: http://127.0.0.1:{serve_port}

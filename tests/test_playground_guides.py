@@ -43,7 +43,7 @@ def playground(tmp_path, db_path, monkeypatch, cli):
     route_port = free_port()
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({
-        "provider": "sim", "db": str(db_path), "sim": {"seed": 4, "failures": "low"},
+        "provider": "sim", "db": str(db_path), "sim": {"seed": 3, "failures": "low"},
         "fleet": {"max_instances": 2, "max_dph": 1.0, "max_hourly_spend": 5},
         "launch": {"join": "ssh", "bench_concurrency": 1},
         "tunnel": {"host": "127.0.0.1", "host_key_file": str(tmp_path / "host_key.pub"), "keys_reader": getpass.getuser(),
@@ -62,9 +62,12 @@ def playground(tmp_path, db_path, monkeypatch, cli):
 
 
 def step_until(cli, clock, condition, what: str, step: float = STEP_S):
-    """Jump the clock a boot step (or `step`), run a reconcile pass, until `condition()` holds."""
+    """Jump the clock a boot step (or `step`), sample Curio's queue (empty until the call: a timer samples it every
+    minute), run a reconcile pass, until `condition()` holds. With no sample, a heartbeat that counts no proofs
+    could not tell idle from slow."""
     def stepped():
         clock.jump(step)
+        assert cli("demand", "report", "--queued", "0").code == 0
         passed = cli("reconcile")
         assert passed.code == 0, passed.err
         return condition()

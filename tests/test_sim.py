@@ -241,6 +241,35 @@ def test_a_machine_below_the_gate_is_killed_by_its_bench_report_and_idles(tmp_pa
     assert record["died_at"] is None and record["destroyed_at"] is None and record["gpu_hours"] > 0
 
 
+def test_two_fleets_on_one_seed_meet_the_same_boot_on_the_same_host(tmp_path):
+    """A boot is drawn by host and the host's n-th rental, not by instance id: fleet A rents another host first
+    (so its instance ids differ from B's), yet both meet the same boot on the shared host. A second rental of a
+    host draws afresh."""
+    rates = dataclasses.replace(QUIET, start_failed=0.3, stall=0.3, slow_bench=0.3)
+    first, second = make_market(tmp_path / "a", rates=rates), make_market(tmp_path / "b", rates=rates)
+    offers = first.sim.search_offers(OfferQuery(min_cpu_ram_gb=0, min_inet_down_mbps=0, limit=500))
+    other, shared = offers[0], offers[1]
+    first.sim.create_instance(CreateRequest(offer_id=other.id, image="img", disk_gb=150, label="a", onstart="", env={}))
+    request = CreateRequest(offer_id=shared.id, image="img", disk_gb=150, label="s", onstart="", env={})
+    in_first, in_second = first.sim.create_instance(request), second.sim.create_instance(request)
+    assert in_first != in_second
+    for market in (first, second):
+        market.advance(3 * 3600)
+        market.sim.list_instances()
+
+    def seen(market, vast_id):
+        record = next(r for r in market.sim.totals().instances if r["vast_id"] == vast_id)
+        faults = [(f["at"], f["kind"]) for f in market.sim.faults() if f["vast_id"] == vast_id]
+        return record["cost"], record["gpu_hours"], record["died_at"], faults
+
+    assert seen(first, in_first) == seen(second, in_second)
+    second.sim.destroy_instance(in_second)
+    second.advance(3600)
+    again = second.sim.create_instance(request)
+    turns = dict(second.conn.execute("SELECT vast_id, turn FROM sim_instances").fetchall())
+    assert turns == {in_second: 0, again: 1}
+
+
 # --- billing ---------------------------------------------------------------------------------------
 
 
@@ -252,7 +281,7 @@ def test_billing_gpu_and_storage_while_running_storage_while_stopped_nothing_aft
                                                        onstart="", env={}))
     listed = market.sim.list_instances()[0]
     gpu, storage = listed.raw["dph_base"], listed.raw["storage_total_cost"]
-    plan = sim_market.boot_plan(1, vast_id, 0, host, QUIET, resume=False)
+    plan = sim_market.boot_plan(1, host, 0, 0, QUIET, resume=False)  # the host's first rental, first start
     up_at = plan.provision_s + plan.pull_s  # GPU billing starts when the container runs
     market.advance(3 * 3600)
     market.sim.stop_instance(vast_id)
@@ -271,9 +300,10 @@ def test_billing_gpu_and_storage_while_running_storage_while_stopped_nothing_aft
 def test_billing_runs_on_after_our_kill_until_the_refused_destroy_lands(tmp_path):
     rates = dataclasses.replace(QUIET, destroy_refused=1.0)
     market = make_market(tmp_path, rates=rates)
-    refused_s = sim_market.destroy_refused_for(1, FIRST_VAST_ID, rates)
+    offer = healthy_offer(market)
+    refused_s = sim_market.destroy_refused_for(1, offer.machine_id, 0, rates)
     assert refused_s >= 180
-    uuid = market.launch(offer_id=healthy_offer(market).id).launched[0]["uuid"]
+    uuid = market.launch(offer_id=offer.id).launched[0]["uuid"]
     market.advance(2 * 3600)
     row, error = operations.kill(market.conn, market.sim, uuid, "operator: test", code=KillCode.OPERATOR, config=market.config,
                                  force=True,
@@ -425,7 +455,8 @@ def test_a_reconcile_pass_under_the_sim_stops_calling_at_its_deadline(tmp_path, 
         operations.kill(market.conn, market.sim, uuid, "operator: test", code=KillCode.OPERATOR, config=market.config,
                         force=True, now=market.clock.now())
     vast_ids = [market.row(uuid)["vast_id"] for uuid in uuids]
-    market.advance(max(sim_market.destroy_refused_for(1, vast_id, rates) for vast_id in vast_ids) + 1)
+    hosts = [record["machine_id"] for record in market.sim.totals().instances]
+    market.advance(max(sim_market.destroy_refused_for(1, machine_id, 0, rates) for machine_id in hosts) + 1)
     destroy = market.sim.destroy_instance
 
     def slow_destroy(vast_id):  # each destroy reaches the market 40 s after it is sent: the second one past 50 s

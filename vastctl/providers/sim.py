@@ -187,7 +187,7 @@ class SimProvider:
             machine.intended_status = "running"
             machine.epoch += 1
             machine.refused_at = None
-            if model.resume_stuck(self.seed, machine.vast_id, machine.epoch, self.rates):
+            if model.resume_stuck(self.seed, machine.machine_id, machine.turn, machine.epoch, self.rates):
                 machine.status_msg = SCHEDULING_MSG  # stays stopped: its GPU went to another renter
                 self.engine.fault(now, "scheduling", machine.vast_id, None)
             else:
@@ -337,6 +337,7 @@ class SimProvider:
     def _rent(self, host: model.Host, request: CreateRequest, now: float) -> Machine:
         vast_id = self._next_vast_id
         self._next_vast_id += 1
+        turn = self.store.rentals_of(host.machine_id)  # every earlier rental is saved: one create rents one host
         machine = Machine(
             vast_id=vast_id, machine_id=host.machine_id, offer_id=host.offer_id, label=request.label,
             uuid=request.env.get("VASTCTL_UUID") or None, env_label=request.env.get("VASTCTL_LABEL") or None,
@@ -345,8 +346,8 @@ class SimProvider:
             actual_status=None, cur_state="running", status_msg=None, listed=1, epoch=0, epoch_at=now, step=None,
             step_at=None, fault=None, fault_at=None, proving_since=None, refused_at=None, created_at=now,
             died_at=None, destroy_requested_at=None,
-            destroy_refused_s=model.destroy_refused_for(self.seed, vast_id, self.rates), destroyed_at=None,
-            cost=0.0, billed_s=0.0, gpu_s=0.0, billed_at=now,
+            destroy_refused_s=model.destroy_refused_for(self.seed, host.machine_id, turn, self.rates),
+            destroyed_at=None, cost=0.0, billed_s=0.0, gpu_s=0.0, billed_at=now, turn=turn,
         )
         if request.price is not None:  # billed at its bid (with the disk, like dph_total), not the ask
             machine.bid = round(float(request.price), 4)

@@ -165,13 +165,13 @@ class Engine:
         if machine.paused_at is None or machine.intended_status != "running":
             return
         machine.actual_status, machine.cur_state, machine.status_msg = "loading", "running", None
-        self._next(machine, "restart", at + restart_delay(self.seed, machine.vast_id, machine.outbids))
+        self._next(machine, "restart", at + restart_delay(self.seed, machine, machine.outbids))
 
     def _plan(self, machine: Machine) -> model.BootPlan:
         key = (machine.vast_id, machine.epoch)
         if key not in self._plans:
             host = self.hosts()[machine.machine_id]
-            self._plans[key] = model.boot_plan(self.seed, machine.vast_id, machine.epoch, host, self.rates,
+            self._plans[key] = model.boot_plan(self.seed, host, machine.turn, machine.epoch, self.rates,
                                                resume=machine.epoch > 0)
         return self._plans[key]
 
@@ -347,6 +347,6 @@ class Engine:
         return "ok"
 
 
-def restart_delay(seed: int, vast_id: int, number: int) -> float:
-    """Seconds a resumed outbid container takes to prove again (RESTART_S), drawn from the seed."""
-    return round(random.Random(f"{seed}/restart/{vast_id}/{number}").uniform(*RESTART_S))
+def restart_delay(seed: int, machine: Machine, number: int) -> float:
+    """Seconds a resumed outbid container takes to prove again (RESTART_S), drawn by host and turn."""
+    return round(random.Random(f"{seed}/restart/{machine.machine_id}/{machine.turn}/{number}").uniform(*RESTART_S))

@@ -176,8 +176,11 @@ class BootPlan:
     offline_after_s: float | None  # an `unknown` host that then goes `offline` after this; None stays unknown
 
 
-def boot_plan(seed: int, vast_id: int, epoch: int, host: Host, rates: FailureRates, *, resume: bool) -> BootPlan:
-    rng = random.Random(f"{seed}/boot/{vast_id}/{epoch}")
+def boot_plan(seed: int, host: Host, turn: int, epoch: int, rates: FailureRates, *, resume: bool) -> BootPlan:
+    """The `epoch`-th start of the `turn`-th rental of `host`. Drawn by host and turn, not by instance id, so two
+    fleets on one seed that rent a host for the same time meet the same boot there: a comparison of policies
+    measures the policies, not which faults their instance numbers happened to draw."""
+    rng = random.Random(f"{seed}/boot/{host.machine_id}/{turn}/{epoch}")
     provision_s = rng.uniform(5, 30) if resume else rng.uniform(10, 60)
     image_s = IMAGE_GIB * GIB_BITS / (host.inet_down_mbps * 1e6) * rng.uniform(1.0, 1.5) + 20
     pull_s = rng.uniform(10, 40) if resume else image_s  # a resumed container has its image
@@ -215,14 +218,14 @@ def boot_plan(seed: int, vast_id: int, epoch: int, host: Host, rates: FailureRat
     )
 
 
-def resume_stuck(seed: int, vast_id: int, epoch: int, rates: FailureRates) -> bool:
-    """Whether this resume finds its GPU taken and sits in scheduling."""
-    return random.Random(f"{seed}/resume/{vast_id}/{epoch}").random() < rates.scheduling
+def resume_stuck(seed: int, machine_id: int, turn: int, epoch: int, rates: FailureRates) -> bool:
+    """Whether this resume finds its GPU taken and sits in scheduling (drawn by host and turn, as boot_plan)."""
+    return random.Random(f"{seed}/resume/{machine_id}/{turn}/{epoch}").random() < rates.scheduling
 
 
-def destroy_refused_for(seed: int, vast_id: int, rates: FailureRates) -> float:
-    """Seconds after the first destroy call during which destroys are refused (0: none)."""
-    rng = random.Random(f"{seed}/destroy/{vast_id}")
+def destroy_refused_for(seed: int, machine_id: int, turn: int, rates: FailureRates) -> float:
+    """Seconds after the first destroy call during which destroys are refused (0: none; by host and turn)."""
+    rng = random.Random(f"{seed}/destroy/{machine_id}/{turn}")
     refused, seconds = rng.random() < rates.destroy_refused, rng.uniform(3, 20) * 60
     return round(seconds) if refused else 0.0
 

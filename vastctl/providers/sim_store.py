@@ -29,8 +29,8 @@ from vastctl import clock as clocks
 from vastctl.errors import BadInput
 from vastctl.providers import sim_market as model
 
-SCHEMA_VERSION = 3  # of the market's rows (sim_meta.schema_version); 2: interruptible rentals (bid, rival bids,
-# pauses); 3: the proofs each machine did (its prover's counter)
+SCHEMA_VERSION = 4  # of the market's rows (sim_meta.schema_version); 2: interruptible rentals (bid, rival bids,
+# pauses); 3: the proofs each machine did (its prover's counter); 4: boots drawn by host and its rental's turn
 FIRST_VAST_ID = 7_000_001
 
 
@@ -77,6 +77,7 @@ class Machine:
     paused_at: float | None = None  # vast stopped it for a higher bid at this moment
     resume_at: float | None = None  # the rival lets go of the host: it resumes
     proofs: float = 0.0  # proofs its prover did in this run of it (the counter its heartbeats report)
+    turn: int = 0  # this market's earlier rentals of the same host: with it, the host's boots are drawn
 
     @property
     def next_at(self) -> float | None:
@@ -245,6 +246,10 @@ class SimStore:
             (holder, iso(until), int(counted), iso(now), holder),
         ).fetchall()
         return claimed[0] if claimed else None
+
+    def rentals_of(self, machine_id: int) -> int:
+        """How many instances this market has rented on the host so far (destroyed or not)."""
+        return self.conn.execute("SELECT count(*) FROM sim_instances WHERE machine_id = ?", (machine_id,)).fetchone()[0]
 
     def live_machines(self) -> dict[int, Machine]:
         """vast id → machine, every instance not destroyed."""
