@@ -15,6 +15,7 @@ from vastctl import config as config_module
 from vastctl.agent import plan, rules, step
 from vastctl.agent.plan_forecast import DemandPast, forecast
 from vastctl.agent.plan_odds import PRIOR_BOOTS, PRIOR_OK, WINDOW, BootOdds, read_boot_odds
+from vastctl.agent.sizing import LATE_BENCH_S
 from vastctl.errors import BadInput
 from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
@@ -282,10 +283,13 @@ def at(minutes_ago: float | None) -> str | None:
     return None if minutes_ago is None else clock.to_iso(NOW - timedelta(minutes=minutes_ago))
 
 
-def row(conn, label, created, resumed=None, killed=None, beat=None, state="killed"):
+def row(conn, label, created, resumed=None, killed=None, beat=None, state="killed", code=None, bench=None):
     conn.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, resumed_at, killed_at,"
-                 " last_heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                 (f"u-{label}", label, state, at(created), at(created), at(resumed), at(killed), at(beat)))
+                 " last_heartbeat_at, kill_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (f"u-{label}", label, state, at(created), at(created), at(resumed), at(killed), at(beat), code))
+    if bench is not None:  # its benchmark began then
+        conn.execute("INSERT INTO events (at, kind, uuid, label, from_state, to_state, source) VALUES"
+                     " (?, 'transition', ?, ?, 'registered', 'params_done', 'instance')", (at(bench), f"u-{label}", label))
 
 
 def test_boots_are_counted_by_how_they_ended_within_the_window(conn):
@@ -295,11 +299,16 @@ def test_boots_are_counted_by_how_they_ended_within_the_window(conn):
     row(conn, "resumed-ok", created=300, resumed=50, beat=20, state="running")  # its fresh boot came up, so did the resume
     row(conn, "resumed-taken", created=200, resumed=40, killed=34, beat=100)  # beat before the resume only: failed
     row(conn, "old", created=WINDOW.total_seconds() / 60 + 30, killed=WINDOW.total_seconds() / 60)  # begun before it
+    # the policy's own kills: one released on its way (work it no longer needed) says nothing of the market, one
+    # whose benchmark ran past LATE_BENCH_S failed, as one reconcile's timeout killed
+    row(conn, "released", created=80, killed=70, code="agent", bench=72)
+    row(conn, "released-early", created=80, killed=75, code="agent")
+    row(conn, "late-bench", created=100, killed=50, code="agent", bench=50 + LATE_BENCH_S / 60 + 1)
     odds = read_boot_odds(conn, NOW)
-    assert odds == BootOdds(fresh_ok=3, fresh_failed=1, resume_ok=1, resume_failed=1)
-    assert odds.fresh == pytest.approx((3 + PRIOR_OK) / (4 + PRIOR_BOOTS))
+    assert odds == BootOdds(fresh_ok=3, fresh_failed=2, resume_ok=1, resume_failed=1)
+    assert odds.fresh == pytest.approx((3 + PRIOR_OK) / (5 + PRIOR_BOOTS))
     assert odds.resume == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_BOOTS))
-    assert "boots came up 3 of 4 fresh, 1 of 2 resumed in 6h" in odds.words()
+    assert "boots came up 3 of 5 fresh, 1 of 2 resumed in 6h" in odds.words()
 
 
 def test_with_no_boots_yet_the_prior_is_counted(conn):

@@ -9,8 +9,10 @@ PRIOR_BOOTS so a few boots do not swing it.
 
 A boot reached proving when its machine heartbeat since it began (a machine heartbeats only once it proves); it
 failed when the machine was killed first (by reconcile's timeouts, vast's start failure, or the policy giving up
-on a stuck benchmark); one still booting is not counted yet. read_boot_odds() is the only part that reads the
-file: one query over the instances begun within the window.
+on a benchmark past LATE_BENCH_S); one still booting is not counted yet, and neither is one the policy released
+before then (work it no longer needed): that says nothing of how the market boots, and counted as a failure it
+would make the next plan boot more, to release more. read_boot_odds() is the only part that reads the file: one
+query over the instances begun within the window.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from vastctl import clock
+from vastctl.agent.sizing import LATE_BENCH_S
 from vastctl.state import instances
+from vastctl.state.lifecycle import KillCode
 
 WINDOW = timedelta(hours=6)  # the boots that tell how this market boots now
 PRIOR_OK, PRIOR_BOOTS = 5.0, 6.0  # five of six boots come up until the file says otherwise
@@ -60,13 +64,22 @@ def read_boot_odds(conn: sqlite3.Connection, now: datetime) -> BootOdds:
     """The boots begun within WINDOW before `now` and how they ended (module docstring)."""
     since = clock.to_iso(now - WINDOW)
     counts = {"fresh_ok": 0, "fresh_failed": 0, "resume_ok": 0, "resume_failed": 0}
-    for created, resumed, killed, beat in instances.boots_since(conn, since):
-        for kind, began, ended in (("fresh", created, resumed), ("resume", resumed, None)):
+    for boot in instances.boots_since(conn, since):
+        for kind, began, ended in (("fresh", boot.created_at, boot.resumed_at), ("resume", boot.resumed_at, None)):
             if began is None or began < since:
                 continue
-            came_up = beat is not None and beat > began or (ended is not None)  # stopped after proving, resumed
-            if came_up:
+            came_up = boot.last_heartbeat_at is not None and boot.last_heartbeat_at > began or (ended is not None)
+            if came_up:  # it heartbeat, or was stopped after proving and resumed
                 counts[f"{kind}_ok"] += 1
-            elif killed is not None:
+            elif boot.killed_at is not None and not _released_on_its_way(boot, began):
                 counts[f"{kind}_failed"] += 1
     return BootOdds(**counts)
+
+
+def _released_on_its_way(boot: instances.Boot, began: str) -> bool:
+    """Killed by the policy while booting, before its benchmark was late: the fleet's choice, not a failed boot."""
+    if boot.kill_code != KillCode.AGENT:
+        return False
+    bench = clock.from_iso(boot.bench_began_at) if boot.bench_began_at and boot.bench_began_at >= began else None
+    killed = clock.from_iso(boot.killed_at)
+    return bench is None or killed is None or (killed - bench).total_seconds() < LATE_BENCH_S

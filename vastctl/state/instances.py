@@ -131,19 +131,23 @@ def killed_with_vast_id(conn: sqlite3.Connection) -> int:
 
 
 class Boot(NamedTuple):
-    """What tells how a machine's boots ended: when it was created and last resumed, killed, last heartbeat."""
+    """What tells how a machine's boots ended: when it was created and last resumed, killed (and why), its last
+    heartbeat, and when it last began its benchmark (its last params_done event)."""
 
     created_at: str | None
     resumed_at: str | None
     killed_at: str | None
     last_heartbeat_at: str | None
+    kill_code: str | None
+    bench_began_at: str | None
 
 
 def boots_since(conn: sqlite3.Connection, since: str) -> list[Boot]:
     """The machines created or resumed at `since` (an ISO time) or later (the planning policy's boot odds)."""
     return [Boot(*row) for row in conn.execute(
-        "SELECT created_at, resumed_at, killed_at, last_heartbeat_at FROM instances WHERE created_at >= ?"
-        " OR resumed_at >= ?", (since, since))]
+        "SELECT created_at, resumed_at, killed_at, last_heartbeat_at, kill_code,"
+        " (SELECT max(e.at) FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'params_done')"
+        " FROM instances i WHERE created_at >= ? OR resumed_at >= ?", (since, since))]
 
 
 def kill_counts(conn: sqlite3.Connection) -> dict[str | None, int]:
