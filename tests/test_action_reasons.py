@@ -29,7 +29,7 @@ def cause_of(db_path, where: str) -> dict | None:
 def test_a_rules_launch_keeps_the_policys_reason_and_the_step_in_its_event(ready, cli, market, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "500").code == 0
-    done = json.loads(cli("agent-step", "--json").out)
+    done = json.loads(cli("agent-step", "--policy", "rules", "--json").out)
     (action,) = done["actions"]
     assert action["kind"] == "launch" and action["reason"].startswith("queued work: capacity 70")
     (launched,) = query(db_path, "SELECT uuid, label FROM instances WHERE label != 'vastctl-a'")
@@ -126,7 +126,7 @@ def test_history_by_label_finds_the_step_that_launched_a_machine_and_the_one_tha
 
 def test_bad_label_or_since_is_one_error_line_exit_2_and_nothing_changes(ready, cli, market, db_path):
     assert cli("demand", "report", "--queued", "500").code == 0
-    assert cli("agent-step").code == 0
+    assert cli("agent-step", "--policy", "rules").code == 0
     before = query(db_path, "SELECT * FROM agent_steps"), query(db_path, "SELECT * FROM events")
     for args, says in ((["--since", "yesterday"], "--since must be a duration like 6h"),
                        (["--since", "99999999999999d"], "--since 99999999999999d reaches before the year 1"),
@@ -139,13 +139,13 @@ def test_bad_label_or_since_is_one_error_line_exit_2_and_nothing_changes(ready, 
 
 
 def test_one_skipped_step_shows_one_time_not_a_range(ready, cli, market, db_path):
-    assert cli("agent-step", "--if-events").code == 0  # the first step always runs
-    assert cli("agent-step", "--if-events").code == 0  # nothing new: skipped
+    assert cli("agent-step", "--policy", "rules", "--if-events").code == 0  # the first step always runs
+    assert cli("agent-step", "--policy", "rules", "--if-events").code == 0  # nothing new: skipped
     (skipped,) = query(db_path, "SELECT started_at FROM agent_steps WHERE outcome = 'skipped'")
     at = skipped["started_at"][:19] + "Z"
     lines = cli("agent", "history").out.splitlines()
     assert lines[-1] == f"… 1 skipped step ({at}: nothing new)", lines
-    assert cli("agent-step", "--if-events").code == 0
+    assert cli("agent-step", "--policy", "rules", "--if-events").code == 0
     assert cli("agent", "history").out.splitlines()[-1].startswith(f"… 2 skipped steps ({at} to ")
 
 

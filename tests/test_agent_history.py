@@ -63,11 +63,11 @@ def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_p
     running(cli, "vastctl-a", vast_id=501, rate=70)
     running(cli, "vastctl-b", uuid="u-b", vast_id=502, rate=70)
     assert cli("demand", "report", "--queued", "500").code == 0
-    result = cli("agent-step", "--dry-run")
+    result = cli("agent-step", "--policy", "rules", "--dry-run")
     assert result.code == 0 and result.out == ""
     assert ("holding: queued work: capacity 140 + 0 booting covers 115 wanted (target 100 × (1 + headroom 0.15))"
             in result.err), result.err
-    shown = json.loads(cli("agent-step", "--dry-run", "--json").out)
+    shown = json.loads(cli("agent-step", "--policy", "rules", "--dry-run", "--json").out)
     assert shown["hold"].startswith("queued work: capacity 140 + 0 booting covers 115") and shown["actions"] == []
     assert [c for c in market.calls if c[0] != "search"] == []  # nothing bought
 
@@ -75,7 +75,7 @@ def test_a_dry_run_with_nothing_to_do_says_why_it_holds(ready, cli, market, db_p
 def test_a_step_that_rounds_a_shortfall_down_says_so_and_rents_nothing(ready, cli, market, db_path):
     running(cli, "vastctl-a", vast_id=501, rate=100)  # its model's rate; the offers' 512 GiB hosts cap it at 95
     assert cli("demand", "report", "--queued", "10", "--lookahead", "130").code == 0  # 15 + 104 wanted, capped
-    shown = json.loads(cli("agent-step", "--json").out)
+    shown = json.loads(cli("agent-step", "--policy", "rules", "--json").out)
     assert shown["actions"] == [] and shown["hold"] == (
         "work for the fleet (10 queued, 130 PoRep coming): capacity 100 + 0 booting is 15 short of 115 wanted"
         " (target 100 × (1 + headroom 0.15)), under"
@@ -84,7 +84,7 @@ def test_a_step_that_rounds_a_shortfall_down_says_so_and_rents_nothing(ready, cl
     assert [c[0] for c in market.calls] == ["search"]  # the offers were looked at; nothing was bought
     assert len(query(db_path, "SELECT uuid FROM instances")) == 1
     assert cli("demand", "report", "--queued", "500").code == 0  # 5 h of work waits: the shortfall is rented
-    assert [a["kind"] for a in json.loads(cli("agent-step", "--json").out)["actions"]] == ["launch"]
+    assert [a["kind"] for a in json.loads(cli("agent-step", "--policy", "rules", "--json").out)["actions"]] == ["launch"]
 
 
 # --- the history -------------------------------------------------------------------------------------
@@ -92,9 +92,9 @@ def test_a_step_that_rounds_a_shortfall_down_says_so_and_rents_nothing(ready, cl
 
 def test_history_folds_skipped_steps_and_shows_what_each_step_saw_and_did(ready, cli, market, db_path):
     assert cli("demand", "report", "--queued", "400").code == 0
-    assert cli("agent-step").code == 0  # launches toward the target
+    assert cli("agent-step", "--policy", "rules").code == 0  # launches toward the target
     for _ in range(14):  # nothing new since (the agent's own actions never wake it)
-        assert cli("agent-step", "--if-events").code == 0
+        assert cli("agent-step", "--policy", "rules", "--if-events").code == 0
     steps = query(db_path, "SELECT outcome, count(*) AS n FROM agent_steps GROUP BY 1 ORDER BY 1")
     assert steps == [{"outcome": "ok", "n": 1}, {"outcome": "skipped", "n": 14}]
     conn = sqlite3.connect(db_path)
@@ -143,10 +143,10 @@ def test_history_folds_skipped_steps_and_shows_what_each_step_saw_and_did(ready,
 def test_a_hold_is_kept_with_the_step_and_agent_step_keeps_its_name(ready, cli, market, db_path):
     running(cli, "vastctl-a", vast_id=501, rate=140)
     assert cli("demand", "report", "--queued", "500").code == 0
-    assert cli("agent-step").code == 0
+    assert cli("agent-step", "--policy", "rules").code == 0
     (step,) = history.history(db.connect(db_path, now=NOW))["entries"]
     assert step["hold"].startswith("queued work: capacity 140 + 0 booting covers 115") and step["did"] == []
     assert "  held: queued work: capacity 140" in cli("agent", "history").out
     bad = cli("agent", "history", "--limit", "0")
     assert bad.code == 2 and bad.err.startswith("error: ") and "--limit" in bad.err
-    assert cli("agent", "history").code == 0 and cli("agent-step", "--dry-run").code == 0
+    assert cli("agent", "history").code == 0 and cli("agent-step", "--policy", "rules", "--dry-run").code == 0

@@ -126,7 +126,7 @@ def machine(cli, label, rate, vast_id, dph=0.4):
 
 
 def step(cli, *extra):
-    result = cli("agent-step", "--json", *extra)
+    result = cli("agent-step", "--policy", "rules", "--json", *extra)
     assert result.code == 0, result.err
     return json.loads(result.out)
 

@@ -23,7 +23,7 @@ def ready(agent_ready):
 def test_rules_step_launches_to_the_target(ready, cli, market, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "500").code == 0
-    result = cli("agent-step", "--json")
+    result = cli("agent-step", "--policy", "rules", "--json")
     assert result.code == 0, result.err
     data = json.loads(result.out)
     assert (data["policy"], data["skipped"], data["refused"], data["errors"]) == ("rules", False, [], [])
@@ -43,25 +43,25 @@ def test_rules_step_launches_to_the_target(ready, cli, market, db_path):
 
 def test_dry_run_buys_nothing(ready, cli, market, db_path):
     assert cli("demand", "report", "--queued", "59").code == 0
-    result = cli("agent-step", "--dry-run", "--json")
+    result = cli("agent-step", "--policy", "rules", "--dry-run", "--json")
     assert result.code == 0, result.err
     data = json.loads(result.out)
     assert data["dry_run"] and [a["result"] for a in data["actions"]] == ["planned (dry run)"] * 2
     assert [c[0] for c in market.calls] == ["search"]
     assert query(db_path, "SELECT count(*) AS n FROM instances") == [{"n": 0}]
     assert query(db_path, "SELECT outcome FROM agent_steps") == [{"outcome": "dry_run"}]
-    assert "dry run: policy rules: 2 action(s), 0 refused" in cli("agent-step", "--dry-run").err
+    assert "dry run: policy rules: 2 action(s), 0 refused" in cli("agent-step", "--policy", "rules", "--dry-run").err
 
 
 def test_without_json_one_line_per_action_and_a_quiet_tick_prints_nothing(ready, cli, market, db_path):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "500").code == 0
-    result = cli("agent-step", "--if-events")
+    result = cli("agent-step", "--policy", "rules", "--if-events")
     assert result.code == 0, result.err
     (line,) = result.out.splitlines()  # the format reconcile's lines have: time kind label result: reason
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ launch - launched vastctl-\S+ \(instance \d+\): .+", line)
     assert "policy rules: 1 action(s), 0 refused" in result.err
-    quiet = cli("agent-step", "--if-events")  # nothing new: cron gets no output, so no mail
+    quiet = cli("agent-step", "--policy", "rules", "--if-events")  # nothing new: cron gets no output, so no mail
     assert (quiet.code, quiet.out, quiet.err) == (0, "", "")
 
 
@@ -69,16 +69,16 @@ def test_if_events_skips_until_something_happens(ready, cli, market, db_path):
     running(cli, "vastctl-a")
     running(cli, "vastctl-b", vast_id=501)
     assert cli("demand", "report", "--queued", "3").code == 0
-    assert json.loads(cli("agent-step", "--if-events", "--json").out)["skipped"] is False  # the first step runs
-    again = cli("agent-step", "--if-events", "--json")
+    assert json.loads(cli("agent-step", "--policy", "rules", "--if-events", "--json").out)["skipped"] is False  # the first step runs
+    again = cli("agent-step", "--policy", "rules", "--if-events", "--json")
     assert again.code == 0 and json.loads(again.out)["skipped"] is True
     assert "nothing new since step 1" in json.loads(again.out)["reason"]
     assert cli("notify", "maintenance at 02:00").code == 0  # an operator's note is an event
-    woke = json.loads(cli("agent-step", "--if-events", "--json").out)
+    woke = json.loads(cli("agent-step", "--policy", "rules", "--if-events", "--json").out)
     assert woke["skipped"] is False and "1 new event" in woke["reason"]
-    assert json.loads(cli("agent-step", "--if-events", "--json").out)["skipped"] is True
+    assert json.loads(cli("agent-step", "--policy", "rules", "--if-events", "--json").out)["skipped"] is True
     assert cli("demand", "report", "--queued", "0").code == 0  # the queue emptied: demand changed
-    assert json.loads(cli("agent-step", "--if-events", "--json").out)["skipped"] is False
+    assert json.loads(cli("agent-step", "--policy", "rules", "--if-events", "--json").out)["skipped"] is False
     outcomes = [r["outcome"] for r in query(db_path, "SELECT outcome FROM agent_steps ORDER BY id")]
     assert outcomes == ["ok", "skipped", "ok", "skipped", "ok"]
 
@@ -86,7 +86,7 @@ def test_if_events_skips_until_something_happens(ready, cli, market, db_path):
 def test_the_agents_own_actions_do_not_wake_it_and_the_interval_does(ready, cli, market, db_path, config):
     running(cli, "vastctl-a")
     assert cli("demand", "report", "--queued", "500").code == 0
-    assert json.loads(cli("agent-step", "--json").out)["actions"][0]["kind"] == "launch"  # an agent event
+    assert json.loads(cli("agent-step", "--policy", "rules", "--json").out)["actions"][0]["kind"] == "launch"  # an agent event
     conn = db.connect(db_path, now=clock.SYSTEM.now())
     from vastctl import config as config_module
 
@@ -105,7 +105,7 @@ def test_the_incident_never_scales_down(ready, cli, market, db_path):
         running(cli, label, vast_id=600 + i)
     assert cli("settings", "set", "target_proofs_per_hour", "20").code == 0
     assert cli("demand", "report", "--queued", "59").code == 0
-    data = json.loads(cli("agent-step", "--json").out)
+    data = json.loads(cli("agent-step", "--policy", "rules", "--json").out)
     assert data["actions"] == [] and data["refused"] == []
     assert market.calls == []
     assert {r["state"] for r in query(db_path, "SELECT state FROM instances")} == {"running"}
@@ -141,7 +141,7 @@ def test_bad_policy_and_a_held_lease(ready, cli, market, db_path):
     assert result.code == 2 and "--policy must be one of rules, llm" in result.err
     conn = db.connect(db_path, now=clock.SYSTEM.now())
     assert locks.acquire(conn, "agent-step", ttl_s=600, holder="elsewhere:1", now=clock.SYSTEM.now())
-    result = cli("agent-step")
+    result = cli("agent-step", "--policy", "rules")
     assert result.code == 1 and "another agent-step is running" in result.err
     assert query(db_path, "SELECT count(*) AS n FROM agent_steps") == [{"n": 0}]
 

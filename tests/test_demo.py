@@ -48,7 +48,7 @@ def test_a_short_demo_through_the_cli_prints_the_contracts_figures_and_leaves_th
 def test_the_summary_table_names_the_figures_and_no_progress_bar_goes_to_a_pipe(cli):
     result = cli("demo", "--hours", "2")
     assert result.code == 0, result.err
-    assert result.out.startswith(f"vastctl demo: 2 simulated hours, seed {setting.DEFAULT_SEED}, policy rules,"
+    assert result.out.startswith(f"vastctl demo: 2 simulated hours, seed {setting.DEFAULT_SEED}, policy plan,"
                                  " failures default")
     for label in ("target met", "cost per 1000 proofs", "leaked instance-hours", "dead machines detected"):
         assert label in result.out
@@ -242,12 +242,13 @@ KEPT_HOURS = 8
 
 @pytest.fixture(scope="module")
 def kept_day(tmp_path_factory):
-    """An 8-hour day kept by `demo --keep`, through the CLI as an operator runs it: long enough for a machine to
-    boot, prove, be killed and destroyed (test_events_label_shows_one_machines_whole_path)."""
+    """An 8-hour day of the rules kept by `demo --keep`, through the CLI as an operator runs it: long enough for a
+    machine to boot, prove, be killed and destroyed (test_events_label_shows_one_machines_whole_path; the plan
+    holds its fleet through these hours)."""
     from helpers.serving import run_vastctl
 
     kept = tmp_path_factory.mktemp("kept") / "day.db"
-    done = run_vastctl("demo", "--hours", str(KEPT_HOURS), "--keep", str(kept), env={})
+    done = run_vastctl("demo", "--hours", str(KEPT_HOURS), "--policy", "rules", "--keep", str(kept), env={})
     assert done.returncode == 0, done.stderr
     return kept
 

@@ -219,6 +219,14 @@ def test_the_config_accepts_plan_and_a_bad_policy_is_one_line_naming_the_choices
         step.resolve_policy("magic", CONFIG, {})
 
 
+def test_auto_is_the_plan_without_an_api_key_and_the_model_with_one():
+    default = config_module.from_mapping({})
+    assert default.agent.policy == "auto"
+    assert step.resolve_policy(None, default, {}) == "plan"
+    assert step.resolve_policy(None, default, {"ANTHROPIC_API_KEY": "sk-test"}) == "llm"
+    assert step.resolve_policy("rules", default, {"ANTHROPIC_API_KEY": "sk-test"}) == "rules"
+
+
 @pytest.fixture
 def ready(agent_ready):
     """Initialised under the agent's config (helpers/agent_cli.py)."""

@@ -68,7 +68,9 @@ def make(directory: Path, *, moment: datetime = MOMENT, hours: int = HOURS) -> K
     original = demo_day.VirtualClock
     demo_day.VirtualClock = Watched  # type: ignore[misc]
     try:
-        demo_day.run(setting.DemoOptions(hours=hours), scratch)
+        # the rules' day: they launch and release on both sides of the moment (the plan holds its fleet through
+        # these hours), and what a moment must take back is what test_as_of checks
+        demo_day.run(setting.DemoOptions(hours=hours, policy="rules"), scratch)
     finally:
         demo_day.VirtualClock = original  # type: ignore[misc]
     assert then.exists(), f"the day never reached {moment}"

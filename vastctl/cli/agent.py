@@ -82,7 +82,7 @@ def agent_step_cmd(
     ctx: typer.Context,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and guard, print; buy and release nothing.")] = False,
     if_events: Annotated[bool, typer.Option("--if-events", help="Return at once unless something happened or agent.interval passed.")] = False,
-    policy: Annotated[Optional[str], typer.Option("--policy", help="rules, plan or llm (default: the config's agent.policy; auto = llm with ANTHROPIC_API_KEY).")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="plan, rules or llm (default: the config's agent.policy; auto = llm with ANTHROPIC_API_KEY, else plan).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Observe the fleet and the demand, plan, pass every action through the guard, apply.

@@ -61,7 +61,7 @@ def demo_cmd(
     hours: Annotated[float, typer.Option("--hours", help="Simulated hours to run (24: the whole demand curve).")] = 24.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="The market's and the demand's seed: same seed, same run (default 351).")] = None,
     rental: Annotated[Optional[str], typer.Option("--rental", help="How the fleet rents: on-demand, interruptible (bids at min_bid + launch.bid_margin) or mixed (default: launch.rental of --config, else on-demand).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="rules, plan (the planning policy), or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "rules",
+    policy: Annotated[str, typer.Option("--policy", help="plan (the planning policy, as agent.policy auto without ANTHROPIC_API_KEY), rules, or llm (spends real tokens; needs ANTHROPIC_API_KEY).")] = "plan",
     failures: Annotated[str, typer.Option("--failures", help="How often machines fail: low, default or high.")] = "default",
     chart: Annotated[Optional[Path], typer.Option("--chart", help="Write target, capacity, queue and spend over time to FILE (.svg or .png).")] = None,
     keep: Annotated[Optional[Path], typer.Option("--keep", help="Keep the simulated day's state file as FILE (a new file; its token secret beside it as FILE.secret, an admin token for its dashboard as FILE.admin-token): `vastctl --db FILE serve` shows it.")] = None,
@@ -93,7 +93,7 @@ def demo_cmd(
     if keep is not None:
         day_file.check_keep(keep)
     if policy == "llm" and not os.environ.get("ANTHROPIC_API_KEY"):
-        raise BadInput("--policy llm needs ANTHROPIC_API_KEY (it spends real tokens): set it, or use --policy rules")
+        raise BadInput("--policy llm needs ANTHROPIC_API_KEY (it spends real tokens): set it, or use --policy plan")
     token = None
     with tempfile.TemporaryDirectory(prefix="vastctl-demo-") as scratch:
         result = day.run(options, Path(scratch), env=os.environ, progress=_progress_bar() if sys.stderr.isatty() else None)

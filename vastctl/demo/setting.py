@@ -44,7 +44,7 @@ NOISE = 0.10
 class DemoOptions:
     hours: float = 24.0
     seed: int = DEFAULT_SEED
-    policy: str = "rules"
+    policy: str = "plan"
     failures: str = "default"
     fleet: str = "rules"
     rental: str | None = None  # launch.rental for the day (None: the config's, on-demand)
