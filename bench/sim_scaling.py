@@ -18,6 +18,7 @@ Target: week ≤ 7.5 × day. Every run of a length must give the same figures
 Rerun:
     python bench/sim_scaling.py                    # seed 351 (the demo's default), 3 rounds (~5 min on 2 cores)
     python bench/sim_scaling.py --seed 5 --rounds 5
+    python bench/sim_scaling.py --policy rules     # the day and week of the rules (default: the demo's, plan)
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ DAY_H, WEEK_H = 24.0, 168.0
 TARGET_RATIO = 7.5
 
 
-def one(hours: float, seed: int) -> dict:
+def one(hours: float, seed: int, policy: str | None) -> dict:
     """One demo run in this process: wall seconds around demo/day.run, and a digest of its figures."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from vastctl.demo import day, setting
 
     with tempfile.TemporaryDirectory() as directory:
         started, cpu = time.perf_counter(), time.process_time()
-        result = day.run(setting.DemoOptions(hours=hours, seed=seed), Path(directory))
+        options = setting.DemoOptions(hours=hours, seed=seed)
+        if policy is not None:
+            options = setting.DemoOptions(hours=hours, seed=seed, policy=policy)
+        result = day.run(options, Path(directory))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     digest = hashlib.sha256(json.dumps(result.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -52,8 +56,9 @@ def one(hours: float, seed: int) -> dict:
             "figures": digest}
 
 
-def spawn(hours: float, seed: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--one", str(hours), "--seed", str(seed)],
+def spawn(hours: float, seed: int, policy: str | None) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--one", str(hours), "--seed", str(seed),
+                          *(["--policy", policy] if policy else [])],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -62,16 +67,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=351)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policy", choices=("plan", "rules"), help="the fleet's policy (default: the demo's)")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # the child: run one demo of this many hours
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(one(args.one, args.seed)))
+        print(json.dumps(one(args.one, args.seed, args.policy)))
         return 0
 
     runs: dict[float, list[dict]] = {DAY_H: [], WEEK_H: []}
     for number in range(1, args.rounds + 1):
         for hours in (DAY_H, WEEK_H) if number % 2 else (WEEK_H, DAY_H):  # the first of a round alternates
-            run = spawn(hours, args.seed)
+            run = spawn(hours, args.seed, args.policy)
             runs[hours].append(run)
             print(f"round {number}: {hours:4g} h  wall {run['wall_s']:6.2f} s"
                   f" ({1000 * run['wall_s'] / run['minutes']:5.2f} ms per simulated minute)  CPU {run['cpu_s']:6.2f} s"
@@ -83,7 +89,7 @@ def main() -> int:
             return 1
     day_minutes, week_minutes = runs[DAY_H][0]["minutes"], runs[WEEK_H][0]["minutes"]
     print()
-    print(f"seed {args.seed}, {args.rounds} rounds (medians); every run of a length gave the same figures")
+    print(f"seed {args.seed}, policy {args.policy or 'plan (the demo default)'}, {args.rounds} rounds (medians); every run of a length gave the same figures")
     print("| run | simulated minutes | wall s | wall ms per simulated minute | CPU s | CPU ms per simulated minute"
           " | peak RSS MB |")
     print("|---|---|---|---|---|---|---|")

@@ -79,7 +79,7 @@ def write_config(home: Path, token: str) -> Path:
     first = _free_port_block(TUNNEL_PORTS)
     config = home / "config.yaml"
     config.write_text(json.dumps({
-        "provider": "sim", "db": str(home / "sim.db"), "sim": {"seed": 4, "failures": "low"},
+        "provider": "sim", "db": str(home / "sim.db"), "sim": {"seed": 3, "failures": "low"},
         "fleet": {"max_instances": MACHINES, "max_dph": 1.0, "max_hourly_spend": 5, "target_proofs_per_hour": 150},
         "agent": {"policy": "rules"},
         "launch": {"join": "ssh", "bench_concurrency": 1},

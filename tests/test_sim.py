@@ -270,6 +270,20 @@ def test_two_fleets_on_one_seed_meet_the_same_boot_on_the_same_host(tmp_path):
     assert turns == {in_second: 0, again: 1}
 
 
+def test_a_market_drawn_by_instance_id_is_refused_not_run_on_with_other_draws(tmp_path):
+    """A file whose simulated market is of the schema before (boots drawn by instance id) would change every boot
+    on its way if run on: it is refused with the fix, and left as it was."""
+    market = make_market(tmp_path, rates=QUIET)
+    market.sim.create_instance(CreateRequest(offer_id=healthy_offer(market).id, image="img", disk_gb=150, label="a",
+                                             onstart="", env={}))
+    market.conn.execute("UPDATE sim_meta SET schema_version = 3")
+    before = [tuple(row) for row in market.conn.execute("SELECT * FROM sim_instances")]
+    with pytest.raises(VastctlError, match=r"older vastctl \(schema 3\): point VASTCTL_DB at a fresh file"):
+        SimProvider(market.conn, lambda at: LocalReports(market.conn, market.config, now=at), clock=market.clock,
+                    seed=1, rates=QUIET)
+    assert [tuple(row) for row in market.conn.execute("SELECT * FROM sim_instances")] == before
+
+
 # --- billing ---------------------------------------------------------------------------------------
 
 

@@ -178,8 +178,8 @@ class BootPlan:
 
 def boot_plan(seed: int, host: Host, turn: int, epoch: int, rates: FailureRates, *, resume: bool) -> BootPlan:
     """The `epoch`-th start of the `turn`-th rental of `host`. Drawn by host and turn, not by instance id, so two
-    fleets on one seed that rent a host for the same time meet the same boot there: a comparison of policies
-    measures the policies, not which faults their instance numbers happened to draw."""
+    fleets on one seed that rent a host for the same turn (its first, say) meet the same boot there: a comparison
+    of policies measures the policies, not which faults their instance numbers happened to draw."""
     rng = random.Random(f"{seed}/boot/{host.machine_id}/{turn}/{epoch}")
     provision_s = rng.uniform(5, 30) if resume else rng.uniform(10, 60)
     image_s = IMAGE_GIB * GIB_BITS / (host.inet_down_mbps * 1e6) * rng.uniform(1.0, 1.5) + 20
