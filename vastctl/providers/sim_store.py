@@ -249,7 +249,9 @@ class SimStore:
 
     def rentals_of(self, machine_id: int) -> int:
         """How many instances this market has rented on the host so far (destroyed or not)."""
-        return self.conn.execute("SELECT count(*) FROM sim_instances WHERE machine_id = ?", (machine_id,)).fetchone()[0]
+        rented: int = self.conn.execute("SELECT count(*) FROM sim_instances WHERE machine_id = ?",
+                                        (machine_id,)).fetchone()[0]
+        return rented
 
     def live_machines(self) -> dict[int, Machine]:
         """vast id → machine, every instance not destroyed."""
