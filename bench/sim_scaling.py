@@ -24,6 +24,7 @@ Rerun:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import resource
@@ -46,9 +47,7 @@ def one(hours: float, seed: int, policy: str | None) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         started, cpu = time.perf_counter(), time.process_time()
         options = setting.DemoOptions(hours=hours, seed=seed)
-        if policy is not None:
-            options = setting.DemoOptions(hours=hours, seed=seed, policy=policy)
-        result = day.run(options, Path(directory))
+        result = day.run(options if policy is None else dataclasses.replace(options, policy=policy), Path(directory))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     digest = hashlib.sha256(json.dumps(result.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -42,7 +42,7 @@ from vastctl import guard
 from vastctl.agent import plan_lp, rules
 from vastctl.agent.plan_forecast import DemandPast, Forecast, forecast
 from vastctl.agent.plan_odds import BootOdds
-from vastctl.agent.sizing import LATE_BENCH_S, ceiling, has_work, in_state_for, late, on_its_way, resumable, vast_dead
+from vastctl.agent.sizing import LATE_BENCH_S, ceiling, has_work, in_state_for, late_benchmarks, on_its_way, resumable, vast_dead
 from vastctl.agent.valuation import BOOT_HOURS, launch_price, launch_terms, per_proof, rank_offers
 from vastctl.config import Config
 from vastctl.guard import Action, Kind
@@ -120,8 +120,7 @@ def _release_late_benchmarks(obs: Observation, budget: int, touched: set[str | N
     """Destroy every benchmark past LATE_BENCH_S, whatever else the step does: the plan does not count it (it
     plans around it), and five cold proofs that take that long come from a host the gate would refuse, so it would
     only bill until reconcile's timeouts.params_done (90 min). The rules keep one while the fleet needs it."""
-    late_ones = [m for m in obs.machines if late(m, obs.now) and m.get("vast_id") is not None and not vast_dead(m)
-                 and m["uuid"] not in touched]
+    late_ones = [m for m in late_benchmarks(obs) if m["uuid"] not in touched]
     return [Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                    reason=(f"benchmarking for {in_state_for(machine, obs.now) / 60:.0f}m (a healthy benchmark takes"
                            f" 10-16m; past {LATE_BENCH_S // 60}m it is likely stuck, and a benchmark that slow"

@@ -69,7 +69,7 @@ from vastctl.agent.sizing import (
     held_capacity,
     horizon_hours,
     in_state_for,
-    late,
+    late_benchmarks,
     on_its_way,
     resumable,
     rounded_down,
@@ -269,7 +269,7 @@ def _release_late_benchmarks(obs: Observation, config: Config, budget: int) -> l
     want = wanted_capacity(obs, config)
     if budget < 1 or counted_capacity(obs) < want - 1e-9:
         return []
-    late_ones = [m for m in obs.machines if late(m, obs.now) and m.get("vast_id") is not None and not vast_dead(m)]
+    late_ones = late_benchmarks(obs)
     return [Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
                    reason=(f"benchmarking for {in_state_for(machine, obs.now) / 60:.0f}m (a healthy benchmark takes 10-16m;"
                            f" past {LATE_BENCH_S // 60}m it is likely stuck), and the fleet covers the"

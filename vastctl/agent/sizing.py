@@ -149,6 +149,11 @@ def late(machine: Machine, now: datetime) -> bool:
     return machine["state"] == State.PARAMS_DONE and in_state_for(machine, now) > LATE_BENCH_S
 
 
+def late_benchmarks(obs: Observation) -> list[Machine]:
+    """The late benchmarks a policy may destroy: rented (a vast id) and not already dead at vast."""
+    return [m for m in obs.machines if late(m, obs.now) and m.get("vast_id") is not None and not vast_dead(m)]
+
+
 def on_its_way(machine: Machine, now: datetime) -> bool:
     """Booting (or resuming) and expected to come up: not late, not dead at vast."""
     return machine["state"] in PENDING_STATES and not late(machine, now) and not vast_dead(machine)
