@@ -72,6 +72,8 @@ def wait_for(condition, what: str = "the condition", timeout: float = 30, proc: 
             break
         time.sleep(0.05)
     detail = log.read_text(errors="replace") if log is not None and log.exists() else ""
+    if proc is not None and proc.poll() is not None:
+        raise AssertionError(f"the process exited (code {proc.returncode}) while waiting for {what}\n{detail}")
     raise AssertionError(f"timed out waiting for {what} ({timeout}s)\n{detail}")
 
 
