@@ -25,9 +25,9 @@ from vastctl.state.rows import TABLES
 # What the file keeps only as its latest value, and what an earlier moment shows of it once the latest came later.
 UNKNOWN_THEN = {"proofs_done": 0, "proofs_per_hour": None, "vast_status_msg": None}
 FROM_UNKNOWN = ("rate_source",)  # whether the heartbeats' rate or the benchmark's was clamped to the router's
-HEARD_BY_THEN = ("last_heartbeat_at", "last_contact_at")
+HEARD_BY_THEN = ("last_heartbeat_at", "last_contact_at")  # a machine heard from after it: at the moment at the latest
 RATE_FROM_HEARTBEATS = {"expected_rate", "counted_rate"}  # what a machine's heartbeats' rate sets, when it has one
-RATE_WITHOUT_HEARTBEATS = ("bench", "router", "gpu_model", "default")  # a machine heard from after it: at the moment at the latest
+RATE_WITHOUT_HEARTBEATS = ("bench", "router", "gpu_model", "default")  # the rate sources that stand in without it
 
 
 @pytest.fixture(scope="module")
