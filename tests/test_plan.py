@@ -4,6 +4,7 @@ over its actions, and agent-step running it at the command line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -14,7 +15,7 @@ from vastctl import clock
 from vastctl import config as config_module
 from vastctl.agent import plan, rules, step
 from vastctl.agent.plan_forecast import DemandPast, forecast
-from vastctl.agent.plan_odds import PRIOR_BOOTS, PRIOR_OK, WINDOW, BootOdds, read_boot_odds
+from vastctl.agent.plan_odds import PRIOR_BOOTS, PRIOR_OK, STEPS, WINDOW, BootOdds, read_boot_odds
 from vastctl.agent.sizing import LATE_BENCH_S
 from vastctl.errors import BadInput
 from vastctl.facts.demand import Demand
@@ -291,13 +292,17 @@ def at(minutes_ago: float | None) -> str | None:
     return None if minutes_ago is None else clock.to_iso(NOW - timedelta(minutes=minutes_ago))
 
 
-def row(conn, label, created, resumed=None, killed=None, beat=None, state="killed", code=None, bench=None):
+def row(conn, label, created, resumed=None, killed=None, beat=None, state="killed", code=None, bench=None,
+        registered=None, bench_done=None):
     conn.execute("INSERT INTO instances (uuid, label, state, created_at, state_since, resumed_at, killed_at,"
                  " last_heartbeat_at, kill_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  (f"u-{label}", label, state, at(created), at(created), at(resumed), at(killed), at(beat), code))
-    if bench is not None:  # its benchmark began then
-        conn.execute("INSERT INTO events (at, kind, uuid, label, from_state, to_state, source) VALUES"
-                     " (?, 'transition', ?, ?, 'registered', 'params_done', 'instance')", (at(bench), f"u-{label}", label))
+    # the steps it reached, then: registered, its benchmark began (params_done), its benchmark passed (bench_done)
+    for when, from_state, to_state in ((registered, "launching", "registered"), (bench, "registered", "params_done"),
+                                       (bench_done, "params_done", "bench_done")):
+        if when is not None:
+            conn.execute("INSERT INTO events (at, kind, uuid, label, from_state, to_state, source) VALUES"
+                         " (?, 'transition', ?, ?, ?, ?, 'instance')", (at(when), f"u-{label}", label, from_state, to_state))
 
 
 def test_boots_are_counted_by_how_they_ended_within_the_window(conn):
@@ -311,20 +316,43 @@ def test_boots_are_counted_by_how_they_ended_within_the_window(conn):
     # whose benchmark ran past LATE_BENCH_S failed, as one reconcile's timeout killed
     row(conn, "released", created=80, killed=70, code="agent", bench=72)
     row(conn, "released-early", created=80, killed=75, code="agent")
-    row(conn, "late-bench", created=100, killed=50, code="agent", bench=50 + LATE_BENCH_S / 60 + 1)
+    row(conn, "late-bench", created=100, killed=50, code="agent", bench=50 + LATE_BENCH_S / 60 + 1, registered=90)
     odds = read_boot_odds(conn, NOW)
-    assert odds == BootOdds(fresh_ok=3, fresh_failed=2, resume_ok=1, resume_failed=1)
+    # every boot that came up passed every step; "stuck" and the two failed at the start, "late-bench" in its
+    # benchmark (it reached params_done)
+    assert odds == BootOdds(fresh_ok=3, fresh_failed=2, resume_ok=1, resume_failed=1,
+                            fresh_past=((3, 1), (3, 1), (3, 0)), resume_past=((1, 0), (1, 0), (1, 0)))
     assert odds.fresh == pytest.approx((3 + PRIOR_OK) / (5 + PRIOR_BOOTS))
     assert odds.resume == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_BOOTS))
     assert "boots came up 3 of 5 fresh, 1 of 2 resumed in 6h" in odds.words()
 
 
 def test_with_no_boots_yet_the_prior_is_counted(conn):
-    assert read_boot_odds(conn, NOW) == BootOdds()
+    assert read_boot_odds(conn, NOW) == BootOdds(fresh_past=((0, 0),) * 3, resume_past=((0, 0),) * 3)
     assert BootOdds().fresh == pytest.approx(PRIOR_OK / PRIOR_BOOTS)
+    # the prior's failures are spread over the three risky steps: a boot past them all has none left
+    assert [BootOdds().on_its_way(False, state) for state in STEPS] == pytest.approx(
+        [PRIOR_OK / (PRIOR_OK + (PRIOR_BOOTS - PRIOR_OK) * left / 3) for left in (3, 2, 1, 0)])
 
 
-FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5)
+def test_a_boot_is_counted_by_the_boots_that_reached_its_step(conn):
+    """Boots that failed at the start say nothing of one past it: of 4 begun, 2 failed to start, 1 stalled in its
+    parameter fetch and 1 came up; a boot fetching its parameters counts at 1 of 2, one benchmarking at 1 of 1."""
+    row(conn, "no-start-1", created=100, killed=95)
+    row(conn, "no-start-2", created=100, killed=95)
+    row(conn, "stalled", created=100, registered=95, killed=60)
+    row(conn, "up", created=100, registered=95, bench=80, bench_done=65, beat=30, state="running")
+    odds = read_boot_odds(conn, NOW)
+    assert (odds.fresh_ok, odds.fresh_failed) == (1, 3)
+    assert odds.fresh_past == ((1, 1), (1, 0), (1, 0))
+    assert odds.on_its_way(False, "launching") == pytest.approx(odds.fresh) == pytest.approx(
+        (1 + PRIOR_OK) / (4 + PRIOR_BOOTS))
+    assert odds.on_its_way(False, "registered") == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_OK + 2 / 3 * (PRIOR_BOOTS - PRIOR_OK)))
+    assert odds.on_its_way(False, "bench_done") == pytest.approx(1.0)
+    assert odds.on_its_way(True, "registered") == pytest.approx(BootOdds().on_its_way(True, "registered"))
+
+
+FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5, fresh_past=((4, 8), (4, 4), (4, 0)))  # all failed after registering
 
 
 def test_where_boots_fail_a_peak_rents_more_machines_than_where_they_come_up():
@@ -347,5 +375,21 @@ def test_a_boot_on_its_way_counts_at_its_odds():
     failing = plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), FAILING)
     assert not [a for a in came_up.actions if a.kind == "launch"]
     assert [a for a in failing.actions if a.kind == "launch"]
+
+
+def test_a_boot_past_the_steps_that_fail_counts_at_the_odds_of_those_that_got_there():
+    """The same fleet and work, boots failing as often, but all at the start: the machine already fetching its
+    parameters has passed where they failed, counts at nearly its whole rate, and nothing more is rented."""
+    booting = m("vastctl-b", state="registered")
+    booting["state_since"] = clock.to_iso(NOW - timedelta(minutes=5))
+    obs = observation([m("vastctl-a"), booting], demand(20, 115))
+    at_the_start = replace(FAILING, fresh_past=((4, 0), (4, 0), (4, 0)))
+    decision = plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), at_the_start)
+    assert not [a for a in decision.actions if a.kind == "launch"]
+    # the same machine still starting its container counts at the start's odds (4 of 12): more is rented
+    starting = dict(booting, state="launching")
+    obs = observation([m("vastctl-a"), starting], demand(20, 115))
+    assert [a for a in plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), at_the_start).actions
+            if a.kind == "launch"]
 
 

@@ -5,7 +5,8 @@ HORIZON_SLOTS slots of SLOT_S (2.5 h) with a linear program (agent/plan_lp.py) o
 (agent/plan_forecast.py: the look-ahead count, then a day-old profile or the level held) and every source of
 capacity at its own price: the machines running (at the price they were rented at), booting, stopped
 (a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price), each boot counted at the share of
-recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner). A proof may wait
+recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner; one on its way at
+the share of those that got as far as it has). A proof may wait
 up to agent.max_wait less PLAN_MARGIN_S. Its freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off
@@ -184,7 +185,7 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
             sources.append(plan_lp.Source(key=m["uuid"], kind="running", rate=m["expected_rate"], price=_price(m),
                                           first_slot=0))
         elif on_its_way(m, obs.now):
-            share = odds.resume if m.get("resumes") else odds.fresh
+            share = odds.on_its_way(bool(m.get("resumes")), m["state"])
             sources.append(plan_lp.Source(key=m["uuid"], kind="booting", rate=m["expected_rate"] * share, price=_price(m),
                                           first_slot=BOOTING_FIRST_SLOT.get(State(m["state"]), FRESH_FIRST_SLOT)))
         else:

@@ -132,7 +132,8 @@ def killed_with_vast_id(conn: sqlite3.Connection) -> int:
 
 class Boot(NamedTuple):
     """What tells how a machine's boots ended: when it was created and last resumed, killed (and why), its last
-    heartbeat, and when it last began its benchmark (its last params_done event)."""
+    heartbeat, and when it last reached each step of a boot (its last registered, params_done and bench_done
+    events: when it last began its benchmark is the params_done one)."""
 
     created_at: str | None
     resumed_at: str | None
@@ -140,13 +141,17 @@ class Boot(NamedTuple):
     last_heartbeat_at: str | None
     kill_code: str | None
     bench_began_at: str | None
+    registered_at: str | None
+    bench_done_at: str | None
 
 
 def boots_since(conn: sqlite3.Connection, since: str) -> list[Boot]:
     """The machines created or resumed at `since` (an ISO time) or later (the planning policy's boot odds)."""
     return [Boot(*row) for row in conn.execute(
         "SELECT created_at, resumed_at, killed_at, last_heartbeat_at, kill_code,"
-        " (SELECT max(e.at) FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'params_done')"
+        " (SELECT max(e.at) FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'params_done'),"
+        " (SELECT max(e.at) FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'registered'),"
+        " (SELECT max(e.at) FROM events e WHERE e.uuid = i.uuid AND e.to_state = 'bench_done')"
         " FROM instances i WHERE created_at >= ? OR resumed_at >= ?", (since, since))]
 
 
