@@ -6,8 +6,8 @@ HORIZON_SLOTS slots of SLOT_S (2.5 h) with a linear program (agent/plan_lp.py) o
 capacity at its own price: the machines running (at the price they were rented at), booting, stopped
 (a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price), each boot counted at the share of
 recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner; one on its way at
-the share of those that got as far as it has). A proof may wait
-up to agent.max_wait less PLAN_MARGIN_S. Its freedoms, the lower bound's (vastctl/bound.py):
+the share of those that got as far as it has). A proof may wait up to agent.max_wait less PLAN_MARGIN_S. Its
+freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off
   wait      a peak of minutes is worked off by the queue, not by a machine rented for it
