@@ -17,7 +17,7 @@ import time
 
 import pytest
 import requests
-from helpers.serving import Manager, run_vastctl
+from helpers.serving import Manager, run_vastctl, under_file_limit
 
 pytestmark = pytest.mark.slow  # real serve processes, slow clients on loopback
 
@@ -174,16 +174,11 @@ def test_bad_limits_are_exit_2(tmp_path):
         assert flag in result.stderr
 
 
-def limited_files(soft, hard):
-    import resource
-
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
 def test_connection_limit_beyond_the_open_file_limit_is_exit_2(tmp_path):
     m = Manager(tmp_path / "few-files")
-    result = subprocess.run([sys.executable, "-m", "vastctl", "serve", "--port", "0", "--connection-limit", "5000"],
-                            env=m.env, capture_output=True, text=True, timeout=60, preexec_fn=limited_files(256, 1024))
+    result = subprocess.run(under_file_limit(256, 1024, [sys.executable, "-m", "vastctl", "serve", "--port", "0",
+                                                         "--connection-limit", "5000"]),
+                            env=m.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("error: --connection-limit needs about 5064 open files")
     assert "LimitNOFILE" in result.stderr and len(result.stderr.splitlines()) == 1
@@ -192,9 +187,9 @@ def test_connection_limit_beyond_the_open_file_limit_is_exit_2(tmp_path):
 def test_serve_raises_a_low_soft_file_limit_to_fit_its_connections(tmp_path):
     """systemd starts services with a soft limit of 1024 files: serve lifts it to the hard limit it needs."""
     m = Manager(tmp_path / "lifted")
-    proc = subprocess.Popen([sys.executable, "-m", "vastctl", "serve", "--port", "0", "--connection-limit", "600"],
-                            env=m.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=limited_files(256, 4096))
+    proc = subprocess.Popen(under_file_limit(256, 4096, [sys.executable, "-m", "vastctl", "serve", "--port", "0",
+                                                         "--connection-limit", "600"]),
+                            env=m.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         said = [proc.stderr.readline()]
         while said[-1] and "serving on" not in said[-1]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import socket
 import sqlite3
 import struct
@@ -20,7 +19,7 @@ from pathlib import Path
 import hpack
 import yaml
 
-from helpers.serving import wait_for
+from helpers.serving import under_file_limit, wait_for
 
 MiB = 1 << 20
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -359,13 +358,10 @@ class RouterProcess:
         env = {**os.environ, "HOME": str(home), "VASTCTL_DB": str(self.db_path), "VASTCTL_CONFIG": str(config_path)}
         self.log_path = home / "route.log"
 
-        def limit():
-            if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-        self.proc = subprocess.Popen([sys.executable, "-m", "vastctl", "route", "--listen", "127.0.0.1:0"], env=env,
+        command = [sys.executable, "-m", "vastctl", "route", "--listen", "127.0.0.1:0"]
+        self.proc = subprocess.Popen(command if nofile is None else under_file_limit(nofile, nofile, command), env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self.log_path.open("w"), preexec_fn=limit)
+                                     stderr=self.log_path.open("w"))
         found = wait_for(lambda: re.search(r"routing on 127\.0\.0\.1:(\d+)", self.log()), "the router to start",
                          timeout=60, proc=self.proc, log=self.log_path)
         self.port = int(found.group(1))

@@ -30,6 +30,21 @@ def run_vastctl(*args: str, env: dict) -> subprocess.CompletedProcess:
                           text=True, timeout=60, check=False)
 
 
+# Sets the open-file limit, then execs the command: the limit a test gives a process, set without preexec_fn. A
+# preexec_fn makes subprocess fork the test's worker and run Python in the child before its exec, and a worker that
+# loaded grpcio (the router's tests) then runs gRPC's fork handlers there, which may write a log line to the child's
+# stderr before the command's first word.
+_FILE_LIMITED = ("import os, resource, sys;"
+                 " resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])));"
+                 " os.execv(sys.argv[3], sys.argv[3:])")
+
+
+def under_file_limit(soft: int, hard: int, command: list[str]) -> list[str]:
+    """`command` run with at most `soft` open files (and `hard` as the most it may raise that to); its pid is the
+    command's (the launcher execs it)."""
+    return [sys.executable, "-c", _FILE_LIMITED, str(soft), str(hard), *command]
+
+
 @contextmanager
 def on_a_thread(server):
     """A loopback HTTP server (a fake of vast, say) answering on a thread for as long as the block runs."""
