@@ -347,12 +347,14 @@ def test_a_boot_is_counted_by_the_boots_that_reached_its_step(conn):
     assert odds.fresh_past == ((1, 1), (1, 0), (1, 0))
     assert odds.on_its_way(False, "launching") == pytest.approx(odds.fresh) == pytest.approx(
         (1 + PRIOR_OK) / (4 + PRIOR_BOOTS))
-    assert odds.on_its_way(False, "registered") == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_OK + 2 / 3 * (PRIOR_BOOTS - PRIOR_OK)))
+    prior_left = 2 / 3 * (PRIOR_BOOTS - PRIOR_OK)  # past its start: two of the three steps' share of the prior
+    assert odds.on_its_way(False, "registered") == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_OK + prior_left))
     assert odds.on_its_way(False, "bench_done") == pytest.approx(1.0)
     assert odds.on_its_way(True, "registered") == pytest.approx(BootOdds().on_its_way(True, "registered"))
 
 
-FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5, fresh_past=((4, 8), (4, 4), (4, 0)))  # all failed after registering
+# 4 of 12 fresh boots came up, 1 of 6 resumes; the 8 fresh boots that failed all registered first
+FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5, fresh_past=((4, 8), (4, 4), (4, 0)))
 
 
 def test_where_boots_fail_a_peak_rents_more_machines_than_where_they_come_up():
@@ -391,5 +393,3 @@ def test_a_boot_past_the_steps_that_fail_counts_at_the_odds_of_those_that_got_th
     obs = observation([m("vastctl-a"), starting], demand(20, 115))
     assert [a for a in plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), at_the_start).actions
             if a.kind == "launch"]
-
-
