@@ -320,15 +320,14 @@ def test_boots_are_counted_by_how_they_ended_within_the_window(conn):
     odds = read_boot_odds(conn, NOW)
     # every boot that came up passed every step; "stuck" and the two failed at the start, "late-bench" in its
     # benchmark (it reached params_done)
-    assert odds == BootOdds(fresh_ok=3, fresh_failed=2, resume_ok=1, resume_failed=1,
-                            fresh_past=((3, 1), (3, 1), (3, 0)), resume_past=((1, 0), (1, 0), (1, 0)))
+    assert odds == BootOdds(fresh_ok=3, fresh_failed=2, resume_ok=1, resume_failed=1, fresh_failed_past=(1, 1, 0))
     assert odds.fresh == pytest.approx((3 + PRIOR_OK) / (5 + PRIOR_BOOTS))
     assert odds.resume == pytest.approx((1 + PRIOR_OK) / (2 + PRIOR_BOOTS))
     assert "boots came up 3 of 5 fresh, 1 of 2 resumed in 6h" in odds.words()
 
 
 def test_with_no_boots_yet_the_prior_is_counted(conn):
-    assert read_boot_odds(conn, NOW) == BootOdds(fresh_past=((0, 0),) * 3, resume_past=((0, 0),) * 3)
+    assert read_boot_odds(conn, NOW) == BootOdds()
     assert BootOdds().fresh == pytest.approx(PRIOR_OK / PRIOR_BOOTS)
     # the prior's failures are spread over the three risky steps: a boot past them all has none left
     assert [BootOdds().on_its_way(False, state) for state in STEPS] == pytest.approx(
@@ -344,7 +343,7 @@ def test_a_boot_is_counted_by_the_boots_that_reached_its_step(conn):
     row(conn, "up", created=100, registered=95, bench=80, bench_done=65, beat=30, state="running")
     odds = read_boot_odds(conn, NOW)
     assert (odds.fresh_ok, odds.fresh_failed) == (1, 3)
-    assert odds.fresh_past == ((1, 1), (1, 0), (1, 0))
+    assert odds.fresh_failed_past == (1, 0, 0)
     assert odds.on_its_way(False, "launching") == pytest.approx(odds.fresh) == pytest.approx(
         (1 + PRIOR_OK) / (4 + PRIOR_BOOTS))
     prior_left = 2 / 3 * (PRIOR_BOOTS - PRIOR_OK)  # past its start: two of the three steps' share of the prior
@@ -354,7 +353,7 @@ def test_a_boot_is_counted_by_the_boots_that_reached_its_step(conn):
 
 
 # 4 of 12 fresh boots came up, 1 of 6 resumes; the 8 fresh boots that failed all registered first
-FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5, fresh_past=((4, 8), (4, 4), (4, 0)))
+FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5, fresh_failed_past=(8, 4, 0))
 
 
 def test_where_boots_fail_a_peak_rents_more_machines_than_where_they_come_up():
@@ -385,7 +384,7 @@ def test_a_boot_past_the_steps_that_fail_counts_at_the_odds_of_those_that_got_th
     booting = m("vastctl-b", state="registered")
     booting["state_since"] = clock.to_iso(NOW - timedelta(minutes=5))
     obs = observation([m("vastctl-a"), booting], demand(20, 115))
-    at_the_start = replace(FAILING, fresh_past=((4, 0), (4, 0), (4, 0)))
+    at_the_start = replace(FAILING, fresh_failed_past=(0, 0, 0))
     decision = plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), at_the_start)
     assert not [a for a in decision.actions if a.kind == "launch"]
     # the same machine still starting its container counts at the start's odds (4 of 12): more is rented

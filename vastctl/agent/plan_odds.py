@@ -42,15 +42,16 @@ RISKY_STEPS = 3  # the start, the parameter fetch and the benchmark: where a boo
 
 @dataclass(frozen=True)
 class BootOdds:
-    """Boots begun within WINDOW that came up or failed, fresh and resumed apart; and of those, per later step
-    (registered, params_done, bench_done), the ones that reached it: (came up, failed)."""
+    """Boots begun within WINDOW that came up or failed, fresh and resumed apart; and of the failed ones, those
+    that had reached each later step (registered, params_done, bench_done). Every boot that came up passed every
+    step, so the boots that reached a step are those that came up and the failed ones past it."""
 
     fresh_ok: int = 0
     fresh_failed: int = 0
     resume_ok: int = 0
     resume_failed: int = 0
-    fresh_past: tuple[tuple[int, int], ...] = ()
-    resume_past: tuple[tuple[int, int], ...] = ()
+    fresh_failed_past: tuple[int, ...] = (0,) * (len(STEPS) - 1)
+    resume_failed_past: tuple[int, ...] = (0,) * (len(STEPS) - 1)
 
     @property
     def fresh(self) -> float:
@@ -66,10 +67,9 @@ class BootOdds:
         """The share of the rate of a machine booting in `state` the plan counts on: the odds of the boots that
         reached that step (a step not among STEPS is counted as a start)."""
         step = STEPS.index(State(state)) if state in STEPS else 0
-        if step == 0:
-            return self.resume if resumed else self.fresh
-        past = self.resume_past if resumed else self.fresh_past
-        ok, failed = past[step - 1] if step - 1 < len(past) else (0, 0)
+        ok, failed = (self.resume_ok, self.resume_failed) if resumed else (self.fresh_ok, self.fresh_failed)
+        if step > 0:
+            failed = (self.resume_failed_past if resumed else self.fresh_failed_past)[step - 1]
         return _share(ok, failed, step)
 
     def words(self) -> str:
@@ -91,23 +91,20 @@ def read_boot_odds(conn: sqlite3.Connection, now: datetime) -> BootOdds:
     """The boots begun within WINDOW before `now` and how they ended (module docstring)."""
     since = clock.to_iso(now - WINDOW)
     counts = {"fresh_ok": 0, "fresh_failed": 0, "resume_ok": 0, "resume_failed": 0}
-    past = {kind: [[0, 0] for _ in STEPS[1:]] for kind in ("fresh", "resume")}
+    failed_past = {"fresh": [0] * (len(STEPS) - 1), "resume": [0] * (len(STEPS) - 1)}
     for boot in instances.boots_since(conn, since):
         for kind, began, ended in (("fresh", boot.created_at, boot.resumed_at), ("resume", boot.resumed_at, None)):
             if began is None or began < since:
                 continue
             came_up = boot.last_heartbeat_at is not None and boot.last_heartbeat_at > began or (ended is not None)
             if came_up:  # it heartbeat, or was stopped after proving and resumed
-                outcome, reached = 0, len(STEPS) - 1
+                counts[f"{kind}_ok"] += 1
             elif boot.killed_at is not None and not _released_on_its_way(boot, began):
-                outcome, reached = 1, _reached(boot, began)
-            else:
-                continue
-            counts[f"{kind}_{('ok', 'failed')[outcome]}"] += 1
-            for step in range(reached):
-                past[kind][step][outcome] += 1
-    return BootOdds(**counts, fresh_past=tuple((ok, failed) for ok, failed in past["fresh"]),
-                    resume_past=tuple((ok, failed) for ok, failed in past["resume"]))
+                counts[f"{kind}_failed"] += 1
+                for step in range(_reached(boot, began)):
+                    failed_past[kind][step] += 1
+    return BootOdds(**counts, fresh_failed_past=tuple(failed_past["fresh"]),
+                    resume_failed_past=tuple(failed_past["resume"]))
 
 
 def _reached(boot: instances.Boot, began: str) -> int:
