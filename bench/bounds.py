@@ -12,29 +12,42 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from vastctl import markets
 from vastctl.clock import VirtualClock
+from vastctl.config import Config
 from vastctl.demo import figures, setting
+from vastctl.providers.sim import SimProvider
 from vastctl.state import db
 
 
-def one_seed(seed: int, hours: float) -> dict:
+@contextmanager
+def day_market(seed: int, hours: float) -> Iterator[tuple[SimProvider, Config, setting.DemandCurve, int]]:
+    """The simulated market of a day, its config, its demand curve and its minutes, in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="vastctl-bounds-") as scratch:
         options = setting.DemoOptions(hours=hours, seed=seed)
         config = setting.demo_config(Path(scratch), options)
         clock = VirtualClock(setting.START)
         conn = db.connect(config.db_path, now=clock.now(), create=True)
         market = markets.get_provider(config, conn=conn, clock=clock)
-        curve = setting.DemandCurve(seed)
-        arrived = sum(curve.rate(minute) / 60 for minute in range(options.minutes))
+        assert isinstance(market, SimProvider)
+        try:
+            yield market, config, setting.DemandCurve(seed), options.minutes
+        finally:
+            conn.close()
+
+
+def one_seed(seed: int, hours: float) -> dict:
+    with day_market(seed, hours) as (market, config, curve, minutes):
+        arrived = sum(curve.rate(minute) / 60 for minute in range(minutes))
         started = time.process_time()
-        least = figures.least_costs(market, config, curve, options.minutes)
+        least = figures.least_costs(market, config, curve, minutes)
         cpu = time.process_time() - started
-        old = figures.lower_bound_cost(market, config, curve, options.minutes)
-        old_any = figures.lower_bound_cost(market, config, curve, options.minutes, honest=False)
-        conn.close()
+        old = figures.lower_bound_cost(market, config, curve, minutes)
+        old_any = figures.lower_bound_cost(market, config, curve, minutes, honest=False)
 
     def per(cost: float) -> str:
         return f"{cost / arrived * 1000:.3f}"

@@ -219,3 +219,28 @@ def test_the_bid_aware_bound_never_exceeds_the_on_demand_one_and_knows_the_marke
                     assert spell is not None and spell.start <= at < spell.end
     assert held > 0
     conn.close()
+
+
+def test_the_program_names_each_rentals_proving_shares_block_by_block():
+    """bound.program() says where each rental's proving shares (y) are, for programs built on it (the whole-host
+    bound of bench/whole_hosts.py makes them whole): each is a column of its block's capacity row at the host's
+    rate, and a share of the host's one-at-a-time row, in the cohort's own blocks."""
+    horizon = bound.minutes(120, 20 * 60)
+    hosts = [Rentable(key=1, rate=60, storage_dph=0.1, prices=flat(1.0, horizon)),
+             Rentable(key=2, rate=30, storage_dph=0.1, prices=flat(2.0, horizon, taken=(0,)))]
+    work = bound.work_by_block([1.0] * 120, 20 * 60)
+    cohorts = {host.key: bound.cohorts_of(host, work.blocks) for host in hosts}
+    built = bound.program(hosts, cohorts, work.blocks, work.may, work.due)
+    expected = [(host, cohort) for host in hosts for cohort in cohorts[host.key]]
+    assert [price for price, _ in built.proving] == [cohort.price for _, cohort in expected]
+    matrix = built.matrix.tocsc()
+    for (host, cohort), (_, columns) in zip(expected, built.proving):
+        assert len(columns) == cohort.last - cohort.first
+        for block, column in zip(range(cohort.first, cohort.last), columns):
+            rows = dict(zip(matrix[:, column].indices, matrix[:, column].data))
+            assert rows[built.first_capacity + block] == pytest.approx(-host.rate * bound.BLOCK_MIN / 60)
+            assert built.cost[column] == pytest.approx(cohort.price * bound.BLOCK_MIN / 60)  # proving pays the price
+    # solved as it is built, it is the least cost least_cost() finds
+    from scipy.optimize import linprog
+    solved = linprog(built.cost, A_ub=built.matrix, b_ub=built.upper, bounds=built.limits, method="highs")
+    assert solved.fun == pytest.approx(bound.least_cost(hosts, [1.0] * 120, 20 * 60).cost, abs=1e-6)

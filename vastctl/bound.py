@@ -27,7 +27,7 @@ constraint below is one that every fleet meets, so no fleet can pay less.
 Each simplification (the hour's lowest price, the free first block and
 resumes, fractions, a block's least rival bid) can only lower the figure, so it stays a bound.
 A rental is held no longer than until the host's next hour offered as cheap
-(_cohorts): that changes no least cost, and keeps the program's size linear in
+(cohorts_of): that changes no least cost, and keeps the program's size linear in
 the horizon's length. The hosts that cannot lower it are left out, and it is checked that they cannot: a
 left-out host's every hour is dearer per proof than what a proof's capacity is
 worth in any block it could prove in (the program's dual prices); if not, it
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:  # imported where the program is built: the demo's alone
     import numpy as np
+    from scipy.sparse import csr_matrix
 
 BLOCK_MIN = 10  # minutes of one block
 BOOT_MIN = 10  # a rental proves no sooner than this after it begins (≥ BLOCK_MIN keeps the model a bound)
@@ -80,21 +81,35 @@ def minutes(arrival_minutes: int, max_wait_s: float) -> int:
     return int(math.ceil((arrival_minutes + wait) / BLOCK_MIN)) * BLOCK_MIN
 
 
-def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s: float) -> Bound:
-    """The least cost of doing `arrivals` (proofs arriving at each minute's start) within max_wait on `hosts`."""
+@dataclass(frozen=True)
+class Work:
+    """The arrivals as the program sees them, by block."""
+
+    blocks: int
+    may: list[float]  # proofs that may be done by the end of each block (those arrived)
+    due: list[float]  # proofs that must be done by then (those that arrived max_wait before)
+    total: float  # proofs arrived
+
+
+def work_by_block(arrivals: Sequence[float], max_wait_s: float) -> Work:
     wait = int(math.floor(max_wait_s / 60))
     horizon = minutes(len(arrivals), max_wait_s)
-    blocks = horizon // BLOCK_MIN
     arrived = [0.0]
     for minute in range(horizon):
         arrived.append(arrived[-1] + (arrivals[minute] if minute < len(arrivals) else 0.0))
-    total = arrived[-1]
+    blocks = horizon // BLOCK_MIN
+    return Work(blocks=blocks, may=[arrived[min(horizon, (t + 1) * BLOCK_MIN)] for t in range(blocks)],
+                due=[arrived[max(0, min(horizon, (t + 1) * BLOCK_MIN - wait))] for t in range(blocks)],
+                total=arrived[-1])
+
+
+def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s: float) -> Bound:
+    """The least cost of doing `arrivals` (proofs arriving at each minute's start) within max_wait on `hosts`."""
+    work = work_by_block(arrivals, max_wait_s)
+    blocks, may, due, total = work.blocks, work.may, work.due, work.total
     if total <= 0:
         return Bound(cost=0.0, proofs=0.0, hosts_priced=0)
-    # proofs that may be done by the end of block t (arrived) and that must be (due)
-    may = [arrived[min(horizon, (t + 1) * BLOCK_MIN)] for t in range(blocks)]
-    due = [arrived[max(0, min(horizon, (t + 1) * BLOCK_MIN - wait))] for t in range(blocks)]
-    cohorts = {host.key: _cohorts(host, blocks) for host in hosts}
+    cohorts = {host.key: cohorts_of(host, blocks) for host in hosts}
     by_key = {host.key: host for host in hosts}
     ranked = sorted((h for h in hosts if cohorts[h.key]),
                     key=lambda h: min(c.price for c in cohorts[h.key]) / h.rate)
@@ -127,7 +142,7 @@ def least_cost(hosts: Sequence[Rentable], arrivals: Sequence[float], max_wait_s:
         chosen.extend(by_key[host.key] for host in missing)
 
 
-def _held_longer(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], held: dict[tuple[int, int], int],
+def _held_longer(hosts: Sequence[Rentable], cohorts: dict[int, list[Cohort]], held: dict[tuple[int, int], int],
                  duals: _Duals, blocks: int) -> dict[tuple[int, int], int]:
     """The rentals that would lower the cost if held past where the program cut them, and until when.
 
@@ -158,7 +173,7 @@ def _held_longer(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], h
 
 
 @dataclass(frozen=True)
-class _Cohort:
+class Cohort:
     """The rentals of one host begun in one hour: their price, and the blocks they may be held in."""
 
     hour: int
@@ -167,7 +182,7 @@ class _Cohort:
     last: int  # the last block it may be held in (exclusive)
 
 
-def _cohorts(host: Rentable, blocks: int) -> list[_Cohort]:
+def cohorts_of(host: Rentable, blocks: int) -> list[Cohort]:
     """Each hour the host may be rented in and prove after, at the lowest price offered in it.
 
     A cohort is held no further than the start of the host's next hour offered at its price or less: from
@@ -183,7 +198,7 @@ def _cohorts(host: Rentable, blocks: int) -> list[_Cohort]:
         offered = [p for p in host.prices[hour * 60:(hour + 1) * 60] if p is not None]
         if offered:
             found.append((hour, min(offered)))
-    cohorts: list[_Cohort] = []
+    cohorts: list[Cohort] = []
     waiting: list[int] = []  # cohorts (indices) not yet cut short by a later one as cheap: prices rise along it
     lasts = [blocks] * len(found)
     for index, (hour, price) in enumerate(found):
@@ -191,7 +206,7 @@ def _cohorts(host: Rentable, blocks: int) -> list[_Cohort]:
             lasts[waiting.pop()] = hour * COHORT_BLOCKS + 1
         waiting.append(index)
     for (hour, price), last in zip(found, lasts):
-        cohorts.append(_Cohort(hour=hour, price=price, first=hour * COHORT_BLOCKS + 1, last=last))
+        cohorts.append(Cohort(hour=hour, price=price, first=hour * COHORT_BLOCKS + 1, last=last))
     return cohorts
 
 
@@ -204,9 +219,46 @@ class _Duals:
     machines: dict[int, int]  # a host (its machine) → its index
 
 
-def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks: int,
+def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[Cohort]], blocks: int,
            may: Sequence[float], due: Sequence[float]) -> tuple[float, _Duals]:
-    """Build and solve the program over `hosts`: its cost and its prices (_Duals).
+    """Solve the program over `hosts` (program()): its cost and its prices (_Duals)."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    built = program(hosts, cohorts, blocks, may, due)
+    # HiGHS's presolve finds little to remove here and holds a second copy of the program: a week's is a third
+    # faster and ~100 MB smaller without it (the same least cost)
+    result = linprog(built.cost, A_ub=built.matrix, b_ub=built.upper, bounds=built.limits, method="highs",
+                     options={"presolve": False})
+    if result.status != 0:
+        raise ArithmeticError(f"the lower bound's program has no solution: {result.message}")
+    marginals = np.asarray(result.ineqlin.marginals)
+    falling, first_capacity, machine_blocks = built.falling, built.first_capacity, built.machine_blocks
+    held_price = np.zeros(len(built.machines) * blocks)
+    held_price[machine_blocks] = np.maximum(0.0, -marginals[falling:falling + len(machine_blocks)])
+    worth = np.maximum(0.0, -marginals[first_capacity:first_capacity + blocks])
+    return float(result.fun), _Duals(worth=worth, held=held_price, machines=built.machines)
+
+
+@dataclass(frozen=True)
+class Program:
+    """The bound's program in linprog's form (cost · x, matrix · x ≤ upper, limits per column) and where its
+    parts are: the rows _solve() reads its prices from, and each rental's proving shares."""
+
+    cost: np.ndarray
+    matrix: csr_matrix
+    upper: np.ndarray
+    limits: np.ndarray  # (lowest, highest) of each column
+    proving: list[tuple[float, np.ndarray]]  # each cohort's price and its y columns, block by block
+    falling: int  # rows of held shares that only fall (the first rows)
+    machine_blocks: np.ndarray  # a host's one-at-a-time row for each (machine · blocks + block), after them
+    first_capacity: int  # the first of the blocks' capacity rows
+    machines: dict[int, int]  # a host (its machine) → its index
+
+
+def program(hosts: Sequence[Rentable], cohorts: dict[int, list[Cohort]], blocks: int,
+            may: Sequence[float], due: Sequence[float]) -> Program:
+    """Build the program over `hosts`.
 
     Its first variables are the proofs done by the end of each block (D_t, between due and may); each
     block's done ones (D_t − D_{t−1}, never negative) are at most the capacity held proving in it. Then, for
@@ -214,11 +266,11 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks:
     program of a week has some 10⁵ variables.
     """
     import numpy as np
-    from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
     hours = BLOCK_MIN / 60
     costs = [np.zeros(blocks)]
+    proving: list[tuple[float, np.ndarray]] = []
     columns = blocks
     capacity: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (block, y, −rate·hours): the y in each block
     held: list[tuple[np.ndarray, np.ndarray]] = []  # (machine·blocks + block, y or z): a host's share, one at a time
@@ -238,6 +290,7 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks:
             cost[0::2], cost[1::2] = price * hours, host.storage_dph * hours
             costs.append(cost)
             capacity.append((t, y, np.full(len(t), -host.rate * hours)))
+            proving.append((cohort.price, y))
             held.append((np.repeat(machine * blocks + t, 2), np.column_stack((y, z)).ravel()))
             later = np.nonzero(t[1:] > (cohort.hour + 1) * COHORT_BLOCKS)[0] + 1
             if len(later):
@@ -263,13 +316,5 @@ def _solve(hosts: Sequence[Rentable], cohorts: dict[int, list[_Cohort]], blocks:
                               np.concatenate([np.asarray(may, dtype=float), np.full(columns - blocks, np.inf)])))
     matrix = coo_matrix((np.concatenate(val_parts or [empty_f]), (np.concatenate(row_parts), np.concatenate(col_parts))),
                         shape=(len(upper), columns)).tocsr()
-    # HiGHS's presolve finds little to remove here and holds a second copy of the program: a week's is a third
-    # faster and ~100 MB smaller without it (the same least cost)
-    result = linprog(cost, A_ub=matrix, b_ub=upper, bounds=limits, method="highs", options={"presolve": False})
-    if result.status != 0:
-        raise ArithmeticError(f"the lower bound's program has no solution: {result.message}")
-    marginals = np.asarray(result.ineqlin.marginals)
-    held_price = np.zeros(len(machines) * blocks)
-    held_price[machine_blocks] = np.maximum(0.0, -marginals[falling:falling + len(machine_blocks)])
-    worth = np.maximum(0.0, -marginals[first_capacity:first_capacity + blocks])
-    return float(result.fun), _Duals(worth=worth, held=held_price, machines=machines)
+    return Program(cost=cost, matrix=matrix, upper=upper, limits=limits, proving=proving, falling=falling,
+                   machine_blocks=machine_blocks, first_capacity=first_capacity, machines=machines)
