@@ -92,6 +92,7 @@ class Work:
 
 
 def work_by_block(arrivals: Sequence[float], max_wait_s: float) -> Work:
+    """`arrivals` (proofs arriving at each minute's start) as the blocks' may and due totals."""
     wait = int(math.floor(max_wait_s / 60))
     horizon = minutes(len(arrivals), max_wait_s)
     arrived = [0.0]
