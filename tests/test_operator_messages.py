@@ -12,9 +12,11 @@ import sys
 import pytest
 import responses
 from helpers.dashboard import Browser
+from helpers.playground import PinnedClock
 
 from vastctl import clock
 from vastctl import config as config_module
+from vastctl.cli.app import Globals
 from vastctl.serving import server
 from vastctl.state import db, tokens
 
@@ -52,6 +54,7 @@ def test_the_default_image_with_no_install_is_refused_under_vast_and_rented_unde
 
 
 def test_a_playground_file_under_provider_vast_says_it_is_wired_to_no_market(cli, tmp_path, db_path, monkeypatch):
+    monkeypatch.setattr(Globals, "system_clock", PinnedClock())  # one market, whatever the hour: the kill destroys
     sim, vast = tmp_path / "sim.yaml", tmp_path / "vast.yaml"
     sim.write_text(SIM)
     vast.write_text("")

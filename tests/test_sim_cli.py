@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.playground import PinnedClock
 from helpers.serving import query
+
+from vastctl.cli.app import Globals
 
 
 @pytest.fixture
@@ -22,6 +25,7 @@ def sim_ready(cli, tmp_path, monkeypatch):
         "fleet:\n  max_instances: 3\n  max_dph: 1.0\n  max_hourly_spend: 5\n"
     )
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
+    monkeypatch.setattr(Globals, "system_clock", PinnedClock())  # one market, whatever the hour
     assert cli("init").code == 0
 
 
