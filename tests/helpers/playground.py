@@ -3,8 +3,8 @@
 The playground runs on the wall clock: a machine takes half an hour to boot and a proof minutes. FastClock
 runs `speed` times the wall (and jumps when told), so a boot is a handful of commands and a proof seconds; the
 stand-in daemons read that speed (vastctl/providers/sim_join.wall_speed) and prove in their machine's time at
-that pace. It starts hours behind the wall clock, so a `vastctl` started as a process (the router), which
-reads the wall clock, finds the market behind it and runs on its own clock too.
+that pace. It starts hours before PINNED (below), behind the wall clock, so a `vastctl` started as a process
+(the router), which reads the wall clock, finds the market behind it and runs on its own clock too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from vastctl.clock import SYSTEM, Clock
+from vastctl.clock import Clock
 
 # The playground prices, offers and rents by the hour of its clock, so which host is the cheapest, and what its
 # rental draws (a destroy refused for minutes: 3% of rentals at the low level), follows the wall clock's hour. A
@@ -32,11 +32,11 @@ class PinnedClock(Clock):
 
 
 class FastClock(Clock):
-    """Simulated time at `speed` × the wall, from `behind` before now; `jump(seconds)` moves it at once."""
+    """Simulated time at `speed` × the wall, from `behind` before PINNED; `jump(seconds)` moves it at once."""
 
     def __init__(self, speed: float, behind: timedelta = timedelta(hours=6)):
         self.speed = speed
-        self._start = SYSTEM.now() - behind
+        self._start = PINNED - behind
         self._wall = time.monotonic()
         self._jumped = 0.0
 
