@@ -8,11 +8,12 @@ import os
 import sqlite3
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 import responses
 from helpers.dashboard import Browser
-from helpers.playground import PinnedClock
+from helpers.playground import FastClock
 
 from vastctl import clock
 from vastctl import config as config_module
@@ -54,7 +55,7 @@ def test_the_default_image_with_no_install_is_refused_under_vast_and_rented_unde
 
 
 def test_a_playground_file_under_provider_vast_says_it_is_wired_to_no_market(cli, tmp_path, db_path, monkeypatch):
-    monkeypatch.setattr(Globals, "system_clock", PinnedClock())  # one market, whatever the hour: the kill destroys
+    monkeypatch.setattr(Globals, "system_clock", FastClock(1, behind=timedelta(0)))  # one market, any hour: the kill destroys
     sim, vast = tmp_path / "sim.yaml", tmp_path / "vast.yaml"
     sim.write_text(SIM)
     vast.write_text("")

@@ -7,9 +7,10 @@ waiting: offers, a launch, the fleet, a reconcile pass, stop, start and kill.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
-from helpers.playground import PinnedClock
+from helpers.playground import FastClock
 from helpers.serving import query
 
 from vastctl.cli.app import Globals
@@ -25,7 +26,7 @@ def sim_ready(cli, tmp_path, monkeypatch):
         "fleet:\n  max_instances: 3\n  max_dph: 1.0\n  max_hourly_spend: 5\n"
     )
     monkeypatch.setenv("VASTCTL_CONFIG", str(config))
-    monkeypatch.setattr(Globals, "system_clock", PinnedClock())  # one market, whatever the hour
+    monkeypatch.setattr(Globals, "system_clock", FastClock(1, behind=timedelta(0)))  # one market, whatever the hour
     assert cli("init").code == 0
 
 

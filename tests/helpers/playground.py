@@ -17,18 +17,9 @@ from vastctl.clock import Clock
 
 # The playground prices, offers and rents by the hour of its clock, so which host is the cheapest, and what its
 # rental draws (a destroy refused for minutes: 3% of rentals at the low level), follows the wall clock's hour. A
-# test that asserts one path through the market (a kill destroyed at once) runs it from this moment instead.
+# test that asserts one path through the market (a kill destroyed at once) runs it from this moment instead:
+# FastClock(1, behind=timedelta(0)) is the wall's pace from it.
 PINNED = datetime(2026, 12, 7, 12, 0, tzinfo=timezone.utc)
-
-
-class PinnedClock(Clock):
-    """The wall clock's pace from PINNED: the same market whatever the hour the test runs at."""
-
-    def __init__(self) -> None:
-        self._wall = time.monotonic()
-
-    def now(self) -> datetime:
-        return PINNED + timedelta(seconds=time.monotonic() - self._wall)
 
 
 class FastClock(Clock):
