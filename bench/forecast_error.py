@@ -149,7 +149,7 @@ class ForecastLog:
         obs = observe(self.conn, config, now=now)
         known = obs.demand.known
         if not known:
-            held = plan._held_to_last(obs)  # what plan.decide forecasts on
+            held = plan._held_to_last(obs, config)  # what plan.decide forecasts on
             if held is None:  # never known: the plan sizes as the rules do, no forecast
                 return
             obs = held

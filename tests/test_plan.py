@@ -114,12 +114,14 @@ def test_a_cheap_rented_host_is_held_through_a_lull_work_returns_from():
     assert "a day ago at the same time" in decision.hold
 
 
-def test_a_lull_with_no_work_returning_releases_the_machine_stopped_with_its_reason():
+def test_a_lull_with_no_work_returning_releases_the_machine_destroyed_with_its_reason():
+    """Released is destroyed, not stopped: the program never takes it back, and its disk would bill for a resume
+    that saves a quarter hour of boot and fails more often than a fresh boot."""
     cheap = m("vastctl-a", dph=0.3)
     actions = plan.plan(observation([cheap], demand(0, 0)), CONFIG, MARKET, DemandPast())
-    assert kinds(actions) == [("stop", "vastctl-a")]
+    assert kinds(actions) == [("destroy", "vastctl-a")]
     assert "the plan keeps 0 of 60 proofs/h running now" in actions[0].reason
-    assert "stopped, disk kept (no return planned" in actions[0].reason
+    assert "destroyed (the plan takes no released machine back within its 2.5h: stopped, its disk would bill" in actions[0].reason
 
 
 # --- a peak: worked off by waiting when it can be, rented for when it cannot ------------------------------
@@ -166,16 +168,32 @@ def test_unknown_demand_never_known_is_the_rules_sizing_as_if_work_were_queued()
 
 
 def test_unknown_demand_is_planned_on_the_newest_good_sample_and_never_shrinks_the_fleet():
-    """The newest good sample said nothing was coming: known, the plan would stop both machines; unknown, it
+    """The newest good sample said nothing was coming: known, the plan would release both machines; unknown, it
     releases nothing."""
     fleet = [m("vastctl-a", dph=0.3), m("vastctl-b", dph=0.3)]
-    assert [a.kind for a in plan.plan(observation(fleet, demand(0, 0)), CONFIG, MARKET, DemandPast())] == ["stop"] * 2
+    assert [a.kind for a in plan.plan(observation(fleet, demand(0, 0)), CONFIG, MARKET, DemandPast())] == ["destroy"] * 2
     obs = observation(fleet, UNKNOWN)
     obs.last_known_demand = {"at": NOW - timedelta(minutes=40), "ok": True, "queued": 0, "in_flight": 0,
                              "lookahead": 0, "proofs_per_hour": 0.0}
     decision = plan.decide(obs, CONFIG, MARKET, DemandPast())
     assert decision.actions == []
     assert (decision.hold or "").startswith("demand unknown, held to its newest good sample (40m old), nothing released")
+
+
+def test_blind_the_queue_of_the_newest_good_sample_grows_by_what_it_had_coming_less_what_runs():
+    """The source went silent 30 minutes ago with 30 proofs waiting and 40 coming within its 20-minute window
+    (120/h); one machine proves 60/h. Blind, the work did not stop: 30 + (120 − 60) × 0.5 h = 60 wait now (held as
+    sampled, it would plan on 30), and the plan rents for them; with 120/h running the queue stays at 30."""
+    obs = observation([m("vastctl-a", dph=0.3)], UNKNOWN)
+    obs.last_known_demand = {"at": NOW - timedelta(minutes=30), "ok": True, "queued": 30, "in_flight": 0,
+                             "lookahead": 40, "proofs_per_hour": 120.0}
+    decision = plan.decide(obs, CONFIG, MARKET, DemandPast(last_window=40))
+    assert "demand unknown, held to its newest good sample (30m old), nothing released; plan 2.5h: 60 waiting" in (
+        decision.actions[0].reason if decision.actions else decision.hold or "")
+    assert [a.kind for a in decision.actions] == ["launch", "launch"]
+    served = replace(obs, machines=obs.machines + [m("vastctl-b", dph=0.3)], capacity=120.0)
+    calm = plan.decide(served, CONFIG, MARKET, DemandPast(last_window=40))  # 120/h runs: the queue stays at 30
+    assert calm.actions == [] and "plan 2.5h: 30 waiting" in (calm.hold or "")
 
 
 def test_min_machines_is_the_floor():
@@ -193,18 +211,18 @@ def test_the_same_inputs_give_the_same_actions():
 
 
 def test_the_guard_refuses_part_of_the_plan_and_passes_the_rest():
-    """The plan stops the dearer machine and keeps the cheap one, which has not reported for an hour: the guard
-    counts no machine proving then (never_scale_to_zero) and refuses the stop; the destroy of a machine stopped
+    """The plan releases the dearer machine and keeps the cheap one, which has not reported for an hour: the guard
+    counts no machine proving then (never_scale_to_zero) and refuses the release; the destroy of a machine stopped
     after its one resume goes through."""
     fleet = [m("vastctl-a", dph=0.6), m("vastctl-b", dph=0.3, heartbeat_min=60), m("vastctl-s", "stopped", resumes=1)]
     obs = observation(fleet, demand(2, 0))
     planned = plan.plan(obs, CONFIG, MARKET, DemandPast())
-    assert kinds(planned) == [("destroy", "vastctl-s"), ("stop", "vastctl-a")]
+    assert kinds(planned) == [("destroy", "vastctl-s"), ("destroy", "vastctl-a")]
     executor = step.Executor(None, None, CONFIG, obs, NOW, dry_run=True)  # type: ignore[arg-type]
     for action in planned:
         executor.submit(action)
     assert [(a["kind"], a["label"]) for a in executor.actions] == [("destroy", "vastctl-s")]
-    assert [(r["kind"], r["label"], r["limit"]) for r in executor.refused] == [("stop", "vastctl-a", "never_scale_to_zero")]
+    assert [(r["kind"], r["label"], r["limit"]) for r in executor.refused] == [("destroy", "vastctl-a", "never_scale_to_zero")]
 
 
 # --- the policy's name in the config and at the command line ---------------------------------------------
@@ -260,7 +278,7 @@ def test_make_before_break_a_boot_on_its_way_does_not_release_a_running_machine_
     obs = observation([m("vastctl-a", dph=0.6), m("vastctl-b", dph=0.3), booting], demand(5, 100))
     assert plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100)) == []
     monkeypatch.setattr(plan, "MAKE_BEFORE_BREAK_SLOTS", 0)  # the program alone would break before making
-    assert kinds(plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100))) == [("stop", "vastctl-a")]
+    assert kinds(plan.plan(obs, HOUR_AHEAD, MARKET, DemandPast(last_window=100))) == [("destroy", "vastctl-a")]
 
 
 def benchmarking(label, minutes):

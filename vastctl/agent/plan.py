@@ -19,12 +19,15 @@ slot is resumed or rented, the largest planned share first, then the cheapest pe
 ROUND_UP of its rate; a running machine the plan releases in the first slot goes when at least RELEASE_SHARE of
 it is released and what stays running covers the plan's first MAKE_BEFORE_BREAK_SLOTS slots without the
 machines booting (a boot may fail or run late: make before break), never in a step that rents or resumes,
-least planned and dearest per proof first, at most agent.max_releases_per_step: stopped (its
-disk kept, resumed first when work returns), destroyed when it was resumed once already or is
-agent.replace_factor × dearer per proof than the best offer (a resume would pass it over).
+least planned and dearest per proof first, at most agent.max_releases_per_step: destroyed, not stopped
+(the program never takes a released machine back, and a stopped disk bills while it waits for a resume that
+saves ~15 min of boot and finds its GPU taken more often than a fresh boot fails: a stop pays only when resumed
+within about two hours, and of the plan's stops most were not; bench/README.md "Released is destroyed").
+Machines stopped otherwise (by an operator, by the rules) are still resumed first when the plan wants them.
 
 What holds, whatever the program says: demand unknown or stale is planned on the newest good sample (and the
-calls the proof router holds), releasing nothing; never known at all, it is the rules' (sized to the ceiling);
+calls the proof router holds), its queue brought to now (grown by what it had coming, less what the machines
+running prove since), releasing nothing; never known at all, it is the rules' (sized to the ceiling);
 no release takes the last running machine while work is queued, in flight or held at the proof router;
 agent.min_machines is kept (the rules' floor); housekeeping is the rules' (a stopped machine resumed once is
 destroyed, one whose storage billed a fresh boot is retired, outbid machines are waited for, rebid or released),
@@ -91,7 +94,7 @@ def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past:
     """The actions of this step, and why it holds when there are none."""
     known = obs.demand.known
     if not known:  # never shrink on no evidence: planned on the newest good sample, releasing nothing
-        held = _held_to_last(obs)
+        held = _held_to_last(obs, config)
         if held is None:  # no sample was ever good: the rules size to the ceiling
             actions = [replace(a, reason=f"demand unknown, the rules' hold: {a.reason}")
                        for a in rules.plan(obs, config, offers)]
@@ -129,16 +132,25 @@ def _release_late_benchmarks(obs: Observation, budget: int, touched: set[str | N
             for machine in late_ones[:max(0, budget)]]
 
 
-def _held_to_last(obs: Observation) -> Observation | None:
-    """The observation with its demand the newest good sample's (and at least the calls the router holds now),
-    None when no sample was ever good."""
+def _held_to_last(obs: Observation, config: Config) -> Observation | None:
+    """The observation with its demand the newest good sample's, brought to now (and at least the calls the router
+    holds now), None when no sample was ever good. Blind, work does not stop: its queue has grown by what its
+    look-ahead had coming (at the look-ahead's rate, else its proofs/h) and shrunk by what the machines running now
+    prove, over the sample's age; the look-ahead is held as it was."""
     last = obs.last_known_demand
     if last is None:
         return None
+    age_s = max(0.0, (obs.now - last["at"]).total_seconds())
+    window = config.demand.lookahead_window
+    lookahead = last.get("lookahead")
+    coming = (float(lookahead) / (window / 3600) if lookahead is not None and window > 0
+              else float(last.get("proofs_per_hour") or 0.0))
+    queued = last.get("queued")
+    if queued is not None:
+        queued = max(0, round(queued + (coming - obs.capacity) * age_s / 3600))
     in_flight = max(last.get("in_flight") or 0, obs.demand.held)
-    demand = dataclasses.replace(obs.demand, known=True, queued=last.get("queued"), in_flight=in_flight,
-                                 lookahead=last.get("lookahead"), proofs_per_hour=last.get("proofs_per_hour"),
-                                 age_s=max(0.0, (obs.now - last["at"]).total_seconds()))
+    demand = dataclasses.replace(obs.demand, known=True, queued=queued, in_flight=in_flight,
+                                 lookahead=lookahead, proofs_per_hour=last.get("proofs_per_hour"), age_s=age_s)
     return dataclasses.replace(obs, demand=demand)
 
 
@@ -337,33 +349,20 @@ def _releases(obs: Observation, config: Config, setup: _Setup, solution: plan_lp
         if work and remaining <= 1 and not booting:
             break  # never the last machine while work waits
         machine = setup.machines[source.key]
-        returns = _returns_in(setup, solution, have - (released - left) - source.rate)
         left -= source.rate
         remaining -= 1
         dear = per_proof(machine) > config.agent.replace_factor * setup.best_per_proof
-        why = (f"{summary}: the plan keeps {have - released:.0f} of {have:.0f} proofs/h running now;"
-               f" {machine['label']} ${source.price:g}/h (${source.price / source.rate * 1000:.2f} per 1000 proofs)")
-        if machine.get("resumes") or dear:
-            because = "resumed once already" if machine.get("resumes") else (
-                f"{config.agent.replace_factor:g}× dearer per proof than the best offer")
-            actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
-                                  reason=f"{why}: destroyed ({because}: it would not be resumed)"))
-        else:
-            back = f"the plan needs it again in ~{returns:.0f}m" if returns is not None else "no return planned"
-            actions.append(Action(kind=Kind.STOP, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
-                                  reason=f"{why}: stopped, disk kept ({back}; a resume costs less than a fresh boot)"))
+        because = "resumed once already" if machine.get("resumes") else (
+            f"{config.agent.replace_factor:g}× dearer per proof than the best offer" if dear else
+            f"the plan takes no released machine back within its {HORIZON_SLOTS * SLOT_S / 3600:g}h: stopped, its disk"
+            f" would bill while it waits, for a resume that saves ~{(BOOT_HOURS - RESUME_BILLED_H) * 60:.0f}m of boot"
+            f" and finds its GPU taken more often than a fresh boot fails")
+        actions.append(Action(kind=Kind.DESTROY, actor=ACTOR, label=machine["label"], uuid=machine["uuid"],
+                              reason=(f"{summary}: the plan keeps {have - released:.0f} of {have:.0f} proofs/h running"
+                                      f" now; {machine['label']} ${source.price:g}/h"
+                                      f" (${source.price / source.rate * 1000:.2f} per 1000 proofs): destroyed"
+                                      f" ({because})")))
     return actions
-
-
-def _returns_in(setup: _Setup, solution: plan_lp.Solution, kept_rate: float) -> float | None:
-    """Minutes until the plan's capacity is above what stays running now and what boots (the released machine
-    wanted back)."""
-    for t in range(1, len(setup.problem.arrivals)):
-        total = sum(solution.shares[s.key][t] * s.rate for s in setup.problem.sources)
-        booting = sum(s.rate for s in setup.problem.sources if s.kind == "booting" and t >= s.first_slot)
-        if total > kept_rate + booting + 1e-6:
-            return t * SLOT_S / 60
-    return None
 
 
 def _hold(setup: _Setup, solution: plan_lp.Solution, summary: str) -> str:
