@@ -50,11 +50,12 @@ def market_truth(monkeypatch) -> dict[int, dict[str, float]]:
 
 @pytest.fixture(scope="module", params=[9, 3])  # days with a kill that bills after it (destroy refused)
 def day(request, tmp_path_factory):
-    """A simulated day (the demo's, default failures), the market's billing by part, and vastctl's account."""
+    """A simulated day (the demo's, default failures), the market's billing by part, and vastctl's account. The
+    rules' fleet: it stops machines in a lull (the plan destroys what it releases), so every part bills."""
     directory = tmp_path_factory.mktemp(f"cost-day-{request.param}")
     with pytest.MonkeyPatch.context() as patch:
         per = market_truth(patch)
-        result = demo_day.run(setting.DemoOptions(hours=24, seed=request.param), directory)
+        result = demo_day.run(setting.DemoOptions(hours=24, seed=request.param, policy="rules"), directory)
     conn = db.connect(directory / "demo.db", now=setting.START)
     end = setting.START + timedelta(hours=24)
     figures = cost.account(conn, now=end)

@@ -139,6 +139,20 @@ def test_a_peak_of_minutes_waits_in_the_queue_instead_of_renting():
     assert "30 waiting (oldest ~6m)" in (decision.hold or "")
 
 
+def test_a_peak_that_runs_minutes_into_the_margin_buys_no_boot(monkeypatch):
+    """34 proofs wait (the oldest ~28 min), 72/h come for 20 minutes, then 30/h: the machine proving 60/h works it
+    off with a few proofs a few minutes past the planned 30 min, well within agent.max_wait. Into the margin a
+    proof costs a few proofs' price a slot, not a boot's: the plan holds; priced as late, it would rent a machine
+    that the next steps release once it is up."""
+    obs = observation([m("vastctl-a")], demand(34, 24))
+    past = DemandPast(last_window=24, day_before_now=24.0, day_before=(24.0,) * 2 + (10.0,) * 13)
+    decision = plan.decide(obs, CONFIG, MARKET, past)
+    assert decision.actions == []
+    assert "34 waiting (oldest ~28m)" in (decision.hold or "") and "proof-slots late" in (decision.hold or "")
+    monkeypatch.setattr(plan, "MARGIN_LATE_COST", plan.LATE_COST)
+    assert [a.kind for a in plan.decide(obs, CONFIG, MARKET, past).actions] == ["launch"]
+
+
 def test_a_peak_the_queue_cannot_absorb_rents_whole_machines_with_the_figures():
     """150 queued, 300/h coming, 60/h running: proofs would wait past max_wait, so the plan rents now."""
     obs = observation([m("vastctl-a")], demand(150, 300))

@@ -6,8 +6,10 @@ HORIZON_SLOTS slots of SLOT_S (2.5 h) with a linear program (agent/plan_lp.py) o
 capacity at its own price: the machines running (at the price they were rented at), booting, stopped
 (a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price), each boot counted at the share of
 recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner; one on its way at
-the share of those that got as far as it has). A proof may wait up to agent.max_wait less PLAN_MARGIN_S. Its
-freedoms, the lower bound's (vastctl/bound.py):
+the share of those that got as far as it has). A proof is planned done within agent.max_wait less PLAN_MARGIN_S;
+into that margin it costs MARGIN_LATE_COST a slot (a few proofs a few minutes into it buy no boot: a boot bought
+for minutes of catching up was released as soon as it came up), past agent.max_wait less HARD_MARGIN_S LATE_COST.
+Its freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off
   wait      a peak of minutes is worked off by the queue, not by a machine rented for it
@@ -62,10 +64,12 @@ RESUME_FIRST_SLOT = 2  # a resume ~17 min (its image and parameters kept: digest
 RESUME_BILLED_H = 0.25  # a resume bills its GPU ~15 min before its first proof
 BOOTING_FIRST_SLOT = {State.LAUNCHING: 3, State.REGISTERED: 2, State.PARAMS_DONE: 1, State.BENCH_DONE: 1}
 PLAN_MARGIN_S = 15 * 60  # proofs are planned done this long within agent.max_wait: forecasts err, machines fail
+MARGIN_LATE_COST = 0.02  # $ per proof per slot into the margin: a few proofs' price, so minutes of it buy no boot
+HARD_MARGIN_S = 5 * 60  # past agent.max_wait less this, a proof is late
 LATE_COST = 1.0  # $ per proof per slot late: far above any machine's price per proof, so lateness is a last resort
 OFFERS_PLANNED = 20  # the offers cheapest per expected proof the program may rent from
 ROUND_UP = 0.5  # a machine is started for at least this share of its rate planned in its first slot
-ROUND_UP_LATE = 0.1  # ... when the plan cannot do every proof in time (proofs are late already: any share)
+ROUND_UP_LATE = 0.1  # ... when proofs are late (past the hard line) from the first slot a start proves in: any share helps
 RELEASE_SHARE = 0.9  # a running machine goes when the plan releases at least this share of it now
 MAKE_BEFORE_BREAK_SLOTS = 3  # what stays running covers the plan's capacity of this many slots without boots
 FRESH_START_H = BOOT_HOURS  # hours of its price a fresh rental costs before its first proof, as the plan counts it
@@ -221,7 +225,9 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
                                       start_cost=price * FRESH_START_H))
     problem = plan_lp.Problem(slot_s=SLOT_S, arrivals=ahead.arrivals, backlog=ahead.backlog,
                               due=_due(ahead, wait_s), sources=sources, ceiling=ceiling(obs, config),
-                              late_cost=LATE_COST)
+                              late_cost=MARGIN_LATE_COST,
+                              due_hard=_due(ahead, max(wait_s, config.agent.max_wait - HARD_MARGIN_S)),
+                              hard_late_cost=LATE_COST)
     return _Setup(problem=problem, forecast=ahead, machines=machines, offers=by_key, best_per_proof=best, wait_s=wait_s,
                   odds=odds)
 
@@ -288,7 +294,8 @@ def _starts(obs: Observation, config: Config, setup: _Setup, solution: plan_lp.S
                    key=lambda s: (-round(shares[s.key], 6), s.price / s.rate, s.key))
     actions: list[Action] = []
     left = planned
-    least = ROUND_UP_LATE if solution.late > 0.5 else ROUND_UP
+    first = min((s.first_slot for s in fresh), default=len(solution.overdue))
+    least = ROUND_UP_LATE if sum(solution.overdue[first:]) > 0.5 else ROUND_UP  # late where a start could help
     spend = obs.spend_per_hour
     live = len(obs.live())
     for source in order:

@@ -9,8 +9,8 @@ Sources of capacity, each a share in [0, 1] of one machine per slot:
 
 Each slot's proofs done are at most its capacity, never more than what has arrived (the queue plus the
 forecast), and by the end of each slot at least what is due then (what arrived max_wait before, less the
-planner's margin); a proof late costs late_cost a slot, so the program always has a solution and a shortfall
-it cannot cover shows. Capacity never exceeds the operator's ceiling (target × (1 + headroom)) or what is already
+planner's margin); a proof late costs late_cost a slot, and one past the hard line (due_hard: max_wait less a
+few minutes) hard_late_cost more, so the program always has a solution and a shortfall it cannot cover shows. Capacity never exceeds the operator's ceiling (target × (1 + headroom)) or what is already
 committed, whichever is more. Solved exactly by HiGHS (scipy.optimize.linprog), as the lower bound
 (vastctl/bound.py) is. Pure.
 """
@@ -44,6 +44,8 @@ class Problem:
     sources: Sequence[Source]
     ceiling: float  # proofs/hour the fleet may be planned to (the committed capacity if more)
     late_cost: float  # $ per proof per slot past its due slot
+    due_hard: Sequence[float] = ()  # proofs that must be done by the end of each slot at the latest (cumulative)
+    hard_late_cost: float = 0.0  # $ per proof per slot past its hard due slot, on top of late_cost
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Solution:
     cost: float  # $ the capacity costs over the horizon (late proofs not counted)
     late: float  # proof-slots late (0 when every proof is done in time)
     done: tuple[float, ...]  # proofs done in each slot
+    overdue: tuple[float, ...] = ()  # proofs behind the hard line at the end of each slot (due, without due_hard)
 
 
 def solve(problem: Problem) -> Solution:
@@ -74,6 +77,7 @@ def solve(problem: Problem) -> Solution:
 
     done = [variable(-EARLY * (slots - t), upper=None) for t in range(slots)]
     late = [variable(problem.late_cost, upper=None) for t in range(slots)]
+    hard = [variable(problem.hard_late_cost, upper=None) for t in range(len(problem.due_hard))]
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -119,6 +123,8 @@ def solve(problem: Problem) -> Solution:
         arrived += problem.arrivals[t]
         row(cumulative, arrived + 1e-9)
         row([(col, -val) for col, val in cumulative] + [(late[t], -1.0)], -problem.due[t])
+        if t < len(hard):
+            row([(col, -val) for col, val in cumulative] + [(hard[t], -1.0)], -problem.due_hard[t])
         if planned[t]:
             row(planned[t], ceiling + 1e-9)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(bounds), len(cost))).tocsr()
@@ -127,6 +133,8 @@ def solve(problem: Problem) -> Solution:
         raise ArithmeticError(f"the planning program has no solution: {result.message}")
     x = result.x
     lateness = float(sum(x[col] for col in late))
-    spent = float(result.fun) - problem.late_cost * lateness + EARLY * sum((slots - t) * x[done[t]] for t in range(slots))
+    hard_late = float(sum(x[col] for col in hard))
+    spent = float(result.fun) - problem.late_cost * lateness - problem.hard_late_cost * hard_late + EARLY * sum((slots - t) * x[done[t]] for t in range(slots))
     return Solution(shares={key: tuple(float(x[col]) for col in cols_of) for key, cols_of in shares.items()},
-                    cost=spent, late=lateness, done=tuple(float(x[col]) for col in done))
+                    cost=spent, late=lateness, done=tuple(float(x[col]) for col in done),
+                    overdue=tuple(float(x[col]) for col in (hard or late)))
