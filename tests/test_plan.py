@@ -153,6 +153,19 @@ def test_a_peak_that_runs_minutes_into_the_margin_buys_no_boot(monkeypatch):
     assert [a.kind for a in plan.decide(obs, CONFIG, MARKET, past).actions] == ["launch"]
 
 
+def test_proofs_late_before_any_boot_could_prove_round_no_start_up_to_any_share():
+    """A cold start: 10 proofs waiting, nothing running. The first of them are late in the first three slots
+    whatever is rented (a fresh boot proves from the fourth), so renting more cannot help them: the second offer,
+    planned at a fifth of its rate, is not started (at any share it would be, were proofs late where it proves)."""
+    obs = observation([], demand(10, 5))
+    past = DemandPast(last_window=5)
+    setup = plan._setup(obs, CONFIG, MARKET, past, set(), plan.BootOdds())
+    solution = plan.plan_lp.solve(setup.problem)
+    assert sum(solution.overdue[:plan.FRESH_FIRST_SLOT]) > 0.5 and sum(solution.overdue[plan.FRESH_FIRST_SLOT:]) < 1e-6
+    assert 0.1 < solution.shares["offer:2"][plan.FRESH_FIRST_SLOT] < plan.ROUND_UP
+    assert [(a.kind, a.offer_id) for a in plan.plan(obs, CONFIG, MARKET, past)] == [("launch", 1)]
+
+
 def test_a_peak_the_queue_cannot_absorb_rents_whole_machines_with_the_figures():
     """150 queued, 300/h coming, 60/h running: proofs would wait past max_wait, so the plan rents now."""
     obs = observation([m("vastctl-a")], demand(150, 300))
