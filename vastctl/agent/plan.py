@@ -8,7 +8,8 @@ capacity at its own price: the machines running (at the price they were rented a
 recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner; one on its way at
 the share of those that got as far as it has). A proof is planned done within agent.max_wait less PLAN_MARGIN_S;
 into that margin it costs MARGIN_LATE_COST a slot (a few proofs a few minutes into it buy no boot: a boot bought
-for minutes of catching up was released as soon as it came up), past agent.max_wait less HARD_MARGIN_S LATE_COST.
+for minutes of catching up was released as soon as it came up); past agent.max_wait less HARD_MARGIN_S,
+LATE_COST more.
 Its freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off

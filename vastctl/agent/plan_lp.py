@@ -10,8 +10,9 @@ Sources of capacity, each a share in [0, 1] of one machine per slot:
 Each slot's proofs done are at most its capacity, never more than what has arrived (the queue plus the
 forecast), and by the end of each slot at least what is due then (what arrived max_wait before, less the
 planner's margin); a proof late costs late_cost a slot, and one past the hard line (due_hard: max_wait less a
-few minutes) hard_late_cost more, so the program always has a solution and a shortfall it cannot cover shows. Capacity never exceeds the operator's ceiling (target × (1 + headroom)) or what is already
-committed, whichever is more. Solved exactly by HiGHS (scipy.optimize.linprog), as the lower bound
+few minutes) hard_late_cost more, so the program always has a solution and a shortfall it cannot cover shows.
+Capacity never exceeds the operator's ceiling (target × (1 + headroom)) or what is already committed, whichever
+is more. Solved exactly by HiGHS (scipy.optimize.linprog), as the lower bound
 (vastctl/bound.py) is. Pure.
 """
 
@@ -134,7 +135,8 @@ def solve(problem: Problem) -> Solution:
     x = result.x
     lateness = float(sum(x[col] for col in late))
     hard_late = float(sum(x[col] for col in hard))
-    spent = float(result.fun) - problem.late_cost * lateness - problem.hard_late_cost * hard_late + EARLY * sum((slots - t) * x[done[t]] for t in range(slots))
+    penalties = problem.late_cost * lateness + problem.hard_late_cost * hard_late
+    spent = float(result.fun) - penalties + EARLY * sum((slots - t) * x[done[t]] for t in range(slots))
     return Solution(shares={key: tuple(float(x[col]) for col in cols_of) for key, cols_of in shares.items()},
                     cost=spent, late=lateness, done=tuple(float(x[col]) for col in done),
                     overdue=tuple(float(x[col]) for col in (hard or late)))
