@@ -42,22 +42,12 @@ from vastctl.demo import figures
 
 
 def honest_hosts(seed: int, hours: float) -> tuple[list[bound.Rentable], list[float], float, float]:
-    """The honest bound's hosts, arrivals and max_wait, as least_costs passes them, and its least cost."""
-    calls: list[tuple[list[bound.Rentable], list[float], float]] = []
-    solve = bound.least_cost
-
-    def noted(hosts: Sequence[bound.Rentable], arrivals: Sequence[float], max_wait_s: float) -> bound.Bound:
-        calls.append((list(hosts), list(arrivals), max_wait_s))
-        return solve(hosts, arrivals, max_wait_s)
-
-    bound.least_cost = noted  # least_costs' first program is the honest one
-    try:
-        with day_market(seed, hours) as (market, config, curve, minutes):
-            least = figures.least_costs(market, config, curve, minutes)
-    finally:
-        bound.least_cost = solve
-    hosts, arrivals, max_wait_s = calls[0]
-    return hosts, arrivals, max_wait_s, least["honest"].cost
+    """The honest bound's hosts, arrivals and max_wait (the demo's figures.bound_inputs), and its least cost."""
+    with day_market(seed, hours) as (market, config, curve, minutes):
+        inputs = figures.bound_inputs(market, config, curve, minutes)
+    hosts = inputs.hosts["honest"]
+    least = bound.least_cost(hosts, inputs.arrivals, inputs.max_wait_s)
+    return hosts, inputs.arrivals, inputs.max_wait_s, least.cost
 
 
 @contextmanager

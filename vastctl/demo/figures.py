@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Literal, TypedDict
 
@@ -18,7 +19,7 @@ from vastctl.demo.setting import START, DemandCurve, DemoOptions
 from vastctl.state import instances
 
 if TYPE_CHECKING:  # the simulator is imported where it is used
-    from vastctl.bound import Bound
+    from vastctl.bound import Bound, Rentable
     from vastctl.demo.calls import DayWaits
     from vastctl.providers.sim import SimProvider, SimTotals
     from vastctl.providers.sim_store import InstanceRecord
@@ -101,7 +102,24 @@ def lower_bound_cost(market: SimProvider, config: Config, curve: DemandCurve, mi
 
 
 def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes: int) -> dict[LowerBound, Bound]:
-    """The day's true lower bounds (vastctl.bound's program: every freedom the market gives), in $:
+    """The day's true lower bounds (vastctl.bound's program over bound_inputs()), in $."""
+    from vastctl import bound
+
+    inputs = bound_inputs(market, config, curve, minutes)
+    return {name: bound.least_cost(hosts, inputs.arrivals, inputs.max_wait_s) for name, hosts in inputs.hosts.items()}
+
+
+@dataclass(frozen=True)
+class BoundInputs:
+    """What each of the day's lower bounds is solved over: its hosts, the arrivals and agent.max_wait."""
+
+    hosts: dict[LowerBound, list[Rentable]]
+    arrivals: list[float]  # proofs arriving at each minute's start
+    max_wait_s: float
+
+
+def bound_inputs(market: SimProvider, config: Config, curve: DemandCurve, minutes: int) -> BoundInputs:
+    """The hosts of the day's three lower bounds (every freedom the market gives):
 
       honest         the hosts the fleet may rent (its models, RAM, bandwidth, reliability, price cap, a host
                      that can pass the benchmark gate), on demand
@@ -152,14 +170,12 @@ def least_costs(market: SimProvider, config: Config, curve: DemandCurve, minutes
                               rival=[floor + storage if floor > 0 else 0.0 for floor in rivals], machine=host.machine_id)
 
     honest = [host for host in everyone if passes(host)]
-    wait = config.agent.max_wait
     cap = config.fleet.max_dph
-    return {
-        "honest": bound.least_cost([rentable(h, bid=False, cap=cap) for h in honest], arrivals, wait),
-        "any_host": bound.least_cost([rentable(h, bid=False, cap=None) for h in everyone], arrivals, wait),
-        "interruptible": bound.least_cost([rentable(h, bid=True, cap=cap) for h in honest]
-                                          + [rentable(h, bid=False, cap=cap) for h in honest], arrivals, wait),
-    }
+    return BoundInputs(hosts={
+        "honest": [rentable(h, bid=False, cap=cap) for h in honest],
+        "any_host": [rentable(h, bid=False, cap=None) for h in everyone],
+        "interruptible": [rentable(h, bid=True, cap=cap) for h in honest] + [rentable(h, bid=False, cap=cap) for h in honest],
+    }, arrivals=arrivals, max_wait_s=config.agent.max_wait)
 
 
 LowerBound = Literal["honest", "any_host", "interruptible"]  # least_costs' three lower bounds
