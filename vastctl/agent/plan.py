@@ -47,7 +47,7 @@ from typing import Sequence
 
 from vastctl import guard
 from vastctl.agent import plan_lp, rules
-from vastctl.agent.plan_forecast import DemandPast, Forecast, forecast
+from vastctl.agent.plan_forecast import DemandPast, Forecast, coming_rate, forecast
 from vastctl.agent.plan_odds import BootOdds
 from vastctl.agent.sizing import LATE_BENCH_S, ceiling, has_work, in_state_for, late_benchmarks, on_its_way, resumable, vast_dead
 from vastctl.agent.valuation import BOOT_HOURS, launch_price, launch_terms, per_proof, rank_offers
@@ -146,10 +146,8 @@ def _held_to_last(obs: Observation, config: Config) -> Observation | None:
     if last is None:
         return None
     age_s = max(0.0, (obs.now - last["at"]).total_seconds())
-    window = config.demand.lookahead_window
     lookahead = last.get("lookahead")
-    coming = (float(lookahead) / (window / 3600) if lookahead is not None and window > 0
-              else float(last.get("proofs_per_hour") or 0.0))
+    coming = coming_rate(lookahead, last.get("proofs_per_hour"), config.demand.lookahead_window)
     queued = last.get("queued")
     if queued is not None:
         queued = max(0, round(queued + (coming - obs.capacity) * age_s / 3600))

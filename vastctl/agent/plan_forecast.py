@@ -96,12 +96,11 @@ def forecast(obs: Observation, config: Config, past: DemandPast, slots: int, slo
     backlog = float((demand.queued or 0) + max(demand.in_flight or 0, demand.held or 0))
     window = config.demand.lookahead_window
     hours = slot_s / 3600
+    coming = coming_rate(demand.lookahead, demand.proofs_per_hour, window)
     if demand.lookahead is None or window <= 0:
-        rate = float(demand.proofs_per_hour or 0.0)
-        return Forecast(arrivals=tuple(rate * hours for _ in range(slots)), backlog=backlog,
-                        backlog_age_s=_age(backlog, rate), past_rate=rate if rate > 0 else None, coming_rate=rate,
-                        beyond="the source's proofs/h, flat (no look-ahead)")
-    coming = float(demand.lookahead) / (window / 3600)
+        return Forecast(arrivals=tuple(coming * hours for _ in range(slots)), backlog=backlog,
+                        backlog_age_s=_age(backlog, coming), past_rate=coming if coming > 0 else None,
+                        coming_rate=coming, beyond="the source's proofs/h, flat (no look-ahead)")
     earlier = None if past.last_window is None else float(past.last_window) / (window / 3600)
     slope = 0.0 if earlier is None else (coming - earlier) / window  # proofs/h per second
     line = [max(0.0, coming + slope * ((k + 0.5) * slot_s - window / 2)) for k in range(slots)]
@@ -138,6 +137,13 @@ def forecast(obs: Observation, config: Config, past: DemandPast, slots: int, slo
     return Forecast(arrivals=tuple(arrivals), backlog=backlog, backlog_age_s=max(age, router or 0.0),
                     past_rate=earlier, coming_rate=coming, beyond=beyond, arrived_within=arrived,
                     timed=bool(demand.arrivals))
+
+
+def coming_rate(lookahead: int | None, proofs_per_hour: float | None, window: float) -> float:
+    """Proofs/h a sample has coming: its look-ahead over demand.lookahead_window, else its proofs/h."""
+    if lookahead is None or window <= 0:
+        return float(proofs_per_hour or 0.0)
+    return float(lookahead) / (window / 3600)
 
 
 def timed(buckets: tuple[int, ...], lookahead: float, beyond_rates: list[float], slot_s: float,
