@@ -300,6 +300,30 @@ def test_the_proofs_the_router_delivered_from_a_machine_are_its_count_over_what_
     assert cost.proofs_of({"proofs_total": 100}) == 100 and cost.proofs_of({"proofs_total": 100}, {"dropped": 2}) == 0
 
 
+def test_the_router_calls_appended_between_requests_are_counted_once_each(fleet):
+    """The kept account counts the router's calls as they are appended (it does not read them all again at every
+    request): after each batch its proofs are the account computed afresh, and calls taken out of the file
+    (a restore from a backup) are not counted from memory."""
+    from vastctl.facts import deliveries
+
+    a, now = "u-vastctl-aaaa", T0 + timedelta(hours=5)
+
+    def calls(results, request_id):
+        deliveries.record_calls(fleet, [
+            {"at": clock.to_iso(T0 + timedelta(hours=1)), "request_id": request_id, "kind": "porep", "uuid": a,
+             "label": "vastctl-aaaa", "result": result, "held_ms": 0, "prover_ms": 60_000, "attempt": 1,
+             "size_bytes": 1} for result in results])
+
+    calls(["completed"] * 10 + ["failed"], "first")
+    assert afresh_everywhere(fleet, now)["proofs"] == 10
+    calls(["completed"] * 5, "second")
+    assert cost.account(fleet, now=now)["proofs"] == 15  # the five appended, on top of the ten already counted
+    assert afresh_everywhere(fleet, now)["proofs"] == 15
+    fleet.execute("DELETE FROM proof_calls WHERE request_id = 'second'")
+    assert cost.account(fleet, now=now)["proofs"] == 10
+    assert afresh_everywhere(fleet, now)["proofs"] == 10
+
+
 @pytest.mark.slow
 def test_the_whole_account_kept_for_destroyed_machines_is_the_account_computed_afresh(day):
     """The dashboard's and /metrics' account keeps each destroyed machine's figures between scrapes: the same

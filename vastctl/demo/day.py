@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -199,18 +199,23 @@ def _launches_and_kills(conn: sqlite3.Connection) -> tuple[list[float], list[tup
     return launches, kills
 
 
+KILLS_NOTED_WITHIN = timedelta(hours=1)  # a kill is written within a minute of its time
+
+
 def _note_kills(conn: sqlite3.Connection, records: list[InstanceRecord], billed_at_kill: dict[int, float],
                 now: datetime) -> None:
     """Remember, for each machine killed since the last minute, its billed hours at the kill.
 
     Kills by reconcile and agent-step happen at `now`; a machine's own report (a failed
-    benchmark) kills it a little earlier, and those seconds are counted as billed too. While every machine
-    killed is noted (a kill is never undone), the rows of a long run's dead machines are not read again.
+    benchmark) kills it a little earlier, and those seconds are counted as billed too. Only the kills of the last
+    KILLS_NOTED_WITHIN are read (a kill is never undone, nor written with a time so far back): the rows of a long
+    run's dead machines are not read again at every minute.
     """
-    if instances.killed_with_vast_id(conn) == len(billed_at_kill):
+    kills = instances.kill_times(conn, since=clocks.to_iso(now - KILLS_NOTED_WITHIN))
+    if all(vast_id in billed_at_kill for vast_id, _killed_at in kills):
         return
     billed = {record["vast_id"]: record["billed_hours"] for record in records}
-    for vast_id, killed_at in instances.kill_times(conn):
+    for vast_id, killed_at in kills:
         if killed_at is None or vast_id in billed_at_kill or vast_id not in billed:
             continue
         before = (now - clocks.parse_iso(killed_at)).total_seconds() / 3600

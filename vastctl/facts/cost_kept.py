@@ -6,7 +6,8 @@ those, a live machine's figures grow with `now` along its one open piece. So eac
 its transitions read once and then only the new ones (events are only ever appended), each machine's pieces
 compiled once with the sums of its closed pieces, and per connection the rows as of the file's last change
 (PRAGMA data_version for other connections' writes, total_changes for this one's). A request then costs one
-short sum per machine. Counts (proofs_total, the router's deliveries) are read again whenever the file changed.
+short sum per machine. The router's deliveries are counted as they are appended; proofs_total is read again
+whenever the file changed.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class _Book:
     def __init__(self) -> None:
         self.lock = threading.Lock()  # serve's worker threads share the book (--threads)
         self.tail = appended.Tail()
+        self.calls = appended.Tail("proof_calls")
+        # uuid → what the router delivered to it, by result: a machine's dict is replaced, never changed, when its
+        # calls grow (entry_of compares the one it last read)
+        self.delivered: dict[str, dict[str, int]] = {}
         self.moves: dict[str, list[tuple[str, int, str]]] = {}  # uuid → its transitions (at, id, to_state)
         self.compiled: dict[str, tuple[tuple[Hashable, ...], _Compiled]] = {}
         # uuid → (its row's columns, listed disk price, transitions, router count as last read; its entry; the whole
@@ -124,6 +129,20 @@ class _Book:
         for uuid in changed:  # the order pieces() reads them in: by time, then id
             self.moves[uuid].sort()
 
+    def read_deliveries(self, conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
+        """The router's counts per machine, adding the calls appended since the last read (all of them when the
+        file is not the one last read): a long run's calls are counted once, not at every read."""
+        span = self.calls.span(conn)
+        if span is None:
+            return self.delivered
+        after, upto = span
+        if after == 0:
+            self.delivered = {}
+        for uuid, counts in deliveries.delivered(conn, ids=(after, upto)).items():
+            kept = self.delivered.get(uuid, {})
+            self.delivered[uuid] = {result: kept.get(result, 0) + counts.get(result, 0) for result in kept | counts}
+        return self.delivered
+
     def entries(self, conn: sqlite3.Connection) -> tuple[list[_Entry], list[_Entry]]:
         """Every machine that billed, as the file has it now: (uuid, compiled pieces, proofs, its row's dead-time
         fields); those still billing (or whose pieces cannot be summed), then those whose billing is over."""
@@ -142,7 +161,7 @@ class _Book:
             return kept[2]
         self.read_moves(conn)
         listed_storage = storage_prices(conn)
-        delivered = deliveries.delivered(conn)
+        delivered = self.read_deliveries(conn)
         rows = kept_rows.read(conn, keep=keep_rows)
         columns, uuid_at = itemgetter(*(rows.position[name] for name in COLUMNS)), rows.position["uuid"]
         live: list[_Entry] = []

@@ -335,14 +335,19 @@ def proof_wait(conn: sqlite3.Connection, *, since: datetime, until: datetime, ma
             "within_max_wait": round(sum(1 for w in waits if w <= max_wait_s) / len(waits), 4)}
 
 
-def delivered(conn: sqlite3.Connection, *, uuid: str | None = None) -> dict[str, dict[str, int]]:
+def delivered(conn: sqlite3.Connection, *, uuid: str | None = None,
+              ids: tuple[int, int] | None = None) -> dict[str, dict[str, int]]:
     """Per machine (uuid): how many of each result the router saw; machines it never sent to are absent.
-    With `uuid`, that machine's alone (its rows through the index, as a heartbeat asks)."""
+    With `uuid`, that machine's alone (its rows through the index, as a heartbeat asks); with `ids` (after, up to],
+    the calls of those ids alone (what a reader that keeps the counts adds: facts/appended.py)."""
     sql = "SELECT uuid, result, count(*) FROM proof_calls WHERE uuid IS NOT NULL"
-    args: tuple[str, ...] = ()
+    args: tuple[str | int, ...] = ()
     if uuid is not None:
         sql += " AND uuid = ?"
         args = (uuid,)
+    if ids is not None:
+        sql += " AND id > ? AND id <= ?"
+        args += ids
     counts: dict[str, dict[str, int]] = {}
     for uuid, result, count in conn.execute(sql + " GROUP BY uuid, result", args):
         counts.setdefault(uuid, {})[result] = count

@@ -118,16 +118,14 @@ def kills(conn: sqlite3.Connection) -> list[tuple[str, str | None]]:
         "SELECT killed_at, kill_code FROM instances WHERE killed_at IS NOT NULL ORDER BY killed_at")]
 
 
-def kill_times(conn: sqlite3.Connection) -> list[tuple[int, str | None]]:
+def kill_times(conn: sqlite3.Connection, *, since: str | None = None) -> list[tuple[int, str | None]]:
     """(vast id, when its machine was killed; None: not killed) of every machine that got a vast id: how long
-    after a death the manager killed it, and what it billed until then (the demo's figures)."""
-    return [(row[0], row[1]) for row in conn.execute("SELECT vast_id, killed_at FROM instances WHERE vast_id IS NOT NULL")]
-
-
-def killed_with_vast_id(conn: sqlite3.Connection) -> int:
-    """How many machines that got a vast id are killed (a kill is never undone: the demo notes each once)."""
-    return int(conn.execute("SELECT count(*) FROM instances WHERE vast_id IS NOT NULL AND killed_at IS NOT NULL")
-               .fetchone()[0])
+    after a death the manager killed it, and what it billed until then (the demo's figures). With `since` (an ISO
+    time), those killed then or later alone, through the instances_killed index."""
+    if since is None:
+        return [(row[0], row[1]) for row in conn.execute("SELECT vast_id, killed_at FROM instances WHERE vast_id IS NOT NULL")]
+    return [(row[0], row[1]) for row in conn.execute(
+        "SELECT vast_id, killed_at FROM instances WHERE killed_at >= ? AND vast_id IS NOT NULL", (since,))]
 
 
 class Boot(NamedTuple):

@@ -596,4 +596,14 @@ MIGRATIONS: tuple[Migration, ...] = check([
         CREATE INDEX sim_instances_host ON sim_instances(machine_id)
         """,
     ),
+    Migration(
+        number=28,
+        name="the rows every pass reads (not destroyed, with a tunnel, killed lately) through indexes: a file's killed"
+        " rows accumulate over months and each pass read them all",
+        sql="""
+        CREATE INDEX instances_undestroyed ON instances(uuid) WHERE destroyed_at IS NULL;
+        CREATE INDEX instances_tunneled ON instances(tunnel_port) WHERE tunnel_port IS NOT NULL;
+        CREATE INDEX instances_killed ON instances(killed_at) WHERE killed_at IS NOT NULL
+        """,
+    ),
 ])
