@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from helpers.db_files import file_at, migration_number
@@ -12,7 +13,10 @@ from helpers.db_files import file_at, migration_number
 from vastctl import clock
 from vastctl.clock import SYSTEM
 from vastctl.errors import BadInput
-from vastctl.state import db, migrations
+from vastctl.state import db, instances, migrations
+
+_SOURCES = "".join(Path(instances.__file__).parent.parent.joinpath(*name.split("/")).read_text()
+                   for name in ("state/instances.py", "state/blocklist.py", "facts/tunnel.py"))
 
 # The columns of every table, in order. A change here means a new migration.
 PINNED = {
@@ -244,6 +248,20 @@ def test_connect_twice_does_not_reapply_migrations(db_path):
     stamps = [row[0] for row in conn.execute("SELECT applied_at FROM migrations")]
     assert len(stamps) == db.SCHEMA_VERSION
     assert set(stamps) == {clock.to_iso(first)}  # the caller's time (virtual in the simulator), not SQLite's 'now'
+
+
+@pytest.mark.parametrize("sql, index", [
+    (instances.NOT_DESTROYED, "instances_undestroyed"),
+    ("SELECT 1 FROM instances WHERE tunnel_port IS NOT NULL LIMIT 1", "instances_tunneled"),
+    ("SELECT vast_id, killed_at FROM instances WHERE killed_at >= ? AND vast_id IS NOT NULL", "instances_killed"),
+    ("SELECT * FROM instances WHERE +state = 'killed' AND machine_id IS NOT NULL AND killed_at > ?", "instances_killed"),
+])
+def test_the_rows_every_pass_reads_come_through_an_index_not_every_row_ever(conn, sql, index):
+    """A file's killed rows accumulate over months; the reads of every pass (what may bill, whether any tunnel is
+    left, the kills lately) must not visit them all: SQLite's own plan names the index it searches."""
+    assert sql in _SOURCES  # the very statements the code runs
+    plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, (clock.to_iso(SYSTEM.now()),) * sql.count("?")))
+    assert f"INDEX {index}" in plan, plan
 
 
 def test_missing_file_is_an_error_unless_creating(tmp_path):
