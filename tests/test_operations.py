@@ -216,13 +216,39 @@ def test_blocklisted_machines_are_not_offered(conn, cfg):
     killed_row(conn, cfg, 102, "exited", proofs=50)  # died after proving: not the machine's fault
     killed_row(conn, cfg, 103, "operator")
     market = FakeMarket(conn, [offer(i, 100 + i, 0.1 + i / 100) for i in range(5)])
-    found = launches.find_offers(conn, market, cfg, gpu_names=["RTX 4090"], now=NOW + timedelta(hours=1))
+    found = launches.find_offers(conn, market, cfg, gpu_names=["RTX 4090"], now=NOW + timedelta(minutes=30))
     assert [o.machine_id for o in found] == [102, 103, 104]
     assert set(blocklist.blocked(conn, NOW)) == {100, 101}
-    result = launches.launch(conn, market, cfg, gpu="RTX 4090", now=NOW + timedelta(hours=1))
+    result = launches.launch(conn, market, cfg, gpu="RTX 4090", now=NOW + timedelta(minutes=30))
     assert result.launched[0]["machine_id"] == 102
     with pytest.raises(GuardRefused, match="blocklisted"):
-        launches.launch(conn, market, cfg, offer_id=0, now=NOW + timedelta(hours=1))
+        launches.launch(conn, market, cfg, offer_id=0, now=NOW + timedelta(minutes=30))
+
+
+def test_one_early_death_keeps_a_host_out_an_hour_a_second_within_the_ttl_for_the_ttl(conn, cfg):
+    """A boot that died before its first proof may be the boot's bad luck, not the host's: its host is kept out for
+    FIRST_DEATH_BLOCK_S and offered again after it; a second such death of that host within vast.blocklist_ttl keeps
+    it out for the TTL from the second. A failed benchmark measured the host: the TTL at once."""
+    market = FakeMarket(conn, [offer(0, 100, 0.1), offer(1, 101, 0.2)])
+    killed_row(conn, cfg, 100, "exited")
+    killed_row(conn, cfg, 101, "bench_failed")
+    hour = timedelta(seconds=blocklist.FIRST_DEATH_BLOCK_S)
+
+    def offered(at):
+        return [o.machine_id for o in launches.find_offers(conn, market, cfg, now=at)]
+
+    assert offered(NOW + hour / 2) == []
+    assert offered(NOW + hour + timedelta(minutes=1)) == [100]  # the one death's hour is over; the bench's TTL is not
+    assert "once: kept out for 60m" in blocklist.blocked(conn, NOW)[100]["reason"]
+    again = NOW + 3 * hour
+    uuid = "u-100-again"
+    lifecycle.create(conn, uuid=uuid, label="vastctl-100b", state=State.LAUNCHING, reason="t", source="operator",
+                     now=again, fields={"machine_id": 100, "vast_id": 1001, "proofs_done": 0, "proofs_total": 0})
+    lifecycle.kill(conn, uuid, "x", source="reconcile", code="offline", now=again)
+    assert offered(again + 2 * hour) == []
+    assert blocklist.blocked(conn, again + 2 * hour)[100]["until"] == clock.to_iso(
+        again + timedelta(seconds=cfg.vast.blocklist_ttl))
+    assert offered(again + timedelta(seconds=cfg.vast.blocklist_ttl + 60)) == [100, 101]  # both TTLs over
 
 
 def test_blocklist_expires(conn, cfg):
@@ -234,9 +260,9 @@ def test_blocklist_expires(conn, cfg):
 
 def test_block_row_is_idempotent_and_anchored_at_the_kill(conn, cfg):
     row = killed_row(conn, cfg, 100, "timeout_params_done")
-    assert blocklist.block_row(conn, row, 3600) and blocklist.block_row(conn, row, 3600)
+    assert blocklist.block_row(conn, row, 1800) and blocklist.block_row(conn, row, 1800)
     entry = conn.execute("SELECT * FROM blocklist").fetchall()
-    assert len(entry) == 1 and entry[0]["until"] == clock.to_iso(NOW + timedelta(hours=1))
+    assert len(entry) == 1 and entry[0]["until"] == clock.to_iso(NOW + timedelta(minutes=30))
     assert "died before its first proof" in entry[0]["reason"]
 
 

@@ -1,10 +1,14 @@
 """Machines we do not rent again for a while (`vast.blocklist_ttl`).
 
-A machine whose instance failed the bench gate, or died before delivering its
-first proof (exited, went offline, vanished, timed out booting), is likely to
-do it again: its `machine_id` is kept out of offer searches until the entry
-expires. Entries are derived from killed rows, anchored at the kill time, so
-deriving them again (every launch, every reconcile pass) changes nothing.
+A machine whose instance failed the bench gate or the proof router's calls is
+slow or broken whatever boots on it: its `machine_id` is kept out of offer
+searches for `vast.blocklist_ttl`. One that died before delivering its first
+proof (exited, went offline, vanished, timed out booting) may have drawn a bad
+boot, which any host does now and then: once, it is kept out for
+FIRST_DEATH_BLOCK_S; a second such death within the TTL shows a pattern, and it
+is kept out for the TTL. Entries are derived from killed rows, anchored at the
+kill time, so deriving them again (every launch, every reconcile pass) changes
+nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from vastctl.state.rows import InstanceRow, typed
 
 # kills that say nothing about the hardware: our own decisions, or the GPU being taken while stopped
 NOT_THE_MACHINE = frozenset({"operator", "agent", "orphan", "scheduling_timeout"})
+# kills that measured the host itself: its benchmark under the gate, its calls failing at the router
+VERDICTS = frozenset({"bench_failed", "route_failing"})
+# one death before a first proof keeps the host out this long (the TTL, if shorter): a cheap host is not lost for a
+# day to one bad boot, and a host that dies so again within the TTL is kept out for the TTL
+FIRST_DEATH_BLOCK_S = 3600.0
 
 
 def reason_for(row: InstanceRow) -> str | None:
@@ -61,8 +70,22 @@ def block_row(conn: sqlite3.Connection, row: InstanceRow, ttl_s: float) -> bool:
     machine_id = row["machine_id"]
     if reason is None or killed_at is None or machine_id is None:  # reason_for has none without a machine_id
         return False
-    block(conn, machine_id, f"{row['label']}: {reason}", killed_at + timedelta(seconds=ttl_s))
+    if row.get("kill_code") in VERDICTS or _died_early_before(conn, row, killed_at, ttl_s):
+        block(conn, machine_id, f"{row['label']}: {reason}", killed_at + timedelta(seconds=ttl_s))
+    else:
+        block(conn, machine_id, f"{row['label']}: {reason} (once: kept out for"
+              f" {min(ttl_s, FIRST_DEATH_BLOCK_S) / 60:g}m)", killed_at + timedelta(seconds=min(ttl_s, FIRST_DEATH_BLOCK_S)))
     return True
+
+
+def _died_early_before(conn: sqlite3.Connection, row: InstanceRow, killed_at: datetime, ttl_s: float) -> bool:
+    """Whether another rental of the row's machine died before its first proof within the TTL before this one."""
+    earlier = conn.execute(
+        "SELECT * FROM instances WHERE killed_at >= ? AND killed_at <= ? AND +state = 'killed' AND machine_id = ?"
+        " AND uuid != ?", (clock.to_iso(killed_at - timedelta(seconds=ttl_s)), clock.to_iso(killed_at),
+                           row["machine_id"], row["uuid"])).fetchall()
+    return any(typed(other, InstanceRow).get("kill_code") not in VERDICTS and reason_for(typed(other, InstanceRow))
+               for other in earlier)
 
 
 def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime) -> int:
