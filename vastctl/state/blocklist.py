@@ -72,9 +72,10 @@ def block_row(conn: sqlite3.Connection, row: InstanceRow, ttl_s: float) -> bool:
         return False
     if row.get("kill_code") in VERDICTS or _died_early_before(conn, row, killed_at, ttl_s):
         block(conn, machine_id, f"{row['label']}: {reason}", killed_at + timedelta(seconds=ttl_s))
-    else:
-        block(conn, machine_id, f"{row['label']}: {reason} (once: kept out for"
-              f" {min(ttl_s, FIRST_DEATH_BLOCK_S) / 60:g}m)", killed_at + timedelta(seconds=min(ttl_s, FIRST_DEATH_BLOCK_S)))
+        return True
+    held_s = min(ttl_s, FIRST_DEATH_BLOCK_S)
+    block(conn, machine_id, f"{row['label']}: {reason} (once: kept out for {held_s / 60:g}m)",
+          killed_at + timedelta(seconds=held_s))
     return True
 
 
@@ -84,8 +85,8 @@ def _died_early_before(conn: sqlite3.Connection, row: InstanceRow, killed_at: da
         "SELECT * FROM instances WHERE killed_at >= ? AND killed_at <= ? AND +state = 'killed' AND machine_id = ?"
         " AND uuid != ?", (clock.to_iso(killed_at - timedelta(seconds=ttl_s)), clock.to_iso(killed_at),
                            row["machine_id"], row["uuid"])).fetchall()
-    return any(typed(other, InstanceRow).get("kill_code") not in VERDICTS and reason_for(typed(other, InstanceRow))
-               for other in earlier)
+    rows = [typed(other, InstanceRow) for other in earlier]
+    return any(other.get("kill_code") not in VERDICTS and reason_for(other) is not None for other in rows)
 
 
 def refresh(conn: sqlite3.Connection, ttl_s: float, now: datetime) -> int:
