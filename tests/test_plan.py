@@ -16,7 +16,7 @@ from vastctl import config as config_module
 from vastctl.agent import plan, rules, step
 from vastctl.agent.plan_forecast import DemandPast, forecast
 from vastctl.agent.plan_odds import PRIOR_BOOTS, PRIOR_OK, STEPS, WINDOW, BootOdds, read_boot_odds
-from vastctl.agent.sizing import LATE_BENCH_S
+from vastctl.agent.sizing import HEALTHY_BENCH_S, LATE_BENCH_S
 from vastctl.errors import BadInput
 from vastctl.facts.demand import Demand
 from vastctl.observe import Observation
@@ -325,6 +325,23 @@ def test_a_benchmark_past_its_time_is_released_even_while_the_plan_rents_for_a_p
     assert "benchmarking for 26m" in destroyed[0].reason and "would not pass the gate" in destroyed[0].reason
     assert any(a.kind == "launch" for a in decision.actions)
     assert rules._release_late_benchmarks(obs, HOUR_AHEAD, 5) == []  # the rules' own keeps it: the fleet is short
+
+
+def test_a_benchmark_past_a_healthy_one_s_time_is_not_counted_and_the_plan_rents_around_it():
+    """60/h running and 60/h benchmarking for 115/h coming: 10 min into its benchmark the machine counts and nothing
+    is rented; 18 min in, past the longest a healthy benchmark takes (HEALTHY_BENCH_S), it is likely stuck, and
+    the plan rents around it then, not once it is released at LATE_BENCH_S; it is not released yet."""
+    odds = BootOdds(fresh_ok=50)
+
+    def decided(minutes):
+        obs = observation([m("vastctl-a"), benchmarking("vastctl-b", minutes)], demand(20, 115))
+        return plan.decide(obs, ODDS_CONFIG, MARKET, DemandPast(last_window=115), odds).actions
+
+    assert HEALTHY_BENCH_S < 18 * 60 < LATE_BENCH_S
+    assert not [a for a in decided(10) if a.kind == "launch"]
+    overdue = decided(18)
+    assert [a for a in overdue if a.kind == "launch"]
+    assert not [a for a in overdue if a.label == "vastctl-b"]
 
 
 # --- how often boots come up (agent/plan_odds.py) ------------------------------------------------------------

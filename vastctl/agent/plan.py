@@ -49,7 +49,17 @@ from vastctl import guard
 from vastctl.agent import plan_lp, rules
 from vastctl.agent.plan_forecast import DemandPast, Forecast, coming_rate, forecast
 from vastctl.agent.plan_odds import BootOdds
-from vastctl.agent.sizing import LATE_BENCH_S, ceiling, has_work, in_state_for, late_benchmarks, on_its_way, resumable, vast_dead
+from vastctl.agent.sizing import (
+    HEALTHY_BENCH_S,
+    LATE_BENCH_S,
+    ceiling,
+    has_work,
+    in_state_for,
+    late_benchmarks,
+    on_its_way,
+    resumable,
+    vast_dead,
+)
 from vastctl.agent.valuation import BOOT_HOURS, launch_price, launch_terms, per_proof, rank_offers
 from vastctl.config import Config
 from vastctl.guard import Action, Kind
@@ -123,6 +133,12 @@ def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past:
         actions.extend(_releases(obs, config, setup, solution, summary, budget - len(actions), touched))
     actions = rules._keep_floor(obs, config, offers, actions, budget)
     return Decision(actions, None if actions else _hold(setup, solution, summary))
+
+
+def _bench_overdue(machine: Machine, obs: Observation) -> bool:
+    """A benchmark running past HEALTHY_BENCH_S: likely stuck (released at LATE_BENCH_S), so the plan counts none of
+    it and starts what it needs without it, not nine minutes later."""
+    return machine["state"] == State.PARAMS_DONE and in_state_for(machine, obs.now) > HEALTHY_BENCH_S
 
 
 def _release_late_benchmarks(obs: Observation, budget: int, touched: set[str | None]) -> list[Action]:
@@ -200,7 +216,7 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
             sources.append(plan_lp.Source(key=m["uuid"], kind="running", rate=m["expected_rate"], price=_price(m),
                                           first_slot=0))
         elif on_its_way(m, obs.now):
-            share = odds.on_its_way(bool(m.get("resumes")), m["state"])
+            share = 0.0 if _bench_overdue(m, obs) else odds.on_its_way(bool(m.get("resumes")), m["state"])
             sources.append(plan_lp.Source(key=m["uuid"], kind="booting", rate=m["expected_rate"] * share, price=_price(m),
                                           first_slot=BOOTING_FIRST_SLOT.get(State(m["state"]), FRESH_FIRST_SLOT)))
         else:

@@ -35,6 +35,7 @@ from vastctl.state.lifecycle import VAST_DEAD_CODES, State
 
 ROUND_DOWN = 0.5  # a shortfall under this share of the smallest machine to hand is not worth renting one
 LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
+HEALTHY_BENCH_S = 16 * 60  # the longest a healthy benchmark takes: one still running past it is likely stuck
 
 
 def vast_dead(machine: Machine) -> bool:
