@@ -52,6 +52,7 @@ from vastctl.agent.plan_odds import BootOdds
 from vastctl.agent.sizing import (
     HEALTHY_BENCH_S,
     LATE_BENCH_S,
+    benchmarking_past,
     ceiling,
     has_work,
     in_state_for,
@@ -135,12 +136,6 @@ def decide(obs: Observation, config: Config, offers: Sequence[Offer] = (), past:
     return Decision(actions, None if actions else _hold(setup, solution, summary))
 
 
-def _bench_overdue(machine: Machine, obs: Observation) -> bool:
-    """A benchmark running past HEALTHY_BENCH_S: likely stuck (released at LATE_BENCH_S), so the plan counts none of
-    it and starts what it needs without it, not nine minutes later."""
-    return machine["state"] == State.PARAMS_DONE and in_state_for(machine, obs.now) > HEALTHY_BENCH_S
-
-
 def _release_late_benchmarks(obs: Observation, budget: int, touched: set[str | None]) -> list[Action]:
     """Destroy every benchmark past LATE_BENCH_S, whatever else the step does: the plan does not count it (it
     plans around it), and five cold proofs that take that long come from a host the gate would refuse, so it would
@@ -216,7 +211,10 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
             sources.append(plan_lp.Source(key=m["uuid"], kind="running", rate=m["expected_rate"], price=_price(m),
                                           first_slot=0))
         elif on_its_way(m, obs.now):
-            share = 0.0 if _bench_overdue(m, obs) else odds.on_its_way(bool(m.get("resumes")), m["state"])
+            # a benchmark past a healthy one's time is likely stuck (released at LATE_BENCH_S): counted for nothing,
+            # so the plan rents around it now, not nine minutes later
+            stuck = benchmarking_past(m, obs.now, HEALTHY_BENCH_S)
+            share = 0.0 if stuck else odds.on_its_way(bool(m.get("resumes")), m["state"])
             sources.append(plan_lp.Source(key=m["uuid"], kind="booting", rate=m["expected_rate"] * share, price=_price(m),
                                           first_slot=BOOTING_FIRST_SLOT.get(State(m["state"]), FRESH_FIRST_SLOT)))
         else:

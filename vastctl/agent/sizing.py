@@ -143,11 +143,16 @@ def work_reason(obs: Observation) -> str:
     return f"work for the fleet ({', '.join(counts)})"
 
 
+def benchmarking_past(machine: Machine, now: datetime, seconds: float) -> bool:
+    """Benchmarking (parameters fetched, no bench report yet) for longer than `seconds`."""
+    return machine["state"] == State.PARAMS_DONE and in_state_for(machine, now) > seconds
+
+
 def late(machine: Machine, now: datetime) -> bool:
     """Benchmarking for longer than LATE_BENCH_S: a healthy benchmark takes minutes, so this one is likely stuck
     (reconcile kills it at timeouts.params_done). It is not counted as capacity on its way, so the fleet launches
     around it instead of waiting for its timeout; if it does come up, it counts again."""
-    return machine["state"] == State.PARAMS_DONE and in_state_for(machine, now) > LATE_BENCH_S
+    return benchmarking_past(machine, now, LATE_BENCH_S)
 
 
 def late_benchmarks(obs: Observation) -> list[Machine]:
