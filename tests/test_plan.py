@@ -13,7 +13,7 @@ from helpers.serving import query
 
 from vastctl import clock
 from vastctl import config as config_module
-from vastctl.agent import plan, rules, step
+from vastctl.agent import plan, rules, sizing, step
 from vastctl.agent.plan_forecast import DemandPast, forecast
 from vastctl.agent.plan_odds import PRIOR_BOOTS, PRIOR_OK, STEPS, WINDOW, BootOdds, read_boot_odds
 from vastctl.agent.sizing import HEALTHY_BENCH_S, LATE_BENCH_S
@@ -342,6 +342,30 @@ def test_a_benchmark_past_a_healthy_one_s_time_is_not_counted_and_the_plan_rents
     overdue = decided(18)
     assert [a for a in overdue if a.kind == "launch"]
     assert not [a for a in overdue if a.label == "vastctl-b"]
+
+
+def test_a_parameter_fetch_past_a_healthy_one_s_time_is_not_counted_and_the_plan_rents_around_it():
+    """60/h running and 60/h fetching its parameters for 115/h coming: 10 min into its fetch the machine counts
+    and nothing is rented; 22 min in, past the longest a healthy fetch takes at the fleet's slowest link
+    (sizing.healthy_fetch_s: ~53 GiB at 500 Mbit/s and its checks), its fetch has likely stalled, and the plan
+    rents around it then, not once reconcile kills it at timeouts.registered (30 min). Where that time is unknown
+    (a 64GiB set), it counts until then."""
+    odds = BootOdds(fresh_ok=50)
+
+    def decided(minutes, config=ODDS_CONFIG):
+        fetching = {**m("vastctl-b", state="registered"), "state_since": (NOW - timedelta(minutes=minutes)).isoformat()}
+        obs = observation([m("vastctl-a"), fetching], demand(20, 115))
+        return plan.decide(obs, config, MARKET, DemandPast(last_window=115), odds).actions
+
+    assert 10 * 60 < sizing.healthy_fetch_s(ODDS_CONFIG) < 22 * 60 < ODDS_CONFIG.timeouts.registered
+    assert not [a for a in decided(10) if a.kind == "launch"]
+    stalled = decided(22)
+    assert [a for a in stalled if a.kind == "launch"]
+    assert not [a for a in stalled if a.label == "vastctl-b"]
+    big_sectors = config_module.from_mapping({"agent": {"max_actions_per_step": 8}, "demand": {"lookahead_window": "1h"},
+                                              "launch": {"sector_size": "64GiB", "bench_input": "https://x.example/c1"}})
+    assert sizing.healthy_fetch_s(big_sectors) is None
+    assert not [a for a in decided(22, big_sectors) if a.kind == "launch"]
 
 
 # --- how often boots come up (agent/plan_odds.py) ------------------------------------------------------------

@@ -6,7 +6,8 @@ HORIZON_SLOTS slots of SLOT_S (2.5 h) with a linear program (agent/plan_lp.py) o
 capacity at its own price: the machines running (at the price they were rented at), booting, stopped
 (a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price), each boot counted at the share of
 recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner; one on its way at
-the share of those that got as far as it has). A proof is planned done within agent.max_wait less PLAN_MARGIN_S;
+the share of those that got as far as it has; a benchmark past HEALTHY_BENCH_S or a parameter fetch past
+sizing.healthy_fetch_s at none: it is likely stuck, and the plan rents around it before it is killed). A proof is planned done within agent.max_wait less PLAN_MARGIN_S;
 into that margin it costs MARGIN_LATE_COST a slot (a few proofs a few minutes into it buy no boot: a boot bought
 for minutes of catching up was released as soon as it came up); past agent.max_wait less HARD_MARGIN_S,
 LATE_COST more.
@@ -54,7 +55,9 @@ from vastctl.agent.sizing import (
     LATE_BENCH_S,
     benchmarking_past,
     ceiling,
+    fetching_past,
     has_work,
+    healthy_fetch_s,
     in_state_for,
     late_benchmarks,
     on_its_way,
@@ -204,6 +207,7 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
     best = min((launch_price(o, obs, config) / rate for o, rate in ranked), default=math.inf)
     sources: list[plan_lp.Source] = []
     machines: dict[str, Machine] = {}
+    fetch_limit = healthy_fetch_s(config)
     for m in obs.machines:
         if m["uuid"] in touched or m["expected_rate"] <= 0:
             continue
@@ -211,9 +215,9 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
             sources.append(plan_lp.Source(key=m["uuid"], kind="running", rate=m["expected_rate"], price=_price(m),
                                           first_slot=0))
         elif on_its_way(m, obs.now):
-            # a benchmark past a healthy one's time is likely stuck (released at LATE_BENCH_S): counted for nothing,
-            # so the plan rents around it now, not nine minutes later
-            stuck = benchmarking_past(m, obs.now, HEALTHY_BENCH_S)
+            # a benchmark or a parameter fetch past a healthy one's time is likely stuck (released at LATE_BENCH_S,
+            # killed at timeouts.registered): counted for nothing, so the plan rents around it now, not minutes later
+            stuck = benchmarking_past(m, obs.now, HEALTHY_BENCH_S) or fetching_past(m, obs.now, fetch_limit)
             share = 0.0 if stuck else odds.on_its_way(bool(m.get("resumes")), m["state"])
             sources.append(plan_lp.Source(key=m["uuid"], kind="booting", rate=m["expected_rate"] * share, price=_price(m),
                                           first_slot=BOOTING_FIRST_SLOT.get(State(m["state"]), FRESH_FIRST_SLOT)))

@@ -36,6 +36,8 @@ from vastctl.state.lifecycle import VAST_DEAD_CODES, State
 ROUND_DOWN = 0.5  # a shortfall under this share of the smallest machine to hand is not worth renting one
 LATE_BENCH_S = 25 * 60  # a benchmark (SRS load, PCE extraction, five proofs) takes ~10-16 min; past this it is late
 HEALTHY_BENCH_S = 16 * 60  # the longest a healthy benchmark takes: one still running past it is likely stuck
+PARAMS_GBIT = {"32GiB": 455.0}  # the parameter set `curio fetch-params` fetches, by launch.sector_size (~53 GiB)
+FETCH_CHECKS_S = 5 * 60  # a healthy fetch's minutes besides the download: the boot script's start, the digest checks
 
 
 def vast_dead(machine: Machine) -> bool:
@@ -146,6 +148,22 @@ def work_reason(obs: Observation) -> str:
 def benchmarking_past(machine: Machine, now: datetime, seconds: float) -> bool:
     """Benchmarking (parameters fetched, no bench report yet) for longer than `seconds`."""
     return machine["state"] == State.PARAMS_DONE and in_state_for(machine, now) > seconds
+
+
+def healthy_fetch_s(config: Config) -> float | None:
+    """The longest a healthy parameter fetch takes: the set downloaded at the slowest link the fleet rents
+    (fleet.min_inet_down_mbps) and its checks (docs/params-mirror.md); None where either is unknown (a 64GiB
+    set, no floor on the link)."""
+    gbit = PARAMS_GBIT.get(config.launch.sector_size)
+    floor_mbps = config.fleet.min_inet_down_mbps
+    if gbit is None or floor_mbps <= 0:
+        return None
+    return gbit * 1000 / floor_mbps + FETCH_CHECKS_S
+
+
+def fetching_past(machine: Machine, now: datetime, seconds: float | None) -> bool:
+    """Fetching its parameters (registered, not yet fetched) for longer than `seconds` (None: never)."""
+    return seconds is not None and machine["state"] == State.REGISTERED and in_state_for(machine, now) > seconds
 
 
 def late(machine: Machine, now: datetime) -> bool:
