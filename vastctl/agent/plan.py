@@ -7,10 +7,10 @@ capacity at its own price: the machines running (at the price they were rented a
 (a resume's boot) and the offers (a fresh boot, BOOT_HOURS of its price), each boot counted at the share of
 recent boots that came up (agent/plan_odds.py: where boots fail, more are started, and sooner; one on its way at
 the share of those that got as far as it has; a benchmark past HEALTHY_BENCH_S or a parameter fetch past
-sizing.healthy_fetch_s at none: it is likely stuck, and the plan rents around it before it is killed). A proof is planned done within agent.max_wait less PLAN_MARGIN_S;
-into that margin it costs MARGIN_LATE_COST a slot (a few proofs a few minutes into it buy no boot: a boot bought
-for minutes of catching up was released as soon as it came up); past agent.max_wait less HARD_MARGIN_S,
-LATE_COST more.
+sizing.healthy_fetch_s counts for nothing: it is likely stuck, and the plan rents around it before it is killed).
+A proof is planned done within agent.max_wait less PLAN_MARGIN_S; into that margin it costs MARGIN_LATE_COST a
+slot (a few proofs a few minutes into it buy no boot: a boot bought for minutes of catching up was released as
+soon as it came up); past agent.max_wait less HARD_MARGIN_S, LATE_COST more.
 Its freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off
