@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import uuid as uuid_module
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from typing import Any, Mapping
 
-from vastctl import bids, clock, guard, upstream, validate
+from vastctl import bids, clock, guard, identities, upstream, validate
 from vastctl.config import Config
 from vastctl.errors import BadInput, GuardRefused, Unavailable, VastctlError
 from vastctl.facts import tunnel
@@ -369,7 +368,7 @@ def _join(conn: sqlite3.Connection, config: Config, label: str) -> tuple[dict[st
 
 def _new_identity(conn: sqlite3.Connection, prefix: str) -> tuple[str, str]:
     while True:
-        uuid = str(uuid_module.uuid4())
+        uuid = identities.new_uuid()
         label = prefix + uuid.replace("-", "")[:8]
         if not instances.label_taken(conn, label):
             return uuid, label

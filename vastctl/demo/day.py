@@ -24,8 +24,9 @@ fraction of the minutes after the first hour (warm-up: a first machine takes
 least the target. The proof waits are production's, from the router's calls
 (calls.proof_waits).
 
-The same seed gives the same figures to the digit: the market, the demand and
-the clock are all functions of the seed, and no wall-clock time enters.
+The same seed gives the same figures to the digit: the market, the demand, the
+clock and the machines' labels are all functions of the seed, and no wall-clock
+time enters.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from vastctl import clock as clocks
-from vastctl import reconcile
+from vastctl import identities, reconcile
 from vastctl.clock import VirtualClock
 from vastctl.config import Config
 from vastctl.demo.calls import RoutedCalls, proof_waits, wait_minutes
@@ -100,7 +101,14 @@ def run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None 
     """Run the demo in `directory` (a fresh, empty directory the caller owns) and return its figures.
 
     `configure` may change the demo's config before the run (the control-loop bench tries settings with it).
+    Its machines' uuids and labels are drawn from the seed too (identities.seeded).
     """
+    with identities.seeded(options.seed):
+        return _run(options, directory, env=env, progress=progress, configure=configure)
+
+
+def _run(options: DemoOptions, directory: Path, *, env: Mapping[str, str] | None,
+         progress: Callable[[int, int], None] | None, configure: Callable[[Config], None] | None) -> DemoResult:
     from vastctl import markets
     from vastctl.agent import step
     from vastctl.observe import observe
