@@ -54,7 +54,7 @@ def test_the_model_is_shown_what_the_plan_would_rent_and_nothing_is_rented_for_i
     assert (data["outcome"], data["actions"], data["refused"]) == ("ok", [], [])
     (row,) = query(db_path, "SELECT observation FROM agent_steps WHERE policy = 'llm'")
     line = json.loads(row["observation"])["plan_suggestion"]
-    assert line == f"plan: launch 1× RTX 4090 (offer {planned[0]['offer_id']})"
+    assert line == "plan: " + ", ".join(f"launch 1× {a['gpu_name']} (offer {a['offer_id']})" for a in planned)
     history = cli("agent", "history")
     assert f"  suggested: {line}" in history.out.splitlines()
     (entry,) = [e for e in json.loads(cli("agent", "history", "--json").out)["entries"] if e["policy"] == "llm"]

@@ -176,6 +176,24 @@ def test_a_peak_the_queue_cannot_absorb_rents_whole_machines_with_the_figures():
     assert "$8.33 per 1000 proofs" in launched[0].reason
 
 
+def test_a_fleet_behind_its_proofs_rents_above_the_ceiling_to_catch_up_and_not_for_a_queue_it_works_off(monkeypatch):
+    """Two machines prove 120/h, at the operator's ceiling (target 100/h × 1.15 = 115/h; what runs is more). With
+    150 proofs waiting and 100/h coming the queue never drains, so proofs go late for the whole horizon: the plan
+    rents above the ceiling, at a price less than what keeping them in time is worth. Kept to the ceiling it would
+    leave them late for hours; 20 waiting it works off in time, and it stays within the ceiling."""
+    fleet = [m("vastctl-a"), m("vastctl-b")]
+    past = DemandPast(last_window=100)
+    behind = observation(fleet, demand(150, 100), target_proofs_per_hour=100.0)
+    launched = plan.plan(behind, HOUR_AHEAD, MARKET, past)
+    assert launched and {a.kind for a in launched} == {"launch"}
+    assert "/h over the ceiling (120/h) where proofs would go late" in launched[0].reason
+    keeping_up = plan.decide(observation(fleet, demand(20, 100), target_proofs_per_hour=100.0), HOUR_AHEAD, MARKET, past)
+    assert keeping_up.actions == [] and "over the ceiling" not in (keeping_up.hold or "")
+    monkeypatch.setattr(plan, "OVER_CEILING_COST", None)
+    kept_to_it = plan.decide(behind, HOUR_AHEAD, MARKET, past)
+    assert kept_to_it.actions == [] and "proof-slots late" in (kept_to_it.hold or "")
+
+
 # --- what holds whatever the program says -----------------------------------------------------------------
 
 
@@ -444,7 +462,7 @@ FAILING = BootOdds(fresh_ok=4, fresh_failed=8, resume_ok=1, resume_failed=5, fre
 
 def test_where_boots_fail_a_peak_rents_more_machines_than_where_they_come_up():
     """The same peak: counted at ~0.5 of their rates, boots are rented for more of it, and the reason says why."""
-    obs = observation([m("vastctl-a")], demand(150, 300))
+    obs = observation([m("vastctl-a")], demand(60, 300))
     market = [*MARKET, *(offer(i, dph=0.5 + 0.01 * i) for i in range(3, 10))]
     usual = [a for a in plan.plan(obs, ODDS_CONFIG, market, DemandPast(last_window=300), BootOdds(fresh_ok=50))
              if a.kind == "launch"]

@@ -10,7 +10,10 @@ the share of those that got as far as it has; a benchmark past HEALTHY_BENCH_S o
 sizing.healthy_fetch_s counts for nothing: it is likely stuck, and the plan rents around it before it is killed).
 A proof is planned done within agent.max_wait less PLAN_MARGIN_S; into that margin it costs MARGIN_LATE_COST a
 slot (a few proofs a few minutes into it buy no boot: a boot bought for minutes of catching up was released as
-soon as it came up); past agent.max_wait less HARD_MARGIN_S, LATE_COST more.
+soon as it came up); past agent.max_wait less HARD_MARGIN_S, LATE_COST more. The plan stays within the operator's
+ceiling (target × (1 + agent.headroom)) but where proofs would go late past that line: there it plans above the
+ceiling at OVER_CEILING_COST, so a fleet that lost its machines catches up rather than leaving its queue late for
+hours (the guard's max_instances and max_hourly_spend still hold).
 Its freedoms, the lower bound's (vastctl/bound.py):
 
   hold      a running machine stays through a lull when work returns before a new rental would pay off
@@ -87,6 +90,10 @@ ROUND_UP = 0.5  # a machine is started for at least this share of its rate plann
 ROUND_UP_LATE = 0.1  # ... when proofs are late (past the hard line) from the first slot a start proves in: any share helps
 RELEASE_SHARE = 0.9  # a running machine goes when the plan releases at least this share of it now
 MAKE_BEFORE_BREAK_SLOTS = 3  # what stays running covers the plan's capacity of this many slots without boots
+# $ per proof/h per slot planned above the ceiling. A proof/h for a slot proves SLOT_S/3600 (1/6) proofs: kept within
+# the margin for the whole horizon they save MARGIN_LATE_COST × HORIZON_SLOTS / 6 = $0.05, kept a slot from going late
+# (LATE_COST + MARGIN_LATE_COST) / 6 = $0.17; between the two, only lateness buys capacity above the ceiling
+OVER_CEILING_COST = 0.1
 FRESH_START_H = BOOT_HOURS  # hours of its price a fresh rental costs before its first proof, as the plan counts it
 
 
@@ -244,7 +251,7 @@ def _setup(obs: Observation, config: Config, offers: Sequence[Offer], past: Dema
                               due=_due(ahead, wait_s), sources=sources, ceiling=ceiling(obs, config),
                               late_cost=MARGIN_LATE_COST,
                               due_hard=_due(ahead, max(wait_s, config.agent.max_wait - HARD_MARGIN_S)),
-                              hard_late_cost=LATE_COST)
+                              hard_late_cost=LATE_COST, over_ceiling_cost=OVER_CEILING_COST)
     return _Setup(problem=problem, forecast=ahead, machines=machines, offers=by_key, best_per_proof=best, wait_s=wait_s,
                   odds=odds)
 
@@ -289,6 +296,8 @@ def _summary(setup: _Setup, solution: plan_lp.Solution, config: Config) -> str:
     window = config.demand.lookahead_window / 60
     past = "" if ahead.past_rate is None else f" (was {ahead.past_rate:.0f}/h)"
     late = f", {solution.late:.0f} proof-slots late" if solution.late > 0.5 else ""
+    if max(solution.above, default=0.0) > 0.5:
+        late += f", {max(solution.above):.0f}/h over the ceiling ({solution.ceiling:.0f}/h) where proofs would go late"
     timed = " as the source times it" if ahead.timed else ""
     return (f"plan {HORIZON_SLOTS * SLOT_S / 3600:g}h: {ahead.backlog:.0f} waiting (oldest ~{ahead.backlog_age_s / 60:.0f}m),"
             f" {ahead.coming_rate:.0f}/h coming over {window:g}m{past}{timed}, beyond it {ahead.beyond};"

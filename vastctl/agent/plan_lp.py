@@ -11,9 +11,10 @@ Each slot's proofs done are at most its capacity, never more than what has arriv
 forecast), and by the end of each slot at least what is due then (what arrived max_wait before, less the
 planner's margin); a proof late costs late_cost a slot, and one past the hard line (due_hard: max_wait less a
 few minutes) hard_late_cost more, so the program always has a solution and a shortfall it cannot cover shows.
-Capacity never exceeds the operator's ceiling (target × (1 + headroom)) or what is already committed, whichever
-is more. Solved exactly by HiGHS (scipy.optimize.linprog), as the lower bound
-(vastctl/bound.py) is. Pure.
+Capacity stays within the operator's ceiling (target × (1 + headroom)) or what is already committed, whichever is
+more; with an over_ceiling_cost, it may go above it at that cost (the planning policy prices it above what keeping
+proofs within the margin is worth and below what keeping them from going late is). Solved exactly by HiGHS
+(scipy.optimize.linprog), as the lower bound (vastctl/bound.py) is. Pure.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Problem:
     late_cost: float  # $ per proof per slot past its due slot
     due_hard: Sequence[float] = ()  # proofs that must be done by the end of each slot at the latest (cumulative)
     hard_late_cost: float = 0.0  # $ per proof per slot past its hard due slot, on top of late_cost
+    over_ceiling_cost: float | None = None  # $ per proof/h per slot planned above the ceiling (None: never above it)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Solution:
     late: float  # proof-slots late (0 when every proof is done in time)
     done: tuple[float, ...]  # proofs done in each slot
     overdue: tuple[float, ...] = ()  # proofs behind the hard line at the end of each slot (due, without due_hard)
+    above: tuple[float, ...] = ()  # proofs/h planned above the ceiling in each slot
+    ceiling: float = 0.0  # the ceiling kept to: the problem's, or the capacity already committed if more
 
 
 def solve(problem: Problem) -> Solution:
@@ -79,6 +83,8 @@ def solve(problem: Problem) -> Solution:
     done = [variable(-EARLY * (slots - t), upper=None) for t in range(slots)]
     late = [variable(problem.late_cost, upper=None) for t in range(slots)]
     hard = [variable(problem.hard_late_cost, upper=None) for t in range(len(problem.due_hard))]
+    above = [variable(problem.over_ceiling_cost, upper=None) for t in range(slots)
+             if problem.over_ceiling_cost is not None]
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -127,7 +133,7 @@ def solve(problem: Problem) -> Solution:
         if t < len(hard):
             row([(col, -val) for col, val in cumulative] + [(hard[t], -1.0)], -problem.due_hard[t])
         if planned[t]:
-            row(planned[t], ceiling + 1e-9)
+            row(planned[t] + ([(above[t], -1.0)] if above else []), ceiling + 1e-9)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(bounds), len(cost))).tocsr()
     result = linprog(np.array(cost), A_ub=matrix, b_ub=np.array(bounds), bounds=list(zip(low, high)), method="highs")
     if result.status != 0:
@@ -135,8 +141,11 @@ def solve(problem: Problem) -> Solution:
     x = result.x
     lateness = float(sum(x[col] for col in late))
     hard_late = float(sum(x[col] for col in hard))
-    penalties = problem.late_cost * lateness + problem.hard_late_cost * hard_late
+    over = [float(x[col]) for col in above]
+    penalties = (problem.late_cost * lateness + problem.hard_late_cost * hard_late
+                 + (problem.over_ceiling_cost or 0.0) * sum(over))
     spent = float(result.fun) - penalties + EARLY * sum((slots - t) * x[done[t]] for t in range(slots))
     return Solution(shares={key: tuple(float(x[col]) for col in cols_of) for key, cols_of in shares.items()},
                     cost=spent, late=lateness, done=tuple(float(x[col]) for col in done),
-                    overdue=tuple(float(x[col]) for col in (hard or late)))
+                    overdue=tuple(float(x[col]) for col in (hard or late)), above=tuple(over),
+                    ceiling=ceiling)
