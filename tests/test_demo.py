@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ElementTree
 from datetime import timedelta
 
 import pytest
+from helpers.serving import query
 
 from vastctl import clock as clocks
 from vastctl.demo import chart as day_chart
@@ -57,11 +58,7 @@ def test_the_summary_table_names_the_figures_and_no_progress_bar_goes_to_a_pipe(
 
 
 def labels(path):
-    conn = db.connect(path, now=setting.START)
-    try:
-        return [row[0] for row in conn.execute("SELECT label FROM instances ORDER BY rowid")]
-    finally:
-        conn.close()
+    return [row["label"] for row in query(path, "SELECT label FROM instances ORDER BY rowid")]
 
 
 @pytest.mark.slow
@@ -72,8 +69,9 @@ def test_the_same_seed_gives_the_same_figures_to_the_digit_and_another_seed_anot
     again = demo_json(cli, "--hours", "3", "--seed", "4", "--failures", "high", "--keep", tmp_path / "again.db")
     other = demo_json(cli, "--hours", "3", "--seed", "5", "--failures", "high", "--keep", tmp_path / "other.db")
     assert first == again
-    assert len(labels(tmp_path / "first.db")) > 3 and labels(tmp_path / "first.db") == labels(tmp_path / "again.db")
-    assert set(labels(tmp_path / "first.db")).isdisjoint(labels(tmp_path / "other.db"))
+    launched = labels(tmp_path / "first.db")
+    assert len(launched) > 3 and launched == labels(tmp_path / "again.db")
+    assert set(launched).isdisjoint(labels(tmp_path / "other.db"))
     assert other["seed"] == 5
     assert (other["cost"], other["proofs"], other["faults"]) != (first["cost"], first["proofs"], first["faults"])
 
