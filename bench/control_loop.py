@@ -24,8 +24,8 @@ they were rented at, proofs waiting up to agent.max_wait; bench/README.md
 seeds: the service (the share of proofs done within agent.max_wait of
 arriving, mean and worst seed; wait p50/p95: held + proving time of each
 proof's call, as the proof router records it and `fleet --json` reads it), target attainment after
-warm-up, cost per 1,000 proofs as a ratio to the lower bound (and to the
-any-host bound, no filter of the fleet's, and to the bid-aware bound, every
+warm-up, cost per 1,000 proofs as a ratio to the lower bound (mean ± its standard error over the seeds, and the
+worst seed; and to the any-host bound, no filter of the fleet's, and to the bid-aware bound, every
 host at its min_bid), detection latency from a machine dying (the market's
 died_at) to its kill event (p50/p95 over every death of every seed), and
 leaked instance-hours (billed after the kill) against billed ones.
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -153,7 +154,7 @@ def summarise(runs: list[dict], fleet: str) -> dict:
                                f" (worst p95 {max(p95) / 60:.0f})" if p95 else "-"),
         "attainment": f"{sum(attain) / len(attain) * 100:.1f}% (worst {min(attain) * 100:.1f}%)" if attain else "-",
         "cost/1000 proofs": f"${sum(r['cost_per_1000_proofs'] for r in runs) / len(runs):.2f}",
-        "× lower bound": f"{sum(ratios) / len(ratios):.2f} (worst {max(ratios):.2f})" if ratios else "-",
+        "× lower bound": f"{sum(ratios) / len(ratios):.2f}{_spread(ratios)} (worst {max(ratios):.2f})" if ratios else "-",
         "× any host / × bid-aware": " / ".join(_mean_worst([r[key] for r in runs if r.get(key) is not None])
                                                for key in ("cost_ratio_to_any_host_bound",
                                                            "cost_ratio_to_interruptible_bound")),
@@ -164,6 +165,12 @@ def summarise(runs: list[dict], fleet: str) -> dict:
                                     f" / {sum(r.get('outbids', 0) for r in runs)}"
                                     f" / {sum(r.get('rebids', 0) for r in runs)}"),
     }
+
+
+def _spread(values: list[float]) -> str:
+    """The standard error of the mean over the seeds: one day's cost moves with which host comes up when and which
+    fault its boot draws, so a mean over a dozen days is known to about this much."""
+    return f" ± {statistics.stdev(values) / len(values) ** 0.5:.2f}" if len(values) > 1 else ""
 
 
 def _mean_worst(values: list[float]) -> str:
