@@ -296,8 +296,9 @@ def _summary(setup: _Setup, solution: plan_lp.Solution, config: Config) -> str:
     window = config.demand.lookahead_window / 60
     past = "" if ahead.past_rate is None else f" (was {ahead.past_rate:.0f}/h)"
     late = f", {solution.late:.0f} proof-slots late" if solution.late > 0.5 else ""
-    if max(solution.above, default=0.0) > 0.5:
-        late += f", {max(solution.above):.0f}/h over the ceiling ({solution.ceiling:.0f}/h) where proofs would go late"
+    most_above = max(solution.above, default=0.0)
+    if most_above > 0.5:
+        late += f", {most_above:.0f}/h over the ceiling ({solution.ceiling:.0f}/h) where proofs would go late"
     timed = " as the source times it" if ahead.timed else ""
     return (f"plan {HORIZON_SLOTS * SLOT_S / 3600:g}h: {ahead.backlog:.0f} waiting (oldest ~{ahead.backlog_age_s / 60:.0f}m),"
             f" {ahead.coming_rate:.0f}/h coming over {window:g}m{past}{timed}, beyond it {ahead.beyond};"
